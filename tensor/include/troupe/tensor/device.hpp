@@ -1,0 +1,39 @@
+// Where a tensor's bytes live: host memory, or one CUDA device when troupe was built
+// with the CUDA toolkit (TROUPE_CUDA). Asking for CUDA in a build without it, or on a
+// machine without a GPU, fails with a message that says which of the two it is.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+namespace troupe::tensor {
+
+enum class DeviceKind : std::uint8_t { cpu, cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::cpu;
+  int index = 0;
+
+  static constexpr Device cpu() { return {DeviceKind::cpu, 0}; }
+  static constexpr Device cuda(int index = 0) { return {DeviceKind::cuda, index}; }
+  constexpr bool is_cpu() const { return kind == DeviceKind::cpu; }
+  constexpr bool is_cuda() const { return kind == DeviceKind::cuda; }
+  friend constexpr bool operator==(Device, Device) = default;
+};
+
+// "cpu" or "cuda:0".
+std::string to_string(Device d);
+std::ostream& operator<<(std::ostream& out, Device d);
+// Parses "cpu", "cuda", "cuda:N".
+Device device_from_string(const std::string& text);
+
+// True when this build has CUDA support compiled in.
+bool cuda_built();
+// Number of usable GPUs; 0 without CUDA support or without a driver/device.
+int cuda_device_count();
+inline bool cuda_available() { return cuda_device_count() > 0; }
+// Throws InvalidArgument naming `op` unless `d` can be used here.
+void check_device_usable(Device d, const char* op);
+
+}  // namespace troupe::tensor

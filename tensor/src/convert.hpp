@@ -1,0 +1,36 @@
+// Element conversions between dtypes on the host, shared by copies, casts and
+// reductions. f16/bf16 go through float, as their arithmetic does.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "troupe/tensor/dtype.hpp"
+
+namespace troupe::tensor::detail {
+
+template <class T>
+constexpr bool is_half_like = std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>;
+
+// Value of x in its compute type (float for f16/bf16).
+template <class T>
+inline compute_t<T> load(T x) {
+  if constexpr (is_half_like<T>) return static_cast<float>(x);
+  else return x;
+}
+
+template <class D, class S>
+inline D convert(S x) {
+  if constexpr (std::is_same_v<D, S>) {
+    return x;
+  } else if constexpr (is_half_like<D>) {
+    return D(static_cast<float>(load(x)));
+  } else {
+    return static_cast<D>(load(x));
+  }
+}
+
+// dst[i] = convert(src[i]) for n elements of the given dtypes, both on the host.
+void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
+
+}  // namespace troupe::tensor::detail

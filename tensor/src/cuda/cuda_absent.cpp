@@ -1,0 +1,28 @@
+// The CUDA entry points of a build without the toolkit. Tensor code checks the
+// device before it gets here (check_device_usable), so these throw only if that
+// check was skipped; the message says how to get a CUDA build.
+#include "cuda/cuda_backend.hpp"
+
+namespace troupe::tensor::cuda_backend {
+namespace {
+[[noreturn]] void absent(const char* op) {
+  TROUPE_THROW(InvalidArgument, op, ": troupe was built without CUDA (configure with "
+               "-DTROUPE_CUDA=ON where the CUDA toolkit is installed)");
+}
+}  // namespace
+
+int device_count() { return 0; }
+void* allocate(std::size_t, int) { absent("cuda allocate"); }
+void release(void*, int) {}
+void copy(void*, const void*, std::size_t, CopyKind) { absent("cuda copy"); }
+void fill(void*, DType, std::int64_t, double) { absent("cuda fill"); }
+void cast(const void*, DType, void*, DType, std::int64_t) { absent("cuda cast"); }
+void binary(BinaryOp, DType, const void*, const void*, bool, void*, std::int64_t) { absent("cuda binary op"); }
+void axpy(DType, void*, double, const void*, std::int64_t) { absent("cuda axpy"); }
+void scale(DType, void*, double, std::int64_t) { absent("cuda scale"); }
+void random_uniform(DType, void*, std::int64_t, std::uint64_t, std::uint64_t, double, double) { absent("cuda uniform"); }
+void random_normal(DType, void*, std::int64_t, std::uint64_t, std::uint64_t, double, double) { absent("cuda normal"); }
+void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
+          double, void*) { absent("cuda gemm"); }
+
+}  // namespace troupe::tensor::cuda_backend

@@ -1,0 +1,54 @@
+// CPU and GPU agree: bit for bit where the same function runs on both (casts,
+// random draws), within tolerance where the libraries differ (cuBLAS vs OpenBLAS).
+// Every test skips cleanly on a machine without a GPU.
+#include <gtest/gtest.h>
+
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+
+using namespace troupe;
+using namespace troupe::tensor;
+
+namespace {
+const char* no_gpu_reason() { return cuda_built() ? "no CUDA device on this machine" : "built without CUDA"; }
+}  // namespace
+
+TEST(Cuda, RoundTripsAndCastsEveryDTypeBitForBit) {
+  if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
+  Generator g(4);
+  const Tensor host = normal({1000}, 0, 100, g);
+  for (DType t : kAllDTypes) {
+    const Tensor on_gpu = host.to(Device::cuda()).to(t);
+    EXPECT_EQ(on_gpu.device(), Device::cuda());
+    EXPECT_TRUE(equal(on_gpu.to(Device::cpu()), host.to(t))) << t;
+  }
+}
+
+TEST(Cuda, RandomDrawsEqualTheCpuDraws) {
+  if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
+  for (DType t : {DType::f32, DType::bf16, DType::f16}) {
+    Generator cpu(77), gpu(77);
+    EXPECT_TRUE(equal(uniform({4099}, -1, 1, cpu, t), uniform({4099}, -1, 1, gpu, t, Device::cuda()).to(Device::cpu())));
+  }
+  Generator cpu(5), gpu(5);
+  // Box-Muller uses libm on the host and CUDA's on the device: equal to within an ulp of f32.
+  EXPECT_TRUE(allclose(normal({4099}, 0, 1, cpu), normal({4099}, 0, 1, gpu, DType::f32, Device::cuda()).to(Device::cpu()), 1e-6, 1e-6));
+}
+
+TEST(Cuda, ArithmeticAndMatmulAgreeWithTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
+  Generator g(6);
+  const Tensor a = normal({64, 48}, 0, 1, g), b = normal({32, 48}, 0, 1, g);
+  const Tensor da = a.to(Device::cuda()), db = b.to(Device::cuda());
+  EXPECT_TRUE(allclose(matmul(da, db, Transpose::no, Transpose::yes).to(Device::cpu()),
+                       matmul(a, b, Transpose::no, Transpose::yes), 1e-5, 1e-5));
+  for (DType t : {DType::bf16, DType::f16}) {
+    EXPECT_TRUE(allclose(matmul(da.to(t), db.to(t), Transpose::no, Transpose::yes).to(Device::cpu()).to(DType::f32),
+                         matmul(a, b, Transpose::no, Transpose::yes), 1e-2, 5e-2)) << t;
+  }
+  Tensor y = da.clone();
+  axpy_(y, 0.5, da);
+  scale_(y, 2);
+  EXPECT_TRUE(allclose(y.to(Device::cpu()), mul(a, 3.0)));
+  EXPECT_TRUE(equal(add(da, da).to(Device::cpu()), add(a, a)));
+}
