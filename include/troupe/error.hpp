@@ -49,7 +49,7 @@ std::string concat(Parts&&... parts) {
 // Strips the build-directory prefix so messages show "tensor/src/ops.cpp:12".
 inline const char* short_path(const char* file) {
   std::string_view path(file);
-  for (const char* root : {"/tensor/", "/nn/", "/actors/", "/collectives/", "/checkpoint/",
+  for (const char* root : {"/tensor/", "/nn/", "/mpi/", "/actors/", "/collectives/", "/checkpoint/",
                            "/supervisor/", "/train/", "/examples/", "/tools/", "/bench/"}) {
     auto at = path.rfind(root);
     if (at != std::string_view::npos) return file + at + 1;

@@ -1,0 +1,82 @@
+// The digits example, run as a user runs it: as a process, judged by its output
+// and exit status.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+
+namespace {
+
+struct ProcessResult {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+ProcessResult run_train_digits(const std::string& args) {
+  const std::string command = std::string(TRAIN_DIGITS_BINARY) + " " + args + " 2>&1";
+  ProcessResult run;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof buffer, pipe)) run.output += buffer;
+  const int raw = pclose(pipe);
+  run.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return run;
+}
+
+double final_accuracy(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex("final test accuracy ([0-9.]+)"))) return -1;
+  return std::stod(m[1]);
+}
+
+}  // namespace
+
+TEST(TrainDigits, LearnsFarAboveChanceInAFewEpochs) {
+  // Ten classes: guessing scores 0.1, and an untrained network about as much.
+  const ProcessResult run = run_train_digits("--epochs 4");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_GT(final_accuracy(run.output), 0.85) << run.output;
+  EXPECT_NE(run.output.find("epoch   4/4"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("samples/s"), std::string::npos);
+}
+
+TEST(TrainDigits, ReachesTheIssuesTargetOf95PercentIn30Epochs) {
+  const ProcessResult run = run_train_digits("--epochs 30 --require-accuracy 0.95");
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_GE(final_accuracy(run.output), 0.95) << run.output;
+}
+
+TEST(TrainDigits, AMissingDataFileIsNamedAndExitsNonZero) {
+  const ProcessResult run = run_train_digits("--data /nonexistent/digits.csv");
+  EXPECT_NE(run.status, 0);
+  EXPECT_NE(run.output.find("/nonexistent/digits.csv"), std::string::npos) << run.output;
+}
+
+TEST(TrainDigits, AMalformedLineIsReportedWithFileAndLine) {
+  const std::string path = testing::TempDir() + "digits_bad.csv";
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 3; ++i) {
+      for (int p = 0; p < 64; ++p) out << (p % 17) << ',';
+      out << (i % 10) << '\n';
+    }
+    out << "1,2,x\n";
+  }
+  const ProcessResult run = run_train_digits("--data " + path);
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_NE(run.output.find(path + ":4:"), std::string::npos) << run.output;
+}
+
+TEST(TrainDigits, ABadFlagPrintsUsageAndExitsWithStatus2) {
+  ProcessResult run = run_train_digits("--epochs many");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("usage:"), std::string::npos) << run.output;
+  run = run_train_digits("--frobnicate 1");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("unknown flag --frobnicate"), std::string::npos) << run.output;
+}
