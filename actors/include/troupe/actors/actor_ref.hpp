@@ -1,0 +1,184 @@
+// ActorRef<T>: a typed handle to an actor on any rank. Copyable, cheap, valid on the
+// rank that made it (it points at that rank's Runtime).
+//
+// ask() returns a Future of the method's result; tell() returns nothing and a
+// failure in the method is reported on the actor's rank (stderr), as nobody waits
+// for it. Arguments are converted to the method's parameter types here, on the
+// caller's thread, and serialized with cereal when the actor lives on another rank;
+// on the same rank they are moved into the call without serialization.
+#pragma once
+
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "troupe/actors/runtime.hpp"
+
+namespace troupe::actors {
+
+template <class T>
+class ActorRef {
+ public:
+  ActorRef() = default;
+  ActorRef(Runtime* runtime, int rank, std::uint64_t id) : runtime_(runtime), rank_(rank), id_(id) {}
+
+  int rank() const { return rank_; }
+  std::uint64_t id() const { return id_; }
+  bool valid() const { return runtime_ != nullptr; }
+
+  template <class M, class... A>
+  Future<typename MemberTraits<M>::Result> ask(M method, A&&... args) const {
+    using R = typename MemberTraits<M>::Result;
+    const std::uint32_t index = detail::checked_method_index<T>(method);
+    typename MemberTraits<M>::Args packed(std::forward<A>(args)...);
+    auto state = std::make_shared<detail::State<R>>(runtime().progress(), describe("ask", index));
+    if (rank_ == runtime().rank()) {
+      auto cell = runtime().local_actor(id_);
+      if (!cell) {
+        state->set_error(std::make_exception_ptr(
+            RemoteError({ErrorCode::unknown_actor, rank_, detail::type_name<T>() + " #" + std::to_string(id_),
+                         method_name(index), "", "no such actor on this rank (never spawned, or stopped)"})));
+        return Future<R>(state);
+      }
+      const int rank = rank_;
+      runtime().post_to(*cell, [cell, state, method, index, rank, packed = std::move(packed)]() mutable {
+        try {
+          T& self = *static_cast<T*>(cell->object());
+          if constexpr (std::is_void_v<R>) {
+            std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
+            state->set_value();
+          } else {
+            state->set_value(std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
+          }
+        } catch (...) {
+          state->set_error(std::make_exception_ptr(
+              RemoteError(describe_current_exception(rank, cell->label(), cell->method_name(index)))));
+        }
+      });
+    } else {
+      std::string message = Runtime::new_message();
+      detail::append_serialized(message, packed);
+      runtime().send_request(rank_, id_, index, std::move(message),
+                             std::make_shared<detail::TypedReply<R>>(state->what(), state));
+    }
+    return Future<R>(state);
+  }
+
+  template <class M, class... A>
+  void tell(M method, A&&... args) const {
+    const std::uint32_t index = detail::checked_method_index<T>(method);
+    typename MemberTraits<M>::Args packed(std::forward<A>(args)...);
+    std::string message = Runtime::new_message();
+    detail::append_serialized(message, packed);
+    runtime().send_tell(rank_, id_, index, std::move(message));
+  }
+
+ private:
+  Runtime& runtime() const {
+    TROUPE_CHECK(runtime_ != nullptr, "ActorRef: this reference is empty (default-constructed)");
+    return *runtime_;
+  }
+  static const std::string& method_name(std::uint32_t index) {
+    static const std::vector<std::string> names = detail::method_names<T>(method_table_t<T>{});
+    return names[index];
+  }
+  std::string describe(const char* verb, std::uint32_t index) const {
+    return detail::concat(verb, " ", method_name(index), " on rank ", rank_);
+  }
+
+  Runtime* runtime_ = nullptr;
+  int rank_ = -1;
+  std::uint64_t id_ = 0;
+};
+
+namespace detail {
+// The runtime whose message is being handled on this thread, so that an ActorRef
+// arriving inside a message can be bound to it. Set by the runtime around message
+// handling, actor calls and construction.
+Runtime*& current_runtime();
+class RuntimeScope {
+ public:
+  explicit RuntimeScope(Runtime* runtime) : previous_(current_runtime()) { current_runtime() = runtime; }
+  ~RuntimeScope() { current_runtime() = previous_; }
+  RuntimeScope(const RuntimeScope&) = delete;
+  RuntimeScope& operator=(const RuntimeScope&) = delete;
+
+ private:
+  Runtime* previous_;
+};
+}  // namespace detail
+
+// An ActorRef travels as (rank, id) and is bound to the receiving rank's runtime.
+template <class Archive, class T>
+void save(Archive& archive, const ActorRef<T>& ref) {
+  archive(ref.rank(), ref.id());
+}
+template <class Archive, class T>
+void load(Archive& archive, ActorRef<T>& ref) {
+  int rank = -1;
+  std::uint64_t id = 0;
+  archive(rank, id);
+  Runtime* runtime = detail::current_runtime();
+  if (runtime == nullptr) throw detail::BadMessage("an ActorRef was deserialized outside the runtime's message handling");
+  ref = ActorRef<T>(runtime, rank, id);
+}
+
+// One actor of type T per rank, as spawn_on_each returns it.
+template <class T>
+class ActorGroup {
+ public:
+  explicit ActorGroup(std::vector<ActorRef<T>> refs) : refs_(std::move(refs)) {}
+  std::size_t size() const { return refs_.size(); }
+  const ActorRef<T>& operator[](std::size_t rank) const { return refs_.at(rank); }
+  auto begin() const { return refs_.begin(); }
+  auto end() const { return refs_.end(); }
+
+  // The same call on every member; the futures are in rank order.
+  template <class M, class... A>
+  std::vector<Future<typename MemberTraits<M>::Result>> ask(M method, const A&... args) const {
+    std::vector<Future<typename MemberTraits<M>::Result>> out;
+    out.reserve(refs_.size());
+    for (const auto& ref : refs_) out.push_back(ref.ask(method, args...));
+    return out;
+  }
+  template <class M, class... A>
+  void tell(M method, const A&... args) const {
+    for (const auto& ref : refs_) ref.tell(method, args...);
+  }
+
+ private:
+  std::vector<ActorRef<T>> refs_;
+};
+
+// ---- Runtime's templates ----
+
+template <class T, class... A>
+ActorRef<T> Runtime::spawn_with(int rank, SpawnOptions options, A&&... args) {
+  TROUPE_CHECK(rank >= 0 && rank < size_, "spawn<", detail::type_name<T>(), ">: rank ", rank,
+               " is outside the world of ", size_, " ranks");
+  const std::string& key = detail::SpawnKey<T, std::decay_t<A>...>::key;
+  std::string bytes;
+  detail::append_serialized(bytes, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
+  return ActorRef<T>(this, rank, spawn_bytes(rank, key, options.name, bytes));
+}
+
+template <class T, class... A>
+ActorGroup<T> Runtime::spawn_on_each(A&&... args) {
+  const std::string& key = detail::SpawnKey<T, std::decay_t<A>...>::key;
+  std::string bytes;
+  detail::append_serialized(bytes, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
+  const std::uint64_t id = spawn_group_local(key, bytes);
+  std::vector<ActorRef<T>> refs;
+  for (int r = 0; r < size_; ++r) refs.emplace_back(this, r, id);
+  return ActorGroup<T>(std::move(refs));
+}
+
+template <class T>
+ActorRef<T> Runtime::lookup(const std::string& name) {
+  const NameEntry entry = lookup_entry(name);
+  TROUPE_CHECK(entry.type == detail::type_name<T>(), "lookup: '", name, "' is a ", entry.type, ", not a ",
+               detail::type_name<T>());
+  return ActorRef<T>(this, entry.rank, entry.id);
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,86 @@
+// Errors that cross ranks. As in CAF, an error that travels is data -- a code, the
+// rank and actor it happened at, the method, the exception's type and message -- and
+// the caller's future rethrows it as one of the types below, so a `catch` can tell a
+// method that threw from an actor that is gone.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "troupe/error.hpp"
+
+namespace troupe::actors {
+
+enum class ErrorCode : std::uint8_t {
+  // The method threw; type and message are the exception's own.
+  remote_exception = 1,
+  // No actor with that id lives on that rank: never spawned there, or already stopped.
+  unknown_actor = 2,
+  // lookup() of a name that no live actor holds.
+  unknown_name = 3,
+  // The actor failed more often than its restart limit allows; it will not come back.
+  actor_dead = 4,
+  // The call was in flight when the actor was restarted and was not re-delivered.
+  actor_restarted = 5,
+  // The message did not deserialize (truncated, corrupt, or arguments of other types).
+  bad_message = 6,
+  // The method index is not in the actor type's method table.
+  unknown_method = 8,
+  // The runtime shut down before the answer came.
+  shutdown = 9,
+  // The rank hosting the actor stopped answering (its process died).
+  rank_lost = 10,
+  // spawn() of a type/constructor the receiving rank cannot build, or a taken name.
+  spawn_failed = 11,
+};
+
+const char* error_code_name(ErrorCode code);
+
+// The travelling form of an error.
+struct ErrorInfo {
+  ErrorCode code = ErrorCode::remote_exception;
+  std::int32_t rank = -1;
+  std::string actor;
+  std::string method;
+  std::string type;
+  std::string message;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(code, rank, actor, method, type, message);
+  }
+};
+
+// Raised at the caller for every error reported by another actor or rank.
+class RemoteError : public Error {
+ public:
+  explicit RemoteError(ErrorInfo info);
+  const ErrorInfo& info() const { return info_; }
+  ErrorCode code() const { return info_.code; }
+  int rank() const { return info_.rank; }
+  const std::string& actor() const { return info_.actor; }
+  const std::string& method() const { return info_.method; }
+  // The original exception's type name, e.g. "std::invalid_argument".
+  const std::string& type() const { return info_.type; }
+
+ private:
+  ErrorInfo info_;
+};
+
+class ActorDead : public RemoteError {
+ public:
+  using RemoteError::RemoteError;
+};
+
+class ActorRestarted : public RemoteError {
+ public:
+  using RemoteError::RemoteError;
+};
+
+// Rethrows `info` as the most specific type for its code.
+[[noreturn]] void throw_remote(ErrorInfo info);
+
+// Describes the exception in flight (inside a catch block) as ErrorInfo.
+ErrorInfo describe_current_exception(std::int32_t rank, std::string actor, std::string method);
+
+}  // namespace troupe::actors

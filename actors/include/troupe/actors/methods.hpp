@@ -1,0 +1,110 @@
+// Naming member functions across processes.
+//
+// A member-function pointer is not something another process can use, so each actor
+// type lists its callable methods once, in one line:
+//
+//   struct Counter {
+//     int add(int x);
+//     void reset();
+//     static constexpr auto troupe_methods = troupe::methods<&Counter::add, &Counter::reset>;
+//   };
+//
+// A call travels as the method's index in that list. Every rank runs the same binary,
+// so the index means the same method everywhere; the names (for error messages) come
+// from the compiler's own spelling of the pointer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <typeinfo>
+#include <type_traits>
+#include <vector>
+
+#include "troupe/error.hpp"
+
+namespace troupe::actors {
+
+template <auto... Methods>
+struct MethodTable {
+  static constexpr std::size_t size = sizeof...(Methods);
+};
+
+template <auto... Methods>
+inline constexpr MethodTable<Methods...> methods{};
+
+template <class T>
+using method_table_t = std::remove_cv_t<decltype(T::troupe_methods)>;
+
+template <class M>
+struct MemberTraits;
+template <class C, class R, class... A>
+struct MemberTraits<R (C::*)(A...)> {
+  using Class = C;
+  using Result = std::decay_t<R>;
+  using Args = std::tuple<std::decay_t<A>...>;
+};
+template <class C, class R, class... A>
+struct MemberTraits<R (C::*)(A...) const> : MemberTraits<R (C::*)(A...)> {};
+template <class C, class R, class... A>
+struct MemberTraits<R (C::*)(A...) noexcept> : MemberTraits<R (C::*)(A...)> {};
+template <class C, class R, class... A>
+struct MemberTraits<R (C::*)(A...) const noexcept> : MemberTraits<R (C::*)(A...)> {};
+
+namespace detail {
+
+std::string demangle(const char* mangled);
+
+// "Counter::add" from the compiler's text for this instantiation.
+std::string member_name_from_signature(std::string_view pretty);
+
+template <auto M>
+std::string member_name() {
+  return member_name_from_signature(__PRETTY_FUNCTION__);
+}
+
+template <class T>
+std::string type_name() {
+  return demangle(typeid(T).name());
+}
+
+template <class T, auto... Ms>
+std::vector<std::string> method_names(MethodTable<Ms...>) {
+  return {member_name<Ms>()...};
+}
+
+inline constexpr std::uint32_t kNoMethod = ~std::uint32_t{0};
+
+// Index of `m` in T's method table, or kNoMethod.
+template <class T, class M>
+std::uint32_t method_index(M m) {
+  std::uint32_t found = kNoMethod, i = 0;
+  auto visit = [&]<auto... Ms>(MethodTable<Ms...>) {
+    auto one = [&](auto candidate) {
+      if constexpr (std::is_same_v<decltype(candidate), M>)
+        if (found == kNoMethod && candidate == m) found = i;
+      ++i;
+    };
+    (one(Ms), ...);
+  };
+  visit(method_table_t<T>{});
+  return found;
+}
+
+template <class T, class M>
+std::uint32_t checked_method_index(M m) {
+  static_assert(std::is_member_function_pointer_v<M>, "ask/tell take a pointer to a member function");
+  static_assert(std::is_base_of_v<typename MemberTraits<M>::Class, T>, "the method belongs to another actor type");
+  const auto index = method_index<T>(m);
+  TROUPE_CHECK(index != kNoMethod, "ask/tell: the method is not listed in ", type_name<T>(),
+               "::troupe_methods; add it there (troupe::methods<&", type_name<T>(), "::method, ...>)");
+  return index;
+}
+
+}  // namespace detail
+}  // namespace troupe::actors
+
+namespace troupe {
+using actors::methods;
+}

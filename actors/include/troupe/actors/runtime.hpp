@@ -1,0 +1,258 @@
+// Runtime: one per MPI rank, the node of the actor system on that rank.
+//
+//   troupe::Runtime rt(argc, argv);                    // MPI_Init_thread(MULTIPLE)
+//   auto counter = rt.spawn<Counter>(1, 10);           // built on rank 1
+//   int v = counter.ask(&Counter::add, 5).get();       // from any rank
+//   counter.tell(&Counter::reset);                     // fire and forget
+//   auto all = rt.spawn_on_each<Worker>(cfg);          // collective: one per rank
+//   auto sums = troupe::when_all(all.ask(&Worker::step, 3)).get();
+//
+// Threads per rank: `threads` pool workers run actor methods (each actor on its own
+// strand, so one message at a time, in arrival order per sender), plus one progress
+// thread that receives MPI messages when no caller is waiting. A caller waiting on a
+// Future receives and dispatches messages itself while it polls (see future.hpp),
+// and may run ready actor methods of its own rank meanwhile, which is also why an
+// actor method may ask other actors and wait without deadlocking the pool.
+//
+// Contract: the constructor, spawn_on_each() and shutdown() (or the destructor) are
+// collective: every rank calls them, in the same order. Everything else may be called
+// from any thread of any rank at any time.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "troupe/actors/detail/actor_cell.hpp"
+#include "troupe/actors/errors.hpp"
+#include "troupe/actors/future.hpp"
+#include "troupe/actors/methods.hpp"
+
+namespace troupe::mpi {
+class Environment;
+}
+
+namespace troupe::actors {
+
+struct RuntimeOptions {
+  // Pool threads running actor methods on each rank. One is right when ranks share
+  // a few cores; more help only when one rank hosts several busy actors.
+  int threads = 1;
+  // Upper bound on how long shutdown() waits for in-flight messages to drain before
+  // it fails what is left and goes on, so a stuck actor cannot hang the job's exit.
+  std::chrono::milliseconds shutdown_drain_timeout{10000};
+};
+
+struct SpawnOptions {
+  // A job-wide name for lookup(); empty for none. Names are unique across ranks.
+  std::string name;
+};
+
+template <class T>
+class ActorRef;
+template <class T>
+class ActorGroup;
+
+namespace detail {
+class Transport;
+struct Message;
+struct Header;
+
+// What a pending ask does with its answer.
+class ReplyHandler {
+ public:
+  explicit ReplyHandler(std::string what) : what_(std::move(what)) {}
+  virtual ~ReplyHandler() = default;
+  virtual void on_value(std::string_view bytes) = 0;
+  virtual void on_error(std::exception_ptr error) = 0;
+  const std::string& what() const { return what_; }
+
+ private:
+  std::string what_;
+};
+
+template <class R>
+class TypedReply final : public ReplyHandler {
+ public:
+  TypedReply(std::string what, std::shared_ptr<State<R>> state) : ReplyHandler(std::move(what)), state_(std::move(state)) {}
+  void on_value(std::string_view bytes) override {
+    try {
+      if constexpr (std::is_void_v<R>) {
+        parse_exactly(bytes, "reply");
+        state_->set_value();
+      } else {
+        R value{};
+        parse_exactly(bytes, "reply", value);
+        state_->set_value(std::move(value));
+      }
+    } catch (const BadMessage& e) {
+      on_error(std::make_exception_ptr(RemoteError({ErrorCode::bad_message, -1, "", what(), "BadMessage", e.what()})));
+    }
+  }
+  void on_error(std::exception_ptr error) override { state_->set_error(std::move(error)); }
+
+ private:
+  std::shared_ptr<State<R>> state_;
+};
+
+using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, std::string name,
+                                                             std::string_view args, boost::asio::io_context& io)>;
+// Registers how to build an actor type from serialized constructor arguments; the
+// key names the type and the argument types. Returns the key.
+std::string register_factory(std::string key, Factory factory);
+std::map<std::string, Factory>& factory_registry();
+
+template <class T, class... A>
+std::unique_ptr<ActorCellBase> construct_from_bytes(std::uint64_t id, std::string name, std::string_view args_bytes,
+                                                    boost::asio::io_context& io) {
+  std::tuple<A...> args;
+  parse_exactly(args_bytes, "constructor arguments", args);
+  auto object = std::apply([](auto&... a) { return std::make_unique<T>(std::move(a)...); }, args);
+  return std::make_unique<ActorCell<T>>(id, std::move(name), std::move(object), io);
+}
+
+// Every rank runs the same binary, so instantiating this (by calling spawn<T>(...))
+// registers the factory in every process before main, under the same key.
+template <class T, class... A>
+struct SpawnKey {
+  static inline const std::string key =
+      register_factory(type_name<T>() + "(" + ((type_name<A>() + ",") + ... + std::string()) + ")",
+                       &construct_from_bytes<T, A...>);
+};
+
+}  // namespace detail
+
+class Runtime {
+ public:
+  Runtime(int& argc, char**& argv, RuntimeOptions options = {});
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+  // Calls shutdown() if it has not run. During stack unwinding from an exception
+  // it aborts the job instead (see shutdown), naming this rank.
+  ~Runtime();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Constructs T(args...) on `rank` and waits until it exists. The arguments are
+  // serialized (cereal) when the rank is another; a constructor that throws comes
+  // back as RemoteError. `rank` outside the world is an InvalidArgument here.
+  template <class T, class... A>
+  ActorRef<T> spawn(int rank, A&&... args) {
+    return spawn_with<T>(rank, SpawnOptions{}, std::forward<A>(args)...);
+  }
+  template <class T, class... A>
+  ActorRef<T> spawn_with(int rank, SpawnOptions options, A&&... args);
+
+  // Collective: every rank constructs one T(args...) locally. Returns when all have;
+  // if any constructor threw, every rank throws RemoteError naming the failed ranks.
+  template <class T, class... A>
+  ActorGroup<T> spawn_on_each(A&&... args);
+
+  // The actor registered under `name` (rank 0 keeps the registry).
+  template <class T>
+  ActorRef<T> lookup(const std::string& name);
+
+  // Collective and idempotent: waits until every rank has called it, drains messages
+  // in flight, fails any future still unresolved with ErrorCode::shutdown, destroys
+  // the actors and finalizes MPI (when this runtime initialised it).
+  void shutdown();
+
+  // Called from the progress thread about every `period` while the runtime runs, so
+  // the supervisor can receive heartbeats. One hook; a new one replaces it.
+  void set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period);
+
+  // ---- used by ActorRef and the templates above; not for application code ----
+  void send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
+                    std::shared_ptr<detail::ReplyHandler> reply);
+  void send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload);
+  // Sends `bytes` as an actor message exactly as given: for tests of the wire format.
+  void send_raw(int rank, const std::string& bytes);
+  // The local actor with this id, or null.
+  std::shared_ptr<detail::ActorCellBase> local_actor(std::uint64_t id) const;
+  // Runs `call` on the actor's strand, tracking it for shutdown's drain.
+  void post_to(detail::ActorCellBase& cell, std::function<void()> call);
+  detail::Progress* progress() const;
+  // The header's room at the start of every outgoing message.
+  static std::string new_message();
+
+ private:
+  struct NameEntry {
+    int rank;
+    std::uint64_t id;
+    std::string type;
+  };
+  std::uint64_t spawn_bytes(int rank, const std::string& key, const std::string& name, const std::string& args);
+  std::unique_ptr<detail::ActorCellBase> build(const std::string& key, std::uint64_t id, const std::string& name,
+                                               std::string_view args);
+  std::uint64_t spawn_local(const std::string& key, const std::string& name, std::string_view args);
+  std::uint64_t spawn_group_local(const std::string& key, std::string_view args);
+  NameEntry lookup_entry(const std::string& name);
+  void register_name(const std::string& name, int rank, std::uint64_t id, const std::string& type);
+  void handle(detail::Message message);  // called by the transport, in arrival order
+  void handle_request(detail::Message& message, bool wants_reply);
+  void handle_system(detail::Message& message);
+  void send_with_reply(int rank, detail::Header header, std::string payload,
+                       std::shared_ptr<detail::ReplyHandler> reply);
+  // Sends a runtime request to `rank` and waits for its reply, driving progress.
+  template <class R>
+  R system_call(int rank, detail::Header header, std::string payload, const std::string& what);
+  void reply_error(int rank, std::uint64_t request, const ErrorInfo& info);
+  void reply_value(int rank, std::uint64_t request, std::string bytes);
+  void install_actor(std::shared_ptr<detail::ActorCellBase> cell);
+  void wait_collective(void* request, const char* what);
+  void drain();
+  void fail_pending(ErrorCode code, const std::string& why);
+  std::shared_ptr<detail::ReplyHandler> take_pending(std::uint64_t request);
+
+  RuntimeOptions options_;
+  std::unique_ptr<mpi::Environment> environment_;
+  int rank_ = 0, size_ = 1;
+  void* actor_comm_ = nullptr;   // MPI_Comm, kept opaque so this header needs no mpi.h
+  void* system_comm_ = nullptr;  // for the runtime's own collectives
+  boost::asio::io_context io_;
+  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::vector<std::thread> pool_;
+  std::unique_ptr<detail::Transport> transport_;
+
+  mutable std::shared_mutex actors_mutex_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::ActorCellBase>> actors_;
+  std::atomic<std::uint64_t> next_actor_id_{1};
+  std::uint64_t next_group_id_ = 1;
+
+  std::mutex pending_mutex_;
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::ReplyHandler>> pending_;
+  std::atomic<std::uint64_t> next_request_id_{1};
+  std::atomic<std::int64_t> queued_calls_{0};
+
+  std::mutex names_mutex_;  // rank 0 only: the job's name registry
+  std::unordered_map<std::string, NameEntry> names_;
+
+  bool shut_down_ = false;
+};
+
+}  // namespace troupe::actors
+
+#include "troupe/actors/actor_ref.hpp"
+
+namespace troupe {
+using actors::ActorDead;
+using actors::ActorRestarted;
+using actors::RemoteError;
+using actors::ActorGroup;
+using actors::ActorRef;
+using actors::Runtime;
+using actors::RuntimeOptions;
+using actors::SpawnOptions;
+}  // namespace troupe

@@ -1,0 +1,71 @@
+#include "troupe/actors/future.hpp"
+
+#include <thread>
+
+namespace troupe::actors::detail {
+
+void StateBase::set_error(std::exception_ptr error) {
+  std::unique_lock lock(mutex_);
+  if (ready()) return;
+  error_ = std::move(error);
+  finish(std::move(lock));
+}
+
+void StateBase::finish(std::unique_lock<std::mutex> lock) {
+  ready_.store(true, std::memory_order_release);
+  std::vector<std::function<void()>> callbacks;
+  callbacks.swap(callbacks_);
+  lock.unlock();
+  cv_.notify_all();
+  for (auto& callback : callbacks) callback();
+}
+
+void StateBase::on_ready(std::function<void()> callback) {
+  {
+    std::lock_guard lock(mutex_);
+    if (!ready()) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
+void StateBase::rethrow_if_error() const {
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool StateBase::wait_until(std::optional<Clock::time_point> deadline) {
+  if (ready()) return true;
+  if (progress_ != nullptr && progress_->is_progress_thread()) {
+    // A method running on the progress thread waits for an answer: no other thread
+    // would receive it, so this one keeps receiving until it comes.
+    while (!ready()) {
+      if (deadline && Clock::now() >= *deadline) return false;
+      if (!progress_->progress_once()) std::this_thread::yield();
+    }
+    return true;
+  }
+  if (progress_ != nullptr && progress_->try_begin_polling()) {
+    // Poll phase: drive the transport ourselves instead of paying for a wake-up.
+    const auto poll_end = Clock::now() + kPollBudget;
+    while (!ready()) {
+      const auto now = Clock::now();
+      if (deadline && now >= *deadline) break;
+      if (progress_->progress_once()) continue;
+      if (now >= poll_end) break;
+    }
+    progress_->end_polling();
+  }
+  if (progress_ != nullptr) progress_->begin_blocking();
+  bool done = true;
+  {
+    std::unique_lock lock(mutex_);
+    if (deadline) done = cv_.wait_until(lock, *deadline, [this] { return ready(); });
+    else cv_.wait(lock, [this] { return ready(); });
+  }
+  if (progress_ != nullptr) progress_->end_blocking();
+  return done;
+}
+
+}  // namespace troupe::actors::detail

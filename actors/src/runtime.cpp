@@ -1,0 +1,282 @@
+#include "troupe/actors/runtime.hpp"
+
+#include <cstdio>
+#include <exception>
+#include <map>
+
+#include "transport.hpp"
+#include "troupe/mpi/environment.hpp"
+#include "troupe/mpi/mpi_error.hpp"
+#include "wire.hpp"
+
+namespace troupe::actors {
+
+namespace {
+
+// For the terminate handler, which can take no arguments.
+std::atomic<int> g_rank_for_abort{-1};
+
+[[noreturn]] void abort_job() {
+  std::string what = "no exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
+      what = "a non-std::exception";
+    }
+  }
+  std::fprintf(stderr, "troupe: rank %d is terminating (uncaught exception: %s); aborting the whole job\n",
+               g_rank_for_abort.load(), what.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+detail::Header header_of(const std::string& bytes) {
+  detail::Header h;
+  std::memcpy(&h, bytes.data(), sizeof h);
+  return h;
+}
+
+std::string_view payload_of(const std::string& bytes) {
+  return std::string_view(bytes).substr(sizeof(detail::Header));
+}
+
+}  // namespace
+
+namespace detail {
+// Factories for every actor type spawn() was instantiated with, keyed by type and
+// constructor argument types. Filled before main by SpawnKey's static members; a
+// function-local static so that it exists whatever the initialisation order.
+std::map<std::string, Factory>& factory_registry() {
+  static std::map<std::string, Factory> registry;
+  return registry;
+}
+
+Runtime*& current_runtime() {
+  thread_local Runtime* runtime = nullptr;
+  return runtime;
+}
+
+std::string register_factory(std::string key, Factory factory) {
+  factory_registry().emplace(key, std::move(factory));
+  return key;
+}
+}  // namespace detail
+
+std::string Runtime::new_message() { return std::string(sizeof(detail::Header), '\0'); }
+
+Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(options) {
+  TROUPE_CHECK(options_.threads >= 1, "Runtime: needs at least 1 pool thread, got ", options_.threads);
+  environment_ = std::make_unique<mpi::Environment>(&argc, &argv);
+  rank_ = environment_->rank();
+  size_ = environment_->size();
+  g_rank_for_abort = rank_;
+  std::set_terminate(abort_job);
+  MPI_Comm actors = MPI_COMM_NULL, system = MPI_COMM_NULL;
+  TROUPE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &actors));
+  TROUPE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &system));
+  actor_comm_ = reinterpret_cast<void*>(actors);
+  system_comm_ = reinterpret_cast<void*>(system);
+  work_ = std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
+      io_.get_executor());
+  for (int i = 0; i < options_.threads; ++i) pool_.emplace_back([this] { io_.run(); });
+  transport_ = std::make_unique<detail::Transport>(actors, [this](detail::Message m) { handle(std::move(m)); }, io_);
+  transport_->start();
+}
+
+Runtime::~Runtime() {
+  if (std::uncaught_exceptions() > 0 && !shut_down_) {
+    // Another rank may be waiting for this one in a collective; leaving quietly
+    // would hang the job. Take it down, saying which rank failed.
+    std::fprintf(stderr, "troupe: rank %d is unwinding an exception past its Runtime; aborting the whole job\n", rank_);
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  try {
+    shutdown();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: rank %d: shutdown failed: %s\n", rank_, e.what());
+  }
+}
+
+detail::Progress* Runtime::progress() const { return transport_.get(); }
+
+void Runtime::set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period) {
+  transport_->set_liveness_hook(std::move(hook), period);
+}
+
+std::shared_ptr<detail::ActorCellBase> Runtime::local_actor(std::uint64_t id) const {
+  std::shared_lock lock(actors_mutex_);
+  auto it = actors_.find(id);
+  return it == actors_.end() ? nullptr : it->second;
+}
+
+void Runtime::install_actor(std::shared_ptr<detail::ActorCellBase> cell) {
+  std::unique_lock lock(actors_mutex_);
+  actors_.emplace(cell->id(), std::move(cell));
+}
+
+void Runtime::post_to(detail::ActorCellBase& cell, std::function<void()> call) {
+  queued_calls_.fetch_add(1);
+  boost::asio::post(cell.strand(), [this, call = std::move(call)] {
+    detail::RuntimeScope scope(this);
+    call();
+    queued_calls_.fetch_sub(1);
+  });
+}
+
+// ---- sending ----
+
+void Runtime::send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
+                           std::shared_ptr<detail::ReplyHandler> reply) {
+  detail::Header h;
+  h.kind = detail::Kind::request;
+  h.method = method;
+  h.actor = actor;
+  send_with_reply(rank, h, std::move(payload), std::move(reply));
+}
+
+void Runtime::send_with_reply(int rank, detail::Header header, std::string payload,
+                              std::shared_ptr<detail::ReplyHandler> reply) {
+  TROUPE_CHECK(rank >= 0 && rank < size_, reply->what(), ": rank ", rank, " is outside the world of ", size_, " ranks");
+  header.request = next_request_id_.fetch_add(1);
+  write_header(payload, header);
+  {
+    std::lock_guard lock(pending_mutex_);
+    TROUPE_CHECK(!shut_down_, "ask after the runtime shut down: ", reply->what());
+    pending_.emplace(header.request, reply);
+  }
+  try {
+    transport_->send(rank, payload);
+  } catch (...) {
+    take_pending(header.request);
+    throw;
+  }
+}
+
+void Runtime::send_raw(int rank, const std::string& bytes) {
+  TROUPE_CHECK(rank >= 0 && rank < size_, "send_raw: rank ", rank, " is outside the world of ", size_, " ranks");
+  transport_->send(rank, bytes);
+}
+
+void Runtime::send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload) {
+  TROUPE_CHECK(rank >= 0 && rank < size_, "tell: rank ", rank, " is outside the world of ", size_, " ranks");
+  detail::Header h;
+  h.kind = detail::Kind::tell;
+  h.method = method;
+  h.actor = actor;
+  write_header(payload, h);
+  if (rank == rank_) {  // deliver through the same path as a remote tell, keeping order per sender
+    handle({rank_, std::move(payload)});
+    return;
+  }
+  transport_->send(rank, payload);
+}
+
+void Runtime::reply_value(int rank, std::uint64_t request, std::string bytes) {
+  detail::Header h;
+  h.kind = detail::Kind::reply_value;
+  h.request = request;
+  write_header(bytes, h);
+  transport_->send(rank, bytes);
+}
+
+void Runtime::reply_error(int rank, std::uint64_t request, const ErrorInfo& info) {
+  std::string bytes = new_message();
+  detail::append_serialized(bytes, info);
+  detail::Header h;
+  h.kind = detail::Kind::reply_error;
+  h.request = request;
+  write_header(bytes, h);
+  transport_->send(rank, bytes);
+}
+
+std::shared_ptr<detail::ReplyHandler> Runtime::take_pending(std::uint64_t request) {
+  std::lock_guard lock(pending_mutex_);
+  auto it = pending_.find(request);
+  if (it == pending_.end()) return nullptr;
+  auto handler = std::move(it->second);
+  pending_.erase(it);
+  return handler;
+}
+
+// ---- receiving: called by the transport in arrival order ----
+
+void Runtime::handle(detail::Message message) {
+  detail::RuntimeScope scope(this);
+  detail::Header h;
+  const std::string problem = detail::read_header(message.bytes, h);
+  if (!problem.empty()) {
+    // Without a trustworthy header there is nobody to answer; say what arrived.
+    std::fprintf(stderr, "troupe: rank %d dropped a malformed message from rank %d: %s\n", rank_, message.source,
+                 problem.c_str());
+    return;
+  }
+  switch (h.kind) {
+    case detail::Kind::request: return handle_request(message, true);
+    case detail::Kind::tell: return handle_request(message, false);
+    case detail::Kind::reply_value:
+    case detail::Kind::reply_error: {
+      auto handler = take_pending(h.request);
+      if (!handler) return;  // the asker stopped waiting (its future was dropped); nothing to do
+      if (h.kind == detail::Kind::reply_value) {
+        handler->on_value(payload_of(message.bytes));
+        return;
+      }
+      ErrorInfo info;
+      try {
+        detail::parse_exactly(payload_of(message.bytes), "error reply", info);
+      } catch (const detail::BadMessage& e) {
+        info = {ErrorCode::bad_message, message.source, "", handler->what(), "BadMessage", e.what()};
+      }
+      try {
+        throw_remote(std::move(info));
+      } catch (...) {
+        handler->on_error(std::current_exception());
+      }
+      return;
+    }
+    default: return handle_system(message);
+  }
+}
+
+void Runtime::handle_request(detail::Message& message, bool wants_reply) {
+  const detail::Header h = header_of(message.bytes);
+  const int source = message.source;
+  auto fail = [&](ErrorCode code, std::string actor, std::string method, std::string text) {
+    ErrorInfo info{code, rank_, std::move(actor), std::move(method), "", std::move(text)};
+    if (wants_reply) return reply_error(source, h.request, info);
+    std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
+  };
+  auto cell = local_actor(h.actor);
+  if (!cell)
+    return fail(ErrorCode::unknown_actor, "#" + std::to_string(h.actor), "method #" + std::to_string(h.method),
+                "no such actor on this rank (never spawned, or stopped)");
+  if (h.method >= cell->method_count())
+    return fail(ErrorCode::unknown_method, cell->label(), "method #" + std::to_string(h.method),
+                detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
+  post_to(*cell, [this, cell, source, h, wants_reply, bytes = std::move(message.bytes)] {
+    std::string result = new_message();
+    ErrorInfo info;
+    try {
+      cell->invoke(h.method, payload_of(bytes), result);
+      if (wants_reply) reply_value(source, h.request, std::move(result));
+      return;
+    } catch (const detail::BadMessage& e) {
+      info = {ErrorCode::bad_message, rank_, cell->label(), cell->method_name(h.method), "BadMessage", e.what()};
+    } catch (...) {
+      info = describe_current_exception(rank_, cell->label(), cell->method_name(h.method));
+    }
+    try {
+      if (wants_reply) reply_error(source, h.request, info);
+      else std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_, source, e.what());
+    }
+  });
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,265 @@
+// The runtime's own protocol: spawning, the name registry on rank 0, and the
+// collective start-up and shutdown steps.
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "transport.hpp"
+#include "troupe/actors/runtime.hpp"
+#include "troupe/mpi/environment.hpp"
+#include "troupe/mpi/mpi_error.hpp"
+#include "wire.hpp"
+
+namespace troupe::actors {
+
+namespace {
+MPI_Comm as_comm(void* p) { return reinterpret_cast<MPI_Comm>(p); }
+
+// Actors made by spawn_on_each share one id on every rank; the top bit keeps that
+// id space apart from the per-rank ids of spawn().
+constexpr std::uint64_t kGroupIdBit = std::uint64_t{1} << 63;
+}  // namespace
+
+template <class R>
+R Runtime::system_call(int rank, detail::Header header, std::string payload, const std::string& what) {
+  auto state = std::make_shared<detail::State<R>>(transport_.get(), what);
+  send_with_reply(rank, header, std::move(payload), std::make_shared<detail::TypedReply<R>>(what, state));
+  return Future<R>(state).get();
+}
+
+std::uint64_t Runtime::spawn_bytes(int rank, const std::string& key, const std::string& name, const std::string& args) {
+  if (rank == rank_) return spawn_local(key, name, args);
+  std::string payload = new_message();
+  detail::append_serialized(payload, key, name, args);
+  detail::Header h;
+  h.kind = detail::Kind::spawn;
+  return system_call<std::uint64_t>(rank, h, std::move(payload), "spawn " + key + " on rank " + std::to_string(rank));
+}
+
+std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, std::uint64_t id, const std::string& name,
+                                                      std::string_view args) {
+  auto& registry = detail::factory_registry();
+  auto it = registry.find(key);
+  if (it == registry.end())
+    throw RemoteError({ErrorCode::spawn_failed, rank_, key, "constructor", "",
+                       "this rank's binary has no factory for this type and argument list (is it the same binary?)"});
+  detail::RuntimeScope scope(this);
+  try {
+    return it->second(id, name, args, io_);
+  } catch (const detail::BadMessage& e) {
+    throw RemoteError({ErrorCode::bad_message, rank_, key, "constructor", "BadMessage", e.what()});
+  } catch (...) {
+    throw RemoteError(describe_current_exception(rank_, key, "constructor"));
+  }
+}
+
+std::uint64_t Runtime::spawn_local(const std::string& key, const std::string& name, std::string_view args) {
+  const std::uint64_t id = next_actor_id_.fetch_add(1);
+  std::shared_ptr<detail::ActorCellBase> cell = build(key, id, name, args);
+  if (!name.empty()) register_name(name, rank_, id, cell->type());
+  install_actor(std::move(cell));
+  return id;
+}
+
+std::uint64_t Runtime::spawn_group_local(const std::string& key, std::string_view args) {
+  const std::uint64_t id = kGroupIdBit | next_group_id_++;
+  int ok = 1;
+  std::string failure;
+  try {
+    install_actor(build(key, id, "", args));
+  } catch (const std::exception& e) {
+    ok = 0;
+    failure = e.what();
+  }
+  // Every rank learns which ranks failed, so all throw together instead of some
+  // going on to ask actors that do not exist.
+  std::vector<int> oks(static_cast<std::size_t>(size_));
+  MPI_Request request;
+  TROUPE_MPI_CHECK(MPI_Iallgather(&ok, 1, MPI_INT, oks.data(), 1, MPI_INT, as_comm(system_comm_), &request));
+  wait_collective(&request, "spawn_on_each");
+  std::string failed;
+  for (int r = 0; r < size_; ++r)
+    if (!oks[static_cast<std::size_t>(r)]) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+  if (!failed.empty()) {
+    std::unique_lock lock(actors_mutex_);
+    actors_.erase(id);
+    throw RemoteError({ErrorCode::spawn_failed, rank_, key, "constructor", "",
+                       "spawn_on_each failed on rank(s) " + failed + (failure.empty() ? "" : "; here: " + failure)});
+  }
+  return id;
+}
+
+void Runtime::register_name(const std::string& name, int rank, std::uint64_t id, const std::string& type) {
+  if (rank_ == 0) {
+    std::lock_guard lock(names_mutex_);
+    auto [it, inserted] = names_.emplace(name, NameEntry{rank, id, type});
+    if (!inserted)
+      throw RemoteError({ErrorCode::spawn_failed, 0, type, "register name", "",
+                         detail::concat("the name '", name, "' is taken by a ", it->second.type, " on rank ",
+                                        it->second.rank)});
+    return;
+  }
+  std::string payload = new_message();
+  detail::append_serialized(payload, name, rank, id, type);
+  detail::Header h;
+  h.kind = detail::Kind::register_name;
+  system_call<bool>(0, h, std::move(payload), "register name '" + name + "'");
+}
+
+Runtime::NameEntry Runtime::lookup_entry(const std::string& name) {
+  if (rank_ == 0) {
+    std::lock_guard lock(names_mutex_);
+    auto it = names_.find(name);
+    if (it == names_.end())
+      throw RemoteError({ErrorCode::unknown_name, 0, "", "lookup", "", "no actor is registered as '" + name + "'"});
+    return it->second;
+  }
+  std::string payload = new_message();
+  detail::append_serialized(payload, name);
+  detail::Header h;
+  h.kind = detail::Kind::lookup;
+  const auto entry = system_call<std::tuple<int, std::uint64_t, std::string>>(0, h, std::move(payload),
+                                                                               "lookup '" + name + "'");
+  return {std::get<0>(entry), std::get<1>(entry), std::get<2>(entry)};
+}
+
+void Runtime::handle_system(detail::Message& message) {
+  const detail::Header h = [&] {
+    detail::Header header;
+    std::memcpy(&header, message.bytes.data(), sizeof header);
+    return header;
+  }();
+  const int source = message.source;
+  const std::string_view payload = std::string_view(message.bytes).substr(sizeof(detail::Header));
+  // Runs `body`, replying with its serialized result or with the error it threw.
+  auto answer = [this, source, h](auto body) {
+    try {
+      std::string reply = new_message();
+      detail::append_serialized(reply, body());
+      reply_value(source, h.request, std::move(reply));
+    } catch (const RemoteError& e) {
+      reply_error(source, h.request, e.info());
+    } catch (const detail::BadMessage& e) {
+      reply_error(source, h.request, {ErrorCode::bad_message, rank_, "runtime", "system request", "BadMessage", e.what()});
+    } catch (...) {
+      reply_error(source, h.request, describe_current_exception(rank_, "runtime", "system request"));
+    }
+  };
+  switch (h.kind) {
+    case detail::Kind::spawn: {
+      // A constructor may block (it may ask other actors), so it runs on the pool.
+      queued_calls_.fetch_add(1);
+      boost::asio::post(io_, [this, answer, bytes = std::move(message.bytes)] {
+        answer([&] {
+          std::string key, name, args;
+          detail::parse_exactly(std::string_view(bytes).substr(sizeof(detail::Header)), "spawn request", key, name, args);
+          return spawn_local(key, name, args);
+        });
+        queued_calls_.fetch_sub(1);
+      });
+      return;
+    }
+    case detail::Kind::lookup:
+      return answer([&] {
+        std::string name;
+        detail::parse_exactly(payload, "lookup request", name);
+        const NameEntry e = lookup_entry(name);
+        return std::tuple<int, std::uint64_t, std::string>(e.rank, e.id, e.type);
+      });
+    case detail::Kind::register_name:
+      return answer([&] {
+        std::string name, type;
+        int rank = 0;
+        std::uint64_t id = 0;
+        detail::parse_exactly(payload, "register request", name, rank, id, type);
+        register_name(name, rank, id, type);
+        return true;
+      });
+    default:
+      std::fprintf(stderr, "troupe: rank %d dropped a message of kind %d from rank %d\n", rank_,
+                   static_cast<int>(h.kind), source);
+  }
+}
+
+// ---- collectives of the runtime itself ----
+
+void Runtime::wait_collective(void* request, const char* what) {
+  auto* r = static_cast<MPI_Request*>(request);
+  for (;;) {
+    int done = 0;
+    TROUPE_MPI_CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    // Serve incoming messages meanwhile: another rank may need an answer from us
+    // before it can reach the same collective.
+    if (!transport_->progress_once()) std::this_thread::yield();
+  }
+  (void)what;
+}
+
+void Runtime::drain() {
+  // Termination detection: the job is quiet when, twice in a row, every rank's
+  // queue is empty and the messages sent equal the messages received.
+  const auto deadline = Clock::now() + options_.shutdown_drain_timeout;
+  long long previous_sent = -1;
+  for (;;) {
+    while (queued_calls_.load() > 0 && Clock::now() < deadline)
+      if (!transport_->progress_once()) std::this_thread::yield();
+    long long local[4] = {static_cast<long long>(transport_->sent()), static_cast<long long>(transport_->received()),
+                          queued_calls_.load(), Clock::now() >= deadline ? 1 : 0};
+    long long global[4] = {};
+    MPI_Request request;
+    TROUPE_MPI_CHECK(MPI_Iallreduce(local, global, 4, MPI_LONG_LONG, MPI_SUM, as_comm(system_comm_), &request));
+    wait_collective(&request, "shutdown drain");
+    if (global[3] > 0) {
+      if (rank_ == 0)
+        std::fprintf(stderr, "troupe: shutdown: messages still in flight after %lld ms; failing what is left\n",
+                     static_cast<long long>(options_.shutdown_drain_timeout.count()));
+      return;
+    }
+    if (global[0] == global[1] && global[2] == 0) {
+      if (global[0] == previous_sent) return;
+      previous_sent = global[0];
+    } else {
+      previous_sent = -1;
+    }
+  }
+}
+
+void Runtime::fail_pending(ErrorCode code, const std::string& why) {
+  std::unordered_map<std::uint64_t, std::shared_ptr<detail::ReplyHandler>> pending;
+  {
+    std::lock_guard lock(pending_mutex_);
+    pending.swap(pending_);
+  }
+  for (auto& [id, handler] : pending)
+    handler->on_error(std::make_exception_ptr(RemoteError({code, rank_, "", handler->what(), "", why})));
+}
+
+void Runtime::shutdown() {
+  if (shut_down_) return;
+  MPI_Request request;
+  TROUPE_MPI_CHECK(MPI_Ibarrier(as_comm(system_comm_), &request));
+  wait_collective(&request, "shutdown barrier");
+  drain();
+  {
+    std::lock_guard lock(pending_mutex_);
+    shut_down_ = true;
+  }
+  transport_->stop();
+  work_.reset();
+  io_.stop();
+  for (auto& t : pool_) t.join();
+  pool_.clear();
+  fail_pending(ErrorCode::shutdown, "the runtime shut down before the answer came");
+  {
+    std::unique_lock lock(actors_mutex_);
+    actors_.clear();
+  }
+  MPI_Comm actors = as_comm(actor_comm_), system = as_comm(system_comm_);
+  MPI_Comm_free(&actors);
+  MPI_Comm_free(&system);
+  transport_.reset();
+  environment_.reset();
+}
+
+}  // namespace troupe::actors

@@ -1,0 +1,76 @@
+// The MPI side of the runtime: sends, receives and the progress thread.
+//
+// Any thread may send (MPI_THREAD_MULTIPLE). Receiving is one role at a time, taken
+// with try_lock by whichever thread drives progress -- the progress thread or a
+// caller waiting on a future -- so messages are delivered in MPI's arrival order,
+// which keeps per-sender order all the way into each actor's strand.
+//
+// The progress thread backs off when idle (a condition variable wait whose period
+// grows to 1 ms, so an idle runtime costs almost no CPU), stands aside while a
+// caller polls, and stays hot for a few ms after a caller blocks on an answer.
+#pragma once
+
+#include <mpi.h>
+
+#include <boost/asio/io_context.hpp>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "troupe/actors/future.hpp"
+
+namespace troupe::actors::detail {
+
+struct Message {
+  int source = -1;
+  std::string bytes;
+};
+
+class Transport final : public Progress {
+ public:
+  using Deliver = std::function<void(Message)>;
+  Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io);
+  ~Transport() override;
+
+  void start();
+  // Joins the progress thread; receiving stops unless a caller drives it.
+  void stop();
+  void send(int destination, const std::string& bytes);
+
+  bool progress_once() override;
+  bool try_begin_polling() override;
+  bool is_progress_thread() const override { return std::this_thread::get_id() == thread_id_; }
+  void end_polling() override;
+  void begin_blocking() override;
+  void end_blocking() override;
+
+  void set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period);
+  std::uint64_t sent() const { return sent_.load(); }
+  std::uint64_t received() const { return received_.load(); }
+
+ private:
+  void run();
+  bool receive_some();
+
+  MPI_Comm comm_;
+  Deliver deliver_;
+  boost::asio::io_context& io_;
+  std::mutex receive_mutex_;
+  std::atomic<int> pollers_{0};
+  std::atomic<Clock::rep> hot_until_{0};  // steady_clock ticks; stay hot until then
+  std::atomic<bool> stop_{false};
+  std::mutex idle_mutex_;
+  std::condition_variable idle_cv_;
+  std::thread thread_;
+  std::thread::id thread_id_;
+  std::atomic<std::uint64_t> sent_{0}, received_{0};
+  std::mutex hook_mutex_;
+  std::function<void()> liveness_hook_;
+  std::chrono::milliseconds liveness_period_{1000};
+};
+
+}  // namespace troupe::actors::detail

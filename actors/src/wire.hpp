@@ -1,0 +1,52 @@
+// The wire format of actor messages: a fixed header, then the cereal payload, in one
+// MPI message on the actors' communicator. The header is checked field by field on
+// arrival, so bytes from a buggy or hostile sender are reported, not trusted.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+namespace troupe::actors::detail {
+
+inline constexpr int kActorTag = 7;
+inline constexpr std::uint32_t kMagic = 0x50555254;  // "TRUP"
+inline constexpr std::uint8_t kVersion = 1;
+
+enum class Kind : std::uint8_t {
+  request = 1,        // ask: the sender waits for a reply with the same request id
+  tell = 2,           // no reply
+  reply_value = 3,    // payload: the serialized result
+  reply_error = 4,    // payload: ErrorInfo
+  spawn = 5,          // payload: factory key, name, constructor arguments
+  lookup = 6,         // to rank 0; payload: name
+  register_name = 7,  // to rank 0; payload: name, rank, id, type
+};
+
+struct Header {
+  std::uint32_t magic = kMagic;
+  std::uint8_t version = kVersion;
+  Kind kind = Kind::request;
+  std::uint16_t reserved = 0;
+  std::uint32_t method = 0;
+  std::uint32_t reserved2 = 0;
+  std::uint64_t request = 0;
+  std::uint64_t actor = 0;
+};
+static_assert(sizeof(Header) == 32);
+
+inline void write_header(std::string& message, const Header& h) { std::memcpy(message.data(), &h, sizeof h); }
+
+// Parses the header of `bytes`; returns an explanation when it is not one of ours.
+inline std::string read_header(std::string_view bytes, Header& h) {
+  if (bytes.size() < sizeof(Header)) return "message of " + std::to_string(bytes.size()) + " bytes is shorter than a header";
+  std::memcpy(&h, bytes.data(), sizeof h);
+  if (h.magic != kMagic) return "bad magic number";
+  if (h.version != kVersion) return "wire version " + std::to_string(h.version) + ", expected " + std::to_string(kVersion);
+  if (h.kind < Kind::request || h.kind > Kind::register_name)
+    return "unknown message kind " + std::to_string(static_cast<int>(h.kind));
+  return {};
+}
+
+}  // namespace troupe::actors::detail

@@ -1,0 +1,54 @@
+// Adam, torch.optim.Adam (amsgrad=False), with L2 weight decay added to the
+// gradient; AdamW (adamw.hpp) reuses it with decoupled weight decay.
+//
+// Per parameter, with g its gradient and t its own step count (a parameter
+// skipped for lack of a grad does not advance its t, as in PyTorch):
+//   g = g + weight_decay * p                 (Adam, if weight_decay != 0)
+//   p = p * (1 - lr * weight_decay)          (AdamW, before anything else)
+//   m = beta1 * m + (1 - beta1) * g
+//   v = beta2 * v + (1 - beta2) * g^2
+//   step_size = lr / (1 - beta1^t)
+//   denom = sqrt(v) / sqrt(1 - beta2^t) + eps
+//   p = p - step_size * m / denom
+// Slots: "step" (0-dim i64), "exp_avg" (m), "exp_avg_sq" (v); m and v start at 0.
+#pragma once
+
+#include <utility>
+
+#include "troupe/nn/optimizer.hpp"
+
+namespace troupe::nn {
+
+struct Betas {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+};
+
+class Adam : public Optimizer {
+ public:
+  explicit Adam(std::vector<NamedParameter> params, double lr = 1e-3, Betas betas = {}, double eps = 1e-8,
+                double weight_decay = 0.0);
+
+  std::string type_name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  Betas betas() const { return betas_; }
+  double eps() const { return eps_; }
+  double weight_decay() const { return weight_decay_; }
+
+ protected:
+  // For AdamW: decoupled = true applies weight decay to the parameter directly.
+  Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay, bool decoupled);
+
+  void update(const std::string& name, Parameter& param, StateDict& state) override;
+  std::vector<Slot> slots() const override { return {{"step", true}, {"exp_avg", false}, {"exp_avg_sq", false}}; }
+  std::vector<std::pair<std::string, double>> hyper_parameters() const override;
+  void set_hyper_parameter(const std::string& key, double value) override;
+
+ private:
+  void check() const;
+
+  Betas betas_;
+  double eps_, weight_decay_;
+  bool decoupled_;
+};
+
+}  // namespace troupe::nn

@@ -1,0 +1,47 @@
+// Linear: y = x W^T + b, torch.nn.Linear.
+//
+// weight is [out_features, in_features] and, like bias [out_features], is drawn
+// from U(-1/sqrt(in), 1/sqrt(in)) -- what PyTorch's kaiming_uniform_(a=sqrt(5))
+// reduces to -- weight first, then bias, from the Generator passed in, so the same
+// seed gives the same model on every rank. Input [..., in] gives output [..., out];
+// leading dimensions are flattened into rows for one matmul.
+//
+// backward adds dW += gy^T x (a gemm with beta=1 straight into the existing grad) and
+// db += the column sums of gy, marks bias then weight ready, then returns dx = gy W.
+// forward keeps a handle to its input: don't write into it before backward.
+#pragma once
+
+#include <cstdint>
+
+#include "troupe/nn/module.hpp"
+#include "troupe/tensor/random.hpp"
+
+namespace troupe::nn {
+
+class Linear : public Module {
+ public:
+  Linear(std::int64_t in_features, std::int64_t out_features, tensor::Generator& gen, bool bias = true,
+         DType dtype = DType::f32);
+  // PyTorch's argument order, Linear(in, out, bias, ...).
+  Linear(std::int64_t in_features, std::int64_t out_features, bool bias, tensor::Generator& gen,
+         DType dtype = DType::f32)
+      : Linear(in_features, out_features, gen, bias, dtype) {}
+
+  Tensor forward(const Tensor& input) override;
+  Tensor backward(const Tensor& grad_output) override;
+  std::string type_name() const override;
+
+  Parameter& weight() { return *weight_; }
+  // Null without a bias.
+  Parameter* bias() { return bias_; }
+  std::int64_t in_features() const { return in_; }
+  std::int64_t out_features() const { return out_; }
+
+ private:
+  std::int64_t in_, out_;
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+  Tensor input_;
+};
+
+}  // namespace troupe::nn

@@ -1,0 +1,128 @@
+// Module: the base of every layer, with an explicit forward and backward.
+//
+// There is no autograd tape. A layer's forward caches what its backward needs, and
+// backward(grad_output) returns the gradient with respect to the forward's input
+// while ADDING the gradients of the layer's parameters into Parameter::grad (see
+// parameter.hpp for why a defined grad is never replaced). The contract per step is
+// forward, then backward with the gradient of that forward's output, as in llm.c;
+// a second backward after one forward adds the same gradients again.
+//
+// Names follow PyTorch. A module registers its parameters, buffers and children in
+// its constructor; a parameter's full name is the path of child names from the
+// root, dot-joined ("layers.0.weight"). named_parameters(), named_buffers() and
+// state_dict() list a module's own entries, then each child's, in registration
+// order -- the order torch.nn.Module uses, so checkpoints line up name for name.
+//
+// Grad-ready hook: set_grad_ready_hook() on the root installs one callback on every
+// submodule, with each module's name prefix. A layer calls it for each parameter the
+// moment that parameter's gradient is final in the current backward, so the hook
+// fires in the order gradients become final: reverse layer order in a Sequential,
+// and within our layers bias before weight, i.e. exactly the reverse of
+// named_parameters(). DDP launches a bucket's all-reduce from here, overlapping
+// communication with the rest of the backward. Set the hook after the model is
+// built; children registered later inherit it from their parent.
+//
+// Modules are neither copyable nor movable: optimizers and DDP hold parameters by
+// address, so parameters must stay where they were created.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/nn/parameter.hpp"
+#include "troupe/nn/state_dict.hpp"
+#include "troupe/tensor/dtype.hpp"
+
+namespace troupe::nn {
+
+using tensor::DType;
+
+using GradReadyHook = std::function<void(const std::string& name, Parameter& param)>;
+
+class Module;
+
+struct NamedModule {
+  std::string name;
+  Module* module = nullptr;
+};
+
+class Module {
+ public:
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+  virtual ~Module() = default;
+
+  virtual Tensor forward(const Tensor& input) = 0;
+  // Returns the gradient with respect to forward's input (undefined when the input
+  // has no gradient, e.g. Embedding's indices) and accumulates parameter gradients.
+  virtual Tensor backward(const Tensor& grad_output) = 0;
+  // "Linear(4 -> 8)", "Sequential": names the module in error messages.
+  virtual std::string type_name() const = 0;
+
+  // Recursive, in registration order, with full names.
+  std::vector<NamedParameter> named_parameters();
+  std::vector<Parameter*> parameters();
+  std::vector<NamedBuffer> named_buffers();
+  // Direct children only.
+  std::vector<NamedModule> named_children();
+  // Total number of parameter elements, recursively.
+  std::int64_t parameter_count() const;
+
+  // Parameters and buffers by full name. The values share storage with the module.
+  StateDict state_dict() const;
+  // Copies values into the existing tensors, so views into flat buffers (and the
+  // optimizer's pointers) stay valid. Everything is checked before anything is
+  // copied: one error lists all missing keys, unexpected keys and shape/dtype
+  // mismatches. strict=false tolerates missing and unexpected keys, never mismatches.
+  void load_state_dict(const StateDict& dict, bool strict = true);
+
+  // Training mode, recursively (Dropout is the identity in eval mode).
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // set_to_none=true drops every grad; false zero-fills the defined ones in place
+  // (keeping bucket views) and leaves undefined ones undefined, as PyTorch does.
+  void zero_grad(bool set_to_none = true);
+
+  // Installs `hook` on this module and every submodule (an empty function removes it).
+  void set_grad_ready_hook(GradReadyHook hook);
+
+  // Converts every parameter and buffer to `dtype` (e.g. f64 for finite-difference
+  // checks). Gradients are dropped and views are not preserved: call it while
+  // building the model, before an optimizer or DDP holds on to anything.
+  void to(DType dtype);
+
+ protected:
+  // Names are non-empty, without '.', and unique among a module's parameters,
+  // buffers and children. The returned reference stays valid for the module's life.
+  Parameter& register_parameter(std::string name, Tensor data);
+  Tensor& register_buffer(std::string name, Tensor value);
+  Module& register_module(std::string name, std::shared_ptr<Module> child);
+
+  // A layer's backward calls this once `param`'s gradient is final.
+  void grad_ready(Parameter& param);
+
+ private:
+  using SharedHook = std::shared_ptr<const GradReadyHook>;
+  void check_new_name(const std::string& name) const;
+  void install_hook(const SharedHook& hook, const std::string& prefix);
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out);
+  void collect_buffers(const std::string& prefix, std::vector<NamedBuffer>& out);
+  void collect_state(const std::string& prefix, StateDict& out) const;
+
+  // unique_ptr so that addresses survive later registrations.
+  std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> parameters_;
+  std::vector<std::pair<std::string, std::unique_ptr<Tensor>>> buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+  SharedHook hook_;
+  std::string hook_prefix_;
+};
+
+}  // namespace troupe::nn

@@ -1,0 +1,73 @@
+// Optimizer: the base of SGD, Adam and AdamW.
+//
+// An optimizer is built from (name, Parameter*) pairs -- usually
+// `model.named_parameters()` -- and keys all its state by parameter name, so a
+// checkpoint written by one process can be loaded by another that built the same
+// model. step() updates every parameter whose grad is defined and skips the rest
+// (as PyTorch skips `p.grad is None`). The update math runs in the parameter's own
+// dtype (f32 for f32, f64 for f64), on the CPU.
+//
+// state_dict() holds the hyper-parameters ("lr", "momentum", "betas.0", ...) as 0-dim
+// f64 tensors, the number of step() calls as "step" (0-dim i64), and each
+// parameter's slots as "<param name>/<slot>" ("0.weight/exp_avg"). load_state_dict()
+// checks everything first and reports every problem in one error; a parameter with
+// no slots in the dict starts with fresh state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/nn/parameter.hpp"
+#include "troupe/nn/state_dict.hpp"
+
+namespace troupe::nn {
+
+class Optimizer {
+ public:
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+  virtual ~Optimizer() = default;
+
+  void step();
+  // Over this optimizer's parameters, with Module::zero_grad's meaning.
+  void zero_grad(bool set_to_none = true);
+
+  double lr() const { return lr_; }
+  void set_lr(double lr);
+  // Calls to step() so far (restored by load_state_dict).
+  std::int64_t step_count() const { return step_count_; }
+  const std::vector<NamedParameter>& named_parameters() const { return params_; }
+
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& dict);
+
+  virtual std::string type_name() const = 0;
+
+ protected:
+  // A per-parameter state tensor. `scalar` slots are 0-dim i64 counters (Adam's
+  // per-parameter step); the others have the parameter's shape and dtype.
+  struct Slot {
+    std::string name;
+    bool scalar = false;
+  };
+
+  Optimizer(std::vector<NamedParameter> params, double lr, const char* type);
+
+  // Updates one parameter with a defined grad. `state` holds its slots by slot
+  // name; it is empty on the parameter's first update.
+  virtual void update(const std::string& name, Parameter& param, StateDict& state) = 0;
+  virtual std::vector<Slot> slots() const = 0;
+  // Hyper-parameters other than lr, saved and restored by name.
+  virtual std::vector<std::pair<std::string, double>> hyper_parameters() const = 0;
+  virtual void set_hyper_parameter(const std::string& key, double value) = 0;
+
+ private:
+  std::vector<NamedParameter> params_;
+  std::vector<StateDict> state_;  // parallel to params_
+  double lr_;
+  std::int64_t step_count_ = 0;
+};
+
+}  // namespace troupe::nn

@@ -1,0 +1,43 @@
+// Parameter: a trainable tensor and its gradient.
+//
+// `grad` starts undefined. A layer's backward creates it the first time and from
+// then on ADDS into it, never replacing the tensor: the gradient may be a view into
+// a flat communication bucket that DDP owns, and replacing the handle would
+// silently detach the parameter from that bucket. `zero_grad(set_to_none=true)`
+// is the one place that drops a gradient, as in PyTorch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::nn {
+
+using tensor::Tensor;
+
+struct Parameter {
+  Tensor data;
+  Tensor grad;
+};
+
+// A parameter and its full PyTorch-style name ("layers.0.weight"). The pointer is
+// owned by the module it came from and stays valid as long as that module lives.
+struct NamedParameter {
+  std::string name;
+  Parameter* param = nullptr;
+};
+
+// A buffer (state that is saved but not trained) and its full name.
+struct NamedBuffer {
+  std::string name;
+  Tensor* buffer = nullptr;
+};
+
+// Returns p.grad, first creating it as zeros shaped like p.data when undefined, so a
+// kernel can always add into it. A defined grad whose dtype, shape or device differ
+// from the data's is an error naming `op` and `name`: adding into it would be wrong,
+// and replacing it would break a bucket view.
+Tensor& grad_for_accumulation(Parameter& p, const char* op, const std::string& name);
+
+}  // namespace troupe::nn

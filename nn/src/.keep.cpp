@@ -1,1 +1,0 @@
-// placeholder until nn lands

@@ -1,0 +1,86 @@
+#include "troupe/nn/adam.hpp"
+
+#include <cmath>
+
+#include "troupe/error.hpp"
+
+namespace troupe::nn {
+
+Adam::Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay)
+    : Adam(std::move(params), lr, betas, eps, weight_decay, false) {}
+
+Adam::Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay,
+           bool decoupled)
+    : Optimizer(std::move(params), lr, decoupled ? "AdamW" : "Adam"),
+      betas_(betas),
+      eps_(eps),
+      weight_decay_(weight_decay),
+      decoupled_(decoupled) {
+  check();
+}
+
+void Adam::check() const {
+  TROUPE_CHECK(betas_.beta1 >= 0 && betas_.beta1 < 1 && betas_.beta2 >= 0 && betas_.beta2 < 1, type_name(),
+               ": betas must be in [0, 1), got (", betas_.beta1, ", ", betas_.beta2, ")");
+  TROUPE_CHECK(eps_ >= 0, type_name(), ": eps must be >= 0, got ", eps_);
+  TROUPE_CHECK(weight_decay_ >= 0, type_name(), ": weight_decay must be >= 0, got ", weight_decay_);
+}
+
+std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
+  return {{"betas.0", betas_.beta1}, {"betas.1", betas_.beta2}, {"eps", eps_}, {"weight_decay", weight_decay_}};
+}
+
+void Adam::set_hyper_parameter(const std::string& key, double value) {
+  if (key == "betas.0") betas_.beta1 = value;
+  else if (key == "betas.1") betas_.beta2 = value;
+  else if (key == "eps") eps_ = value;
+  else if (key == "weight_decay") weight_decay_ = value;
+  else TROUPE_THROW(InvalidArgument, type_name(), ": unknown hyper-parameter '", key, "'");
+  check();
+}
+
+void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
+  if (!state.contains("step")) {
+    state.insert("step", Tensor::zeros({}, DType::i64));
+    state.insert("exp_avg", Tensor::zeros(param.data.shape(), param.data.dtype()));
+    state.insert("exp_avg_sq", Tensor::zeros(param.data.shape(), param.data.dtype()));
+  }
+  std::int64_t& t = state.find("step")->data<std::int64_t>()[0];
+  ++t;
+  // The bias corrections are scalars, computed in double as PyTorch does in Python.
+  const double bias_correction1 = 1 - std::pow(betas_.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1 - std::pow(betas_.beta2, static_cast<double>(t));
+  const double step_size = lr() / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+  Tensor& exp_avg = *state.find("exp_avg");
+  Tensor& exp_avg_sq = *state.find("exp_avg_sq");
+  tensor::dispatch_floating(param.data.dtype(), type_name() + ".step '" + name + "'", [&](auto tag) {
+    using T = decltype(tag);
+    using C = tensor::compute_t<T>;
+    const C beta1 = static_cast<C>(betas_.beta1), beta2 = static_cast<C>(betas_.beta2);
+    // 1 - beta in double, then rounded: in f32, 1 - float(0.999) would be off by 1e-5
+    // relative. PyTorch also passes these weights from Python doubles.
+    const C one_minus_beta1 = static_cast<C>(1 - betas_.beta1), one_minus_beta2 = static_cast<C>(1 - betas_.beta2);
+    const C wd = static_cast<C>(weight_decay_), eps = static_cast<C>(eps_);
+    const C decay = static_cast<C>(1 - lr() * weight_decay_);
+    const C size = static_cast<C>(step_size), bc2_sqrt = static_cast<C>(bias_correction2_sqrt);
+    T* p = param.data.data<T>();
+    const T* g = param.grad.data<T>();
+    T* m = exp_avg.data<T>();
+    T* v = exp_avg_sq.data<T>();
+    for (std::int64_t i = 0; i < param.data.numel(); ++i) {
+      C pi = static_cast<C>(p[i]);
+      C gi = static_cast<C>(g[i]);
+      if (decoupled_) pi = pi * decay;
+      else if (wd != 0) gi = gi + wd * pi;
+      const C mi = beta1 * static_cast<C>(m[i]) + one_minus_beta1 * gi;
+      const C vi = beta2 * static_cast<C>(v[i]) + one_minus_beta2 * gi * gi;
+      m[i] = T(mi);
+      v[i] = T(vi);
+      const C denom = std::sqrt(vi) / bc2_sqrt + eps;
+      p[i] = T(pi - size * mi / denom);
+    }
+  });
+}
+
+}  // namespace troupe::nn

@@ -1,0 +1,81 @@
+#include "troupe/nn/linear.hpp"
+
+#include <cmath>
+
+#include "troupe/error.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::nn {
+
+using tensor::Transpose;
+
+namespace {
+
+// Rows of a [..., features] tensor once its leading dimensions are flattened.
+std::int64_t leading_rows(const Tensor& t) {
+  std::int64_t rows = 1;
+  for (std::int64_t d = 0; d + 1 < t.dim(); ++d) rows *= t.shape()[static_cast<std::size_t>(d)];
+  return rows;
+}
+
+}  // namespace
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, tensor::Generator& gen, bool bias, DType dtype)
+    : in_(in_features), out_(out_features) {
+  TROUPE_CHECK(in_features >= 0 && out_features >= 0, "Linear: feature counts must be >= 0, got in ", in_features,
+               ", out ", out_features);
+  TROUPE_CHECK(tensor::is_floating(dtype), "Linear: needs a floating dtype, got ", dtype);
+  // kaiming_uniform_(a=sqrt(5)): gain sqrt(2/(1+5)), bound = gain*sqrt(3/fan_in) = 1/sqrt(fan_in).
+  const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
+  weight_ = &register_parameter("weight", tensor::uniform({out_, in_}, -bound, bound, gen, dtype));
+  if (bias) bias_ = &register_parameter("bias", tensor::uniform({out_}, -bound, bound, gen, dtype));
+}
+
+std::string Linear::type_name() const {
+  return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
+}
+
+Tensor Linear::forward(const Tensor& input) {
+  const std::string op = type_name() + ".forward";
+  TROUPE_CHECK(input.defined(), op, ": input is undefined");
+  TROUPE_CHECK(input.dim() >= 1 && input.size(-1) == in_, op, ": input ", tensor::to_string(input.shape()),
+               " must end in ", in_, " features");
+  TROUPE_CHECK(input.dtype() == weight_->data.dtype(), op, ": input is ", input.dtype(), ", weight is ",
+               weight_->data.dtype());
+  input_ = input;
+  const std::int64_t rows = leading_rows(input);
+  Tensor y = tensor::matmul(input.reshape({rows, in_}), weight_->data, Transpose::no, Transpose::yes);
+  if (bias_) tensor::add_(y, bias_->data);
+  Shape out_shape = input.shape();
+  out_shape.back() = out_;
+  return y.reshape(out_shape);
+}
+
+Tensor Linear::backward(const Tensor& grad_output) {
+  const std::string op = type_name() + ".backward";
+  TROUPE_CHECK(input_.defined(), op, ": called before forward");
+  Shape expected = input_.shape();
+  expected.back() = out_;
+  TROUPE_CHECK(grad_output.defined() && grad_output.shape() == expected && grad_output.dtype() == input_.dtype(),
+               op, ": grad_output must be ", input_.dtype(), " ", tensor::to_string(expected), ", got ",
+               grad_output.defined() ? tensor::dtype_name(grad_output.dtype()) : "undefined", " ",
+               tensor::to_string(grad_output.shape()));
+  const std::int64_t rows = leading_rows(input_);
+  const Tensor gy = grad_output.reshape({rows, out_});
+  const Tensor x = input_.reshape({rows, in_});
+
+  if (bias_) {
+    Tensor& gb = grad_for_accumulation(*bias_, op.c_str(), "bias");
+    tensor::add_(gb, tensor::sum(gy, 0));
+    grad_ready(*bias_);
+  }
+  // dW (+)= gy^T x, written by the gemm straight into the existing gradient.
+  const bool fresh = !weight_->grad.defined();
+  Tensor& gw = grad_for_accumulation(*weight_, op.c_str(), "weight");
+  tensor::matmul_out(gw, gy, x, Transpose::yes, Transpose::no, 1.0, fresh ? 0.0 : 1.0);
+  grad_ready(*weight_);
+
+  return tensor::matmul(gy, weight_->data).reshape(input_.shape());
+}
+
+}  // namespace troupe::nn

@@ -1,0 +1,199 @@
+#include "troupe/nn/module.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "troupe/error.hpp"
+
+namespace troupe::nn {
+
+namespace {
+
+// "'a', 'b', 'c'"
+std::string quoted_list(const std::vector<std::string>& names) {
+  std::ostringstream out;
+  for (std::size_t i = 0; i < names.size(); ++i) out << (i ? ", '" : "'") << names[i] << "'";
+  return out.str();
+}
+
+std::string describe(const Tensor& t) {
+  return std::string(tensor::dtype_name(t.dtype())) + " " + tensor::to_string(t.shape());
+}
+
+}  // namespace
+
+void Module::check_new_name(const std::string& name) const {
+  TROUPE_CHECK(!name.empty() && name.find('.') == std::string::npos, type_name(),
+               ": a parameter, buffer or child name must be non-empty and contain no '.', got '", name, "'");
+  const auto taken = [&](const auto& list) {
+    return std::any_of(list.begin(), list.end(), [&](const auto& entry) { return entry.first == name; });
+  };
+  TROUPE_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name(), ": name '", name,
+               "' is already registered");
+}
+
+Parameter& Module::register_parameter(std::string name, Tensor data) {
+  check_new_name(name);
+  data.check_defined("register_parameter");
+  parameters_.emplace_back(std::move(name), std::make_unique<Parameter>(Parameter{std::move(data), Tensor()}));
+  return *parameters_.back().second;
+}
+
+Tensor& Module::register_buffer(std::string name, Tensor value) {
+  check_new_name(name);
+  buffers_.emplace_back(std::move(name), std::make_unique<Tensor>(std::move(value)));
+  return *buffers_.back().second;
+}
+
+Module& Module::register_module(std::string name, std::shared_ptr<Module> child) {
+  check_new_name(name);
+  TROUPE_CHECK(child != nullptr, type_name(), ": child '", name, "' is null");
+  TROUPE_CHECK(child.get() != this, type_name(), ": a module cannot be its own child ('", name, "')");
+  // A child added after the hook was set still reports to it, under its full name.
+  if (hook_) child->install_hook(hook_, hook_prefix_ + name + ".");
+  children_.emplace_back(std::move(name), std::move(child));
+  return *children_.back().second;
+}
+
+void Module::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) {
+  for (auto& [name, param] : parameters_) out.push_back({prefix + name, param.get()});
+  for (auto& [name, child] : children_) child->collect_parameters(prefix + name + ".", out);
+}
+
+void Module::collect_buffers(const std::string& prefix, std::vector<NamedBuffer>& out) {
+  for (auto& [name, buffer] : buffers_) out.push_back({prefix + name, buffer.get()});
+  for (auto& [name, child] : children_) child->collect_buffers(prefix + name + ".", out);
+}
+
+// Own parameters, own buffers, then children: torch.nn.Module.state_dict's order.
+void Module::collect_state(const std::string& prefix, StateDict& out) const {
+  for (const auto& [name, param] : parameters_) out.insert(prefix + name, param->data);
+  for (const auto& [name, buffer] : buffers_) out.insert(prefix + name, *buffer);
+  for (const auto& [name, child] : children_) child->collect_state(prefix + name + ".", out);
+}
+
+std::vector<NamedParameter> Module::named_parameters() {
+  std::vector<NamedParameter> out;
+  collect_parameters("", out);
+  return out;
+}
+
+std::vector<Parameter*> Module::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& named : named_parameters()) out.push_back(named.param);
+  return out;
+}
+
+std::vector<NamedBuffer> Module::named_buffers() {
+  std::vector<NamedBuffer> out;
+  collect_buffers("", out);
+  return out;
+}
+
+std::vector<NamedModule> Module::named_children() {
+  std::vector<NamedModule> out;
+  for (auto& [name, child] : children_) out.push_back({name, child.get()});
+  return out;
+}
+
+std::int64_t Module::parameter_count() const {
+  std::int64_t n = 0;
+  for (const auto& [name, param] : parameters_) n += param->data.numel();
+  for (const auto& [name, child] : children_) n += child->parameter_count();
+  return n;
+}
+
+StateDict Module::state_dict() const {
+  StateDict out;
+  collect_state("", out);
+  return out;
+}
+
+void Module::load_state_dict(const StateDict& dict, bool strict) {
+  // Check everything first, so a failed load leaves the module untouched.
+  const StateDict mine = state_dict();
+  std::vector<std::string> missing, unexpected, mismatched;
+  for (const auto& [name, target] : mine) {
+    const Tensor* source = dict.find(name);
+    if (source == nullptr) {
+      missing.push_back(name);
+    } else if (!source->defined()) {
+      mismatched.push_back("'" + name + "' is undefined in the dict");
+    } else if (source->shape() != target.shape() || source->dtype() != target.dtype()) {
+      mismatched.push_back("'" + name + "' is " + describe(target) + " in the module but " + describe(*source) +
+                           " in the dict");
+    }
+  }
+  for (const auto& [name, source] : dict)
+    if (!mine.contains(name)) unexpected.push_back(name);
+
+  const bool fail = !mismatched.empty() || (strict && (!missing.empty() || !unexpected.empty()));
+  if (fail) {
+    std::ostringstream why;
+    const char* sep = "";
+    if (strict && !missing.empty()) {
+      why << missing.size() << " missing key(s): " << quoted_list(missing);
+      sep = "; ";
+    }
+    if (strict && !unexpected.empty()) {
+      why << sep << unexpected.size() << " unexpected key(s): " << quoted_list(unexpected);
+      sep = "; ";
+    }
+    if (!mismatched.empty()) {
+      why << sep << mismatched.size() << " shape/dtype mismatch(es): ";
+      for (std::size_t i = 0; i < mismatched.size(); ++i) why << (i ? ", " : "") << mismatched[i];
+    }
+    TROUPE_THROW(InvalidArgument, "load_state_dict: cannot load into ", type_name(), ": ", why.str());
+  }
+  for (const auto& [name, target] : mine)
+    if (const Tensor* source = dict.find(name)) {
+      Tensor destination = target;  // a handle to the module's own storage
+      destination.copy_(*source);
+    }
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  for (auto& [name, param] : parameters_) {
+    if (set_to_none) param->grad = Tensor();
+    else if (param->grad.defined()) param->grad.zero_();
+  }
+  for (auto& [name, child] : children_) child->zero_grad(set_to_none);
+}
+
+void Module::set_grad_ready_hook(GradReadyHook hook) {
+  install_hook(hook ? std::make_shared<const GradReadyHook>(std::move(hook)) : nullptr, "");
+}
+
+void Module::install_hook(const SharedHook& hook, const std::string& prefix) {
+  hook_ = hook;
+  hook_prefix_ = prefix;
+  for (auto& [name, child] : children_) child->install_hook(hook, prefix + name + ".");
+}
+
+void Module::grad_ready(Parameter& param) {
+  if (!hook_) return;
+  for (auto& [name, mine] : parameters_)
+    if (mine.get() == &param) {
+      (*hook_)(hook_prefix_ + name, param);
+      return;
+    }
+  TROUPE_THROW(Error, type_name(), ": grad_ready called with a parameter this module did not register");
+}
+
+void Module::to(DType dtype) {
+  TROUPE_CHECK(tensor::is_floating(dtype), type_name(), ".to: needs a floating dtype, got ", dtype);
+  for (auto& [name, param] : parameters_) {
+    param->data = param->data.to(dtype);
+    param->grad = Tensor();
+  }
+  for (auto& [name, buffer] : buffers_)
+    if (buffer->defined() && tensor::is_floating(buffer->dtype())) *buffer = buffer->to(dtype);
+  for (auto& [name, child] : children_) child->to(dtype);
+}
+
+}  // namespace troupe::nn

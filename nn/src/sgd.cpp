@@ -1,0 +1,67 @@
+#include "troupe/nn/sgd.hpp"
+
+#include "troupe/error.hpp"
+
+namespace troupe::nn {
+
+SGD::SGD(std::vector<NamedParameter> params, double lr, double momentum, double dampening, double weight_decay,
+         bool nesterov)
+    : Optimizer(std::move(params), lr, "SGD"),
+      momentum_(momentum),
+      dampening_(dampening),
+      weight_decay_(weight_decay),
+      nesterov_(nesterov) {
+  check();
+}
+
+void SGD::check() const {
+  TROUPE_CHECK(momentum_ >= 0, "SGD: momentum must be >= 0, got ", momentum_);
+  TROUPE_CHECK(weight_decay_ >= 0, "SGD: weight_decay must be >= 0, got ", weight_decay_);
+  TROUPE_CHECK(!nesterov_ || (momentum_ > 0 && dampening_ == 0),
+               "SGD: nesterov needs momentum > 0 and dampening = 0, got momentum ", momentum_, ", dampening ",
+               dampening_);
+}
+
+std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
+  return {{"momentum", momentum_},
+          {"dampening", dampening_},
+          {"weight_decay", weight_decay_},
+          {"nesterov", nesterov_ ? 1.0 : 0.0}};
+}
+
+void SGD::set_hyper_parameter(const std::string& key, double value) {
+  if (key == "momentum") momentum_ = value;
+  else if (key == "dampening") dampening_ = value;
+  else if (key == "weight_decay") weight_decay_ = value;
+  else if (key == "nesterov") nesterov_ = value != 0;
+  else TROUPE_THROW(InvalidArgument, "SGD: unknown hyper-parameter '", key, "'");
+  check();
+}
+
+void SGD::update(const std::string& name, Parameter& param, StateDict& state) {
+  const bool first = !state.contains("momentum_buffer");
+  if (momentum_ != 0 && first) state.insert("momentum_buffer", Tensor::empty(param.data.shape(), param.data.dtype()));
+  Tensor* buffer = momentum_ != 0 ? state.find("momentum_buffer") : nullptr;
+  tensor::dispatch_floating(param.data.dtype(), "SGD.step '" + name + "'", [&](auto tag) {
+    using T = decltype(tag);
+    using C = tensor::compute_t<T>;
+    const C rate = static_cast<C>(lr()), wd = static_cast<C>(weight_decay_), mu = static_cast<C>(momentum_);
+    const C damp = static_cast<C>(1 - dampening_);
+    T* p = param.data.data<T>();
+    const T* g = param.grad.data<T>();
+    T* b = buffer ? buffer->data<T>() : nullptr;
+    for (std::int64_t i = 0; i < param.data.numel(); ++i) {
+      const C pi = static_cast<C>(p[i]);
+      C d = static_cast<C>(g[i]);
+      if (wd != 0) d = d + wd * pi;
+      if (b) {
+        const C bi = first ? d : mu * static_cast<C>(b[i]) + damp * d;
+        b[i] = T(bi);
+        d = nesterov_ ? d + mu * bi : bi;
+      }
+      p[i] = T(pi - rate * d);
+    }
+  });
+}
+
+}  // namespace troupe::nn
