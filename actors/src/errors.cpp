@@ -18,6 +18,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::shutdown: return "shutdown";
     case ErrorCode::rank_lost: return "rank lost";
     case ErrorCode::spawn_failed: return "spawn failed";
+    case ErrorCode::overloaded: return "overloaded";
   }
   return "unknown error code";
 }

@@ -258,25 +258,22 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
   if (h.method >= cell->method_count())
     return fail(ErrorCode::unknown_method, cell->label(), "method #" + std::to_string(h.method),
                 detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
-  post_to(*cell, [this, cell, source, h, wants_reply, bytes = std::move(message.bytes)] {
-    std::string result = new_message();
-    ErrorInfo info;
-    try {
-      cell->invoke(h.method, payload_of(bytes), result);
-      if (wants_reply) reply_value(source, h.request, std::move(result));
-      return;
-    } catch (const detail::BadMessage& e) {
-      info = {ErrorCode::bad_message, rank_, cell->label(), cell->method_name(h.method), "BadMessage", e.what()};
-    } catch (...) {
-      info = describe_current_exception(rank_, cell->label(), cell->method_name(h.method));
-    }
-    try {
-      if (wants_reply) reply_error(source, h.request, info);
-      else std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_, source, e.what());
-    }
-  });
+  auto bytes = std::make_shared<std::string>(std::move(message.bytes));
+  post_call(
+      cell, h.method,
+      [this, cell, source, h, wants_reply, bytes] {
+        std::string result = new_message();
+        cell->invoke(h.method, payload_of(*bytes), result);
+        if (wants_reply) reply_value(source, h.request, std::move(result));
+      },
+      [this, source, h, wants_reply](const ErrorInfo& info) {
+        try {
+          if (wants_reply) reply_error(source, h.request, info);
+          else std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_, source, e.what());
+        }
+      });
 }
 
 }  // namespace troupe::actors

@@ -27,17 +27,19 @@ R Runtime::system_call(int rank, detail::Header header, std::string payload, con
   return Future<R>(state).get();
 }
 
-std::uint64_t Runtime::spawn_bytes(int rank, const std::string& key, const std::string& name, const std::string& args) {
-  if (rank == rank_) return spawn_local(key, name, args);
+std::uint64_t Runtime::spawn_bytes(int rank, const std::string& key, const SpawnOptions& options,
+                                  const std::string& args) {
+  TROUPE_CHECK(options.max_restarts >= 0, "spawn: max_restarts must be >= 0, got ", options.max_restarts);
+  if (rank == rank_) return spawn_local(key, options, args);
   std::string payload = new_message();
-  detail::append_serialized(payload, key, name, args);
+  detail::append_serialized(payload, key, options, args);
   detail::Header h;
   h.kind = detail::Kind::spawn;
   return system_call<std::uint64_t>(rank, h, std::move(payload), "spawn " + key + " on rank " + std::to_string(rank));
 }
 
-std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, std::uint64_t id, const std::string& name,
-                                                      std::string_view args) {
+std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, std::uint64_t id,
+                                                      const SpawnOptions& options, const std::string& args) {
   auto& registry = detail::factory_registry();
   auto it = registry.find(key);
   if (it == registry.end())
@@ -45,7 +47,7 @@ std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, st
                        "this rank's binary has no factory for this type and argument list (is it the same binary?)"});
   detail::RuntimeScope scope(this);
   try {
-    return it->second(id, name, args, io_);
+    return it->second(id, options, args, io_);
   } catch (const detail::BadMessage& e) {
     throw RemoteError({ErrorCode::bad_message, rank_, key, "constructor", "BadMessage", e.what()});
   } catch (...) {
@@ -53,20 +55,20 @@ std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, st
   }
 }
 
-std::uint64_t Runtime::spawn_local(const std::string& key, const std::string& name, std::string_view args) {
+std::uint64_t Runtime::spawn_local(const std::string& key, const SpawnOptions& options, const std::string& args) {
   const std::uint64_t id = next_actor_id_.fetch_add(1);
-  std::shared_ptr<detail::ActorCellBase> cell = build(key, id, name, args);
-  if (!name.empty()) register_name(name, rank_, id, cell->type());
+  std::shared_ptr<detail::ActorCellBase> cell = build(key, id, options, args);
+  if (!options.name.empty()) register_name(options.name, rank_, id, cell->type());
   install_actor(std::move(cell));
   return id;
 }
 
-std::uint64_t Runtime::spawn_group_local(const std::string& key, std::string_view args) {
+std::uint64_t Runtime::spawn_group_local(const std::string& key, const std::string& args) {
   const std::uint64_t id = kGroupIdBit | next_group_id_++;
   int ok = 1;
   std::string failure;
   try {
-    install_actor(build(key, id, "", args));
+    install_actor(build(key, id, SpawnOptions{}, args));
   } catch (const std::exception& e) {
     ok = 0;
     failure = e.what();
@@ -151,9 +153,11 @@ void Runtime::handle_system(detail::Message& message) {
       queued_calls_.fetch_add(1);
       boost::asio::post(io_, [this, answer, bytes = std::move(message.bytes)] {
         answer([&] {
-          std::string key, name, args;
-          detail::parse_exactly(std::string_view(bytes).substr(sizeof(detail::Header)), "spawn request", key, name, args);
-          return spawn_local(key, name, args);
+          std::string key, args;
+          SpawnOptions options;
+          detail::parse_exactly(std::string_view(bytes).substr(sizeof(detail::Header)), "spawn request", key, options,
+                                args);
+          return spawn_local(key, options, args);
         });
         queued_calls_.fetch_sub(1);
       });

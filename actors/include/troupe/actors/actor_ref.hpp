@@ -40,21 +40,24 @@ class ActorRef {
                          method_name(index), "", "no such actor on this rank (never spawned, or stopped)"})));
         return Future<R>(state);
       }
-      const int rank = rank_;
-      runtime().post_to(*cell, [cell, state, method, index, rank, packed = std::move(packed)]() mutable {
-        try {
-          T& self = *static_cast<T*>(cell->object());
-          if constexpr (std::is_void_v<R>) {
-            std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
-            state->set_value();
-          } else {
-            state->set_value(std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
-          }
-        } catch (...) {
-          state->set_error(std::make_exception_ptr(
-              RemoteError(describe_current_exception(rank, cell->label(), cell->method_name(index)))));
-        }
-      });
+      runtime().post_call(
+          cell, index,
+          [cell, state, method, packed = std::move(packed)]() mutable {
+            T& self = *static_cast<T*>(cell->object());
+            if constexpr (std::is_void_v<R>) {
+              std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
+              state->set_value();
+            } else {
+              state->set_value(std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
+            }
+          },
+          [state](const ErrorInfo& info) {
+            try {
+              throw_remote(info);
+            } catch (...) {
+              state->set_error(std::current_exception());
+            }
+          });
     } else {
       std::string message = Runtime::new_message();
       detail::append_serialized(message, packed);
@@ -159,7 +162,7 @@ ActorRef<T> Runtime::spawn_with(int rank, SpawnOptions options, A&&... args) {
   const std::string& key = detail::SpawnKey<T, std::decay_t<A>...>::key;
   std::string bytes;
   detail::append_serialized(bytes, std::tuple<std::decay_t<A>...>(std::forward<A>(args)...));
-  return ActorRef<T>(this, rank, spawn_bytes(rank, key, options.name, bytes));
+  return ActorRef<T>(this, rank, spawn_bytes(rank, key, options, bytes));
 }
 
 template <class T, class... A>

@@ -32,6 +32,9 @@ enum class ErrorCode : std::uint8_t {
   rank_lost = 10,
   // spawn() of a type/constructor the receiving rank cannot build, or a taken name.
   spawn_failed = 11,
+  // The actor is restarting and its queue is at the limit (SpawnOptions::max_queued),
+  // or a call waited past SpawnOptions::queue_deadline for a restart to finish.
+  overloaded = 12,
 };
 
 const char* error_code_name(ErrorCode code);
@@ -49,6 +52,15 @@ struct ErrorInfo {
   void serialize(Archive& ar) {
     ar(code, rank, actor, method, type, message);
   }
+};
+
+// Thrown by an actor method to say that the actor's state is broken. The runtime
+// then re-creates the actor from its constructor arguments (if it was spawned with
+// restarts left) instead of letting later calls see the broken state. Any other
+// exception only fails the call that threw it.
+class FatalError : public Error {
+ public:
+  using Error::Error;
 };
 
 // Raised at the caller for every error reported by another actor or rank.

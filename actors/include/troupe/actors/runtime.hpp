@@ -38,6 +38,7 @@
 #include "troupe/actors/errors.hpp"
 #include "troupe/actors/future.hpp"
 #include "troupe/actors/methods.hpp"
+#include "troupe/actors/spawn_options.hpp"
 
 namespace troupe::mpi {
 class Environment;
@@ -54,10 +55,6 @@ struct RuntimeOptions {
   std::chrono::milliseconds shutdown_drain_timeout{10000};
 };
 
-struct SpawnOptions {
-  // A job-wide name for lookup(); empty for none. Names are unique across ranks.
-  std::string name;
-};
 
 template <class T>
 class ActorRef;
@@ -106,20 +103,24 @@ class TypedReply final : public ReplyHandler {
   std::shared_ptr<State<R>> state_;
 };
 
-using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, std::string name,
-                                                             std::string_view args, boost::asio::io_context& io)>;
+using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, SpawnOptions options,
+                                                             std::string args, boost::asio::io_context& io)>;
 // Registers how to build an actor type from serialized constructor arguments; the
 // key names the type and the argument types. Returns the key.
 std::string register_factory(std::string key, Factory factory);
 std::map<std::string, Factory>& factory_registry();
 
 template <class T, class... A>
-std::unique_ptr<ActorCellBase> construct_from_bytes(std::uint64_t id, std::string name, std::string_view args_bytes,
-                                                    boost::asio::io_context& io) {
+std::unique_ptr<T> make_from_bytes(std::string_view args_bytes) {
   std::tuple<A...> args;
   parse_exactly(args_bytes, "constructor arguments", args);
-  auto object = std::apply([](auto&... a) { return std::make_unique<T>(std::move(a)...); }, args);
-  return std::make_unique<ActorCell<T>>(id, std::move(name), std::move(object), io);
+  return std::apply([](auto&... a) { return std::make_unique<T>(std::move(a)...); }, args);
+}
+
+template <class T, class... A>
+std::unique_ptr<ActorCellBase> construct_from_bytes(std::uint64_t id, SpawnOptions options, std::string args,
+                                                    boost::asio::io_context& io) {
+  return std::make_unique<ActorCell<T>>(id, std::move(options), std::move(args), &make_from_bytes<T, A...>, io);
 }
 
 // Every rank runs the same binary, so instantiating this (by calling spawn<T>(...))
@@ -183,6 +184,11 @@ class Runtime {
   std::shared_ptr<detail::ActorCellBase> local_actor(std::uint64_t id) const;
   // Runs `call` on the actor's strand, tracking it for shutdown's drain.
   void post_to(detail::ActorCellBase& cell, std::function<void()> call);
+  // Runs one call of method `method` on the actor's strand under supervision: a dead
+  // actor, a call made stale by a restart, or an exception from `body` ends in
+  // `fail` (a FatalError also restarts the actor, or kills it past its limit).
+  void post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::uint32_t method,
+                 std::function<void()> body, std::function<void(const ErrorInfo&)> fail);
   detail::Progress* progress() const;
   // The header's room at the start of every outgoing message.
   static std::string new_message();
@@ -193,11 +199,13 @@ class Runtime {
     std::uint64_t id;
     std::string type;
   };
-  std::uint64_t spawn_bytes(int rank, const std::string& key, const std::string& name, const std::string& args);
-  std::unique_ptr<detail::ActorCellBase> build(const std::string& key, std::uint64_t id, const std::string& name,
-                                               std::string_view args);
-  std::uint64_t spawn_local(const std::string& key, const std::string& name, std::string_view args);
-  std::uint64_t spawn_group_local(const std::string& key, std::string_view args);
+  std::uint64_t spawn_bytes(int rank, const std::string& key, const SpawnOptions& options, const std::string& args);
+  std::unique_ptr<detail::ActorCellBase> build(const std::string& key, std::uint64_t id, const SpawnOptions& options,
+                                               const std::string& args);
+  std::uint64_t spawn_local(const std::string& key, const SpawnOptions& options, const std::string& args);
+  // On the actor's strand after `body` threw FatalError: re-create it or declare it dead.
+  void restart_or_bury(detail::ActorCellBase& cell);
+  std::uint64_t spawn_group_local(const std::string& key, const std::string& args);
   NameEntry lookup_entry(const std::string& name);
   void register_name(const std::string& name, int rank, std::uint64_t id, const std::string& type);
   void handle(detail::Message message);  // called by the transport, in arrival order
@@ -249,6 +257,7 @@ class Runtime {
 namespace troupe {
 using actors::ActorDead;
 using actors::ActorRestarted;
+using actors::FatalError;
 using actors::RemoteError;
 using actors::ActorGroup;
 using actors::ActorRef;

@@ -1,12 +1,17 @@
-// An actor as the runtime holds it: the user's object, its name and type, and the
-// table that turns (method index, argument bytes) into a call. One message at a time
-// reaches the object: every call is posted to the cell's strand.
+// An actor as the runtime holds it: the user's object, its name, type and
+// supervision state, and the table that turns (method index, argument bytes) into a
+// call. One message at a time reaches the object: every call is posted to the cell's
+// strand, and a restart runs on that strand too, so no call ever sees a half-built
+// object.
 #pragma once
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -14,6 +19,7 @@
 
 #include "troupe/actors/detail/serialization.hpp"
 #include "troupe/actors/methods.hpp"
+#include "troupe/actors/spawn_options.hpp"
 
 namespace troupe::actors::detail {
 
@@ -21,32 +27,54 @@ using Strand = boost::asio::strand<boost::asio::io_context::executor_type>;
 
 class ActorCellBase {
  public:
-  ActorCellBase(std::uint64_t id, std::string name, std::string type, std::vector<std::string> methods,
-                boost::asio::io_context& io)
-      : id_(id), name_(std::move(name)), type_(std::move(type)), method_names_(std::move(methods)),
-        strand_(boost::asio::make_strand(io)) {}
+  ActorCellBase(std::uint64_t id, SpawnOptions options, std::string constructor_args, std::string type,
+                std::vector<std::string> methods, std::vector<bool> idempotent, boost::asio::io_context& io)
+      : id_(id), options_(std::move(options)), constructor_args_(std::move(constructor_args)), type_(std::move(type)),
+        method_names_(std::move(methods)), idempotent_(std::move(idempotent)), strand_(boost::asio::make_strand(io)) {}
   virtual ~ActorCellBase() = default;
 
   // Deserializes the arguments of method `index` from `args`, calls it, and appends
   // the serialized result to `result`. Throws BadMessage for bytes that don't parse.
   virtual void invoke(std::uint32_t index, std::string_view args, std::string& result) = 0;
   virtual void* object() = 0;
+  // Replaces the object with a new one built from the original constructor
+  // arguments, then calls its on_restart(count) if it has one. Runs on the strand.
+  virtual void rebuild(int restart_count) = 0;
+  // Destroys the object (a dead actor holds no resources).
+  virtual void bury() = 0;
 
   std::uint64_t id() const { return id_; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return options_.name; }
   const std::string& type() const { return type_; }
+  const SpawnOptions& options() const { return options_; }
+  const std::string& constructor_args() const { return constructor_args_; }
   // "Counter 'name'" or "Counter #3": how errors name this actor.
-  std::string label() const { return type_ + (name_.empty() ? " #" + std::to_string(id_) : " '" + name_ + "'"); }
+  std::string label() const { return type_ + (name().empty() ? " #" + std::to_string(id_) : " '" + name() + "'"); }
   std::string method_name(std::uint32_t index) const {
     return index < method_names_.size() ? method_names_[index] : "method #" + std::to_string(index);
   }
   std::size_t method_count() const { return method_names_.size(); }
+  bool idempotent(std::uint32_t index) const { return index < idempotent_.size() && idempotent_[index]; }
   Strand& strand() { return strand_; }
+
+  // ---- supervision state: written on the strand, read from any thread ----
+  int epoch() const { return epoch_.load(); }        // restarts so far
+  bool dead() const { return dead_.load(); }
+  bool restarting() const { return restarting_.load(); }
+  std::atomic<int> epoch_{0};
+  std::atomic<bool> dead_{false};
+  std::atomic<bool> restarting_{false};
+  std::atomic<std::int64_t> last_restart_ticks_{0};  // steady_clock ticks of the last failure
+  std::atomic<std::size_t> queued_{0};              // calls posted, not yet run
+  std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; strand only
 
  private:
   std::uint64_t id_;
-  std::string name_, type_;
+  SpawnOptions options_;
+  std::string constructor_args_;
+  std::string type_;
   std::vector<std::string> method_names_;
+  std::vector<bool> idempotent_;
   Strand strand_;
 };
 
@@ -62,12 +90,28 @@ void invoke_serialized(T& self, std::string_view args_bytes, std::string& result
   }
 }
 
+// Which of T's methods are listed in T::troupe_idempotent (all false without one).
+template <class T>
+std::vector<bool> idempotent_mask() {
+  std::vector<bool> mask(method_table_t<T>::size, false);
+  if constexpr (requires { T::troupe_idempotent; }) {
+    [&]<auto... Ms>(MethodTable<Ms...>) {
+      ((mask.at(checked_method_index<T>(Ms)) = true), ...);
+    }(std::remove_cv_t<decltype(T::troupe_idempotent)>{});
+  }
+  return mask;
+}
+
 template <class T>
 class ActorCell final : public ActorCellBase {
  public:
-  ActorCell(std::uint64_t id, std::string name, std::unique_ptr<T> object, boost::asio::io_context& io)
-      : ActorCellBase(id, std::move(name), type_name<T>(), method_names<T>(method_table_t<T>{}), io),
-        object_(std::move(object)) {}
+  using Make = std::unique_ptr<T> (*)(std::string_view constructor_args);
+
+  ActorCell(std::uint64_t id, SpawnOptions options, std::string args, Make make, boost::asio::io_context& io)
+      : ActorCellBase(id, std::move(options), std::move(args), type_name<T>(), method_names<T>(method_table_t<T>{}),
+                      idempotent_mask<T>(), io),
+        make_(make),
+        object_(make_(constructor_args())) {}
 
   void invoke(std::uint32_t index, std::string_view args, std::string& result) override {
     if (index >= kInvokers.size())
@@ -75,6 +119,12 @@ class ActorCell final : public ActorCellBase {
     kInvokers[index](*object_, args, result);
   }
   void* object() override { return object_.get(); }
+  void rebuild(int restart_count) override {
+    object_.reset();  // the old state is broken: release it before building the new one
+    object_ = make_(constructor_args());
+    if constexpr (requires(T& t) { t.on_restart(restart_count); }) object_->on_restart(restart_count);
+  }
+  void bury() override { object_.reset(); }
 
  private:
   using Invoker = void (*)(T&, std::string_view, std::string&);
@@ -84,6 +134,7 @@ class ActorCell final : public ActorCellBase {
   }
   static constexpr auto kInvokers = make_invokers(method_table_t<T>{});
 
+  Make make_;
   std::unique_ptr<T> object_;
 };
 

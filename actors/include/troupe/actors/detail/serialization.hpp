@@ -62,7 +62,7 @@ void append_serialized(std::string& out, const T&... values) {
   StringSink sink(out);
   std::ostream stream(&sink);
   cereal::BinaryOutputArchive archive(stream);
-  archive(values...);
+  if constexpr (sizeof...(T) > 0) archive(values...);
 }
 
 // Parses `values` from all of `bytes`; BadMessage if they are short or too long.
@@ -72,7 +72,7 @@ void parse_exactly(std::string_view bytes, const char* what, T&... values) {
   std::istream stream(&source);
   try {
     cereal::BinaryInputArchive archive(stream);
-    archive(values...);
+    if constexpr (sizeof...(T) > 0) archive(values...);
   } catch (const std::exception& e) {
     throw BadMessage(concat(what, ": ", bytes.size(), " bytes do not deserialize (", e.what(), ")"));
   }

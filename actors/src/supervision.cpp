@@ -1,0 +1,98 @@
+// Running actor calls under supervision: stale calls after a restart, dead actors,
+// fatal errors, and the restart itself (see spawn_options.hpp for the policy).
+#include <cstdio>
+#include <thread>
+
+#include "troupe/actors/runtime.hpp"
+
+namespace troupe::actors {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+ErrorInfo cell_error(ErrorCode code, int rank, const detail::ActorCellBase& cell, std::uint32_t method,
+                     std::string message) {
+  return {code, rank, cell.label(), cell.method_name(method), "", std::move(message)};
+}
+
+std::string dead_message(const detail::ActorCellBase& cell) {
+  return detail::concat("the actor failed more than ", cell.options().max_restarts, " time(s) within ",
+                        cell.options().window.count(), " ms and was stopped for good");
+}
+}  // namespace
+
+void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::uint32_t method,
+                        std::function<void()> body, std::function<void(const ErrorInfo&)> fail) {
+  if (cell->dead()) return fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
+  if (cell->restarting() && cell->queued_.load() >= cell->options().max_queued)
+    return fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
+                           detail::concat("the actor is restarting and ", cell->queued_.load(),
+                                          " calls already wait (max_queued)")));
+  const int epoch = cell->epoch();
+  const auto posted = Clock::now();
+  cell->queued_.fetch_add(1);
+  post_to(*cell, [this, cell, method, epoch, posted, body = std::move(body), fail = std::move(fail)] {
+    cell->queued_.fetch_sub(1);
+    if (cell->dead()) return fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
+    if (epoch < cell->epoch()) {
+      // The call was queued when the actor failed.
+      if (!cell->idempotent(method))
+        return fail(cell_error(ErrorCode::actor_restarted, rank_, *cell, method,
+                               detail::concat("the call was queued when the actor failed; it was restarted (restart ",
+                                              cell->epoch(), ") and the call was not re-delivered (its method is "
+                                              "not listed in troupe_idempotent)")));
+      const auto waited = Clock::now() - posted;
+      if (waited > cell->options().queue_deadline)
+        return fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
+                               detail::concat("the call waited ",
+                                              std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
+                                              " ms for the actor's restart (queue_deadline)")));
+    }
+    try {
+      body();
+    } catch (const FatalError&) {
+      ErrorInfo info = describe_current_exception(rank_, cell->label(), cell->method_name(method));
+      restart_or_bury(*cell);
+      info.code = cell->dead() ? ErrorCode::actor_dead : ErrorCode::actor_restarted;
+      info.message += cell->dead() ? "; " + dead_message(*cell)
+                                   : detail::concat("; the actor was restarted (restart ", cell->epoch(), ")");
+      fail(info);
+    } catch (const detail::BadMessage& e) {
+      fail({ErrorCode::bad_message, rank_, cell->label(), cell->method_name(method), "BadMessage", e.what()});
+    } catch (...) {
+      fail(describe_current_exception(rank_, cell->label(), cell->method_name(method)));
+    }
+  });
+}
+
+void Runtime::restart_or_bury(detail::ActorCellBase& cell) {
+  const SpawnOptions& options = cell.options();
+  // Every call queued from now on belongs to the new incarnation; earlier ones are stale.
+  cell.epoch_.fetch_add(1);
+  cell.restarting_ = true;
+  for (;;) {
+    const auto now = Clock::now();
+    cell.last_restart_ticks_ = now.time_since_epoch().count();
+    cell.failures_.push_back(now);
+    while (!cell.failures_.empty() && now - cell.failures_.front() > options.window) cell.failures_.pop_front();
+    if (static_cast<int>(cell.failures_.size()) > options.max_restarts) {
+      cell.dead_ = true;
+      cell.restarting_ = false;
+      cell.bury();
+      std::fprintf(stderr, "troupe: rank %d: %s is dead: %s\n", rank_, cell.label().c_str(), dead_message(cell).c_str());
+      return;
+    }
+    if (options.backoff.count() > 0) std::this_thread::sleep_for(options.backoff);
+    try {
+      detail::RuntimeScope scope(this);
+      cell.rebuild(cell.epoch());
+      cell.restarting_ = false;
+      return;
+    } catch (const std::exception& e) {
+      // A constructor (or on_restart) that throws during a restart is one more failure.
+      std::fprintf(stderr, "troupe: rank %d: restarting %s failed: %s\n", rank_, cell.label().c_str(), e.what());
+    }
+  }
+}
+
+}  // namespace troupe::actors
