@@ -42,7 +42,7 @@ bool StateBase::wait_until(std::optional<Clock::time_point> deadline) {
     // would receive it, so this one keeps receiving until it comes.
     while (!ready()) {
       if (deadline && Clock::now() >= *deadline) return false;
-      if (!progress_->progress_once()) std::this_thread::yield();
+      if (!progress_->progress_once(/*run_local_calls=*/true)) std::this_thread::yield();
     }
     return true;
   }
@@ -52,7 +52,7 @@ bool StateBase::wait_until(std::optional<Clock::time_point> deadline) {
     while (!ready()) {
       const auto now = Clock::now();
       if (deadline && now >= *deadline) break;
-      if (progress_->progress_once()) continue;
+      if (progress_->progress_once(/*run_local_calls=*/false)) continue;
       if (now >= poll_end) break;
     }
     progress_->end_polling();

@@ -4,6 +4,7 @@
 #include <exception>
 #include <map>
 
+#include "peer_liveness.hpp"
 #include "transport.hpp"
 #include "troupe/mpi/environment.hpp"
 #include "troupe/mpi/mpi_error.hpp"
@@ -83,8 +84,13 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
   work_ = std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
       io_.get_executor());
   for (int i = 0; i < options_.threads; ++i) pool_.emplace_back([this] { io_.run(); });
-  transport_ = std::make_unique<detail::Transport>(actors, [this](detail::Message m) { handle(std::move(m)); }, io_);
+  liveness_ = std::make_unique<detail::PeerLiveness>(actors, rank_, size_, options_.heartbeat_period,
+                                                     options_.liveness_timeout,
+      [this](int r, const std::string& why) { on_rank_lost(r, why); });
+  transport_ = std::make_unique<detail::Transport>(
+      actors, [this](detail::Message m) { handle(std::move(m)); }, io_, liveness_.get());
   transport_->start();
+  liveness_->start();
 }
 
 Runtime::~Runtime() {
@@ -105,7 +111,7 @@ Runtime::~Runtime() {
 detail::Progress* Runtime::progress() const { return transport_.get(); }
 
 void Runtime::set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period) {
-  transport_->set_liveness_hook(std::move(hook), period);
+  liveness_->set_hook(std::move(hook), period);
 }
 
 std::shared_ptr<detail::ActorCellBase> Runtime::local_actor(std::uint64_t id) const {
@@ -142,12 +148,17 @@ void Runtime::send_request(int rank, std::uint64_t actor, std::uint32_t method, 
 void Runtime::send_with_reply(int rank, detail::Header header, std::string payload,
                               std::shared_ptr<detail::ReplyHandler> reply) {
   TROUPE_CHECK(rank >= 0 && rank < size_, reply->what(), ": rank ", rank, " is outside the world of ", size_, " ranks");
+  if (liveness_->lost(rank)) {
+    reply->on_error(std::make_exception_ptr(RemoteError(
+        {ErrorCode::rank_lost, rank, "", reply->what(), "", "the rank was lost earlier"})));
+    return;
+  }
   header.request = next_request_id_.fetch_add(1);
   write_header(payload, header);
   {
     std::lock_guard lock(pending_mutex_);
     TROUPE_CHECK(!shut_down_, "ask after the runtime shut down: ", reply->what());
-    pending_.emplace(header.request, reply);
+    pending_.emplace(header.request, Pending{rank, reply});
   }
   try {
     transport_->send(rank, payload);
@@ -169,6 +180,8 @@ void Runtime::send_tell(int rank, std::uint64_t actor, std::uint32_t method, std
   h.method = method;
   h.actor = actor;
   write_header(payload, h);
+  if (liveness_->lost(rank))
+    throw RemoteError({ErrorCode::rank_lost, rank, "", "tell", "", "the rank was lost earlier"});
   if (rank == rank_) {  // deliver through the same path as a remote tell, keeping order per sender
     handle({rank_, std::move(payload)});
     return;
@@ -198,7 +211,7 @@ std::shared_ptr<detail::ReplyHandler> Runtime::take_pending(std::uint64_t reques
   std::lock_guard lock(pending_mutex_);
   auto it = pending_.find(request);
   if (it == pending_.end()) return nullptr;
-  auto handler = std::move(it->second);
+  auto handler = std::move(it->second.reply);
   pending_.erase(it);
   return handler;
 }
@@ -216,6 +229,7 @@ void Runtime::handle(detail::Message message) {
     return;
   }
   switch (h.kind) {
+    case detail::Kind::heartbeat: return;  // the transport has noted that the sender lives
     case detail::Kind::request: return handle_request(message, true);
     case detail::Kind::tell: return handle_request(message, false);
     case detail::Kind::reply_value:

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 
+#include "peer_liveness.hpp"
 #include "transport.hpp"
 #include "troupe/actors/runtime.hpp"
 #include "troupe/mpi/environment.hpp"
@@ -193,11 +194,44 @@ void Runtime::wait_collective(void* request, const char* what) {
     int done = 0;
     TROUPE_MPI_CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    if (liveness_->any_lost()) abort_for_lost_ranks(what);
     // Serve incoming messages meanwhile: another rank may need an answer from us
     // before it can reach the same collective.
-    if (!transport_->progress_once()) std::this_thread::yield();
+    if (!transport_->progress_once(true)) std::this_thread::yield();
   }
-  (void)what;
+}
+
+void Runtime::on_rank_lost(int rank, const std::string& reason) {
+  // After the drain every rank is done with every other: a peer may already have
+  // exited, which is no loss.
+  if (quiescent_.load()) return;
+  const std::string why = detail::concat("rank ", rank, " was lost: ", reason);
+  std::fprintf(stderr, "troupe: rank %d: %s\n", rank_, why.c_str());
+  std::vector<std::shared_ptr<detail::ReplyHandler>> orphans;
+  {
+    std::lock_guard lock(pending_mutex_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.rank != rank) {
+        ++it;
+        continue;
+      }
+      orphans.push_back(std::move(it->second.reply));
+      it = pending_.erase(it);
+    }
+  }
+  for (auto& reply : orphans)
+    reply->on_error(std::make_exception_ptr(RemoteError({ErrorCode::rank_lost, rank, "", reply->what(), "", why})));
+}
+
+void Runtime::abort_for_lost_ranks(const char* during) {
+  std::string lost;
+  for (int r = 0; r < size_; ++r)
+    if (liveness_->lost(r)) lost += (lost.empty() ? "" : ", ") + std::to_string(r);
+  std::fprintf(stderr, "troupe: rank %d: %s cannot complete: rank(s) %s were lost; ending the whole job\n", rank_,
+               during, lost.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
 }
 
 void Runtime::drain() {
@@ -207,7 +241,7 @@ void Runtime::drain() {
   long long previous_sent = -1;
   for (;;) {
     while (queued_calls_.load() > 0 && Clock::now() < deadline)
-      if (!transport_->progress_once()) std::this_thread::yield();
+      if (!transport_->progress_once(true)) std::this_thread::yield();
     long long local[4] = {static_cast<long long>(transport_->sent()), static_cast<long long>(transport_->received()),
                           queued_calls_.load(), Clock::now() >= deadline ? 1 : 0};
     long long global[4] = {};
@@ -230,26 +264,29 @@ void Runtime::drain() {
 }
 
 void Runtime::fail_pending(ErrorCode code, const std::string& why) {
-  std::unordered_map<std::uint64_t, std::shared_ptr<detail::ReplyHandler>> pending;
+  std::unordered_map<std::uint64_t, Pending> pending;
   {
     std::lock_guard lock(pending_mutex_);
     pending.swap(pending_);
   }
-  for (auto& [id, handler] : pending)
-    handler->on_error(std::make_exception_ptr(RemoteError({code, rank_, "", handler->what(), "", why})));
+  for (auto& [id, entry] : pending)
+    entry.reply->on_error(std::make_exception_ptr(RemoteError({code, rank_, "", entry.reply->what(), "", why})));
 }
 
 void Runtime::shutdown() {
   if (shut_down_) return;
+  if (liveness_->any_lost()) abort_for_lost_ranks("shutdown");
   MPI_Request request;
   TROUPE_MPI_CHECK(MPI_Ibarrier(as_comm(system_comm_), &request));
   wait_collective(&request, "shutdown barrier");
   drain();
+  quiescent_ = true;
   {
     std::lock_guard lock(pending_mutex_);
     shut_down_ = true;
   }
   transport_->stop();
+  liveness_->stop();
   work_.reset();
   io_.stop();
   for (auto& t : pool_) t.join();
@@ -263,6 +300,7 @@ void Runtime::shutdown() {
   MPI_Comm_free(&actors);
   MPI_Comm_free(&system);
   transport_.reset();
+  liveness_.reset();
   environment_.reset();
 }
 

@@ -18,8 +18,8 @@ constexpr auto kBlockedHotPeriod = 5ms;
 constexpr int kReceiveBurst = 16;
 }  // namespace
 
-Transport::Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io)
-    : comm_(comm), deliver_(std::move(deliver)), io_(io) {}
+Transport::Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness)
+    : comm_(comm), deliver_(std::move(deliver)), io_(io), liveness_(liveness) {}
 
 Transport::~Transport() { stop(); }
 
@@ -51,6 +51,7 @@ bool Transport::receive_some() {
     MPI_Status status;
     TROUPE_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, kActorTag, comm_, &flag, &handle, &status));
     if (!flag) break;
+    if (liveness_) liveness_->heard(status.MPI_SOURCE);
     int count = 0;
     TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
     Message message{status.MPI_SOURCE, std::string(static_cast<std::size_t>(count), '\0')};
@@ -62,10 +63,10 @@ bool Transport::receive_some() {
   return any;
 }
 
-bool Transport::progress_once() {
+bool Transport::progress_once(bool run_local_calls) {
   const bool received = receive_some();
   // Run one ready actor call here rather than wait for a pool thread to wake up.
-  const bool ran = io_.poll_one() > 0;
+  const bool ran = run_local_calls && io_.poll_one() > 0;
   return received || ran;
 }
 
@@ -86,22 +87,10 @@ void Transport::begin_blocking() {
 
 void Transport::end_blocking() {}
 
-void Transport::set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period) {
-  std::lock_guard lock(hook_mutex_);
-  liveness_hook_ = std::move(hook);
-  liveness_period_ = period;
-}
-
 void Transport::run() {
   auto last_active = Clock::now();
-  auto next_hook = Clock::now();
   while (!stop_) {
     const auto now = Clock::now();
-    if (now >= next_hook) {
-      std::lock_guard lock(hook_mutex_);
-      if (liveness_hook_) liveness_hook_();
-      next_hook = now + liveness_period_;
-    }
     if (pollers_.load() > 0) {  // a waiting caller drives progress; don't compete for the core
       std::unique_lock lock(idle_mutex_);
       idle_cv_.wait_for(lock, kMaxBackoff, [this] { return stop_.load() || pollers_.load() == 0; });
@@ -109,7 +98,7 @@ void Transport::run() {
     }
     bool worked = false;
     try {
-      worked = progress_once();
+      worked = progress_once(/*run_local_calls=*/true);
     } catch (const std::exception& e) {
       // An MPI failure here has no caller to go to; report it and keep serving.
       std::fprintf(stderr, "troupe: progress thread: %s\n", e.what());

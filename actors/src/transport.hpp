@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "peer_liveness.hpp"
 #include "troupe/actors/future.hpp"
 
 namespace troupe::actors::detail {
@@ -33,7 +34,9 @@ struct Message {
 class Transport final : public Progress {
  public:
   using Deliver = std::function<void(Message)>;
-  Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io);
+  // `liveness` (may be null) hears of every received message: any message proves
+  // its sender alive, even one that kept the heartbeats waiting.
+  Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness);
   ~Transport() override;
 
   void start();
@@ -41,14 +44,13 @@ class Transport final : public Progress {
   void stop();
   void send(int destination, const std::string& bytes);
 
-  bool progress_once() override;
+  bool progress_once(bool run_local_calls) override;
   bool try_begin_polling() override;
   bool is_progress_thread() const override { return std::this_thread::get_id() == thread_id_; }
   void end_polling() override;
   void begin_blocking() override;
   void end_blocking() override;
 
-  void set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period);
   std::uint64_t sent() const { return sent_.load(); }
   std::uint64_t received() const { return received_.load(); }
 
@@ -68,9 +70,7 @@ class Transport final : public Progress {
   std::thread thread_;
   std::thread::id thread_id_;
   std::atomic<std::uint64_t> sent_{0}, received_{0};
-  std::mutex hook_mutex_;
-  std::function<void()> liveness_hook_;
-  std::chrono::milliseconds liveness_period_{1000};
+  PeerLiveness* liveness_;
 };
 
 }  // namespace troupe::actors::detail

@@ -22,6 +22,7 @@ enum class Kind : std::uint8_t {
   spawn = 5,          // payload: factory key, name, constructor arguments
   lookup = 6,         // to rank 0; payload: name
   register_name = 7,  // to rank 0; payload: name, rank, id, type
+  heartbeat = 8,      // no payload: "this rank is alive", on the liveness communicator only
 };
 
 struct Header {
@@ -44,7 +45,7 @@ inline std::string read_header(std::string_view bytes, Header& h) {
   std::memcpy(&h, bytes.data(), sizeof h);
   if (h.magic != kMagic) return "bad magic number";
   if (h.version != kVersion) return "wire version " + std::to_string(h.version) + ", expected " + std::to_string(kVersion);
-  if (h.kind < Kind::request || h.kind > Kind::register_name)
+  if (h.kind < Kind::request || h.kind > Kind::heartbeat)
     return "unknown message kind " + std::to_string(static_cast<int>(h.kind));
   return {};
 }

@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdio>
 
 #include "actors_fixture.hpp"
@@ -23,6 +24,29 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 }  // namespace
 
 Runtime& runtime() { return *g_runtime; }
+
+namespace {
+// Counts tells handled on this rank; checked after shutdown, when the actors are gone.
+std::atomic<int> g_tallied{0};
+struct Tally {
+  void add(int n) { g_tallied += n; }
+  static constexpr auto troupe_methods = troupe::methods<&Tally::add>;
+};
+}  // namespace
+
+// Sends tells to every rank right before the collective shutdown: shutdown must
+// drain them, not drop them. Returns whether this rank handled all it was sent.
+bool shutdown_drains_messages_in_flight(Runtime& rt) {
+  constexpr int kTells = 2000;
+  auto tallies = rt.spawn_on_each<Tally>();
+  for (const auto& t : tallies)
+    for (int i = 0; i < kTells; ++i) t.tell(&Tally::add, 1);
+  rt.shutdown();
+  const int expected = kTells * rt.size();
+  if (g_tallied.load() == expected) return true;
+  std::printf("[rank %d] shutdown dropped messages: handled %d tells of %d\n", rt.rank(), g_tallied.load(), expected);
+  return false;
+}
 }  // namespace troupe::test
 
 int main(int argc, char** argv) {
@@ -35,6 +59,6 @@ int main(int argc, char** argv) {
     listeners.Append(new troupe::test::RankFailurePrinter(rt.rank()));
   }
   const int failed = RUN_ALL_TESTS();
-  rt.shutdown();
-  return failed;
+  const bool drained = troupe::test::shutdown_drains_messages_in_flight(rt);
+  return failed || !drained ? 1 : 0;
 }

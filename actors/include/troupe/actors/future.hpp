@@ -39,8 +39,10 @@ namespace detail {
 class Progress {
  public:
   virtual ~Progress() = default;
-  // Receives and dispatches at most a few ready messages; false if nothing was ready.
-  virtual bool progress_once() = 0;
+  // Receives and dispatches at most a few ready messages, and with `run_local_calls`
+  // also runs one ready actor call of this rank; false if nothing was ready. A
+  // waiter with a timeout must not run actor calls (one could outlast its deadline).
+  virtual bool progress_once(bool run_local_calls) = 0;
   // Brackets a waiter's polling phase, so that the progress thread does not spin too.
   // Only one thread polls at a time (it delivers every answer, not just its own);
   // try_begin_polling() is false when another already does.

@@ -1,0 +1,162 @@
+#include "peer_liveness.hpp"
+
+#include <poll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+
+#include "troupe/mpi/mpi_error.hpp"
+#include "wire.hpp"
+
+namespace troupe::actors::detail {
+
+PeerLiveness::PeerLiveness(MPI_Comm comm, int rank, int size, std::chrono::milliseconds period,
+                           std::chrono::milliseconds timeout,
+                           std::function<void(int, const std::string&)> on_lost)
+    : rank_(rank), size_(size), period_(period), timeout_(timeout), on_lost_(std::move(on_lost)),
+      last_heard_(new std::atomic<Clock::rep>[static_cast<std::size_t>(size)]),
+      lost_(new std::atomic<bool>[static_cast<std::size_t>(size)]), heartbeat_(sizeof(Header), '\0') {
+  TROUPE_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  Header h;
+  h.kind = Kind::heartbeat;
+  write_header(heartbeat_, h);
+  const auto now = Clock::now().time_since_epoch().count();
+  for (int r = 0; r < size_; ++r) {
+    last_heard_[static_cast<std::size_t>(r)] = now;
+    lost_[static_cast<std::size_t>(r)] = false;
+  }
+  // Learn which ranks share this host, and watch their processes directly.
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  const long long mine[2] = {static_cast<long long>(std::hash<std::string>{}(host)), static_cast<long long>(getpid())};
+  std::vector<long long> all(2 * static_cast<std::size_t>(size_));
+  TROUPE_MPI_CHECK(MPI_Allgather(mine, 2, MPI_LONG_LONG, all.data(), 2, MPI_LONG_LONG, comm_));
+  pidfds_.assign(static_cast<std::size_t>(size_), -1);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || all[2 * static_cast<std::size_t>(r)] != mine[0]) continue;
+    const long fd = syscall(SYS_pidfd_open, static_cast<pid_t>(all[2 * static_cast<std::size_t>(r) + 1]), 0);
+    if (fd < 0) continue;  // an old kernel, or not permitted: heartbeats still cover this rank
+    pidfds_[static_cast<std::size_t>(r)] = static_cast<int>(fd);
+    pidfd_ranks_.push_back(r);
+  }
+}
+
+PeerLiveness::~PeerLiveness() {
+  stop();
+  for (int fd : pidfds_)
+    if (fd >= 0) close(fd);
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&comm_);
+}
+
+void PeerLiveness::declare_lost(int rank, const std::string& why) {
+  bool expected = false;
+  if (lost_[static_cast<std::size_t>(rank)].compare_exchange_strong(expected, true)) {
+    any_lost_ = true;
+    on_lost_(rank, why);
+  }
+}
+
+void PeerLiveness::start() {
+  if (size_ > 1 || hook_) thread_ = std::thread([this] { run(); });
+}
+
+void PeerLiveness::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void PeerLiveness::set_hook(std::function<void()> hook, std::chrono::milliseconds period) {
+  {
+    std::lock_guard lock(mutex_);
+    hook_ = std::move(hook);
+    hook_period_ = period;
+  }
+  if (!thread_.joinable() && hook_) thread_ = std::thread([this] { run(); });
+}
+
+void PeerLiveness::run() {
+  auto next_beat = Clock::now(), next_hook = Clock::now();
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    const auto now = Clock::now();
+    if (size_ > 1) {
+      receive_beats();
+      check();
+      if (now >= next_beat) {
+        beat();
+        next_beat = now + period_;
+      }
+    }
+    if (hook_ && now >= next_hook) {
+      try {
+        hook_();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "troupe: rank %d: liveness hook failed: %s\n", rank_, e.what());
+      }
+      next_hook = now + hook_period_;
+    }
+    const auto wake_at = hook_ ? std::min(next_beat, next_hook) : next_beat;
+    if (pidfd_ranks_.empty()) {
+      wake_.wait_until(lock, wake_at, [this] { return stop_; });
+      continue;
+    }
+    // Sleep in poll() on the neighbours' pidfds: one becomes readable when its
+    // process exits. stop() is noticed within a period.
+    std::vector<pollfd> fds;
+    for (int r : pidfd_ranks_)
+      if (!lost(r)) fds.push_back({pidfds_[static_cast<std::size_t>(r)], POLLIN, 0});
+    const auto wait_ms = std::max<long long>(
+        0, std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - Clock::now()).count());
+    lock.unlock();
+    const int ready = fds.empty() ? 0 : poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
+    if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    if (ready > 0)
+      for (const pollfd& p : fds)
+        if (p.revents != 0)
+          for (int r : pidfd_ranks_)
+            if (pidfds_[static_cast<std::size_t>(r)] == p.fd) declare_lost(r, "its process exited (seen on this host)");
+    lock.lock();
+  }
+}
+
+void PeerLiveness::beat() {
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || lost(r)) continue;
+    MPI_Request request;
+    // Non-blocking and never waited on: a dead peer must not stall this thread.
+    if (MPI_Isend(heartbeat_.data(), static_cast<int>(heartbeat_.size()), MPI_BYTE, r, kActorTag, comm_, &request) ==
+        MPI_SUCCESS)
+      MPI_Request_free(&request);
+  }
+}
+
+void PeerLiveness::receive_beats() {
+  char buffer[sizeof(Header)];
+  for (;;) {
+    int flag = 0;
+    MPI_Status status;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, kActorTag, comm_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    MPI_Recv(buffer, sizeof buffer, MPI_BYTE, status.MPI_SOURCE, kActorTag, comm_, MPI_STATUS_IGNORE);
+    heard(status.MPI_SOURCE);
+  }
+}
+
+void PeerLiveness::check() {
+  const auto now = Clock::now().time_since_epoch().count();
+  const auto limit = std::chrono::duration_cast<Clock::duration>(timeout_).count();
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_ || lost(r)) continue;
+    if (now - last_heard_[static_cast<std::size_t>(r)].load() <= limit) continue;
+    declare_lost(r, "nothing heard from it for " + std::to_string(timeout_.count()) + " ms (its process has probably died)");
+  }
+}
+
+}  // namespace troupe::actors::detail
