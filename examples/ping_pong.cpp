@@ -15,14 +15,17 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/actors/bytes.hpp"
 #include "troupe/actors/runtime.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Payloads are troupe::Bytes, so they travel as attachments: sent from the caller's
+// buffer, received into a pooled one.
 struct Echo {
-  std::vector<char> echo(std::vector<char> payload) { return payload; }
+  troupe::Bytes echo(troupe::Bytes payload) { return payload; }
   static constexpr auto troupe_methods = troupe::methods<&Echo::echo>;
 };
 
@@ -61,7 +64,7 @@ double raw_round_trip(MPI_Comm comm, int rank, std::size_t bytes, int iterations
 }
 
 double ask_round_trip(const troupe::ActorRef<Echo>& echo, std::size_t bytes, int iterations) {
-  const std::vector<char> payload(bytes, 1);
+  const troupe::Bytes payload(std::vector<std::byte>(bytes, std::byte{1}));
   std::vector<double> times;
   for (int i = 0; i < iterations + 5; ++i) {
     const auto start = Clock::now();

@@ -56,6 +56,16 @@ std::map<std::string, Factory>& factory_registry() {
   return registry;
 }
 
+std::vector<Bytes>*& outgoing_attachments() {
+  thread_local std::vector<Bytes>* attachments = nullptr;
+  return attachments;
+}
+
+const std::vector<Bytes>*& incoming_attachments() {
+  thread_local const std::vector<Bytes>* attachments = nullptr;
+  return attachments;
+}
+
 Runtime*& current_runtime() {
   thread_local Runtime* runtime = nullptr;
   return runtime;
@@ -137,16 +147,16 @@ void Runtime::post_to(detail::ActorCellBase& cell, std::function<void()> call) {
 // ---- sending ----
 
 void Runtime::send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
-                           std::shared_ptr<detail::ReplyHandler> reply) {
+                           std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments) {
   detail::Header h;
   h.kind = detail::Kind::request;
   h.method = method;
   h.actor = actor;
-  send_with_reply(rank, h, std::move(payload), std::move(reply));
+  send_with_reply(rank, h, std::move(payload), std::move(reply), std::move(attachments));
 }
 
 void Runtime::send_with_reply(int rank, detail::Header header, std::string payload,
-                              std::shared_ptr<detail::ReplyHandler> reply) {
+                              std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments) {
   TROUPE_CHECK(rank >= 0 && rank < size_, reply->what(), ": rank ", rank, " is outside the world of ", size_, " ranks");
   if (liveness_->lost(rank)) {
     reply->on_error(std::make_exception_ptr(RemoteError(
@@ -160,8 +170,12 @@ void Runtime::send_with_reply(int rank, detail::Header header, std::string paylo
     TROUPE_CHECK(!shut_down_, "ask after the runtime shut down: ", reply->what());
     pending_.emplace(header.request, Pending{rank, reply});
   }
+  if (rank == rank_ && !attachments.empty()) {  // to ourselves: hand the attachments over directly
+    handle({rank_, std::move(payload), std::move(attachments)});
+    return;
+  }
   try {
-    transport_->send(rank, payload);
+    transport_->send(rank, payload, attachments);
   } catch (...) {
     take_pending(header.request);
     throw;
@@ -170,10 +184,12 @@ void Runtime::send_with_reply(int rank, detail::Header header, std::string paylo
 
 void Runtime::send_raw(int rank, const std::string& bytes) {
   TROUPE_CHECK(rank >= 0 && rank < size_, "send_raw: rank ", rank, " is outside the world of ", size_, " ranks");
-  transport_->send(rank, bytes);
+  std::string copy = bytes;
+  transport_->send(rank, copy);
 }
 
-void Runtime::send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload) {
+void Runtime::send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
+                        std::vector<Bytes> attachments) {
   TROUPE_CHECK(rank >= 0 && rank < size_, "tell: rank ", rank, " is outside the world of ", size_, " ranks");
   detail::Header h;
   h.kind = detail::Kind::tell;
@@ -183,18 +199,22 @@ void Runtime::send_tell(int rank, std::uint64_t actor, std::uint32_t method, std
   if (liveness_->lost(rank))
     throw RemoteError({ErrorCode::rank_lost, rank, "", "tell", "", "the rank was lost earlier"});
   if (rank == rank_) {  // deliver through the same path as a remote tell, keeping order per sender
-    handle({rank_, std::move(payload)});
+    handle({rank_, std::move(payload), std::move(attachments)});
     return;
   }
-  transport_->send(rank, payload);
+  transport_->send(rank, payload, attachments);
 }
 
-void Runtime::reply_value(int rank, std::uint64_t request, std::string bytes) {
+void Runtime::reply_value(int rank, std::uint64_t request, std::string bytes, const std::vector<Bytes>& attachments) {
   detail::Header h;
   h.kind = detail::Kind::reply_value;
   h.request = request;
   write_header(bytes, h);
-  transport_->send(rank, bytes);
+  if (rank == rank_ && !attachments.empty()) {
+    handle({rank_, std::move(bytes), attachments});
+    return;
+  }
+  transport_->send(rank, bytes, attachments);
 }
 
 void Runtime::reply_error(int rank, std::uint64_t request, const ErrorInfo& info) {
@@ -220,6 +240,7 @@ std::shared_ptr<detail::ReplyHandler> Runtime::take_pending(std::uint64_t reques
 
 void Runtime::handle(detail::Message message) {
   detail::RuntimeScope scope(this);
+  detail::AttachmentScope attachments(detail::incoming_attachments(), &message.attachments);
   detail::Header h;
   const std::string problem = detail::read_header(message.bytes, h);
   if (!problem.empty()) {
@@ -272,13 +293,18 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
   if (h.method >= cell->method_count())
     return fail(ErrorCode::unknown_method, cell->label(), "method #" + std::to_string(h.method),
                 detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
-  auto bytes = std::make_shared<std::string>(std::move(message.bytes));
+  auto held = std::make_shared<detail::Message>(std::move(message));
   post_call(
       cell, h.method,
-      [this, cell, source, h, wants_reply, bytes] {
+      [this, cell, source, h, wants_reply, held] {
         std::string result = new_message();
-        cell->invoke(h.method, payload_of(*bytes), result);
-        if (wants_reply) reply_value(source, h.request, std::move(result));
+        std::vector<Bytes> out;
+        {
+          detail::AttachmentScope in(detail::incoming_attachments(), &held->attachments);
+          detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
+          cell->invoke(h.method, payload_of(held->bytes), result);
+        }
+        if (wants_reply) reply_value(source, h.request, std::move(result), out);
       },
       [this, source, h, wants_reply](const ErrorInfo& info) {
         try {

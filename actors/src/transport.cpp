@@ -1,5 +1,9 @@
 #include "transport.hpp"
 
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
 #include "troupe/mpi/mpi_error.hpp"
 #include "wire.hpp"
 
@@ -34,11 +38,94 @@ void Transport::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Transport::send(int destination, const std::string& bytes) {
+void Transport::send(int destination, std::string& message, const std::vector<Bytes>& attachments) {
+  int tag = 0;
+  if (!attachments.empty()) {
+    TROUPE_CHECK(attachments.size() <= 0xffff, "actor message: ", attachments.size(), " attachments, at most 65535");
+    Header h;
+    std::memcpy(&h, message.data(), sizeof h);
+    tag = kFirstAttachmentTag + static_cast<int>(next_attachment_tag_.fetch_add(1) % kAttachmentTags);
+    h.attachments = static_cast<std::uint16_t>(attachments.size());
+    h.attachment_tag = static_cast<std::uint32_t>(tag);
+    write_header(message, h);
+    std::string sizes(attachments.size() * sizeof(std::uint64_t), '\0');
+    for (std::size_t i = 0; i < attachments.size(); ++i) {
+      const std::uint64_t size = attachments[i].size();
+      TROUPE_CHECK(size <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "actor message: an attachment of ",
+                   size, " bytes is above MPI's 2 GiB count limit; split it");
+      std::memcpy(sizes.data() + i * sizeof size, &size, sizeof size);
+    }
+    message.insert(sizeof(Header), sizes);
+  }
   // Small messages go out eagerly; a large one blocks until the receiver's progress
   // (a thread that never sends while holding the receive role) matches it.
-  TROUPE_MPI_CHECK(MPI_Send(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, destination, kActorTag, comm_));
+  TROUPE_MPI_CHECK(MPI_Send(message.data(), static_cast<int>(message.size()), MPI_BYTE, destination, kActorTag, comm_));
+  for (const Bytes& a : attachments)
+    TROUPE_MPI_CHECK(MPI_Send(a.data(), static_cast<int>(a.size()), MPI_BYTE, destination, tag, comm_));
   sent_.fetch_add(1, std::memory_order_relaxed);
+}
+
+Bytes BufferPool::acquire(std::size_t size) {
+  // Class c holds buffers of 2^c bytes; small ones are not worth pooling.
+  constexpr std::size_t kMinClass = 16, kMaxKept = 4;
+  std::size_t cls = kMinClass;
+  while ((std::size_t{1} << cls) < size) ++cls;
+  std::unique_ptr<std::byte[]> buffer;
+  {
+    std::lock_guard lock(mutex_);
+    if (free_.size() <= cls) free_.resize(cls + 1);
+    if (!free_[cls].empty()) {
+      buffer = std::move(free_[cls].back());
+      free_[cls].pop_back();
+    }
+  }
+  if (!buffer) buffer.reset(new std::byte[std::size_t{1} << cls]);  // uninitialised on purpose
+  std::byte* data = buffer.get();
+  std::shared_ptr<const void> owner(buffer.release(), [pool = shared_from_this(), cls](const void* p) {
+    std::unique_ptr<std::byte[]> back(static_cast<std::byte*>(const_cast<void*>(p)));
+    std::lock_guard lock(pool->mutex_);
+    if (pool->free_[cls].size() < kMaxKept) pool->free_[cls].push_back(std::move(back));
+  });
+  return Bytes(std::move(owner), data, size);
+}
+
+bool Transport::receive_attachments(Message& message) {
+  Header h;
+  std::memcpy(&h, message.bytes.data(), sizeof h);
+  const std::size_t table = h.attachments * sizeof(std::uint64_t);
+  auto drop = [&](const std::string& why) {
+    std::fprintf(stderr, "troupe: dropped a message with attachments from rank %d: %s\n", message.source, why.c_str());
+    return false;
+  };
+  if (message.bytes.size() < sizeof h + table) return drop("its size table is cut short");
+  if (h.attachment_tag < static_cast<std::uint32_t>(kFirstAttachmentTag) ||
+      h.attachment_tag >= static_cast<std::uint32_t>(kFirstAttachmentTag + kAttachmentTags))
+    return drop("attachment tag " + std::to_string(h.attachment_tag) + " is out of range");
+  const int tag = static_cast<int>(h.attachment_tag);
+  // The sender sends attachments right after the message; a sender that never does
+  // must not stall this rank's receiving for ever.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (std::size_t i = 0; i < h.attachments; ++i) {
+    std::uint64_t size = 0;
+    std::memcpy(&size, message.bytes.data() + sizeof h + i * sizeof size, sizeof size);
+    int flag = 0;
+    MPI_Message handle;
+    MPI_Status status;
+    while (!flag) {
+      TROUPE_MPI_CHECK(MPI_Improbe(message.source, tag, comm_, &flag, &handle, &status));
+      if (!flag && Clock::now() > deadline) return drop("attachment " + std::to_string(i) + " never arrived");
+    }
+    int count = 0;
+    TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
+    Bytes buffer = pool_->acquire(static_cast<std::size_t>(count));
+    TROUPE_MPI_CHECK(MPI_Mrecv(const_cast<std::byte*>(buffer.data()), count, MPI_BYTE, &handle, &status));
+    if (static_cast<std::uint64_t>(count) != size)
+      return drop("attachment " + std::to_string(i) + " has " + std::to_string(count) + " bytes, the table says " +
+                  std::to_string(size));
+    message.attachments.push_back(std::move(buffer));
+  }
+  message.bytes.erase(sizeof h, table);
+  return true;
 }
 
 bool Transport::receive_some() {
@@ -54,9 +141,14 @@ bool Transport::receive_some() {
     if (liveness_) liveness_->heard(status.MPI_SOURCE);
     int count = 0;
     TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
-    Message message{status.MPI_SOURCE, std::string(static_cast<std::size_t>(count), '\0')};
+    Message message{status.MPI_SOURCE, std::string(static_cast<std::size_t>(count), '\0'), {}};
     TROUPE_MPI_CHECK(MPI_Mrecv(message.bytes.data(), count, MPI_BYTE, &handle, &status));
     received_.fetch_add(1, std::memory_order_relaxed);
+    if (message.bytes.size() >= sizeof(Header)) {
+      Header h;
+      std::memcpy(&h, message.bytes.data(), sizeof h);
+      if (h.magic == kMagic && h.attachments > 0 && !receive_attachments(message)) continue;
+    }
     deliver_(std::move(message));
     any = true;
   }

@@ -20,15 +20,29 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "peer_liveness.hpp"
+#include "troupe/actors/bytes.hpp"
 #include "troupe/actors/future.hpp"
 
 namespace troupe::actors::detail {
 
 struct Message {
   int source = -1;
-  std::string bytes;
+  std::string bytes;                // header + payload (the size table removed)
+  std::vector<Bytes> attachments;   // received beside it, in order
+};
+
+// Receive buffers for attachments, reused by size class so that a steady stream of
+// large messages neither zero-fills nor first-touches fresh memory each time.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  Bytes acquire(std::size_t size);
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::vector<std::unique_ptr<std::byte[]>>> free_;  // by power-of-two class
 };
 
 class Transport final : public Progress {
@@ -42,7 +56,9 @@ class Transport final : public Progress {
   void start();
   // Joins the progress thread; receiving stops unless a caller drives it.
   void stop();
-  void send(int destination, const std::string& bytes);
+  // Sends header + payload, then each attachment as its own message from its own
+  // buffer. Patches the header's attachment fields and inserts the size table.
+  void send(int destination, std::string& message, const std::vector<Bytes>& attachments = {});
 
   bool progress_once(bool run_local_calls) override;
   bool try_begin_polling() override;
@@ -57,6 +73,9 @@ class Transport final : public Progress {
  private:
   void run();
   bool receive_some();
+  // Receives the attachments announced by `message`'s header; false (with a log line)
+  // when they are malformed or do not arrive.
+  bool receive_attachments(Message& message);
 
   MPI_Comm comm_;
   Deliver deliver_;
@@ -71,6 +90,8 @@ class Transport final : public Progress {
   std::thread::id thread_id_;
   std::atomic<std::uint64_t> sent_{0}, received_{0};
   PeerLiveness* liveness_;
+  std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
+  std::atomic<std::uint32_t> next_attachment_tag_{0};
 };
 
 }  // namespace troupe::actors::detail

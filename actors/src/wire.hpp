@@ -25,19 +25,27 @@ enum class Kind : std::uint8_t {
   heartbeat = 8,      // no payload: "this rank is alive", on the liveness communicator only
 };
 
+// With attachments (see bytes.hpp) the header is followed by one u64 size per
+// attachment, then the payload; each attachment follows as its own MPI message from
+// the same sender with tag `attachment_tag`.
 struct Header {
   std::uint32_t magic = kMagic;
   std::uint8_t version = kVersion;
   Kind kind = Kind::request;
-  std::uint16_t reserved = 0;
+  std::uint16_t attachments = 0;
   std::uint32_t method = 0;
-  std::uint32_t reserved2 = 0;
+  std::uint32_t attachment_tag = 0;
   std::uint64_t request = 0;
   std::uint64_t actor = 0;
 };
 static_assert(sizeof(Header) == 32);
 
 inline void write_header(std::string& message, const Header& h) { std::memcpy(message.data(), &h, sizeof h); }
+
+// Attachment tags cycle through this range; a sender would need this many messages
+// with attachments in flight to one receiver before a tag could be reused early.
+inline constexpr int kFirstAttachmentTag = 1000;
+inline constexpr int kAttachmentTags = 30000;
 
 // Parses the header of `bytes`; returns an explanation when it is not one of ours.
 inline std::string read_header(std::string_view bytes, Header& h) {

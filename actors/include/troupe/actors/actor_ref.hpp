@@ -60,9 +60,13 @@ class ActorRef {
           });
     } else {
       std::string message = Runtime::new_message();
-      detail::append_serialized(message, packed);
+      std::vector<Bytes> attachments;
+      {
+        detail::AttachmentScope scope(detail::outgoing_attachments(), &attachments);
+        detail::append_serialized(message, packed);
+      }
       runtime().send_request(rank_, id_, index, std::move(message),
-                             std::make_shared<detail::TypedReply<R>>(state->what(), state));
+                             std::make_shared<detail::TypedReply<R>>(state->what(), state), std::move(attachments));
     }
     return Future<R>(state);
   }
@@ -72,8 +76,12 @@ class ActorRef {
     const std::uint32_t index = detail::checked_method_index<T>(method);
     typename MemberTraits<M>::Args packed(std::forward<A>(args)...);
     std::string message = Runtime::new_message();
-    detail::append_serialized(message, packed);
-    runtime().send_tell(rank_, id_, index, std::move(message));
+    std::vector<Bytes> attachments;
+    {
+      detail::AttachmentScope scope(detail::outgoing_attachments(), &attachments);
+      detail::append_serialized(message, packed);
+    }
+    runtime().send_tell(rank_, id_, index, std::move(message), std::move(attachments));
   }
 
  private:

@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "troupe/actors/bytes.hpp"
 #include "troupe/actors/detail/actor_cell.hpp"
 #include "troupe/actors/errors.hpp"
 #include "troupe/actors/future.hpp"
@@ -183,8 +184,9 @@ class Runtime {
 
   // ---- used by ActorRef and the templates above; not for application code ----
   void send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
-                    std::shared_ptr<detail::ReplyHandler> reply);
-  void send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload);
+                    std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {});
+  void send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
+                 std::vector<Bytes> attachments = {});
   // Sends `bytes` as an actor message exactly as given: for tests of the wire format.
   void send_raw(int rank, const std::string& bytes);
   // The local actor with this id, or null.
@@ -219,12 +221,12 @@ class Runtime {
   void handle_request(detail::Message& message, bool wants_reply);
   void handle_system(detail::Message& message);
   void send_with_reply(int rank, detail::Header header, std::string payload,
-                       std::shared_ptr<detail::ReplyHandler> reply);
+                       std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {});
   // Sends a runtime request to `rank` and waits for its reply, driving progress.
   template <class R>
   R system_call(int rank, detail::Header header, std::string payload, const std::string& what);
   void reply_error(int rank, std::uint64_t request, const ErrorInfo& info);
-  void reply_value(int rank, std::uint64_t request, std::string bytes);
+  void reply_value(int rank, std::uint64_t request, std::string bytes, const std::vector<Bytes>& attachments = {});
   void install_actor(std::shared_ptr<detail::ActorCellBase> cell);
   void wait_collective(void* request, const char* what);
   void drain();
