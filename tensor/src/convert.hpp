@@ -30,7 +30,16 @@ inline D convert(S x) {
   }
 }
 
+// Which compiled copy of the f32 <-> f16 / bf16 loops cast_host runs. `best` is
+// AVX2 where the CPU has it, else the baseline (SSE2 on x86-64); the others are there
+// so tests can check each copy on a machine that would only ever pick one.
+enum class CastLoops { best, baseline, avx2 };
+bool cast_loops_available(CastLoops which);
+
 // dst[i] = convert(src[i]) for n elements of the given dtypes, both on the host.
-void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
+// f32 <-> f16 and f32 <-> bf16 take vectorised loops with the same bits
+// (cast_host.cpp); asking for loops the CPU lacks is an error.
+void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
+               CastLoops which = CastLoops::best);
 
 }  // namespace troupe::tensor::detail

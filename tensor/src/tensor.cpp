@@ -27,18 +27,6 @@ std::int64_t shape_numel(const Shape& shape) {
 
 namespace detail {
 
-void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n) {
-  dispatch(src_dtype, [&](auto s) {
-    using S = decltype(s);
-    dispatch(dst_dtype, [&](auto d) {
-      using D = decltype(d);
-      const S* in = static_cast<const S*>(src);
-      D* out = static_cast<D*>(dst);
-      for (std::int64_t i = 0; i < n; ++i) out[i] = convert<D>(in[i]);
-    });
-  });
-}
-
 void copy_host_to(const void* src, std::size_t nbytes, const Tensor& dst) {
   if (nbytes == 0) return;
   if (dst.device().is_cpu()) std::memcpy(dst.raw_data(), src, nbytes);

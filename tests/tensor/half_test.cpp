@@ -1,10 +1,15 @@
-// f16 and bf16 conversions against known bit patterns, and exhaustive round trips.
+// f16 and bf16 conversions against known bit patterns, and exhaustive round trips;
+// then the bulk host casts (branch-free, vectorised twins of these functions, run by
+// Tensor::copy_ between f32 and f16/bf16) against the scalar functions.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
+#include <vector>
 
+#include "../../tensor/src/convert.hpp"
 #include "troupe/tensor/half.hpp"
 
 using namespace troupe::tensor;
@@ -91,4 +96,147 @@ TEST(BFloat16, EveryNonNaNBitPatternSurvivesARoundTripThroughFloat) {
     if (std::isnan(f)) continue;
     ASSERT_EQ(float_to_bf16_bits(f), b) << std::hex << b;
   }
+}
+
+// ---- bulk casts against the scalar functions ----
+//
+// detail::cast_host converts f32 <-> f16 and f32 <-> bf16 with loops of its own
+// (tensor/src/cast_host.cpp), compiled once for any x86-64 and once for AVX2. Every
+// copy this CPU can run must give the very bits of the scalar functions above: for
+// every 16-bit pattern, and for f32 patterns chosen to hit every arm of the f32 ->
+// 16-bit conversions. (A copy the CPU lacks is not checked here; the baseline always is.)
+
+namespace {
+
+using detail::CastLoops;
+
+std::vector<CastLoops> loops_on_this_cpu() {
+  std::vector<CastLoops> found;
+  for (const CastLoops loops : {CastLoops::baseline, CastLoops::avx2, CastLoops::best})
+    if (detail::cast_loops_available(loops)) found.push_back(loops);
+  return found;
+}
+
+const char* name(CastLoops loops) {
+  switch (loops) {
+    case CastLoops::baseline: return "baseline loops";
+    case CastLoops::avx2: return "AVX2 loops";
+    case CastLoops::best: return "best loops";
+  }
+  return "?";
+}
+
+std::vector<std::uint16_t> every_16_bit_pattern() {
+  std::vector<std::uint16_t> all(0x10000);
+  for (std::uint32_t i = 0; i < 0x10000; ++i) all[i] = static_cast<std::uint16_t>(i);
+  return all;
+}
+
+// A few million f32 values, both signs of each: around every f16 and bf16 value (the
+// value, the tie halfway to the next one, and one f32 ulp either side of both), NaNs
+// with payloads high, only in the bits a conversion drops, or everywhere, the f16
+// overflow boundary, f32 subnormals, then a stride through all 2^32 patterns and
+// random ones.
+std::vector<float> f32_patterns() {
+  std::vector<std::uint32_t> p;
+  auto near = [&p](std::uint32_t u) {
+    for (std::uint32_t d : {0u, 1u, 0xffffffffu}) p.push_back(u + d);  // u, u + 1, u - 1
+  };
+  for (std::uint32_t h = 0; h < 0x8000; ++h) {
+    const float half = half_bits_to_float(static_cast<std::uint16_t>(h));
+    near(to_bits(half));
+    if (h < 0x7c00) {  // the tie with the next half (65536 past the largest), exact in f32
+      const float next = h == 0x7bff ? 65536.0f : half_bits_to_float(static_cast<std::uint16_t>(h + 1));
+      near(to_bits((half + next) / 2));
+    }
+    near(h << 16);              // a bf16 value
+    near((h << 16) | 0x8000u);  // the bf16 tie
+  }
+  for (std::uint32_t payload = 1; payload < 0x800000u; payload = payload * 3 + 1) {
+    p.push_back(0x7f800000u | payload);              // NaN, payload anywhere
+    p.push_back(0x7f800000u | (payload & 0x1fffu));  // only in the bits f16 drops
+    p.push_back(0x7f800000u | (payload & 0xffffu));  // only in the bits bf16 drops
+  }
+  for (std::uint32_t u = 0x477fe000u; u < 0x47800100u; ++u) p.push_back(u);  // 65504 .. past 65536
+  for (std::uint32_t u = 0; u < 0x20000u; ++u) p.push_back(u);               // the smallest f32 subnormals
+  for (std::uint32_t u : {0x7f800000u, 0x7f7fffffu, 0x007fffffu, 0x00800000u, 0x7fffffffu, 0x7fc00000u})
+    p.push_back(u);
+  for (std::uint64_t u = 0; u < (1ull << 32); u += 4099) p.push_back(static_cast<std::uint32_t>(u));
+  std::mt19937 rng(7);
+  for (int i = 0; i < 1 << 20; ++i) p.push_back(rng());
+  std::vector<float> values;
+  values.reserve(2 * p.size());
+  for (const std::uint32_t u : p) values.push_back(from_bits(u));
+  for (const std::uint32_t u : p) values.push_back(from_bits(u ^ 0x80000000u));
+  return values;
+}
+
+}  // namespace
+
+TEST(HostCast, F16AndBf16ToF32MatchTheScalarFunctionsForEvery16BitPattern) {
+  const std::vector<std::uint16_t> in = every_16_bit_pattern();
+  std::vector<float> out(in.size());
+  for (const CastLoops loops : loops_on_this_cpu()) {
+    detail::cast_host(in.data(), DType::f16, out.data(), DType::f32, 0x10000, loops);
+    for (std::uint32_t h = 0; h < 0x10000; ++h)
+      ASSERT_EQ(to_bits(out[h]), to_bits(half_bits_to_float(in[h]))) << name(loops) << ", f16 " << std::hex << h;
+    detail::cast_host(in.data(), DType::bf16, out.data(), DType::f32, 0x10000, loops);
+    for (std::uint32_t b = 0; b < 0x10000; ++b)
+      ASSERT_EQ(to_bits(out[b]), to_bits(bf16_bits_to_float(in[b]))) << name(loops) << ", bf16 " << std::hex << b;
+  }
+}
+
+TEST(HostCast, F32ToF16AndBf16MatchTheScalarFunctionsOnMillionsOfPatterns) {
+  const std::vector<float> in = f32_patterns();
+  ASSERT_GT(in.size(), 4'000'000u);
+  const auto n = static_cast<std::int64_t>(in.size());
+  std::vector<std::uint16_t> half(in.size()), bf16(in.size());
+  for (const CastLoops loops : loops_on_this_cpu()) {
+    detail::cast_host(in.data(), DType::f32, half.data(), DType::f16, n, loops);
+    detail::cast_host(in.data(), DType::f32, bf16.data(), DType::bf16, n, loops);
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(half[i], float_to_half_bits(in[i])) << name(loops) << ", f32 " << std::hex << to_bits(in[i]);
+      ASSERT_EQ(bf16[i], float_to_bf16_bits(in[i])) << name(loops) << ", f32 " << std::hex << to_bits(in[i]);
+    }
+  }
+}
+
+// The vectorised loops run in blocks with a scalar remainder: short runs at odd places
+// must come out as whole arrays do, and write nothing outside their range.
+TEST(HostCast, ShortRunsAtAnyOffsetMatchTheScalarFunctionsAndWriteNothingElse) {
+  std::vector<float> in(64);
+  std::mt19937 rng(11);
+  for (auto& f : in) f = from_bits(rng() & 0x8fffffffu);  // mostly small: subnormal and normal halves
+  in[5] = from_bits(0x7f800001u);                         // and a NaN, an Inf, a tie
+  in[17] = from_bits(0xff800000u);
+  in[30] = from_bits(0x3f801000u);
+  const std::uint16_t guard = 0xdead;
+  for (const CastLoops loops : loops_on_this_cpu())
+    for (const DType dtype : {DType::f16, DType::bf16})
+      for (std::size_t begin = 0; begin < 4; ++begin)
+        for (std::size_t end = begin; end <= 40; ++end) {
+          const auto n = static_cast<std::int64_t>(end - begin);
+          std::vector<std::uint16_t> out(64, guard);
+          std::vector<float> back(64, -1.0f);
+          detail::cast_host(in.data() + begin, DType::f32, out.data() + begin, dtype, n, loops);
+          detail::cast_host(out.data() + begin, dtype, back.data() + begin, DType::f32, n, loops);
+          for (std::size_t i = 0; i < 64; ++i) {
+            const bool inside = begin <= i && i < end;
+            const std::uint16_t want = !inside             ? guard
+                                       : dtype == DType::f16 ? float_to_half_bits(in[i])
+                                                             : float_to_bf16_bits(in[i]);
+            const float back_want = !inside             ? -1.0f
+                                    : dtype == DType::f16 ? half_bits_to_float(want)
+                                                          : bf16_bits_to_float(want);
+            ASSERT_EQ(out[i], want) << name(loops) << ", " << dtype_name(dtype) << " [" << begin << ", " << end
+                                    << ") at " << i;
+            ASSERT_EQ(to_bits(back[i]), to_bits(back_want)) << name(loops) << ", back from " << dtype_name(dtype)
+                                                            << " [" << begin << ", " << end << ") at " << i;
+          }
+        }
+}
+
+TEST(HostCast, TheBaselineLoopsRunEverywhere) {
+  EXPECT_TRUE(detail::cast_loops_available(CastLoops::baseline));
+  EXPECT_TRUE(detail::cast_loops_available(CastLoops::best));
 }

@@ -1,7 +1,9 @@
 // IEEE binary16 (f16) and bfloat16 (bf16) as 16-bit words, with conversions to and
 // from f32 that round to nearest, ties to even, and keep NaN, infinities and
 // subnormals. The same functions compile for the host and, under nvcc, the device,
-// so a cast gives the same bits on CPU and GPU.
+// so a cast gives the same bits on CPU and GPU. Host casts of whole f32 arrays use
+// branch-free twins of these that GCC can vectorise (tensor/src/cast_host.cpp); a
+// change here must be made there too, and tests/tensor/half_test.cpp checks both agree.
 #pragma once
 
 #include <cstdint>
