@@ -1,0 +1,33 @@
+// The errors collectives add to troupe's tree (include/troupe/error.hpp):
+//
+//   TimeoutError (troupe's own): a wait ran past its timeout. The message names the
+//     collective, its sequence number, its size and, when known, the peer not heard from.
+//   CollectiveMismatch: in debug mode (TROUPE_DEBUG_COLLECTIVES=1), ranks issued
+//     different calls at the same sequence number; the message lists every rank's call.
+//   CommunicatorFailed: an earlier collective timed out or failed, so this communicator
+//     refuses new work instead of hanging on a peer that may never come (gloo's rule).
+//   NcclError: NCCL or CUDA reported an error; the message carries its own string.
+//
+// MpiError (troupe/mpi/mpi_error.hpp) reports a failed MPI call.
+#pragma once
+
+#include "troupe/error.hpp"
+
+namespace troupe::collectives {
+
+class CollectiveMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+class CommunicatorFailed : public Error {
+ public:
+  using Error::Error;
+};
+
+class NcclError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace troupe::collectives

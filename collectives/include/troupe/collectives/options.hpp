@@ -1,0 +1,49 @@
+// Options of a Communicator. Every field says why it exists; the defaults are what
+// the benchmark (bench/collectives_bench.cpp) measured as best on 2-core VMs.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+
+namespace troupe::collectives {
+
+inline constexpr std::chrono::milliseconds kNoTimeout = std::chrono::milliseconds::max();
+
+struct Options {
+  // How long a blocking call, or Work::wait() without an argument, waits before it
+  // throws TimeoutError and fails the communicator. A hang becomes an error naming the
+  // collective instead of a job that never ends. kNoTimeout waits forever.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+
+  // Verify at every collective that all ranks issued the same (kind, count, dtype, op,
+  // root). Costs one small allgather per call, so it is off unless asked for; the
+  // environment variable TROUPE_DEBUG_COLLECTIVES=1 turns it on for every communicator.
+  bool debug = false;
+
+  // Allreduces of at least this many bytes use the pipelined ring (allreduce_ring.hpp)
+  // instead of MPI_Iallreduce. Below it MPI's own latency-optimised algorithms win;
+  // above it MPI's allreduce streams whole buffers through memory and the ring, which
+  // works in cache-sized segments, is faster. Tests set 0 to force the ring.
+  std::size_t ring_threshold_bytes = std::size_t{1} << 20;
+
+  // Bytes per message in the ring. Small enough that a received segment is still in
+  // cache when it is reduced, large enough to amortise a message's fixed cost. Kept
+  // settable so that tests reach the multi-segment paths with small buffers (gloo's
+  // maxSegmentSize).
+  std::size_t segment_bytes = std::size_t{256} << 10;
+
+  // Segments in flight per direction in the ring; more hides latency, fewer keeps the
+  // receive slots in cache.
+  int ring_window = 4;
+
+  // Run a background thread that drives MPI progress while async collectives are in
+  // flight and nobody waits on them, so that communication overlaps computation (Open
+  // MPI moves data only inside MPI calls). It sleeps on a condition variable when idle
+  // and backs off while polling.
+  bool progress_thread = true;
+};
+
+// Options with `debug` taken from TROUPE_DEBUG_COLLECTIVES (1/true/on).
+Options options_from_environment();
+
+}  // namespace troupe::collectives

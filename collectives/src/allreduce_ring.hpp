@@ -1,0 +1,79 @@
+// AllreduceRing: allreduce as a reduce-scatter followed by an allgather around a ring
+// of ranks, pipelined in segments over MPI point-to-point messages.
+//
+// The buffer is cut into n blocks (n ranks) and each block into m segments of at most
+// Options::segment_bytes. Step k of 2(n-1) moves one block from each rank to its right
+// neighbour, segment by segment:
+//
+//   reduce-scatter, k = 0 .. n-2: rank r sends block (r-k) and receives block (r-k-1)
+//     from its left neighbour into a small receive slot, then reduces it with its own
+//     input into the output. After n-1 steps rank r holds block (r+1) fully reduced
+//     (for avg, the last step also divides by n: one rounding, the same bits everywhere).
+//   allgather, k = n-1 .. 2n-3 (t = k-n+1): rank r sends block (r+1-t) and receives
+//     block (r-t) straight into the output.
+//
+// Why segments: MPI_Allreduce on large buffers streams each whole buffer through
+// memory several times. Here a segment is received into one of `window` slots that stay
+// in cache and is reduced at once, and segment j of step k+1 leaves as soon as segment
+// j of step k is reduced, so copying, reducing and sending overlap.
+//
+// Matching: every rank posts its sends, and its receives, in the same order — index
+// k*m + j — with one tag per collective (its sequence number), so MPI's non-overtaking
+// rule pairs the i-th send of the left neighbour with our i-th receive. Dependencies,
+// all on lower indices: send (k, j) waits for receive (k-1, j) to be reduced; an
+// allgather receive into block (r-t) waits for the send of that block at step t to
+// complete, since both use the same memory.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "troupe/collectives/operation.hpp"
+
+namespace troupe::collectives::detail {
+
+class AllreduceRing : public Operation {
+ public:
+  AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes, int window,
+                int tag);
+  ~AllreduceRing() override;
+
+  void start() override;
+  bool progress() override;
+  std::string waiting_on() const override;
+
+ private:
+  struct Pending {
+    MPI_Request request;
+    int slot;  // receive slot, or -1
+  };
+
+  std::byte* segment(std::byte* base, int block, std::size_t j, std::size_t* elements) const;
+  bool send_ready(std::size_t index) const;
+  bool recv_ready(std::size_t index) const;
+  void post_send(std::size_t index);
+  void post_recv(std::size_t index);
+  void complete_recv(std::size_t index, int slot);
+  int send_block(std::size_t step) const;
+  int recv_block(std::size_t step) const;
+
+  MPI_Comm comm_;
+  int rank_, size_, left_, right_, tag_;
+  std::size_t element_bytes_;
+  std::size_t segment_elements_;
+  std::size_t segments_per_block_ = 0;  // m
+  std::size_t total_ = 0;               // messages each way: 2(n-1) * m
+  std::vector<std::size_t> block_offset_;  // n+1 entries, in elements
+  std::size_t window_;
+
+  std::unique_ptr<std::byte[]> slots_;
+  std::vector<int> free_slots_;
+  std::deque<Pending> sends_, recvs_;
+  std::size_t next_send_ = 0, next_recv_ = 0, sends_done_ = 0, recvs_done_ = 0;
+};
+
+}  // namespace troupe::collectives::detail

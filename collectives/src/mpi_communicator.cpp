@@ -1,0 +1,128 @@
+#include "troupe/collectives/mpi_communicator.hpp"
+
+#include <climits>
+#include <vector>
+
+#include "allreduce_ring.hpp"
+#include "engine.hpp"
+#include "mpi_request_operation.hpp"
+#include "signature_check.hpp"
+#include "troupe/collectives/collective_error.hpp"
+#include "troupe/collectives/single_rank_communicator.hpp"
+#include "troupe/mpi/mpi_error.hpp"
+
+namespace troupe::collectives {
+
+namespace {
+
+int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  return rank;
+}
+int comm_size(MPI_Comm comm) {
+  int size = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_size(comm, &size));
+  return size;
+}
+MPI_Comm dup(MPI_Comm comm) {
+  MPI_Comm copy = MPI_COMM_NULL;
+  TROUPE_MPI_CHECK(MPI_Comm_dup(comm, &copy));
+  // Errors come back as codes, so TROUPE_MPI_CHECK can throw them with context
+  // instead of MPI aborting the job.
+  TROUPE_MPI_CHECK(MPI_Comm_set_errhandler(copy, MPI_ERRORS_RETURN));
+  return copy;
+}
+bool mpi_usable() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized;
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm parent, Options options)
+    : Communicator(comm_rank(parent), comm_size(parent), options) {
+  comm_ = dup(parent);
+  set_up();
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, Options options, Adopt)
+    : Communicator(comm_rank(comm), comm_size(comm), options), comm_(comm) {
+  TROUPE_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  set_up();
+}
+
+void MpiCommunicator::set_up() {
+  p2p_comm_ = dup(comm_);
+  debug_comm_ = dup(comm_);
+  int* tag_ub = nullptr;
+  int flag = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag));
+  if (flag && tag_ub) tag_limit_ = *tag_ub;
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  drain();
+  engine().stop();
+  // A collective abandoned after a timeout may still be matched by a late peer; freeing
+  // its communicator under it would be undefined, so a failed communicator is leaked.
+  if (!mpi_usable() || engine().has_abandoned()) return;
+  for (MPI_Comm* comm : {&debug_comm_, &p2p_comm_, &comm_}) {
+    if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
+  }
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
+  // The allgather is numbered, checked in debug mode and bounded by the timeout; once
+  // it completes every rank is here, so the blocking MPI_Comm_split cannot hang.
+  std::vector<std::int32_t> mine{color, key};
+  std::vector<std::int32_t> all(2 * static_cast<std::size_t>(size()));
+  allgather(Buffer(mine), Buffer(all));
+  MPI_Comm child = MPI_COMM_NULL;
+  TROUPE_MPI_CHECK(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &child));
+  if (child == MPI_COMM_NULL) return nullptr;
+  return std::unique_ptr<Communicator>(new MpiCommunicator(child, options(), Adopt{}));
+}
+
+void MpiCommunicator::check_host(const Collective& c, const Buffer& b, const char* which) const {
+  TROUPE_CHECK(b.count == 0 || b.device.is_cpu(), c.describe(), ": the MPI backend needs host memory, but the ",
+               which, " buffer is on ", b.device, " [rank ", rank(), "]; use the NCCL backend for CUDA buffers");
+}
+
+Work MpiCommunicator::start(const Collective& c, bool blocking) {
+  check_host(c, c.input, "input");
+  check_host(c, c.output, "output");
+  TROUPE_CHECK(c.count <= static_cast<std::size_t>(INT_MAX), c.describe(), ": ", c.count,
+               " elements exceed MPI's int count limit of ", INT_MAX, "; split the buffer");
+  if (c.kind == CollectiveKind::send || c.kind == CollectiveKind::recv) {
+    TROUPE_CHECK(c.tag <= tag_limit_, c.describe(), ": tag ", c.tag, " exceeds MPI_TAG_UB ", tag_limit_);
+  } else if (options().debug) {
+    try {
+      detail::verify_signature(debug_comm_, c, rank(), size(), options().timeout);
+    } catch (const Error& e) {
+      // The ranks are out of step (or one is missing); nothing after this can be trusted.
+      fail(e.what());
+      throw;
+    }
+  }
+  const bool ring = c.kind == CollectiveKind::allreduce && size() > 1 && c.count >= static_cast<std::size_t>(size()) &&
+                    c.count * tensor::element_size(c.dtype) >= options().ring_threshold_bytes;
+  if (ring) {
+    const int tag = static_cast<int>(c.sequence % (static_cast<std::uint64_t>(tag_limit_) + 1));
+    return launch(std::make_shared<detail::AllreduceRing>(c, comm_, rank(), size(), options().segment_bytes,
+                                                          options().ring_window, tag),
+                  blocking);
+  }
+  return launch(detail::make_mpi_operation(c, comm_, p2p_comm_, rank(), size()), blocking);
+}
+
+std::unique_ptr<Communicator> world_communicator(Options options) {
+  int size = 1;
+  TROUPE_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  if (size == 1) return std::make_unique<SingleRankCommunicator>(options);
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
+}
+
+}  // namespace troupe::collectives

@@ -1,0 +1,103 @@
+// allreduce: every reduction x dtype x in-place/out-of-place x size, against a
+// reference every rank computes from every rank's inputs; once with the default
+// options (MPI_Iallreduce below 1 MB, the ring above) and once with the ring forced
+// at every size and tiny segments, so small buffers take its multi-segment paths.
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "test_world.hpp"
+#include "troupe/collectives/collective_error.hpp"
+
+namespace troupe::collectives::testing {
+namespace {
+
+using Param = std::tuple<ReduceOp, DType, bool>;
+
+std::string name_of(const ::testing::TestParamInfo<Param>& info) {
+  const auto [op, dtype, in_place] = info.param;
+  return std::string(reduce_op_name(op)) + "_" + dtype_label(dtype) + (in_place ? "_in_place" : "_out_of_place");
+}
+
+void check_allreduce(Communicator& comm, ReduceOp op, DType dtype, bool in_place, std::size_t n) {
+  const Pattern pattern = pattern_for(op);
+  Data input = input_of(pattern, dtype, comm.rank(), n);
+  Data output(dtype, n);
+  if (in_place) {
+    comm.allreduce(input.buffer(), op);
+  } else {
+    comm.allreduce(input.buffer(), output.buffer(), op);
+  }
+  const Data& got = in_place ? input : output;
+  EXPECT_EQ(compare(got, [&](std::size_t i) { return reduced(op, pattern, dtype, comm.size(), i); },
+                    tolerance(op, dtype)),
+            "")
+      << "size " << n << " on rank " << comm.rank();
+  if (!in_place) {
+    // Out of place leaves the input alone.
+    EXPECT_EQ(compare(input, [&](std::size_t i) { return value(pattern, dtype, comm.rank(), i); }), "");
+  }
+}
+
+class AllreduceOnEveryRank : public ::testing::TestWithParam<Param> {};
+
+TEST_P(AllreduceOnEveryRank, MatchesTheReferenceAtEverySize) {
+  const auto [op, dtype, in_place] = GetParam();
+  if (!reduce_op_supports(op, dtype)) GTEST_SKIP() << op << " is rejected on " << dtype;
+  for (std::size_t n : kSizes) check_allreduce(world(), op, dtype, in_place, n);
+}
+
+TEST_P(AllreduceOnEveryRank, MatchesTheReferenceThroughTheRingWithTinySegments) {
+  const auto [op, dtype, in_place] = GetParam();
+  if (!reduce_op_supports(op, dtype)) GTEST_SKIP() << op << " is rejected on " << dtype;
+  static std::unique_ptr<MpiCommunicator> ring = [] {
+    Options options = test_options();
+    options.ring_threshold_bytes = 0;
+    options.segment_bytes = 24;  // a few elements per message
+    options.ring_window = 2;
+    return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
+  }();
+  for (std::size_t n : kSmallSizes) check_allreduce(*ring, op, dtype, in_place, n);
+  if (op == ReduceOp::sum && (dtype == DType::f32 || dtype == DType::bf16)) {
+    check_allreduce(*ring, op, dtype, in_place, kSizes.back());
+  }
+  // The last test using it frees it, while MPI is still initialised.
+  if (op == ReduceOp::prod && dtype == DType::u8 && in_place) ring.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOpsAndDTypes, AllreduceOnEveryRank,
+                         ::testing::Combine(::testing::Values(ReduceOp::sum, ReduceOp::avg, ReduceOp::max,
+                                                              ReduceOp::min, ReduceOp::prod),
+                                            ::testing::ValuesIn(tensor::kAllDTypes), ::testing::Bool()),
+                         name_of);
+
+TEST(Allreduce, OfBf16SumsRoundOncePerRingHopAndAgreeBitwiseOnEveryRank) {
+  // 1 + k * 2^-8 is not representable in bf16 (8 bits of mantissa): every hop rounds.
+  Communicator& comm = world();
+  const std::size_t n = 4099;
+  Data data(DType::bf16, n);
+  for (std::size_t i = 0; i < n; ++i) data.set(i, 1.0 + static_cast<double>((i + comm.rank()) % 5) / 256.0);
+  comm.allreduce(data.buffer());
+  // Within one rounding per hop of the exact sum ...
+  for (std::size_t i = 0; i < n; i += 97) {
+    double exact = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      exact += static_cast<float>(tensor::BFloat16(static_cast<float>(1.0 + static_cast<double>((i + r) % 5) / 256.0)));
+    }
+    EXPECT_NEAR(data.get(i), exact, comm.size() * exact / 256.0) << "element " << i;
+  }
+  // ... and the same bits everywhere: rank 0's result, broadcast, equals ours.
+  Data theirs = data;
+  comm.broadcast(theirs.buffer(), 0);
+  EXPECT_EQ(theirs.bytes, data.bytes);
+}
+
+TEST(Allreduce, OnAvgOfIntegersIsRejectedBeforeAnythingIsSent) {
+  Data data(DType::i32, 4);
+  const auto before = world().next_sequence();
+  EXPECT_THROW(world().allreduce(data.buffer(), ReduceOp::avg), InvalidArgument);
+  EXPECT_EQ(world().next_sequence(), before);
+}
+
+}  // namespace
+}  // namespace troupe::collectives::testing

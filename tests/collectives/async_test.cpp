@@ -1,0 +1,78 @@
+// Async forms: handles that overlap, test() without blocking, waits with a timeout,
+// and handles dropped before completion.
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "test_world.hpp"
+
+namespace troupe::collectives::testing {
+namespace {
+
+TEST(AsyncCollectives, OverlapAndEachDeliversItsOwnResult) {
+  Communicator& comm = world();
+  const int size = comm.size(), rank = comm.rank();
+  // Mixed kinds and sizes in flight together, one of them large enough for the ring.
+  const std::vector<std::size_t> sizes{1, 7, 1023, 300000, 5};
+  std::vector<Data> sums;
+  std::vector<Work> works;
+  for (std::size_t n : sizes) {
+    sums.push_back(input_of(Pattern::mixed, DType::f32, rank, n));
+  }
+  for (auto& d : sums) works.push_back(comm.allreduce_async(d.buffer()));
+  Data bcast = input_of(Pattern::mixed, DType::i64, rank, 1000);
+  works.push_back(comm.broadcast_async(bcast.buffer(), size - 1));
+  Data mine = input_of(Pattern::mixed, DType::bf16, rank, 33);
+  Data gathered(DType::bf16, 33 * static_cast<std::size_t>(size));
+  works.push_back(comm.allgather_async(mine.buffer(), gathered.buffer()));
+  // Sequence numbers follow call order.
+  for (std::size_t i = 1; i < works.size(); ++i) EXPECT_EQ(works[i].sequence(), works[i - 1].sequence() + 1);
+  // Waiting in reverse order completes the earlier ones too.
+  for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
+  for (auto& w : works) EXPECT_TRUE(w.is_success());
+  for (auto& d : sums) {
+    EXPECT_EQ(compare(d, [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::f32, size, i); }), "");
+  }
+  EXPECT_EQ(compare(bcast, [&](std::size_t i) { return value(Pattern::mixed, DType::i64, size - 1, i); }), "");
+  EXPECT_EQ(compare(gathered, [&](std::size_t i) { return value(Pattern::mixed, DType::bf16, static_cast<int>(i / 33), i % 33); }), "");
+}
+
+TEST(AsyncCollectives, TestReportsCompletionWithoutBlocking) {
+  Data data = input_of(Pattern::mixed, DType::f64, world().rank(), 4096);
+  Work work = world().allreduce_async(data.buffer(), ReduceOp::max);
+  while (!work.test()) {
+  }
+  EXPECT_TRUE(work.is_completed());
+  EXPECT_TRUE(work.is_success());
+  EXPECT_EQ(work.exception(), nullptr);
+  EXPECT_NO_THROW(work.wait(std::chrono::milliseconds(1)));
+  EXPECT_EQ(compare(data, [&](std::size_t i) { return reduced(ReduceOp::max, Pattern::mixed, DType::f64, world().size(), i); }), "");
+}
+
+TEST(AsyncCollectives, ADroppedHandleStillCompletesAndTheCommunicatorGoesOn) {
+  Data data = input_of(Pattern::mixed, DType::i32, world().rank(), 100000);
+  {
+    Work dropped = world().allreduce_async(data.buffer());
+  }  // no terminate, no cancel
+  world().barrier();  // waiting drives everything in flight, in order
+  EXPECT_EQ(compare(data, [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::i32, world().size(), i); }), "");
+}
+
+TEST(AsyncCollectives, ADefaultWorkIsAlreadyComplete) {
+  Work none;
+  EXPECT_TRUE(none.test());
+  EXPECT_TRUE(none.is_success());
+  EXPECT_NO_THROW(none.wait());
+}
+
+TEST(AsyncCollectives, DescribeNamesTheCollectiveItsSequenceAndSize) {
+  Data data(DType::bf16, 1023);
+  Work work = world().allreduce_async(data.buffer(), ReduceOp::sum);
+  const std::string text = work.describe();
+  work.wait();
+  EXPECT_NE(text.find("allreduce #" + std::to_string(work.sequence())), std::string::npos) << text;
+  EXPECT_NE(text.find("1023 x bf16"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace troupe::collectives::testing

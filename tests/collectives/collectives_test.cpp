@@ -1,0 +1,206 @@
+// broadcast, reduce, allgather, reduce_scatter, gather, scatter, barrier and send/recv:
+// every dtype x in-place/out-of-place x size (and every reduction where there is one),
+// against a reference every rank computes.
+#include <cstring>
+#include <string>
+#include <tuple>
+
+#include "test_world.hpp"
+
+namespace troupe::collectives::testing {
+namespace {
+
+using Param = std::tuple<DType, bool>;
+
+std::string name_of(const ::testing::TestParamInfo<Param>& info) {
+  const auto [dtype, in_place] = info.param;
+  return dtype_label(dtype) + (in_place ? "_in_place" : "_out_of_place");
+}
+
+constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::prod};
+
+class CollectivesOnEveryRank : public ::testing::TestWithParam<Param> {
+ protected:
+  Communicator& comm = world();
+  int rank = comm.rank();
+  int size = comm.size();
+  std::size_t n_ranks = static_cast<std::size_t>(comm.size());
+};
+
+TEST_P(CollectivesOnEveryRank, BroadcastCopiesEachRootsBufferEverywhere) {
+  const auto [dtype, in_place] = GetParam();
+  for (std::size_t n : kSizes) {
+    for (int root = 0; root < size; ++root) {
+      Data input = input_of(Pattern::mixed, dtype, rank, n);
+      Data output(dtype, n);
+      if (in_place) {
+        comm.broadcast(input.buffer(), root);
+      } else {
+        comm.broadcast(input.buffer(), output.buffer(), root);
+      }
+      EXPECT_EQ(compare(in_place ? input : output, [&](std::size_t i) { return value(Pattern::mixed, dtype, root, i); }),
+                "")
+          << "size " << n << " root " << root;
+      if (n > 1024) break;  // one root is enough at the large size
+    }
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, ReduceLeavesEveryReductionOnTheRoot) {
+  const auto [dtype, in_place] = GetParam();
+  for (ReduceOp op : kOps) {
+    if (!reduce_op_supports(op, dtype)) continue;
+    const Pattern pattern = pattern_for(op);
+    for (std::size_t n : kSizes) {
+      const int root = static_cast<int>(n % n_ranks);
+      Data input = input_of(pattern, dtype, rank, n);
+      Data output(dtype, n);
+      if (in_place) {
+        comm.reduce(input.buffer(), root, op);
+      } else {
+        comm.reduce(input.buffer(), output.buffer(), root, op);
+      }
+      if (rank == root) {
+        EXPECT_EQ(compare(in_place ? input : output,
+                          [&](std::size_t i) { return reduced(op, pattern, dtype, size, i); }, tolerance(op, dtype)),
+                  "")
+            << op << " size " << n;
+      }
+    }
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, AllgatherPutsRankIsInputAtBlockI) {
+  const auto [dtype, in_place] = GetParam();
+  for (std::size_t n : kSizes) {
+    Data output(dtype, n * n_ranks);
+    if (in_place) {
+      Data mine = input_of(Pattern::mixed, dtype, rank, n);
+      if (n) std::memcpy(output.bytes.data() + rank * mine.count * tensor::element_size(dtype), mine.bytes.data(),
+                         n * tensor::element_size(dtype));
+      comm.allgather(output.buffer());
+    } else {
+      Data input = input_of(Pattern::mixed, dtype, rank, n);
+      comm.allgather(input.buffer(), output.buffer());
+    }
+    EXPECT_EQ(compare(output,
+                      [&](std::size_t i) { return value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n); }),
+              "")
+        << "size " << n;
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, AllgatherIntoOneBufferPerRankFillsEach) {
+  const auto [dtype, in_place] = GetParam();
+  if (in_place) GTEST_SKIP() << "the list form has no in-place variant";
+  for (std::size_t n : kSmallSizes) {
+    Data input = input_of(Pattern::mixed, dtype, rank, n);
+    std::vector<Data> outputs(n_ranks, Data(dtype, n));
+    std::vector<Buffer> views;
+    for (auto& o : outputs) views.push_back(o.buffer());
+    comm.allgather(input.buffer(), std::span<const Buffer>(views));
+    for (int r = 0; r < size; ++r) {
+      EXPECT_EQ(compare(outputs[r], [&](std::size_t i) { return value(Pattern::mixed, dtype, r, i); }), "")
+          << "size " << n << " block " << r;
+    }
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, ReduceScatterLeavesBlockIReducedOnRankI) {
+  const auto [dtype, in_place] = GetParam();
+  for (ReduceOp op : kOps) {
+    if (!reduce_op_supports(op, dtype)) continue;
+    const Pattern pattern = pattern_for(op);
+    for (std::size_t n : kSizes) {
+      if (n > 1024 && op != ReduceOp::sum) continue;  // the large size once per dtype
+      Data input = input_of(pattern, dtype, rank, n * n_ranks);
+      Data output(dtype, n);
+      const std::size_t first = static_cast<std::size_t>(rank) * n;
+      if (in_place) {
+        comm.reduce_scatter(input.buffer(), op);
+        Data mine(dtype, n);
+        if (n) std::memcpy(mine.bytes.data(), input.bytes.data() + first * tensor::element_size(dtype),
+                           n * tensor::element_size(dtype));
+        output = mine;
+      } else {
+        comm.reduce_scatter(input.buffer(), output.buffer(), op);
+      }
+      EXPECT_EQ(compare(output, [&](std::size_t i) { return reduced(op, pattern, dtype, size, first + i); },
+                        tolerance(op, dtype)),
+                "")
+          << op << " size " << n;
+    }
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, GatherCollectsEveryInputOnTheRoot) {
+  const auto [dtype, in_place] = GetParam();
+  for (std::size_t n : kSizes) {
+    const int root = static_cast<int>((n + 1) % n_ranks);
+    Data output(dtype, rank == root ? n * n_ranks : 0);
+    Data input = input_of(Pattern::mixed, dtype, rank, n);
+    if (in_place && rank == root) {
+      if (n) std::memcpy(output.bytes.data() + rank * n * tensor::element_size(dtype), input.bytes.data(),
+                         n * tensor::element_size(dtype));
+      Buffer whole = output.buffer();
+      comm.gather(whole.slice(rank * n, n), whole, root);
+    } else {
+      comm.gather(input.buffer(), output.buffer(), root);
+    }
+    if (rank == root) {
+      EXPECT_EQ(compare(output,
+                        [&](std::size_t i) { return value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n); }),
+                "")
+          << "size " << n;
+    }
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, ScatterSendsBlockIOfTheRootToRankI) {
+  const auto [dtype, in_place] = GetParam();
+  for (std::size_t n : kSizes) {
+    const int root = static_cast<int>((n + 2) % n_ranks);
+    // The root's input: block i holds rank i's pattern.
+    Data input(dtype, rank == root ? n * n_ranks : 0);
+    for (std::size_t i = 0; i < input.count; ++i) input.set(i, value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n));
+    Data output(dtype, n);
+    if (in_place && rank == root) {
+      Buffer whole = input.buffer();
+      comm.scatter(whole, whole.slice(rank * n, n), root);
+      if (n) std::memcpy(output.bytes.data(), input.bytes.data() + rank * n * tensor::element_size(dtype),
+                         n * tensor::element_size(dtype));
+    } else {
+      comm.scatter(input.buffer(), output.buffer(), root);
+    }
+    EXPECT_EQ(compare(output, [&](std::size_t i) { return value(Pattern::mixed, dtype, rank, i); }), "")
+        << "size " << n;
+  }
+}
+
+TEST_P(CollectivesOnEveryRank, SendAndRecvPassABufferAroundTheRing) {
+  const auto [dtype, in_place] = GetParam();
+  if (in_place) GTEST_SKIP() << "point to point has no in-place form";
+  for (std::size_t n : kSizes) {
+    Data mine = input_of(Pattern::mixed, dtype, rank, n);
+    Data theirs(dtype, n);
+    const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+    if (size == 1) break;
+    Work received = comm.recv_async(theirs.buffer(), left, 5);
+    comm.send(mine.buffer(), right, 5);
+    received.wait();
+    EXPECT_EQ(compare(theirs, [&](std::size_t i) { return value(Pattern::mixed, dtype, left, i); }), "")
+        << "size " << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, CollectivesOnEveryRank,
+                         ::testing::Combine(::testing::ValuesIn(tensor::kAllDTypes), ::testing::Bool()), name_of);
+
+TEST(Barrier, ReturnsOnEveryRankAndNumbersTheCall) {
+  const auto before = world().next_sequence();
+  world().barrier();
+  EXPECT_EQ(world().next_sequence(), before + 1);
+}
+
+}  // namespace
+}  // namespace troupe::collectives::testing

@@ -1,0 +1,80 @@
+// Timeouts: a collective one rank never joins fails on the others with TimeoutError
+// within the timeout, naming the collective, its sequence number and size, and fails
+// the communicator. Afterwards the late rank joins, so the abandoned collective
+// completes inside MPI and the test ends cleanly.
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "test_world.hpp"
+#include "troupe/collectives/collective_error.hpp"
+
+namespace troupe::collectives::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::unique_ptr<MpiCommunicator> communicator_with_timeout(std::chrono::milliseconds timeout) {
+  Options options = test_options();
+  options.timeout = timeout;
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
+}
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
+  if (world().size() < 2) GTEST_SKIP() << "needs a rank that does not come";
+  auto comm = communicator_with_timeout(std::chrono::milliseconds(400));
+  const bool late = comm->rank() == comm->size() - 1;
+  // Never freed: after a timeout MPI may still write into an abandoned collective's buffer.
+  auto* data = new std::vector<float>(1000, 1.0f);
+  if (!late) {
+    const auto start = Clock::now();
+    std::string message;
+    try {
+      comm->allreduce(Buffer(*data));
+    } catch (const TimeoutError& e) {
+      message = e.what();
+    }
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    EXPECT_TRUE(contains(message, "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms")) << message;
+    EXPECT_GE(waited.count(), 400);
+    EXPECT_LT(waited.count(), 5000);
+    EXPECT_TRUE(comm->failed());
+    // Later calls fail fast instead of hanging.
+    const auto again = Clock::now();
+    EXPECT_THROW(comm->barrier(), CommunicatorFailed);
+    EXPECT_LT(Clock::now() - again, std::chrono::milliseconds(100));
+  }
+  world().barrier();
+  if (late) comm->allreduce(Buffer(*data));  // completes the others' abandoned allreduce
+  world().barrier();
+}
+
+TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
+  if (world().size() < 2) GTEST_SKIP() << "needs a rank that does not come";
+  auto comm = communicator_with_timeout(std::chrono::seconds(60));
+  const bool late = comm->rank() == 0;
+  auto* data = new std::vector<std::int64_t>(10, 1);
+  if (!late) {
+    Work work = comm->allreduce_async(Buffer(*data));
+    const auto start = Clock::now();
+    EXPECT_FALSE(work.test());
+    try {
+      work.wait(std::chrono::milliseconds(200));
+      ADD_FAILURE() << "wait returned although rank 0 never joined";
+    } catch (const TimeoutError& e) {
+      EXPECT_TRUE(contains(e.what(), "allreduce #0")) << e.what();
+      EXPECT_TRUE(contains(e.what(), "200 ms")) << e.what();
+    }
+    EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
+    EXPECT_TRUE(work.is_completed());  // failed with the communicator
+    EXPECT_FALSE(work.is_success());
+  }
+  world().barrier();
+  if (late) comm->allreduce(Buffer(*data));
+  world().barrier();
+}
+
+}  // namespace
+}  // namespace troupe::collectives::testing
