@@ -39,7 +39,26 @@ baseline run in the same process, on the same buffers.
   allocating (and first touching) the result; `add_`, `axpy_` and `scale_` work in
   place, and can beat `memcpy`, which reads the source and also has to fetch each
   destination line before writing it. Casts are `dst.copy_(src)` into a preallocated
-  tensor.""",
+  tensor; f32 <-> f16/bf16 run troupe's AVX2 loops on a CPU that has AVX2 and its
+  SSE2 ones elsewhere (one binary, picked at run time).""",
+    "train": """\
+One full training step of the digits MLP, `zero_grad`, forward, cross-entropy,
+backward and SGD (lr 0.05, momentum 0.9), at batch 64, on random inputs in [0, 1)
+and random labels (16 batches, cycled): troupe's nn module (`bench/train_bench.cpp`)
+against PyTorch eager on the identical model, batch, optimizer and data
+(`bench/torch_train_step.py`, Debian's python3-torch). Both zero gradients by
+dropping them (`set_to_none=True`).
+
+- One thread on both sides: `troupe::tensor::set_num_threads(1)`, which also pins
+  OpenBLAS; `torch.set_num_threads(1)` plus `OPENBLAS_NUM_THREADS=1`, as Debian's
+  PyTorch does its matrix products in the same OpenBLAS and leaves its pool alone.
+- samples/s = 64 × steps / process CPU time, the median of 5 repeats of about 0.2 s
+  after 20 warm-up steps, timed the same way in both programs. They are separate
+  processes, so each round runs both, taking turns at going first, and the round
+  with the median ratio is shown.
+- Target: issue 6 asks one rank to reach ">= 1.0x PyTorch's samples/s (plain, no
+  DDP)"; the ratio is shown against that line on 64-512-512-10 for information and
+  not counted as met or missed yet.""",
 }
 
 
@@ -84,6 +103,11 @@ def cell(text: str) -> str:
     return str(text).replace("|", "\\|")
 
 
+def value(v: float | None, unit: str) -> str:
+    """'104 GB/s', or a bare '—' for a value that is missing (a baseline that was skipped)."""
+    return "—" if v is None else f"{number(v)} {unit}"
+
+
 def table(rows: list[dict]) -> list[str]:
     lines = ["| case | troupe | baseline | baseline value | ratio | target | met |",
              "|---|---:|---|---:|---:|---|---|"]
@@ -91,9 +115,9 @@ def table(rows: list[dict]) -> list[str]:
         unit = r.get("unit", "")
         lines.append("| " + " | ".join([
             cell(r["case"]),
-            f"{number(r.get('troupe'))} {unit}",
+            value(r.get("troupe"), unit),
             cell(r.get("baseline", "")),
-            f"{number(r.get('baseline_value'))} {unit}",
+            value(r.get("baseline_value"), unit),
             ratio(r),
             cell(r.get("target") or ""),
             met(r),
