@@ -1,0 +1,185 @@
+// DistributedSampler and DataLoader: local objects, but run in the MPI binary like
+// the rest (every rank runs them; they need no communication).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+
+#include "troupe/error.hpp"
+#include "troupe/train/data_loader.hpp"
+#include "troupe/train/distributed_sampler.hpp"
+
+namespace troupe::train {
+namespace {
+
+std::vector<std::vector<std::int64_t>> parts(std::int64_t n, int replicas, SamplerOptions options, std::int64_t epoch = 0) {
+  std::vector<std::vector<std::int64_t>> out;
+  for (int r = 0; r < replicas; ++r) {
+    DistributedSampler s(n, replicas, r, options);
+    s.set_epoch(epoch);
+    out.push_back(s.indices());
+  }
+  return out;
+}
+
+TEST(DistributedSampler, PartsAreDisjointEqualAndCoverEverySampleWhenTheyDivideEvenly) {
+  for (int replicas : {1, 2, 3, 4}) {
+    const auto p = parts(12, replicas, {.seed = 5});
+    std::multiset<std::int64_t> seen;
+    for (const auto& part : p) {
+      EXPECT_EQ(part.size(), 12u / static_cast<unsigned>(replicas));
+      seen.insert(part.begin(), part.end());
+    }
+    std::multiset<std::int64_t> want;
+    for (std::int64_t i = 0; i < 12; ++i) want.insert(i);
+    EXPECT_EQ(seen, want) << replicas << " replicas";
+  }
+}
+
+TEST(DistributedSampler, PadsWithTheFirstIndicesToEqualLengthsOrDropsTheTail) {
+  // 10 samples on 4 replicas: padded to 12 (3 each, two repeats) or cut to 8 (2 each).
+  const auto padded = parts(10, 4, {.seed = 9});
+  std::set<std::int64_t> distinct;
+  std::size_t total = 0;
+  for (const auto& part : padded) {
+    EXPECT_EQ(part.size(), 3u);
+    distinct.insert(part.begin(), part.end());
+    total += part.size();
+  }
+  EXPECT_EQ(total, 12u);
+  EXPECT_EQ(distinct.size(), 10u) << "every sample appears; two of them twice";
+  const auto order = epoch_permutation(10, 9, 0);
+  // The padding is the permutation's first two indices, at positions 10 and 11:
+  // rank 2 and rank 3's last element.
+  EXPECT_EQ(padded[2].back(), order[0]);
+  EXPECT_EQ(padded[3].back(), order[1]);
+
+  const auto dropped = parts(10, 4, {.seed = 9, .drop_last = true});
+  std::set<std::int64_t> kept;
+  for (const auto& part : dropped) {
+    EXPECT_EQ(part.size(), 2u);
+    kept.insert(part.begin(), part.end());
+  }
+  EXPECT_EQ(kept.size(), 8u) << "disjoint, and the last 2 of the permutation are dropped";
+  EXPECT_FALSE(kept.count(order[8]));
+  EXPECT_FALSE(kept.count(order[9]));
+}
+
+TEST(DistributedSampler, ShufflesPerEpochTheSameWayOnEveryRankAndRun) {
+  const auto a = epoch_permutation(100, 1, 0), b = epoch_permutation(100, 1, 1), c = epoch_permutation(100, 2, 0);
+  EXPECT_NE(a, b);
+  EXPECT_NE(a, c);
+  EXPECT_EQ(a, epoch_permutation(100, 1, 0));
+  DistributedSampler s(100, 1, 0, {.seed = 1});
+  s.set_epoch(1);
+  EXPECT_EQ(s.indices(), b);
+  DistributedSampler ordered(5, 1, 0, {.shuffle = false});
+  EXPECT_EQ(ordered.indices(), (std::vector<std::int64_t>{0, 1, 2, 3, 4}));
+}
+
+TEST(DistributedSampler, StridedPartsOfBatchBMakeTheSingleRankBatchOfRTimesB) {
+  DistributedSampler one(64, 1, 0, {.seed = 3});
+  const auto& whole = one.indices();
+  for (int r = 0; r < 4; ++r) {
+    DistributedSampler s(64, 4, r, {.seed = 3});
+    for (std::int64_t k = 0; k < 4; ++k) {  // batch k of 4 on rank r
+      const auto batch = s.take(4);
+      for (auto i : batch) {
+        const auto pos = std::find(whole.begin(), whole.end(), i) - whole.begin();
+        EXPECT_GE(pos, 16 * k);
+        EXPECT_LT(pos, 16 * (k + 1));
+      }
+    }
+  }
+}
+
+TEST(DistributedSampler, ResumesMidEpochFromItsStateDict) {
+  DistributedSampler a(50, 2, 1, {.seed = 4});
+  a.set_epoch(3);
+  a.take(7);
+  const nn::StateDict state = a.state_dict();
+  DistributedSampler b(50, 2, 1, {.seed = 999});
+  b.load_state_dict(state);
+  EXPECT_EQ(b.epoch(), 3);
+  EXPECT_EQ(b.position(), 7);
+  EXPECT_EQ(b.remaining(), a.remaining());
+  EXPECT_EQ(b.take(100), a.take(100));
+  EXPECT_TRUE(b.exhausted());
+}
+
+TEST(DistributedSampler, RefusesAStateForAnotherWorldSizeOrDataSet) {
+  DistributedSampler a(50, 2, 0);
+  DistributedSampler other_world(50, 4, 0), other_data(51, 2, 0);
+  EXPECT_THROW(other_world.load_state_dict(a.state_dict()), InvalidArgument);
+  try {
+    other_data.load_state_dict(a.state_dict());
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("50 samples over 2 replicas"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(DistributedSampler(10, 2, 2), InvalidArgument);
+}
+
+TEST(DataLoader, YieldsTheSamplersIndicesInBatchesAndMovesItsPositionOnlyWhenHandedOut) {
+  DistributedSampler sampler(23, 1, 0, {.seed = 2});
+  DataLoader<std::vector<std::int64_t>> loader(sampler, 5, [](const std::vector<std::int64_t>& idx) { return idx; }, 3);
+  EXPECT_EQ(loader.batches_per_epoch(), 5);
+  std::vector<std::int64_t> seen;
+  int batches = 0;
+  while (auto batch = loader.next()) {
+    ++batches;
+    seen.insert(seen.end(), batch->begin(), batch->end());
+    EXPECT_EQ(sampler.position(), static_cast<std::int64_t>(seen.size()))
+        << "prefetched batches must not count as consumed";
+  }
+  EXPECT_EQ(batches, 5);
+  EXPECT_EQ(seen, sampler.indices());
+  EXPECT_FALSE(loader.next().has_value()) << "the epoch stays ended until set_epoch";
+  sampler.set_epoch(1);
+  auto first = loader.next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, std::vector<std::int64_t>(sampler.indices().begin(), sampler.indices().begin() + 5));
+}
+
+TEST(DataLoader, ResumesFromARestoredSamplerPosition) {
+  DistributedSampler a(40, 2, 0, {.seed = 8});
+  DataLoader<std::vector<std::int64_t>> la(a, 4, [](const auto& idx) { return idx; });
+  la.next();
+  la.next();
+  const auto state = a.state_dict();
+  std::vector<std::int64_t> rest_a;
+  while (auto b = la.next()) rest_a.insert(rest_a.end(), b->begin(), b->end());
+
+  DistributedSampler b(40, 2, 0, {.seed = 8});
+  b.load_state_dict(state);
+  DataLoader<std::vector<std::int64_t>> lb(b, 4, [](const auto& idx) { return idx; });
+  std::vector<std::int64_t> rest_b;
+  while (auto batch = lb.next()) rest_b.insert(rest_b.end(), batch->begin(), batch->end());
+  EXPECT_EQ(rest_b, rest_a);
+  EXPECT_EQ(rest_b.size(), 12u);
+}
+
+TEST(DataLoader, DropLastLeavesOutTheShortBatchAndCollateErrorsReachNext) {
+  DistributedSampler sampler(10, 1, 0);
+  DataLoader<std::size_t> loader(sampler, 4, [](const auto& idx) { return idx.size(); }, 2, /*drop_last=*/true);
+  EXPECT_EQ(loader.batches_per_epoch(), 2);
+  int n = 0;
+  while (auto b = loader.next()) {
+    EXPECT_EQ(*b, 4u);
+    ++n;
+  }
+  EXPECT_EQ(n, 2);
+
+  DistributedSampler s2(10, 1, 0);
+  DataLoader<int> failing(s2, 4, [](const auto& idx) -> int {
+    if (idx.size() < 4) throw std::runtime_error("bad sample in the last batch");
+    return 1;
+  });
+  EXPECT_EQ(*failing.next(), 1);
+  EXPECT_EQ(*failing.next(), 1);
+  EXPECT_THROW(failing.next(), std::runtime_error);
+}
+
+}  // namespace
+}  // namespace troupe::train

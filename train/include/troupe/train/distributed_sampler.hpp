@@ -1,0 +1,85 @@
+// DistributedSampler: which samples each rank sees in an epoch
+// (torch.utils.data.DistributedSampler), resumable from inside an epoch.
+//
+// Per epoch, the indices 0..n-1 are shuffled with a generator seeded by
+// (seed, epoch) -- the same permutation on every rank, a different one per epoch
+// (call set_epoch at the start of each). The permutation is then made a multiple of
+// the number of replicas: padded by repeating its first indices, or with drop_last
+// cut at the largest multiple. Rank r takes positions r, r+R, r+2R, ... (strided, as
+// PyTorch does), so the parts are disjoint apart from padding, all of equal length,
+// and the k-th batch of B on every rank together is exactly the k-th batch of R*B of
+// the single-rank order: R ranks x batch B see the same samples per step as one rank
+// x batch R*B.
+//
+// The shuffle is our own Fisher-Yates over std::mt19937_64, both fully specified by
+// the C++ standard, so a permutation is the same with every compiler and library.
+//
+// Position: how many of this rank's indices of the epoch were consumed (advance()).
+// It is the resumable part of the state: a run restored from state_dict() continues
+// with the next unconsumed index of the same epoch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "troupe/nn/state_dict.hpp"
+
+namespace troupe::train {
+
+struct SamplerOptions {
+  bool shuffle = true;
+  std::uint64_t seed = 0;
+  // Drop the tail that does not divide evenly instead of padding to equal parts.
+  bool drop_last = false;
+};
+
+class DistributedSampler {
+ public:
+  DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, SamplerOptions options = {});
+
+  // Starts epoch `epoch` from its beginning.
+  void set_epoch(std::int64_t epoch);
+  std::int64_t epoch() const { return epoch_; }
+
+  std::int64_t dataset_size() const { return dataset_size_; }
+  int num_replicas() const { return num_replicas_; }
+  int rank() const { return rank_; }
+  const SamplerOptions& options() const { return options_; }
+  // Indices per rank per epoch, and in total (num_samples * num_replicas).
+  std::int64_t num_samples() const { return num_samples_; }
+  std::int64_t total_size() const { return num_samples_ * num_replicas_; }
+
+  // This rank's indices for the current epoch, all of them.
+  const std::vector<std::int64_t>& indices() const { return indices_; }
+  // The ones not yet consumed.
+  std::vector<std::int64_t> remaining() const;
+  // Consumed indices of this epoch; advance() moves it on.
+  std::int64_t position() const { return position_; }
+  void advance(std::int64_t count);
+  bool exhausted() const { return position_ >= num_samples_; }
+  // The next `count` indices (fewer at the end), consumed.
+  std::vector<std::int64_t> take(std::int64_t count);
+
+  // seed, epoch, position and the shape it was made for (dataset size, replicas,
+  // drop_last, shuffle) as 0-dim i64 tensors. Loading checks the shape against this
+  // sampler's, so a checkpoint from another data set or world size is refused.
+  nn::StateDict state_dict() const;
+  void load_state_dict(const nn::StateDict& dict);
+
+ private:
+  void build_indices();
+
+  std::int64_t dataset_size_;
+  int num_replicas_;
+  int rank_;
+  SamplerOptions options_;
+  std::int64_t num_samples_ = 0;
+  std::int64_t epoch_ = 0;
+  std::int64_t position_ = 0;
+  std::vector<std::int64_t> indices_;
+};
+
+// The permutation of 0..n-1 for (seed, epoch): what every rank derives its part from.
+std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch);
+
+}  // namespace troupe::train

@@ -1,0 +1,112 @@
+#include "troupe/train/distributed_sampler.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+
+#include "troupe/error.hpp"
+
+namespace troupe::train {
+
+std::vector<std::int64_t> epoch_permutation(std::int64_t n, std::uint64_t seed, std::int64_t epoch) {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), std::int64_t{0});
+  // seed + epoch as in PyTorch, spread by an odd constant so that neighbouring
+  // (seed, epoch) pairs do not share a stream.
+  std::mt19937_64 rng(seed + static_cast<std::uint64_t>(epoch) * 0x9E3779B97F4A7C15ull);
+  for (std::size_t i = order.size(); i > 1; --i) {
+    // Unbiased draw in [0, i): rejection of the top remainder of the 64-bit range.
+    const std::uint64_t bound = i, limit = ~std::uint64_t{0} - (~std::uint64_t{0} % bound);
+    std::uint64_t r = rng();
+    while (r >= limit) r = rng();
+    std::swap(order[i - 1], order[static_cast<std::size_t>(r % bound)]);
+  }
+  return order;
+}
+
+DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replicas, int rank, SamplerOptions options)
+    : dataset_size_(dataset_size), num_replicas_(num_replicas), rank_(rank), options_(options) {
+  TROUPE_CHECK(dataset_size >= 0, "DistributedSampler: dataset size must be >= 0, got ", dataset_size);
+  TROUPE_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", num_replicas);
+  TROUPE_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: rank ", rank, " is outside [0, ", num_replicas,
+               ")");
+  num_samples_ = options_.drop_last ? dataset_size / num_replicas : (dataset_size + num_replicas - 1) / num_replicas;
+  build_indices();
+}
+
+void DistributedSampler::build_indices() {
+  std::vector<std::int64_t> order(static_cast<std::size_t>(dataset_size_));
+  if (options_.shuffle) order = epoch_permutation(dataset_size_, options_.seed, epoch_);
+  else std::iota(order.begin(), order.end(), std::int64_t{0});
+  const std::size_t total = static_cast<std::size_t>(total_size());
+  // Padding repeats the permutation from its start (several times over if the data
+  // set is smaller than the number of replicas).
+  for (std::size_t i = 0; order.size() < total && dataset_size_ > 0; ++i) order.push_back(order[i]);
+  order.resize(total);
+  indices_.clear();
+  indices_.reserve(static_cast<std::size_t>(num_samples_));
+  for (std::size_t i = static_cast<std::size_t>(rank_); i < total; i += static_cast<std::size_t>(num_replicas_))
+    indices_.push_back(order[i]);
+}
+
+void DistributedSampler::set_epoch(std::int64_t epoch) {
+  TROUPE_CHECK(epoch >= 0, "DistributedSampler::set_epoch: epoch must be >= 0, got ", epoch);
+  epoch_ = epoch;
+  position_ = 0;
+  build_indices();
+}
+
+std::vector<std::int64_t> DistributedSampler::remaining() const {
+  return std::vector<std::int64_t>(indices_.begin() + std::min(position_, num_samples_), indices_.end());
+}
+
+void DistributedSampler::advance(std::int64_t count) {
+  TROUPE_CHECK(count >= 0 && position_ + count <= num_samples_, "DistributedSampler::advance: ", count,
+               " more indices from position ", position_, " passes the epoch's ", num_samples_);
+  position_ += count;
+}
+
+std::vector<std::int64_t> DistributedSampler::take(std::int64_t count) {
+  TROUPE_CHECK(count >= 0, "DistributedSampler::take: count must be >= 0, got ", count);
+  const std::int64_t n = std::min(count, num_samples_ - position_);
+  std::vector<std::int64_t> out(indices_.begin() + position_, indices_.begin() + position_ + n);
+  position_ += n;
+  return out;
+}
+
+nn::StateDict DistributedSampler::state_dict() const {
+  nn::StateDict dict;
+  auto i64 = [](std::int64_t v) {
+    Tensor t = Tensor::empty({}, DType::i64);  // 0-dim, exact for all 64 bits (a double is not)
+    *t.data<std::int64_t>() = v;
+    return t;
+  };
+  dict.insert("seed", i64(static_cast<std::int64_t>(options_.seed)));  // the bits, read back the same way
+  dict.insert("epoch", i64(epoch_));
+  dict.insert("position", i64(position_));
+  dict.insert("dataset_size", i64(dataset_size_));
+  dict.insert("num_replicas", i64(num_replicas_));
+  dict.insert("drop_last", i64(options_.drop_last ? 1 : 0));
+  dict.insert("shuffle", i64(options_.shuffle ? 1 : 0));
+  return dict;
+}
+
+void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
+  auto get = [&](const char* key) { return dict.at(key).to_vector<std::int64_t>().at(0); };
+  const std::int64_t size = get("dataset_size"), replicas = get("num_replicas");
+  const bool drop_last = get("drop_last") != 0, shuffle = get("shuffle") != 0;
+  TROUPE_CHECK(size == dataset_size_ && replicas == num_replicas_ && drop_last == options_.drop_last &&
+                   shuffle == options_.shuffle,
+               "DistributedSampler::load_state_dict: the state is for ", size, " samples over ", replicas,
+               " replicas (drop_last ", drop_last, ", shuffle ", shuffle, "), this sampler has ", dataset_size_,
+               " over ", num_replicas_, " (drop_last ", options_.drop_last, ", shuffle ", options_.shuffle, ")");
+  const std::int64_t epoch = get("epoch"), position = get("position");
+  TROUPE_CHECK(epoch >= 0 && position >= 0 && position <= num_samples_,
+               "DistributedSampler::load_state_dict: epoch ", epoch, " / position ", position,
+               " out of range (", num_samples_, " samples per rank)");
+  options_.seed = static_cast<std::uint64_t>(get("seed"));
+  set_epoch(epoch);
+  position_ = position;
+}
+
+}  // namespace troupe::train
