@@ -66,6 +66,11 @@ void Engine::progress() {
   progress_locked();
 }
 
+bool Engine::idle() const {
+  std::lock_guard lock(mutex_);
+  return in_flight_.empty();
+}
+
 void Engine::progress_locked() {
   // In order: an operation may depend on the one before it (a staged allgather on
   // its flat allgather), and MPI matches collectives in posting order anyway.

@@ -42,6 +42,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void launch(const std::shared_ptr<Operation>& operation, bool blocking);
   // Polls every in-flight operation once.
   void progress();
+  // Nothing is in flight (so a blocking MPI call cannot overtake or starve one).
+  bool idle() const;
   // Polls until `operation` and every operation launched before it are done, or
   // `timeout` passes; rethrows the operation's error.
   void wait(Operation& operation, std::chrono::milliseconds timeout);

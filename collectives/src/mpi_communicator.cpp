@@ -1,9 +1,11 @@
 #include "troupe/collectives/mpi_communicator.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <vector>
 
 #include "allreduce_ring.hpp"
+#include "blocking_watchdog.hpp"
 #include "engine.hpp"
 #include "mpi_request_operation.hpp"
 #include "signature_check.hpp"
@@ -61,6 +63,9 @@ void MpiCommunicator::set_up() {
   int flag = 0;
   TROUPE_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag));
   if (flag && tag_ub) tag_limit_ = *tag_ub;
+  if (options().timeout != kNoTimeout) {
+    watchdog_ = std::make_unique<detail::BlockingWatchdog>(options().timeout, rank(), size());
+  }
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -107,6 +112,7 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
       throw;
     }
   }
+  if (try_direct(c, blocking)) return Work();
   const bool ring = c.kind == CollectiveKind::allreduce && size() > 1 && c.count >= static_cast<std::size_t>(size()) &&
                     c.count * tensor::element_size(c.dtype) >= options().ring_threshold_bytes;
   if (ring) {
@@ -116,6 +122,22 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
                   blocking);
   }
   return launch(detail::make_mpi_operation(c, comm_, p2p_comm_, rank(), size()), blocking);
+}
+
+bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
+  if (!blocking || options().debug || c.is_point_to_point()) return false;
+  const std::size_t bytes = std::max(c.input.nbytes(), c.output.nbytes());
+  if (bytes > options().direct_blocking_bytes || !engine().idle()) return false;
+  if (watchdog_) watchdog_->begin(c);
+  try {
+    detail::run_mpi_blocking(c, comm_, rank(), size());
+  } catch (...) {
+    if (watchdog_) watchdog_->end();
+    fail(c.describe() + " failed");
+    throw;
+  }
+  if (watchdog_) watchdog_->end();
+  return true;
 }
 
 std::unique_ptr<Communicator> world_communicator(Options options) {

@@ -32,8 +32,7 @@ MpiRequestOperation::Finish divide_if_avg(const Collective& c, void* data, std::
 
 }  // namespace
 
-std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm, MPI_Comm p2p_comm, int rank,
-                                              int size) {
+MpiCall make_mpi_call(const Collective& c, MPI_Comm comm, MPI_Comm p2p_comm, int rank, int size) {
   using K = CollectiveKind;
   using Post = MpiRequestOperation::Post;
   const MPI_Datatype type = mpi_datatype(c.dtype);
@@ -47,7 +46,8 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
     case K::allreduce: {
       const MPI_Op op = mpi_op(c.op, c.dtype);
       void* send = in_place_or(c, in);
-      post = [=](MPI_Request* r) { TROUPE_MPI_CHECK(MPI_Iallreduce(send, out, count, type, op, comm, r)); };
+      post = [=](MPI_Request* r) { TROUPE_MPI_CHECK(r ? MPI_Iallreduce(send, out, count, type, op, comm, r)
+                            : MPI_Allreduce(send, out, count, type, op, comm)); };
       finish = divide_if_avg(c, out, c.count, size);
       break;
     }
@@ -57,7 +57,7 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
       const int root = c.root;
       post = [=](MPI_Request* r) {
         if (copy) std::memcpy(out, in, bytes);
-        TROUPE_MPI_CHECK(MPI_Ibcast(out, count, type, root, comm, r));
+        TROUPE_MPI_CHECK(r ? MPI_Ibcast(out, count, type, root, comm, r) : MPI_Bcast(out, count, type, root, comm));
       };
       break;
     }
@@ -67,7 +67,9 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
       const bool is_root = rank == root;
       void* send = is_root && c.in_place ? MPI_IN_PLACE : in;
       post = [=](MPI_Request* r) {
-        TROUPE_MPI_CHECK(MPI_Ireduce(send, is_root ? out : nullptr, count, type, op, root, comm, r));
+        void* recv = is_root ? out : nullptr;
+        TROUPE_MPI_CHECK(r ? MPI_Ireduce(send, recv, count, type, op, root, comm, r)
+                           : MPI_Reduce(send, recv, count, type, op, root, comm));
       };
       if (is_root) finish = divide_if_avg(c, out, c.count, size);
       break;
@@ -75,11 +77,11 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
     case K::allgather: {
       const bool in_place = c.in_place;
       post = [=](MPI_Request* r) {
-        if (in_place) {
-          TROUPE_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out, count, type, comm, r));
-        } else {
-          TROUPE_MPI_CHECK(MPI_Iallgather(in, count, type, out, count, type, comm, r));
-        }
+        const void* send = in_place ? MPI_IN_PLACE : in;
+        const int send_count = in_place ? 0 : count;
+        const MPI_Datatype send_type = in_place ? MPI_DATATYPE_NULL : type;
+        TROUPE_MPI_CHECK(r ? MPI_Iallgather(send, send_count, send_type, out, count, type, comm, r)
+                           : MPI_Allgather(send, send_count, send_type, out, count, type, comm));
       };
       break;
     }
@@ -88,8 +90,10 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
       const bool in_place = c.in_place;
       post = [=](MPI_Request* r) {
         // In place, MPI reads the whole buffer and leaves block 0's result at its start.
-        TROUPE_MPI_CHECK(MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : in, in_place ? in : out, count, type, op,
-                                                   comm, r));
+        const void* send = in_place ? MPI_IN_PLACE : in;
+        void* recv = in_place ? in : out;
+        TROUPE_MPI_CHECK(r ? MPI_Ireduce_scatter_block(send, recv, count, type, op, comm, r)
+                           : MPI_Reduce_scatter_block(send, recv, count, type, op, comm));
       };
       const std::size_t bytes = c.output.nbytes();
       auto avg = divide_if_avg(c, out, c.count, size);
@@ -104,7 +108,9 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
       const bool is_root = rank == root;
       void* send = is_root && c.in_place ? MPI_IN_PLACE : in;
       post = [=](MPI_Request* r) {
-        TROUPE_MPI_CHECK(MPI_Igather(send, count, type, is_root ? out : nullptr, count, type, root, comm, r));
+        void* recv = is_root ? out : nullptr;
+        TROUPE_MPI_CHECK(r ? MPI_Igather(send, count, type, recv, count, type, root, comm, r)
+                           : MPI_Gather(send, count, type, recv, count, type, root, comm));
       };
       break;
     }
@@ -113,12 +119,14 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
       const bool is_root = rank == root;
       void* recv = is_root && c.in_place ? MPI_IN_PLACE : out;
       post = [=](MPI_Request* r) {
-        TROUPE_MPI_CHECK(MPI_Iscatter(is_root ? in : nullptr, count, type, recv, count, type, root, comm, r));
+        const void* send = is_root ? in : nullptr;
+        TROUPE_MPI_CHECK(r ? MPI_Iscatter(send, count, type, recv, count, type, root, comm, r)
+                           : MPI_Scatter(send, count, type, recv, count, type, root, comm));
       };
       break;
     }
     case K::barrier:
-      post = [=](MPI_Request* r) { TROUPE_MPI_CHECK(MPI_Ibarrier(comm, r)); };
+      post = [=](MPI_Request* r) { TROUPE_MPI_CHECK(r ? MPI_Ibarrier(comm, r) : MPI_Barrier(comm)); };
       break;
     case K::send: {
       const int to = c.root, tag = c.tag;
@@ -139,7 +147,23 @@ std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm
       break;
     }
   }
-  return std::make_shared<MpiRequestOperation>(c, std::move(post), std::move(finish), std::move(peer));
+  return {std::move(post), std::move(finish), std::move(peer)};
+}
+
+std::shared_ptr<Operation> make_mpi_operation(const Collective& c, MPI_Comm comm, MPI_Comm p2p_comm, int rank,
+                                              int size) {
+  MpiCall call = make_mpi_call(c, comm, p2p_comm, rank, size);
+  return std::make_shared<MpiRequestOperation>(c, std::move(call.post), std::move(call.finish), std::move(call.peer));
+}
+
+void run_mpi_blocking(const Collective& c, MPI_Comm comm, int rank, int size) {
+  TROUPE_CHECK(!c.is_point_to_point(), c.describe(), ": send/recv have no blocking fast path");
+  MpiCall call = make_mpi_call(c, comm, MPI_COMM_NULL, rank, size);
+  call.post(nullptr);
+  if (call.finish) {
+    MPI_Status status{};
+    call.finish(status);
+  }
 }
 
 }  // namespace troupe::collectives::detail

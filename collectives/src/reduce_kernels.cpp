@@ -63,11 +63,34 @@ inline std::uint16_t narrow_bf16(float f) {
 
 // 16-bit floats: widen the raw words to f32, combine, round once.
 template <template <class> class F>
-void combine_bf16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
-                  float scale) {
+inline void combine_bf16_loop(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                              float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     dst[i] = narrow_bf16(F<float>::apply(widen_bf16(a[i]), widen_bf16(b[i])) * scale);
   }
+}
+// The same loop compiled for AVX2: the baseline (SSE2) has no 32 -> 16 bit pack and
+// runs 3.5x slower, which made a bf16 allreduce no faster than f32 one of twice the bytes.
+#if defined(__x86_64__) && defined(__GNUC__)
+template <template <class> class F>
+[[gnu::target("avx2")]] void combine_bf16_avx2(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b,
+                                               std::size_t n, float scale) {
+  combine_bf16_loop<F>(dst, a, b, n, scale);
+}
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+#else
+template <template <class> class F>
+void combine_bf16_avx2(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                       float scale) {
+  combine_bf16_loop<F>(dst, a, b, n, scale);
+}
+const bool kHaveAvx2 = false;
+#endif
+template <template <class> class F>
+void combine_bf16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
+                  float scale) {
+  if (kHaveAvx2) return combine_bf16_avx2<F>(dst, a, b, n, scale);
+  combine_bf16_loop<F>(dst, a, b, n, scale);
 }
 template <template <class> class F>
 void combine_f16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,

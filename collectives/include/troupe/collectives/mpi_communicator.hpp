@@ -6,7 +6,9 @@
 //
 // Collectives are MPI's non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), posted on
 // the caller's thread and completed by polling MPI_Test (work.hpp), except large
-// allreduces, which run the pipelined ring (allreduce_ring.hpp) over point-to-point.
+// allreduces, which run the pipelined ring (allreduce_ring.hpp) over point-to-point,
+// and small blocking calls, which call MPI's blocking function directly under a
+// watchdog (Options::direct_blocking_bytes).
 // f16/bf16 reduce through user-defined MPI ops that combine in f32 (reduce_op.hpp).
 // Buffers must be host memory; a CUDA buffer is refused before anything is sent.
 //
@@ -22,6 +24,10 @@
 #include "troupe/collectives/communicator.hpp"
 
 namespace troupe::collectives {
+
+namespace detail {
+class BlockingWatchdog;
+}
 
 class MpiCommunicator : public Communicator {
  public:
@@ -47,10 +53,14 @@ class MpiCommunicator : public Communicator {
   void set_up();
   void check_host(const Collective& collective, const Buffer& buffer, const char* which) const;
 
+  // Runs `collective` as one blocking MPI call if the fast path applies.
+  bool try_direct(const Collective& collective, bool blocking);
+
   MPI_Comm comm_ = MPI_COMM_NULL;        // collectives and the ring's messages
   MPI_Comm p2p_comm_ = MPI_COMM_NULL;    // user send/recv, so user tags cannot meet ring tags
   MPI_Comm debug_comm_ = MPI_COMM_NULL;  // debug-mode signature exchange
   int tag_limit_ = 32767;                // MPI_TAG_UB
+  std::unique_ptr<detail::BlockingWatchdog> watchdog_;  // null without a timeout
 };
 
 }  // namespace troupe::collectives

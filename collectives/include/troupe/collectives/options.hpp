@@ -12,7 +12,8 @@ inline constexpr std::chrono::milliseconds kNoTimeout = std::chrono::millisecond
 struct Options {
   // How long a blocking call, or Work::wait() without an argument, waits before it
   // throws TimeoutError and fails the communicator. A hang becomes an error naming the
-  // collective instead of a job that never ends. kNoTimeout waits forever.
+  // collective instead of a job that never ends (a small blocking call that went
+  // straight to MPI aborts instead: see direct_blocking_bytes). kNoTimeout waits forever.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 
   // Verify at every collective that all ranks issued the same (kind, count, dtype, op,
@@ -41,6 +42,17 @@ struct Options {
   // MPI moves data only inside MPI calls). It sleeps on a condition variable when idle
   // and backs off while polling.
   bool progress_thread = true;
+
+  // Blocking collectives (not send/recv) whose larger buffer holds at most this many
+  // bytes call MPI's blocking function (MPI_Allreduce, MPI_Barrier, ...) on the
+  // caller's thread when nothing else is in flight and debug is off: Open MPI's non-blocking
+  // collectives cost 2-3x more at small sizes, where latency is everything. MPI cannot
+  // interrupt such a call, so its timeout is kept by a watchdog thread that, when the
+  // call overruns Options::timeout, prints which collective hung (name, sequence
+  // number, size, rank) and aborts the job, as PyTorch's NCCL watchdog does; the
+  // supervisor then restarts it. 0 sends every call through the non-blocking path,
+  // where a timeout is a TimeoutError instead.
+  std::size_t direct_blocking_bytes = std::size_t{64} << 10;
 };
 
 // Options with `debug` taken from TROUPE_DEBUG_COLLECTIVES (1/true/on).

@@ -1,0 +1,46 @@
+// BlockingWatchdog: keeps the timeout of collectives that run as one blocking MPI call
+// (Options::direct_blocking_bytes), which nothing can interrupt once MPI is inside it.
+//
+// The caller brackets the call with begin()/end(): two uncontended lock round trips,
+// no thread wake-up, so the fast path stays fast. A thread of the watchdog's own,
+// started on first use, looks every timeout/4 (at most once a second) at the call in
+// progress; one older than the timeout is a hang that no exception can report, so it
+// prints the collective, its sequence number and size and the rank to stderr and
+// aborts the job (MPI_Abort), for mpirun and troupe-run to see — the same choice
+// PyTorch's NCCL watchdog makes.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "troupe/collectives/collective.hpp"
+
+namespace troupe::collectives::detail {
+
+class BlockingWatchdog {
+ public:
+  BlockingWatchdog(std::chrono::milliseconds timeout, int rank, int size);
+  BlockingWatchdog(const BlockingWatchdog&) = delete;
+  BlockingWatchdog& operator=(const BlockingWatchdog&) = delete;
+  ~BlockingWatchdog();
+
+  // `collective` must stay alive until end().
+  void begin(const Collective& collective);
+  void end();
+
+ private:
+  void watch();
+
+  const std::chrono::milliseconds timeout_;
+  const int rank_, size_;
+  std::mutex mutex_;
+  std::condition_variable stop_;
+  bool stopping_ = false;
+  const Collective* current_ = nullptr;
+  std::chrono::steady_clock::time_point started_;
+  std::thread thread_;
+};
+
+}  // namespace troupe::collectives::detail
