@@ -237,6 +237,9 @@ void Communicator::allgather(Buffer input, Buffer output) { run(make(K::allgathe
 void Communicator::allgather(Buffer inout) { allgather_async(inout).wait(); }
 
 Work Communicator::allgather_async(Buffer input, std::span<const Buffer> outputs) {
+  // The staging buffer is host memory, copied with memcpy.
+  TROUPE_CHECK(input.device.is_cpu(), "allgather into separate outputs takes host buffers, but the input is on ",
+               input.device, "; for CUDA buffers gather into one flat output and take views of it");
   TROUPE_CHECK(outputs.size() == static_cast<std::size_t>(size_), "allgather: ", outputs.size(),
                " output buffers given for ", size_, " ranks");
   for (std::size_t i = 0; i < outputs.size(); ++i) {

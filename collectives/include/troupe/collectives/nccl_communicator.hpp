@@ -1,0 +1,59 @@
+// NcclCommunicator: the CUDA backend, over NCCL (ProcessGroupNCCL's role in c10d).
+//
+// Bootstrap: collective over an MPI communicator — rank 0 creates the ncclUniqueId and
+// broadcasts it over MPI, then every rank joins with ncclCommInitRank on its device
+// (by default the local rank modulo the visible devices, as torchrun assigns them).
+//
+// Streams: every collective runs on the communicator's own CUDA stream. It first waits
+// for work already queued on the legacy default stream (where troupe's tensor ops run),
+// so it sees finished inputs; Work::test() asks whether its completion event has
+// fired; Work::wait() polls that event until done or the timeout passes (then aborts
+// the NCCL communicator, so a hung collective cannot hold the GPU forever, and fails
+// this one), which also orders later host code after the result.
+//
+// Arithmetic: NCCL reduces f16 and bf16 in the type itself (not in f32 as the MPI
+// backend does); the results can differ from the MPI backend's by an ulp per step.
+// gather and scatter are grouped ncclSend/ncclRecv (NCCL has no such collectives).
+// Buffers must be CUDA memory on this communicator's device; anything else is refused
+// before anything is queued.
+//
+// Built only when the CUDA toolkit and NCCL are found (TROUPE_HAVE_NCCL); otherwise
+// the constructor throws, and available() says false.
+#pragma once
+
+#include <memory>
+#include <string_view>
+
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/collectives/mpi_communicator.hpp"
+
+namespace troupe::collectives {
+
+namespace detail {
+struct NcclState;
+}
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Collective over `bootstrap`'s ranks. `device` < 0 picks the local rank's device.
+  explicit NcclCommunicator(MpiCommunicator& bootstrap, int device = -1,
+                            Options options = options_from_environment());
+  ~NcclCommunicator() override;
+
+  // Built with NCCL, and a CUDA device is visible.
+  static bool available();
+
+  std::string_view backend() const override { return "nccl"; }
+  // ncclCommSplit: same device, ranks ordered by (key, old rank).
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  int device() const;
+
+ protected:
+  Work start(const Collective& collective, bool blocking) override;
+
+ private:
+  NcclCommunicator(std::shared_ptr<detail::NcclState> state, int rank, int size, Options options);
+  std::shared_ptr<detail::NcclState> state_;
+};
+
+}  // namespace troupe::collectives

@@ -1,0 +1,239 @@
+#include "troupe/collectives/nccl_communicator.hpp"
+
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+
+#include "engine.hpp"
+#include "troupe/collectives/collective_error.hpp"
+#include "troupe/collectives/operation.hpp"
+#include "troupe/mpi/mpi_error.hpp"
+
+namespace troupe::collectives {
+
+namespace {
+
+void check_cuda(cudaError_t status, const char* what, const std::string& context) {
+  if (status != cudaSuccess) TROUPE_THROW(Error, context, ": ", what, " failed: ", cudaGetErrorString(status));
+}
+void check_nccl(ncclResult_t status, const char* what, const std::string& context) {
+  if (status != ncclSuccess && status != ncclInProgress) {
+    TROUPE_THROW(Error, context, ": ", what, " failed: ", ncclGetErrorString(status));
+  }
+}
+
+ncclDataType_t nccl_type(DType dtype) {
+  switch (dtype) {
+    case DType::f32: return ncclFloat32;
+    case DType::f64: return ncclFloat64;
+    case DType::f16: return ncclFloat16;
+    case DType::bf16: return ncclBfloat16;
+    case DType::i32: return ncclInt32;
+    case DType::i64: return ncclInt64;
+    case DType::u8: return ncclUint8;
+  }
+  return ncclFloat32;
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::prod: return ncclProd;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+// The device of this process among those on its host: its rank among the host's ranks.
+int local_rank(MPI_Comm comm) {
+  MPI_Comm node = MPI_COMM_NULL;
+  TROUPE_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int rank = 0;
+  MPI_Comm_rank(node, &rank);
+  MPI_Comm_free(&node);
+  return rank;
+}
+
+}  // namespace
+
+namespace detail {
+
+struct NcclState {
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  int device = 0;
+  int rank = 0;
+  bool aborted = false;
+
+  ~NcclState() {
+    cudaSetDevice(device);
+    if (comm) aborted ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
+// One collective queued on the communicator's stream; done when its event fires.
+class NcclOperation : public Operation {
+ public:
+  NcclOperation(Collective c, std::shared_ptr<NcclState> state, int size)
+      : Operation(std::move(c)), state_(std::move(state)), size_(size) {}
+  ~NcclOperation() override {
+    if (inputs_ready_) cudaEventDestroy(inputs_ready_);
+    if (finished_) cudaEventDestroy(finished_);
+  }
+
+  void start() override {
+    const Collective& c = collective();
+    const std::string what = c.describe();
+    NcclState& s = *state_;
+    check_cuda(cudaSetDevice(s.device), "cudaSetDevice", what);
+    check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "cudaEventCreate", what);
+    check_cuda(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming), "cudaEventCreate", what);
+    // Inputs are written by kernels on the legacy default stream: wait for them.
+    check_cuda(cudaEventRecord(inputs_ready_, cudaStreamLegacy), "cudaEventRecord", what);
+    check_cuda(cudaStreamWaitEvent(s.stream, inputs_ready_, 0), "cudaStreamWaitEvent", what);
+    enqueue(c, what);
+    check_cuda(cudaEventRecord(finished_, s.stream), "cudaEventRecord", what);
+  }
+
+  bool progress() override {
+    const std::string_view name = collective_name(collective().kind);
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(state_->comm, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      TROUPE_THROW(Error, collective().describe(), ": NCCL reported an error on rank ", state_->rank, ": ",
+                   ncclGetErrorString(async));
+    }
+    const cudaError_t status = cudaEventQuery(finished_);
+    if (status == cudaErrorNotReady) return false;
+    check_cuda(status, "the collective's kernel", std::string(name));
+    return true;
+  }
+
+ private:
+  void enqueue(const Collective& c, const std::string& what) {
+    using K = CollectiveKind;
+    NcclState& s = *state_;
+    const ncclDataType_t type = nccl_type(c.dtype);
+    const std::size_t n = c.count;
+    const std::size_t block = n * tensor::element_size(c.dtype);
+    void* in = c.input.data;
+    void* out = c.output.data;
+    switch (c.kind) {
+      case K::allreduce:
+        return check_nccl(ncclAllReduce(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclAllReduce", what);
+      case K::broadcast:
+        return check_nccl(ncclBroadcast(s.rank == c.root ? in : out, out, n, type, c.root, s.comm, s.stream),
+                          "ncclBroadcast", what);
+      case K::reduce:
+        return check_nccl(ncclReduce(in, s.rank == c.root ? out : in, n, type, nccl_op(c.op), c.root, s.comm, s.stream),
+                          "ncclReduce", what);
+      case K::allgather:
+        return check_nccl(ncclAllGather(c.in_place ? static_cast<std::byte*>(out) + s.rank * block : in, out, n, type,
+                                        s.comm, s.stream),
+                          "ncclAllGather", what);
+      case K::reduce_scatter:
+        return check_nccl(ncclReduceScatter(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclReduceScatter",
+                          what);
+      case K::gather:
+      case K::scatter: {
+        // Point to point in one group: the root sends (scatter) or receives (gather)
+        // one block per rank, its own block included.
+        const bool gather = c.kind == K::gather;
+        check_nccl(ncclGroupStart(), "ncclGroupStart", what);
+        if (s.rank == c.root) {
+          for (int peer = 0; peer < size_; ++peer) {
+            std::byte* slot = static_cast<std::byte*>(gather ? out : in) + peer * block;
+            if (gather) check_nccl(ncclRecv(slot, n, type, peer, s.comm, s.stream), "ncclRecv", what);
+            else check_nccl(ncclSend(slot, n, type, peer, s.comm, s.stream), "ncclSend", what);
+          }
+        }
+        if (gather) check_nccl(ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
+        else check_nccl(ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
+        return check_nccl(ncclGroupEnd(), "ncclGroupEnd", what);
+      }
+      case K::barrier:
+        // A one-element allreduce on device scratch: NCCL has no barrier.
+        if (!scratch_) check_cuda(cudaMallocAsync(&scratch_, sizeof(float), s.stream), "cudaMallocAsync", what);
+        check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, s.comm, s.stream), "ncclAllReduce", what);
+        return check_cuda(cudaFreeAsync(scratch_, s.stream), "cudaFreeAsync", what);
+      case K::send:
+        return check_nccl(ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
+      case K::recv:
+        return check_nccl(ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
+    }
+  }
+
+  std::shared_ptr<NcclState> state_;
+  int size_;
+  cudaEvent_t inputs_ready_ = nullptr;
+  cudaEvent_t finished_ = nullptr;
+  void* scratch_ = nullptr;
+};
+
+}  // namespace detail
+
+bool NcclCommunicator::available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, Options options)
+    : Communicator(bootstrap.rank(), bootstrap.size(), options), state_(std::make_shared<detail::NcclState>()) {
+  const std::string context = troupe::detail::concat("NCCL communicator on rank ", rank());
+  int devices = 0;
+  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", context);
+  TROUPE_CHECK(devices > 0, context, ": no CUDA device is visible");
+  state_->device = device >= 0 ? device : local_rank(bootstrap.comm()) % devices;
+  TROUPE_CHECK(state_->device < devices, context, ": device ", state_->device, " does not exist (", devices,
+               " visible)");
+  state_->rank = rank();
+  check_cuda(cudaSetDevice(state_->device), "cudaSetDevice", context);
+  check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
+  ncclUniqueId id{};
+  if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", context);
+  // The id travels as bytes through the bootstrap communicator's own broadcast
+  // (numbered, checked in debug mode and bounded by its timeout).
+  bootstrap.broadcast(Buffer(reinterpret_cast<std::uint8_t*>(&id), sizeof id), 0);
+  check_nccl(ncclCommInitRank(&state_->comm, size(), id, rank()), "ncclCommInitRank", context);
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, int rank, int size, Options options)
+    : Communicator(rank, size, options), state_(std::move(state)) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (!drain()) state_->aborted = true;  // a hung collective: abort rather than wait in ncclCommDestroy
+  engine().stop();
+}
+
+int NcclCommunicator::device() const { return state_->device; }
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
+  const std::string context = troupe::detail::concat("NCCL split on rank ", rank());
+  check_cuda(cudaSetDevice(state_->device), "cudaSetDevice", context);
+  auto child = std::make_shared<detail::NcclState>();
+  child->device = state_->device;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  check_nccl(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm, &config),
+             "ncclCommSplit", context);
+  if (color < 0 || child->comm == nullptr) return nullptr;
+  int rank = 0, size = 0;
+  check_nccl(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
+  check_nccl(ncclCommCount(child->comm, &size), "ncclCommCount", context);
+  child->rank = rank;
+  check_cuda(cudaStreamCreateWithFlags(&child->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
+  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(child), rank, size, options()));
+}
+
+Work NcclCommunicator::start(const Collective& c, bool blocking) {
+  for (const Buffer* b : {&c.input, &c.output}) {
+    TROUPE_CHECK(b->count == 0 || b->data == nullptr || b->device == tensor::Device::cuda(state_->device),
+                 c.describe(), ": the NCCL backend needs CUDA memory on ", tensor::Device::cuda(state_->device),
+                 ", but a buffer is on ", b->device, " [rank ", rank(), "]; use the MPI backend for host buffers");
+  }
+  return launch(std::make_shared<detail::NcclOperation>(c, state_, size()), blocking);
+}
+
+}  // namespace troupe::collectives
