@@ -80,3 +80,37 @@ TEST(TrainDigits, ABadFlagPrintsUsageAndExitsWithStatus2) {
   EXPECT_EQ(run.status, 2);
   EXPECT_NE(run.output.find("unknown flag --frobnicate"), std::string::npos) << run.output;
 }
+
+std::string parameters_hash(const std::string& output) {
+  std::smatch m;
+  if (!std::regex_search(output, m, std::regex("parameters hash ([0-9a-f]{16})"))) return "";
+  return m[1];
+}
+
+TEST(TrainDigits, TheSameSeedGivesBitIdenticalParametersAndAnotherSeedDoesNot) {
+  const ProcessResult a = run_train_digits("--epochs 2 --seed 5");
+  const ProcessResult b = run_train_digits("--epochs 2 --seed 5");
+  const ProcessResult c = run_train_digits("--epochs 2 --seed 6");
+  ASSERT_EQ(a.status, 0) << a.output;
+  ASSERT_FALSE(parameters_hash(a.output).empty()) << a.output;
+  EXPECT_EQ(parameters_hash(a.output), parameters_hash(b.output));
+  EXPECT_NE(parameters_hash(a.output), parameters_hash(c.output));
+}
+
+TEST(TrainDigits, WritesOneMetricsRecordPerEpochWithStepEpochRateAndWallTime) {
+  const std::string path = testing::TempDir() + "digits_metrics.jsonl";
+  std::remove(path.c_str());
+  const ProcessResult run = run_train_digits("--epochs 3 --metrics " + path);
+  ASSERT_EQ(run.status, 0) << run.output;
+  std::ifstream in(path);
+  std::string line;
+  int records = 0;
+  while (std::getline(in, line)) {
+    ++records;
+    EXPECT_TRUE(std::regex_search(line, std::regex("^\\{\"step\": [0-9]+, \"epoch\": " + std::to_string(records) +
+                                                   ", \"loss\": [-0-9.e]+, .*\"test_accuracy\": [0-9.e-]+, "
+                                                   "\"samples_per_s\": [0-9.e+]+, \"wall_s\": [0-9.e-]+\\}$")))
+        << line;
+  }
+  EXPECT_EQ(records, 3);
+}

@@ -1,0 +1,240 @@
+// TrainWorker: one actor per rank that trains its share of every batch (the Ray Train
+// shape). A driver on rank 0 runs the epochs by asking all workers at once:
+//
+//   auto workers = runtime.spawn_on_each<TrainWorker<MyRecipe>>(options, config);
+//   if (runtime.rank() == 0)
+//     for (int e = 0; e < epochs; ++e) {
+//       auto results = when_all(workers.ask(&TrainWorker<MyRecipe>::train_epoch, e)).get();
+//       auto eval = when_all(workers.ask(&TrainWorker<MyRecipe>::evaluate)).get();
+//     }
+//   workers.ask(&TrainWorker<MyRecipe>::stop) ...; runtime.shutdown();
+//
+// Gradients flow between the workers through their own communicator (DDP), never
+// through the driver; the driver only sees per-epoch sums. With one rank the same
+// program runs unchanged (a single-rank communicator, no MPI traffic).
+//
+// The user supplies a Recipe -- plain factories, since actors are built from
+// serialised arguments on every rank:
+//   struct Recipe {
+//     struct Config { ...; template <class A> void serialize(A&); };  // sent to every rank
+//     static std::unique_ptr<nn::Module> make_model(const Config&);
+//     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
+//     static TensorDataset train_set(const Config&);  // every rank loads the same set
+//     static TensorDataset test_set(const Config&);
+//   };
+// The worker trains a classifier: cross-entropy on class-index targets, accuracy.
+//
+// The constructor is collective (it creates the world communicator and broadcasts
+// rank 0's parameters), as spawn_on_each already is. All of a worker's state that a
+// checkpoint needs is in training_state().
+#pragma once
+
+#include <cereal/cereal.hpp>
+#include <cereal/types/string.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "troupe/actors/methods.hpp"
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/error.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/nn/module.hpp"
+#include "troupe/nn/optimizer.hpp"
+#include "troupe/train/data_loader.hpp"
+#include "troupe/train/ddp.hpp"
+#include "troupe/train/distributed_sampler.hpp"
+#include "troupe/train/status.hpp"
+#include "troupe/train/tensor_dataset.hpp"
+#include "troupe/train/training_state.hpp"
+
+namespace troupe::train {
+
+// What every worker needs besides the recipe's config; sent to every rank.
+struct WorkerOptions {
+  std::int64_t global_batch = 64;   // samples per optimizer step over all ranks
+  std::int32_t accum_steps = 1;     // micro-batches per step on each rank
+  std::uint64_t seed = 0;           // the sampler's shuffle seed
+  std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
+  double max_grad_norm = 0;         // 0: no clipping
+  std::int32_t epochs = 1;          // for the progress bar only
+  bool progress = true;             // draw progress on rank 0
+
+  template <class A>
+  void serialize(A& a) {
+    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress);
+  }
+};
+
+// One rank's sums over an epoch (the driver adds them up).
+struct EpochResult {
+  std::int64_t epoch = 0;
+  double loss_sum = 0;    // per-sample loss summed
+  double correct = 0;     // correctly classified samples
+  std::int64_t samples = 0;
+  std::int64_t steps = 0;  // optimizer steps taken in this call
+  double seconds = 0;
+  template <class A>
+  void serialize(A& a) {
+    a(epoch, loss_sum, correct, samples, steps, seconds);
+  }
+};
+
+struct EvalResult {
+  double loss_sum = 0;
+  double correct = 0;
+  std::int64_t samples = 0;
+  template <class A>
+  void serialize(A& a) {
+    a(loss_sum, correct, samples);
+  }
+};
+
+struct WorkerState {
+  std::int32_t rank = 0;
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t sampler_position = 0;
+  std::uint64_t parameter_hash = 0;  // FNV-1a of every parameter's bytes: equal on all ranks
+  template <class A>
+  void serialize(A& a) {
+    a(rank, step, epoch, sampler_position, parameter_hash);
+  }
+};
+
+template <class Recipe>
+class TrainWorker {
+ public:
+  using Config = typename Recipe::Config;
+
+  TrainWorker(WorkerOptions options, Config config)
+      : options_(options), config_(std::move(config)), comm_(collectives::world_communicator()),
+        model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)) {
+    TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
+    const std::int64_t per_step = static_cast<std::int64_t>(comm_->size()) * options_.accum_steps;
+    TROUPE_CHECK(options_.global_batch % per_step == 0, "TrainWorker: the global batch of ", options_.global_batch,
+                 " does not split evenly over ", comm_->size(), " ranks x ", options_.accum_steps,
+                 " micro-batches");
+    ddp_ = std::make_unique<DistributedDataParallel>(*model_, *comm_,
+                                                     DdpOptions{.bucket_bytes = options_.bucket_bytes});
+    optimizer_ = Recipe::make_optimizer(*model_, config_);
+    sampler_ = std::make_unique<DistributedSampler>(train_.size(), comm_->size(), comm_->rank(),
+                                                    SamplerOptions{.shuffle = true, .seed = options_.seed});
+    loader_ = std::make_unique<DataLoader<TensorBatch>>(
+        *sampler_, options_.global_batch / per_step,
+        [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
+    state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get());
+    status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
+  }
+
+  // Trains one epoch (or the rest of it, after a restore into the same epoch).
+  EpochResult train_epoch(std::int64_t epoch) {
+    check_running("train_epoch");
+    if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) {
+      sampler_->set_epoch(epoch);
+      ddp_->set_micro_step(0);
+    }
+    state_->epoch = epoch;
+    model_->train();
+    const auto start = std::chrono::steady_clock::now();
+    const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
+    EpochResult result;
+    result.epoch = epoch;
+    status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
+    while (auto batch = loader_->next()) {
+      const Tensor logits = ddp_->forward(batch->inputs);
+      const double loss = loss_fn_.forward(logits, batch->targets).item();
+      const auto n = batch->size();
+      result.loss_sum += loss * static_cast<double>(n);
+      result.correct += nn::accuracy(logits, batch->targets) * static_cast<double>(n);
+      result.samples += n;
+      const AccumulationStep step = ddp_->optimizer_step_with_gradient_accumulation(
+          *optimizer_, [this](double scale) { return loss_fn_.backward(scale); }, options_.accum_steps,
+          micro_per_epoch, AccumulationOptions{.max_grad_norm = options_.max_grad_norm});
+      if (step.stepped) {
+        ++state_->step;
+        ++result.steps;
+      }
+      status_->progress(ddp_->micro_step() == 0 ? micro_per_epoch : ddp_->micro_step(),
+                        result.samples * comm_->size(), {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
+    }
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    status_->end_progress();
+    return result;
+  }
+
+  // This rank's strided share of the test set (no padding: every sample once overall).
+  EvalResult evaluate() {
+    check_running("evaluate");
+    model_->eval();
+    EvalResult result;
+    std::vector<std::int64_t> mine;
+    for (std::int64_t i = comm_->rank(); i < test_.size(); i += comm_->size()) mine.push_back(i);
+    constexpr std::size_t kBatch = 256;
+    for (std::size_t begin = 0; begin < mine.size(); begin += kBatch) {
+      const std::vector<std::int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(begin),
+                                          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
+      const TensorBatch batch = test_.rows(idx);
+      const Tensor logits = model_->forward(batch.inputs);
+      nn::CrossEntropyLoss eval_loss;
+      const auto n = static_cast<double>(batch.size());
+      result.loss_sum += eval_loss.forward(logits, batch.targets).item() * n;
+      result.correct += nn::accuracy(logits, batch.targets) * n;
+      result.samples += batch.size();
+    }
+    model_->train();
+    return result;
+  }
+
+  WorkerState state() {
+    check_running("state");
+    return {comm_->rank(), state_->step, state_->epoch, sampler_->position(), parameter_hash(*model_)};
+  }
+
+  // Releases the communicator and the model; later calls fail. Every worker must be
+  // stopped together (the communicator's release is collective).
+  void stop() {
+    if (stopped_) return;
+    stopped_ = true;
+    status_.reset();
+    loader_.reset();
+    state_.reset();
+    ddp_.reset();
+    comm_.reset();
+  }
+
+  // For code on this rank (a checkpoint writer): everything to save and restore.
+  TrainingState& training_state() {
+    check_running("training_state");
+    return *state_;
+  }
+  nn::Module& model() { return *model_; }
+  collectives::Communicator& communicator() { return *comm_; }
+  std::int64_t parameter_count() const { return model_->parameter_count(); }
+
+  static constexpr auto troupe_methods =
+      actors::methods<&TrainWorker::train_epoch, &TrainWorker::evaluate, &TrainWorker::state, &TrainWorker::stop>;
+
+ private:
+  void check_running(const char* what) const {
+    TROUPE_CHECK(!stopped_, "TrainWorker::", what, ": the worker was stopped");
+  }
+
+  WorkerOptions options_;
+  Config config_;
+  std::unique_ptr<collectives::Communicator> comm_;
+  std::unique_ptr<nn::Module> model_;
+  TensorDataset train_, test_;
+  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  std::unique_ptr<DistributedSampler> sampler_;
+  std::unique_ptr<DataLoader<TensorBatch>> loader_;
+  std::unique_ptr<TrainingState> state_;
+  std::unique_ptr<Status> status_;
+  nn::CrossEntropyLoss loss_fn_;
+  bool stopped_ = false;
+};
+
+}  // namespace troupe::train

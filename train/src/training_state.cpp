@@ -1,0 +1,101 @@
+#include "troupe/train/training_state.hpp"
+
+#include <functional>
+
+#include "troupe/error.hpp"
+#include "troupe/nn/dropout.hpp"
+#include "troupe/train/ddp.hpp"
+#include "troupe/train/distributed_sampler.hpp"
+#include "troupe/train/grad_scaler.hpp"
+
+namespace troupe::train {
+
+namespace {
+
+Tensor i64(std::int64_t v) {
+  Tensor t = Tensor::empty({}, DType::i64);
+  *t.data<std::int64_t>() = v;
+  return t;
+}
+std::int64_t as_i64(const nn::StateDict& dict, const char* key) {
+  return dict.at(key).to_vector<std::int64_t>().at(0);
+}
+
+// Every Dropout in the tree, with its full module name ("3" or "block.drop").
+void find_dropouts(nn::Module& module, const std::string& prefix,
+                   std::vector<std::pair<std::string, nn::Dropout*>>& out) {
+  if (auto* dropout = dynamic_cast<nn::Dropout*>(&module)) out.emplace_back(prefix.empty() ? "root" : prefix, dropout);
+  for (const auto& child : module.named_children())
+    find_dropouts(*child.module, prefix.empty() ? child.name : prefix + "." + child.name, out);
+}
+
+const nn::StateDict& group(const StateGroups& groups, const std::string& name) {
+  for (const auto& [key, dict] : groups)
+    if (key == name) return dict;
+  std::string present;
+  for (const auto& [key, dict] : groups) present += (present.empty() ? "" : ", ") + key;
+  TROUPE_THROW(InvalidArgument, "TrainingState::load_state_dicts: group '", name, "' is missing (present: ",
+               present.empty() ? "none" : present, ")");
+}
+
+}  // namespace
+
+std::uint64_t parameter_hash(nn::Module& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const Tensor host = p->data.to(Device::cpu());
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
+                             DistributedDataParallel* ddp, GradScaler* scaler)
+    : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(ddp), scaler_(scaler) {}
+
+StateGroups TrainingState::state_dicts() const {
+  StateGroups groups;
+  groups.emplace_back("model", model_.state_dict());
+  groups.emplace_back("optimizer", optimizer_.state_dict());
+  groups.emplace_back("sampler", sampler_.state_dict());
+  if (scaler_ != nullptr) groups.emplace_back("scaler", scaler_->state_dict());
+  nn::StateDict rng;
+  std::vector<std::pair<std::string, nn::Dropout*>> dropouts;
+  find_dropouts(model_, "", dropouts);
+  for (const auto& [name, dropout] : dropouts) {
+    rng.insert(name + ".seed", i64(static_cast<std::int64_t>(dropout->generator().seed())));
+    rng.insert(name + ".offset", i64(static_cast<std::int64_t>(dropout->generator().offset())));
+  }
+  groups.emplace_back("rng", std::move(rng));
+  nn::StateDict status;
+  status.insert("step", i64(step));
+  status.insert("epoch", i64(epoch));
+  status.insert("micro_step", i64(ddp_ != nullptr ? ddp_->micro_step() : 0));
+  groups.emplace_back("status", std::move(status));
+  return groups;
+}
+
+void TrainingState::load_state_dicts(const StateGroups& groups) {
+  // Look everything up first, so a missing group changes nothing.
+  const nn::StateDict& model = group(groups, "model");
+  const nn::StateDict& optimizer = group(groups, "optimizer");
+  const nn::StateDict& sampler = group(groups, "sampler");
+  const nn::StateDict* scaler = scaler_ != nullptr ? &group(groups, "scaler") : nullptr;
+  const nn::StateDict& rng = group(groups, "rng");
+  const nn::StateDict& status = group(groups, "status");
+  model_.load_state_dict(model, /*strict=*/true);
+  optimizer_.load_state_dict(optimizer);
+  sampler_.load_state_dict(sampler);
+  if (scaler != nullptr) scaler_->load_state_dict(*scaler);
+  std::vector<std::pair<std::string, nn::Dropout*>> dropouts;
+  find_dropouts(model_, "", dropouts);
+  for (const auto& [name, dropout] : dropouts)
+    dropout->generator().set_state(static_cast<std::uint64_t>(as_i64(rng, (name + ".seed").c_str())),
+                                   static_cast<std::uint64_t>(as_i64(rng, (name + ".offset").c_str())));
+  step = as_i64(status, "step");
+  epoch = as_i64(status, "epoch");
+  if (ddp_ != nullptr) ddp_->set_micro_step(as_i64(status, "micro_step"));
+}
+
+}  // namespace troupe::train
