@@ -1,0 +1,54 @@
+// CheckpointDirectory: the crash-safe life of checkpoint files in one folder.
+//
+//   <dir>/ckpt-000001200.h5     one per saved step (9 digits, so names sort by step)
+//   <dir>/latest                the file name of the newest durable checkpoint
+//   <dir>/.ckpt-000001300.h5.tmp-<pid>   a save in progress (or debris of a killed one)
+//
+// A save writes the temporary file, then commit() fsyncs it, renames it to its final
+// name, fsyncs the directory, rewrites `latest` the same way, and only then removes
+// checkpoints beyond keep_last. A crash at any point leaves every earlier checkpoint and
+// a `latest` that names a complete file (or the previous one). Temporary files of
+// processes that no longer exist are debris: readers never look at them and the next
+// commit deletes them.
+//
+// Only one process should save into a folder; any number may read it.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <vector>
+
+namespace troupe::checkpoint {
+
+class CheckpointDirectory {
+ public:
+  // Creates the folder if needed. keep_last == 0 keeps every checkpoint.
+  explicit CheckpointDirectory(std::filesystem::path folder, std::size_t keep_last = 3);
+
+  const std::filesystem::path& folder() const { return folder_; }
+  std::size_t keep_last() const { return keep_last_; }
+
+  std::filesystem::path final_path(std::int64_t step) const;   // <dir>/ckpt-000000042.h5
+  std::filesystem::path temp_path(std::int64_t step) const;    // <dir>/.ckpt-000000042.h5.tmp-<pid>
+  // Makes the finished temporary file the checkpoint of `step` (see above); returns its path.
+  std::filesystem::path commit(const std::filesystem::path& temp, std::int64_t step);
+
+  // Checkpoint files, oldest step first. Temporary files are never listed.
+  std::vector<std::filesystem::path> list() const;
+  // What `latest` names, if it exists and names a file in this folder.
+  std::optional<std::filesystem::path> latest_pointer() const;
+  // The order to try loading in: what `latest` names, then every file by step, newest first.
+  std::vector<std::filesystem::path> load_candidates() const;
+  // Deletes temporary files whose writing process is gone; returns how many.
+  std::size_t remove_debris() const;
+
+  // The step in a checkpoint file name, or nullopt for any other name.
+  static std::optional<std::int64_t> step_of(const std::filesystem::path& file);
+
+ private:
+  std::filesystem::path folder_;
+  std::size_t keep_last_;
+};
+
+}  // namespace troupe::checkpoint

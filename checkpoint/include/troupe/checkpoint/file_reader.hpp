@@ -1,0 +1,57 @@
+// FileReader: opens a checkpoint file, lists what is in it, and reads tensors back
+// bit for bit, verifying each one's XXH64 checksum.
+//
+// Opening checks that the file is HDF5, that its root says format="troupe-checkpoint"
+// with a major version this reader knows, and that it carries the "complete" marker;
+// anything else is a FormatError naming the file and what is wrong. read() loads one
+// dataset into a new CPU tensor and, when asked (the default), recomputes its checksum:
+// a mismatch is a FormatError naming the file, the dataset and both digests.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "troupe/checkpoint/attribute.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::checkpoint {
+
+struct TensorInfo {
+  std::string path;  // "/model/layers.0.weight"
+  tensor::DType dtype = tensor::DType::f32;
+  tensor::Shape shape;
+  std::uint64_t checksum = 0;
+  std::size_t nbytes() const;
+};
+
+class FileReader {
+ public:
+  explicit FileReader(std::string path);
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+  ~FileReader();
+
+  const std::string& path() const { return path_; }
+  // Attributes of a group ("/" for the root metadata).
+  Attributes attributes(std::string_view group = "/") const;
+  bool has_group(std::string_view group) const;
+  // Direct child groups of `group`, in creation order ("/" -> "model", "optimizer", ...).
+  std::vector<std::string> child_groups(std::string_view group = "/") const;
+  // Every dataset under `group`, recursively, in creation order.
+  std::vector<TensorInfo> tensors(std::string_view group = "/") const;
+  TensorInfo info(std::string_view path) const;
+
+  tensor::Tensor read(std::string_view path, bool verify = true) const;
+  // Reads every dataset one at a time and checks its checksum; throws the first mismatch.
+  void verify_all() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+};
+
+}  // namespace troupe::checkpoint

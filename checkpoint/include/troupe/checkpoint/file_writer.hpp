@@ -1,0 +1,62 @@
+// FileWriter: streams tensors and attributes into one checkpoint file (HDF5), one
+// tensor at a time.
+//
+// Each write_tensor() goes straight to the file: a contiguous, uncompressed dataset in
+// the tensor's native dtype (f16 as IEEE half, bf16 as uint16 words with dtype="bf16"),
+// hashed with XXH64 on the way. The writer never holds more than the tensor it was given
+// plus HDF5's small metadata cache, so saving a model needs memory for its largest
+// tensor only when the caller hands tensors over one by one.
+//
+// Paths are absolute HDF5 paths, "/model/layers.0.weight"; missing groups are created.
+// Groups record link creation order so readers list tensors in the order written.
+// close() writes the root "complete" attribute last and closes the file; it does not
+// fsync (DurableFile does that around it). A writer destroyed without close() leaves a
+// file without "complete", which readers reject. Not thread-safe: one writer per thread,
+// and HDF5 itself must not be entered from two threads at once (see h5_call.cpp).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "troupe/checkpoint/attribute.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::checkpoint {
+
+class FileWriter {
+ public:
+  // Creates (truncating) `path` and stamps format and format_version on the root.
+  explicit FileWriter(std::string path);
+  FileWriter(const FileWriter&) = delete;
+  FileWriter& operator=(const FileWriter&) = delete;
+  ~FileWriter();
+
+  // Sets an attribute on a group ("/" or "/sampler"), creating the group if needed.
+  void set_attribute(std::string_view group, std::string_view name, const AttrValue& value);
+  // Writes `t` (CPU or CUDA; copied to the host first if needed) at `path`.
+  void write_tensor(std::string_view path, const tensor::Tensor& t);
+  // A host tensor of `shape` and `dtype` in a buffer the writer owns and reuses: the
+  // "fixed buffer" of a streaming save. A source that must build each tensor (assembling
+  // shards, converting) fills it and passes it to write_tensor, so memory stays at the
+  // largest tensor however many there are; allocating a fresh tensor each time instead
+  // lets the allocator's fragmentation grow the heap (glibc keeps the freed blocks).
+  // The tensor is valid until the next scratch() call, which may reuse its bytes.
+  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype);
+  // Creates an empty group, so a section with nothing in it still shows in the file.
+  void ensure_group(std::string_view group);
+
+  // Marks the file complete and closes it; throws CheckpointError if HDF5 cannot.
+  void close();
+  const std::string& path() const { return path_; }
+  std::size_t bytes_written() const { return bytes_written_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<tensor::Storage> scratch_;
+  std::string path_;
+  std::size_t bytes_written_ = 0;
+};
+
+}  // namespace troupe::checkpoint

@@ -1,0 +1,84 @@
+// Sections: how a piece of training state gets into and out of a checkpoint without the
+// checkpoint module knowing what it is.
+//
+// A section is one top-level group of the file ("/model", "/optimizer", "/sampler", ...).
+// Whoever owns a piece of state registers a StateSource for it: `save` is handed a
+// SectionWriter and writes tensors (datasets) and attributes; `load` is handed a
+// SectionReader over the same group. Tensor names may contain '/', which makes subgroups:
+// an optimizer's "layers.0.weight/exp_avg" lands at /optimizer/layers.0.weight/exp_avg.
+//
+// SectionWriter::tensor() writes to the file at once, so a `save` that produces tensors
+// one at a time (assembling shards, say) keeps memory bounded by the largest tensor.
+// The helpers write_state_dict / read_state_dict work with any insertion-ordered map of
+// (name, Tensor) pairs that has insert(name, tensor), such as nn::StateDict, without
+// this module depending on nn.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "troupe/checkpoint/attribute.hpp"
+#include "troupe/checkpoint/file_reader.hpp"
+#include "troupe/checkpoint/file_writer.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::checkpoint {
+
+class SectionWriter {
+ public:
+  SectionWriter(FileWriter& file, std::string section);
+  void tensor(std::string_view name, const tensor::Tensor& t);
+  // The writer's reusable buffer (FileWriter::scratch): fill it, then pass it to tensor().
+  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype) {
+    return file_.scratch(shape, dtype);
+  }
+  // An attribute on the section's group ("/sampler": epoch=3, index=1280).
+  void attribute(std::string_view name, const AttrValue& value);
+  const std::string& group() const { return group_; }
+
+ private:
+  FileWriter& file_;
+  std::string group_;  // "/model"
+};
+
+class SectionReader {
+ public:
+  SectionReader(const FileReader& file, std::string section);
+  // Names relative to the section ("layers.0.weight/exp_avg"), in the order written.
+  const std::vector<std::string>& tensor_names() const { return names_; }
+  bool has_tensor(std::string_view name) const;
+  // Reads one tensor (CPU, checksum verified); FormatError naming file and dataset if absent.
+  tensor::Tensor tensor(std::string_view name) const;
+  const Attributes& attributes() const { return attributes_; }
+  const std::string& group() const { return group_; }
+
+ private:
+  const FileReader& file_;
+  std::string group_;
+  std::vector<std::string> names_;
+  Attributes attributes_;
+};
+
+struct StateSource {
+  std::function<void(SectionWriter&)> save;
+  std::function<void(const SectionReader&)> load;
+  // A file without this section is skipped by load_latest() as unusable when true; when
+  // false, load is simply not called (state added to a program after older checkpoints).
+  bool required = true;
+};
+
+template <class Dict>
+void write_state_dict(SectionWriter& out, const Dict& dict) {
+  for (const auto& [name, value] : dict) out.tensor(name, value);
+}
+
+template <class Dict>
+Dict read_state_dict(const SectionReader& in) {
+  Dict dict;
+  for (const std::string& name : in.tensor_names()) dict.insert(name, in.tensor(name));
+  return dict;
+}
+
+}  // namespace troupe::checkpoint

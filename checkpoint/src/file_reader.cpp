@@ -1,0 +1,216 @@
+#include "troupe/checkpoint/file_reader.hpp"
+
+#include <filesystem>
+#include <sstream>
+
+#include "h5_call.hpp"
+#include "h5_types.hpp"
+#include "troupe/checkpoint/format.hpp"
+#include "troupe/checkpoint/xxhash64.hpp"
+
+namespace troupe::checkpoint {
+
+using detail::Failure;
+using detail::Handle;
+using detail::h5_check;
+
+struct FileReader::Impl {
+  Handle file;
+};
+
+std::size_t TensorInfo::nbytes() const {
+  return static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
+}
+
+namespace {
+
+std::string hex(std::uint64_t v) {
+  std::ostringstream out;
+  out << "0x" << std::hex << v;
+  return out.str();
+}
+
+struct LinkList {
+  std::vector<std::pair<std::string, H5O_type_t>> links;
+};
+
+herr_t collect_link(hid_t group, const char* name, const H5L_info_t*, void* data) {
+  H5O_info_t info;
+  if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
+  static_cast<LinkList*>(data)->links.emplace_back(name, info.type);
+  return 0;
+}
+
+// The links of a group in creation order (name order for files that do not track it).
+LinkList list_links(hid_t file, const std::string& group, const std::string& where) {
+  Handle g(h5_check(H5Gopen2(file, group.c_str(), H5P_DEFAULT), "H5Gopen " + where,
+                    Failure::format),
+           H5Gclose);
+  LinkList out;
+  hsize_t idx = 0;
+  if (H5Literate(g.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, &idx, collect_link, &out) < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    out.links.clear();
+    idx = 0;
+    h5_check(H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &out),
+             "H5Literate " + where, Failure::format);
+  }
+  return out;
+}
+
+std::string join(const std::string& group, const std::string& name) {
+  return group == "/" ? "/" + name : group + "/" + name;
+}
+
+}  // namespace
+
+FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path_(std::move(path)) {
+  auto lock = detail::h5_lock();
+  detail::h5_init();
+  std::error_code ec;
+  if (!std::filesystem::exists(path_, ec))
+    TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": no such file");
+  if (std::filesystem::is_directory(path_, ec))
+    TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": is a directory, not a checkpoint file");
+  htri_t is_hdf5 = H5Fis_hdf5(path_.c_str());
+  if (is_hdf5 <= 0) {
+    H5Eclear2(H5E_DEFAULT);
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": not an HDF5 file (",
+                 std::filesystem::file_size(path_, ec), " bytes, no HDF5 signature)");
+  }
+  Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
+  h5_check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "H5Pset_fclose_degree");
+  impl_->file = Handle(h5_check(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get()),
+                                "checkpoint " + path_ + ": cannot open (truncated or damaged?)",
+                                Failure::format),
+                       H5Fclose);
+  Attributes root = attributes("/");
+  const AttrValue* format = root.find(kAttrFormat);
+  if (!format || !std::holds_alternative<std::string>(*format) ||
+      std::get<std::string>(*format) != kFormatName)
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": not a troupe checkpoint (root attribute '",
+                 kAttrFormat, "' is ", format ? to_string(*format) : std::string("missing"),
+                 ", expected \"", kFormatName, "\")");
+  const AttrValue* version = root.find(kAttrFormatVersion);
+  const std::string* v = version ? std::get_if<std::string>(version) : nullptr;
+  if (!v || std::atoi(v->c_str()) != kFormatMajor)
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ",
+                 version ? to_string(*version) : std::string("missing"),
+                 " is not readable by this troupe (reads major version ", kFormatMajor, ")");
+  if (!root.contains(kAttrComplete))
+    TROUPE_THROW(FormatError, "checkpoint ", path_,
+                 ": no 'complete' marker, the writer stopped before finishing");
+}
+
+FileReader::~FileReader() {
+  auto lock = detail::h5_lock();
+  impl_.reset();
+}
+
+Attributes FileReader::attributes(std::string_view group) const {
+  auto lock = detail::h5_lock();
+  std::string g(group);
+  std::string where = path_ + ":" + g;
+  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), H5P_DEFAULT), "H5Oopen " + where,
+                         Failure::format),
+                H5Oclose);
+  return detail::read_attributes(object.get(), where);
+}
+
+bool FileReader::has_group(std::string_view group) const {
+  auto lock = detail::h5_lock();
+  std::string g(group);
+  if (g == "/") return true;
+  // H5Lexists needs every parent to exist, so walk down one level at a time.
+  std::string prefix;
+  std::size_t start = 1;
+  while (start <= g.size()) {
+    std::size_t end = g.find('/', start);
+    if (end == std::string::npos) end = g.size();
+    prefix = g.substr(0, end);
+    if (H5Lexists(impl_->file.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
+    start = end + 1;
+  }
+  H5O_info_t info;
+  if (H5Oget_info_by_name2(impl_->file.get(), g.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+    return false;
+  return info.type == H5O_TYPE_GROUP;
+}
+
+std::vector<std::string> FileReader::child_groups(std::string_view group) const {
+  auto lock = detail::h5_lock();
+  std::string g(group);
+  std::vector<std::string> out;
+  for (auto& [name, type] : list_links(impl_->file.get(), g, path_ + ":" + g).links)
+    if (type == H5O_TYPE_GROUP) out.push_back(name);
+  return out;
+}
+
+std::vector<TensorInfo> FileReader::tensors(std::string_view group) const {
+  auto lock = detail::h5_lock();
+  std::vector<TensorInfo> out;
+  std::vector<std::string> pending{std::string(group)};
+  // Depth first, in creation order, so the listing matches the order tensors were saved.
+  auto visit = [&](auto&& self, const std::string& g) -> void {
+    for (auto& [name, type] : list_links(impl_->file.get(), g, path_ + ":" + g).links) {
+      std::string child = join(g, name);
+      if (type == H5O_TYPE_GROUP) self(self, child);
+      else if (type == H5O_TYPE_DATASET) out.push_back(info(child));
+    }
+  };
+  visit(visit, std::string(group));
+  return out;
+}
+
+TensorInfo FileReader::info(std::string_view path) const {
+  auto lock = detail::h5_lock();
+  TensorInfo out;
+  out.path = std::string(path);
+  std::string where = path_ + ":" + out.path;
+  Handle dset(h5_check(H5Dopen2(impl_->file.get(), out.path.c_str(), H5P_DEFAULT),
+                       "checkpoint " + where + ": no such dataset", Failure::format),
+              H5Dclose);
+  out.dtype = detail::dtype_of_dataset(dset.get(), where);
+  Handle space(h5_check(H5Dget_space(dset.get()), "H5Dget_space " + where, Failure::format),
+               H5Sclose);
+  int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims " + where,
+                      Failure::format);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  out.shape.assign(dims.begin(), dims.end());
+  std::optional<std::uint64_t> sum = detail::read_u64_attribute(dset.get(), kAttrChecksum, where);
+  if (!sum) TROUPE_THROW(FormatError, "checkpoint ", where, ": no ", kAttrChecksum, " attribute");
+  out.checksum = *sum;
+  return out;
+}
+
+tensor::Tensor FileReader::read(std::string_view path, bool verify) const {
+  auto lock = detail::h5_lock();
+  TensorInfo meta = info(path);
+  std::string where = path_ + ":" + meta.path;
+  tensor::Tensor t = tensor::Tensor::empty(meta.shape, meta.dtype);
+  if (t.numel() > 0) {
+    Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT),
+                         "H5Dopen " + where, Failure::format),
+                H5Dclose);
+    h5_check(H5Dread(dset.get(), detail::h5_type_of(meta.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT,
+                     t.raw_data()),
+             "checkpoint " + where + ": cannot read " + std::to_string(meta.nbytes()) + " bytes",
+             Failure::format);
+  }
+  if (verify) {
+    std::uint64_t actual = xxh64(t.raw_data(), t.nbytes());
+    if (actual != meta.checksum)
+      TROUPE_THROW(FormatError, "checkpoint ", where, ": checksum mismatch, stored ",
+                   hex(meta.checksum), ", data hashes to ", hex(actual), " (",
+                   tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape), ")");
+  }
+  return t;
+}
+
+void FileReader::verify_all() const {
+  auto lock = detail::h5_lock();
+  for (const TensorInfo& t : tensors("/")) read(t.path, true);
+}
+
+}  // namespace troupe::checkpoint

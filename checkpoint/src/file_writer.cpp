@@ -1,0 +1,164 @@
+#include "troupe/checkpoint/file_writer.hpp"
+
+#include <set>
+
+#include "h5_call.hpp"
+#include "h5_types.hpp"
+#include "troupe/checkpoint/format.hpp"
+#include "troupe/checkpoint/xxhash64.hpp"
+
+namespace troupe::checkpoint {
+
+using detail::Handle;
+using detail::h5_check;
+
+struct FileWriter::Impl {
+  Handle file;
+  Handle group_plist;    // creation order tracked for links and attributes
+  Handle dataset_plist;  // contiguous, never filled, attribute order tracked
+  std::set<std::string, std::less<>> groups{"/"};
+};
+
+namespace {
+
+// Groups and datasets are named by absolute paths without empty parts: "/model/0.weight".
+void check_path(std::string_view path, const std::string& file) {
+  bool bad = path.empty() || path.front() != '/' || path.find("//") != std::string_view::npos ||
+             (path.size() > 1 && path.back() == '/');
+  if (bad)
+    TROUPE_THROW(InvalidArgument, "checkpoint ", file, ": '", path,
+                 "' is not an absolute HDF5 path like /model/layers.0.weight");
+}
+
+std::string parent_of(std::string_view path) {
+  auto at = path.rfind('/');
+  return at == 0 ? std::string("/") : std::string(path.substr(0, at));
+}
+
+}  // namespace
+
+FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path_(std::move(path)) {
+  auto lock = detail::h5_lock();
+  detail::h5_init();
+  Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
+  // STRONG: closing the file closes everything in it, so close() really ends the file.
+  h5_check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "H5Pset_fclose_degree");
+  Handle fcpl(h5_check(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate"), H5Pclose);
+  h5_check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
+           "H5Pset_link_creation_order");
+  h5_check(H5Pset_attr_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
+           "H5Pset_attr_creation_order");
+  impl_->file = Handle(h5_check(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
+                                "checkpoint: cannot create " + path_),
+                       H5Fclose);
+
+  impl_->group_plist = Handle(h5_check(H5Pcreate(H5P_GROUP_CREATE), "H5Pcreate"), H5Pclose);
+  h5_check(H5Pset_link_creation_order(impl_->group_plist.get(),
+                                      H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
+           "H5Pset_link_creation_order");
+  h5_check(H5Pset_attr_creation_order(impl_->group_plist.get(),
+                                      H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
+           "H5Pset_attr_creation_order");
+
+  impl_->dataset_plist = Handle(h5_check(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), H5Pclose);
+  hid_t dcpl = impl_->dataset_plist.get();
+  h5_check(H5Pset_layout(dcpl, H5D_CONTIGUOUS), "H5Pset_layout");
+  // Every byte is written right after creation; filling first would write the file twice.
+  h5_check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
+  h5_check(H5Pset_attr_creation_order(dcpl, H5P_CRT_ORDER_TRACKED), "H5Pset_attr_creation_order");
+
+  set_attribute("/", kAttrFormat, std::string(kFormatName));
+  set_attribute("/", kAttrFormatVersion, std::string(kFormatVersion));
+}
+
+FileWriter::~FileWriter() {
+  auto lock = detail::h5_lock();
+  impl_.reset();  // closes without the complete marker: readers will reject the file
+}
+
+void FileWriter::ensure_group(std::string_view group) {
+  auto lock = detail::h5_lock();
+  TROUPE_CHECK(impl_->file.valid(), "checkpoint ", path_, ": write after close()");
+  check_path(group, path_);
+  if (impl_->groups.count(group)) return;
+  ensure_group(parent_of(group));
+  std::string name(group);
+  if (h5_check(H5Lexists(impl_->file.get(), name.c_str(), H5P_DEFAULT),
+               "H5Lexists " + name + " in " + path_) <= 0) {
+    Handle g(h5_check(H5Gcreate2(impl_->file.get(), name.c_str(), H5P_DEFAULT,
+                                 impl_->group_plist.get(), H5P_DEFAULT),
+                      "checkpoint " + path_ + ": cannot create group " + name),
+             H5Gclose);
+  }
+  impl_->groups.insert(std::move(name));
+}
+
+void FileWriter::set_attribute(std::string_view group, std::string_view name,
+                               const AttrValue& value) {
+  auto lock = detail::h5_lock();
+  ensure_group(group);
+  std::string g(group);
+  std::string where = path_ + ":" + g;
+  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), H5P_DEFAULT), "H5Oopen " + where),
+                H5Oclose);
+  detail::write_attribute(object.get(), name, value, where);
+}
+
+void FileWriter::write_tensor(std::string_view path, const tensor::Tensor& t) {
+  auto lock = detail::h5_lock();
+  check_path(path, path_);
+  std::string name(path);
+  std::string where = path_ + ":" + name;
+  TROUPE_CHECK(t.defined(), "checkpoint ", where, ": tensor is undefined");
+  ensure_group(parent_of(path));
+
+  tensor::Tensor host = t.device().is_cpu() ? t : t.to(tensor::Device::cpu());
+  const void* data = host.raw_data();
+  std::uint64_t checksum = xxh64(data, host.nbytes());
+
+  Handle space;
+  if (host.dim() == 0) {
+    space = Handle(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + where), H5Sclose);
+  } else {
+    std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
+    space = Handle(h5_check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                            "H5Screate_simple " + where),
+                   H5Sclose);
+  }
+  hid_t type = detail::h5_type_of(host.dtype());
+  Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), type, space.get(), H5P_DEFAULT,
+                                  impl_->dataset_plist.get(), H5P_DEFAULT),
+                       "checkpoint: cannot create dataset " + where + " (" +
+                           std::string(tensor::dtype_name(host.dtype())) + " " +
+                           tensor::to_string(host.shape()) + ")"),
+              H5Dclose);
+  // Memory type == file type: HDF5 converts nothing and hands the buffer to write(2).
+  if (host.numel() > 0)
+    h5_check(H5Dwrite(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data),
+             "checkpoint: cannot write " + where + " (" + std::to_string(host.nbytes()) + " bytes)");
+  detail::write_attribute(dset.get(), kAttrDType, std::string(tensor::dtype_name(host.dtype())),
+                          where);
+  detail::write_u64_attribute(dset.get(), kAttrChecksum, checksum, where);
+  bytes_written_ += host.nbytes();
+}
+
+tensor::Tensor FileWriter::scratch(const tensor::Shape& shape, tensor::DType dtype) {
+  std::size_t nbytes = static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
+  if (!scratch_ || scratch_->nbytes() < nbytes) {
+    scratch_.reset();  // free the old buffer before taking the bigger one
+    scratch_ = tensor::Storage::allocate(nbytes, tensor::Device::cpu());
+  }
+  return tensor::Tensor::from_storage(scratch_, shape, dtype);
+}
+
+void FileWriter::close() {
+  auto lock = detail::h5_lock();
+  TROUPE_CHECK(impl_->file.valid(), "checkpoint ", path_, ": close() called twice");
+  set_attribute("/", kAttrComplete, std::int64_t{1});
+  impl_->dataset_plist.reset();
+  impl_->group_plist.reset();
+  h5_check(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), "checkpoint: cannot flush " + path_);
+  if (impl_->file.reset() < 0) detail::h5_fail(detail::Failure::io, "checkpoint: cannot close " + path_);
+}
+
+}  // namespace troupe::checkpoint

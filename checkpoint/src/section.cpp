@@ -1,0 +1,50 @@
+#include "troupe/checkpoint/section.hpp"
+
+#include <algorithm>
+
+namespace troupe::checkpoint {
+
+namespace {
+void check_name(std::string_view name, const std::string& group) {
+  bool bad = name.empty() || name.front() == '/' || name.back() == '/' ||
+             name.find("//") != std::string_view::npos || name == "." ;
+  if (bad)
+    TROUPE_THROW(InvalidArgument, "checkpoint section ", group, ": '", name,
+                 "' is not a usable tensor name (no leading, trailing or doubled '/')");
+}
+}  // namespace
+
+SectionWriter::SectionWriter(FileWriter& file, std::string section)
+    : file_(file), group_(std::string("/").append(section)) {
+  file_.ensure_group(group_);
+}
+
+void SectionWriter::tensor(std::string_view name, const tensor::Tensor& t) {
+  check_name(name, group_);
+  file_.write_tensor(group_ + "/" + std::string(name), t);
+}
+
+void SectionWriter::attribute(std::string_view name, const AttrValue& value) {
+  file_.set_attribute(group_, name, value);
+}
+
+SectionReader::SectionReader(const FileReader& file, std::string section)
+    : file_(file), group_(std::string("/").append(section)) {
+  if (!file_.has_group(group_))
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": no section ", group_);
+  for (const TensorInfo& info : file_.tensors(group_)) names_.push_back(info.path.substr(group_.size() + 1));
+  attributes_ = file_.attributes(group_);
+}
+
+bool SectionReader::has_tensor(std::string_view name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+tensor::Tensor SectionReader::tensor(std::string_view name) const {
+  if (!has_tensor(name))
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '",
+                 name, "' (it has ", names_.size(), ")");
+  return file_.read(group_ + "/" + std::string(name));
+}
+
+}  // namespace troupe::checkpoint
