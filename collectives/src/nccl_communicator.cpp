@@ -14,11 +14,11 @@ namespace troupe::collectives {
 namespace {
 
 void check_cuda(cudaError_t status, const char* what, const std::string& context) {
-  if (status != cudaSuccess) TROUPE_THROW(Error, context, ": ", what, " failed: ", cudaGetErrorString(status));
+  if (status != cudaSuccess) TROUPE_THROW(NcclError, context, ": ", what, " failed: ", cudaGetErrorString(status));
 }
 void check_nccl(ncclResult_t status, const char* what, const std::string& context) {
   if (status != ncclSuccess && status != ncclInProgress) {
-    TROUPE_THROW(Error, context, ": ", what, " failed: ", ncclGetErrorString(status));
+    TROUPE_THROW(NcclError, context, ": ", what, " failed: ", ncclGetErrorString(status));
   }
 }
 
@@ -103,7 +103,7 @@ class NcclOperation : public Operation {
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(state_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
-      TROUPE_THROW(Error, collective().describe(), ": NCCL reported an error on rank ", state_->rank, ": ",
+      TROUPE_THROW(NcclError, collective().describe(), ": NCCL reported an error on rank ", state_->rank, ": ",
                    ncclGetErrorString(async));
     }
     const cudaError_t status = cudaEventQuery(finished_);

@@ -7,9 +7,10 @@
 // Streams: every collective runs on the communicator's own CUDA stream. It first waits
 // for work already queued on the legacy default stream (where troupe's tensor ops run),
 // so it sees finished inputs; Work::test() asks whether its completion event has
-// fired; Work::wait() polls that event until done or the timeout passes (then aborts
-// the NCCL communicator, so a hung collective cannot hold the GPU forever, and fails
-// this one), which also orders later host code after the result.
+// fired; Work::wait() polls that event until done or the timeout passes (then it
+// throws TimeoutError and fails the communicator), which also orders later host code
+// after the result. A communicator destroyed while a collective still hangs is
+// aborted (ncclCommAbort), so a hung collective cannot hold the GPU forever.
 //
 // Arithmetic: NCCL reduces f16 and bf16 in the type itself (not in f32 as the MPI
 // backend does); the results can differ from the MPI backend's by an ulp per step.
