@@ -1,0 +1,306 @@
+// actors_bench: message rates of the actor runtime next to raw MPI, on 2 ranks.
+//
+//   mpirun -np 2 --bind-to none [--mca btl self,tcp] build/bench/actors_bench
+//          [--quick] [--transport shm|tcp] [--json PATH]
+//
+// Cases (rank 0 drives, rank 1 hosts the actors; each runtime has 1 pool thread and
+// 1 progress thread per rank, and a waiting caller drives progress itself):
+//   ask round trip     8 B .. 16 MB payloads (troupe::Bytes attachments) against
+//                      MPI_Send/MPI_Recv ping-pong of the same bytes;
+//   blocking asks/s    ask().get() in a loop, against raw ping-pongs per second;
+//   pipelined asks/s   when_all of 1,000 asks at a time;
+//   tells/s            one-way tells of an int, across ranks, against a stream of
+//                      8-byte MPI_Send with a final round trip, and within a rank;
+//   idle CPU           process CPU time of an idle runtime over 1 s, per rank.
+// Each figure is the median of the rounds (5; --quick: 1). Rank 0 prints a table and,
+// with --json PATH, writes rows in DESIGN.md's schema.
+#include <mpi.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/actors/bytes.hpp"
+#include "troupe/actors/runtime.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Echo {
+  troupe::Bytes echo(troupe::Bytes payload) { return payload; }
+  int add(int x) { return total += x; }
+  void count(int x) { total += x; }
+  int read() { return total; }
+  int total = 0;
+  static constexpr auto troupe_methods = troupe::methods<&Echo::echo, &Echo::add, &Echo::count, &Echo::read>;
+};
+
+struct Args {
+  bool quick = false;
+  std::string transport = "shm";
+  std::string json;
+};
+
+struct Row {
+  std::string name, unit, better;
+  double ours, theirs;
+  std::string baseline, target;
+  int met;  // -1: no target
+};
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Waits for both ranks without spinning a core (MPI_Barrier busy-polls).
+void quiet_barrier(MPI_Comm comm) {
+  MPI_Request request;
+  MPI_Ibarrier(comm, &request);
+  for (int done = 0; !done;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+// Raw MPI: `iterations` ping-pongs of `bytes`; seconds per round trip (rank 0's view).
+double raw_round_trip(MPI_Comm comm, int rank, std::size_t bytes, int iterations) {
+  std::vector<char> buffer(std::max<std::size_t>(bytes, 1), 1);
+  const int count = static_cast<int>(bytes);
+  const auto start = Clock::now();
+  for (int i = 0; i < iterations; ++i) {
+    if (rank == 0) {
+      MPI_Send(buffer.data(), count, MPI_BYTE, 1, 0, comm);
+      MPI_Recv(buffer.data(), count, MPI_BYTE, 1, 0, comm, MPI_STATUS_IGNORE);
+    } else {
+      MPI_Recv(buffer.data(), count, MPI_BYTE, 0, 0, comm, MPI_STATUS_IGNORE);
+      MPI_Send(buffer.data(), count, MPI_BYTE, 0, 0, comm);
+    }
+  }
+  return seconds_since(start) / iterations;
+}
+
+// Raw MPI: a stream of `n` 8-byte sends, then one reply; messages per second.
+double raw_stream(MPI_Comm comm, int rank, int n) {
+  std::int64_t value = 1;
+  const auto start = Clock::now();
+  if (rank == 0) {
+    for (int i = 0; i < n; ++i) MPI_Send(&value, 1, MPI_INT64_T, 1, 1, comm);
+    MPI_Recv(&value, 1, MPI_INT64_T, 1, 2, comm, MPI_STATUS_IGNORE);
+  } else {
+    for (int i = 0; i < n; ++i) MPI_Recv(&value, 1, MPI_INT64_T, 0, 1, comm, MPI_STATUS_IGNORE);
+    MPI_Send(&value, 1, MPI_INT64_T, 0, 2, comm);
+  }
+  return n / seconds_since(start);
+}
+
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_utime.tv_sec + usage.ru_stime.tv_sec + 1e-6 * (usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+}
+
+std::string human(std::size_t bytes) {
+  if (bytes >= (1u << 20)) return std::to_string(bytes >> 20) + " MB";
+  if (bytes >= 1024) return std::to_string(bytes >> 10) + " KB";
+  return std::to_string(bytes) + " B";
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+void write_json(const std::string& path, const std::vector<Row>& rows) {
+  std::ofstream out(path);
+  out << "[\n";
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    char numbers[256];
+    std::snprintf(numbers, sizeof numbers, "\"troupe\": %.3f, \"baseline_value\": %s, \"ratio\": %s", r.ours,
+                  r.theirs > 0 ? std::to_string(r.theirs).c_str() : "null",
+                  r.theirs > 0 ? std::to_string(r.ours / r.theirs).c_str() : "null");
+    out << "  {\"case\": \"" << json_escape(r.name) << "\", \"unit\": \"" << r.unit << "\", \"better\": \"" << r.better
+        << "\", " << numbers << ", \"baseline\": \"" << json_escape(r.baseline) << "\", \"target\": \""
+        << json_escape(r.target) << "\", \"met\": " << (r.met < 0 ? "null" : r.met ? "true" : "false") << "}"
+        << (i + 1 < rows.size() ? ",\n" : "\n");
+  }
+  out << "]\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") args.quick = true;
+    else if (a == "--transport" && i + 1 < argc) args.transport = argv[++i];
+    else if (a == "--json" && i + 1 < argc) args.json = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: actors_bench [--quick] [--transport shm|tcp] [--json PATH]\n");
+      return 2;
+    }
+  }
+  troupe::Runtime rt(argc, argv);
+  if (rt.size() != 2) {
+    if (rt.rank() == 0) std::fprintf(stderr, "actors_bench: run it on 2 ranks (mpirun -np 2)\n");
+    return 2;
+  }
+  const int rank = rt.rank();
+  const bool tcp = args.transport == "tcp";
+  const int rounds = args.quick ? 1 : 5;
+  MPI_Comm raw;
+  MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+  troupe::ActorRef<Echo> remote, local;
+  if (rank == 0) {
+    remote = rt.spawn<Echo>(1);
+    local = rt.spawn<Echo>(0);
+  }
+  std::vector<Row> rows;
+  const std::string where = args.transport;
+
+  // ---- round trips ----
+  for (std::size_t bytes : {std::size_t{8}, std::size_t{1024}, std::size_t{64} << 10, std::size_t{1} << 20,
+                            std::size_t{16} << 20}) {
+    const int n = bytes >= (std::size_t{1} << 20) ? (args.quick ? 10 : 40) : (args.quick ? 300 : 2000);
+    std::vector<double> ours, theirs;
+    const troupe::Bytes payload(std::vector<std::byte>(bytes, std::byte{1}));
+    for (int r = 0; r < rounds; ++r) {
+      quiet_barrier(raw);
+      theirs.push_back(raw_round_trip(raw, rank, bytes, n));
+      quiet_barrier(raw);
+      if (rank == 0) {
+        remote.ask(&Echo::echo, payload).get();  // warm: pooled buffers, connections
+        const auto start = Clock::now();
+        for (int i = 0; i < n; ++i) remote.ask(&Echo::echo, payload).get();
+        ours.push_back(seconds_since(start) / n);
+      }
+    }
+    if (rank != 0) continue;
+    const double o = median(ours) * 1e6, t = median(theirs) * 1e6;
+    std::string target;
+    int met = -1;
+    if (tcp) {
+      const double bound = bytes <= 1024 ? 1.5 : bytes < (std::size_t{1} << 20) ? 1.2 : 1.1;
+      target = "<= " + std::to_string(bound).substr(0, 3) + "x raw";
+      met = o <= bound * t;
+    } else if (bytes == 8) {
+      target = "<= 2 us";
+      met = o <= 2.0;
+    } else if (bytes >= (std::size_t{1} << 20)) {
+      target = "<= 1.1x raw";
+      met = o <= 1.1 * t;
+    }
+    rows.push_back({"ask rtt " + human(bytes) + " " + where, "us", "lower", o, t, "raw MPI ping-pong, same payload",
+                    target, met});
+  }
+
+  // ---- blocking and pipelined asks per second ----
+  {
+    const int n = args.quick ? 2000 : 10000;
+    std::vector<double> ours, pipelined, theirs;
+    for (int r = 0; r < rounds; ++r) {
+      quiet_barrier(raw);
+      theirs.push_back(1.0 / raw_round_trip(raw, rank, 8, n));
+      quiet_barrier(raw);
+      if (rank == 0) {
+        auto start = Clock::now();
+        for (int i = 0; i < n; ++i) remote.ask(&Echo::add, 1).get();
+        ours.push_back(n / seconds_since(start));
+        start = Clock::now();
+        for (int done = 0; done < n; done += 1000) {
+          std::vector<troupe::Future<int>> batch;
+          batch.reserve(1000);
+          for (int i = 0; i < 1000; ++i) batch.push_back(remote.ask(&Echo::add, 1));
+          troupe::when_all(std::move(batch)).get();
+        }
+        pipelined.push_back(n / seconds_since(start));
+      }
+    }
+    if (rank == 0) {
+      const double floor = tcp ? 20000 : 60000;
+      rows.push_back({"blocking asks/s " + where, "asks/s", "higher", median(ours), median(theirs),
+                      "raw MPI ping-pongs/s", ">= " + std::to_string(static_cast<int>(floor)) + "/s",
+                      median(ours) >= floor});
+      rows.push_back({"pipelined asks/s (when_all of 1000) " + where, "asks/s", "higher", median(pipelined),
+                      median(theirs), "raw MPI ping-pongs/s", ">= 80000/s (10x Ray's pipelined)",
+                      median(pipelined) >= 80000});
+    }
+  }
+
+  // ---- tells per second, across ranks and within a rank ----
+  {
+    const int n = args.quick ? 20000 : 200000;
+    std::vector<double> across, within, theirs;
+    for (int r = 0; r < rounds; ++r) {
+      quiet_barrier(raw);
+      theirs.push_back(raw_stream(raw, rank, n));
+      quiet_barrier(raw);
+      if (rank == 0) {
+        auto start = Clock::now();
+        for (int i = 0; i < n; ++i) remote.tell(&Echo::count, 1);
+        remote.ask(&Echo::read).get();  // per-sender order: every tell is in once this answers
+        across.push_back(n / seconds_since(start));
+        start = Clock::now();
+        for (int i = 0; i < n; ++i) local.tell(&Echo::count, 1);
+        local.ask(&Echo::read).get();
+        within.push_back(n / seconds_since(start));
+      }
+    }
+    if (rank == 0) {
+      rows.push_back({"tells/s across ranks " + where, "msg/s", "higher", median(across), median(theirs),
+                      "raw MPI_Send stream of 8 B", tcp ? "" : ">= 1 M/s", tcp ? -1 : median(across) >= 1e6});
+      rows.push_back({"tells/s within a rank", "msg/s", "higher", median(within), 0,
+                      "CAF baseline not built (libcaf-dev)", "", -1});
+      // local ask round trip
+      const int m = args.quick ? 2000 : 20000;
+      const auto start = Clock::now();
+      for (int i = 0; i < m; ++i) local.ask(&Echo::add, 1).get();
+      rows.push_back({"ask rtt within a rank", "us", "lower", seconds_since(start) / m * 1e6, 0,
+                      "CAF baseline not built (libcaf-dev)", "", -1});
+    }
+  }
+
+  // ---- idle CPU ----
+  {
+    quiet_barrier(raw);
+    const double cpu0 = cpu_seconds();
+    const auto start = Clock::now();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    double share = (cpu_seconds() - cpu0) / seconds_since(start);
+    double worst = 0;
+    MPI_Reduce(&share, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, raw);
+    if (rank == 0) {
+      rows.push_back({"idle CPU per rank (worst rank) " + where, "% of a core", "lower", worst * 100, 0,
+                      "none (an idle process uses 0%)", "<= 5%", worst <= 0.05});
+    }
+  }
+
+  if (rank == 0) {
+    std::printf("# troupe actors, 2 ranks, %s, 1 pool thread + 1 progress thread per rank\n", where.c_str());
+    std::printf("%-44s %14s %14s %8s  %s\n", "case", "troupe", "baseline", "ratio", "target");
+    for (const Row& r : rows) {
+      std::printf("%-44s %14.2f %14.2f %8.2f  %s %s\n", r.name.c_str(), r.ours, r.theirs,
+                  r.theirs > 0 ? r.ours / r.theirs : 0.0, r.target.c_str(),
+                  r.met < 0 ? "" : r.met ? "(met)" : "(missed)");
+    }
+    if (!args.json.empty()) write_json(args.json, rows);
+  }
+  quiet_barrier(raw);
+  MPI_Comm_free(&raw);
+  return 0;
+}
