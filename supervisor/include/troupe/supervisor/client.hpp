@@ -1,0 +1,100 @@
+// SupervisorClient: the rank's side of troupe-run's heartbeat protocol (protocol.hpp).
+//
+// A program started by troupe-run creates one per rank, early (after MPI is up, so it
+// knows its rank) and keeps it until it ends:
+//
+//   auto env = troupe::supervisor::run_environment();
+//   auto client = troupe::supervisor::SupervisorClient::connect_if_supervised(env, rank, size);
+//   for (step...) {
+//     if (client) client->report_step(step);             // an atomic store, ~1 ns
+//     if (client) client->report_collective(comm.next_sequence());  // before a collective
+//     ...
+//   }
+//   // the destructor says goodbye: a clean exit is not mistaken for a dead rank
+//
+// The constructor connects, presents the run's token and registers (rank, host, pid);
+// it throws troupe::Error naming the address when it cannot, or when troupe-run refuses
+// (a wrong token, a rank of an older launch). A background thread then sends the last
+// reported progress every heartbeat interval. report_* only store into atomics, so
+// they cost nothing next to a training step and may be called from any thread.
+//
+// If troupe-run goes away mid-run, heartbeats stop silently (one line on stderr) and
+// the program carries on: the supervisor is there to restart jobs, not to stop them.
+//
+// Who creates it: the training program (train/ or an example), never actors/ or
+// collectives/, which stay ignorant of troupe-run (see docs/ARCHITECTURE.md).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "troupe/supervisor/run_environment.hpp"
+
+namespace troupe::supervisor {
+
+class SupervisorClient {
+ public:
+  // Connects to env.supervisor and registers as `rank` of `world_size`. Blocks until
+  // troupe-run answers (at most `timeout`).
+  SupervisorClient(const RunEnvironment& env, int rank, int world_size,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // A client when env.supervised(), else null: the same program runs with and without
+  // troupe-run.
+  static std::unique_ptr<SupervisorClient> connect_if_supervised(const RunEnvironment& env, int rank,
+                                                                 int world_size);
+  SupervisorClient(const SupervisorClient&) = delete;
+  SupervisorClient& operator=(const SupervisorClient&) = delete;
+  // Says goodbye (close()), unless the destructor runs because an exception is
+  // unwinding the stack: then the connection just closes, and troupe-run sees a rank
+  // that failed at once instead of waiting for mpirun's exit status. Never throws.
+  ~SupervisorClient();
+
+  // The training step the rank is at. Cheap: one relaxed atomic exchange; the first
+  // report of a launch also wakes the heartbeat thread, so troupe-run learns at once
+  // where the launch (re)started instead of up to an interval later.
+  void report_step(std::uint64_t step) noexcept {
+    if (step_.exchange(step, std::memory_order_relaxed) == kUnset) wake_first_step();
+  }
+  // The sequence number of the collective the rank is about to enter (call it before
+  // the collective, so a rank stuck inside one reports the one it is stuck in).
+  void report_collective(std::uint64_t sequence) noexcept {
+    sequence_.store(sequence, std::memory_order_relaxed);
+  }
+
+  // Stops heartbeating, sends Goodbye and closes: the rank is ending on purpose.
+  // Idempotent; never throws.
+  void close() noexcept;
+  // Closes without goodbye: troupe-run treats this rank as failed right away.
+  void abandon() noexcept;
+
+  // Heartbeats sent so far (for tests and the overhead benchmark).
+  std::uint64_t heartbeats_sent() const { return sent_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr std::uint64_t kUnset = ~std::uint64_t{0};
+  void heartbeat_loop();
+  void wake_first_step() noexcept;
+  bool send_frame(const std::vector<std::uint8_t>& frame) noexcept;
+
+  std::string address_;
+  int fd_ = -1;
+  std::chrono::milliseconds interval_;
+  std::atomic<std::uint64_t> step_{kUnset};
+  std::atomic<std::uint64_t> sequence_{kUnset};
+  std::atomic<std::uint64_t> sent_{0};
+  std::mutex mutex_;  // guards stop_ and the socket's writes
+  std::condition_variable wake_;
+  bool stop_ = false;
+  bool first_step_ = false;  // a first step was reported and not yet sent
+  std::thread thread_;
+  int uncaught_at_start_ = 0;  // std::uncaught_exceptions() when constructed
+};
+
+}  // namespace troupe::supervisor

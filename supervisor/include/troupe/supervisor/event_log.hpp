@@ -1,0 +1,57 @@
+// troupe-run's events log: one JSON object per line (JSONL), flushed as written, so
+// the file tells what happened even when troupe-run itself is killed.
+//
+//   {"time": 1763900000.123456, "run_id": "...", "event": "failure", "cause": "rank_lost", ...}
+//
+// Events: start, launch, rank_up, refused, failure, stopped, restart, resume, finish.
+#pragma once
+
+#include <fstream>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace troupe::supervisor {
+
+// A value already written as JSON.
+struct Json {
+  std::string text;
+  Json(std::string_view s);  // NOLINT: a string becomes a JSON string
+  Json(const char* s) : Json(std::string_view(s)) {}
+  Json(const std::string& s) : Json(std::string_view(s)) {}
+  Json(double v);
+  Json(int v) : text(std::to_string(v)) {}
+  Json(long v) : text(std::to_string(v)) {}
+  Json(unsigned long v) : text(std::to_string(v)) {}
+  Json(unsigned v) : text(std::to_string(v)) {}
+  Json(bool v) : text(v ? "true" : "false") {}
+  static Json raw(std::string json) {
+    Json j(0);
+    j.text = std::move(json);
+    return j;
+  }
+};
+
+using JsonFields = std::vector<std::pair<std::string, Json>>;
+
+// `s` as a JSON string literal, quotes included, control characters escaped.
+std::string json_quote(std::string_view s);
+// {"k": v, ...}
+std::string json_object(const JsonFields& fields);
+
+class EventLog {
+ public:
+  // Appends to `path`; an empty path logs nothing. Throws troupe::Error when the file
+  // cannot be opened.
+  EventLog(const std::string& path, std::string run_id);
+  void write(std::string_view event, const JsonFields& fields = {});
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string run_id_;
+  std::ofstream out_;
+};
+
+}  // namespace troupe::supervisor

@@ -1,0 +1,21 @@
+// The mpirun command line troupe-run runs for each launch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "troupe/supervisor/run_options.hpp"
+
+namespace troupe::supervisor {
+
+// mpirun -np N [--oversubscribe] [pass-through options] -x NAME... program args...
+//
+// `exported` are variable names whose values troupe-run puts in mpirun's own
+// environment: `-x NAME` (no value) forwards them to every rank, local or remote,
+// without writing the token into a command line that `ps` shows. --oversubscribe is
+// added when N exceeds `cores` and the user named no hosts and no mapping policy of
+// their own: a single-node test or demo then runs instead of being refused.
+std::vector<std::string> mpirun_command(const RunOptions& options, const std::string& mpirun,
+                                        const std::vector<std::string>& exported, unsigned cores);
+
+}  // namespace troupe::supervisor

@@ -1,0 +1,74 @@
+// The heartbeat protocol between a rank (SupervisorClient) and troupe-run.
+//
+// One TCP connection per rank. Every message is a frame: a 4-byte little-endian
+// payload length, then the payload, whose first byte is the message kind. The rank
+// speaks first (Hello, carrying the run's token); troupe-run answers Welcome or
+// Refused (with a reason) and closes on refusal. Then the rank sends Heartbeats with
+// its progress and, on a clean exit, Goodbye. A connection that closes without
+// Goodbye is a dead rank.
+//
+// Frames are tiny and bounded (kMaxPayload) so that a stray or hostile peer cannot
+// make the server allocate: a length prefix above the bound is refused before any
+// payload is read. decode_* check every field and throw FormatError naming what is
+// wrong, so the server can log the reason and drop the connection.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace troupe::supervisor {
+
+inline constexpr std::uint16_t kProtocolVersion = 1;
+// Largest payload either side accepts. A Hello with a 255-byte host name fits easily.
+inline constexpr std::uint32_t kMaxPayload = 1024;
+inline constexpr std::size_t kFrameHeader = 4;
+
+enum class MessageKind : std::uint8_t { hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5 };
+
+struct Hello {
+  std::string token;   // the run's random token (TROUPE_RUN_TOKEN)
+  std::string run_id;  // TROUPE_RUN_ID, so a rank of another run is told apart
+  std::uint32_t restart = 0;  // TROUPE_RESTART the rank was started with
+  std::uint32_t rank = 0;
+  std::uint32_t world_size = 0;
+  std::uint32_t pid = 0;
+  std::string host;
+};
+
+struct Welcome {};
+
+struct Refused {
+  std::string reason;
+};
+
+// Progress as the rank last reported it. `step` and `sequence` are meaningful only
+// when their flag is set (a rank that has not reached its first step has none).
+struct Heartbeat {
+  std::uint64_t step = 0;
+  std::uint64_t sequence = 0;  // the last collective the rank entered
+  bool has_step = false;
+  bool has_sequence = false;
+};
+
+struct Goodbye {};
+
+using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye>;
+
+// A whole frame (length prefix included) ready to send.
+std::vector<std::uint8_t> encode(const Message& message);
+
+// The payload length in a frame header; throws FormatError when it is 0 or above
+// kMaxPayload (the check that keeps a huge prefix from becoming an allocation).
+std::uint32_t decode_length(const std::uint8_t header[kFrameHeader]);
+
+// One payload (without its length prefix). Throws FormatError on an unknown kind, a
+// field running past the end, or bytes left over.
+Message decode_payload(const std::uint8_t* data, std::size_t size);
+
+// "hello", "heartbeat", ... for messages and logs.
+std::string_view kind_name(const Message& message);
+
+}  // namespace troupe::supervisor

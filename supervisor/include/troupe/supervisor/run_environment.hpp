@@ -1,0 +1,45 @@
+// What troupe-run tells every rank, through environment variables (exported with
+// mpirun -x, so they reach ranks on other nodes too):
+//
+//   TROUPE_SUPERVISOR             host:port of troupe-run's heartbeat server
+//   TROUPE_RUN_TOKEN              the run's random token; a connection must present it
+//   TROUPE_RUN_ID                 the run's id (the same across restarts)
+//   TROUPE_RESTART                0 on the first launch, 1 after the first restart, ...
+//   TROUPE_CHECKPOINT_DIR         where the program saves and resumes (absolute path)
+//   TROUPE_HEARTBEAT_INTERVAL_MS  how often the rank should heartbeat
+//
+// A program reads them once, at start, with run_environment(). Outside troupe-run
+// none is set and the defaults say so (supervised() is false).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace troupe::supervisor {
+
+inline constexpr const char* kEnvSupervisor = "TROUPE_SUPERVISOR";
+inline constexpr const char* kEnvRunToken = "TROUPE_RUN_TOKEN";
+inline constexpr const char* kEnvRunId = "TROUPE_RUN_ID";
+inline constexpr const char* kEnvRestart = "TROUPE_RESTART";
+inline constexpr const char* kEnvCheckpointDir = "TROUPE_CHECKPOINT_DIR";
+inline constexpr const char* kEnvHeartbeatInterval = "TROUPE_HEARTBEAT_INTERVAL_MS";
+inline constexpr const char* kEnvFault = "TROUPE_FAULT";
+
+struct RunEnvironment {
+  std::string supervisor;      // "host:port", empty when not under troupe-run
+  std::string token;
+  std::string run_id;
+  std::uint32_t restart = 0;
+  std::string checkpoint_dir;  // empty when troupe-run was given none
+  std::chrono::milliseconds heartbeat_interval{1000};
+
+  bool supervised() const { return !supervisor.empty(); }
+};
+
+// Reads the variables above. Throws InvalidArgument naming the variable and its value
+// when one is set but malformed (a restart count that is not a number, say), or when
+// TROUPE_SUPERVISOR is set without TROUPE_RUN_TOKEN.
+RunEnvironment run_environment();
+
+}  // namespace troupe::supervisor

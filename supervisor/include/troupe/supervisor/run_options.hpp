@@ -1,0 +1,55 @@
+// troupe-run's command line:
+//
+//   troupe-run -np N [--max-restarts K] [--checkpoint-dir DIR] [--hang-timeout S]
+//              [--heartbeat-timeout S] [--backoff S] [--grace S] [--bind ADDR:PORT]
+//              [--events FILE] [mpirun options] -- program args...
+//
+// mpirun options that troupe-run knows pass through unchanged (--hostfile F, --host H,
+// --mca K V, -x VAR, --map-by X, --bind-to X, --oversubscribe, ...); anything else
+// before `--` is an error, so a typo is not silently handed to mpirun.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace troupe::supervisor {
+
+using Seconds = std::chrono::duration<double>;
+
+struct RunOptions {
+  int np = 0;
+  // Relaunches after a failure before troupe-run gives up (0: never relaunch).
+  int max_restarts = 3;
+  // Exported as TROUPE_CHECKPOINT_DIR (made absolute, created if missing); empty: none.
+  std::string checkpoint_dir;
+  // A rank whose (step, collective) has not changed for this long is stuck: a hang.
+  Seconds hang_timeout{300};
+  // A connected rank not heard from for this long is dead even if its socket is open
+  // (a stopped process, a partitioned node). Ranks heartbeat 5 times per timeout.
+  Seconds heartbeat_timeout{10};
+  // Wait before relaunch n: backoff * 2^(n-1), at most 60 s; lets a flaky node or port recover.
+  Seconds backoff{1};
+  // SIGTERM to SIGKILL when stopping the job: time for ranks to exit on their own.
+  Seconds grace{3};
+  // Where the heartbeat server listens. Loopback by default: a single node needs no
+  // more, and a cluster names an address its nodes reach. Port 0: any free port.
+  std::string bind_host = "127.0.0.1";
+  unsigned short bind_port = 0;
+  // JSONL events file; empty: <checkpoint-dir>/troupe-run-events.jsonl, or none
+  // without a checkpoint directory.
+  std::string events_file;
+  // mpirun options passed through, in order.
+  std::vector<std::string> mpirun_args;
+  // The program and its arguments (after `--`).
+  std::vector<std::string> program;
+  bool help = false;
+};
+
+// Parses argv (argv[0] excluded). Throws InvalidArgument with a message naming the
+// flag and value; troupe-run prints it with usage() and exits with status 2.
+RunOptions parse_run_options(const std::vector<std::string>& args);
+
+std::string usage();
+
+}  // namespace troupe::supervisor

@@ -1,0 +1,226 @@
+#include "troupe/supervisor/client.hpp"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <iostream>
+
+#include "troupe/error.hpp"
+#include "troupe/supervisor/protocol.hpp"
+
+namespace troupe::supervisor {
+namespace {
+
+// "host:port" or "[v6]:port" -> (host, port).
+std::pair<std::string, std::string> split_address(const std::string& address) {
+  auto colon = address.rfind(':');
+  TROUPE_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < address.size(), kEnvSupervisor,
+               "='", address, "' is not host:port");
+  std::string host = address.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  return {host, address.substr(colon + 1)};
+}
+
+void set_timeout(int fd, int option, std::chrono::milliseconds timeout) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((timeout.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, option, &tv, sizeof tv);
+}
+
+// Connects to the first address of `address` that answers. SO_SNDTIMEO bounds
+// connect() on Linux, so an unreachable --bind address fails instead of hanging.
+int connect_to(const std::string& address, std::chrono::milliseconds timeout) {
+  auto [host, port] = split_address(address);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0)
+    TROUPE_THROW(Error, "supervisor client: cannot resolve ", address, " (", kEnvSupervisor,
+                 "): ", ::gai_strerror(rc));
+  std::string last_error = "no address";
+  int fd = -1;
+  for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      last_error = std::strerror(errno);
+      continue;
+    }
+    set_timeout(fd, SO_SNDTIMEO, timeout);
+    set_timeout(fd, SO_RCVTIMEO, timeout);
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      last_error = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0)
+    TROUPE_THROW(Error, "supervisor client: cannot connect to troupe-run at ", address, " (",
+                 kEnvSupervisor, "): ", last_error);
+  int one = 1;  // heartbeats are tiny; do not let Nagle hold them back
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+bool read_exactly(int fd, std::uint8_t* data, std::size_t n) {
+  while (n > 0) {
+    ssize_t got = ::recv(fd, data, n, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return false;
+    data += got;
+    n -= static_cast<std::size_t>(got);
+  }
+  return true;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+}  // namespace
+
+SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int world_size,
+                                   std::chrono::milliseconds timeout)
+    : address_(env.supervisor), interval_(env.heartbeat_interval) {
+  TROUPE_CHECK(env.supervised(), "SupervisorClient: ", kEnvSupervisor, " is not set (not under troupe-run)");
+  TROUPE_CHECK(rank >= 0 && rank < world_size, "SupervisorClient: rank ", rank, " not in a world of ",
+               world_size);
+  fd_ = connect_to(address_, timeout);
+  Hello hello{env.token,
+              env.run_id,
+              env.restart,
+              static_cast<std::uint32_t>(rank),
+              static_cast<std::uint32_t>(world_size),
+              static_cast<std::uint32_t>(::getpid()),
+              host_name()};
+  std::uint8_t header[kFrameHeader];
+  std::vector<std::uint8_t> payload;
+  std::string failure;
+  if (!send_frame(encode(hello))) {
+    failure = std::string("cannot send hello: ") + std::strerror(errno);
+  } else if (!read_exactly(fd_, header, kFrameHeader)) {
+    failure = "troupe-run closed the connection without answering hello";
+  } else {
+    try {
+      payload.resize(decode_length(header));
+      if (!read_exactly(fd_, payload.data(), payload.size())) {
+        failure = "troupe-run's answer to hello was cut short";
+      } else {
+        Message answer = decode_payload(payload.data(), payload.size());
+        if (auto* refused = std::get_if<Refused>(&answer))
+          failure = "troupe-run refused rank " + std::to_string(rank) + ": " + refused->reason;
+        else if (!std::holds_alternative<Welcome>(answer))
+          failure = "troupe-run answered hello with " + std::string(kind_name(answer));
+      }
+    } catch (const FormatError& e) {
+      failure = e.what();
+    }
+  }
+  if (!failure.empty()) {
+    ::close(fd_);
+    fd_ = -1;
+    TROUPE_THROW(Error, "supervisor client (", address_, "): ", failure);
+  }
+  uncaught_at_start_ = std::uncaught_exceptions();
+  thread_ = std::thread([this] { heartbeat_loop(); });
+}
+
+std::unique_ptr<SupervisorClient> SupervisorClient::connect_if_supervised(const RunEnvironment& env,
+                                                                          int rank, int world_size) {
+  if (!env.supervised()) return nullptr;
+  return std::make_unique<SupervisorClient>(env, rank, world_size);
+}
+
+SupervisorClient::~SupervisorClient() {
+  if (std::uncaught_exceptions() > uncaught_at_start_)
+    abandon();
+  else
+    close();
+}
+
+void SupervisorClient::abandon() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+bool SupervisorClient::send_frame(const std::vector<std::uint8_t>& frame) noexcept {
+  std::size_t done = 0;
+  while (done < frame.size()) {
+    // MSG_NOSIGNAL: a supervisor that went away must not SIGPIPE the rank.
+    ssize_t n = ::send(fd_, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void SupervisorClient::heartbeat_loop() {
+  std::unique_lock lock(mutex_);
+  while (!stop_) {
+    Heartbeat beat;
+    std::uint64_t step = step_.load(std::memory_order_relaxed);
+    std::uint64_t sequence = sequence_.load(std::memory_order_relaxed);
+    beat.has_step = step != kUnset;
+    beat.has_sequence = sequence != kUnset;
+    beat.step = beat.has_step ? step : 0;
+    beat.sequence = beat.has_sequence ? sequence : 0;
+    if (!send_frame(encode(beat))) {
+      std::cerr << "troupe supervisor client: heartbeats to " << address_
+                << " stopped: " << std::strerror(errno) << "\n";
+      return;
+    }
+    sent_.fetch_add(1, std::memory_order_relaxed);
+    wake_.wait_for(lock, interval_, [this] { return stop_ || first_step_; });
+    first_step_ = false;
+  }
+}
+
+void SupervisorClient::wake_first_step() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    first_step_ = true;
+  }
+  wake_.notify_all();
+}
+
+void SupervisorClient::close() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) return;
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (fd_ >= 0) {
+    try {
+      send_frame(encode(Goodbye{}));
+    } catch (...) {
+    }
+    ::shutdown(fd_, SHUT_WR);
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+}  // namespace troupe::supervisor

@@ -1,0 +1,106 @@
+#include "troupe/supervisor/fault.hpp"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "troupe/supervisor/run_environment.hpp"
+
+namespace troupe::supervisor {
+namespace {
+
+template <class T>
+T parse_number(std::string_view text, std::string_view key, std::string_view whole) {
+  T value{};
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && value >= T{}, kEnvFault, "='",
+               whole, "': ", key, "='", text, "' is not a non-negative whole number");
+  return value;
+}
+
+double seconds_since_epoch() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+FaultPlan parse_fault(std::string_view text) {
+  FaultPlan plan;
+  bool has_rank = false, has_step = false, has_kind = false;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    auto eq = item.find('=');
+    TROUPE_CHECK(eq != std::string_view::npos, kEnvFault, "='", text, "': '", item,
+                 "' is not key=value (expected rank=R,step=S,kind=crash|hang|throw[,restart=N])");
+    std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
+    auto once = [&](bool& seen) {
+      TROUPE_CHECK(!seen, kEnvFault, "='", text, "': '", key, "' given twice");
+      seen = true;
+    };
+    if (key == "rank") {
+      once(has_rank);
+      plan.rank = parse_number<int>(value, key, text);
+    } else if (key == "step") {
+      once(has_step);
+      plan.step = parse_number<std::uint64_t>(value, key, text);
+    } else if (key == "kind") {
+      once(has_kind);
+      if (value == "crash") plan.kind = FaultKind::crash;
+      else if (value == "hang") plan.kind = FaultKind::hang;
+      else if (value == "throw") plan.kind = FaultKind::throw_error;
+      else TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value, "' is not crash, hang or throw");
+    } else if (key == "restart") {
+      TROUPE_CHECK(!plan.restart, kEnvFault, "='", text, "': 'restart' given twice");
+      plan.restart = parse_number<std::uint32_t>(value, key, text);
+    } else {
+      TROUPE_CHECK(false, kEnvFault, "='", text, "': unknown key '", key,
+                   "' (expected rank, step, kind, restart)");
+    }
+  }
+  TROUPE_CHECK(has_rank && has_step && has_kind, kEnvFault, "='", text, "': missing ",
+               !has_rank ? "rank" : !has_step ? "step" : "kind",
+               " (expected rank=R,step=S,kind=crash|hang|throw[,restart=N])");
+  return plan;
+}
+
+FaultInjector::FaultInjector(std::optional<FaultPlan> plan, int rank, std::uint32_t restart) {
+  if (!plan) return;
+  plan_ = *plan;
+  armed_ = plan_.rank == rank && (!plan_.restart || *plan_.restart == restart);
+}
+
+FaultInjector FaultInjector::from_environment(int rank) {
+  const char* text = std::getenv(kEnvFault);
+  if (!text || !*text) return {};
+  return FaultInjector(parse_fault(text), rank, run_environment().restart);
+}
+
+void FaultInjector::fire() const {
+  static constexpr const char* names[] = {"crash", "hang", "throw"};
+  // The time stamp lets the benchmark measure from the fault to its detection.
+  std::cerr << "troupe fault: " << names[static_cast<int>(plan_.kind)] << " on rank " << plan_.rank
+            << " at step " << plan_.step << " (pid " << ::getpid() << ", t=" << std::fixed
+            << seconds_since_epoch() << ")" << std::endl;
+  switch (plan_.kind) {
+    case FaultKind::crash:
+      ::kill(::getpid(), SIGKILL);
+      break;
+    case FaultKind::hang:
+      break;
+    case FaultKind::throw_error:
+      TROUPE_THROW(FaultInjected, "injected fault (", kEnvFault, ") on rank ", plan_.rank, " at step ",
+                   plan_.step);
+  }
+  // hang, and the instant between kill() and its delivery.
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
+}  // namespace troupe::supervisor

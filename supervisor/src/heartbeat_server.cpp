@@ -1,0 +1,256 @@
+#include "troupe/supervisor/heartbeat_server.hpp"
+
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/asio/read.hpp>
+#include <cstdio>
+
+#include "troupe/error.hpp"
+
+namespace troupe::supervisor {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+std::string printable(std::string_view s, std::size_t max) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && out.size() < max; ++i) {
+    auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\x%02x", c);
+      out += buffer;
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
+namespace {
+
+// Compares without an early exit, so the time taken says nothing about the token.
+bool same_token(std::string_view a, std::string_view b) {
+  if (a.size() != b.size() || b.empty()) return false;  // the length is no secret
+  unsigned char diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+}  // namespace
+
+// One peer. Lives as long as an operation of its own is pending (shared_from_this),
+// reads one frame at a time into a buffer of at most kMaxPayload bytes.
+class HeartbeatServer::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(HeartbeatServer& server, tcp::socket socket)
+      : server_(&server), socket_(std::move(socket)), hello_timer_(socket_.get_executor()) {
+    boost::system::error_code ec;
+    auto endpoint = socket_.remote_endpoint(ec);
+    peer_ = ec ? "unknown peer" : endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
+  }
+
+  void start() {
+    auto self = shared_from_this();
+    hello_timer_.expires_after(kHelloTimeout);
+    hello_timer_.async_wait([self](boost::system::error_code ec) {
+      if (!ec && self->rank_ < 0 && !self->closed_)
+        self->refuse("no hello within " + std::to_string(kHelloTimeout.count()) + " s");
+    });
+    read_header();
+  }
+
+  // The server forgets this connection (a new launch, or shutdown): no more callbacks.
+  void detach() {
+    server_ = nullptr;
+    close();
+  }
+
+ private:
+  void read_header() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(header_), [self](boost::system::error_code ec, std::size_t) {
+      if (self->closed_) return;
+      if (ec) return self->lost(ec == asio::error::eof ? "connection closed without goodbye"
+                                                       : "connection failed: " + ec.message());
+      std::uint32_t length = 0;
+      try {
+        length = decode_length(self->header_.data());
+      } catch (const FormatError& e) {
+        return self->protocol_error(e.what());
+      }
+      self->payload_.resize(length);
+      self->read_payload();
+    });
+  }
+
+  void read_payload() {
+    auto self = shared_from_this();
+    asio::async_read(socket_, asio::buffer(payload_), [self](boost::system::error_code ec, std::size_t) {
+      if (self->closed_) return;
+      if (ec) return self->lost("connection closed in the middle of a message: " + ec.message());
+      Message message;
+      try {
+        message = decode_payload(self->payload_.data(), self->payload_.size());
+      } catch (const FormatError& e) {
+        return self->protocol_error(e.what());
+      }
+      self->handle(message);
+    });
+  }
+
+  void handle(const Message& message) {
+    if (!server_) return close();
+    if (rank_ < 0) {
+      const auto* hello = std::get_if<Hello>(&message);
+      if (!hello) return refuse(std::string("first message was ") + std::string(kind_name(message)) + ", not hello");
+      if (auto why = server_->check_hello(*hello)) return refuse(*why);
+      hello_timer_.cancel();
+      rank_ = static_cast<int>(hello->rank);
+      RankStatus& status = server_->ranks_[static_cast<std::size_t>(rank_)];
+      status.registered = status.connected = true;
+      status.host = printable(hello->host, 64);
+      status.pid = hello->pid;
+      status.peer = peer_;
+      status.last_heard = status.last_progress = Clock::now();
+      send(Welcome{}, false);
+      server_->listener_.on_rank_up(status);
+      return read_header();
+    }
+    RankStatus& status = server_->ranks_[static_cast<std::size_t>(rank_)];
+    status.last_heard = Clock::now();
+    if (const auto* beat = std::get_if<Heartbeat>(&message)) {
+      const Heartbeat& old = status.progress;
+      bool changed = beat->has_step != old.has_step || beat->step != old.step ||
+                     beat->has_sequence != old.has_sequence || beat->sequence != old.sequence;
+      status.progress = *beat;
+      if (changed) {
+        status.last_progress = status.last_heard;
+        server_->listener_.on_progress(status);
+      }
+    } else if (std::holds_alternative<Goodbye>(message)) {
+      status.said_goodbye = true;
+    } else {
+      return protocol_error(std::string("unexpected ") + std::string(kind_name(message)) + " from a registered rank");
+    }
+    read_header();
+  }
+
+  void protocol_error(const std::string& what) {
+    if (rank_ < 0) return refuse(what);
+    lost("protocol error: " + what);
+  }
+
+  // A registered rank went away: report it unless it said goodbye.
+  void lost(const std::string& reason) {
+    if (server_ && rank_ >= 0) {
+      RankStatus& status = server_->ranks_[static_cast<std::size_t>(rank_)];
+      status.connected = false;
+      if (!status.said_goodbye) server_->listener_.on_rank_lost(status, reason);
+    } else if (server_) {
+      server_->listener_.on_refused(peer_, "closed before a complete hello (" + reason + ")");
+    }
+    close();
+  }
+
+  void refuse(const std::string& reason) {
+    if (server_) server_->listener_.on_refused(peer_, printable(reason));
+    send(Refused{printable(reason)}, true);
+  }
+
+  void send(const Message& message, bool then_close) {
+    auto frame = std::make_shared<std::vector<std::uint8_t>>(encode(message));
+    auto self = shared_from_this();
+    if (then_close) closed_ = true;  // read handlers stop; the write still completes
+    asio::async_write(socket_, asio::buffer(*frame), [self, frame, then_close](boost::system::error_code, std::size_t) {
+      if (then_close) self->close();
+    });
+  }
+
+  void close() {
+    closed_ = true;
+    hello_timer_.cancel();
+    boost::system::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+  }
+
+  HeartbeatServer* server_;
+  tcp::socket socket_;
+  asio::steady_timer hello_timer_;
+  std::string peer_;
+  int rank_ = -1;  // registered rank, -1 before hello
+  bool closed_ = false;
+  std::array<std::uint8_t, kFrameHeader> header_{};
+  std::vector<std::uint8_t> payload_;
+};
+
+HeartbeatServer::HeartbeatServer(asio::io_context& io, const std::string& host, unsigned short port,
+                                 std::string token, std::string run_id, Listener& listener)
+    : io_(io), acceptor_(io), token_(std::move(token)), run_id_(std::move(run_id)), listener_(listener) {
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  if (ec) TROUPE_THROW(Error, "troupe-run: --bind address '", host, "' is not an IP address: ", ec.message());
+  tcp::endpoint endpoint(address, port);
+  acceptor_.open(endpoint.protocol(), ec);
+  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(endpoint, ec);
+  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) TROUPE_THROW(Error, "troupe-run: cannot listen on ", host, ":", port, ": ", ec.message());
+  accept();
+}
+
+HeartbeatServer::~HeartbeatServer() {
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  for (auto& weak : connections_)
+    if (auto c = weak.lock()) c->detach();
+}
+
+std::string HeartbeatServer::address() const {
+  auto endpoint = acceptor_.local_endpoint();
+  auto host = endpoint.address().to_string();
+  if (endpoint.address().is_v6()) host = "[" + host + "]";
+  return host + ":" + std::to_string(endpoint.port());
+}
+
+unsigned short HeartbeatServer::port() const { return acceptor_.local_endpoint().port(); }
+
+void HeartbeatServer::begin_launch(std::uint32_t restart, int world_size) {
+  for (auto& weak : connections_)
+    if (auto c = weak.lock()) c->detach();
+  connections_.clear();
+  restart_ = restart;
+  ranks_.assign(static_cast<std::size_t>(world_size), RankStatus{});
+  for (int r = 0; r < world_size; ++r) ranks_[static_cast<std::size_t>(r)].rank = r;
+}
+
+std::optional<std::string> HeartbeatServer::check_hello(const Hello& hello) const {
+  if (!same_token(hello.token, token_)) return "wrong token";
+  if (hello.run_id != run_id_) return "run id '" + printable(hello.run_id, 64) + "' is not this run's";
+  if (hello.restart != restart_)
+    return "rank from launch " + std::to_string(hello.restart) + ", the current launch is " + std::to_string(restart_);
+  if (hello.world_size != ranks_.size())
+    return "world size " + std::to_string(hello.world_size) + ", the job has " + std::to_string(ranks_.size());
+  if (hello.rank >= ranks_.size())
+    return "rank " + std::to_string(hello.rank) + " outside a world of " + std::to_string(ranks_.size());
+  if (ranks_[hello.rank].registered) return "rank " + std::to_string(hello.rank) + " is already registered";
+  return std::nullopt;
+}
+
+void HeartbeatServer::accept() {
+  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+    if (!ec) {
+      auto connection = std::make_shared<Connection>(*this, std::move(socket));
+      // Drop expired entries so a stream of strays does not grow the list.
+      std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+      connections_.push_back(connection);
+      connection->start();
+    }
+    accept();
+  });
+}
+
+}  // namespace troupe::supervisor

@@ -1,0 +1,144 @@
+#include "troupe/supervisor/run_options.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <map>
+
+#include "troupe/error.hpp"
+
+namespace troupe::supervisor {
+namespace {
+
+// mpirun (Open MPI 4.1) options troupe-run passes through, with how many values each
+// takes. Kept to the ones a training job plausibly needs; -np is troupe-run's own.
+const std::map<std::string, int>& mpirun_options() {
+  static const std::map<std::string, int> options = {
+      {"--hostfile", 1},     {"-hostfile", 1},      {"--machinefile", 1}, {"-machinefile", 1},
+      {"--host", 1},         {"-host", 1},          {"-H", 1},            {"--mca", 2},
+      {"-mca", 2},           {"--gmca", 2},         {"-x", 1},            {"--map-by", 1},
+      {"-map-by", 1},        {"--bind-to", 1},      {"-bind-to", 1},      {"--rank-by", 1},
+      {"--npernode", 1},     {"-npernode", 1},      {"-N", 1},            {"--prefix", 1},
+      {"--wdir", 1},         {"-wdir", 1},          {"--output-filename", 1},
+      {"--oversubscribe", 0}, {"-oversubscribe", 0}, {"--tag-output", 0}, {"-tag-output", 0},
+      {"--timestamp-output", 0}, {"--report-bindings", 0}, {"--display-map", 0},
+      {"--nooversubscribe", 0}, {"--use-hwthread-cpus", 0}, {"-q", 0}, {"--quiet", 0},
+  };
+  return options;
+}
+
+int parse_int(const std::string& flag, const std::string& text, int min) {
+  int value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && value >= min,
+               flag, " '", text, "': expected a whole number >= ", min);
+  return value;
+}
+
+Seconds parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
+  double value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() &&
+                   std::isfinite(value) && (allow_zero ? value >= 0 : value > 0) && value <= 1e6,
+               flag, " '", text, "': expected seconds, a number ", allow_zero ? ">= 0" : "> 0");
+  return Seconds(value);
+}
+
+void parse_bind(const std::string& text, RunOptions& options) {
+  auto colon = text.rfind(':');
+  TROUPE_CHECK(colon != std::string::npos && colon > 0, "--bind '", text,
+               "': expected ADDR:PORT (port 0 picks a free one)");
+  std::string host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = parse_int("--bind port", text.substr(colon + 1), 0);
+  TROUPE_CHECK(port <= 65535, "--bind '", text, "': port ", port, " is above 65535");
+  options.bind_host = host;
+  options.bind_port = static_cast<unsigned short>(port);
+}
+
+}  // namespace
+
+RunOptions parse_run_options(const std::vector<std::string>& args) {
+  RunOptions options;
+  std::size_t i = 0;
+  auto value = [&](const std::string& flag) -> const std::string& {
+    TROUPE_CHECK(i + 1 < args.size() && args[i + 1] != "--", flag, " needs a value");
+    return args[++i];
+  };
+  bool separator = false;
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      separator = true;
+      ++i;
+      break;
+    }
+    if (arg == "-h" || arg == "--help") {
+      options.help = true;
+      return options;
+    } else if (arg == "-np" || arg == "-n" || arg == "--np") {
+      options.np = parse_int(arg, value(arg), 1);
+    } else if (arg == "--max-restarts") {
+      options.max_restarts = parse_int(arg, value(arg), 0);
+    } else if (arg == "--checkpoint-dir") {
+      options.checkpoint_dir = value(arg);
+      TROUPE_CHECK(!options.checkpoint_dir.empty(), "--checkpoint-dir: empty path");
+    } else if (arg == "--hang-timeout") {
+      options.hang_timeout = parse_seconds(arg, value(arg), false);
+    } else if (arg == "--heartbeat-timeout") {
+      options.heartbeat_timeout = parse_seconds(arg, value(arg), false);
+    } else if (arg == "--backoff") {
+      options.backoff = parse_seconds(arg, value(arg), true);
+    } else if (arg == "--grace") {
+      options.grace = parse_seconds(arg, value(arg), true);
+    } else if (arg == "--bind") {
+      parse_bind(value(arg), options);
+    } else if (arg == "--events") {
+      options.events_file = value(arg);
+      TROUPE_CHECK(!options.events_file.empty(), "--events: empty path");
+    } else if (auto known = mpirun_options().find(arg); known != mpirun_options().end()) {
+      options.mpirun_args.push_back(arg);
+      for (int k = 0; k < known->second; ++k) options.mpirun_args.push_back(value(arg));
+    } else if (!arg.empty() && arg[0] == '-') {
+      TROUPE_CHECK(false, "unknown option '", arg,
+                   "' (mpirun options passed through: --hostfile, --host, --mca, -x, --map-by, "
+                   "--bind-to, --oversubscribe and a few more; see --help)");
+    } else {
+      TROUPE_CHECK(false, "unexpected argument '", arg, "': the program and its arguments go after '--'");
+    }
+  }
+  TROUPE_CHECK(options.np > 0, "-np N is required (the number of ranks)");
+  TROUPE_CHECK(separator && i < args.size(), "no program given: put it after '--', e.g. troupe-run -np ",
+               options.np, " -- ./train");
+  options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  return options;
+}
+
+std::string usage() {
+  return R"(usage: troupe-run -np N [options] [mpirun options] -- program [args...]
+
+Runs `mpirun -np N program args...`, watches every rank through heartbeats, and
+relaunches the whole job when a rank dies, hangs or stops heartbeating. The program
+resumes from its latest checkpoint by itself (TROUPE_CHECKPOINT_DIR, TROUPE_RESTART).
+
+options:
+  -np N                   ranks (required)
+  --max-restarts K        relaunches before giving up (default 3)
+  --checkpoint-dir DIR    exported to ranks as TROUPE_CHECKPOINT_DIR (created if missing)
+  --hang-timeout S        no progress (step or collective) for S seconds is a hang (default 300)
+  --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 10)
+  --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)
+  --grace S               SIGTERM to SIGKILL when stopping the job (default 3)
+  --bind ADDR:PORT        heartbeat server address (default 127.0.0.1:0, a free port)
+  --events FILE           JSONL events log (default DIR/troupe-run-events.jsonl)
+
+mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-by X,
+  --bind-to X, --rank-by X, --npernode N, --prefix P, --wdir D, --oversubscribe,
+  --tag-output, --timestamp-output, --report-bindings, --display-map, ...
+
+exit status: 0 the job finished; 1 it failed max-restarts+1 times; 2 bad command line;
+  3 troupe-run could not start (no mpirun, address in use); 128+signal when stopped by
+  SIGINT/SIGTERM.
+)";
+}
+
+}  // namespace troupe::supervisor

@@ -1,0 +1,479 @@
+#include "troupe/supervisor/supervisor.hpp"
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "troupe/error.hpp"
+#include "troupe/supervisor/event_log.hpp"
+#include "troupe/supervisor/heartbeat_server.hpp"
+#include "troupe/supervisor/job.hpp"
+#include "troupe/supervisor/mpirun_command.hpp"
+#include "troupe/supervisor/run_environment.hpp"
+
+namespace troupe::supervisor {
+
+namespace asio = boost::asio;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string random_hex(std::size_t bytes) {
+  std::random_device device;  // the kernel's CSPRNG on Linux
+  std::string out;
+  static const char digits[] = "0123456789abcdef";
+  for (std::size_t i = 0; i < bytes; ++i) {
+    auto b = static_cast<unsigned>(device()) & 0xffu;
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
+std::string make_run_id() {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  return std::string(stamp) + "-" + random_hex(3);
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string fixed(double v, int digits = 2) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.*f", digits, v);
+  return buffer;
+}
+
+std::string this_host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// One relaunch, for the summary.
+struct Failure {
+  std::string cause;   // rank_lost, mpirun_exit, heartbeat_timeout, hang
+  std::string detail;  // one line
+  std::optional<std::uint64_t> failed_at_step;  // furthest step reported before the failure
+  std::optional<std::uint64_t> resumed_at_step;
+  double lost_s = 0;  // from the last progress before the failure to the first step after it
+};
+
+}  // namespace
+
+class Supervisor::Impl : public HeartbeatServer::Listener {
+ public:
+  explicit Impl(RunOptions options)
+      : options_(std::move(options)),
+        run_id_(make_run_id()),
+        token_(random_hex(16)),
+        mpirun_(find_on_path("mpirun")),
+        signals_(io_, SIGINT, SIGTERM),
+        tick_(io_),
+        grace_timer_(io_),
+        backoff_timer_(io_) {
+    if (!options_.checkpoint_dir.empty()) {
+      std::error_code ec;
+      fs::create_directories(options_.checkpoint_dir, ec);
+      if (ec) TROUPE_THROW(Error, "troupe-run: cannot create --checkpoint-dir '", options_.checkpoint_dir, "': ", ec.message());
+      options_.checkpoint_dir = fs::absolute(options_.checkpoint_dir).lexically_normal().string();
+      if (options_.events_file.empty()) options_.events_file = options_.checkpoint_dir + "/troupe-run-events.jsonl";
+    }
+    events_ = std::make_unique<EventLog>(options_.events_file, run_id_);
+    server_ = std::make_unique<HeartbeatServer>(io_, options_.bind_host, options_.bind_port, token_, run_id_, *this);
+  }
+
+  int run() {
+    started_ = Clock::now();
+    say("run " + run_id_ + ": " + std::to_string(options_.np) + " ranks, heartbeat server on " + server_->address() +
+        (options_.events_file.empty() ? "" : ", events in " + options_.events_file));
+    JsonFields program;
+    std::string command;
+    for (const auto& a : options_.program) command += (command.empty() ? "" : " ") + a;
+    events_->write("start", {{"np", options_.np}, {"program", command}, {"supervisor", server_->address()},
+                             {"max_restarts", options_.max_restarts}, {"checkpoint_dir", options_.checkpoint_dir},
+                             {"hang_timeout_s", options_.hang_timeout.count()},
+                             {"heartbeat_timeout_s", options_.heartbeat_timeout.count()}});
+    signals_.async_wait([this](boost::system::error_code ec, int signal) {
+      if (!ec) interrupt(signal);
+    });
+    launch();
+    io_.run();
+    return exit_code_;
+  }
+
+  // ---- HeartbeatServer::Listener ----
+  void on_rank_up(const RankStatus& rank) override {
+    watch_rank_process(rank);
+    events_->write("rank_up", {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host},
+                               {"pid", static_cast<unsigned>(rank.pid)}, {"peer", rank.peer},
+                               {"since_launch_s", seconds(Clock::now() - launched_)}});
+  }
+
+  void on_rank_lost(const RankStatus& rank, const std::string& reason) override {
+    fail("rank_lost", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
+                          "): " + reason + at_step(rank),
+         {{"rank", rank.rank}});
+  }
+
+  void on_refused(const std::string& peer, const std::string& reason) override {
+    say("refused a connection from " + peer + ": " + reason);
+    events_->write("refused", {{"peer", peer}, {"reason", reason}});
+  }
+
+  void on_progress(const RankStatus& rank) override {
+    if (!rank.progress.has_step) return;
+    last_progress_ = Clock::now();
+    furthest_step_ = std::max(furthest_step_.value_or(0), rank.progress.step);
+    if (!resumed_ && state_ == State::running) {
+      resumed_ = true;
+      double since_launch = seconds(Clock::now() - launched_);
+      events_->write(restart_ == 0 ? "first_step" : "resume", {{"restart", restart_}, {"rank", rank.rank}, {"step", static_cast<unsigned long>(rank.progress.step)},
+                                {"since_launch_s", since_launch}});
+      if (!failures_.empty() && !failures_.back().resumed_at_step) {
+        Failure& f = failures_.back();
+        f.resumed_at_step = rank.progress.step;
+        f.lost_s = seconds(Clock::now() - failure_progress_);
+        say("resumed at step " + std::to_string(rank.progress.step) + ", " + fixed(since_launch) + " s after relaunch");
+      }
+    }
+  }
+
+ private:
+  enum class State { running, stopping, backing_off, finished };
+
+  void say(const std::string& line) { std::cerr << "troupe-run: " << line << std::endl; }
+
+  static std::string at_step(const RankStatus& rank) {
+    std::string s;
+    if (rank.progress.has_step) s += ", last at step " + std::to_string(rank.progress.step);
+    if (rank.progress.has_sequence) s += ", collective " + std::to_string(rank.progress.sequence);
+    return s;
+  }
+
+  void launch() {
+    state_ = State::running;
+    resumed_ = false;
+    server_->begin_launch(static_cast<std::uint32_t>(restart_), options_.np);
+    rank_processes_.clear();
+    rank_processes_.resize(static_cast<std::size_t>(options_.np));
+    std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval};
+    // Five heartbeats per heartbeat timeout, and at most 0.5 s apart: progress is seen
+    // when a heartbeat carries it, so this bounds how late a hang is reported.
+    double interval_s = std::min({options_.heartbeat_timeout.count() / 5, options_.hang_timeout.count() / 4, 0.5});
+    auto interval_ms = std::max<long>(10, std::lround(interval_s * 1000));
+    Job::Environment env = {{kEnvSupervisor, server_->address()},
+                            {kEnvRunToken, token_},
+                            {kEnvRunId, run_id_},
+                            {kEnvRestart, std::to_string(restart_)},
+                            {kEnvHeartbeatInterval, std::to_string(interval_ms)}};
+    if (!options_.checkpoint_dir.empty()) {
+      env.emplace_back(kEnvCheckpointDir, options_.checkpoint_dir);
+      exported.push_back(kEnvCheckpointDir);
+    }
+    if (const char* fault = std::getenv(kEnvFault); fault && *fault) exported.push_back(kEnvFault);
+    if (::geteuid() == 0) {  // Open MPI refuses root unless told twice that it is meant
+      env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
+      env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    }
+    auto command = mpirun_command(options_, mpirun_, exported, std::max(1u, std::thread::hardware_concurrency()));
+    launched_ = Clock::now();
+    try {
+      job_ = std::make_unique<Job>(io_, command, env);
+    } catch (const Error& e) {
+      say(e.what());
+      events_->write("finish", {{"status", "error"}, {"exit_code", 3}, {"error", e.what()}});
+      return finish(3, "could not start mpirun");
+    }
+    std::string line;
+    for (const auto& a : command) line += (line.empty() ? "" : " ") + a;
+    events_->write("launch", {{"restart", restart_}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
+    job_->on_exit([this](int status) { job_exited(status); });
+    schedule_tick();
+  }
+
+  // The watchdog: heartbeats and progress of every live rank, a few times per timeout.
+  void schedule_tick() {
+    double period = std::clamp(std::min(options_.heartbeat_timeout.count(), options_.hang_timeout.count()) / 20, 0.01, 0.25);
+    tick_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(period)));
+    tick_.async_wait([this](boost::system::error_code ec) {
+      if (ec || state_ != State::running) return;
+      check_ranks();
+      if (state_ == State::running) schedule_tick();
+    });
+  }
+
+  void check_ranks() {
+    auto now = Clock::now();
+    auto heartbeat_timeout = std::chrono::duration_cast<Clock::duration>(options_.heartbeat_timeout);
+    auto hang_timeout = std::chrono::duration_cast<Clock::duration>(options_.hang_timeout);
+    const RankStatus* stuck = nullptr;
+    for (const auto& rank : server_->ranks()) {
+      if (!rank.registered || !rank.connected || rank.said_goodbye) continue;
+      if (now - rank.last_heard > heartbeat_timeout)
+        return fail("heartbeat_timeout", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +
+                                             " on " + rank.host + ") sent no heartbeat for " +
+                                             fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
+                    {{"rank", rank.rank}});
+      if (now - rank.last_progress > hang_timeout && !stuck) stuck = &rank;
+    }
+    if (stuck) report_hang(now);
+  }
+
+  // Every rank's position, so the one behind (a lower collective number) stands out.
+  void report_hang(Clock::time_point now) {
+    std::string detail = "no progress for " + fixed(options_.hang_timeout.count()) + " s:";
+    std::string ranks_json = "[";
+    std::optional<std::uint64_t> low, high;
+    for (const auto& rank : server_->ranks()) {
+      if (!rank.registered) continue;
+      detail += " rank " + std::to_string(rank.rank);
+      detail += rank.progress.has_step ? " at step " + std::to_string(rank.progress.step) : " before its first step";
+      if (rank.progress.has_sequence) {
+        detail += " in collective " + std::to_string(rank.progress.sequence);
+        low = std::min(low.value_or(rank.progress.sequence), rank.progress.sequence);
+        high = std::max(high.value_or(0), rank.progress.sequence);
+      }
+      detail += " (still for " + fixed(seconds(now - rank.last_progress)) + " s);";
+      ranks_json += std::string(ranks_json.size() > 1 ? ", " : "") +
+                    json_object({{"rank", rank.rank},
+                                 {"step", rank.progress.has_step ? Json(static_cast<unsigned long>(rank.progress.step)) : Json::raw("null")},
+                                 {"collective", rank.progress.has_sequence ? Json(static_cast<unsigned long>(rank.progress.sequence)) : Json::raw("null")},
+                                 {"stalled_s", seconds(now - rank.last_progress)}});
+    }
+    ranks_json += "]";
+    if (low && high && *low < *high) {
+      detail += " behind:";
+      for (const auto& rank : server_->ranks())
+        if (rank.registered && rank.progress.has_sequence && rank.progress.sequence == *low)
+          detail += " rank " + std::to_string(rank.rank);
+      detail += " (never entered collective " + std::to_string(*low + 1) + ")";
+    } else {
+      detail.pop_back();
+    }
+    fail("hang", detail, {{"ranks", Json::raw(ranks_json)}});
+  }
+
+  struct RankProcess {
+    explicit RankProcess(asio::io_context& io) : fd(io) {}
+    asio::posix::stream_descriptor fd;
+    bool exited = false;
+  };
+
+  void job_exited(int status) {
+    if (state_ == State::running) {
+      if (status == 0) return succeed();
+      fail("mpirun_exit", "mpirun " + describe_wait_status(status), {});
+    }
+    if (state_ != State::stopping) return;
+    grace_timer_.cancel();
+    kill_leftovers();
+    double teardown = seconds(Clock::now() - stop_started_);
+    events_->write("stopped", {{"restart", restart_}, {"teardown_s", teardown}, {"mpirun", describe_wait_status(status)}});
+    job_.reset();
+    after_stop();
+  }
+
+  void fail(const std::string& cause, const std::string& detail, JsonFields fields) {
+    if (state_ != State::running) return;  // the first cause is the cause
+    state_ = State::stopping;
+    tick_.cancel();
+    failure_progress_ = last_progress_.value_or(launched_);
+    failures_.push_back({cause, detail, furthest_step_, std::nullopt, 0});
+    say("failure (" + cause + "): " + detail);
+    fields.insert(fields.begin(), {{"restart", restart_}, {"cause", cause}, {"detail", detail}});
+    if (furthest_step_) fields.emplace_back("furthest_step", static_cast<unsigned long>(*furthest_step_));
+    events_->write("failure", fields);
+    stop_job();
+  }
+
+  void stop_job() {
+    stop_started_ = Clock::now();
+    if (!job_ || !job_->running()) {
+      // mpirun already exited by itself: only stragglers of its group may be left.
+      kill_leftovers();
+      events_->write("stopped", {{"restart", restart_}, {"teardown_s", 0.0}});
+      job_.reset();
+      return after_stop();
+    }
+    // Ranks first: Open MPI puts each local rank in a process group of its own, and
+    // mpirun takes over a second to act on a signal, so the ranks are told directly.
+    signal_ranks(SIGTERM);
+    job_->signal_group(SIGTERM);
+    grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.grace));
+    grace_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || !job_) return;
+      say("the job did not stop within --grace " + fixed(options_.grace.count()) + " s; sending SIGKILL");
+      kill_leftovers();
+    });
+  }
+
+  // SIGKILL to mpirun's group and to every rank of this host that registered: a rank
+  // that left the group (some launchers setsid) must not outlive its job.
+  void kill_leftovers() {
+    if (job_) job_->signal_group(SIGKILL);
+    signal_ranks(SIGKILL);
+  }
+
+  // Through the pidfds opened at registration: a pid number could have been reused.
+  void signal_ranks(int signal) {
+    for (auto& process : rank_processes_)
+      if (process && !process->exited) ::syscall(SYS_pidfd_send_signal, process->fd.native_handle(), signal, nullptr, 0);
+  }
+
+  // A rank on this host is watched through a pidfd, so that stopping the job can be
+  // over as soon as every rank has exited, without waiting for mpirun, which needs
+  // over a second after a signal to notice (measured: ~1.2 s on Open MPI 4.1). Ranks
+  // on other hosts are not watched; then the stop waits for mpirun's exit.
+  void watch_rank_process(const RankStatus& rank) {
+    static const std::string host = this_host();
+    if (rank.host != host || rank.pid <= 1) return;
+    int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(rank.pid), 0));
+    if (fd < 0) return;
+    auto process = std::make_shared<RankProcess>(io_);
+    process->fd.assign(fd);
+    rank_processes_[static_cast<std::size_t>(rank.rank)] = process;
+    process->fd.async_wait(asio::posix::stream_descriptor::wait_read, [this, process](boost::system::error_code ec) {
+      if (ec) return;
+      process->exited = true;
+      if (state_ == State::stopping && all_ranks_exited()) ranks_exited();
+    });
+  }
+
+  bool all_ranks_exited() const {
+    return std::all_of(rank_processes_.begin(), rank_processes_.end(),
+                       [](const auto& process) { return process && process->exited; });
+  }
+
+  // Every rank of the job is gone: mpirun has nothing left to do but report, so it is
+  // killed and reaped now instead of being waited for.
+  void ranks_exited() {
+    if (!job_) return;
+    grace_timer_.cancel();
+    job_->signal_group(SIGKILL);
+    job_.reset();  // reaps mpirun (SIGKILL is immediate)
+    events_->write("stopped", {{"restart", restart_}, {"teardown_s", seconds(Clock::now() - stop_started_)},
+                               {"mpirun", "killed once every rank had exited"}});
+    after_stop();
+  }
+
+  void after_stop() {
+    if (interrupted_) return finish(128 + interrupted_, "stopped by " + std::string(::strsignal(interrupted_)));
+    if (restart_ >= options_.max_restarts) return finish(1, "gave up after " + std::to_string(restart_) + " restart(s)");
+    ++restart_;
+    double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, restart_ - 1));
+    state_ = State::backing_off;
+    say("restart " + std::to_string(restart_) + " of " + std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
+    events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"cause", failures_.back().cause}});
+    backoff_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(backoff)));
+    backoff_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec && state_ == State::backing_off) launch();
+    });
+  }
+
+  void interrupt(int signal) {
+    if (interrupted_) {  // a second Ctrl-C: no more grace
+      kill_leftovers();
+      return;
+    }
+    interrupted_ = signal;
+    signals_.async_wait([this](boost::system::error_code ec, int s) {
+      if (!ec) interrupt(s);
+    });
+    say(std::string("got ") + ::strsignal(signal) + "; stopping the job (no restart)");
+    events_->write("interrupt", {{"signal", signal}, {"restart", restart_}});
+    if (state_ == State::running) {
+      state_ = State::stopping;
+      tick_.cancel();
+      stop_job();
+    } else if (state_ == State::backing_off) {
+      backoff_timer_.cancel();
+      after_stop();
+    }
+  }
+
+  void succeed() { finish(0, "finished"); }
+
+  void finish(int code, const std::string& outcome) {
+    if (state_ == State::finished) return;
+    state_ = State::finished;
+    exit_code_ = code;
+    double total = seconds(Clock::now() - started_);
+    double lost = 0;
+    std::uint64_t redone = 0;
+    if (!failures_.empty() && !failures_.back().resumed_at_step) failures_.back().lost_s = seconds(Clock::now() - failure_progress_);
+    std::string causes = "[";
+    std::ostringstream summary;
+    summary << "summary: " << outcome << " after " << failures_.size() << " failure(s), " << restart_ << " restart(s), in "
+            << fixed(total) << " s (exit status " << code << ")\n";
+    for (std::size_t i = 0; i < failures_.size(); ++i) {
+      const Failure& f = failures_[i];
+      lost += f.lost_s;
+      std::uint64_t steps = 0;
+      if (f.failed_at_step && f.resumed_at_step && *f.failed_at_step >= *f.resumed_at_step)
+        steps = *f.failed_at_step - *f.resumed_at_step;
+      redone += steps;
+      summary << "  launch " << i << ": " << f.cause << ": " << f.detail << "\n";
+      if (f.resumed_at_step)
+        summary << "    resumed at step " << *f.resumed_at_step << " (" << steps << " step(s) redone, " << fixed(f.lost_s)
+                << " s lost)\n";
+      causes += std::string(i ? ", " : "") + json_quote(f.cause);
+    }
+    causes += "]";
+    summary << "  time lost " << fixed(lost) << " s, steps redone " << redone;
+    say(summary.str());
+    events_->write("finish", {{"status", code == 0 ? "succeeded" : interrupted_ ? "interrupted" : code == 1 ? "gave_up" : "error"},
+                              {"exit_code", code}, {"restarts", restart_}, {"failures", static_cast<int>(failures_.size())},
+                              {"causes", Json::raw(causes)}, {"time_lost_s", lost},
+                              {"steps_redone", static_cast<unsigned long>(redone)}, {"total_s", total}});
+    tick_.cancel();
+    grace_timer_.cancel();
+    backoff_timer_.cancel();
+    signals_.cancel();
+    io_.stop();
+  }
+
+  RunOptions options_;
+  std::string run_id_;
+  std::string token_;
+  std::string mpirun_;
+  asio::io_context io_;
+  asio::signal_set signals_;
+  asio::steady_timer tick_, grace_timer_, backoff_timer_;
+  std::unique_ptr<EventLog> events_;
+  std::unique_ptr<HeartbeatServer> server_;
+  std::unique_ptr<Job> job_;
+  std::vector<std::shared_ptr<RankProcess>> rank_processes_;  // by rank; null when not watched
+
+  State state_ = State::running;
+  int restart_ = 0;
+  int interrupted_ = 0;  // the signal that asked us to stop
+  int exit_code_ = 0;
+  bool resumed_ = false;  // a step was reported in this launch
+  Clock::time_point started_, launched_, stop_started_, failure_progress_;
+  std::optional<Clock::time_point> last_progress_;
+  std::optional<std::uint64_t> furthest_step_;
+  std::vector<Failure> failures_;
+};
+
+Supervisor::Supervisor(RunOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Supervisor::~Supervisor() = default;
+int Supervisor::run() { return impl_->run(); }
+
+}  // namespace troupe::supervisor

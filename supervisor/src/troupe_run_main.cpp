@@ -1,0 +1,32 @@
+// troupe-run: runs an MPI job under supervision and relaunches it when a rank dies,
+// hangs or stops heartbeating. See run_options.hpp for the command line and
+// supervisor.hpp for what happens.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "troupe/error.hpp"
+#include "troupe/supervisor/run_options.hpp"
+#include "troupe/supervisor/supervisor.hpp"
+
+int main(int argc, char** argv) {
+  using namespace troupe::supervisor;
+  RunOptions options;
+  try {
+    options = parse_run_options(std::vector<std::string>(argv + 1, argv + argc));
+  } catch (const troupe::InvalidArgument& e) {
+    std::cerr << "troupe-run: error: " << e.what() << "\n\n" << usage();
+    return 2;
+  }
+  if (options.help) {
+    std::cout << usage();
+    return 0;
+  }
+  try {
+    Supervisor supervisor(std::move(options));
+    return supervisor.run();
+  } catch (const std::exception& e) {
+    std::cerr << "troupe-run: error: " << e.what() << "\n";
+    return 3;
+  }
+}

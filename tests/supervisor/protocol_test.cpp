@@ -1,0 +1,171 @@
+// Pure functions of the supervisor module: the wire format, troupe-run's command line,
+// TROUPE_FAULT, the mpirun command and JSON quoting.
+#include <gtest/gtest.h>
+
+#include "troupe/error.hpp"
+#include "troupe/supervisor/event_log.hpp"
+#include "troupe/supervisor/fault.hpp"
+#include "troupe/supervisor/mpirun_command.hpp"
+#include "troupe/supervisor/protocol.hpp"
+#include "troupe/supervisor/run_options.hpp"
+
+namespace sv = troupe::supervisor;
+
+namespace {
+
+sv::Message round_trip(const sv::Message& m) {
+  auto frame = sv::encode(m);
+  EXPECT_GE(frame.size(), sv::kFrameHeader + 1);
+  std::uint32_t n = sv::decode_length(frame.data());
+  EXPECT_EQ(n, frame.size() - sv::kFrameHeader);
+  return sv::decode_payload(frame.data() + sv::kFrameHeader, n);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const troupe::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+sv::RunOptions parse(std::vector<std::string> args) { return sv::parse_run_options(args); }
+
+}  // namespace
+
+TEST(Protocol, HelloAndHeartbeatSurviveARoundTrip) {
+  sv::Hello hello{"0123456789abcdef", "run-1", 2, 3, 4, 4242, "node-7"};
+  auto back = std::get<sv::Hello>(round_trip(hello));
+  EXPECT_EQ(back.token, hello.token);
+  EXPECT_EQ(back.run_id, "run-1");
+  EXPECT_EQ(back.restart, 2u);
+  EXPECT_EQ(back.rank, 3u);
+  EXPECT_EQ(back.world_size, 4u);
+  EXPECT_EQ(back.pid, 4242u);
+  EXPECT_EQ(back.host, "node-7");
+
+  sv::Heartbeat beat{(1ull << 40) + 7, 99, true, false};
+  auto b = std::get<sv::Heartbeat>(round_trip(beat));
+  EXPECT_EQ(b.step, beat.step);
+  EXPECT_EQ(b.sequence, 99u);
+  EXPECT_TRUE(b.has_step);
+  EXPECT_FALSE(b.has_sequence);
+  EXPECT_EQ(std::get<sv::Refused>(round_trip(sv::Refused{"wrong token"})).reason, "wrong token");
+  EXPECT_TRUE(std::holds_alternative<sv::Goodbye>(round_trip(sv::Goodbye{})));
+}
+
+TEST(Protocol, AHugeOrEmptyLengthPrefixIsRefusedBeforeAnyAllocation) {
+  std::uint8_t huge[4] = {0xff, 0xff, 0xff, 0xff};
+  EXPECT_NE(error_of([&] { sv::decode_length(huge); }).find("length prefix 4294967295 exceeds"), std::string::npos);
+  std::uint8_t zero[4] = {0, 0, 0, 0};
+  EXPECT_THROW(sv::decode_length(zero), troupe::FormatError);
+  std::uint8_t limit[4] = {static_cast<std::uint8_t>(sv::kMaxPayload & 0xff),
+                           static_cast<std::uint8_t>(sv::kMaxPayload >> 8), 0, 0};
+  EXPECT_EQ(sv::decode_length(limit), sv::kMaxPayload);
+}
+
+TEST(Protocol, TruncatedUnknownOrPaddedPayloadsAreFormatErrors) {
+  auto frame = sv::encode(sv::Hello{"t", "r", 0, 0, 1, 1, "h"});
+  const std::uint8_t* payload = frame.data() + sv::kFrameHeader;
+  std::size_t n = frame.size() - sv::kFrameHeader;
+  for (std::size_t cut = 0; cut < n; ++cut)
+    EXPECT_THROW(sv::decode_payload(payload, cut), troupe::FormatError) << "cut at " << cut;
+  std::vector<std::uint8_t> padded(payload, payload + n);
+  padded.push_back(0);
+  EXPECT_NE(error_of([&] { sv::decode_payload(padded.data(), padded.size()); }).find("1 unexpected bytes"),
+            std::string::npos);
+  std::uint8_t unknown[] = {77};
+  EXPECT_NE(error_of([&] { sv::decode_payload(unknown, 1); }).find("unknown message kind 77"), std::string::npos);
+  std::uint8_t bad_flags[] = {4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9};
+  EXPECT_THROW(sv::decode_payload(bad_flags, sizeof bad_flags), troupe::FormatError);
+  std::uint8_t old_version[] = {1, 9, 0};
+  EXPECT_NE(error_of([&] { sv::decode_payload(old_version, 3); }).find("version 9"), std::string::npos);
+}
+
+TEST(RunOptions, ParsesOwnFlagsPassesMpirunOptionsAndKeepsTheProgram) {
+  auto o = parse({"-np", "4", "--max-restarts", "5", "--checkpoint-dir", "ck", "--hang-timeout", "1.5",
+                  "--heartbeat-timeout", "2", "--backoff", "0", "--grace", "0.5", "--bind", "0.0.0.0:7000",
+                  "--events", "ev.jsonl", "--hostfile", "hosts", "--mca", "btl", "self,tcp", "--oversubscribe",
+                  "--", "./train", "--epochs", "3", "--max-restarts"});
+  EXPECT_EQ(o.np, 4);
+  EXPECT_EQ(o.max_restarts, 5);
+  EXPECT_EQ(o.checkpoint_dir, "ck");
+  EXPECT_DOUBLE_EQ(o.hang_timeout.count(), 1.5);
+  EXPECT_DOUBLE_EQ(o.heartbeat_timeout.count(), 2);
+  EXPECT_DOUBLE_EQ(o.backoff.count(), 0);
+  EXPECT_DOUBLE_EQ(o.grace.count(), 0.5);
+  EXPECT_EQ(o.bind_host, "0.0.0.0");
+  EXPECT_EQ(o.bind_port, 7000);
+  EXPECT_EQ(o.events_file, "ev.jsonl");
+  EXPECT_EQ(o.mpirun_args, (std::vector<std::string>{"--hostfile", "hosts", "--mca", "btl", "self,tcp", "--oversubscribe"}));
+  EXPECT_EQ(o.program, (std::vector<std::string>{"./train", "--epochs", "3", "--max-restarts"}));
+}
+
+TEST(RunOptions, BadFlagsAreNamedInTheError) {
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--frobnicate", "--", "x"}); }).find("unknown option '--frobnicate'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "zero", "--", "x"}); }).find("-np 'zero'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "0", "--", "x"}); }).find(">= 1"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"--", "x"}); }).find("-np N is required"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2"}); }).find("no program given"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--"}); }).find("no program given"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--hang-timeout", "-1", "--", "x"}); }).find("--hang-timeout '-1'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--backoff", "1s", "--", "x"}); }).find("--backoff '1s'"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--bind", "localhost", "--", "x"}); }).find("ADDR:PORT"), std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--bind", "1.2.3.4:70000", "--", "x"}); }).find("above 65535"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--mca", "btl", "--", "x"}); }).find("--mca needs a value"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "./train"}); }).find("after '--'"), std::string::npos);
+  EXPECT_TRUE(parse({"--help"}).help);
+}
+
+TEST(MpirunCommand, ExportsByNameAndOversubscribesOnlyWhenNeeded) {
+  auto o = parse({"-np", "4", "--mca", "btl", "self,tcp", "--", "./t", "a"});
+  auto cmd = sv::mpirun_command(o, "/usr/bin/mpirun", {"TROUPE_SUPERVISOR", "TROUPE_RUN_TOKEN"}, 2);
+  EXPECT_EQ(cmd, (std::vector<std::string>{"/usr/bin/mpirun", "-np", "4", "--oversubscribe", "--mca", "btl", "self,tcp",
+                                           "-x", "TROUPE_SUPERVISOR", "-x", "TROUPE_RUN_TOKEN", "./t", "a"}));
+  EXPECT_EQ(sv::mpirun_command(o, "mpirun", {}, 8)[3], "--mca");  // enough cores
+  auto hosts = parse({"-np", "4", "--hostfile", "h", "--", "./t"});
+  EXPECT_EQ(sv::mpirun_command(hosts, "mpirun", {}, 2)[3], "--hostfile");  // the hostfile decides
+}
+
+TEST(Fault, ParsesEveryKeyAndRejectsMalformedText) {
+  auto plan = sv::parse_fault("rank=1,step=37,kind=crash");
+  EXPECT_EQ(plan.rank, 1);
+  EXPECT_EQ(plan.step, 37u);
+  EXPECT_EQ(plan.kind, sv::FaultKind::crash);
+  EXPECT_FALSE(plan.restart);
+  plan = sv::parse_fault("kind=hang,restart=0,step=5,rank=0");
+  EXPECT_EQ(plan.kind, sv::FaultKind::hang);
+  EXPECT_EQ(plan.restart, 0u);
+  EXPECT_EQ(sv::parse_fault("rank=0,step=1,kind=throw").kind, sv::FaultKind::throw_error);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=37,kind=explode"); }).find("kind='explode'"), std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=x,kind=crash"); }).find("step='x'"), std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,kind=crash"); }).find("missing step"), std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,rank=2,step=1,kind=crash"); }).find("given twice"), std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=1,kind=crash,when=now"); }).find("unknown key 'when'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=-1,step=1,kind=crash"); }).find("rank='-1'"), std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("garbage"); }).find("TROUPE_FAULT='garbage'"), std::string::npos);
+}
+
+TEST(Fault, FiresOnlyOnItsRankAndLaunch) {
+  auto plan = sv::parse_fault("rank=1,step=3,kind=throw,restart=0");
+  EXPECT_TRUE(sv::FaultInjector(plan, 1, 0).armed());
+  EXPECT_FALSE(sv::FaultInjector(plan, 0, 0).armed());
+  EXPECT_FALSE(sv::FaultInjector(plan, 1, 1).armed());
+  EXPECT_FALSE(sv::FaultInjector().armed());
+  sv::FaultInjector injector(plan, 1, 0);
+  EXPECT_NO_THROW(injector.at_step(2));
+  EXPECT_THROW(injector.at_step(3), sv::FaultInjected);
+  plan.restart.reset();
+  EXPECT_TRUE(sv::FaultInjector(plan, 1, 7).armed());
+}
+
+TEST(EventLog, QuotesControlCharactersSoEachEventStaysOneLine) {
+  EXPECT_EQ(sv::json_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+  EXPECT_EQ(sv::json_object({{"n", 3}, {"s", "x"}, {"raw", sv::Json::raw("[1]")}}), "{\"n\": 3, \"s\": \"x\", \"raw\": [1]}");
+}

@@ -1,0 +1,281 @@
+#!/usr/bin/python3
+"""End-to-end tests of troupe-run with toy_trainer on 2 ranks under real mpirun.
+
+    scenarios.py SCENARIO --troupe-run PATH --trainer PATH --workdir DIR
+
+Each scenario runs troupe-run once, then checks its exit status, its stderr, the
+events log (JSONL) and the trainer's result against the value a run without failure
+computes (toy_trainer's recurrence, recomputed here). Exits non-zero with a message
+naming what differed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STEPS, SAVE_EVERY, STEP_MS, NP = 30, 5, 20, 2
+# Short timeouts keep the tests quick; the hang test relies on the heartbeat interval
+# (heartbeat timeout / 5 = 0.4 s) being well under the hang timeout.
+FAST = ["--backoff", "0", "--grace", "1", "--heartbeat-timeout", "2", "--hang-timeout", "5"]
+
+
+def expected_value(steps: int, np: int = NP) -> int:
+    value = 1
+    for step in range(steps):
+        total = sum(value + r + step for r in range(np))
+        value = (value * 31 + total) % 1000003
+    return value
+
+
+class Check:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, ok: bool, message: str) -> None:
+        if not ok:
+            print(f"FAILED [{self.name}]: {message}", file=sys.stderr)
+            sys.exit(1)
+        print(f"ok: {message}")
+
+
+class Run:
+    """One troupe-run invocation and what it left behind."""
+
+    def __init__(self, args, scenario: str, fault: str | None, extra: list[str], steps: int = STEPS,
+                 step_ms: int = STEP_MS, background: bool = False):
+        self.dir = Path(args.workdir) / scenario
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.dir.mkdir(parents=True)
+        self.ckpt = self.dir / "ckpt"
+        env = dict(os.environ)
+        env.pop("TROUPE_FAULT", None)
+        if fault:
+            env["TROUPE_FAULT"] = fault
+        self.command = [args.troupe_run, "-np", str(NP), "--checkpoint-dir", str(self.ckpt), *extra, "--",
+                        args.trainer, "--steps", str(steps), "--save-every", str(SAVE_EVERY), "--step-ms", str(step_ms)]
+        print("$", " ".join(self.command), f"(TROUPE_FAULT={fault})" if fault else "")
+        self.started = time.time()
+        self.process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if not background:
+            self.wait()
+
+    def wait(self, timeout: float = 60) -> None:
+        self.stdout, self.stderr = self.process.communicate(timeout=timeout)
+        self.code = self.process.returncode
+        self.elapsed = time.time() - self.started
+        print(self.stdout, end="")
+        print(self.stderr, end="", file=sys.stderr)
+
+    def events(self) -> list[dict]:
+        path = self.ckpt / "troupe-run-events.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events() if e["event"] == kind]
+
+    def result(self) -> int | None:
+        path = self.ckpt / "toy-result.txt"
+        return int(path.read_text()) if path.exists() else None
+
+    def fault_time(self) -> float:
+        found = re.search(r"troupe fault: \w+ on rank \d+ at step \d+ \(pid \d+, t=([0-9.]+)\)", self.stderr)
+        return float(found.group(1)) if found else float("nan")
+
+
+def finished_like_a_clean_run(run: Run, check: Check, restarts: int, resumed_at: int) -> None:
+    check(run.code == 0, f"troupe-run exit status {run.code} == 0")
+    check(run.result() == expected_value(STEPS),
+          f"final value {run.result()} equals the value of a run that never failed ({expected_value(STEPS)})")
+    finish = run.of("finish")
+    check(len(finish) == 1 and finish[0]["status"] == "succeeded" and finish[0]["restarts"] == restarts,
+          f"finish event says succeeded after {restarts} restart(s): {finish}")
+    resumes = [e for e in run.of("resume") if e["restart"] == 1]
+    check(len(resumes) == 1 and resumes[0]["step"] == resumed_at,
+          f"the relaunch resumed at step {resumed_at}: {resumes}")
+    check(f"starting at step {resumed_at}" in run.stdout, f"rank 0 printed 'starting at step {resumed_at}'")
+
+
+def crash(args, check: Check, extra: list[str] = []) -> None:
+    run = Run(args, args.scenario, "rank=1,step=17,kind=crash,restart=0", FAST + ["--max-restarts", "2"] + extra)
+    failures = run.of("failure")
+    check(len(failures) == 1 and failures[0]["cause"] == "rank_lost" and failures[0]["rank"] == 1,
+          f"one failure, rank 1 lost: {failures}")
+    detection = failures[0]["time"] - run.fault_time()
+    check(0 <= detection < 1.0, f"rank 1's death detected {detection:.3f} s after the crash (< 1 s)")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=15)
+
+
+def hang(args, check: Check) -> None:
+    hang_timeout = 1.5
+    run = Run(args, "hang", "rank=0,step=12,kind=hang,restart=0",
+              FAST[:-1] + [str(hang_timeout), "--max-restarts", "2"])
+    failures = run.of("failure")
+    check(len(failures) == 1 and failures[0]["cause"] == "hang", f"one failure, a hang: {failures}")
+    detail = failures[0]["detail"]
+    check("rank 0 at step 12" in detail and "rank 1 at step 12" in detail, f"both ranks' steps reported: {detail}")
+    by_rank = {r["rank"]: r for r in failures[0]["ranks"]}
+    check(by_rank[0]["collective"] < by_rank[1]["collective"],
+          f"rank 0 is behind: collective {by_rank[0]['collective']} < rank 1's {by_rank[1]['collective']}")
+    check(re.search(r"behind: rank 0 \(never entered collective \d+\)", detail) is not None,
+          f"the report names rank 0 as behind: {detail}")
+    detection = failures[0]["time"] - run.fault_time()
+    check(hang_timeout - 0.05 <= detection <= hang_timeout + 1.0,
+          f"hang detected {detection:.3f} s after it began (within the {hang_timeout} s timeout + 1 s)")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=10)
+
+
+def crash_before_first_save(args, check: Check) -> None:
+    run = Run(args, "early", "rank=1,step=2,kind=crash,restart=0", FAST + ["--max-restarts", "1"])
+    check(not any((run.ckpt / "toy-step.txt.tmp").exists() for _ in [0]), "no half-written save left")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=0)
+
+
+def give_up(args, check: Check) -> None:
+    run = Run(args, "give_up", "rank=1,step=3,kind=crash", FAST + ["--max-restarts", "2"])
+    check(run.code == 1, f"troupe-run exit status {run.code} == 1 (gave up)")
+    failures = run.of("failure")
+    check(len(failures) == 3 and all(f["cause"] == "rank_lost" for f in failures),
+          f"3 launches, 3 failures: {[f['cause'] for f in failures]}")
+    finish = run.of("finish")
+    check(len(finish) == 1 and finish[0]["status"] == "gave_up" and finish[0]["restarts"] == 2
+          and finish[0]["causes"] == ["rank_lost"] * 3, f"finish says gave_up after 2 restarts: {finish}")
+    check("summary: gave up after 2 restart(s)" in run.stderr and "time lost" in run.stderr,
+          "stderr carries the closing summary")
+    check(run.result() is None, "no result was written")
+
+
+def throw(args, check: Check) -> None:
+    run = Run(args, "throw", "rank=0,step=8,kind=throw,restart=0", FAST + ["--max-restarts", "1"])
+    failures = run.of("failure")
+    check(len(failures) == 1 and failures[0]["cause"] == "rank_lost" and failures[0]["rank"] == 0,
+          f"an exception escaping on rank 0 is a lost rank, seen without waiting for mpirun: {failures}")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=5)
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack("<I", len(payload)) + payload
+
+
+def hostile(args, check: Check) -> None:
+    run = Run(args, "hostile", None, FAST, steps=60, step_ms=25, background=True)
+    address = None
+    deadline = time.time() + 10
+    # troupe-run prints the server's address first; read it from the events log.
+    while address is None and time.time() < deadline:
+        starts = run.of("start")
+        address = starts[0]["supervisor"] if starts else None
+        time.sleep(0.02)
+    check(address is not None, f"troupe-run announced its server: {address}")
+    host, port = address.rsplit(":", 1)
+
+    def send(data: bytes) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(data)
+            chunks = []
+            try:
+                while chunk := s.recv(4096):
+                    chunks.append(chunk)
+            except ConnectionResetError:  # refused while our extra bytes were unread
+                pass
+            return b"".join(chunks)
+
+    def s16(b: bytes) -> bytes:
+        return struct.pack("<H", len(b)) + b
+    run_id = run.of("start")[0]["run_id"].encode()
+    hello = bytes([1]) + struct.pack("<H", 1) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
+    answer = send(frame(hello))
+    check(b"wrong token" in answer, f"a hello with a guessed token is answered 'wrong token': {answer!r}")
+    send(b"\xff\xff\xff\xff" + os.urandom(64))
+    send(frame(b"\x99" + os.urandom(15)))
+    send(frame(b"\x04" + b"\x00" * 3))
+    run.wait()
+    reasons = [e["reason"] for e in run.of("refused")]
+    check(any("wrong token" in r for r in reasons), "the wrong token was logged")
+    check(any("length prefix 4294967295 exceeds" in r for r in reasons), "the huge length prefix was logged")
+    check(len(reasons) >= 4, f"all 4 hostile connections were refused and logged: {reasons}")
+    check(run.code == 0 and run.result() == expected_value(60, NP),
+          f"the job was not disturbed: exit {run.code}, value {run.result()}")
+    check(not run.of("failure"), "no failure was recorded")
+
+
+def sigint(args, check: Check) -> None:
+    run = Run(args, "sigint", None, FAST, steps=1000, step_ms=20, background=True)
+    deadline = time.time() + 10
+    while len(run.of("rank_up")) < NP and time.time() < deadline:
+        time.sleep(0.02)
+    ups = run.of("rank_up")
+    check(len(ups) == NP, f"both ranks registered: {len(ups)}")
+    time.sleep(0.3)
+    sent = time.time()
+    run.process.send_signal(signal.SIGINT)
+    run.wait(timeout=15)
+    check(run.code == 128 + signal.SIGINT, f"exit status {run.code} == 130 after SIGINT")
+    check(time.time() - sent < 3, f"stopped {time.time() - sent:.2f} s after SIGINT")
+    check(not run.of("restart") and not run.of("failure"), "no failure and no restart")
+    check(run.of("finish")[0]["status"] == "interrupted", "finish says interrupted")
+    for e in ups:
+        check(gone(e["pid"]), f"rank {e['rank']} (pid {e['pid']}) is gone")
+
+
+def gone(pid: int, within: float = 2.0) -> bool:
+    """The process has exited (a zombie waiting for init to reap it counts as gone)."""
+    deadline = time.time() + within
+    while time.time() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def crash_tcp(args, check: Check) -> None:
+    hostfile = Path(args.workdir) / "hostfile-localhost-twice"
+    hostfile.parent.mkdir(parents=True, exist_ok=True)
+    hostfile.write_text("localhost\nlocalhost\n")
+    crash(args, check, ["--mca", "btl", "self,tcp", "--hostfile", str(hostfile)])
+
+
+def bad_flags(args, check: Check) -> None:
+    for flags, text in [(["-np", "2", "--max-restarts", "many", "--", "x"], "--max-restarts 'many'"),
+                        (["-np", "2", "--bogus", "--", "x"], "unknown option '--bogus'"),
+                        (["-np", "2"], "no program given")]:
+        p = subprocess.run([args.troupe_run, *flags], capture_output=True, text=True, timeout=10)
+        check(p.returncode == 2 and text in p.stderr and "usage: troupe-run" in p.stderr,
+              f"{' '.join(flags)} -> exit {p.returncode}, says {text!r} and prints usage")
+    env = dict(os.environ, TROUPE_FAULT="rank=1,step=oops,kind=crash")
+    d = Path(args.workdir) / "bad_fault"
+    p = subprocess.run([args.troupe_run, "-np", "2", "--max-restarts", "0", "--checkpoint-dir", str(d), "--backoff", "0",
+                        "--", args.trainer, "--steps", "3"], capture_output=True, text=True, env=env, timeout=30)
+    check(p.returncode == 1 and "TROUPE_FAULT='rank=1,step=oops,kind=crash': step='oops'" in p.stderr,
+          f"a malformed TROUPE_FAULT is named by the ranks and the job fails (exit {p.returncode}): {p.stderr}")
+
+
+SCENARIOS = {"crash": crash, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
+             "throw": throw, "hostile": hostile, "sigint": sigint, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("scenario", choices=sorted(SCENARIOS))
+    parser.add_argument("--troupe-run", required=True)
+    parser.add_argument("--trainer", required=True)
+    parser.add_argument("--workdir", required=True)
+    args = parser.parse_args()
+    SCENARIOS[args.scenario](args, Check(args.scenario))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+// HeartbeatServer against the real SupervisorClient and against hostile raw sockets,
+// in one process: the server's io_context runs on its own thread, as in troupe-run.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "troupe/error.hpp"
+#include "troupe/supervisor/client.hpp"
+#include "troupe/supervisor/heartbeat_server.hpp"
+#include "troupe/supervisor/protocol.hpp"
+
+namespace sv = troupe::supervisor;
+using namespace std::chrono_literals;
+
+namespace {
+
+// Records what the server reports; waits until a condition on the record holds.
+class Recorder : public sv::HeartbeatServer::Listener {
+ public:
+  void on_rank_up(const sv::RankStatus& r) override { add("up " + std::to_string(r.rank)); }
+  void on_rank_lost(const sv::RankStatus& r, const std::string& why) override {
+    add("lost " + std::to_string(r.rank) + ": " + why);
+  }
+  void on_refused(const std::string&, const std::string& why) override { add("refused: " + why); }
+  void on_progress(const sv::RankStatus& r) override {
+    add("progress " + std::to_string(r.rank) + " step " + std::to_string(r.progress.step) + " seq " +
+        std::to_string(r.progress.sequence));
+  }
+  // Waits up to 5 s for an event containing `text`.
+  bool wait_for(const std::string& text) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, 5s, [&] {
+      for (auto& e : events_)
+        if (e.find(text) != std::string::npos) return true;
+      return false;
+    });
+  }
+  std::vector<std::string> events() {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+
+ private:
+  void add(std::string e) {
+    std::lock_guard lock(mutex_);
+    events_.push_back(std::move(e));
+    changed_.notify_all();
+  }
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::vector<std::string> events_;
+};
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_ = std::make_unique<sv::HeartbeatServer>(io_, "127.0.0.1", 0, "secret-token", "run-A", recorder_);
+    server_->begin_launch(0, 2);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    // The server belongs to the io thread: destroy it there, then stop.
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      server_.reset();
+      done.set_value();
+    });
+    done.get_future().wait();
+    guard_.reset();
+    io_.stop();
+    thread_.join();
+  }
+  sv::RunEnvironment env(std::string token = "secret-token") {
+    sv::RunEnvironment e;
+    e.supervisor = "127.0.0.1:" + std::to_string(server_->port());
+    e.token = std::move(token);
+    e.run_id = "run-A";
+    e.heartbeat_interval = 20ms;
+    return e;
+  }
+  // A raw socket to the server, for peers that do not follow the protocol.
+  int raw_connect() {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(server_->port());
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    return fd;
+  }
+
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_{io_.get_executor()};
+  Recorder recorder_;
+  std::unique_ptr<sv::HeartbeatServer> server_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_F(ServerTest, AClientRegistersReportsProgressAndSaysGoodbye) {
+  {
+    sv::SupervisorClient client(env(), 1, 2);
+    ASSERT_TRUE(recorder_.wait_for("up 1"));
+    client.report_step(41);
+    client.report_collective(7);
+    ASSERT_TRUE(recorder_.wait_for("progress 1 step 41 seq 7"));
+    EXPECT_GT(client.heartbeats_sent(), 0u);
+  }
+  // Goodbye first, so the close that follows is not a lost rank.
+  std::this_thread::sleep_for(100ms);
+  for (auto& e : recorder_.events()) EXPECT_EQ(e.find("lost"), std::string::npos) << e;
+}
+
+TEST_F(ServerTest, AClientDroppedByAnExceptionIsLostAtOnce) {
+  try {
+    sv::SupervisorClient client(env(), 0, 2);
+    ASSERT_TRUE(recorder_.wait_for("up 0"));
+    throw std::runtime_error("training failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_TRUE(recorder_.wait_for("lost 0: connection closed without goodbye"));
+}
+
+TEST_F(ServerTest, AWrongTokenIsRefusedAndTheClientSaysWhy) {
+  try {
+    sv::SupervisorClient client(env("guess"), 0, 2);
+    FAIL() << "a wrong token was accepted";
+  } catch (const troupe::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("refused rank 0: wrong token"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(recorder_.wait_for("refused: wrong token"));
+}
+
+TEST_F(ServerTest, RanksOutsideTheWorldOrRegisteredTwiceAreRefused) {
+  EXPECT_THROW(sv::SupervisorClient(env(), 1, 3), troupe::Error);  // world of 3, the job has 2
+  EXPECT_TRUE(recorder_.wait_for("refused: world size 3, the job has 2"));
+  sv::SupervisorClient first(env(), 0, 2);
+  EXPECT_THROW(sv::SupervisorClient(env(), 0, 2), troupe::Error);
+  EXPECT_TRUE(recorder_.wait_for("refused: rank 0 is already registered"));
+}
+
+TEST_F(ServerTest, GarbageAndAHugeLengthPrefixAreRefusedAndTheServerKeepsServing) {
+  int garbage = raw_connect();
+  const char junk[] = "\x05\x00\x00\x00GET / HTTP/1.0\r\n\r\n";
+  ::send(garbage, junk, sizeof junk - 1, 0);
+  EXPECT_TRUE(recorder_.wait_for("refused: supervisor protocol: unknown message kind"));
+  int huge = raw_connect();
+  const unsigned char prefix[] = {0xff, 0xff, 0xff, 0x7f};
+  ::send(huge, prefix, sizeof prefix, 0);
+  EXPECT_TRUE(recorder_.wait_for("refused: supervisor protocol: length prefix 2147483647 exceeds"));
+  int early = raw_connect();
+  ::close(early);
+  EXPECT_TRUE(recorder_.wait_for("refused: closed before a complete hello"));
+  // The server answers refusals and closes: the garbage socket reads EOF after the reply.
+  char buffer[256];
+  ssize_t n;
+  while ((n = ::recv(garbage, buffer, sizeof buffer, 0)) > 0) {
+  }
+  EXPECT_EQ(n, 0);
+  ::close(garbage);
+  ::close(huge);
+  sv::SupervisorClient client(env(), 1, 2);  // still serving
+  EXPECT_TRUE(recorder_.wait_for("up 1"));
+}
+
+TEST_F(ServerTest, ARankOfAnEarlierLaunchIsRefused) {
+  auto e = env();
+  e.restart = 3;
+  try {
+    sv::SupervisorClient client(e, 0, 2);
+    FAIL() << "a stale rank was accepted";
+  } catch (const troupe::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("rank from launch 3, the current launch is 0"), std::string::npos);
+  }
+}
+
+TEST(SupervisorClient, FailsClearlyWhenNothingListens) {
+  sv::RunEnvironment e;
+  e.supervisor = "127.0.0.1:1";
+  e.token = "t";
+  try {
+    sv::SupervisorClient client(e, 0, 1, 1s);
+    FAIL() << "connected to nothing";
+  } catch (const troupe::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("cannot connect to troupe-run at 127.0.0.1:1"), std::string::npos)
+        << err.what();
+  }
+}
