@@ -40,6 +40,16 @@ const nn::StateDict& group(const StateGroups& groups, const std::string& name) {
 
 }  // namespace
 
+StateGroups clone(const StateGroups& groups) {
+  StateGroups out;
+  for (const auto& [name, dict] : groups) {
+    nn::StateDict copy;
+    for (const auto& [key, tensor] : dict) copy.insert(key, tensor.clone());
+    out.emplace_back(name, std::move(copy));
+  }
+  return out;
+}
+
 std::uint64_t parameter_hash(nn::Module& model) {
   std::uint64_t h = 1469598103934665603ull;
   for (const auto& [name, p] : model.named_parameters()) {

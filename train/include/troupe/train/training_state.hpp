@@ -58,6 +58,10 @@ class TrainingState {
   GradScaler* scaler_;
 };
 
+// A deep copy of `groups`: state_dicts() shares storage with the live tensors, so a
+// snapshot that later steps must not change is cloned.
+StateGroups clone(const StateGroups& groups);
+
 // FNV-1a over every parameter's bytes, in named order: equal on two ranks (or two runs)
 // exactly when their parameters are bit-identical.
 std::uint64_t parameter_hash(nn::Module& model);
