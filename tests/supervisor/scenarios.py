@@ -52,7 +52,7 @@ class Run:
     """One troupe-run invocation and what it left behind."""
 
     def __init__(self, args, scenario: str, fault: str | None, extra: list[str], steps: int = STEPS,
-                 step_ms: int = STEP_MS, background: bool = False):
+                 step_ms: int = STEP_MS, background: bool = False, np: int = NP, program: list[str] | None = None):
         self.dir = Path(args.workdir) / scenario
         shutil.rmtree(self.dir, ignore_errors=True)
         self.dir.mkdir(parents=True)
@@ -61,8 +61,9 @@ class Run:
         env.pop("TROUPE_FAULT", None)
         if fault:
             env["TROUPE_FAULT"] = fault
-        self.command = [args.troupe_run, "-np", str(NP), "--checkpoint-dir", str(self.ckpt), *extra, "--",
-                        args.trainer, "--steps", str(steps), "--save-every", str(SAVE_EVERY), "--step-ms", str(step_ms)]
+        program = program or [args.trainer, "--steps", str(steps), "--save-every", str(SAVE_EVERY), "--step-ms",
+                              str(step_ms)]
+        self.command = [args.troupe_run, "-np", str(np), "--checkpoint-dir", str(self.ckpt), *extra, "--", *program]
         print("$", " ".join(self.command), f"(TROUPE_FAULT={fault})" if fault else "")
         self.started = time.time()
         self.process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -92,10 +93,10 @@ class Run:
         return float(found.group(1)) if found else float("nan")
 
 
-def finished_like_a_clean_run(run: Run, check: Check, restarts: int, resumed_at: int) -> None:
+def finished_like_a_clean_run(run: Run, check: Check, restarts: int, resumed_at: int, np: int = NP) -> None:
     check(run.code == 0, f"troupe-run exit status {run.code} == 0")
-    check(run.result() == expected_value(STEPS),
-          f"final value {run.result()} equals the value of a run that never failed ({expected_value(STEPS)})")
+    check(run.result() == expected_value(STEPS, np),
+          f"final value {run.result()} equals the value of a run that never failed ({expected_value(STEPS, np)})")
     finish = run.of("finish")
     check(len(finish) == 1 and finish[0]["status"] == "succeeded" and finish[0]["restarts"] == restarts,
           f"finish event says succeeded after {restarts} restart(s): {finish}")
@@ -241,6 +242,49 @@ def gone(pid: int, within: float = 2.0) -> bool:
     return False
 
 
+def crash_4ranks(args, check: Check) -> None:
+    run = Run(args, "crash_4ranks", "rank=3,step=12,kind=crash,restart=0", FAST + ["--max-restarts", "1"], np=4)
+    failures = run.of("failure")
+    check(len(failures) == 1 and failures[0]["cause"] == "rank_lost" and failures[0]["rank"] == 3,
+          f"one failure, rank 3 lost: {failures}")
+    check(len([e for e in run.of("rank_up") if e["restart"] == 1]) == 4, "all 4 ranks registered again")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=10, np=4)
+
+
+def stopped_rank(args, check: Check) -> None:
+    """A rank that stops (SIGSTOP: alive, socket open, silent) is caught by the heartbeat
+    timeout, and stopping the job still ends it (a fatal signal ends a stopped process)."""
+    run = Run(args, "stopped_rank", None, ["--backoff", "0", "--grace", "0.5", "--heartbeat-timeout", "1",
+                                          "--hang-timeout", "30", "--max-restarts", "1"],
+              steps=60, step_ms=25, background=True)
+    deadline = time.time() + 10
+    while len(run.of("rank_up")) < NP and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    victim = [e for e in run.of("rank_up") if e["rank"] == 1][0]
+    stopped_at = time.time()
+    os.kill(victim["pid"], signal.SIGSTOP)
+    run.wait()
+    failures = run.of("failure")
+    check(len(failures) == 1 and failures[0]["cause"] == "heartbeat_timeout" and failures[0]["rank"] == 1,
+          f"one failure, rank 1's heartbeats stopped: {failures}")
+    after = failures[0]["time"] - stopped_at
+    # The last heartbeat left up to one interval (0.2 s) before the SIGSTOP.
+    check(0.7 <= after <= 1.5, f"detected {after:.2f} s after SIGSTOP (heartbeat timeout 1 s)")
+    check(gone(victim["pid"]), "the stopped rank is gone")
+    check(run.code == 0 and run.result() == expected_value(60), f"the relaunch finished: exit {run.code}")
+
+
+def mpirun_exit(args, check: Check) -> None:
+    missing = str(Path(args.workdir) / "no-such-program")
+    run = Run(args, "mpirun_exit", None, FAST + ["--max-restarts", "1"], program=[missing])
+    failures = run.of("failure")
+    check(len(failures) == 2 and all(f["cause"] == "mpirun_exit" for f in failures)
+          and "mpirun exited with status" in failures[0]["detail"],
+          f"mpirun's non-zero exit is a failure on each launch: {[f['detail'] for f in failures]}")
+    check(run.code == 1 and run.of("finish")[0]["status"] == "gave_up", f"gave up: exit {run.code}")
+
+
 def crash_tcp(args, check: Check) -> None:
     hostfile = Path(args.workdir) / "hostfile-localhost-twice"
     hostfile.parent.mkdir(parents=True, exist_ok=True)
@@ -263,7 +307,7 @@ def bad_flags(args, check: Check) -> None:
           f"a malformed TROUPE_FAULT is named by the ranks and the job fails (exit {p.returncode}): {p.stderr}")
 
 
-SCENARIOS = {"crash": crash, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
+SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
              "throw": throw, "hostile": hostile, "sigint": sigint, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
 
 
