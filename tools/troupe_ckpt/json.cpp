@@ -1,0 +1,57 @@
+#include "json.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+namespace troupe::ckpt_tool {
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+std::string json_int(std::int64_t v) { return std::to_string(v); }
+
+std::string json_array(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out + "]";
+}
+
+JsonObject& JsonObject::add(std::string_view key, std::string encoded_value) {
+  fields_.emplace_back(std::string(key), std::move(encoded_value));
+  return *this;
+}
+
+std::string JsonObject::str() const {
+  std::string out = "{";
+  for (std::size_t i = 0; i < fields_.size(); ++i)
+    out += (i ? ", " : "") + json_string(fields_[i].first) + ": " + fields_[i].second;
+  return out + "}";
+}
+
+}  // namespace troupe::ckpt_tool
