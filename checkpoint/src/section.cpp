@@ -47,4 +47,33 @@ tensor::Tensor SectionReader::tensor(std::string_view name) const {
   return file_.read(group_ + "/" + std::string(name));
 }
 
+namespace detail {
+
+bool is_attribute_scalar(std::string_view name, const tensor::Tensor& t) {
+  return t.defined() && t.dim() == 0 && name.find('/') == std::string_view::npos &&
+         (t.dtype() == tensor::DType::f64 || t.dtype() == tensor::DType::i64);
+}
+
+AttrValue scalar_value(const tensor::Tensor& t) {
+  tensor::Tensor host = t.to(tensor::Device::cpu());
+  if (host.dtype() == tensor::DType::i64) return *host.data<std::int64_t>();
+  return *host.data<double>();
+}
+
+tensor::Tensor scalar_tensor(const AttrValue& value) {
+  // Through the data pointer, so an int64 past 2^53 or a NaN payload survives exactly.
+  if (const auto* i = std::get_if<std::int64_t>(&value)) {
+    tensor::Tensor t = tensor::Tensor::empty({}, tensor::DType::i64);
+    *t.data<std::int64_t>() = *i;
+    return t;
+  }
+  if (const auto* d = std::get_if<double>(&value)) {
+    tensor::Tensor t = tensor::Tensor::empty({}, tensor::DType::f64);
+    *t.data<double>() = *d;
+    return t;
+  }
+  return {};
+}
+
+}  // namespace detail
 }  // namespace troupe::checkpoint

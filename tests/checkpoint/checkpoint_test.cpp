@@ -40,10 +40,13 @@ struct Trainer {
                                   .load = [this](const SectionReader& r) {
                                     model.load_state_dict(read_state_dict<nn::StateDict>(r));
                                   }});
+    // Hyper-parameters and the step count as group attributes, as DESIGN.md lays it out.
     ckpt.register_state("optimizer",
-                        {.save = [this](SectionWriter& w) { write_state_dict(w, optimizer->state_dict()); },
+                        {.save = [this](SectionWriter& w) {
+                           write_state_dict(w, optimizer->state_dict(), Scalars::as_attributes);
+                         },
                          .load = [this](const SectionReader& r) {
-                           optimizer->load_state_dict(read_state_dict<nn::StateDict>(r));
+                           optimizer->load_state_dict(read_state_dict<nn::StateDict>(r, Scalars::as_attributes));
                          }});
     ckpt.register_state("sampler", {.save = [this](SectionWriter& w) {
                                       w.attribute("index", sampler_index);
@@ -98,6 +101,10 @@ TEST(Checkpoint, RestoresModelOptimizerAndSmallStateBitForBit) {
   EXPECT_TRUE(reader.has_group("/optimizer/0.weight"));
   EXPECT_NO_THROW(reader.info("/optimizer/0.weight/exp_avg"));
   EXPECT_NO_THROW(reader.info("/model/1.bias"));
+  Attributes hyper = reader.attributes("/optimizer");
+  EXPECT_EQ(hyper.get_double("lr"), 0.01);
+  EXPECT_EQ(hyper.get_int("step"), 1);
+  EXPECT_FALSE(reader.has_group("/optimizer/lr"));
 }
 
 TEST(Checkpoint, AnEmptyFolderHasNothingToLoad) {

@@ -69,14 +69,36 @@ struct StateSource {
   bool required = true;
 };
 
-template <class Dict>
-void write_state_dict(SectionWriter& out, const Dict& dict) {
-  for (const auto& [name, value] : dict) out.tensor(name, value);
-}
+// How write_state_dict stores the dict's top-level 0-dim f64 and i64 entries (an
+// optimizer's "lr", "betas.0", "step"): as datasets like everything else, or as
+// attributes of the section's group, which is where DESIGN.md puts hyper-parameters
+// and the step count. Both read back to the same dict, bit for bit.
+enum class Scalars { as_datasets, as_attributes };
+
+namespace detail {
+bool is_attribute_scalar(std::string_view name, const tensor::Tensor& t);
+AttrValue scalar_value(const tensor::Tensor& t);
+tensor::Tensor scalar_tensor(const AttrValue& value);  // undefined for strings
+}  // namespace detail
 
 template <class Dict>
-Dict read_state_dict(const SectionReader& in) {
+void write_state_dict(SectionWriter& out, const Dict& dict, Scalars scalars = Scalars::as_datasets) {
+  for (const auto& [name, value] : dict) {
+    if (scalars == Scalars::as_attributes && detail::is_attribute_scalar(name, value))
+      out.attribute(name, detail::scalar_value(value));
+    else
+      out.tensor(name, value);
+  }
+}
+
+// The inverse: every tensor of the section, and with Scalars::as_attributes first every
+// int64/float64 attribute of the section as a 0-dim i64/f64 tensor.
+template <class Dict>
+Dict read_state_dict(const SectionReader& in, Scalars scalars = Scalars::as_datasets) {
   Dict dict;
+  if (scalars == Scalars::as_attributes)
+    for (const auto& [name, value] : in.attributes())
+      if (tensor::Tensor t = detail::scalar_tensor(value); t.defined()) dict.insert(name, t);
   for (const std::string& name : in.tensor_names()) dict.insert(name, in.tensor(name));
   return dict;
 }
