@@ -89,6 +89,9 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
   MPI_Comm actors = MPI_COMM_NULL, system = MPI_COMM_NULL;
   TROUPE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &actors));
   TROUPE_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &system));
+  // A malformed message (an attachment longer than announced, say) must come back as
+  // an error code the transport reports, not abort this rank.
+  TROUPE_MPI_CHECK(MPI_Comm_set_errhandler(actors, MPI_ERRORS_RETURN));
   actor_comm_ = reinterpret_cast<void*>(actors);
   system_comm_ = reinterpret_cast<void*>(system);
   work_ = std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(

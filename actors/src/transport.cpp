@@ -108,17 +108,29 @@ bool Transport::receive_attachments(Message& message) {
   for (std::size_t i = 0; i < h.attachments; ++i) {
     std::uint64_t size = 0;
     std::memcpy(&size, message.bytes.data() + sizeof h + i * sizeof size, sizeof size);
-    int flag = 0;
-    MPI_Message handle;
+    if (size > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      return drop("attachment " + std::to_string(i) + " claims " + std::to_string(size) + " bytes");
+    // A receive posted with the announced size (rather than probe + matched receive)
+    // lets Open MPI's shared-memory transport copy once, straight from the sender's
+    // buffer: a 16 MB round trip took 2.8x raw MPI with Improbe/Mrecv.
+    Bytes buffer = pool_->acquire(static_cast<std::size_t>(size));
+    MPI_Request request;
     MPI_Status status;
-    while (!flag) {
-      TROUPE_MPI_CHECK(MPI_Improbe(message.source, tag, comm_, &flag, &handle, &status));
-      if (!flag && Clock::now() > deadline) return drop("attachment " + std::to_string(i) + " never arrived");
+    TROUPE_MPI_CHECK(MPI_Irecv(const_cast<std::byte*>(buffer.data()), static_cast<int>(size), MPI_BYTE,
+                               message.source, tag, comm_, &request));
+    for (int flag = 0; !flag;) {
+      if (MPI_Test(&request, &flag, &status) != MPI_SUCCESS) {
+        return drop("attachment " + std::to_string(i) + " does not fit the " + std::to_string(size) +
+                    " bytes its table announced");
+      }
+      if (!flag && Clock::now() > deadline) {
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+        return drop("attachment " + std::to_string(i) + " never arrived");
+      }
     }
     int count = 0;
     TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
-    Bytes buffer = pool_->acquire(static_cast<std::size_t>(count));
-    TROUPE_MPI_CHECK(MPI_Mrecv(const_cast<std::byte*>(buffer.data()), count, MPI_BYTE, &handle, &status));
     if (static_cast<std::uint64_t>(count) != size)
       return drop("attachment " + std::to_string(i) + " has " + std::to_string(count) + " bytes, the table says " +
                   std::to_string(size));
