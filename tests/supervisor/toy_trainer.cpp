@@ -80,6 +80,12 @@ void train(const troupe::mpi::Environment& mpi, const Args& args, const sv::RunE
 
   for (std::int64_t step = state[0]; step < args.steps; ++step) {
     if (client) client->report_step(static_cast<std::uint64_t>(step));
+    if (rank == 0 && step == state[0]) {
+      // For the restart benchmark: the moment the (re)launched job does real work.
+      double t = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+      std::printf("toy_trainer: first step %lld at t=%.6f\n", static_cast<long long>(step), t);
+      std::fflush(stdout);
+    }
     fault.at_step(static_cast<std::uint64_t>(step));
     std::this_thread::sleep_for(std::chrono::milliseconds(args.step_ms));
     std::int64_t contribution = state[1] + rank + step;

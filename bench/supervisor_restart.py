@@ -1,0 +1,151 @@
+"""The supervisor area of bench/run: how long a 2-rank job is down after a rank dies,
+under troupe-run, under a plain `mpirun` relaunched by a shell loop, and under
+torchrun, plus what heartbeating costs a rank (bench/supervisor_bench).
+
+The job is tests/supervisor/toy_trainer (20 ms steps, an int64 all-reduce per step,
+a save every 5 steps) and its PyTorch twin bench/torch_restart_job.py. Rank 1 kills
+itself with SIGKILL at step 23 on the first launch; the relaunch resumes at step 20.
+Each job prints the wall-clock time of the fault and of its first step after the
+relaunch, so "death -> first resumed step" is measured the same way for all three.
+troupe-run's events log splits its part into detection, teardown and relaunch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+STEPS, SAVE_EVERY, STEP_MS, FAULT_RANK, FAULT_STEP = 40, 5, 20, 1, 23
+RESUME_STEP = FAULT_STEP // SAVE_EVERY * SAVE_EVERY
+FAULT = f"rank={FAULT_RANK},step={FAULT_STEP},kind=crash,restart=0"
+TORCH_PYTHON = "/usr/bin/python3"
+ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def _fault_time(text: str) -> float:
+    found = re.search(r"troupe fault: crash on rank \d+ at step \d+ \(pid \d+, t=([0-9.]+)\)", text)
+    if not found:
+        raise RuntimeError(f"no fault line in the job's output:\n{text[-2000:]}")
+    return float(found.group(1))
+
+
+def _first_step(text: str, step: int) -> float:
+    found = re.search(rf"first step {step} at t=([0-9.]+)", text)
+    if not found:
+        raise RuntimeError(f"no 'first step {step}' line in the job's output:\n{text[-2000:]}")
+    return float(found.group(1))
+
+
+def _trainer_args(trainer: Path) -> list[str]:
+    return [str(trainer), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), "--step-ms", str(STEP_MS)]
+
+
+def troupe_run_once(build: Path, work: Path) -> dict:
+    ckpt = work / "troupe"
+    env = dict(os.environ, TROUPE_FAULT=FAULT)
+    p = subprocess.run([str(build / "supervisor" / "troupe-run"), "-np", "2", "--checkpoint-dir", str(ckpt),
+                        "--backoff", "0", "--max-restarts", "1", "--",
+                        *_trainer_args(build / "tests" / "supervisor" / "supervisor_toy_trainer")],
+                       env=env, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"troupe-run failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    events = [json.loads(line) for line in (ckpt / "troupe-run-events.jsonl").read_text().splitlines()]
+    first = {e["event"]: e for e in reversed(events)}  # the first of each kind wins
+    fault = _fault_time(p.stderr)
+    ups = [e["time"] for e in events if e["event"] == "rank_up" and e["restart"] == 1]
+    resume = first["resume"]
+    if resume["step"] != RESUME_STEP:
+        raise RuntimeError(f"troupe-run resumed at step {resume['step']}, expected {RESUME_STEP}")
+    return {"detection": first["failure"]["time"] - fault,
+            "teardown": first["stopped"]["time"] - first["failure"]["time"],
+            "relaunch": max(ups) - first["stopped"]["time"],  # backoff 0: launch follows at once
+            "first_step": resume["time"] - max(ups),
+            "total": _first_step(p.stdout, RESUME_STEP) - fault}
+
+
+def mpirun_loop_once(build: Path, work: Path) -> dict:
+    """What a shell loop around mpirun gets: wait for mpirun to notice the dead rank and
+    exit, relaunch at once."""
+    ckpt = work / "mpirun"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    command = ["mpirun", "-np", "2", *_trainer_args(build / "tests" / "supervisor" / "supervisor_toy_trainer")]
+    env = dict(os.environ, **ROOT_ENV, TROUPE_FAULT=FAULT, TROUPE_CHECKPOINT_DIR=str(ckpt), TROUPE_RESTART="0")
+    env.pop("TROUPE_SUPERVISOR", None)
+    first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    exited = time.time()
+    fault = _fault_time(first.stderr)
+    relaunched = time.time()
+    env["TROUPE_RESTART"] = "1"
+    second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    if second.returncode != 0:
+        raise RuntimeError(f"the mpirun relaunch failed:\n{second.stderr[-2000:]}")
+    resumed = _first_step(second.stdout, RESUME_STEP)
+    return {"detection+teardown": exited - fault, "relaunch+first_step": resumed - relaunched,
+            "total": (exited - fault) + (resumed - relaunched)}
+
+
+def torchrun_once(root: Path, work: Path) -> dict:
+    ckpt = work / "torch"
+    ckpt.mkdir(parents=True, exist_ok=True)
+    # --redirects/--tee 1: this torch (1.13) on Python 3.11 cannot parse the default "0".
+    p = subprocess.run([TORCH_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                        "--max_restarts", "1", "--redirects", "1", "--tee", "1", "--log_dir", str(work / "torch-logs"),
+                        str(root / "bench" / "torch_restart_job.py"), str(STEPS), str(SAVE_EVERY), str(STEP_MS),
+                        str(FAULT_RANK), str(FAULT_STEP)],
+                       env=dict(os.environ, CKPT_DIR=str(ckpt)), capture_output=True, text=True, timeout=180)
+    if p.returncode != 0:
+        raise RuntimeError(f"torchrun failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return {"total": _first_step(p.stdout, RESUME_STEP) - _fault_time(p.stdout)}
+
+
+def torch_missing() -> str | None:
+    p = subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed.run"], capture_output=True, text=True)
+    return None if p.returncode == 0 else p.stderr.strip().splitlines()[-1]
+
+
+def median_of(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def measure(root: Path, build: Path, quick: bool, row) -> list[dict]:
+    repeats = 1 if quick else 5
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def fresh(i: int) -> Path:
+            d = Path(tmp) / str(i)
+            d.mkdir()
+            return d
+        troupe = median_of([troupe_run_once(build, fresh(i)) for i in range(repeats)])
+        loop = median_of([mpirun_loop_once(build, fresh(100 + i)) for i in range(repeats)])
+        missing = torch_missing()
+        torch = median_of([torchrun_once(root, fresh(200 + i)) for i in range(repeats)]) if not missing else None
+        overhead = json.loads(subprocess.run([str(build / "bench" / "supervisor_bench"), *(["--quick"] if quick else [])],
+                                             capture_output=True, text=True, check=True, timeout=300).stdout)
+
+    torch_name = "torchrun --max_restarts (default monitor interval), gloo" if not missing else f"torchrun: {missing}"
+    rows.append(row("rank death -> first resumed step, 2 ranks", "s", "lower", troupe["total"], torch_name,
+                    torch["total"] if torch else None, "<= 2 s", troupe["total"] <= 2.0))
+    rows.append(row("rank death -> first resumed step, 2 ranks (vs mpirun loop)", "s", "lower", troupe["total"],
+                    "shell loop: mpirun exits, relaunch", loop["total"], "<= 2 s", troupe["total"] <= 2.0))
+    rows.append(row("detection (death -> failure seen)", "s", "lower", troupe["detection"],
+                    "mpirun notices and exits (detection + teardown)", loop["detection+teardown"], "< 1 s",
+                    troupe["detection"] < 1.0))
+    rows.append(row("teardown (failure seen -> all ranks gone)", "s", "lower", troupe["teardown"],
+                    "mpirun notices and exits (detection + teardown)", loop["detection+teardown"]))
+    rows.append(row("relaunch -> first resumed step", "s", "lower", troupe["relaunch"] + troupe["first_step"],
+                    "plain mpirun relaunch -> first step", loop["relaunch+first_step"]))
+    rows.append(row("  of which mpirun start -> ranks registered", "s", "lower", troupe["relaunch"],
+                    "plain mpirun relaunch -> first step", loop["relaunch+first_step"]))
+    rows.append(row("report_step + report_collective per step", "ns", "lower", overhead["report_ns"], "none", None))
+    rows.append(row("heartbeat thread CPU (every 0.5 s)", "us/s", "lower", overhead["heartbeat_cpu_us_per_s_500ms"],
+                    "none", None, "< 10000 us/s (1% of a core)", overhead["heartbeat_cpu_us_per_s_500ms"] < 10000))
+    step_ratio = overhead["step_ms_supervised"] / overhead["step_ms_plain"]
+    rows.append(row("step time with heartbeats and reports (0.3 ms CPU step)", "ms", "lower",
+                    overhead["step_ms_supervised"], "same step, unsupervised", overhead["step_ms_plain"],
+                    "overhead < 1% (<= 1.01x)", step_ratio <= 1.01))
+    return rows
