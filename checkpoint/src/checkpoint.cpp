@@ -5,7 +5,9 @@
 #include <iostream>
 
 #include "troupe/checkpoint/error.hpp"
+#include "troupe/checkpoint/file_writer.hpp"
 #include "troupe/checkpoint/format.hpp"
+#include "troupe/checkpoint/snapshot.hpp"
 
 namespace troupe::checkpoint {
 
@@ -54,21 +56,32 @@ void Checkpoint::register_state(std::string section, StateSource source) {
   sources_.push_back({std::move(section), std::move(source)});
 }
 
-fs::path Checkpoint::save(std::int64_t step, std::int64_t epoch) {
-  fs::path final = dir_.final_path(step);  // checks the step before any work
+Checkpoint::~Checkpoint() { finish_in_flight(); }
+
+void Checkpoint::finish_in_flight() {
+  if (in_flight_.valid()) in_flight_.wait();  // its error belongs to its own handle
+  if (writer_.joinable()) writer_.join();
+  in_flight_ = {};
+}
+
+void Checkpoint::write_state(Sink& sink, std::int64_t step, std::int64_t epoch) {
+  sink.set_attribute("/", "step", step);
+  sink.set_attribute("/", "epoch", epoch);
+  sink.set_attribute("/", "world_size", run_.world_size);
+  sink.set_attribute("/", "created_utc", utc_now_iso8601());
+  sink.set_attribute("/", "run_id", run_.run_id);
+  sink.set_attribute("/", "config", run_.config_json);
+  for (Registered& r : sources_) {
+    SectionWriter section(sink, r.section);
+    r.source.save(section);
+  }
+}
+
+fs::path Checkpoint::write_file(std::int64_t step, const std::function<void(Sink&)>& body) {
   fs::path temp = dir_.temp_path(step);
   try {
     FileWriter file(temp.string());
-    file.set_attribute("/", "step", step);
-    file.set_attribute("/", "epoch", epoch);
-    file.set_attribute("/", "world_size", run_.world_size);
-    file.set_attribute("/", "created_utc", utc_now_iso8601());
-    file.set_attribute("/", "run_id", run_.run_id);
-    file.set_attribute("/", "config", run_.config_json);
-    for (Registered& r : sources_) {
-      SectionWriter section(file, r.section);
-      r.source.save(section);
-    }
+    body(file);
     file.close();
   } catch (...) {
     // A failed save must not leave debris that a later listing could trip over.
@@ -77,6 +90,39 @@ fs::path Checkpoint::save(std::int64_t step, std::int64_t epoch) {
     throw;
   }
   return dir_.commit(temp, step);
+}
+
+fs::path Checkpoint::save(std::int64_t step, std::int64_t epoch) {
+  dir_.final_path(step);  // checks the step before any work
+  finish_in_flight();
+  return write_file(step, [&](Sink& file) { write_state(file, step, epoch); });
+}
+
+SaveHandle Checkpoint::save_async(std::int64_t step, std::int64_t epoch, SaveOptions options) {
+  dir_.final_path(step);
+  if (in_flight_.valid() && options.if_busy == IfBusy::skip &&
+      in_flight_.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+    return SaveHandle::skipped_save(step);
+  finish_in_flight();
+
+  // The only part training waits for: copying the state to host memory.
+  auto snapshot = std::make_shared<Snapshot>(std::move(spare_));
+  spare_.clear();
+  write_state(*snapshot, step, epoch);
+
+  auto task = std::make_shared<std::packaged_task<fs::path()>>([this, snapshot, step] {
+    try {
+      fs::path done = write_file(step, [&](Sink& file) { snapshot->replay(file); });
+      spare_ = snapshot->release_buffers();
+      return done;
+    } catch (const std::exception& e) {
+      warn_("asynchronous save of step " + std::to_string(step) + " failed: " + e.what());
+      throw;
+    }
+  });
+  in_flight_ = task->get_future().share();
+  writer_ = std::thread([task] { (*task)(); });
+  return SaveHandle(step, in_flight_);
 }
 
 Metadata Checkpoint::validate(const FileReader& file) const {
@@ -90,6 +136,7 @@ Metadata Checkpoint::validate(const FileReader& file) const {
 }
 
 Metadata Checkpoint::load(const fs::path& path) {
+  finish_in_flight();
   FileReader file(path.string());
   Metadata meta = validate(file);
   for (Registered& r : sources_) {
@@ -100,6 +147,7 @@ Metadata Checkpoint::load(const fs::path& path) {
 }
 
 std::optional<Metadata> Checkpoint::load_latest() {
+  finish_in_flight();  // the save in flight may be the latest
   for (const fs::path& candidate : dir_.load_candidates()) {
     std::optional<FileReader> file;
     Metadata meta;

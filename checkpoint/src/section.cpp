@@ -14,7 +14,7 @@ void check_name(std::string_view name, const std::string& group) {
 }
 }  // namespace
 
-SectionWriter::SectionWriter(FileWriter& file, std::string section)
+SectionWriter::SectionWriter(Sink& file, std::string section)
     : file_(file), group_(std::string("/").append(section)) {
   file_.ensure_group(group_);
 }

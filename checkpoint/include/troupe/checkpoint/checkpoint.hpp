@@ -13,8 +13,16 @@
 //
 // save() writes the root metadata, then each registered section in registration order,
 // streaming tensor by tensor (see section.hpp), into a temporary file that
-// CheckpointDirectory commits crash-safely. It is synchronous and runs on the caller's
-// thread; the checkpoint actor (async saves) builds on the same pieces.
+// CheckpointDirectory commits crash-safely, all on the caller's thread.
+//
+// save_async() only snapshots: it runs every section's save into host memory (Snapshot)
+// on the caller's thread and returns; a writer thread owned by this object then writes
+// and commits the file while training goes on. One save is written at a time: a save
+// (either kind) that starts while another is writing waits for it, or with
+// SaveOptions{.if_busy = IfBusy::skip} an async one is skipped. Destroying the
+// Checkpoint, load() and load_latest() wait for the save in flight. Between async saves
+// the Checkpoint keeps the last snapshot's host buffers to copy the next one into. The warning handler may be called from the
+// writer thread (a failed async save is reported there as well as through its handle).
 //
 // load_latest() tries the newest checkpoint first. A file is used only if it opens, is a
 // troupe checkpoint, is complete, every dataset's checksum verifies and every required
@@ -27,12 +35,16 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "troupe/checkpoint/checkpoint_directory.hpp"
 #include "troupe/checkpoint/file_reader.hpp"
+#include "troupe/checkpoint/save_handle.hpp"
 #include "troupe/checkpoint/section.hpp"
 
 namespace troupe::checkpoint {
@@ -59,11 +71,22 @@ struct Metadata {
   static Metadata read(const FileReader& file);
 };
 
+enum class IfBusy { wait, skip };
+struct SaveOptions {
+  // What save_async does while the previous save is still writing: wait for it (the
+  // default: no checkpoint is lost) or return at once with a skipped handle (training
+  // never stalls on the disk; the next save will catch up).
+  IfBusy if_busy = IfBusy::wait;
+};
+
 class Checkpoint {
  public:
   using WarningHandler = std::function<void(const std::string&)>;
 
   explicit Checkpoint(std::filesystem::path folder, std::size_t keep_last = 3);
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+  ~Checkpoint();
 
   void set_run_info(RunInfo info) { run_ = std::move(info); }
   // Where skip warnings go; by default, a line on stderr.
@@ -74,6 +97,8 @@ class Checkpoint {
 
   // Writes a checkpoint of every registered section; returns its path once durable.
   std::filesystem::path save(std::int64_t step, std::int64_t epoch = 0);
+  // Snapshots every section to host memory and writes it on a background thread.
+  SaveHandle save_async(std::int64_t step, std::int64_t epoch = 0, SaveOptions options = {});
   // Restores from the newest valid checkpoint; nullopt when there is none (a fresh run).
   std::optional<Metadata> load_latest();
   // Restores from one file; throws FormatError/CheckpointError if it is not usable.
@@ -88,11 +113,23 @@ class Checkpoint {
   };
   // Checks a file fully (see above) and returns its metadata; throws when unusable.
   Metadata validate(const FileReader& file) const;
+  // Root attributes, then every section, into `sink`.
+  void write_state(Sink& sink, std::int64_t step, std::int64_t epoch);
+  // Writes `body` into the temporary file of `step` and commits it.
+  std::filesystem::path write_file(std::int64_t step, const std::function<void(Sink&)>& body);
+  // Waits for the async save in flight, if any, and joins its thread.
+  void finish_in_flight();
 
   CheckpointDirectory dir_;
   RunInfo run_;
   WarningHandler warn_;
   std::vector<Registered> sources_;
+  std::shared_future<std::filesystem::path> in_flight_;
+  std::thread writer_;
+  // Host buffers of the last async snapshot, reused by the next (see snapshot.hpp).
+  // Touched by the writer thread only before in_flight_ is ready, by the caller only
+  // after: finish_in_flight() orders the two.
+  std::vector<tensor::Tensor> spare_;
 };
 
 // "2026-11-23T11:40:00Z" for now.

@@ -20,31 +20,32 @@
 #include <string_view>
 
 #include "troupe/checkpoint/attribute.hpp"
+#include "troupe/checkpoint/sink.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::checkpoint {
 
-class FileWriter {
+class FileWriter final : public Sink {
  public:
   // Creates (truncating) `path` and stamps format and format_version on the root.
   explicit FileWriter(std::string path);
   FileWriter(const FileWriter&) = delete;
   FileWriter& operator=(const FileWriter&) = delete;
-  ~FileWriter();
+  ~FileWriter() override;
 
   // Sets an attribute on a group ("/" or "/sampler"), creating the group if needed.
-  void set_attribute(std::string_view group, std::string_view name, const AttrValue& value);
+  void set_attribute(std::string_view group, std::string_view name, const AttrValue& value) override;
   // Writes `t` (CPU or CUDA; copied to the host first if needed) at `path`.
-  void write_tensor(std::string_view path, const tensor::Tensor& t);
+  void write_tensor(std::string_view path, const tensor::Tensor& t) override;
   // A host tensor of `shape` and `dtype` in a buffer the writer owns and reuses: the
   // "fixed buffer" of a streaming save. A source that must build each tensor (assembling
   // shards, converting) fills it and passes it to write_tensor, so memory stays at the
   // largest tensor however many there are; allocating a fresh tensor each time instead
   // lets the allocator's fragmentation grow the heap (glibc keeps the freed blocks).
   // The tensor is valid until the next scratch() call, which may reuse its bytes.
-  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype);
+  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype) override;
   // Creates an empty group, so a section with nothing in it still shows in the file.
-  void ensure_group(std::string_view group);
+  void ensure_group(std::string_view group) override;
 
   // Marks the file complete and closes it; throws CheckpointError if HDF5 cannot.
   void close();

@@ -21,14 +21,14 @@
 
 #include "troupe/checkpoint/attribute.hpp"
 #include "troupe/checkpoint/file_reader.hpp"
-#include "troupe/checkpoint/file_writer.hpp"
+#include "troupe/checkpoint/sink.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::checkpoint {
 
 class SectionWriter {
  public:
-  SectionWriter(FileWriter& file, std::string section);
+  SectionWriter(Sink& sink, std::string section);
   void tensor(std::string_view name, const tensor::Tensor& t);
   // The writer's reusable buffer (FileWriter::scratch): fill it, then pass it to tensor().
   tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype) {
@@ -39,7 +39,7 @@ class SectionWriter {
   const std::string& group() const { return group_; }
 
  private:
-  FileWriter& file_;
+  Sink& file_;
   std::string group_;  // "/model"
 };
 

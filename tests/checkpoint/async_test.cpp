@@ -1,0 +1,122 @@
+// Checkpoint::save_async: snapshot now, write in the background, one save at a time.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "test_util.hpp"
+#include "troupe/checkpoint/checkpoint.hpp"
+
+namespace troupe::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using tensor::DType;
+using tensor::Tensor;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// A "model" of `mb` MB in 16 tensors whose values training keeps changing.
+struct Model {
+  explicit Model(std::int64_t mb) {
+    for (int i = 0; i < 16; ++i) weights.push_back(Tensor::full({mb * 1024 * 1024 / 4 / 16}, i, DType::f32));
+  }
+  void register_with(Checkpoint& ckpt) {
+    ckpt.register_state("model", {.save = [this](SectionWriter& w) {
+                                    for (std::size_t i = 0; i < weights.size(); ++i) w.tensor("w" + std::to_string(i), weights[i]);
+                                  },
+                                  .load = [this](const SectionReader& r) {
+                                    for (std::size_t i = 0; i < weights.size(); ++i) weights[i].copy_(r.tensor("w" + std::to_string(i)));
+                                  }});
+  }
+  std::vector<Tensor> weights;
+};
+
+TEST(CheckpointAsync, SavesTheStateAsItWasWhenSaveAsyncReturned) {
+  testing::TempDir dir;
+  Model model(8);
+  Checkpoint ckpt(dir.path(), 3);
+  model.register_with(ckpt);
+  SaveHandle h = ckpt.save_async(10, 1);
+  for (Tensor& w : model.weights) w.fill_(-1);  // training goes on at once
+  fs::path file = h.get();
+  EXPECT_EQ(file.filename(), "ckpt-000000010.h5");
+  EXPECT_TRUE(h.test());
+
+  std::optional<Metadata> meta = ckpt.load_latest();
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->step, 10);
+  for (std::size_t i = 0; i < model.weights.size(); ++i)
+    EXPECT_EQ(model.weights[i].to_vector<float>()[0], static_cast<float>(i)) << i;
+}
+
+TEST(CheckpointAsync, ASaveStartedDuringASaveWaitsForItAndBothLand) {
+  testing::TempDir dir;
+  Model model(64);
+  Checkpoint ckpt(dir.path(), 0);
+  model.register_with(ckpt);
+  SaveHandle first = ckpt.save_async(1);
+  SaveHandle second = ckpt.save_async(2);
+  EXPECT_TRUE(first.test()) << "the second save_async returned before the first save was durable";
+  EXPECT_EQ(first.get().filename(), "ckpt-000000001.h5");
+  EXPECT_EQ(second.get().filename(), "ckpt-000000002.h5");
+  ckpt.save(3);  // a synchronous save waits too
+  EXPECT_EQ(ckpt.directory().list().size(), 3u);
+}
+
+TEST(CheckpointAsync, WithIfBusySkipASaveDuringASaveIsSkippedAndTimeoutsAreHonoured) {
+  testing::TempDir dir;
+  Model model(256);  // long enough to write that the next call lands while it does
+  Checkpoint ckpt(dir.path(), 0);
+  model.register_with(ckpt);
+  SaveHandle first = ckpt.save_async(1);
+  EXPECT_THROW(first.wait(std::chrono::milliseconds(0)), TimeoutError);
+  SaveHandle second = ckpt.save_async(2, 0, {.if_busy = IfBusy::skip});
+  EXPECT_TRUE(second.skipped());
+  EXPECT_TRUE(second.test());
+  EXPECT_THROW(second.get(), InvalidArgument);
+  first.wait(std::chrono::milliseconds(60000));
+  std::vector<fs::path> files = ckpt.directory().list();
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0].filename(), "ckpt-000000001.h5");
+}
+
+TEST(CheckpointAsync, DestroyingTheCheckpointWaitsForADroppedHandlesSave) {
+  testing::TempDir dir;
+  Model model(32);
+  {
+    Checkpoint ckpt(dir.path(), 3);
+    model.register_with(ckpt);
+    ckpt.save_async(5);  // handle dropped
+  }
+  FileReader file((dir / "ckpt-000000005.h5").string());
+  EXPECT_NO_THROW(file.verify_all());
+}
+
+TEST(CheckpointAsync, TheStallIsTheSnapshotNotTheWrite) {
+  testing::TempDir dir;
+  Model model(128);
+  Checkpoint ckpt(dir.path(), 2);
+  model.register_with(ckpt);
+  auto t0 = Clock::now();
+  ckpt.save(1);
+  double sync_ms = ms_since(t0);
+  t0 = Clock::now();
+  ckpt.save_async(2).get();  // first async save: fresh buffers
+  double first_ms = ms_since(t0);
+  t0 = Clock::now();
+  SaveHandle h = ckpt.save_async(3);  // reuses the buffers of the one before
+  double stall_ms = ms_since(t0);
+  h.get();
+  std::cout << "[          ] 128 MB: synchronous save " << sync_ms << " ms, first async save " << first_ms
+            << " ms, async stall with recycled buffers " << stall_ms << " ms (" << 100 * stall_ms / sync_ms
+            << "% of synchronous)\n";
+  EXPECT_LT(stall_ms, sync_ms / 2);
+  FileReader file((dir / "ckpt-000000003.h5").string());
+  EXPECT_NO_THROW(file.verify_all());
+}
+
+}  // namespace
+}  // namespace troupe::checkpoint
