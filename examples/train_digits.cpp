@@ -2,7 +2,7 @@
 // an MPI job -- or in one process, with no code change:
 //
 //   build/examples/train_digits --epochs 30
-//   mpirun -np 2 build/examples/train_digits --epochs 30 --metrics digits.jsonl
+//   mpirun -np 2 build/examples/train_digits --epochs 30 --metrics digits.jsonl  # + digits.png
 //
 // Reads top to bottom: flags; the recipe (data, model, optimizer) that every rank's
 // TrainWorker builds; then the driver, on rank 0 only, which runs the epochs by asking
@@ -12,6 +12,7 @@
 // on the number of ranks. The same flags (and world size) give bit-identical final
 // parameters: the run prints their hash.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -135,6 +136,14 @@ std::string format(const char* fmt, double a, double b = 0) {
   return text;
 }
 
+// People would rather look at a curve than read a log: leave a PNG beside it, drawn by
+// tools/plot_metrics.py (needs python3-matplotlib; without it, a note and no plot).
+void plot_metrics(const std::string& metrics) {
+  const std::string command = std::string("/usr/bin/python3 ") + TROUPE_PLOT_SCRIPT + " '" + metrics + "' 2>&1";
+  if (metrics.find('\'') != std::string::npos || std::system(command.c_str()) != 0)
+    std::fprintf(stderr, "train_digits: no plot of %s (tools/plot_metrics.py failed; see above)\n", metrics.c_str());
+}
+
 // Rank 0: runs the epochs through the workers and reports. Returns the exit status.
 int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int world) {
   train::Status status(true, {.metrics_path = flags.metrics});
@@ -194,6 +203,7 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
               status.wall_seconds());
   std::printf("parameters hash %016llx (%lld steps, %d rank(s))\n",
               static_cast<unsigned long long>(states[0].parameter_hash), static_cast<long long>(steps), world);
+  if (!flags.metrics.empty()) plot_metrics(flags.metrics);
   if (test_accuracy < flags.require_accuracy) {
     std::fprintf(stderr, "train_digits: test accuracy %.4f is below the required %.4f\n", test_accuracy,
                  flags.require_accuracy);

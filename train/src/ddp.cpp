@@ -150,6 +150,9 @@ void DistributedDataParallel::on_grad_ready(const std::string& name, nn::Paramet
                "' was replaced during backward instead of accumulated into");
   slot.ready = true;
   if (--bucket.pending == 0) launch_ready_buckets();
+  // Drive the buckets already in flight from here too: Open MPI moves data only inside
+  // MPI calls, and between two layers' backward is a free moment to make one.
+  for (std::size_t b = 0; b < next_launch_; ++b) buckets_[b].work.test();
 }
 
 void DistributedDataParallel::launch_ready_buckets() {
