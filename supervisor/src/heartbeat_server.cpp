@@ -3,6 +3,8 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/asio/read.hpp>
+#include <unistd.h>
+
 #include <cstdio>
 
 #include "troupe/error.hpp"
@@ -211,6 +213,12 @@ HeartbeatServer::~HeartbeatServer() {
 std::string HeartbeatServer::address() const {
   auto endpoint = acceptor_.local_endpoint();
   auto host = endpoint.address().to_string();
+  if (endpoint.address().is_unspecified()) {
+    // Bound to every interface (--bind 0.0.0.0:P): ranks on other nodes cannot connect
+    // to 0.0.0.0, so they get this host's name, which the cluster resolves.
+    char name[256] = {};
+    if (::gethostname(name, sizeof name - 1) == 0 && name[0]) return std::string(name) + ":" + std::to_string(endpoint.port());
+  }
   if (endpoint.address().is_v6()) host = "[" + host + "]";
   return host + ":" + std::to_string(endpoint.port());
 }

@@ -224,7 +224,20 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     auto heartbeat_timeout = std::chrono::duration_cast<Clock::duration>(options_.heartbeat_timeout);
     auto hang_timeout = std::chrono::duration_cast<Clock::duration>(options_.hang_timeout);
     const RankStatus* stuck = nullptr;
-    for (const auto& rank : server_->ranks()) {
+    // Every rank runs the same program: once one has registered, a rank that has not
+    // within the hang timeout of the launch is stuck before it could (in MPI_Init, say).
+    const auto& ranks = server_->ranks();
+    bool any = std::any_of(ranks.begin(), ranks.end(), [](const RankStatus& r) { return r.registered; });
+    if (any && now - launched_ > hang_timeout) {
+      std::string missing;
+      for (const auto& rank : ranks)
+        if (!rank.registered) missing += (missing.empty() ? "" : ", ") + std::to_string(rank.rank);
+      if (!missing.empty())
+        return fail("hang", "rank(s) " + missing + " never registered within the hang timeout of " +
+                                fixed(options_.hang_timeout.count()) + " s after launch",
+                    {});
+    }
+    for (const auto& rank : ranks) {
       if (!rank.registered || !rank.connected || rank.said_goodbye) continue;
       if (now - rank.last_heard > heartbeat_timeout)
         return fail("heartbeat_timeout", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +

@@ -285,11 +285,25 @@ def mpirun_exit(args, check: Check) -> None:
     check(run.code == 1 and run.of("finish")[0]["status"] == "gave_up", f"gave up: exit {run.code}")
 
 
+def unregistered(args, check: Check) -> None:
+    """A rank that never registers while the others do is stuck: a hang after the timeout."""
+    run = Run(args, "unregistered", None, ["--backoff", "0", "--grace", "1", "--hang-timeout", "1.5",
+                                          "--max-restarts", "0"],
+              program=[args.trainer, "--steps", "200", "--step-ms", "20", "--no-client-rank", "1"])
+    failures = run.of("failure")
+    check(len(failures) == 1 and failures[0]["cause"] == "hang"
+          and "rank(s) 1 never registered within the hang timeout" in failures[0]["detail"],
+          f"rank 1 reported as never registered: {failures}")
+    check(run.code == 1, f"gave up (max-restarts 0): exit {run.code}")
+
+
 def crash_tcp(args, check: Check) -> None:
     hostfile = Path(args.workdir) / "hostfile-localhost-twice"
     hostfile.parent.mkdir(parents=True, exist_ok=True)
     hostfile.write_text("localhost\nlocalhost\n")
-    crash(args, check, ["--mca", "btl", "self,tcp", "--hostfile", str(hostfile)])
+    # The cluster path: TCP between ranks, hosts from a hostfile, the heartbeat server on
+    # every interface (ranks are told this host's name, not 0.0.0.0).
+    crash(args, check, ["--mca", "btl", "self,tcp", "--hostfile", str(hostfile), "--bind", "0.0.0.0:0"])
 
 
 def bad_flags(args, check: Check) -> None:
@@ -307,7 +321,7 @@ def bad_flags(args, check: Check) -> None:
           f"a malformed TROUPE_FAULT is named by the ranks and the job fails (exit {p.returncode}): {p.stderr}")
 
 
-SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
+SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "unregistered": unregistered, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
              "throw": throw, "hostile": hostile, "sigint": sigint, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
 
 

@@ -1,7 +1,7 @@
 // toy_trainer: a stand-in for a training program, to test troupe-run before the real
 // training and checkpoint modules are wired to it.
 //
-//   toy_trainer --steps N [--save-every K] [--step-ms M]
+//   toy_trainer --steps N [--save-every K] [--step-ms M] [--no-client-rank R]
 //
 // Each step "computes" for M ms, then all-reduces one int64 per rank through a real
 // Communicator and folds the sum into a state value (value = (value * 31 + sum) mod
@@ -35,6 +35,7 @@ struct Args {
   std::int64_t steps = 20;
   std::int64_t save_every = 5;
   int step_ms = 10;
+  int no_client_rank = -1;  // this rank does not register (tests the registration timeout)
 };
 
 Args parse(int argc, char** argv) {
@@ -46,6 +47,7 @@ Args parse(int argc, char** argv) {
     if (flag == "--steps") args.steps = value;
     else if (flag == "--save-every") args.save_every = value;
     else if (flag == "--step-ms") args.step_ms = static_cast<int>(value);
+    else if (flag == "--no-client-rank") args.no_client_rank = static_cast<int>(value);
     else TROUPE_CHECK(false, "toy_trainer: unknown flag ", flag);
   }
   TROUPE_CHECK(args.steps >= 0 && args.save_every > 0 && args.step_ms >= 0, "toy_trainer: bad arguments");
@@ -111,7 +113,8 @@ int main(int argc, char** argv) {
     const Args args = parse(argc, argv);
     const sv::RunEnvironment run = sv::run_environment();
     // Created after MPI and before the first step; its destructor says goodbye.
-    client = sv::SupervisorClient::connect_if_supervised(run, mpi.rank(), mpi.size());
+    if (mpi.rank() != args.no_client_rank)
+      client = sv::SupervisorClient::connect_if_supervised(run, mpi.rank(), mpi.size());
     train(mpi, args, run, client.get());
     return 0;
   } catch (const std::exception& e) {
