@@ -43,12 +43,13 @@ struct Flags {
   double require_accuracy = 0;  // exit status 3 if the final test accuracy is lower
   int accum_steps = 1;
   std::string metrics;          // JSONL metrics log; empty for none
+  std::string best;             // file for the model with the best test accuracy; empty for none
 };
 
 const char* kUsage =
     "usage: train_digits [--data PATH] [--epochs N] [--batch-size N] [--hidden N] [--lr X]\n"
     "                    [--momentum X] [--seed N] [--require-accuracy X] [--accum-steps N]\n"
-    "                    [--metrics FILE]\n"
+    "                    [--metrics FILE] [--best FILE]\n"
     "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n";
 
 Flags parse_flags(int argc, char** argv) {
@@ -77,6 +78,7 @@ Flags parse_flags(int argc, char** argv) {
       else if (flag == "--require-accuracy") f.require_accuracy = whole(std::stod(value, &used));
       else if (flag == "--accum-steps") f.accum_steps = whole(std::stoi(value, &used));
       else if (flag == "--metrics") f.metrics = value;
+      else if (flag == "--best") f.best = value;
       else throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
     } catch (const std::logic_error&) {  // stoi/stod: not a number, or out of range
       throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + kUsage);
@@ -188,6 +190,8 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
                   flags.epochs, loss / static_cast<double>(samples), test_loss / static_cast<double>(test_samples),
                   test_accuracy, rate);
     status.print(line);
+    if (!flags.best.empty() && workers[0].ask(&Worker::offer_best, test_accuracy, steps).get())
+      status.print("  best test accuracy so far: model saved to " + flags.best);
     status.log(steps, epoch,
                {{"loss", loss / static_cast<double>(samples)},
                 {"test_loss", test_loss / static_cast<double>(test_samples)},
@@ -229,7 +233,8 @@ int main(int argc, char** argv) {
     train::WorkerOptions options{.global_batch = flags.batch_size,
                                  .accum_steps = flags.accum_steps,
                                  .seed = flags.seed,
-                                 .epochs = flags.epochs};
+                                 .epochs = flags.epochs,
+                                 .best_path = flags.best};
     DigitsRecipe::Config config{flags.data, flags.hidden, flags.lr, flags.momentum, flags.seed};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
     if (runtime.rank() == 0) {

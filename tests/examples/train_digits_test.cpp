@@ -114,3 +114,15 @@ TEST(TrainDigits, WritesOneMetricsRecordPerEpochWithStepEpochRateAndWallTime) {
   }
   EXPECT_EQ(records, 3);
 }
+
+TEST(TrainDigits, KeepsTheModelWithTheBestTestAccuracyInTheBestFile) {
+  const std::string path = testing::TempDir() + "digits_best.bin";
+  std::remove(path.c_str());
+  const ProcessResult run = run_train_digits("--epochs 3 --best " + path);
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_NE(run.output.find("model saved to " + path), std::string::npos) << run.output;
+  std::ifstream in(path, std::ios::binary);
+  std::string head(64, '\0');
+  in.read(head.data(), 64);
+  EXPECT_NE(head.find("troupe-best-model"), std::string::npos) << "the file starts with its magic";
+}

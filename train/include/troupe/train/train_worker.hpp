@@ -43,6 +43,7 @@
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
+#include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/data_loader.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
@@ -61,10 +62,20 @@ struct WorkerOptions {
   double max_grad_norm = 0;         // 0: no clipping
   std::int32_t epochs = 1;          // for the progress bar only
   bool progress = true;             // draw progress on rank 0
+  // How long a collective may wait for the other ranks. A worker that fails on one
+  // rank leaves the others waiting in an all-reduce: this bounds the wait, and the
+  // TimeoutError names the collective, instead of a silent hang.
+  double collective_timeout_s = 120;
+  // The best model by the driver's metric (offer_best), kept by rank 0's worker and
+  // written to `best_path` when set; `best_mode` is "min" or "max".
+  std::string best_metric = "test_accuracy";
+  std::string best_mode = "max";
+  std::string best_path;
 
   template <class A>
   void serialize(A& a) {
-    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress);
+    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
+      best_metric, best_mode, best_path);
   }
 };
 
@@ -110,7 +121,7 @@ class TrainWorker {
   using Config = typename Recipe::Config;
 
   TrainWorker(WorkerOptions options, Config config)
-      : options_(options), config_(std::move(config)), comm_(collectives::world_communicator()),
+      : options_(options), config_(std::move(config)), comm_(make_communicator(options)),
         model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)) {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     const std::int64_t per_step = static_cast<std::int64_t>(comm_->size()) * options_.accum_steps;
@@ -127,6 +138,8 @@ class TrainWorker {
         [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
     state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get());
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
+    keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
+                                                comm_->rank() == 0 ? options_.best_path : "");
   }
 
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
@@ -193,12 +206,21 @@ class TrainWorker {
     return {comm_->rank(), state_->step, state_->epoch, sampler_->position(), parameter_hash(*model_)};
   }
 
+  // The driver's value of the best-model metric for the current parameters: keeps a
+  // copy (and writes the file) when it is the best so far. Returns whether it was.
+  // Only rank 0's worker need be asked; the parameters are the same everywhere.
+  bool offer_best(double value, std::int64_t step) {
+    check_running("offer_best");
+    return keeper_->update({{options_.best_metric, value}}, model_->state_dict(), step);
+  }
+
   // Releases the communicator and the model; later calls fail. Every worker must be
   // stopped together (the communicator's release is collective).
   void stop() {
     if (stopped_) return;
     stopped_ = true;
     status_.reset();
+    keeper_.reset();
     loader_.reset();
     state_.reset();
     ddp_.reset();
@@ -215,9 +237,18 @@ class TrainWorker {
   std::int64_t parameter_count() const { return model_->parameter_count(); }
 
   static constexpr auto troupe_methods =
-      actors::methods<&TrainWorker::train_epoch, &TrainWorker::evaluate, &TrainWorker::state, &TrainWorker::stop>;
+      actors::methods<&TrainWorker::train_epoch, &TrainWorker::evaluate, &TrainWorker::state,
+                      &TrainWorker::offer_best, &TrainWorker::stop>;
 
  private:
+  static std::unique_ptr<collectives::Communicator> make_communicator(const WorkerOptions& options) {
+    TROUPE_CHECK(options.collective_timeout_s > 0, "TrainWorker: collective_timeout_s must be > 0, got ",
+                 options.collective_timeout_s);
+    collectives::Options comm_options = collectives::options_from_environment();
+    comm_options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
+    return collectives::world_communicator(comm_options);
+  }
+
   void check_running(const char* what) const {
     TROUPE_CHECK(!stopped_, "TrainWorker::", what, ": the worker was stopped");
   }
@@ -233,6 +264,7 @@ class TrainWorker {
   std::unique_ptr<DataLoader<TensorBatch>> loader_;
   std::unique_ptr<TrainingState> state_;
   std::unique_ptr<Status> status_;
+  std::unique_ptr<BestModelKeeper> keeper_;
   nn::CrossEntropyLoss loss_fn_;
   bool stopped_ = false;
 };
