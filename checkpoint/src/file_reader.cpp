@@ -1,10 +1,16 @@
 #include "troupe/checkpoint/file_reader.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
 #include "h5_call.hpp"
 #include "h5_types.hpp"
+#include "troupe/checkpoint/error.hpp"
 #include "troupe/checkpoint/format.hpp"
 #include "troupe/checkpoint/xxhash64.hpp"
 
@@ -206,6 +212,50 @@ tensor::Tensor FileReader::read(std::string_view path, bool verify) const {
                    tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape), ")");
   }
   return t;
+}
+
+tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin, std::int64_t end) const {
+  auto lock = detail::h5_lock();
+  TensorInfo meta = info(path);
+  std::string where = path_ + ":" + meta.path;
+  std::int64_t numel = tensor::shape_numel(meta.shape);
+  TROUPE_CHECK(0 <= begin && begin <= end && end <= numel, "checkpoint ", where, ": range [", begin, ", ",
+               end, ") is outside its ", numel, " elements");
+  tensor::Tensor out = tensor::Tensor::empty({end - begin}, meta.dtype);
+  if (end == begin) return out;
+  Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT), "H5Dopen " + where,
+                       Failure::format),
+              H5Dclose);
+  haddr_t offset = H5Dget_offset(dset.get());
+  Handle type(h5_check(H5Dget_type(dset.get()), "H5Dget_type " + where, Failure::format), H5Tclose);
+  bool raw = offset != HADDR_UNDEF && H5Tequal(type.get(), detail::h5_type_of(meta.dtype)) > 0;
+  if (!raw) {
+    // Chunked or byte-swapped (a file from elsewhere): read it whole, keep the slice.
+    H5Eclear2(H5E_DEFAULT);
+    tensor::Tensor all = read(path, false);
+    std::memcpy(out.raw_data(), static_cast<const char*>(all.raw_data()) + begin * all.element_bytes(), out.nbytes());
+    return out;
+  }
+  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) TROUPE_THROW(CheckpointError, "checkpoint: open(", path_, ") failed: ", std::strerror(errno));
+  char* p = static_cast<char*>(out.raw_data());
+  std::size_t left = out.nbytes();
+  off_t at = static_cast<off_t>(offset + static_cast<haddr_t>(begin) * out.element_bytes());
+  while (left > 0) {
+    ssize_t n = ::pread(fd, p, left, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      int err = errno;
+      ::close(fd);
+      TROUPE_THROW(FormatError, "checkpoint ", where, ": cannot read elements [", begin, ", ", end, "): ",
+                   n == 0 ? "file ends early (truncated?)" : std::strerror(err));
+    }
+    p += n;
+    at += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return out;
 }
 
 void FileReader::verify_all() const {

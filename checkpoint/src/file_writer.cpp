@@ -1,6 +1,14 @@
 #include "troupe/checkpoint/file_writer.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <utility>
 #include <set>
+#include <vector>
 
 #include "h5_call.hpp"
 #include "h5_types.hpp"
@@ -13,6 +21,11 @@ using detail::Handle;
 using detail::h5_check;
 
 struct FileWriter::Impl {
+  struct Piecewise {
+    haddr_t file_offset;
+    std::size_t nbytes;
+  };
+  std::map<std::string, Piecewise, std::less<>> piecewise;  // created, not yet finished
   Handle file;
   Handle group_plist;    // creation order tracked for links and attributes
   Handle dataset_plist;  // contiguous, never filled, attribute order tracked
@@ -74,6 +87,82 @@ FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path
 FileWriter::~FileWriter() {
   auto lock = detail::h5_lock();
   impl_.reset();  // closes without the complete marker: readers will reject the file
+  if (raw_fd_ >= 0) ::close(raw_fd_);
+}
+
+void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape) {
+  auto lock = detail::h5_lock();
+  check_path(path, path_);
+  std::string name(path);
+  std::string where = path_ + ":" + name;
+  TROUPE_CHECK(!impl_->piecewise.count(name), "checkpoint ", where, ": created twice");
+  ensure_group(parent_of(path));
+  Handle space;
+  if (shape.empty()) {
+    space = Handle(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + where), H5Sclose);
+  } else {
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    space = Handle(h5_check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
+                            "H5Screate_simple " + where), H5Sclose);
+  }
+  Handle dcpl(h5_check(H5Pcopy(impl_->dataset_plist.get()), "H5Pcopy"), H5Pclose);
+  // Early: the bytes get their place in the file now, so pieces can go straight there.
+  h5_check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
+  Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), detail::h5_type_of(dtype), space.get(),
+                                  H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                       "checkpoint: cannot create dataset " + where),
+              H5Dclose);
+  std::size_t nbytes = static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
+  haddr_t offset = nbytes ? H5Dget_offset(dset.get()) : 0;
+  if (nbytes && offset == HADDR_UNDEF) detail::h5_fail(detail::Failure::io, "H5Dget_offset " + where);
+  detail::write_attribute(dset.get(), kAttrDType, std::string(tensor::dtype_name(dtype)), where);
+  impl_->piecewise[name] = {offset, nbytes};
+  if (raw_fd_ < 0) {
+    raw_fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    if (raw_fd_ < 0) TROUPE_THROW(CheckpointError, "checkpoint: open(", path_, ") failed: ", std::strerror(errno));
+  }
+}
+
+void FileWriter::write_range(std::string_view path, std::size_t byte_offset, const void* data, std::size_t size) {
+  auto lock = detail::h5_lock();
+  auto it = impl_->piecewise.find(path);
+  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path,
+               ": write_range before create_dataset (or after finish_dataset)");
+  TROUPE_CHECK(byte_offset + size <= it->second.nbytes, "checkpoint ", path_, ":", path, ": piece [",
+               byte_offset, ", ", byte_offset + size, ") is past the tensor's ", it->second.nbytes, " bytes");
+  const char* p = static_cast<const char*>(data);
+  off_t at = static_cast<off_t>(it->second.file_offset + byte_offset);
+  while (size > 0) {
+    ssize_t n = ::pwrite(raw_fd_, p, size, at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) TROUPE_THROW(CheckpointError, "checkpoint: pwrite of ", path, " in ", path_, " failed: ", std::strerror(errno));
+    p += n;
+    at += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  bytes_written_ += static_cast<std::size_t>(p - static_cast<const char*>(data));
+}
+
+void FileWriter::finish_dataset(std::string_view path) {
+  auto lock = detail::h5_lock();
+  auto it = impl_->piecewise.find(path);
+  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path, ": finish_dataset without create_dataset");
+  constexpr std::size_t kChunk = 4 << 20;
+  std::vector<char> buffer(std::min(kChunk, it->second.nbytes));
+  Xxh64 hash;
+  for (std::size_t done = 0; done < it->second.nbytes;) {
+    std::size_t want = std::min(buffer.size(), it->second.nbytes - done);
+    ssize_t n = ::pread(raw_fd_, buffer.data(), want, static_cast<off_t>(it->second.file_offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) TROUPE_THROW(CheckpointError, "checkpoint: pread of ", path, " in ", path_, " failed: ",
+                             n == 0 ? "end of file (pieces missing?)" : std::strerror(errno));
+    hash.update(buffer.data(), static_cast<std::size_t>(n));
+    done += static_cast<std::size_t>(n);
+  }
+  std::string name(path);
+  Handle dset(h5_check(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), "H5Dopen " + name), H5Dclose);
+  detail::write_u64_attribute(dset.get(), kAttrChecksum, hash.digest(), path_ + ":" + name);
+  impl_->piecewise.erase(it);
 }
 
 void FileWriter::ensure_group(std::string_view group) {
@@ -154,11 +243,15 @@ tensor::Tensor FileWriter::scratch(const tensor::Shape& shape, tensor::DType dty
 void FileWriter::close() {
   auto lock = detail::h5_lock();
   TROUPE_CHECK(impl_->file.valid(), "checkpoint ", path_, ": close() called twice");
+  TROUPE_CHECK(impl_->piecewise.empty(), "checkpoint ", path_, ": close() with ", impl_->piecewise.size(),
+               " datasets created but not finished, e.g. ", impl_->piecewise.begin()->first);
   set_attribute("/", kAttrComplete, std::int64_t{1});
   impl_->dataset_plist.reset();
   impl_->group_plist.reset();
   h5_check(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), "checkpoint: cannot flush " + path_);
   if (impl_->file.reset() < 0) detail::h5_fail(detail::Failure::io, "checkpoint: cannot close " + path_);
+  if (raw_fd_ >= 0 && ::close(std::exchange(raw_fd_, -1)) != 0)
+    TROUPE_THROW(CheckpointError, "checkpoint: close(", path_, ") failed: ", std::strerror(errno));
 }
 
 }  // namespace troupe::checkpoint

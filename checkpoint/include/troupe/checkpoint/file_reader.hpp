@@ -45,6 +45,12 @@ class FileReader {
   TensorInfo info(std::string_view path) const;
 
   tensor::Tensor read(std::string_view path, bool verify = true) const;
+  // Elements [begin, end) of the dataset in flat C order, as a 1-D tensor: how a rank
+  // takes its shard of a full tensor when the world size differs from the one that
+  // saved it. Reads only those bytes (one pread at the contiguous dataset's offset). A
+  // slice cannot be checked against the whole tensor's checksum: verify the file once
+  // (verify_all, or Checkpoint::load_latest) before trusting slices.
+  tensor::Tensor read_range(std::string_view path, std::int64_t begin, std::int64_t end) const;
   // Reads every dataset one at a time and checks its checksum; throws the first mismatch.
   void verify_all() const;
 

@@ -37,6 +37,16 @@ class FileWriter final : public Sink {
   void set_attribute(std::string_view group, std::string_view name, const AttrValue& value) override;
   // Writes `t` (CPU or CUDA; copied to the host first if needed) at `path`.
   void write_tensor(std::string_view path, const tensor::Tensor& t) override;
+  // Piecewise writing, for tensors that arrive in pieces from several ranks (the
+  // checkpoint actor): create_dataset allocates the dataset's bytes in the file at once
+  // (contiguous, so each element has a fixed file offset), write_range puts a piece of
+  // its flat C-order bytes at `byte_offset` with one pwrite (pieces in any order, no
+  // assembly buffer), and finish_dataset, once every byte is there, reads the dataset
+  // back through a fixed 4 MB buffer to compute its checksum and stamps it.
+  void create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape);
+  void write_range(std::string_view path, std::size_t byte_offset, const void* data, std::size_t size);
+  void finish_dataset(std::string_view path);
+
   // A host tensor of `shape` and `dtype` in a buffer the writer owns and reuses: the
   // "fixed buffer" of a streaming save. A source that must build each tensor (assembling
   // shards, converting) fills it and passes it to write_tensor, so memory stays at the
@@ -56,6 +66,7 @@ class FileWriter final : public Sink {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<tensor::Storage> scratch_;
+  int raw_fd_ = -1;  // for write_range/finish_dataset, opened on first use
   std::string path_;
   std::size_t bytes_written_ = 0;
 };

@@ -1,0 +1,67 @@
+// The checkpoint actor under mpirun: gathered saves from every rank's shards, and
+// re-sliced loads for other world sizes. One Runtime for the binary; every test runs on
+// every rank and ends with a barrier.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+
+#include "gathered_world.hpp"
+
+namespace troupe::checkpoint::testing {
+namespace {
+Runtime* g_runtime = nullptr;
+
+class RankFailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit RankFailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (r.failed())
+      std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
+                  r.summary());
+  }
+
+ private:
+  int rank_;
+};
+}  // namespace
+
+Runtime& runtime() { return *g_runtime; }
+
+void barrier() {
+  MPI_Request request;
+  MPI_Ibarrier(MPI_COMM_WORLD, &request);
+  for (int done = 0; !done;) {
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+}
+
+SharedDir::SharedDir() {
+  char buf[256] = {};
+  if (runtime().rank() == 0) {
+    TempDir* dir = new TempDir();  // owned below, by rank 0 only
+    owned_.reset(dir);
+    std::snprintf(buf, sizeof buf, "%s", dir->path().c_str());
+  }
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  path_ = buf;
+}
+
+SharedDir::~SharedDir() { barrier(); }
+
+}  // namespace troupe::checkpoint::testing
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  troupe::Runtime rt(argc, argv);
+  troupe::checkpoint::testing::g_runtime = &rt;
+  if (rt.rank() != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new troupe::checkpoint::testing::RankFailurePrinter(rt.rank()));
+  }
+  const int failed = RUN_ALL_TESTS();
+  rt.shutdown();
+  return failed ? 1 : 0;
+}

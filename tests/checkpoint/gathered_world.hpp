@@ -1,0 +1,30 @@
+// Helpers for the multi-rank checkpoint tests (gathered_main.cpp runs them).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "test_util.hpp"
+#include "troupe/actors/runtime.hpp"
+
+namespace troupe::checkpoint::testing {
+
+Runtime& runtime();
+// Every rank together; waits without spinning a core away from the others.
+void barrier();
+
+// A scratch folder made by rank 0 and known to every rank (all ranks share the host);
+// removed by rank 0 after a closing barrier.
+class SharedDir {
+ public:
+  SharedDir();
+  ~SharedDir();
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  std::unique_ptr<TempDir> owned_;
+};
+
+}  // namespace troupe::checkpoint::testing
