@@ -1,7 +1,10 @@
 // Round-trip latency of an actor ask across ranks, next to a raw MPI ping-pong of
 // the same payload, printed as a table.
 //
-//   mpirun -np 2 build/examples/ping_pong [--iterations N] [--json]
+//   mpirun -np 2 build/examples/ping_pong [--iterations N] [--threads N] [--json]
+//
+// --threads is RuntimeOptions::threads: 1 (the default) runs actor methods on a pool
+// thread, 0 on the progress thread that received the call.
 //
 // Rank 0 asks an Echo actor on rank 1 to return its argument; the baseline is
 // MPI_Send/MPI_Recv between the same two processes on a communicator of its own.
@@ -79,17 +82,19 @@ double ask_round_trip(const troupe::ActorRef<Echo>& echo, std::size_t bytes, int
 
 int main(int argc, char** argv) {
   int iterations = 1000;
+  troupe::RuntimeOptions options;
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--iterations" && i + 1 < argc) iterations = std::stoi(argv[++i]);
+    else if (flag == "--threads" && i + 1 < argc) options.threads = std::stoi(argv[++i]);
     else if (flag == "--json") json = true;
     else {
-      std::fprintf(stderr, "usage: ping_pong [--iterations N] [--json]\n");
+      std::fprintf(stderr, "usage: ping_pong [--iterations N] [--threads N] [--json]\n");
       return 2;
     }
   }
-  troupe::Runtime rt(argc, argv);
+  troupe::Runtime rt(argc, argv, options);
   if (rt.size() < 2) {
     if (rt.rank() == 0) std::fprintf(stderr, "ping_pong: run it on 2 ranks (mpirun -np 2)\n");
     return 2;

@@ -80,7 +80,7 @@ std::string register_factory(std::string key, Factory factory) {
 std::string Runtime::new_message() { return std::string(sizeof(detail::Header), '\0'); }
 
 Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(options) {
-  TROUPE_CHECK(options_.threads >= 1, "Runtime: needs at least 1 pool thread, got ", options_.threads);
+  TROUPE_CHECK(options_.threads >= 0, "Runtime: threads must be >= 0, got ", options_.threads);
   environment_ = std::make_unique<mpi::Environment>(&argc, &argv);
   rank_ = environment_->rank();
   size_ = environment_->size();
@@ -101,7 +101,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
                                                      options_.liveness_timeout,
       [this](int r, const std::string& why) { on_rank_lost(r, why); });
   transport_ = std::make_unique<detail::Transport>(
-      actors, [this](detail::Message m) { handle(std::move(m)); }, io_, liveness_.get());
+      actors, [this](detail::Message m) { handle(std::move(m)); }, io_, liveness_.get(), options_.threads == 0);
   transport_->start();
   liveness_->start();
 }

@@ -1,8 +1,11 @@
 #include "transport.hpp"
 
+#include <boost/asio/post.hpp>
+
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "troupe/mpi/mpi_error.hpp"
 #include "wire.hpp"
@@ -20,10 +23,30 @@ constexpr auto kMaxBackoff = 1ms;
 constexpr auto kBlockedHotPeriod = 5ms;
 // Messages received per progress step, so one busy sender cannot starve local work.
 constexpr int kReceiveBurst = 16;
+// This thread is inside receive_some().
+thread_local bool t_receiving = false;
 }  // namespace
 
-Transport::Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness)
-    : comm_(comm), deliver_(std::move(deliver)), io_(io), liveness_(liveness) {}
+Transport::Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness,
+                     bool runs_actor_calls)
+    : comm_(comm), deliver_(std::move(deliver)), io_(io), runs_actor_calls_(runs_actor_calls), liveness_(liveness) {}
+
+void Transport::wake() {
+  idle_cv_.notify_all();
+  // Without pool threads the progress thread may be waiting inside the io_context.
+  if (runs_actor_calls_) boost::asio::post(io_, [] {});
+}
+
+void Transport::idle_wait(Clock::duration period, const std::function<bool()>& done) {
+  if (runs_actor_calls_) {
+    // The only thread that runs actor calls: wait for one (a local tell, a call
+    // posted by a polling caller) instead of sleeping through it.
+    io_.run_one_for(period);
+    return;
+  }
+  std::unique_lock lock(idle_mutex_);
+  idle_cv_.wait_for(lock, period, done);
+}
 
 Transport::~Transport() { stop(); }
 
@@ -34,7 +57,7 @@ void Transport::start() {
 
 void Transport::stop() {
   stop_ = true;
-  idle_cv_.notify_all();
+  wake();
   if (thread_.joinable()) thread_.join();
 }
 
@@ -57,11 +80,22 @@ void Transport::send(int destination, std::string& message, const std::vector<By
     }
     message.insert(sizeof(Header), sizes);
   }
-  // Small messages go out eagerly; a large one blocks until the receiver's progress
-  // (a thread that never sends while holding the receive role) matches it.
-  TROUPE_MPI_CHECK(MPI_Send(message.data(), static_cast<int>(message.size()), MPI_BYTE, destination, kActorTag, comm_));
-  for (const Bytes& a : attachments)
-    TROUPE_MPI_CHECK(MPI_Send(a.data(), static_cast<int>(a.size()), MPI_BYTE, destination, tag, comm_));
+  // Small messages go out eagerly; a large one waits until the receiver matches it.
+  // Meanwhile this thread keeps receiving: two ranks whose progress threads both
+  // answer with large replies (RuntimeOptions::threads == 0) would otherwise each wait
+  // for the other to receive.
+  std::vector<MPI_Request> requests(1 + attachments.size(), MPI_REQUEST_NULL);
+  TROUPE_MPI_CHECK(MPI_Isend(message.data(), static_cast<int>(message.size()), MPI_BYTE, destination, kActorTag,
+                             comm_, &requests[0]));
+  for (std::size_t i = 0; i < attachments.size(); ++i) {
+    TROUPE_MPI_CHECK(MPI_Isend(attachments[i].data(), static_cast<int>(attachments[i].size()), MPI_BYTE, destination,
+                               tag, comm_, &requests[i + 1]));
+  }
+  for (int done = 0;;) {
+    TROUPE_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) break;
+    if (!t_receiving) receive_some();
+  }
   sent_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -143,6 +177,12 @@ bool Transport::receive_attachments(Message& message) {
 bool Transport::receive_some() {
   std::unique_lock lock(receive_mutex_, std::try_to_lock);
   if (!lock) return false;
+  // Delivering may resolve futures whose continuations send; such a send must not
+  // try to receive again on this thread.
+  t_receiving = true;
+  struct Reset {
+    ~Reset() { t_receiving = false; }
+  } reset;
   bool any = false;
   for (int i = 0; i < kReceiveBurst; ++i) {
     int flag = 0;
@@ -181,12 +221,12 @@ bool Transport::try_begin_polling() {
 
 void Transport::end_polling() {
   pollers_.fetch_sub(1);
-  idle_cv_.notify_all();
+  wake();
 }
 
 void Transport::begin_blocking() {
   hot_until_.store((Clock::now() + kBlockedHotPeriod).time_since_epoch().count());
-  idle_cv_.notify_all();
+  wake();
 }
 
 void Transport::end_blocking() {}
@@ -196,8 +236,7 @@ void Transport::run() {
   while (!stop_) {
     const auto now = Clock::now();
     if (pollers_.load() > 0) {  // a waiting caller drives progress; don't compete for the core
-      std::unique_lock lock(idle_mutex_);
-      idle_cv_.wait_for(lock, kMaxBackoff, [this] { return stop_.load() || pollers_.load() == 0; });
+      idle_wait(kMaxBackoff, [this] { return stop_.load() || pollers_.load() == 0; });
       continue;
     }
     bool worked = false;
@@ -217,9 +256,8 @@ void Transport::run() {
       continue;
     }
     const auto backoff = std::min<Clock::duration>(kMaxBackoff, idle / 8);
-    std::unique_lock lock(idle_mutex_);
     const auto hot_before = hot_until_.load();
-    idle_cv_.wait_for(lock, backoff, [&] { return stop_.load() || hot_until_.load() != hot_before; });
+    idle_wait(backoff, [&] { return stop_.load() || hot_until_.load() != hot_before; });
   }
 }
 

@@ -50,7 +50,10 @@ class Transport final : public Progress {
   using Deliver = std::function<void(Message)>;
   // `liveness` (may be null) hears of every received message: any message proves
   // its sender alive, even one that kept the heartbeats waiting.
-  Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness);
+  // `runs_actor_calls`: there are no pool threads, so the progress thread runs every
+  // actor call itself (RuntimeOptions::threads == 0).
+  Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness,
+            bool runs_actor_calls = false);
   ~Transport() override;
 
   void start();
@@ -72,6 +75,11 @@ class Transport final : public Progress {
 
  private:
   void run();
+  // Wakes the progress thread from idle_wait().
+  void wake();
+  // Sleeps up to `period` (or until `done`) when idle; without pool threads, runs an
+  // actor call instead if one is posted meanwhile.
+  void idle_wait(Clock::duration period, const std::function<bool()>& done);
   bool receive_some();
   // Receives the attachments announced by `message`'s header; false (with a log line)
   // when they are malformed or do not arrive.
@@ -80,6 +88,7 @@ class Transport final : public Progress {
   MPI_Comm comm_;
   Deliver deliver_;
   boost::asio::io_context& io_;
+  const bool runs_actor_calls_;
   std::mutex receive_mutex_;
   std::atomic<int> pollers_{0};
   std::atomic<Clock::rep> hot_until_{0};  // steady_clock ticks; stay hot until then

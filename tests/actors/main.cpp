@@ -1,5 +1,6 @@
 #include <atomic>
 #include <cstdio>
+#include <string>
 
 #include "actors_fixture.hpp"
 
@@ -51,7 +52,13 @@ bool shutdown_drains_messages_in_flight(Runtime& rt) {
 
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  troupe::Runtime rt(argc, argv);
+  // --threads N: the same tests with RuntimeOptions::threads = N (0: no pool threads,
+  // methods run on the progress thread).
+  troupe::RuntimeOptions options;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::string(argv[i]) == "--threads") options.threads = std::stoi(argv[i + 1]);
+  }
+  troupe::Runtime rt(argc, argv, options);
   troupe::test::g_runtime = &rt;
   if (rt.rank() != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();

@@ -49,7 +49,10 @@ namespace troupe::actors {
 
 struct RuntimeOptions {
   // Pool threads running actor methods on each rank. One is right when ranks share
-  // a few cores; more help only when one rank hosts several busy actors.
+  // a few cores; more help only when one rank hosts several busy actors. 0 runs every
+  // method on the rank's progress thread: no thread handoff between receiving a call
+  // and running it (the lowest latency), but while a method runs, that rank receives
+  // messages only through callers waiting on futures.
   int threads = 1;
   // Upper bound on how long shutdown() waits for in-flight messages to drain before
   // it fails what is left and goes on, so a stuck actor cannot hang the job's exit.
