@@ -145,6 +145,12 @@ int main(int argc, char** argv) {
 
   // 2. Heartbeat thread CPU while the rank's main thread sleeps.
   const double idle_s = quick ? 1.0 : 3.0;
+  {
+    // The baseline: the same process sleeping without a client.
+    double c0 = process_cpu_s();
+    std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
+    add("idle_cpu_us_per_s", (process_cpu_s() - c0) / idle_s * 1e6);
+  }
   for (int interval_ms : {500, 20}) {
     Server server;
     sv::SupervisorClient client(server.env(std::chrono::milliseconds(interval_ms)), 0, 1);

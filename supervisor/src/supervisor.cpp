@@ -21,10 +21,12 @@
 
 #include "troupe/error.hpp"
 #include "troupe/supervisor/event_log.hpp"
+#include "troupe/supervisor/hang_report.hpp"
 #include "troupe/supervisor/heartbeat_server.hpp"
 #include "troupe/supervisor/job.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/run_environment.hpp"
+#include "troupe/supervisor/run_summary.hpp"
 
 namespace troupe::supervisor {
 
@@ -66,14 +68,6 @@ std::string this_host() {
   return name;
 }
 
-// One relaunch, for the summary.
-struct Failure {
-  std::string cause;   // rank_lost, mpirun_exit, heartbeat_timeout, hang
-  std::string detail;  // one line
-  std::optional<std::uint64_t> failed_at_step;  // furthest step reported before the failure
-  std::optional<std::uint64_t> resumed_at_step;
-  double lost_s = 0;  // from the last progress before the failure to the first step after it
-};
 
 }  // namespace
 
@@ -146,12 +140,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       double since_launch = seconds(Clock::now() - launched_);
       events_->write(restart_ == 0 ? "first_step" : "resume", {{"restart", restart_}, {"rank", rank.rank}, {"step", static_cast<unsigned long>(rank.progress.step)},
                                 {"since_launch_s", since_launch}});
-      if (!failures_.empty() && !failures_.back().resumed_at_step) {
-        Failure& f = failures_.back();
-        f.resumed_at_step = rank.progress.step;
-        f.lost_s = seconds(Clock::now() - failure_progress_);
+      if (summary_.resumed(rank.progress.step, Clock::now()))
         say("resumed at step " + std::to_string(rank.progress.step) + ", " + fixed(since_launch) + " s after relaunch");
-      }
     }
   }
 
@@ -198,8 +188,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       job_ = std::make_unique<Job>(io_, command, env);
     } catch (const Error& e) {
       say(e.what());
-      events_->write("finish", {{"status", "error"}, {"exit_code", 3}, {"error", e.what()}});
-      return finish(3, "could not start mpirun");
+      return finish(3, std::string("could not start mpirun: ") + e.what());
     }
     std::string line;
     for (const auto& a : command) line += (line.empty() ? "" : " ") + a;
@@ -249,38 +238,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (stuck) report_hang(now);
   }
 
-  // Every rank's position, so the one behind (a lower collective number) stands out.
   void report_hang(Clock::time_point now) {
-    std::string detail = "no progress for " + fixed(options_.hang_timeout.count()) + " s:";
-    std::string ranks_json = "[";
-    std::optional<std::uint64_t> low, high;
-    for (const auto& rank : server_->ranks()) {
-      if (!rank.registered) continue;
-      detail += " rank " + std::to_string(rank.rank);
-      detail += rank.progress.has_step ? " at step " + std::to_string(rank.progress.step) : " before its first step";
-      if (rank.progress.has_sequence) {
-        detail += " in collective " + std::to_string(rank.progress.sequence);
-        low = std::min(low.value_or(rank.progress.sequence), rank.progress.sequence);
-        high = std::max(high.value_or(0), rank.progress.sequence);
-      }
-      detail += " (still for " + fixed(seconds(now - rank.last_progress)) + " s);";
-      ranks_json += std::string(ranks_json.size() > 1 ? ", " : "") +
-                    json_object({{"rank", rank.rank},
-                                 {"step", rank.progress.has_step ? Json(static_cast<unsigned long>(rank.progress.step)) : Json::raw("null")},
-                                 {"collective", rank.progress.has_sequence ? Json(static_cast<unsigned long>(rank.progress.sequence)) : Json::raw("null")},
-                                 {"stalled_s", seconds(now - rank.last_progress)}});
-    }
-    ranks_json += "]";
-    if (low && high && *low < *high) {
-      detail += " behind:";
-      for (const auto& rank : server_->ranks())
-        if (rank.registered && rank.progress.has_sequence && rank.progress.sequence == *low)
-          detail += " rank " + std::to_string(rank.rank);
-      detail += " (never entered collective " + std::to_string(*low + 1) + ")";
-    } else {
-      detail.pop_back();
-    }
-    fail("hang", detail, {{"ranks", Json::raw(ranks_json)}});
+    HangReport report = describe_hang(server_->ranks(), now, options_.hang_timeout);
+    fail("hang", report.detail, {{"ranks", Json::raw(report.ranks_json)}});
   }
 
   struct RankProcess {
@@ -307,8 +267,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (state_ != State::running) return;  // the first cause is the cause
     state_ = State::stopping;
     tick_.cancel();
-    failure_progress_ = last_progress_.value_or(launched_);
-    failures_.push_back({cause, detail, furthest_step_, std::nullopt, 0});
+    summary_.failed(cause, detail, furthest_step_, last_progress_.value_or(launched_));
     say("failure (" + cause + "): " + detail);
     fields.insert(fields.begin(), {{"restart", restart_}, {"cause", cause}, {"detail", detail}});
     if (furthest_step_) fields.emplace_back("furthest_step", static_cast<unsigned long>(*furthest_step_));
@@ -393,7 +352,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, restart_ - 1));
     state_ = State::backing_off;
     say("restart " + std::to_string(restart_) + " of " + std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
-    events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"cause", failures_.back().cause}});
+    events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"cause", summary_.last_cause()}});
     backoff_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(backoff)));
     backoff_timer_.async_wait([this](boost::system::error_code ec) {
       if (!ec && state_ == State::backing_off) launch();
@@ -428,33 +387,15 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     state_ = State::finished;
     exit_code_ = code;
     double total = seconds(Clock::now() - started_);
-    double lost = 0;
-    std::uint64_t redone = 0;
-    if (!failures_.empty() && !failures_.back().resumed_at_step) failures_.back().lost_s = seconds(Clock::now() - failure_progress_);
+    RunSummary::Totals totals = summary_.close(Clock::now());
+    say(summary_.text(outcome, restart_, total, code));
     std::string causes = "[";
-    std::ostringstream summary;
-    summary << "summary: " << outcome << " after " << failures_.size() << " failure(s), " << restart_ << " restart(s), in "
-            << fixed(total) << " s (exit status " << code << ")\n";
-    for (std::size_t i = 0; i < failures_.size(); ++i) {
-      const Failure& f = failures_[i];
-      lost += f.lost_s;
-      std::uint64_t steps = 0;
-      if (f.failed_at_step && f.resumed_at_step && *f.failed_at_step >= *f.resumed_at_step)
-        steps = *f.failed_at_step - *f.resumed_at_step;
-      redone += steps;
-      summary << "  launch " << i << ": " << f.cause << ": " << f.detail << "\n";
-      if (f.resumed_at_step)
-        summary << "    resumed at step " << *f.resumed_at_step << " (" << steps << " step(s) redone, " << fixed(f.lost_s)
-                << " s lost)\n";
-      causes += std::string(i ? ", " : "") + json_quote(f.cause);
-    }
+    for (const auto& c : totals.causes) causes += (causes.size() > 1 ? ", " : "") + json_quote(c);
     causes += "]";
-    summary << "  time lost " << fixed(lost) << " s, steps redone " << redone;
-    say(summary.str());
     events_->write("finish", {{"status", code == 0 ? "succeeded" : interrupted_ ? "interrupted" : code == 1 ? "gave_up" : "error"},
-                              {"exit_code", code}, {"restarts", restart_}, {"failures", static_cast<int>(failures_.size())},
-                              {"causes", Json::raw(causes)}, {"time_lost_s", lost},
-                              {"steps_redone", static_cast<unsigned long>(redone)}, {"total_s", total}});
+                              {"exit_code", code}, {"restarts", restart_}, {"failures", static_cast<int>(summary_.failures())},
+                              {"causes", Json::raw(causes)}, {"time_lost_s", totals.lost_s},
+                              {"steps_redone", static_cast<unsigned long>(totals.steps_redone)}, {"total_s", total}});
     tick_.cancel();
     grace_timer_.cancel();
     backoff_timer_.cancel();
@@ -479,10 +420,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   int interrupted_ = 0;  // the signal that asked us to stop
   int exit_code_ = 0;
   bool resumed_ = false;  // a step was reported in this launch
-  Clock::time_point started_, launched_, stop_started_, failure_progress_;
+  Clock::time_point started_, launched_, stop_started_;
   std::optional<Clock::time_point> last_progress_;
   std::optional<std::uint64_t> furthest_step_;
-  std::vector<Failure> failures_;
+  RunSummary summary_;
 };
 
 Supervisor::Supervisor(RunOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
