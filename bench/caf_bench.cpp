@@ -1,0 +1,60 @@
+// caf_bench: the in-process baseline of bench/run's `actors` area, CAF (the C++ Actor
+// Framework, Debian's libcaf-dev 0.17) doing what actors_bench does within one rank:
+// tells of an int to a counter actor, then one request that waits for all of them;
+// and request/reply round trips from a blocking caller (scoped_actor). Two scheduler
+// threads, as a troupe rank runs one pool thread and one progress thread.
+// Prints one JSON object: {"tells_per_s": ..., "ask_us": ..., "threads": 2}.
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace {
+
+using get_atom = caf::atom_constant<caf::atom("get")>;
+using Clock = std::chrono::steady_clock;
+
+caf::behavior counter(caf::event_based_actor*) {
+  auto total = std::make_shared<long>(0);
+  return {
+      [total](int x) { *total += x; },
+      [total](get_atom) { return *total; },
+      [total](int x, int) { return static_cast<int>(*total += x); },
+  };
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int rounds = argc > 1 && std::string(argv[1]) == "--quick" ? 1 : 5;
+  const int tells = rounds == 1 ? 20000 : 200000;
+  const int asks = rounds == 1 ? 2000 : 20000;
+  caf::actor_system_config cfg;
+  cfg.set("scheduler.max-threads", 2);
+  caf::actor_system system{cfg};
+  auto target = system.spawn(counter);
+  caf::scoped_actor self{system};
+  std::vector<double> tell_rates, ask_times;
+  for (int r = 0; r < rounds; ++r) {
+    auto start = Clock::now();
+    for (int i = 0; i < tells; ++i) self->send(target, 1);
+    self->request(target, caf::infinite, get_atom::value).receive([](long) {}, [](caf::error&) { std::abort(); });
+    tell_rates.push_back(tells / seconds_since(start));
+    start = Clock::now();
+    for (int i = 0; i < asks; ++i) {
+      self->request(target, caf::infinite, 1, 0).receive([](int) {}, [](caf::error&) { std::abort(); });
+    }
+    ask_times.push_back(seconds_since(start) / asks * 1e6);
+  }
+  std::sort(tell_rates.begin(), tell_rates.end());
+  std::sort(ask_times.begin(), ask_times.end());
+  std::printf("{\"tells_per_s\": %.1f, \"ask_us\": %.3f, \"threads\": 2}\n", tell_rates[tell_rates.size() / 2],
+              ask_times[ask_times.size() / 2]);
+  return 0;
+}
