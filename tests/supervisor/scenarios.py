@@ -44,12 +44,17 @@ class Check:
     def __call__(self, ok: bool, message: str) -> None:
         if not ok:
             print(f"FAILED [{self.name}]: {message}", file=sys.stderr)
+            if Run.last is not None:  # everything a person needs to see why
+                print("---- events ----", file=sys.stderr)
+                for e in Run.last.events():
+                    print(json.dumps(e), file=sys.stderr)
             sys.exit(1)
         print(f"ok: {message}")
 
 
 class Run:
     """One troupe-run invocation and what it left behind."""
+    last: "Run | None" = None
 
     def __init__(self, args, scenario: str, fault: str | None, extra: list[str], steps: int = STEPS,
                  step_ms: int = STEP_MS, background: bool = False, np: int = NP, program: list[str] | None = None):
@@ -66,6 +71,7 @@ class Run:
         self.command = [args.troupe_run, "-np", str(np), "--checkpoint-dir", str(self.ckpt), *extra, "--", *program]
         print("$", " ".join(self.command), f"(TROUPE_FAULT={fault})" if fault else "")
         self.started = time.time()
+        Run.last = self
         self.process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if not background:
             self.wait()
