@@ -5,9 +5,10 @@
 // 1. The per-step calls, report_step + report_collective (two relaxed atomics).
 // 2. The heartbeat thread's CPU: the process's CPU time while its main thread sleeps,
 //    with a client heartbeating to a server in another process (so the server's CPU
-//    is not counted), at troupe-run's most frequent interval (0.5 s) and at 20 ms.
+//    is not counted), at troupe-run's most frequent interval (0.1 s) and at 20 ms,
+//    against the same process sleeping without a client.
 // 3. End to end: a CPU-bound step (~0.3 ms of float work) timed with a heartbeating
-//    client (every 0.5 s, troupe-run's interval) and the per-step reports, against
+//    client (every 0.1 s, troupe-run's interval) and the per-step reports, against
 //    the same step unsupervised, in
 //    alternating rounds (median), the "< 1% of step time".
 #include <signal.h>
@@ -131,7 +132,7 @@ int main(int argc, char** argv) {
   // 1. The per-step calls.
   {
     Server server;
-    sv::SupervisorClient client(server.env(std::chrono::milliseconds(500)), 0, 1);
+    sv::SupervisorClient client(server.env(std::chrono::milliseconds(100)), 0, 1);
     const std::uint64_t n = quick ? 2'000'000 : 20'000'000;
     auto t0 = Clock::now();
     for (std::uint64_t i = 0; i < n; ++i) {
@@ -151,7 +152,7 @@ int main(int argc, char** argv) {
     std::this_thread::sleep_for(std::chrono::duration<double>(idle_s));
     add("idle_cpu_us_per_s", (process_cpu_s() - c0) / idle_s * 1e6);
   }
-  for (int interval_ms : {500, 20}) {
+  for (int interval_ms : {100, 20}) {
     Server server;
     sv::SupervisorClient client(server.env(std::chrono::milliseconds(interval_ms)), 0, 1);
     double c0 = process_cpu_s();
@@ -176,8 +177,8 @@ int main(int argc, char** argv) {
     const int rounds = quick ? 3 : 9;
     std::vector<double> plain, supervised;
     Server server;
-    // troupe-run's interval: heartbeat_timeout / 5, at most 0.5 s.
-    sv::SupervisorClient client(server.env(std::chrono::milliseconds(500)), 0, 1);
+    // troupe-run's interval: heartbeat_timeout / 5, at most 0.1 s.
+    sv::SupervisorClient client(server.env(std::chrono::milliseconds(100)), 0, 1);
     for (int r = 0; r < rounds; ++r) {
       for (int with : {r % 2, 1 - r % 2}) {
         auto s0 = Clock::now();
