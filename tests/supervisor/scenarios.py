@@ -215,8 +215,8 @@ def hostile(args, check: Check) -> None:
     check(not run.of("failure"), "no failure was recorded")
 
 
-def sigint(args, check: Check) -> None:
-    run = Run(args, "sigint", None, FAST, steps=1000, step_ms=20, background=True)
+def sigint(args, check: Check, sig: int = signal.SIGINT) -> None:
+    run = Run(args, args.scenario, None, FAST, steps=1000, step_ms=20, background=True)
     deadline = time.time() + 10
     while len(run.of("rank_up")) < NP and time.time() < deadline:
         time.sleep(0.02)
@@ -224,14 +224,18 @@ def sigint(args, check: Check) -> None:
     check(len(ups) == NP, f"both ranks registered: {len(ups)}")
     time.sleep(0.3)
     sent = time.time()
-    run.process.send_signal(signal.SIGINT)
+    run.process.send_signal(sig)
     run.wait(timeout=15)
-    check(run.code == 128 + signal.SIGINT, f"exit status {run.code} == 130 after SIGINT")
-    check(time.time() - sent < 3, f"stopped {time.time() - sent:.2f} s after SIGINT")
+    check(run.code == 128 + sig, f"exit status {run.code} == {128 + sig} after {signal.Signals(sig).name}")
+    check(time.time() - sent < 3, f"stopped {time.time() - sent:.2f} s after {signal.Signals(sig).name}")
     check(not run.of("restart") and not run.of("failure"), "no failure and no restart")
     check(run.of("finish")[0]["status"] == "interrupted", "finish says interrupted")
     for e in ups:
         check(gone(e["pid"]), f"rank {e['rank']} (pid {e['pid']}) is gone")
+
+
+def sigterm(args, check: Check) -> None:
+    sigint(args, check, signal.SIGTERM)
 
 
 def gone(pid: int, within: float = 2.0) -> bool:
@@ -328,7 +332,7 @@ def bad_flags(args, check: Check) -> None:
 
 
 SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "unregistered": unregistered, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
-             "throw": throw, "hostile": hostile, "sigint": sigint, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
+             "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
 
 
 def main() -> None:
