@@ -1,0 +1,128 @@
+// OSS: optimizer state sharding (ZeRO stage 1, fairscale's OSS).
+//
+// Wraps any troupe optimizer, given as a factory, e.g.
+//   OSS oss(model.named_parameters(), comm,
+//           [](auto params) { return std::make_unique<nn::AdamW>(std::move(params), 1e-3); });
+// The parameters are partitioned across the ranks by a greedy byte balance
+// (partition_parameters: largest first, each to the least loaded rank; the same on
+// every rank because it depends only on the parameters' sizes and order). Each rank
+// builds the base optimizer over its own partition, so it allocates the optimizer
+// state (momentum, Adam's moments) of about 1/W of the model, and step() updates
+// only that partition; the updated parameters then reach every rank -- through one
+// all-gather of a flat buffer (every rank's partition padded to the largest) when all
+// parameters share a dtype, else one broadcast per parameter from its owner -- so all
+// ranks hold identical parameters after every step.
+//
+// Gradients: step() reads the grads of the owned parameters only. With plain DDP
+// (ZeRO-1) every rank holds every averaged gradient and simply ignores the others;
+// with ShardedDataParallel (ZeRO-2, sharded_ddp.hpp) only the owned ones exist.
+//
+// Collective contract: step(), state_dict(), load_state_dict() and clip_grad_norm()
+// are collectives over `comm`: every rank calls them together, in the same order.
+// With one rank nothing is communicated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/nn/optimizer.hpp"
+#include "troupe/nn/state_dict.hpp"
+
+namespace troupe::train {
+
+// Builds the base optimizer over the parameters it is given (possibly none, on a rank
+// that owns nothing when there are more ranks than parameters).
+using OptimizerFactory = std::function<std::unique_ptr<nn::Optimizer>(std::vector<nn::NamedParameter>)>;
+
+// The owner rank of each parameter (parallel to `params`): the parameters by bytes,
+// largest first (ties: earlier first), each to the rank with the fewest bytes so far
+// (ties: lowest rank). Deterministic: every rank computes the same answer.
+std::vector<int> partition_parameters(const std::vector<nn::NamedParameter>& params, int world_size);
+
+struct OssOptions {
+  // How the updated parameters are shared after step().
+  enum class Sync {
+    automatic,  // all_gather when every parameter has one dtype and is on the CPU, else broadcast
+    all_gather,  // one all-gather of a flat buffer (one collective per step)
+    broadcast,   // one broadcast per parameter from its owner
+  };
+  Sync sync = Sync::automatic;
+};
+
+class OSS {
+ public:
+  OSS(std::vector<nn::NamedParameter> params, collectives::Communicator& comm, const OptimizerFactory& factory,
+      OssOptions options = {});
+  OSS(const OSS&) = delete;
+  OSS& operator=(const OSS&) = delete;
+
+  // Steps the base optimizer over the owned partition, then shares the parameters.
+  void step();
+  // Over every parameter (not only the owned ones), with nn::Optimizer's meaning.
+  void zero_grad(bool set_to_none = true);
+
+  double lr() const { return base_->lr(); }
+  void set_lr(double lr) { base_->set_lr(lr); }
+  std::int64_t step_count() const { return base_->step_count(); }
+  // The optimizer over this rank's partition. It exists on every rank, so an LR
+  // schedule may drive it (nn::StepLR(oss.base(), ...)) as long as every rank does.
+  nn::Optimizer& base() { return *base_; }
+  const nn::Optimizer& base() const { return *base_; }
+
+  const std::vector<nn::NamedParameter>& named_parameters() const { return params_; }
+  // Owner rank of each parameter, parallel to named_parameters().
+  const std::vector<int>& owners() const { return owners_; }
+  // Throws InvalidArgument when `name` is not one of the parameters.
+  int owner(const std::string& name) const;
+  bool owns(const std::string& name) const { return owner(name) == comm_.rank(); }
+  // The parameters owned by `rank`, in named_parameters() order.
+  std::vector<nn::NamedParameter> partition(int rank) const;
+  // Bytes of the parameters each rank owns (parallel to ranks).
+  std::vector<std::size_t> partition_bytes() const;
+  // Bytes of this rank's optimizer state: the base optimizer's per-parameter state
+  // tensors (not the hyper-parameters).
+  std::size_t local_state_bytes() const;
+  bool uses_all_gather() const { return all_gather_; }
+
+  // The full, unsharded state, the same on every rank: exactly what the base optimizer
+  // type would return had it been built over every parameter (same keys, same order:
+  // lr, step, hyper-parameters, then "<param>/<slot>" in named_parameters() order), so a
+  // checkpoint does not depend on the world size or on the sharding. Collective: it is
+  // all-gathered to every rank (two all-gathers: a manifest, then the bytes), so each
+  // rank briefly holds the whole optimizer state.
+  nn::StateDict state_dict() const;
+  // Takes a full state dict (from state_dict() at any world size, or from an unsharded
+  // optimizer of the same type); each rank keeps its partition's entries. Collective:
+  // when any rank rejects the dict, every rank restores its previous state and throws
+  // InvalidArgument (the rejecting rank's reason, or which rank rejected it).
+  void load_state_dict(const nn::StateDict& dict);
+
+  // Clips the gradients of the owned parameters so that the global norm (over every
+  // parameter, gathered from each owner's part with one all-reduce) is at most
+  // `max_norm`; returns the norm before clipping. Only owned grads matter to step().
+  double clip_grad_norm(double max_norm);
+
+ private:
+  void build_flat_layout();
+  void share_by_all_gather();
+  void share_by_broadcast();
+
+  std::vector<nn::NamedParameter> params_;
+  collectives::Communicator& comm_;
+  std::vector<int> owners_;
+  std::unordered_map<std::string, std::size_t> index_;
+  std::unique_ptr<nn::Optimizer> base_;
+  bool all_gather_ = false;
+  // all_gather: rank r's partition at [r * segment_, r * segment_ + its numel).
+  tensor::Tensor flat_;
+  std::int64_t segment_ = 0;
+  std::vector<std::int64_t> flat_offset_;  // parallel to params_, within the owner's segment
+};
+
+}  // namespace troupe::train
