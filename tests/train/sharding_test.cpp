@@ -9,6 +9,7 @@
 
 #include "train_world.hpp"
 #include "troupe/nn/adamw.hpp"
+#include "troupe/nn/clip.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sgd.hpp"
@@ -51,6 +52,8 @@ struct Trainer {
   std::unique_ptr<DistributedDataParallel> ddp;  // ddp, zero1
   std::unique_ptr<ShardedDataParallel> sdp;      // zero2
   nn::CrossEntropyLoss loss_fn;
+  double clip = 0;  // max grad norm; 0: no clipping
+  double last_norm = -1;
 
   Trainer(Mode m, Opt opt, std::uint64_t model_seed = kModelSeed) : mode(m) {
     auto& comm = world();
@@ -88,6 +91,7 @@ struct Trainer {
         ddp->backward(g);
       }
     }
+    if (clip > 0) last_norm = oss ? oss->clip_grad_norm(clip) : nn::clip_grad_norm(model->named_parameters(), clip);
     if (oss) {
       oss->step();
       oss->zero_grad();
@@ -244,6 +248,8 @@ TEST(ShardedDataParallel, KeepsOnlyTheOwnedGradientsBetweenSteps) {
     full += static_cast<std::int64_t>(p->data.nbytes());
   }
   EXPECT_EQ(t.sdp->last_sync_stats().buckets, static_cast<int>(t.sdp->bucket_parameter_names().size()));
+  // Every reduce-scatter started from the grad-ready hook, before backward's compute ended.
+  EXPECT_EQ(t.sdp->last_sync_stats().buckets_launched_during_backward, t.sdp->last_sync_stats().buckets);
   EXPECT_GE(t.sdp->bucket_parameter_names().size(), 2u);
   // Between steps: the owned shard only; summed over ranks, the model once plus padding.
   const auto held = static_cast<std::int64_t>(t.sdp->gradient_bytes());
@@ -277,6 +283,28 @@ TEST(OSS, EachRankHoldsAboutOneWthOfTheOptimizerState) {
   if (comm.rank() == 0)
     std::printf("optimizer state: unsharded %lld B, largest rank %lld B at %d ranks\n",
                 static_cast<long long>(full_bytes), static_cast<long long>(largest), comm.size());
+}
+
+// The global norm gathered from the owners' parts is DDP's norm over the full
+// gradients, and clipping with it trains the same.
+TEST(OSS, ClipGradNormIsTheGlobalNorm) {
+  for (Mode mode : {Mode::zero1, Mode::zero2}) {
+    Trainer want(Mode::ddp, Opt::sgd_momentum), got(mode, Opt::sgd_momentum);
+    want.clip = got.clip = 0.2;
+    Batches a, b;
+    int clipped = 0;
+    for (int s = 0; s < 10; ++s) {
+      want.step(a.next());
+      got.step(b.next());
+      EXPECT_NEAR(got.last_norm, want.last_norm, 1e-5 * want.last_norm) << mode_name(mode) << " step " << s;
+      clipped += want.last_norm > want.clip ? 1 : 0;
+    }
+    EXPECT_GT(clipped, 0);  // the clip mattered
+    EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*got.model),
+                                               testing::flat_parameters(*want.model)),
+              1e-5)
+        << mode_name(mode);
+  }
 }
 
 class ShardedStateDict : public ::testing::TestWithParam<Mode> {};
