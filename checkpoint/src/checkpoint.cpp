@@ -135,14 +135,18 @@ Metadata Checkpoint::validate(const FileReader& file) const {
   return meta;
 }
 
-Metadata Checkpoint::load(const fs::path& path) {
-  finish_in_flight();
-  FileReader file(path.string());
-  Metadata meta = validate(file);
+void Checkpoint::restore(const FileReader& file) {
   for (Registered& r : sources_) {
     if (!file.has_group("/" + r.section)) continue;  // optional and absent
     r.source.load(SectionReader(file, r.section));
   }
+}
+
+Metadata Checkpoint::load(const fs::path& path) {
+  finish_in_flight();
+  FileReader file(path.string());
+  Metadata meta = validate(file);
+  restore(file);
   return meta;
 }
 
@@ -158,10 +162,7 @@ std::optional<Metadata> Checkpoint::load_latest() {
       warn_("skipping checkpoint " + candidate.string() + ": " + e.what());
       continue;
     }
-    for (Registered& r : sources_) {
-      if (!file->has_group("/" + r.section)) continue;
-      r.source.load(SectionReader(*file, r.section));
-    }
+    restore(*file);
     return meta;
   }
   return std::nullopt;

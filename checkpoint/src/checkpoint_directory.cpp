@@ -82,13 +82,17 @@ fs::path CheckpointDirectory::commit(const fs::path& temp, std::int64_t step) {
   detail::fsync_path(temp);
   detail::durable_rename(temp, final);
   detail::write_text_durably(folder_ / kLatest, final.filename().string() + "\n");
-  // Only now is it safe to let older checkpoints go.
+  // Only now is it safe to let older checkpoints go. The new file always stays, even
+  // when files of higher steps exist (a run that resumed from an earlier checkpoint and
+  // is saving again): it is what `latest` names. Of the others, the highest steps stay.
   if (keep_last_ > 0) {
-    std::vector<fs::path> all = list();
-    if (all.size() > keep_last_) {
-      for (std::size_t i = 0; i + keep_last_ < all.size(); ++i) {
+    std::vector<fs::path> others;
+    for (fs::path& p : list())
+      if (p != final) others.push_back(std::move(p));
+    if (others.size() + 1 > keep_last_) {
+      for (std::size_t i = 0; i + keep_last_ - 1 < others.size(); ++i) {
         std::error_code ec;
-        fs::remove(all[i], ec);  // a file someone else removed first is not an error
+        fs::remove(others[i], ec);  // a file someone else removed first is not an error
       }
       detail::fsync_path(folder_);
     }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -193,25 +194,36 @@ TensorInfo FileReader::info(std::string_view path) const {
 tensor::Tensor FileReader::read(std::string_view path, bool verify) const {
   auto lock = detail::h5_lock();
   TensorInfo meta = info(path);
-  std::string where = path_ + ":" + meta.path;
   tensor::Tensor t = tensor::Tensor::empty(meta.shape, meta.dtype);
-  if (t.numel() > 0) {
+  read_into(path, t, verify);
+  return t;
+}
+
+void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, bool verify) const {
+  auto lock = detail::h5_lock();
+  TensorInfo meta = info(path);
+  std::string where = path_ + ":" + meta.path;
+  TROUPE_CHECK(dst.defined() && dst.device().is_cpu(), "checkpoint ", where,
+               ": read_into needs a defined CPU tensor");
+  TROUPE_CHECK(dst.dtype() == meta.dtype && dst.numel() == tensor::shape_numel(meta.shape), "checkpoint ", where,
+               ": the file holds ", tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape),
+               ", the destination is ", tensor::dtype_name(dst.dtype()), " ", tensor::to_string(dst.shape()));
+  if (dst.numel() > 0) {
     Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT),
                          "H5Dopen " + where, Failure::format),
                 H5Dclose);
     h5_check(H5Dread(dset.get(), detail::h5_type_of(meta.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                     t.raw_data()),
+                     dst.raw_data()),
              "checkpoint " + where + ": cannot read " + std::to_string(meta.nbytes()) + " bytes",
              Failure::format);
   }
   if (verify) {
-    std::uint64_t actual = xxh64(t.raw_data(), t.nbytes());
+    std::uint64_t actual = xxh64(dst.raw_data(), dst.nbytes());
     if (actual != meta.checksum)
       TROUPE_THROW(FormatError, "checkpoint ", where, ": checksum mismatch, stored ",
                    hex(meta.checksum), ", data hashes to ", hex(actual), " (",
                    tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape), ")");
   }
-  return t;
 }
 
 tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin, std::int64_t end) const {
@@ -260,7 +272,12 @@ tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin,
 
 void FileReader::verify_all() const {
   auto lock = detail::h5_lock();
-  for (const TensorInfo& t : tensors("/")) read(t.path, true);
+  std::vector<TensorInfo> all = tensors("/");
+  std::size_t largest = 0;
+  for (const TensorInfo& t : all) largest = std::max(largest, t.nbytes());
+  auto buffer = tensor::Storage::allocate(largest, tensor::Device::cpu());
+  for (const TensorInfo& t : all)
+    read_into(t.path, tensor::Tensor::from_storage(buffer, t.shape, t.dtype), true);
 }
 
 }  // namespace troupe::checkpoint

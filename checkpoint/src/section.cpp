@@ -47,6 +47,13 @@ tensor::Tensor SectionReader::tensor(std::string_view name) const {
   return file_.read(group_ + "/" + std::string(name));
 }
 
+void SectionReader::read_into(std::string_view name, const tensor::Tensor& dst) const {
+  if (!has_tensor(name))
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '",
+                 name, "' (it has ", names_.size(), ")");
+  file_.read_into(group_ + "/" + std::string(name), dst);
+}
+
 namespace detail {
 
 bool is_attribute_scalar(std::string_view name, const tensor::Tensor& t) {

@@ -226,6 +226,27 @@ TEST(Checkpoint, KeepLastRemovesOnlyOlderCheckpointsAndLatestNamesTheNewest) {
   EXPECT_EQ(name, "ckpt-000000040.h5");
 }
 
+TEST(Checkpoint, ASaveOfALowerStepAfterAResumeIsKeptAndBecomesLatest) {
+  TempDir dir;
+  Trainer t(1);
+  Checkpoint ckpt(dir.path(), 2);
+  t.register_with(ckpt);
+  for (std::int64_t step : {100, 200}) ckpt.save(step);
+  ckpt.save(150);  // resumed from 100 (say 200 was bad) and saving again
+  std::vector<fs::path> left = ckpt.directory().list();
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[0].filename(), "ckpt-000000150.h5");
+  EXPECT_EQ(left[1].filename(), "ckpt-000000200.h5");
+  std::optional<Metadata> meta = ckpt.load_latest();
+  ASSERT_TRUE(meta);
+  EXPECT_EQ(meta->step, 150);
+  Checkpoint one(dir.path(), 1);
+  t.register_with(one);
+  one.save(120);
+  ASSERT_EQ(one.directory().list().size(), 1u);
+  EXPECT_EQ(one.directory().list()[0].filename(), "ckpt-000000120.h5");
+}
+
 TEST(Checkpoint, DebrisOfADeadWriterIsIgnoredThenCleanedUp) {
   TempDir dir;
   save_three(dir.path());

@@ -28,7 +28,10 @@
 // troupe checkpoint, is complete, every dataset's checksum verifies and every required
 // section is present; otherwise it is skipped with a warning naming it and the reason,
 // and the next older one is tried. Only then are the sections' load functions called, so
-// a bad file never leaves state half restored. An exception thrown by a load function
+// a bad file never leaves state half restored. The verifying pass reads each dataset
+// into one reused buffer (memory: the largest tensor), which also brings the file into
+// the page cache; load functions then read from it -- best with SectionReader::read_into
+// straight into the live parameters, so a load allocates nothing either. An exception thrown by a load function
 // itself (a model whose shapes differ) is the program's error and propagates.
 #pragma once
 
@@ -113,6 +116,7 @@ class Checkpoint {
   };
   // Checks a file fully (see above) and returns its metadata; throws when unusable.
   Metadata validate(const FileReader& file) const;
+  void restore(const FileReader& file);
   // Root attributes, then every section, into `sink`.
   void write_state(Sink& sink, std::int64_t step, std::int64_t epoch);
   // Writes `body` into the temporary file of `step` and commits it.

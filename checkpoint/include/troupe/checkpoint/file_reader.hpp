@@ -45,13 +45,17 @@ class FileReader {
   TensorInfo info(std::string_view path) const;
 
   tensor::Tensor read(std::string_view path, bool verify = true) const;
+  // Reads the dataset into `dst` (CPU, same dtype and element count, e.g. a live model
+  // parameter), so a load needs no memory of its own.
+  void read_into(std::string_view path, const tensor::Tensor& dst, bool verify = true) const;
   // Elements [begin, end) of the dataset in flat C order, as a 1-D tensor: how a rank
   // takes its shard of a full tensor when the world size differs from the one that
   // saved it. Reads only those bytes (one pread at the contiguous dataset's offset). A
   // slice cannot be checked against the whole tensor's checksum: verify the file once
   // (verify_all, or Checkpoint::load_latest) before trusting slices.
   tensor::Tensor read_range(std::string_view path, std::int64_t begin, std::int64_t end) const;
-  // Reads every dataset one at a time and checks its checksum; throws the first mismatch.
+  // Reads every dataset one at a time into one reused buffer (the largest dataset's size)
+  // and checks its checksum; throws the first mismatch.
   void verify_all() const;
 
  private:

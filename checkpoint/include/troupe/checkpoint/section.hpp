@@ -51,6 +51,8 @@ class SectionReader {
   bool has_tensor(std::string_view name) const;
   // Reads one tensor (CPU, checksum verified); FormatError naming file and dataset if absent.
   tensor::Tensor tensor(std::string_view name) const;
+  // Reads one tensor straight into `dst` (a live parameter: no allocation), verified.
+  void read_into(std::string_view name, const tensor::Tensor& dst) const;
   const Attributes& attributes() const { return attributes_; }
   const std::string& group() const { return group_; }
 
