@@ -20,7 +20,12 @@ std::uint64_t RunSummary::Failure::redone() const {
 }
 
 void RunSummary::failed(std::string cause, std::string detail, std::optional<std::uint64_t> furthest_step,
-                        Clock::time_point last_progress) {
+                        Clock::time_point last_progress, Clock::time_point now) {
+  if (!failures_.empty() && !failures_.back().resumed_at_step) {
+    Failure& previous = failures_.back();
+    previous.lost_s = std::chrono::duration<double>(now - previous.last_progress).count();
+    last_progress = now;
+  }
   failures_.push_back({std::move(cause), std::move(detail), furthest_step, std::nullopt, last_progress, 0});
 }
 

@@ -97,7 +97,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     started_ = Clock::now();
     say("run " + run_id_ + ": " + std::to_string(options_.np) + " ranks, heartbeat server on " + server_->address() +
         (options_.events_file.empty() ? "" : ", events in " + options_.events_file));
-    JsonFields program;
     std::string command;
     for (const auto& a : options_.program) command += (command.empty() ? "" : " ") + a;
     events_->write("start", {{"np", options_.np}, {"program", command}, {"supervisor", server_->address()},
@@ -160,6 +159,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   void launch() {
     state_ = State::running;
     resumed_ = false;
+    furthest_step_.reset();  // steps redone count from this launch's progress
     server_->begin_launch(static_cast<std::uint32_t>(restart_), options_.np);
     rank_processes_.clear();
     rank_processes_.resize(static_cast<std::size_t>(options_.np));
@@ -269,7 +269,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (state_ != State::running) return;  // the first cause is the cause
     state_ = State::stopping;
     tick_.cancel();
-    summary_.failed(cause, detail, furthest_step_, last_progress_.value_or(launched_));
+    summary_.failed(cause, detail, furthest_step_, last_progress_.value_or(launched_), Clock::now());
     say("failure (" + cause + "): " + detail);
     fields.insert(fields.begin(), {{"restart", restart_}, {"cause", cause}, {"detail", detail}});
     if (furthest_step_) fields.emplace_back("furthest_step", static_cast<unsigned long>(*furthest_step_));

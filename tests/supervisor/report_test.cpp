@@ -54,9 +54,9 @@ TEST(HangReport, RanksThatAgreeOrReportNoCollectiveNameNobodyBehind) {
 TEST(RunSummary, CountsStepsRedoneAndTimeLostPerFailure) {
   sv::RunSummary summary;
   auto t0 = sv::Clock::now();
-  summary.failed("rank_lost", "rank 1 died", 17, t0);
+  summary.failed("rank_lost", "rank 1 died", 17, t0, t0 + 10ms);
   EXPECT_TRUE(summary.resumed(0, t0 + 1s));
-  summary.failed("hang", "no progress", 30, t0 + 5s);
+  summary.failed("hang", "no progress", 30, t0 + 5s, t0 + 6s);
   EXPECT_EQ(summary.last_cause(), "hang");
   EXPECT_TRUE(summary.resumed(25, t0 + 7s));
   EXPECT_FALSE(summary.resumed(26, t0 + 8s));  // only the first step after a failure counts
@@ -73,8 +73,19 @@ TEST(RunSummary, CountsStepsRedoneAndTimeLostPerFailure) {
 TEST(RunSummary, AFailureNeverResumedLosesTimeUntilTheEnd) {
   sv::RunSummary summary;
   auto t0 = sv::Clock::now();
-  summary.failed("rank_lost", "rank 1 died", std::nullopt, t0);
+  summary.failed("rank_lost", "rank 1 died", std::nullopt, t0, t0);
   auto totals = summary.close(t0 + 4s);
   EXPECT_DOUBLE_EQ(totals.lost_s, 4.0);
   EXPECT_EQ(totals.steps_redone, 0u);
+}
+
+TEST(RunSummary, RelaunchesThatFailBeforeTheirFirstStepAreOneStretchOfDowntime) {
+  sv::RunSummary summary;
+  auto t0 = sv::Clock::now();
+  summary.failed("rank_lost", "rank 1 died", 17, t0, t0 + 1s);
+  // The relaunch dies before any step; "last progress" is still t0.
+  summary.failed("mpirun_exit", "mpirun exited with status 1", std::nullopt, t0, t0 + 3s);
+  EXPECT_TRUE(summary.resumed(15, t0 + 5s));
+  auto totals = summary.close(t0 + 6s);
+  EXPECT_DOUBLE_EQ(totals.lost_s, 3.0 + 2.0);  // t0..t0+3s, then t0+3s..t0+5s: counted once
 }

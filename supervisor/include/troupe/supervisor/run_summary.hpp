@@ -20,8 +20,11 @@ namespace troupe::supervisor {
 
 class RunSummary {
  public:
+  // A failure seen at `now`; the job last made progress at `last_progress`. If the
+  // previous failure's relaunch failed before its first step, the downtime is one
+  // stretch: the previous failure's loss ends, and this one's starts, at `now`.
   void failed(std::string cause, std::string detail, std::optional<std::uint64_t> furthest_step,
-              Clock::time_point last_progress);
+              Clock::time_point last_progress, Clock::time_point now);
   // The first step of a relaunch; returns true when it resumed after a failure.
   bool resumed(std::uint64_t step, Clock::time_point now);
   std::size_t failures() const { return failures_.size(); }
