@@ -63,6 +63,11 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     read_header();
   }
 
+  bool awaiting_hello() const { return rank_ < 0 && !closed_; }
+
+  // Refuses before reading anything (too many connections waiting).
+  void refuse_now(const std::string& reason) { refuse(reason); }
+
   // The server forgets this connection (a new launch, or shutdown): no more callbacks.
   void detach() {
     server_ = nullptr;
@@ -254,8 +259,15 @@ void HeartbeatServer::accept() {
       auto connection = std::make_shared<Connection>(*this, std::move(socket));
       // Drop expired entries so a stream of strays does not grow the list.
       std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-      connections_.push_back(connection);
-      connection->start();
+      std::size_t pending = 0;
+      for (const auto& weak : connections_)
+        if (auto c = weak.lock(); c && c->awaiting_hello()) ++pending;
+      if (pending >= kMaxPendingConnections) {
+        connection->refuse_now("too many connections awaiting hello (" + std::to_string(pending) + ")");
+      } else {
+        connections_.push_back(connection);
+        connection->start();
+      }
     }
     accept();
   });

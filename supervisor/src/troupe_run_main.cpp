@@ -1,6 +1,8 @@
 // troupe-run: runs an MPI job under supervision and relaunches it when a rank dies,
 // hangs or stops heartbeating. See run_options.hpp for the command line and
 // supervisor.hpp for what happens.
+#include <signal.h>
+
 #include <iostream>
 #include <string>
 #include <vector>
@@ -22,6 +24,9 @@ int main(int argc, char** argv) {
     std::cout << usage();
     return 0;
   }
+  // A rank that vanishes mid-write must not kill troupe-run (Asio sends with
+  // MSG_NOSIGNAL already; this covers every other write).
+  ::signal(SIGPIPE, SIG_IGN);
   try {
     Supervisor supervisor(std::move(options));
     return supervisor.run();

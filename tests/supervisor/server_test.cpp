@@ -175,6 +175,17 @@ TEST_F(ServerTest, GarbageAndAHugeLengthPrefixAreRefusedAndTheServerKeepsServing
   EXPECT_TRUE(recorder_.wait_for("up 1"));
 }
 
+TEST_F(ServerTest, AFloodOfSilentConnectionsIsCappedAndRanksStillRegister) {
+  std::vector<int> silent;
+  for (std::size_t i = 0; i < sv::kMaxPendingConnections + 3; ++i) silent.push_back(raw_connect());
+  EXPECT_TRUE(recorder_.wait_for("refused: too many connections awaiting hello (64)"));
+  for (int fd : silent) ::close(fd);  // the server frees their slots as they close
+  EXPECT_TRUE(recorder_.wait_for("refused: closed before a complete hello"));
+  std::this_thread::sleep_for(200ms);
+  sv::SupervisorClient client(env(), 0, 2);
+  EXPECT_TRUE(recorder_.wait_for("up 0"));
+}
+
 TEST_F(ServerTest, ARankOfAnEarlierLaunchIsRefused) {
   auto e = env();
   e.restart = 3;

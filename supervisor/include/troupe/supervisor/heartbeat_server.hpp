@@ -31,6 +31,9 @@ using Clock = std::chrono::steady_clock;
 
 // How long a new connection may take to send its Hello.
 inline constexpr std::chrono::seconds kHelloTimeout{5};
+// Connections allowed to wait for their Hello at once; more are refused on arrival,
+// so a flood of silent connections cannot use up troupe-run's file descriptors.
+inline constexpr std::size_t kMaxPendingConnections = 64;
 
 struct RankStatus {
   int rank = 0;
