@@ -3,6 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 #include <set>
 #include <stdexcept>
 
@@ -179,6 +183,25 @@ TEST(DataLoader, DropLastLeavesOutTheShortBatchAndCollateErrorsReachNext) {
   EXPECT_EQ(*failing.next(), 1);
   EXPECT_EQ(*failing.next(), 1);
   EXPECT_THROW(failing.next(), std::runtime_error);
+}
+
+TEST(DataLoader, CollatesOnItsOwnThreadAheadOfTheConsumer) {
+  DistributedSampler sampler(40, 1, 0);
+  std::mutex mutex;
+  std::set<std::thread::id> threads;
+  std::atomic<int> collated{0};
+  DataLoader<int> loader(sampler, 4, [&](const auto&) {
+    std::lock_guard lock(mutex);
+    threads.insert(std::this_thread::get_id());
+    return ++collated;
+  }, /*prefetch=*/3);
+  ASSERT_EQ(*loader.next(), 1);
+  // While the consumer holds batch 1, the loader fills its queue of 3 on its own.
+  for (int i = 0; i < 2000 && collated.load() < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_EQ(collated.load(), 4) << "one handed out plus three prefetched";
+  EXPECT_EQ(sampler.position(), 4) << "prefetching consumes nothing";
+  EXPECT_EQ(threads.size(), 1u);
+  EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u) << "collation must not run on the consumer's thread";
 }
 
 }  // namespace
