@@ -10,6 +10,7 @@
 
 #include "test_util.hpp"
 #include "troupe/checkpoint/error.hpp"
+#include "troupe/checkpoint/state_groups.hpp"
 #include "troupe/nn/adam.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/sequential.hpp"
@@ -105,6 +106,57 @@ TEST(Checkpoint, RestoresModelOptimizerAndSmallStateBitForBit) {
   EXPECT_EQ(hyper.get_double("lr"), 0.01);
   EXPECT_EQ(hyper.get_int("step"), 1);
   EXPECT_FALSE(reader.has_group("/optimizer/lr"));
+}
+
+// The shape of train::TrainingState: every group at once, out and back in.
+struct GroupedState {
+  using Groups = std::vector<std::pair<std::string, nn::StateDict>>;
+  Groups state_dicts() const {
+    Groups g;
+    g.emplace_back("model", trainer->model.state_dict());
+    g.emplace_back("optimizer", trainer->optimizer->state_dict());
+    nn::StateDict sampler;
+    sampler.insert("epoch", Tensor::full({}, 3, DType::i64));
+    sampler.insert("position", Tensor::full({}, static_cast<double>(trainer->sampler_index), DType::i64));
+    sampler.insert("permutation", Tensor::arange(0, 5, 1, DType::i64));
+    g.emplace_back("sampler", std::move(sampler));
+    return g;
+  }
+  void load_state_dicts(const Groups& groups) {
+    ++loads;
+    ASSERT_EQ(groups.size(), 3u);
+    trainer->model.load_state_dict(groups[0].second);
+    trainer->optimizer->load_state_dict(groups[1].second);
+    trainer->sampler_index = static_cast<std::int64_t>(groups[2].second.at("position").item());
+    sampler_keys = groups[2].second.keys();
+  }
+  Trainer* trainer;
+  int loads = 0;
+  std::vector<std::string> sampler_keys;
+};
+
+TEST(Checkpoint, StateGroupsLandAsSectionsWithSmallScalarsAsAttributes) {
+  TempDir dir;
+  Trainer saved(1), fresh(2);
+  GroupedState out{&saved}, in{&fresh};
+  {
+    Checkpoint ckpt(dir.path(), 1);
+    register_state_groups(ckpt, out, {"model", "optimizer", "sampler"});
+    ckpt.save(5);
+  }
+  FileReader file((dir / "ckpt-000000005.h5").string());
+  EXPECT_EQ(file.attributes("/sampler").get_int("position"), 10);
+  EXPECT_EQ(file.attributes("/optimizer").get_double("lr"), 0.01);
+  EXPECT_NO_THROW(file.info("/sampler/permutation"));
+
+  Checkpoint ckpt(dir.path(), 1);
+  register_state_groups(ckpt, in, {"model", "optimizer", "sampler"});
+  ASSERT_TRUE(ckpt.load_latest());
+  EXPECT_EQ(in.loads, 1);
+  expect_same(fresh.model.state_dict(), saved.model.state_dict());
+  expect_same(fresh.optimizer->state_dict(), saved.optimizer->state_dict());
+  EXPECT_EQ(fresh.sampler_index, 10);
+  EXPECT_EQ(in.sampler_keys, (std::vector<std::string>{"epoch", "position", "permutation"}));
 }
 
 TEST(Checkpoint, AnEmptyFolderHasNothingToLoad) {
