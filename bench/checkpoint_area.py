@@ -1,0 +1,64 @@
+"""bench/run's checkpoint area: runs bench/checkpoint_bench (troupe and the raw disk, one
+process), bench/checkpoint_baselines.py (h5py, torch.save/torch.load) and dd conv=fsync
+on the same bytes and disk, and turns them into rows against the issue's targets."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+TORCH_PYTHON = "/usr/bin/python3"
+
+
+def _json_of(cmd: list[str]) -> dict:
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _dd_MBps(nbytes: int, folder: str) -> float | None:
+    """dd of the same number of bytes with conv=fsync; dd reports its own rate."""
+    count = max(1, nbytes // (4 << 20))
+    target = os.path.join(folder, "dd.bin")
+    p = subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=4M", f"count={count}", "conv=fsync"],
+                       stderr=subprocess.PIPE, text=True)
+    os.remove(target)
+    m = re.search(r"copied, ([0-9.]+) s", p.stderr)
+    return count * (4 << 20) / 1e6 / float(m.group(1)) if m else None
+
+
+def run(build: Path, root: Path, quick: bool, row) -> list[dict]:
+    mb, rounds = ("64", "1") if quick else ("300", "5")
+    with tempfile.TemporaryDirectory(prefix="troupe-ckpt-bench-", dir=os.environ.get("TROUPE_BENCH_DIR")) as d:
+        t = _json_of([str(build / "bench" / "checkpoint_bench"), "--mb", mb, "--rounds", rounds, "--dir", d + "/t"])
+        b = _json_of([TORCH_PYTHON, str(root / "bench" / "checkpoint_baselines.py"), "--mb", mb, "--rounds", rounds,
+                      "--dir", d + "/b"])
+        dd = _dd_MBps(t["bytes"], d)
+    size = f"{t['bytes'] / 1e6:.0f} MB ({t['tensors']} f32 tensors)"
+    rows = []
+    save, load = t["troupe_save_MBps"], t["troupe_load_cold_MBps"]
+    rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, "raw write+fsync", t["raw_write_fsync_MBps"],
+                    ">= 0.8x raw write+fsync", save >= 0.8 * t["raw_write_fsync_MBps"]))
+    if dd:
+        rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, "dd conv=fsync", dd, "", None))
+    for key, name in (("h5py_write_MBps", "h5py write+fsync"), ("torch_save_MBps", "torch.save+fsync")):
+        if key in b:
+            rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, name, b[key], f">= 1.4x {name}",
+                            save >= 1.4 * b[key]))
+    rows.append(row(f"load {size}, cold cache, checksums verified", "MB/s", "higher", load, "raw read, cold",
+                    t["raw_read_cold_MBps"], ">= 0.6x raw cold read", load >= 0.6 * t["raw_read_cold_MBps"]))
+    for key, name in (("h5py_read_MBps", "h5py read, cold"), ("torch_load_MBps", "torch.load, cold")):
+        if key in b:
+            rows.append(row(f"load {size}, cold cache, checksums verified", "MB/s", "higher", load, name, b[key],
+                            f">= 2x {name}", load >= 2 * b[key]))
+    verify_s, plain_s = t["bytes"] / 1e6 / load, t["bytes"] / 1e6 / t["troupe_load_noverify_cold_MBps"]
+    rows.append(row(f"load {size} with checksum verification", "s", "lower", verify_s, "troupe load without",
+                    plain_s, "<= 1.3x without", verify_s <= 1.3 * plain_s))
+    rows.append(row(f"async save stall, {size}", "ms", "lower", t["async_stall_ms"], "synchronous save",
+                    t["sync_save_ms"], "<= 0.1x synchronous save", t["async_stall_ms"] <= 0.1 * t["sync_save_ms"]))
+    bound = t["largest_bytes"] / 1e6 + 64
+    rows.append(row(f"saving process peak extra memory, {size}", "MB", "lower", t["peak_extra_MB"],
+                    "largest tensor + 64 MB", bound, "<= largest tensor + 64 MB", t["peak_extra_MB"] <= bound))
+    return rows
