@@ -124,7 +124,7 @@ options:
   -np N                   ranks (required)
   --max-restarts K        relaunches before giving up (default 3)
   --checkpoint-dir DIR    exported to ranks as TROUPE_CHECKPOINT_DIR (created if missing)
-  --hang-timeout S        no progress (step or collective) for S seconds is a hang (default 300)
+  --hang-timeout S        no progress (step or collective) for S seconds is a hang (default 180)
   --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 10)
   --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)
   --grace S               SIGTERM to SIGKILL when stopping the job (default 3)

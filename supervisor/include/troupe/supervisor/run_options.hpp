@@ -24,7 +24,9 @@ struct RunOptions {
   // Exported as TROUPE_CHECKPOINT_DIR (made absolute, created if missing); empty: none.
   std::string checkpoint_dir;
   // A rank whose (step, collective) has not changed for this long is stuck: a hang.
-  Seconds hang_timeout{300};
+  // Below the collectives' own timeout (5 min, whose watchdog aborts the job), so a
+  // hang is reported with every rank's position before that abort hides it.
+  Seconds hang_timeout{180};
   // A connected rank not heard from for this long is dead even if its socket is open
   // (a stopped process, a partitioned node). Ranks heartbeat 5 times per timeout.
   Seconds heartbeat_timeout{10};
