@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -16,6 +17,7 @@
 #include "troupe/tensor/random.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
+#include "troupe/train/grad_scaler.hpp"
 #include "troupe/train/oss.hpp"
 #include "troupe/train/sharded_ddp.hpp"
 
@@ -54,6 +56,10 @@ struct Trainer {
   nn::CrossEntropyLoss loss_fn;
   double clip = 0;  // max grad norm; 0: no clipping
   double last_norm = -1;
+  std::unique_ptr<GradScaler> scaler;
+  int poison_step = -1;  // at this step an inf lands in `victim`'s gradient, on its owner only
+  std::string victim;
+  int steps_done = 0;
 
   Trainer(Mode m, Opt opt, std::uint64_t model_seed = kModelSeed) : mode(m) {
     auto& comm = world();
@@ -76,7 +82,7 @@ struct Trainer {
       const Tensor x = batch.inputs.slice(m * rows, (m + 1) * rows);
       const Tensor y = batch.targets.slice(m * rows, (m + 1) * rows);
       loss_fn.forward(model->forward(x), y);
-      const Tensor g = loss_fn.backward(1.0 / micro);
+      const Tensor g = loss_fn.backward((scaler ? scaler->scale() : 1.0) / micro);
       if (m + 1 < micro) {
         if (sdp) {
           auto guard = sdp->no_sync();
@@ -91,8 +97,17 @@ struct Trainer {
         ddp->backward(g);
       }
     }
+    if (steps_done++ == poison_step)
+      for (const auto& [name, p] : model->named_parameters())
+        if (name == victim && (!oss || oss->owns(name))) p->grad.data<float>()[0] = INFINITY;
     if (clip > 0) last_norm = oss ? oss->clip_grad_norm(clip) : nn::clip_grad_norm(model->named_parameters(), clip);
-    if (oss) {
+    if (scaler) {
+      if (oss) oss->step(*scaler);
+      else scaler->step(*plain);
+      scaler->update();
+      if (oss) oss->zero_grad();
+      else plain->zero_grad();
+    } else if (oss) {
       oss->step();
       oss->zero_grad();
     } else {
@@ -304,6 +319,33 @@ TEST(OSS, ClipGradNormIsTheGlobalNorm) {
                                                testing::flat_parameters(*want.model)),
               1e-5)
         << mode_name(mode);
+  }
+}
+
+// A loss scale with an overflow in one rank's shard only: the all-reduced verdict makes
+// every rank skip that step, exactly as DDP (whose averaged gradient is inf everywhere).
+TEST(OSS, GradScalerSkipsTheStepOnEveryRankWhenAnyShardOverflows) {
+  auto& comm = world();
+  for (Mode mode : {Mode::zero1, Mode::zero2}) {
+    std::vector<std::vector<double>> finals;
+    for (Mode m : {Mode::ddp, mode}) {
+      Trainer t(m, Opt::adamw);
+      t.scaler = std::make_unique<GradScaler>(&comm, GradScalerOptions{.init_scale = 1024, .growth_interval = 4});
+      const auto params = t.model->named_parameters();
+      const auto owners = partition_parameters(params, comm.size());
+      for (std::size_t i = 0; i < params.size(); ++i)
+        if (owners[i] == comm.size() - 1) t.victim = params[i].name;
+      t.poison_step = 3;
+      Batches batches;
+      for (int s = 0; s < 10; ++s) {
+        t.step(batches.next());
+        EXPECT_TRUE(testing::same_on_every_rank(testing::parameter_hash(*t.model))) << mode_name(m) << " step " << s;
+      }
+      EXPECT_EQ(t.scaler->skipped_steps(), 1) << mode_name(m);
+      EXPECT_EQ(t.oss ? t.oss->step_count() : t.plain->step_count(), 9) << mode_name(m);
+      finals.push_back(testing::flat_parameters(*t.model));
+    }
+    EXPECT_LE(testing::max_relative_difference(finals[1], finals[0]), 1e-5) << mode_name(mode);
   }
 }
 

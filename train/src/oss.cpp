@@ -7,6 +7,7 @@
 
 #include "troupe/error.hpp"
 #include "troupe/tensor/ops.hpp"
+#include "troupe/train/grad_scaler.hpp"
 
 namespace troupe::train {
 
@@ -157,6 +158,16 @@ std::size_t OSS::local_state_bytes() const {
 
 void OSS::step() {
   base_->step();
+  share();
+}
+
+bool OSS::step(GradScaler& scaler) {
+  const bool stepped = scaler.step(*base_);  // every rank gets the same verdict
+  if (stepped) share();
+  return stepped;
+}
+
+void OSS::share() {
   if (comm_.size() == 1 || params_.empty()) return;
   if (all_gather_) share_by_all_gather();
   else share_by_broadcast();

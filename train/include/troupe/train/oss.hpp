@@ -36,6 +36,8 @@
 
 namespace troupe::train {
 
+class GradScaler;
+
 // Builds the base optimizer over the parameters it is given (possibly none, on a rank
 // that owns nothing when there are more ranks than parameters).
 using OptimizerFactory = std::function<std::unique_ptr<nn::Optimizer>(std::vector<nn::NamedParameter>)>;
@@ -64,6 +66,13 @@ class OSS {
 
   // Steps the base optimizer over the owned partition, then shares the parameters.
   void step();
+  // Loss-scaled step (torch's scaler.step(optimizer)): unscales this rank's owned
+  // gradients (unless scaler.unscale_ already did) and checks them for inf/NaN; the
+  // scaler all-reduces the verdict, so an overflow in any rank's shard skips the step
+  // on every rank. Steps and shares the parameters only then; true if it stepped.
+  // Call scaler.update() afterwards, as usual. The scaler's communicator must be this
+  // OSS's (or another over the same ranks, used in the same order).
+  bool step(GradScaler& scaler);
   // Over every parameter (not only the owned ones), with nn::Optimizer's meaning.
   void zero_grad(bool set_to_none = true);
 
@@ -110,6 +119,7 @@ class OSS {
 
  private:
   void build_flat_layout();
+  void share();
   void share_by_all_gather();
   void share_by_broadcast();
 
