@@ -94,7 +94,8 @@ TEST(Supervision, CallsQueuedAtTheFailureFailUnlessTheirMethodIsIdempotent) {
   if (runtime().rank() == 0) {
     auto f = runtime().spawn_with<Fragile>(last_rank(), restarts(5), 7);
     f.ask(&Fragile::add, 1).get();
-    auto crash = f.ask(&Fragile::crash, 100);  // the next two queue behind it
+    // Long enough, even on a loaded machine, that the next two arrive and queue behind it.
+    auto crash = f.ask(&Fragile::crash, 500);
     auto stale_add = f.ask(&Fragile::add, 1);
     auto redelivered_get = f.ask(&Fragile::get);
     EXPECT_THROW(crash.get(), ActorRestarted);
