@@ -126,7 +126,6 @@ void OSS::build_flat_layout() {
     used += params_[i].param->data.numel();
   }
   segment_ = std::max<std::int64_t>(1, *std::max_element(fill.begin(), fill.end()));
-  flat_ = Tensor::zeros({segment_ * world}, params_.front().param->data.dtype());
 }
 
 int OSS::owner(const std::string& name) const {
@@ -173,20 +172,23 @@ void OSS::share() {
   else share_by_broadcast();
 }
 
+// The flat buffer lives only for the step: kept, it would be a second copy of the
+// parameters on every rank for the whole run (ZeRO-1's point is to shed memory).
 void OSS::share_by_all_gather() {
   const int me = comm_.rank();
+  const Tensor flat = Tensor::empty({segment_ * comm_.size()}, params_.front().param->data.dtype());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (owners_[i] != me) continue;
     const Tensor& data = params_[i].param->data;
     const std::int64_t at = me * segment_ + flat_offset_[i];
-    flat_.slice(at, at + data.numel()).copy_(data.reshape({data.numel()}));
+    flat.slice(at, at + data.numel()).copy_(data.reshape({data.numel()}));
   }
-  comm_.allgather(collectives::Buffer(flat_));  // in place: our segment is the input
+  comm_.allgather(collectives::Buffer(flat));  // in place: our segment is the input
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (owners_[i] == me) continue;
     Tensor& data = params_[i].param->data;
     const std::int64_t at = owners_[i] * segment_ + flat_offset_[i];
-    data.copy_(flat_.slice(at, at + data.numel()).reshape(data.shape()));
+    data.copy_(flat.slice(at, at + data.numel()).reshape(data.shape()));
   }
 }
 

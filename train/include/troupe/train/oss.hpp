@@ -129,8 +129,8 @@ class OSS {
   std::unordered_map<std::string, std::size_t> index_;
   std::unique_ptr<nn::Optimizer> base_;
   bool all_gather_ = false;
-  // all_gather: rank r's partition at [r * segment_, r * segment_ + its numel).
-  tensor::Tensor flat_;
+  // all_gather: rank r's partition at [r * segment_, r * segment_ + its numel) of a
+  // flat buffer allocated for each step.
   std::int64_t segment_ = 0;
   std::vector<std::int64_t> flat_offset_;  // parallel to params_, within the owner's segment
 };
