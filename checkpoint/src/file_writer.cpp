@@ -57,6 +57,10 @@ FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path
   Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
   // STRONG: closing the file closes everything in it, so close() really ends the file.
   h5_check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "H5Pset_fclose_degree");
+  // The 1.8 object formats and later carry checksums on HDF5's own metadata (object
+  // headers, attributes, B-trees), so a damaged attribute is an error on reading, not a
+  // silently different step count; every HDF5 since 1.8 (and so h5py) reads them.
+  h5_check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "H5Pset_libver_bounds");
   Handle fcpl(h5_check(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate"), H5Pclose);
   h5_check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
            "H5Pset_link_creation_order");
