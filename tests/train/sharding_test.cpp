@@ -349,6 +349,57 @@ TEST(OSS, GradScalerSkipsTheStepOnEveryRankWhenAnyShardOverflows) {
   }
 }
 
+// One Linear (two parameters): at 4 ranks, ranks 2 and 3 own nothing, build their base
+// optimizer over nothing, and still take part in every collective.
+TEST(Sharding, RanksThatOwnNothingStillTakePart) {
+  auto& comm = world();
+  std::vector<std::vector<double>> finals;
+  for (Mode mode : {Mode::ddp, Mode::zero1, Mode::zero2}) {
+    tensor::Generator gen(21 + static_cast<std::uint64_t>(comm.rank()));
+    nn::Sequential model;
+    model.emplace<nn::Linear>(16, 4, gen);
+    std::unique_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<OSS> oss;
+    std::unique_ptr<ShardedDataParallel> sdp;
+    std::unique_ptr<nn::Optimizer> plain;
+    if (mode == Mode::zero2) {
+      oss = std::make_unique<OSS>(model.named_parameters(), comm, factory(Opt::adamw));
+      sdp = std::make_unique<ShardedDataParallel>(model, *oss, comm);
+    } else {
+      ddp = std::make_unique<DistributedDataParallel>(model, comm);
+      if (mode == Mode::zero1) oss = std::make_unique<OSS>(model.named_parameters(), comm, factory(Opt::adamw));
+      else plain = make_optimizer(Opt::adamw, model.named_parameters());
+    }
+    if (oss && comm.size() > 2 && comm.rank() >= 2) {
+      EXPECT_TRUE(oss->partition(comm.rank()).empty());
+    }
+    Batches batches;
+    nn::CrossEntropyLoss loss_fn;
+    for (int s = 0; s < 5; ++s) {
+      const TensorBatch b = batches.next();
+      loss_fn.forward(model.forward(b.inputs), b.targets);
+      if (sdp) sdp->backward(loss_fn.backward());
+      else ddp->backward(loss_fn.backward());
+      if (oss) {
+        oss->step();
+        oss->zero_grad();
+      } else {
+        plain->step();
+        plain->zero_grad();
+      }
+      EXPECT_TRUE(testing::same_on_every_rank(testing::parameter_hash(model))) << mode_name(mode);
+    }
+    if (oss) {
+      const nn::StateDict full = oss->state_dict();
+      EXPECT_TRUE(full.contains("0.weight/exp_avg") && full.contains("0.bias/exp_avg_sq")) << mode_name(mode);
+      EXPECT_NO_THROW(oss->load_state_dict(full)) << mode_name(mode);
+    }
+    finals.push_back(testing::flat_parameters(model));
+  }
+  EXPECT_LE(testing::max_relative_difference(finals[1], finals[0]), 1e-5);
+  EXPECT_LE(testing::max_relative_difference(finals[2], finals[0]), 1e-5);
+}
+
 class ShardedStateDict : public ::testing::TestWithParam<Mode> {};
 
 // Save after 5 steps, train 5 more; a fresh setup (other seed) restored from the save
