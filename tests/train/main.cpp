@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <string>
 
 #include "train_world.hpp"
 #include "troupe/mpi/environment.hpp"
@@ -12,16 +13,20 @@ namespace {
 class FailurePrinter : public ::testing::EmptyTestEventListener {
  public:
   explicit FailurePrinter(int rank) : rank_(rank) {}
+  // The test's name is remembered here: OnTestPartResult runs under gtest's own lock,
+  // so calling UnitTest::current_test_info() from it deadlocks.
+  void OnTestStart(const ::testing::TestInfo& info) override {
+    test_ = std::string(info.test_suite_name()) + "." + info.name();
+  }
   void OnTestPartResult(const ::testing::TestPartResult& result) override {
     if (!result.failed()) return;
-    const auto* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::fprintf(stderr, "[rank %d] %s.%s failed at %s:%d\n%s\n", rank_, test ? test->test_suite_name() : "?",
-                 test ? test->name() : "?", result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.message());
+    std::fprintf(stderr, "[rank %d] %s failed at %s:%d\n%s\n", rank_, test_.c_str(),
+                 result.file_name() ? result.file_name() : "?", result.line_number(), result.message());
   }
 
  private:
   int rank_;
+  std::string test_ = "?";
 };
 }  // namespace
 

@@ -6,6 +6,7 @@
 #include "troupe/nn/clip.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/grad_scaler.hpp"
+#include "troupe/train/master_weights.hpp"
 
 namespace troupe::train {
 
@@ -36,6 +37,7 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
   } else {
     backward(grad);
     result.synced = sync_enabled();
+    if (options.master != nullptr) options.master->copy_gradients_to_master();
     if (options.scaler != nullptr) options.scaler->unscale_(optimizer);
     const bool overflow = options.scaler != nullptr && options.scaler->found_inf();
     if (options.max_grad_norm > 0 && !overflow)
@@ -48,6 +50,11 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
       result.stepped = true;
     }
     result.skipped = !result.stepped;
+    if (options.master != nullptr) {
+      if (result.stepped) options.master->copy_master_to_model();
+      // The model's own grads are not the optimizer's: clear them here too.
+      if (options.set_to_none) module_.zero_grad(true);
+    }
     // Either way the next window starts from zero; the bucket views are restored by
     // the next backward when the grads are dropped.
     if (options.set_to_none) optimizer.zero_grad(true);

@@ -43,6 +43,7 @@
 namespace troupe::train {
 
 class GradScaler;
+class MasterWeights;
 
 struct DdpOptions {
   // Bytes of gradients per bucket. Larger buckets mean fewer, more efficient
@@ -72,6 +73,10 @@ struct AccumulationOptions {
   // Loss scaling for mixed precision; null for none. Its inf/NaN verdict is
   // all-reduced, so every rank skips the same steps.
   GradScaler* scaler = nullptr;
+  // f32 master weights of a bf16/f16 model (master_weights.hpp); null for none. The
+  // optimizer must then be built on the masters: gradients are widened into them
+  // before unscaling and clipping, and the stepped values rounded back into the model.
+  MasterWeights* master = nullptr;
 };
 
 struct AccumulationStep {

@@ -1,0 +1,43 @@
+#include "troupe/train/master_weights.hpp"
+
+#include "troupe/error.hpp"
+
+namespace troupe::train {
+
+MasterWeights::MasterWeights(nn::Module& model) {
+  for (const auto& [name, param] : model.named_parameters()) {
+    TROUPE_CHECK(tensor::is_floating(param->data.dtype()), "MasterWeights: parameter '", name, "' is ",
+                 param->data.dtype(), ", not a floating dtype");
+    auto master = std::make_unique<nn::Parameter>();
+    master->data = param->data.to(DType::f32).clone();  // clone: an f32 model's to() shares storage
+    pairs_.push_back({name, param, std::move(master)});
+  }
+}
+
+std::vector<nn::NamedParameter> MasterWeights::named_parameters() const {
+  std::vector<nn::NamedParameter> out;
+  for (const auto& pair : pairs_) out.push_back({pair.name, pair.master.get()});
+  return out;
+}
+
+void MasterWeights::copy_gradients_to_master() {
+  for (auto& pair : pairs_) {
+    const Tensor& grad = pair.model->grad;
+    if (!grad.defined()) {
+      pair.master->grad = Tensor();
+      continue;
+    }
+    if (!pair.master->grad.defined()) pair.master->grad = Tensor::empty(pair.master->data.shape(), DType::f32);
+    pair.master->grad.copy_(grad);
+  }
+}
+
+void MasterWeights::copy_master_to_model() {
+  for (auto& pair : pairs_) pair.model->data.copy_(pair.master->data);
+}
+
+void MasterWeights::copy_model_to_master() {
+  for (auto& pair : pairs_) pair.master->data.copy_(pair.model->data);
+}
+
+}  // namespace troupe::train
