@@ -44,13 +44,22 @@ struct Flags {
   int accum_steps = 1;
   std::string metrics;          // JSONL metrics log; empty for none
   std::string best;             // file for the model with the best test accuracy; empty for none
+  // Checkpoints: the folder (default: troupe-run's TROUPE_CHECKPOINT_DIR, if any), a
+  // save every N optimizer steps besides the one at each epoch's end, and how many to keep.
+  std::string checkpoint_dir;
+  int save_every = 0;
+  int keep_last = 3;
 };
 
 const char* kUsage =
     "usage: train_digits [--data PATH] [--epochs N] [--batch-size N] [--hidden N] [--lr X]\n"
     "                    [--momentum X] [--seed N] [--require-accuracy X] [--accum-steps N]\n"
     "                    [--metrics FILE] [--best FILE]\n"
-    "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n";
+    "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
+    "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n"
+    "  --checkpoint-dir saves at each epoch's end (and every STEPS steps) and, started again\n"
+    "  with the same DIR, resumes from its latest valid checkpoint. Under troupe-run it\n"
+    "  defaults to troupe-run's --checkpoint-dir.\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -69,6 +78,9 @@ Flags parse_flags(int argc, char** argv) {
         return parsed;
       };
       if (flag == "--data") f.data = value;
+      else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
+      else if (flag == "--save-every") f.save_every = whole(std::stoi(value, &used));
+      else if (flag == "--keep-last") f.keep_last = whole(std::stoi(value, &used));
       else if (flag == "--epochs") f.epochs = whole(std::stoi(value, &used));
       else if (flag == "--batch-size") f.batch_size = whole(std::stoi(value, &used));
       else if (flag == "--hidden") f.hidden = whole(std::stoi(value, &used));
@@ -87,7 +99,23 @@ Flags parse_flags(int argc, char** argv) {
   if (f.epochs < 1 || f.batch_size < 1 || f.hidden < 1 || f.accum_steps < 1 || !(f.lr > 0))
     throw InvalidArgument(std::string("--epochs, --batch-size, --hidden and --accum-steps must be >= 1 and --lr > 0\n") +
                           kUsage);
+  if (f.save_every < 0 || f.keep_last < 1)
+    throw InvalidArgument(std::string("--save-every must be >= 0 and --keep-last >= 1\n") + kUsage);
+  if (f.checkpoint_dir.empty()) {
+    if (const char* dir = std::getenv("TROUPE_CHECKPOINT_DIR")) f.checkpoint_dir = dir;
+  }
   return f;
+}
+
+// The run's settings as JSON, recorded in every checkpoint's root attributes.
+std::string config_json(const Flags& f) {
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "{\"example\": \"train_digits\", \"epochs\": %d, \"batch_size\": %d, \"hidden\": %d, "
+                "\"lr\": %.17g, \"momentum\": %.17g, \"seed\": %llu, \"accum_steps\": %d}",
+                f.epochs, f.batch_size, f.hidden, f.lr, f.momentum, static_cast<unsigned long long>(f.seed),
+                f.accum_steps);
+  return text;
 }
 
 // What each worker builds for itself, from the flags (sent to every rank).
@@ -166,7 +194,22 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
 
   double test_accuracy = 0;
   std::int64_t steps = 0;
-  for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
+  int first_epoch = 1;
+  if (!flags.checkpoint_dir.empty()) {
+    // Every rank restores the same newest valid checkpoint, if there is one.
+    const auto resumed = actors::when_all(workers.ask(&Worker::resume)).get();
+    for (const auto& r : resumed) {
+      if (r.step != resumed[0].step || r.parameter_hash != resumed[0].parameter_hash)
+        TROUPE_THROW(Error, "rank ", r.rank, " resumed at step ", r.step, ", rank 0 at step ", resumed[0].step);
+    }
+    if (resumed[0].step > 0) {
+      steps = resumed[0].step;
+      first_epoch = static_cast<int>(resumed[0].epoch_finished ? resumed[0].epoch + 1 : resumed[0].epoch);
+      status.print("resumed from " + flags.checkpoint_dir + " at step " + std::to_string(steps) + " (epoch " +
+                   std::to_string(resumed[0].epoch) + (resumed[0].epoch_finished ? " done" : ", in progress") + ")");
+    }
+  }
+  for (int epoch = first_epoch; epoch <= flags.epochs; ++epoch) {
     // Every worker trains its share of the epoch; then all evaluate their share.
     const auto results = actors::when_all(workers.ask(&Worker::train_epoch, std::int64_t{epoch})).get();
     const auto evals = actors::when_all(workers.ask(&Worker::evaluate)).get();
@@ -192,6 +235,7 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
     status.print(line);
     if (!flags.best.empty() && workers[0].ask(&Worker::offer_best, test_accuracy, steps).get())
       status.print("  best test accuracy so far: model saved to " + flags.best);
+    if (!flags.checkpoint_dir.empty()) actors::when_all(workers.ask(&Worker::save_checkpoint)).get();
     status.log(steps, epoch,
                {{"loss", loss / static_cast<double>(samples)},
                 {"test_loss", test_loss / static_cast<double>(test_samples)},
@@ -234,7 +278,12 @@ int main(int argc, char** argv) {
                                  .accum_steps = flags.accum_steps,
                                  .seed = flags.seed,
                                  .epochs = flags.epochs,
-                                 .best_path = flags.best};
+                                 .best_path = flags.best,
+                                 .checkpoint_dir = flags.checkpoint_dir,
+                                 .save_every = flags.save_every,
+                                 .keep_last = flags.keep_last,
+                                 .run_id = std::getenv("TROUPE_RUN_ID") ? std::getenv("TROUPE_RUN_ID") : "",
+                                 .config_json = config_json(flags)};
     DigitsRecipe::Config config{flags.data, flags.hidden, flags.lr, flags.momentum, flags.seed};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
     if (runtime.rank() == 0) {

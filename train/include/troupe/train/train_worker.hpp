@@ -31,6 +31,7 @@
 
 #include <cereal/cereal.hpp>
 #include <cereal/types/string.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -43,12 +44,16 @@
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
+#include "troupe/supervisor/client.hpp"
+#include "troupe/supervisor/fault.hpp"
+#include "troupe/supervisor/run_environment.hpp"
 #include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/data_loader.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/status.hpp"
 #include "troupe/train/tensor_dataset.hpp"
+#include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
@@ -71,11 +76,19 @@ struct WorkerOptions {
   std::string best_metric = "test_accuracy";
   std::string best_mode = "max";
   std::string best_path;
+  // Checkpoints (training_checkpoint.hpp): the folder (empty: none), a save every
+  // `save_every` optimizer steps (0: only when the driver asks, save_checkpoint), how
+  // many to keep, and what the files' root attributes record.
+  std::string checkpoint_dir;
+  std::int64_t save_every = 0;
+  std::int32_t keep_last = 3;
+  std::string run_id;
+  std::string config_json = "{}";
 
   template <class A>
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
-      best_metric, best_mode, best_path);
+      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json);
   }
 };
 
@@ -109,9 +122,10 @@ struct WorkerState {
   std::int64_t epoch = 0;
   std::int64_t sampler_position = 0;
   std::uint64_t parameter_hash = 0;  // FNV-1a of every parameter's bytes: equal on all ranks
+  bool epoch_finished = false;       // the sampler has handed out all of `epoch`
   template <class A>
   void serialize(A& a) {
-    a(rank, step, epoch, sampler_position, parameter_hash);
+    a(rank, step, epoch, sampler_position, parameter_hash, epoch_finished);
   }
 };
 
@@ -140,6 +154,33 @@ class TrainWorker {
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
+    if (!options_.checkpoint_dir.empty()) {
+      checkpoint_ = std::make_unique<TrainingCheckpoint>(
+          options_.checkpoint_dir, *state_,
+          checkpoint::RunInfo{.run_id = options_.run_id, .config_json = options_.config_json,
+                              .world_size = comm_->size()},
+          comm_->rank() == 0, static_cast<std::size_t>(std::max(1, options_.keep_last)));
+    }
+    // Under troupe-run: heartbeats with this rank's progress, and TROUPE_FAULT.
+    const supervisor::RunEnvironment run = supervisor::run_environment();
+    supervisor_ = supervisor::SupervisorClient::connect_if_supervised(run, comm_->rank(), comm_->size());
+    fault_ = supervisor::FaultInjector::from_environment(comm_->rank());
+  }
+
+  // Restores the newest valid checkpoint of checkpoint_dir (every rank reads the same
+  // file), so that train_epoch(state().epoch) goes on from the step after it. Returns
+  // the state afterwards; step 0 when there was nothing to resume from.
+  WorkerState resume() {
+    check_running("resume");
+    if (checkpoint_) checkpoint_->resume();
+    return state();
+  }
+
+  // Starts a checkpoint of the current state (rank 0 writes it in the background).
+  void save_checkpoint() {
+    check_running("save_checkpoint");
+    TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
+    checkpoint_->save(state_->step, state_->epoch);
   }
 
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
@@ -169,6 +210,7 @@ class TrainWorker {
       if (step.stepped) {
         ++state_->step;
         ++result.steps;
+        after_step();
       }
       status_->progress(ddp_->micro_step() == 0 ? micro_per_epoch : ddp_->micro_step(),
                         result.samples * comm_->size(), {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
@@ -203,7 +245,8 @@ class TrainWorker {
 
   WorkerState state() {
     check_running("state");
-    return {comm_->rank(), state_->step, state_->epoch, sampler_->position(), parameter_hash(*model_)};
+    return {comm_->rank(), state_->step, state_->epoch, sampler_->position(), parameter_hash(*model_),
+            sampler_->exhausted()};
   }
 
   // The driver's value of the best-model metric for the current parameters: keeps a
@@ -219,6 +262,8 @@ class TrainWorker {
   void stop() {
     if (stopped_) return;
     stopped_ = true;
+    if (checkpoint_) checkpoint_->wait();  // the last checkpoint is durable before we go
+    checkpoint_.reset();
     status_.reset();
     keeper_.reset();
     loader_.reset();
@@ -238,7 +283,8 @@ class TrainWorker {
 
   static constexpr auto troupe_methods =
       actors::methods<&TrainWorker::train_epoch, &TrainWorker::evaluate, &TrainWorker::state,
-                      &TrainWorker::offer_best, &TrainWorker::stop>;
+                      &TrainWorker::offer_best, &TrainWorker::stop, &TrainWorker::resume,
+                      &TrainWorker::save_checkpoint>;
 
  private:
   static std::unique_ptr<collectives::Communicator> make_communicator(const WorkerOptions& options) {
@@ -247,6 +293,20 @@ class TrainWorker {
     collectives::Options comm_options = collectives::options_from_environment();
     comm_options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
     return collectives::world_communicator(comm_options);
+  }
+
+  // After every optimizer step: progress for troupe-run, the injected fault if this is
+  // its step, and the periodic checkpoint (all ranks hold the same state; rank 0 writes).
+  void after_step() {
+    const auto step = static_cast<std::uint64_t>(state_->step);
+    if (supervisor_) {
+      supervisor_->report_step(step);
+      supervisor_->report_collective(comm_->next_sequence());
+    }
+    fault_.at_step(step);
+    if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
+      checkpoint_->save(state_->step, state_->epoch);
+    }
   }
 
   void check_running(const char* what) const {
@@ -265,6 +325,9 @@ class TrainWorker {
   std::unique_ptr<TrainingState> state_;
   std::unique_ptr<Status> status_;
   std::unique_ptr<BestModelKeeper> keeper_;
+  std::unique_ptr<TrainingCheckpoint> checkpoint_;
+  std::unique_ptr<supervisor::SupervisorClient> supervisor_;
+  supervisor::FaultInjector fault_;
   nn::CrossEntropyLoss loss_fn_;
   bool stopped_ = false;
 };

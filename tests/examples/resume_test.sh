@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The guarantee end to end, on 2 ranks: train_digits under troupe-run, rank 1 killed
+# (kill -9 equivalent: a crash fault) in the middle of an epoch, relaunched, resumed
+# from its last mid-epoch checkpoint -- ends bit for bit where a run that never failed
+# ends: the same parameter hash, and `troupe-ckpt diff` of the two final checkpoints
+# says identical (model and optimizer state). Then a plain restart with the same folder
+# resumes by itself (no troupe-run), and a second fault on every launch gives up.
+#
+#   resume_test.sh TROUPE_RUN TRAIN_DIGITS TROUPE_CKPT [extra troupe-run flags...]
+set -euo pipefail
+troupe_run=$1 train=$2 ckpt=$3
+shift 3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--epochs 3 --save-every 7)
+
+echo "== reference: no failure"
+"$troupe_run" -np 2 --checkpoint-dir "$work/ref" --backoff 0 "$@" -- "$train" "${common[@]}" > "$work/ref.log" 2>&1 \
+  || { cat "$work/ref.log"; exit 1; }
+ref_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/ref.log")
+
+echo "== crash of rank 1 at step 40 (mid-epoch 2), first launch only"
+TROUPE_FAULT=rank=1,step=40,kind=crash,restart=0 \
+  "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/crash" --backoff 0 "$@" -- "$train" "${common[@]}" \
+  > "$work/crash.log" 2>&1 || { cat "$work/crash.log"; exit 1; }
+cat "$work/crash.log" | grep -E 'failure|resumed|hash|summary'
+grep -q 'resumed from .* at step 35 (epoch 2, in progress)' "$work/crash.log" \
+  || { echo "FAIL: did not resume from the mid-epoch checkpoint of step 35"; exit 1; }
+crash_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/crash.log")
+[[ "$crash_hash" == "$ref_hash" ]] || { echo "FAIL: $crash_hash after the crash, $ref_hash without"; exit 1; }
+
+last() { ls "$1"/ckpt-*.h5 | sort | tail -1; }
+"$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
+
+echo "== started again with the same folder, without troupe-run: resumes, trains one more epoch"
+OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+  mpirun -np 2 --oversubscribe --bind-to none "$train" --epochs 4 --checkpoint-dir "$work/crash" > "$work/again.log" 2>&1 \
+  || { cat "$work/again.log"; exit 1; }
+grep -q 'resumed from .* at step 69 (epoch 3 done)' "$work/again.log" || { cat "$work/again.log"; exit 1; }
+grep -q 'epoch   4/4' "$work/again.log" || { cat "$work/again.log"; exit 1; }
+
+echo "== a crash on every launch: gives up after --max-restarts with status 1"
+set +e
+TROUPE_FAULT=rank=0,step=3,kind=crash \
+  "$troupe_run" -np 2 --max-restarts 1 --checkpoint-dir "$work/doomed" --backoff 0 "$@" -- "$train" "${common[@]}" \
+  > "$work/doomed.log" 2>&1
+status=$?
+set -e
+[[ $status -eq 1 ]] || { cat "$work/doomed.log"; echo "FAIL: exit status $status, want 1"; exit 1; }
+echo "PASS: resumed bit for bit ($ref_hash)"
