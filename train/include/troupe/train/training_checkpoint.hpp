@@ -6,8 +6,8 @@
 //   ckpt.save(state.step, state.epoch);                          // every rank; only the writer writes
 //
 // Each group of TrainingState::state_dicts() (model, optimizer, sampler, scaler, rng,
-// status) becomes a section of the file under its own name, its scalars as group
-// attributes (DESIGN.md: hyper-parameters and step counts are attributes). Under DDP
+// status) becomes a section of the file under its own name (checkpoint's
+// register_state_groups: scalars as group attributes outside /model). Under DDP
 // every rank holds the same state, so one rank writes and every rank reads the same
 // file: resume() picks the newest valid checkpoint (skipping torn or corrupt ones
 // with a warning) and restores every group at once, so a bad file never leaves the
@@ -48,8 +48,6 @@ class TrainingCheckpoint {
   TrainingState& state_;
   bool writer_;
   checkpoint::Checkpoint checkpoint_;
-  StateGroups saving_;   // the groups being snapshotted by save()
-  StateGroups loading_;  // the groups read by resume(), restored together
   checkpoint::SaveHandle last_;
 };
 
