@@ -3,8 +3,9 @@
 # (kill -9 equivalent: a crash fault) in the middle of an epoch, relaunched, resumed
 # from its last mid-epoch checkpoint -- ends bit for bit where a run that never failed
 # ends: the same parameter hash, and `troupe-ckpt diff` of the two final checkpoints
-# says identical (model and optimizer state). Then a plain restart with the same folder
-# resumes by itself (no troupe-run), and a second fault on every launch gives up.
+# says identical (model and optimizer state). The same after a hang of rank 0. Then a
+# plain restart with the same folder resumes by itself (no troupe-run), and a fault on
+# every launch gives up.
 #
 #   resume_test.sh TROUPE_RUN TRAIN_DIGITS TROUPE_CKPT [extra troupe-run flags...]
 set -euo pipefail
@@ -31,6 +32,15 @@ crash_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/crash.log")
 
 last() { ls "$1"/ckpt-*.h5 | sort | tail -1; }
 "$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
+
+echo "== rank 0 hangs at step 30 (inside the step's collectives for rank 1): detected, restarted, same result"
+TROUPE_FAULT=rank=0,step=30,kind=hang,restart=0 \
+  "$troupe_run" -np 2 --max-restarts 2 --hang-timeout 6 --checkpoint-dir "$work/hang" --backoff 0 "$@" -- \
+  "$train" "${common[@]}" > "$work/hang.log" 2>&1 || { cat "$work/hang.log"; exit 1; }
+grep -E 'failure|resumed|hash' "$work/hang.log"
+grep -q "failure (hang).*rank 0 at step 30" "$work/hang.log" || { cat "$work/hang.log"; echo "FAIL: the hang was not reported"; exit 1; }
+hang_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/hang.log")
+[[ "$hang_hash" == "$ref_hash" ]] || { echo "FAIL: $hang_hash after the hang, $ref_hash without"; exit 1; }
 
 echo "== started again with the same folder, without troupe-run: resumes, trains one more epoch"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
