@@ -30,7 +30,15 @@ def _dd_MBps(nbytes: int, folder: str) -> float | None:
 
 
 def run(build: Path, root: Path, quick: bool, row) -> list[dict]:
-    mb, rounds = ("64", "1") if quick else ("300", "5")
+    # The two sizes: ~300 MB (5 rounds) and ~1 GB (3 rounds, to bound the run).
+    sizes = [("64", "1")] if quick else [("300", "5"), ("1000", "3")]
+    rows = []
+    for mb, rounds in sizes:
+        rows += _run_size(build, root, mb, rounds, row)
+    return rows
+
+
+def _run_size(build: Path, root: Path, mb: str, rounds: str, row) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="troupe-ckpt-bench-", dir=os.environ.get("TROUPE_BENCH_DIR")) as d:
         t = _json_of([str(build / "bench" / "checkpoint_bench"), "--mb", mb, "--rounds", rounds, "--dir", d + "/t"])
         b = _json_of([TORCH_PYTHON, str(root / "bench" / "checkpoint_baselines.py"), "--mb", mb, "--rounds", rounds,

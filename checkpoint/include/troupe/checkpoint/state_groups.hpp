@@ -3,8 +3,8 @@
 // pairs and `load_state_dicts(groups)` taking them all back -- into a Checkpoint, one
 // section per group, without this module knowing the source's types.
 //
-//   checkpoint::register_state_groups(ckpt, training_state,
-//                                     {"model", "optimizer", "sampler", "scaler", "rng", "status"});
+//   checkpoint::register_state_groups(ckpt, training_state);   // the groups it has now
+//   checkpoint::register_state_groups(ckpt, training_state, {"model", "optimizer"});
 //
 // "model" keeps its 0-dim tensors as datasets (PyTorch lists buffers such as
 // num_batches_tracked in its state_dict); every other group stores its 0-dim f64/i64
@@ -52,6 +52,15 @@ void register_state_groups(Checkpoint& ckpt, Source& source, const std::vector<s
                      source.load_state_dicts(groups);
                    }});
   }
+}
+
+// Every group the source returns at the time of the call (a TrainingState without a
+// GradScaler has no "scaler" group, and so no such section).
+template <class Source>
+void register_state_groups(Checkpoint& ckpt, Source& source) {
+  std::vector<std::string> names;
+  for (const auto& [group, dict] : source.state_dicts()) names.push_back(group);
+  register_state_groups(ckpt, source, names);
 }
 
 }  // namespace troupe::checkpoint
