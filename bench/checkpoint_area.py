@@ -64,6 +64,10 @@ def _run_size(build: Path, root: Path, mb: str, rounds: str, row) -> list[dict]:
     verify_s, plain_s = t["bytes"] / 1e6 / load, t["bytes"] / 1e6 / t["troupe_load_noverify_cold_MBps"]
     rows.append(row(f"load {size} with checksum verification", "s", "lower", verify_s, "troupe load without",
                     plain_s, "<= 1.3x without", verify_s <= 1.3 * plain_s))
+    if "troupe_load_while_restoring_cold_MBps" in t:
+        one_pass_s = t["bytes"] / 1e6 / t["troupe_load_while_restoring_cold_MBps"]
+        rows.append(row(f"load {size} verified while restoring (Verify::while_restoring)", "s", "lower", one_pass_s,
+                        "troupe load without", plain_s, "<= 1.3x without", one_pass_s <= 1.3 * plain_s))
     rows.append(row(f"async save stall, {size}", "ms", "lower", t["async_stall_ms"], "synchronous save",
                     t["sync_save_ms"], "<= 0.1x synchronous save", t["async_stall_ms"] <= 0.1 * t["sync_save_ms"]))
     bound = t["largest_bytes"] / 1e6 + 64

@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
                                   for (std::size_t i = 0; i < state.size(); ++i) r.read_into("layers." + std::to_string(i) + ".weight", state[i]);
                                 }});
 
-  std::vector<double> save_s, raw_w_s, load_s, load_nv_s, raw_r_s, sync_s, stall_s;
+  std::vector<double> save_s, raw_w_s, load_s, load_nv_s, load_wr_s, raw_r_s, sync_s, stall_s;
   std::int64_t peak_extra_kib = 0;
   for (int round = 0; round < rounds; ++round) {
     // Take turns at going first, so neither always meets the disk's leftovers.
@@ -161,6 +161,13 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < state.size(); ++i) reader.read_into("/model/layers." + std::to_string(i) + ".weight", state[i], false);
     }
     load_nv_s.push_back(seconds_since(t0));
+    // Verified while restoring: one read.
+    drop_cache(file);
+    ckpt.set_verify(Verify::while_restoring);
+    t0 = Clock::now();
+    ckpt.load_latest();
+    load_wr_s.push_back(seconds_since(t0));
+    ckpt.set_verify(Verify::before_restore);
 
     // Async: the stall, after one save to warm the recycled snapshot buffers.
     ckpt.save_async(10 * round + 2).get();
@@ -179,6 +186,7 @@ int main(int argc, char** argv) {
             << ", \"raw_write_fsync_MBps\": " << mbytes / median(raw_w_s)
             << ", \"troupe_load_cold_MBps\": " << mbytes / median(load_s)
             << ", \"troupe_load_noverify_cold_MBps\": " << mbytes / median(load_nv_s)
+            << ", \"troupe_load_while_restoring_cold_MBps\": " << mbytes / median(load_wr_s)
             << ", \"raw_read_cold_MBps\": " << mbytes / median(raw_r_s)
             << ", \"async_stall_ms\": " << 1e3 * median(stall_s)
             << ", \"sync_save_ms\": " << 1e3 * median(sync_s)

@@ -131,7 +131,7 @@ Metadata Checkpoint::validate(const FileReader& file) const {
     if (r.source.required && !file.has_group("/" + r.section))
       TROUPE_THROW(FormatError, "checkpoint ", file.path(), ": no section /", r.section,
                    " (registered as required)");
-  file.verify_all();
+  if (verify_ == Verify::before_restore) file.verify_all();
   return meta;
 }
 
@@ -152,6 +152,7 @@ Metadata Checkpoint::load(const fs::path& path) {
 
 std::optional<Metadata> Checkpoint::load_latest() {
   finish_in_flight();  // the save in flight may be the latest
+  std::string partly_restored;  // a file whose damage showed after restoring began
   for (const fs::path& candidate : dir_.load_candidates()) {
     std::optional<FileReader> file;
     Metadata meta;
@@ -162,9 +163,22 @@ std::optional<Metadata> Checkpoint::load_latest() {
       warn_("skipping checkpoint " + candidate.string() + ": " + e.what());
       continue;
     }
-    restore(*file);
-    return meta;
+    if (verify_ == Verify::before_restore) {
+      restore(*file);
+      return meta;
+    }
+    try {
+      restore(*file);
+      return meta;
+    } catch (const FormatError& e) {  // damage in the data, found while restoring
+      warn_("skipping checkpoint " + candidate.string() + ": " + e.what() +
+            " (state partly restored from it; the next older checkpoint restores all of it again)");
+      partly_restored = candidate.string();
+    }
   }
+  if (!partly_restored.empty())
+    TROUPE_THROW(CheckpointError, "checkpoint: no valid checkpoint in ", dir_.folder().string(), ", and ",
+                 partly_restored, " was partly restored before its damage showed: the state is not usable");
   return std::nullopt;
 }
 

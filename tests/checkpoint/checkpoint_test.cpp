@@ -218,6 +218,44 @@ TEST(Checkpoint, LoadLatestSkipsACorruptNewestFileNamingItAndUsesThePrevious) {
   EXPECT_NE(got.warnings[0].find("checksum mismatch"), std::string::npos) << got.warnings[0];
 }
 
+TEST(Checkpoint, VerifyingWhileRestoringFallsBackAndRestoresAllOfThePreviousOrThrows) {
+  TempDir dir;
+  save_three(dir.path());
+  for (const char* name : {"ckpt-000000003.h5", "ckpt-000000002.h5", "ckpt-000000001.h5"}) {
+    // Damage the last tensor of /optimizer, read after /model has been restored.
+    std::vector<char> bytes = testing::read_bytes(dir / name);
+    Trainer probe(static_cast<std::uint64_t>(name[13] - '0'));
+    Tensor slot = probe.optimizer->state_dict().at("1.bias/exp_avg_sq");
+    const char* needle = static_cast<const char*>(slot.raw_data());
+    auto at = std::search(bytes.begin(), bytes.end(), needle, needle + slot.nbytes());
+    ASSERT_NE(at, bytes.end()) << name;
+    at[1] ^= 0x08;
+    testing::write_bytes(dir / name, bytes);
+
+    Trainer t(99);
+    Checkpoint ckpt(dir.path(), 0);
+    t.register_with(ckpt);
+    ckpt.set_verify(Verify::while_restoring);
+    std::vector<std::string> warnings;
+    ckpt.set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
+    if (std::string(name) != "ckpt-000000001.h5") {
+      std::optional<Metadata> meta = ckpt.load_latest();
+      ASSERT_TRUE(meta);
+      Trainer expected(static_cast<std::uint64_t>(meta->step));
+      expect_same(t.model.state_dict(), expected.model.state_dict());  // all of it from the older file
+      expect_same(t.optimizer->state_dict(), expected.optimizer->state_dict());
+      EXPECT_NE(warnings.back().find("partly restored"), std::string::npos) << warnings.back();
+    } else {
+      try {
+        ckpt.load_latest();
+        FAIL() << "every checkpoint is damaged, yet load_latest returned";
+      } catch (const CheckpointError& e) {
+        EXPECT_NE(std::string(e.what()).find("not usable"), std::string::npos) << e.what();
+      }
+    }
+  }
+}
+
 TEST(Checkpoint, LoadLatestSkipsTruncatedFilesAndAStaleLatestPointer) {
   TempDir dir;
   save_three(dir.path());

@@ -75,6 +75,15 @@ struct Metadata {
 };
 
 enum class IfBusy { wait, skip };
+
+// When load_latest checks the checksums. before_restore (the default) reads the whole
+// file once to verify it, then restores from it: a bad file is skipped before any state
+// changes, at the cost of a second, page-cached read. while_restoring verifies each
+// tensor as the load functions read it -- one read -- and when damage shows half way it
+// warns and restores everything again from the next older file; if none is left,
+// load_latest throws CheckpointError (the state was partly overwritten) instead of
+// returning nothing.
+enum class Verify { before_restore, while_restoring };
 struct SaveOptions {
   // What save_async does while the previous save is still writing: wait for it (the
   // default: no checkpoint is lost) or return at once with a skipped handle (training
@@ -94,6 +103,7 @@ class Checkpoint {
   void set_run_info(RunInfo info) { run_ = std::move(info); }
   // Where skip warnings go; by default, a line on stderr.
   void set_warning_handler(WarningHandler handler) { warn_ = std::move(handler); }
+  void set_verify(Verify verify) { verify_ = verify; }
   // `section` is a plain name ("model", "optimizer", "scaler", "sampler", "rng", "status",
   // "best", ...): no '/', not registered twice.
   void register_state(std::string section, StateSource source);
@@ -127,6 +137,7 @@ class Checkpoint {
   CheckpointDirectory dir_;
   RunInfo run_;
   WarningHandler warn_;
+  Verify verify_ = Verify::before_restore;
   std::vector<Registered> sources_;
   std::shared_future<std::filesystem::path> in_flight_;
   std::thread writer_;
