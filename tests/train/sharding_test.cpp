@@ -274,6 +274,41 @@ TEST(ShardedDataParallel, KeepsOnlyTheOwnedGradientsBetweenSteps) {
   }
 }
 
+// Two synchronising backwards with no zero_grad between: DDP's gradients are the sum
+// of the two averages, and so are zero2's owned ones (the shard is added to, not
+// overwritten); also through a no_sync window that follows.
+TEST(ShardedDataParallel, OwnedGradientsAccumulateAcrossSynchronisingBackwardsLikeDdp) {
+  Trainer ddp(Mode::ddp, Opt::sgd_momentum), zero2(Mode::zero2, Opt::sgd_momentum);
+  Batches a, b;
+  for (int k = 0; k < 3; ++k) {
+    const TensorBatch x = a.next(), y = b.next();
+    ddp.loss_fn.forward(ddp.ddp->forward(x.inputs), x.targets);
+    zero2.loss_fn.forward(zero2.sdp->forward(y.inputs), y.targets);
+    if (k == 1) {  // a local micro-batch in the middle
+      auto g1 = ddp.ddp->no_sync();
+      auto g2 = zero2.sdp->no_sync();
+      ddp.ddp->backward(ddp.loss_fn.backward());
+      zero2.sdp->backward(zero2.loss_fn.backward());
+    } else {
+      ddp.ddp->backward(ddp.loss_fn.backward());
+      zero2.sdp->backward(zero2.loss_fn.backward());
+    }
+  }
+  const auto want = ddp.model->named_parameters();
+  const auto got = zero2.model->named_parameters();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!zero2.oss->owns(got[i].name)) {
+      EXPECT_FALSE(got[i].param->grad.defined()) << got[i].name;
+      continue;
+    }
+    ASSERT_TRUE(got[i].param->grad.defined()) << got[i].name;
+    EXPECT_LE(testing::max_relative_difference(got[i].param->grad.to_vector<double>(),
+                                               want[i].param->grad.to_vector<double>()),
+              1e-5)
+        << got[i].name;
+  }
+}
+
 // Optimizer state per rank is the base optimizer's state over the partition: summed
 // over ranks, exactly the unsharded optimizer's; the largest rank within 10% of 1/W
 // on a model of equal layers.
