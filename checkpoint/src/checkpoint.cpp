@@ -13,6 +13,33 @@ namespace troupe::checkpoint {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Passes everything to the file and reports each tensor once it is written.
+class ObservingSink final : public Sink {
+ public:
+  ObservingSink(Sink& file, std::int64_t step, const Checkpoint::WriteObserver& observe)
+      : file_(file), step_(step), observe_(observe) {}
+  void ensure_group(std::string_view group) override { file_.ensure_group(group); }
+  void set_attribute(std::string_view group, std::string_view name, const AttrValue& value) override {
+    file_.set_attribute(group, name, value);
+  }
+  void write_tensor(std::string_view path, const tensor::Tensor& t) override {
+    file_.write_tensor(path, t);
+    observe_(step_, path);
+  }
+  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype) override {
+    return file_.scratch(shape, dtype);
+  }
+
+ private:
+  Sink& file_;
+  std::int64_t step_;
+  const Checkpoint::WriteObserver& observe_;
+};
+
+}  // namespace
+
 std::string utc_now_iso8601() {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -81,7 +108,12 @@ fs::path Checkpoint::write_file(std::int64_t step, const std::function<void(Sink
   fs::path temp = dir_.temp_path(step);
   try {
     FileWriter file(temp.string());
-    body(file);
+    if (observe_) {
+      ObservingSink observed(file, step, observe_);
+      body(observed);
+    } else {
+      body(file);
+    }
     file.close();
   } catch (...) {
     // A failed save must not leave debris that a later listing could trip over.
@@ -152,6 +184,9 @@ Metadata Checkpoint::load(const fs::path& path) {
 
 std::optional<Metadata> Checkpoint::load_latest() {
   finish_in_flight();  // the save in flight may be the latest
+  for (const fs::path& unfinished : dir_.debris())
+    warn_("ignoring unfinished checkpoint " + unfinished.string() +
+          " (its writer is gone: a save killed mid-write); the next save removes it");
   std::string partly_restored;  // a file whose damage showed after restoring began
   for (const fs::path& candidate : dir_.load_candidates()) {
     std::optional<FileReader> file;

@@ -41,6 +41,20 @@ std::optional<pid_t> temp_owner(const std::string& name) {
   return static_cast<pid_t>(std::stol(digits));
 }
 
+// Whether `pid` no longer runs: it does not exist (kill(pid, 0) fails with ESRCH) or it
+// is a zombie. A writer killed with SIGKILL stays a zombie until its parent reaps it,
+// and under mpirun that parent may itself be gone, leaving the reaping to an init that
+// takes its time: the job is relaunched before then.
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and ')'
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
 }  // namespace
 
 CheckpointDirectory::CheckpointDirectory(fs::path folder, std::size_t keep_last)
@@ -135,16 +149,24 @@ std::vector<fs::path> CheckpointDirectory::load_candidates() const {
   return out;
 }
 
-std::size_t CheckpointDirectory::remove_debris() const {
-  std::size_t removed = 0;
+std::vector<fs::path> CheckpointDirectory::debris() const {
+  std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder_, ec)) {
     std::optional<pid_t> owner = temp_owner(entry.path().filename().string());
     if (!owner || *owner == ::getpid()) continue;  // our own temp files are saves in flight
-    // kill(pid, 0) fails with ESRCH once the writer has exited (and been reaped).
-    if (::kill(*owner, 0) == 0 || errno != ESRCH) continue;
-    if (fs::remove(entry.path(), ec)) ++removed;
+    if (!process_gone(*owner)) continue;
+    out.push_back(entry.path());
   }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::size_t CheckpointDirectory::remove_debris() const {
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const fs::path& file : debris())
+    if (fs::remove(file, ec)) ++removed;
   return removed;
 }
 

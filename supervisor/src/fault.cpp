@@ -39,7 +39,7 @@ FaultPlan parse_fault(std::string_view text) {
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     auto eq = item.find('=');
     TROUPE_CHECK(eq != std::string_view::npos, kEnvFault, "='", text, "': '", item,
-                 "' is not key=value (expected rank=R,step=S,kind=crash|hang|throw[,restart=N])");
+                 "' is not key=value (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])");
     std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
     auto once = [&](bool& seen) {
       TROUPE_CHECK(!seen, kEnvFault, "='", text, "': '", key, "' given twice");
@@ -56,7 +56,8 @@ FaultPlan parse_fault(std::string_view text) {
       if (value == "crash") plan.kind = FaultKind::crash;
       else if (value == "hang") plan.kind = FaultKind::hang;
       else if (value == "throw") plan.kind = FaultKind::throw_error;
-      else TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value, "' is not crash, hang or throw");
+      else if (value == "crash_in_save") plan.kind = FaultKind::crash_in_save;
+      else TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value, "' is not crash, hang, throw or crash_in_save");
     } else if (key == "restart") {
       TROUPE_CHECK(!plan.restart, kEnvFault, "='", text, "': 'restart' given twice");
       plan.restart = parse_number<std::uint32_t>(value, key, text);
@@ -67,7 +68,7 @@ FaultPlan parse_fault(std::string_view text) {
   }
   TROUPE_CHECK(has_rank && has_step && has_kind, kEnvFault, "='", text, "': missing ",
                !has_rank ? "rank" : !has_step ? "step" : "kind",
-               " (expected rank=R,step=S,kind=crash|hang|throw[,restart=N])");
+               " (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])");
   return plan;
 }
 
@@ -84,13 +85,14 @@ FaultInjector FaultInjector::from_environment(int rank) {
 }
 
 void FaultInjector::fire() const {
-  static constexpr const char* names[] = {"crash", "hang", "throw"};
+  static constexpr const char* names[] = {"crash", "hang", "throw", "crash_in_save"};
   // The time stamp lets the benchmark measure from the fault to its detection.
   std::cerr << "troupe fault: " << names[static_cast<int>(plan_.kind)] << " on rank " << plan_.rank
             << " at step " << plan_.step << " (pid " << ::getpid() << ", t=" << std::fixed
             << seconds_since_epoch() << ")" << std::endl;
   switch (plan_.kind) {
     case FaultKind::crash:
+    case FaultKind::crash_in_save:
       ::kill(::getpid(), SIGKILL);
       break;
     case FaultKind::hang:

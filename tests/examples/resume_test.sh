@@ -3,7 +3,9 @@
 # (kill -9 equivalent: a crash fault) in the middle of an epoch, relaunched, resumed
 # from its last mid-epoch checkpoint -- ends bit for bit where a run that never failed
 # ends: the same parameter hash, and `troupe-ckpt diff` of the two final checkpoints
-# says identical (model and optimizer state). The same after a hang of rank 0. Then a
+# says identical (model and optimizer state). The same after rank 0 is killed in the
+# middle of writing a checkpoint (the resume uses the one before) and after a hang of
+# rank 0. Then a
 # plain restart with the same folder resumes by itself (no troupe-run), and a fault on
 # every launch gives up.
 #
@@ -32,6 +34,21 @@ crash_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/crash.log")
 
 last() { ls "$1"/ckpt-*.h5 | sort | tail -1; }
 "$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
+
+echo "== rank 0 (the writer) killed with SIGKILL while writing the checkpoint of step 42: resumes from 35, same result"
+TROUPE_FAULT=rank=0,step=42,kind=crash_in_save,restart=0 \
+  "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/torn" --backoff 0 "$@" -- "$train" "${common[@]}" \
+  > "$work/torn.log" 2>&1 || { cat "$work/torn.log"; exit 1; }
+grep -E 'fault|unfinished|failure|resumed|hash' "$work/torn.log"
+grep -q 'troupe fault: crash_in_save on rank 0 at step 42' "$work/torn.log" \
+  || { cat "$work/torn.log"; echo "FAIL: the fault did not fire"; exit 1; }
+grep -q 'ignoring unfinished checkpoint .*/\.ckpt-000000042\.h5\.tmp-' "$work/torn.log" \
+  || { cat "$work/torn.log"; echo "FAIL: the half-written checkpoint of step 42 was not left behind"; exit 1; }
+grep -q 'resumed from .* at step 35 (epoch 2, in progress)' "$work/torn.log" \
+  || { cat "$work/torn.log"; echo "FAIL: did not resume from the checkpoint before the torn one"; exit 1; }
+torn_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/torn.log")
+[[ "$torn_hash" == "$ref_hash" ]] || { echo "FAIL: $torn_hash after the torn save, $ref_hash without"; exit 1; }
+ls -a "$work/torn" | grep -q '\.tmp-' && { echo "FAIL: debris left after the next save: $(ls -a "$work/torn")"; exit 1; }
 
 echo "== rank 0 hangs at step 30 (inside the step's collectives for rank 1): detected, restarted, same result"
 TROUPE_FAULT=rank=0,step=30,kind=hang,restart=0 \

@@ -142,6 +142,7 @@ TEST(Fault, ParsesEveryKeyAndRejectsMalformedText) {
   EXPECT_EQ(plan.kind, sv::FaultKind::hang);
   EXPECT_EQ(plan.restart, 0u);
   EXPECT_EQ(sv::parse_fault("rank=0,step=1,kind=throw").kind, sv::FaultKind::throw_error);
+  EXPECT_EQ(sv::parse_fault("rank=0,step=42,kind=crash_in_save").kind, sv::FaultKind::crash_in_save);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=37,kind=explode"); }).find("kind='explode'"), std::string::npos);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=x,kind=crash"); }).find("step='x'"), std::string::npos);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,kind=crash"); }).find("missing step"), std::string::npos);

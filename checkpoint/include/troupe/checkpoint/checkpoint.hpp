@@ -24,7 +24,8 @@
 // the Checkpoint keeps the last snapshot's host buffers to copy the next one into. The warning handler may be called from the
 // writer thread (a failed async save is reported there as well as through its handle).
 //
-// load_latest() tries the newest checkpoint first. A file is used only if it opens, is a
+// load_latest() first warns of debris (temporary files of saves killed mid-write, which
+// are never read), then tries the newest checkpoint first. A file is used only if it opens, is a
 // troupe checkpoint, is complete, every dataset's checksum verifies and every required
 // section is present; otherwise it is skipped with a warning naming it and the reason,
 // and the next older one is tried. Only then are the sections' load functions called, so
@@ -43,6 +44,7 @@
 #include <thread>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/checkpoint/checkpoint_directory.hpp"
@@ -94,6 +96,10 @@ struct SaveOptions {
 class Checkpoint {
  public:
   using WarningHandler = std::function<void(const std::string&)>;
+  // Called on the writing thread after each tensor of the checkpoint of `step` is in its
+  // temporary file, before the commit: for progress reports, and for fault injection
+  // (TROUPE_FAULT kind=crash_in_save kills the process here, mid-write).
+  using WriteObserver = std::function<void(std::int64_t step, std::string_view tensor)>;
 
   explicit Checkpoint(std::filesystem::path folder, std::size_t keep_last = 3);
   Checkpoint(const Checkpoint&) = delete;
@@ -104,6 +110,8 @@ class Checkpoint {
   // Where skip warnings go; by default, a line on stderr.
   void set_warning_handler(WarningHandler handler) { warn_ = std::move(handler); }
   void set_verify(Verify verify) { verify_ = verify; }
+  // Set it before saving: the writer thread reads it without a lock.
+  void set_write_observer(WriteObserver observer) { observe_ = std::move(observer); }
   // `section` is a plain name ("model", "optimizer", "scaler", "sampler", "rng", "status",
   // "best", ...): no '/', not registered twice.
   void register_state(std::string section, StateSource source);
@@ -138,6 +146,7 @@ class Checkpoint {
   RunInfo run_;
   WarningHandler warn_;
   Verify verify_ = Verify::before_restore;
+  WriteObserver observe_;
   std::vector<Registered> sources_;
   std::shared_future<std::filesystem::path> in_flight_;
   std::thread writer_;

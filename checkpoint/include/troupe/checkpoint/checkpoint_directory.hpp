@@ -40,7 +40,9 @@ class CheckpointDirectory {
   std::optional<std::filesystem::path> latest_pointer() const;
   // The order to try loading in: what `latest` names, then every file by step, newest first.
   std::vector<std::filesystem::path> load_candidates() const;
-  // Deletes temporary files whose writing process is gone; returns how many.
+  // Temporary files whose writing process is gone: saves that were killed mid-write.
+  std::vector<std::filesystem::path> debris() const;
+  // Deletes debris(); returns how many files went.
   std::size_t remove_debris() const;
 
   // The step in a checkpoint file name, or nullopt for any other name.

@@ -9,9 +9,14 @@
 //   hang   the calling thread sleeps forever; other threads (the heartbeat) go on,
 //          so troupe-run sees a live rank that makes no progress
 //   throw  throws FaultInjected, which a program normally lets escape
+//   crash_in_save
+//          SIGKILL in the middle of writing the checkpoint of that step, after its
+//          first tensor is in the temporary file (the rank must be the one that
+//          writes, and the step one it saves at); the resume must use the one before
 //
 // The training loop calls FaultInjector::at_step(step) once per step, before the
-// step's collectives; when no fault is set that is one branch.
+// step's collectives; when no fault is set that is one branch. crash_in_save is fired
+// by the checkpoint's write observer instead: fires_in_save(step), then fire().
 #pragma once
 
 #include <cstdint>
@@ -23,7 +28,7 @@
 
 namespace troupe::supervisor {
 
-enum class FaultKind { crash, hang, throw_error };
+enum class FaultKind { crash, hang, throw_error, crash_in_save };
 
 struct FaultPlan {
   int rank = 0;
@@ -56,11 +61,16 @@ class FaultInjector {
   bool armed() const { return armed_; }
   // Fires the fault if this is its step; otherwise returns at once.
   void at_step(std::uint64_t step) const {
-    if (armed_ && step == plan_.step) fire();
+    if (armed_ && step == plan_.step && plan_.kind != FaultKind::crash_in_save) fire();
   }
+  // Whether a crash_in_save fault is due while writing the checkpoint of `step`.
+  bool fires_in_save(std::uint64_t step) const {
+    return armed_ && step == plan_.step && plan_.kind == FaultKind::crash_in_save;
+  }
+  // Logs the fault on stderr and carries it out (never returns).
+  [[noreturn]] void fire() const;
 
  private:
-  [[noreturn]] void fire() const;
   FaultPlan plan_;
   bool armed_ = false;
 };

@@ -37,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "troupe/actors/methods.hpp"
 #include "troupe/collectives/communicator.hpp"
@@ -165,6 +166,11 @@ class TrainWorker {
     const supervisor::RunEnvironment run = supervisor::run_environment();
     supervisor_ = supervisor::SupervisorClient::connect_if_supervised(run, comm_->rank(), comm_->size());
     fault_ = supervisor::FaultInjector::from_environment(comm_->rank());
+    if (checkpoint_ && fault_.armed()) {  // TROUPE_FAULT kind=crash_in_save: killed mid-write
+      checkpoint_->set_write_observer([fault = fault_](std::int64_t step, std::string_view) {
+        if (fault.fires_in_save(static_cast<std::uint64_t>(step))) fault.fire();
+      });
+    }
   }
 
   // Restores the newest valid checkpoint of checkpoint_dir (every rank reads the same

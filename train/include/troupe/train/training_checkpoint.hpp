@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <optional>
+#include <utility>
 
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
@@ -40,6 +41,10 @@ class TrainingCheckpoint {
   checkpoint::SaveHandle save(std::int64_t step, std::int64_t epoch);
   // Waits until the save in flight, if any, is durable.
   void wait();
+  // See Checkpoint::set_write_observer (before the first save).
+  void set_write_observer(checkpoint::Checkpoint::WriteObserver observer) {
+    checkpoint_.set_write_observer(std::move(observer));
+  }
 
   const std::filesystem::path& folder() const { return folder_; }
 
