@@ -27,8 +27,10 @@ TROUPE_FAULT=rank=1,step=40,kind=crash,restart=0 \
   "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/crash" --backoff 0 "$@" -- "$train" "${common[@]}" \
   > "$work/crash.log" 2>&1 || { cat "$work/crash.log"; exit 1; }
 cat "$work/crash.log" | grep -E 'failure|resumed|hash|summary'
-grep -q 'resumed from .* at step 35 (epoch 2, in progress)' "$work/crash.log" \
-  || { echo "FAIL: did not resume from the mid-epoch checkpoint of step 35"; exit 1; }
+# The save of step 35 is written in the background; if rank 1 dies before it is durable,
+# the resume rightly uses step 28's. Either is a mid-epoch checkpoint.
+grep -Eq 'resumed from .* at step (28|35) \(epoch 2, in progress\)' "$work/crash.log" \
+  || { echo "FAIL: did not resume from a mid-epoch checkpoint of epoch 2"; exit 1; }
 crash_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/crash.log")
 [[ "$crash_hash" == "$ref_hash" ]] || { echo "FAIL: $crash_hash after the crash, $ref_hash without"; exit 1; }
 
