@@ -1,6 +1,8 @@
 """bench/run's checkpoint area: runs bench/checkpoint_bench (troupe and the raw disk, one
 process), bench/checkpoint_baselines.py (h5py, torch.save/torch.load) and dd conv=fsync
-on the same bytes and disk, and turns them into rows against the issue's targets."""
+on the same bytes and disk, and bench/checkpoint_parallel_bench under mpirun at 2 ranks
+(the parallel save next to the gathered save and raw writes, one job), and turns them
+into rows against the issue's targets."""
 from __future__ import annotations
 
 import json
@@ -29,13 +31,35 @@ def _dd_MBps(nbytes: int, folder: str) -> float | None:
     return count * (4 << 20) / 1e6 / float(m.group(1)) if m else None
 
 
-def run(build: Path, root: Path, quick: bool, row) -> list[dict]:
+def run(build: Path, root: Path, quick: bool, row, mpirun) -> list[dict]:
     # The issue's two sizes: ~300 MB (5 rounds) and ~1 GB (3 rounds, to bound the run).
     sizes = [("64", "1")] if quick else [("300", "5"), ("1000", "3")]
     rows = []
     for mb, rounds in sizes:
         rows += _run_size(build, root, mb, rounds, row)
+    # The parallel save at the issue's first size only: it needs no second figure.
+    rows += _run_parallel(build, *sizes[0], row, mpirun)
     return rows
+
+
+def _run_parallel(build: Path, mb: str, rounds: str, row, mpirun) -> list[dict]:
+    """Parallel save (every rank writes its slices through MPI-IO) at 2 ranks, against the
+    gathered save (CheckpointActor) and raw writes of the same bytes, in one job."""
+    with tempfile.TemporaryDirectory(prefix="troupe-ckpt-bench-", dir=os.environ.get("TROUPE_BENCH_DIR")) as d:
+        p = _json_of([*mpirun(2), str(build / "bench" / "checkpoint_parallel_bench"), "--mb", mb,
+                      "--rounds", rounds, "--dir", d + "/p"])
+    size = f"{p['bytes'] / 1e6:.0f} MB ({p['tensors']} f32 tensors)"
+    name = f"parallel save {size}, {p['ranks']} ranks, fsync'd"
+    save, raw = p["parallel_save_MBps"], p["raw_write_fsync_MBps"]
+    return [
+        row(name, "MB/s", "higher", save, "gathered save (CheckpointActor)", p["gathered_save_MBps"], "", None),
+        row(name, "MB/s", "higher", save, "raw write+fsync, one writer", raw, ">= 0.8x raw write+fsync",
+            save >= 0.8 * raw),
+        row(name, "MB/s", "higher", save, "raw pwrite+fsync, each rank its slices",
+            p["raw_parallel_write_fsync_MBps"], "", None),
+        row(name, "MB/s", "higher", save, "the same with MPI-IO collective buffering",
+            p["parallel_save_collective_buffering_MBps"], "", None),
+    ]
 
 
 def _run_size(build: Path, root: Path, mb: str, rounds: str, row) -> list[dict]:

@@ -25,33 +25,18 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint_state.hpp"
 #include "troupe/checkpoint/checkpoint.hpp"
 
 using namespace troupe;
 using namespace troupe::checkpoint;
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using troupe::bench::Clock;
+using troupe::bench::median;
+using troupe::bench::seconds_since;
+using troupe::bench::tensor_sizes;
 
 namespace {
-
-// ~`total_mb` MB in 100 tensors: a geometric spread from 4 KB up, scaled to the total,
-// like the mix of biases, norms and big matrices of a real model.
-std::vector<std::int64_t> tensor_sizes(double total_mb) {
-  std::vector<double> w;
-  for (int i = 0; i < 100; ++i) w.push_back(std::pow(1.08, i));
-  double sum = 0;
-  for (double x : w) sum += x;
-  std::vector<std::int64_t> out;
-  for (double x : w) out.push_back(std::max<std::int64_t>(1024, static_cast<std::int64_t>(x / sum * total_mb * 1e6 / 4)));
-  return out;  // elements (f32)
-}
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void drop_cache(const fs::path& file) {
   int fd = ::open(file.c_str(), O_RDONLY);

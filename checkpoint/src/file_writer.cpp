@@ -8,10 +8,10 @@
 #include <future>
 #include <map>
 #include <utility>
-#include <set>
 #include <vector>
 
 #include "h5_call.hpp"
+#include "h5_layout.hpp"
 #include "h5_types.hpp"
 #include "troupe/checkpoint/format.hpp"
 #include "troupe/checkpoint/xxhash64.hpp"
@@ -30,60 +30,24 @@ struct FileWriter::Impl {
   Handle file;
   Handle group_plist;    // creation order tracked for links and attributes
   Handle dataset_plist;  // contiguous, never filled, attribute order tracked
-  std::set<std::string, std::less<>> groups{"/"};
+  std::unique_ptr<detail::GroupMaker> groups;
 };
 
-namespace {
-
-// Groups and datasets are named by absolute paths without empty parts: "/model/0.weight".
-void check_path(std::string_view path, const std::string& file) {
-  bool bad = path.empty() || path.front() != '/' || path.find("//") != std::string_view::npos ||
-             (path.size() > 1 && path.back() == '/');
-  if (bad)
-    TROUPE_THROW(InvalidArgument, "checkpoint ", file, ": '", path,
-                 "' is not an absolute HDF5 path like /model/layers.0.weight");
-}
-
-std::string parent_of(std::string_view path) {
-  auto at = path.rfind('/');
-  return at == 0 ? std::string("/") : std::string(path.substr(0, at));
-}
-
-}  // namespace
+using detail::check_path;
+using detail::parent_of;
 
 FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path_(std::move(path)) {
   auto lock = detail::h5_lock();
   detail::h5_init();
   Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
-  // STRONG: closing the file closes everything in it, so close() really ends the file.
-  h5_check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "H5Pset_fclose_degree");
-  // The 1.8 object formats and later carry checksums on HDF5's own metadata (object
-  // headers, attributes, B-trees), so a damaged attribute is an error on reading, not a
-  // silently different step count; every HDF5 since 1.8 (and so h5py) reads them.
-  h5_check(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V18, H5F_LIBVER_LATEST), "H5Pset_libver_bounds");
-  Handle fcpl(h5_check(H5Pcreate(H5P_FILE_CREATE), "H5Pcreate"), H5Pclose);
-  h5_check(H5Pset_link_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
-           "H5Pset_link_creation_order");
-  h5_check(H5Pset_attr_creation_order(fcpl.get(), H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
-           "H5Pset_attr_creation_order");
+  detail::set_checkpoint_file_access(fapl.get());
+  Handle fcpl = detail::checkpoint_file_create_plist();
   impl_->file = Handle(h5_check(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                                 "checkpoint: cannot create " + path_),
                        H5Fclose);
-
-  impl_->group_plist = Handle(h5_check(H5Pcreate(H5P_GROUP_CREATE), "H5Pcreate"), H5Pclose);
-  h5_check(H5Pset_link_creation_order(impl_->group_plist.get(),
-                                      H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
-           "H5Pset_link_creation_order");
-  h5_check(H5Pset_attr_creation_order(impl_->group_plist.get(),
-                                      H5P_CRT_ORDER_TRACKED | H5P_CRT_ORDER_INDEXED),
-           "H5Pset_attr_creation_order");
-
-  impl_->dataset_plist = Handle(h5_check(H5Pcreate(H5P_DATASET_CREATE), "H5Pcreate"), H5Pclose);
-  hid_t dcpl = impl_->dataset_plist.get();
-  h5_check(H5Pset_layout(dcpl, H5D_CONTIGUOUS), "H5Pset_layout");
-  // Every byte is written right after creation; filling first would write the file twice.
-  h5_check(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "H5Pset_fill_time");
-  h5_check(H5Pset_attr_creation_order(dcpl, H5P_CRT_ORDER_TRACKED), "H5Pset_attr_creation_order");
+  impl_->group_plist = detail::checkpoint_group_create_plist();
+  impl_->dataset_plist = detail::checkpoint_dataset_create_plist();
+  impl_->groups = std::make_unique<detail::GroupMaker>(path_);
 
   set_attribute("/", kAttrFormat, std::string(kFormatName));
   set_attribute("/", kAttrFormatVersion, std::string(kFormatVersion));
@@ -102,14 +66,7 @@ void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, cons
   std::string where = path_ + ":" + name;
   TROUPE_CHECK(!impl_->piecewise.count(name), "checkpoint ", where, ": created twice");
   ensure_group(parent_of(path));
-  Handle space;
-  if (shape.empty()) {
-    space = Handle(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + where), H5Sclose);
-  } else {
-    std::vector<hsize_t> dims(shape.begin(), shape.end());
-    space = Handle(h5_check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                            "H5Screate_simple " + where), H5Sclose);
-  }
+  Handle space = detail::dataspace_of(shape, where);
   Handle dcpl(h5_check(H5Pcopy(impl_->dataset_plist.get()), "H5Pcopy"), H5Pclose);
   // Early: the bytes get their place in the file now, so pieces can go straight there.
   h5_check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
@@ -173,18 +130,7 @@ void FileWriter::finish_dataset(std::string_view path) {
 void FileWriter::ensure_group(std::string_view group) {
   auto lock = detail::h5_lock();
   TROUPE_CHECK(impl_->file.valid(), "checkpoint ", path_, ": write after close()");
-  check_path(group, path_);
-  if (impl_->groups.count(group)) return;
-  ensure_group(parent_of(group));
-  std::string name(group);
-  if (h5_check(H5Lexists(impl_->file.get(), name.c_str(), H5P_DEFAULT),
-               "H5Lexists " + name + " in " + path_) <= 0) {
-    Handle g(h5_check(H5Gcreate2(impl_->file.get(), name.c_str(), H5P_DEFAULT,
-                                 impl_->group_plist.get(), H5P_DEFAULT),
-                      "checkpoint " + path_ + ": cannot create group " + name),
-             H5Gclose);
-  }
-  impl_->groups.insert(std::move(name));
+  impl_->groups->ensure(impl_->file.get(), impl_->group_plist.get(), group);
 }
 
 void FileWriter::set_attribute(std::string_view group, std::string_view name,
@@ -219,15 +165,7 @@ void FileWriter::write_tensor(std::string_view path, const tensor::Tensor& t) {
   else
     checksum = xxh64(data, host.nbytes());
 
-  Handle space;
-  if (host.dim() == 0) {
-    space = Handle(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + where), H5Sclose);
-  } else {
-    std::vector<hsize_t> dims(host.shape().begin(), host.shape().end());
-    space = Handle(h5_check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                            "H5Screate_simple " + where),
-                   H5Sclose);
-  }
+  Handle space = detail::dataspace_of(host.shape(), where);
   hid_t type = detail::h5_type_of(host.dtype());
   Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), type, space.get(), H5P_DEFAULT,
                                   impl_->dataset_plist.get(), H5P_DEFAULT),

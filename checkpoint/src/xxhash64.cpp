@@ -38,31 +38,33 @@ inline std::uint64_t merge(std::uint64_t acc, std::uint64_t v) {
 
 }  // namespace
 
-Xxh64::Xxh64(std::uint64_t seed) : seed_(seed) {
-  v_[0] = seed + kP1 + kP2;
-  v_[1] = seed + kP2;
-  v_[2] = seed;
-  v_[3] = seed - kP1;
+Xxh64::Xxh64(std::uint64_t seed) : state_{} {
+  state_.seed = seed;
+  state_.v[0] = seed + kP1 + kP2;
+  state_.v[1] = seed + kP2;
+  state_.v[2] = seed;
+  state_.v[3] = seed - kP1;
 }
 
 void Xxh64::update(const void* data, std::size_t size) {
+  State& s = state_;
   const auto* p = static_cast<const unsigned char*>(data);
-  total_ += size;
-  if (buffered_ + size < 32) {
-    if (size) std::memcpy(buffer_ + buffered_, p, size);
-    buffered_ += size;
+  s.total += size;
+  if (s.buffered + size < 32) {
+    if (size) std::memcpy(s.buffer + s.buffered, p, size);
+    s.buffered += size;
     return;
   }
-  if (buffered_) {
-    std::size_t fill = 32 - buffered_;
-    std::memcpy(buffer_ + buffered_, p, fill);
-    for (int i = 0; i < 4; ++i) v_[i] = round(v_[i], read64(buffer_ + 8 * i));
+  if (s.buffered) {
+    std::size_t fill = 32 - s.buffered;
+    std::memcpy(s.buffer + s.buffered, p, fill);
+    for (int i = 0; i < 4; ++i) s.v[i] = round(s.v[i], read64(s.buffer + 8 * i));
     p += fill;
     size -= fill;
-    buffered_ = 0;
+    s.buffered = 0;
   }
   // The hot loop: four independent lanes so the multiplies pipeline.
-  std::uint64_t a = v_[0], b = v_[1], c = v_[2], d = v_[3];
+  std::uint64_t a = s.v[0], b = s.v[1], c = s.v[2], d = s.v[3];
   while (size >= 32) {
     a = round(a, read64(p));
     b = round(b, read64(p + 8));
@@ -71,22 +73,23 @@ void Xxh64::update(const void* data, std::size_t size) {
     p += 32;
     size -= 32;
   }
-  v_[0] = a, v_[1] = b, v_[2] = c, v_[3] = d;
-  if (size) std::memcpy(buffer_, p, size);
-  buffered_ = size;
+  s.v[0] = a, s.v[1] = b, s.v[2] = c, s.v[3] = d;
+  if (size) std::memcpy(s.buffer, p, size);
+  s.buffered = size;
 }
 
 std::uint64_t Xxh64::digest() const {
+  const State& s = state_;
   std::uint64_t h;
-  if (total_ >= 32) {
-    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
-    for (int i = 0; i < 4; ++i) h = merge(h, v_[i]);
+  if (s.total >= 32) {
+    h = rotl(s.v[0], 1) + rotl(s.v[1], 7) + rotl(s.v[2], 12) + rotl(s.v[3], 18);
+    for (int i = 0; i < 4; ++i) h = merge(h, s.v[i]);
   } else {
-    h = seed_ + kP5;
+    h = s.seed + kP5;
   }
-  h += total_;
-  const unsigned char* p = buffer_;
-  std::size_t left = buffered_;
+  h += s.total;
+  const unsigned char* p = s.buffer;
+  std::size_t left = s.buffered;
   while (left >= 8) {
     h ^= round(0, read64(p));
     h = rotl(h, 27) * kP1 + kP4;

@@ -1,5 +1,8 @@
-"""Reads a checkpoint written by tests/checkpoint/h5py_test.cpp with plain h5py and numpy
-and checks every name, shape, dtype, value and attribute. Exits non-zero on a mismatch."""
+"""Reads a checkpoint written by tests/checkpoint/h5py_test.cpp (one process) or
+parallel_test.cpp (parallel HDF5) with plain h5py and numpy and checks every name, shape,
+dtype, value and attribute. Exits non-zero on a mismatch.
+
+    check_with_h5py.py FILE [WORLD_SIZE]     (the world_size attribute expected; 4 by default)"""
 import json
 import sys
 
@@ -7,11 +10,12 @@ import h5py
 import numpy as np
 
 path = sys.argv[1]
+world_size = int(sys.argv[2]) if len(sys.argv) > 2 else 4
 with h5py.File(path, "r") as f:
     a = f.attrs
     assert a["format"] == "troupe-checkpoint", a["format"]
     assert a["format_version"] == "1.0", a["format_version"]
-    assert a["step"] == 42 and a["epoch"] == 2 and a["world_size"] == 4, dict(a)
+    assert a["step"] == 42 and a["epoch"] == 2 and a["world_size"] == world_size, dict(a)
     assert a["run_id"] == "h5py-run"
     assert json.loads(a["config"]) == {"model": "mlp", "lr": 0.5}
     assert a["complete"] == 1

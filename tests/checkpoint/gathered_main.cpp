@@ -37,6 +37,14 @@ void barrier() {
   }
 }
 
+actors::ActorRef<CheckpointActor> spawn_checkpoint_actor(const std::filesystem::path& folder, const std::string& name) {
+  if (runtime().rank() == 0)
+    runtime().spawn_with<CheckpointActor>(runtime().size() - 1, SpawnOptions{.name = name}, folder.string(),
+                                          std::int64_t{2});
+  barrier();
+  return runtime().lookup<CheckpointActor>(name);
+}
+
 SharedDir::SharedDir() {
   char buf[256] = {};
   if (runtime().rank() == 0) {

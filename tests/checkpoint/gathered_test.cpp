@@ -16,11 +16,7 @@ using tensor::DType;
 using tensor::Shape;
 using tensor::Tensor;
 
-struct Case {
-  const char* name;
-  DType dtype;
-  Shape shape;
-};
+using Case = testing::TensorCase;
 // Sizes below, at and above the world size, a 0-dim tensor (one rank holds it), an
 // empty one, and one of 256 KB.
 const Case kCases[] = {{"/model/a.weight", DType::f32, {7}},      {"/model/b.weight", DType::bf16, {3, 5}},
@@ -42,15 +38,6 @@ SaveManifest manifest(std::int64_t step) {
   return m;
 }
 
-actors::ActorRef<CheckpointActor> spawn_actor(const fs::path& folder, const std::string& name) {
-  // On the last rank, so that rank 0's pieces cross the wire too.
-  if (runtime().rank() == 0)
-    runtime().spawn_with<CheckpointActor>(runtime().size() - 1, SpawnOptions{.name = name}, folder.string(),
-                                          std::int64_t{2});
-  barrier();
-  return runtime().lookup<CheckpointActor>(name);
-}
-
 // Steps 1-2 of the protocol for this rank; `skip` leaves out this rank's piece of tensor 0.
 void send_my_pieces(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step, bool skip = false) {
   actor.ask(&CheckpointActor::begin, manifest(step)).get();
@@ -69,7 +56,7 @@ void send_my_pieces(const actors::ActorRef<CheckpointActor>& actor, std::int64_t
 
 TEST(GatheredSave, AssemblesEveryRanksShardsIntoFullTensorsInOneFile) {
   testing::SharedDir dir;
-  auto actor = spawn_actor(dir.path(), "ckpt-assemble");
+  auto actor = testing::spawn_checkpoint_actor(dir.path(), "ckpt-assemble");
   send_my_pieces(actor, 7);
   barrier();
   if (runtime().rank() == 0) EXPECT_EQ(fs::path(actor.ask(&CheckpointActor::commit, std::int64_t{7}).get()).filename(), "ckpt-000000007.h5");
@@ -104,7 +91,7 @@ void expect_reslices(const FileReader& file, int world) {
 
 TEST(GatheredSave, LoadsIntoOtherWorldSizesByReslicingFullTensors) {
   testing::SharedDir dir;
-  auto actor = spawn_actor(dir.path(), "ckpt-reslice");
+  auto actor = testing::spawn_checkpoint_actor(dir.path(), "ckpt-reslice");
   send_my_pieces(actor, 3);
   barrier();
   if (runtime().rank() == 0) actor.ask(&CheckpointActor::commit, std::int64_t{3}).get();
@@ -125,7 +112,7 @@ TEST(GatheredSave, LoadsIntoOtherWorldSizesByReslicingFullTensors) {
 
 TEST(GatheredSave, AMissingPieceFailsTheCommitNamingTheTensorAndLeavesNoFile) {
   testing::SharedDir dir;
-  auto actor = spawn_actor(dir.path(), "ckpt-missing");
+  auto actor = testing::spawn_checkpoint_actor(dir.path(), "ckpt-missing");
   send_my_pieces(actor, 9, /*skip=*/runtime().rank() == 0);
   barrier();
   if (runtime().rank() == 0) {
@@ -143,7 +130,7 @@ TEST(GatheredSave, AMissingPieceFailsTheCommitNamingTheTensorAndLeavesNoFile) {
 TEST(GatheredSave, RanksThatDisagreeOnTheManifestAreTold) {
   if (runtime().size() == 1) GTEST_SKIP() << "needs two ranks";
   testing::SharedDir dir;
-  auto actor = spawn_actor(dir.path(), "ckpt-manifest");
+  auto actor = testing::spawn_checkpoint_actor(dir.path(), "ckpt-manifest");
   if (runtime().rank() == 0) actor.ask(&CheckpointActor::begin, manifest(4)).get();
   barrier();
   if (runtime().rank() == 1) {

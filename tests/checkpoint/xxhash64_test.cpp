@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,23 @@ TEST(Xxh64, StreamingInAnyPiecesEqualsOneShot) {
       for (std::size_t at = 0; at < size; at += piece) h.update(data.data() + at, std::min(piece, size - at));
       EXPECT_EQ(h.digest(), whole) << "size " << size << " piece " << piece;
     }
+  }
+}
+
+// The parallel save's chain: each "rank" hashes its range, hands the state on as bytes.
+TEST(Xxh64, StateCopiedAsBytesAndResumedEqualsOneShot) {
+  std::vector<unsigned char> data(777);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<unsigned char>(i * 37 + 1);
+  for (std::size_t cut : {0u, 1u, 31u, 32u, 45u, 500u, 777u}) {
+    Xxh64 first;
+    first.update(data.data(), cut);
+    unsigned char wire[sizeof(Xxh64::State)];
+    std::memcpy(wire, &first.state(), sizeof wire);
+    Xxh64::State received;
+    std::memcpy(&received, wire, sizeof received);
+    Xxh64 second(received);
+    second.update(data.data() + cut, data.size() - cut);
+    EXPECT_EQ(second.digest(), xxh64(data.data(), data.size())) << "cut at " << cut;
   }
 }
 

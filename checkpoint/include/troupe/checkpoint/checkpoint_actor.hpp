@@ -15,14 +15,12 @@
 // Memory on the actor's rank: one piece at a time plus a fixed 4 MB read-back buffer
 // for the checksums -- pieces are pwritten at their offsets as they arrive, in any order.
 // The file is the same format as Checkpoint::save writes (docs/CHECKPOINT_FORMAT.md).
+// SaveManifest and shard_range live in save_manifest.hpp (the parallel save uses them too).
 //
 // A begin for another step while a save is open abandons the open one (its temporary
 // file is removed); so does abort(step).
 #pragma once
 
-#include <cereal/types/string.hpp>
-#include <cereal/types/variant.hpp>
-#include <cereal/types/vector.hpp>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -36,40 +34,10 @@
 #include "troupe/checkpoint/attribute.hpp"
 #include "troupe/checkpoint/checkpoint_directory.hpp"
 #include "troupe/checkpoint/file_writer.hpp"
+#include "troupe/checkpoint/save_manifest.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::checkpoint {
-
-struct TensorSpec {
-  std::string path;  // "/model/layers.0.weight"
-  std::string dtype;  // "f32"
-  std::vector<std::int64_t> shape;
-  bool operator==(const TensorSpec&) const = default;
-  template <class A> void serialize(A& ar) { ar(path, dtype, shape); }
-};
-
-struct AttributeSpec {
-  std::string group;  // "/sampler"
-  std::string name;
-  AttrValue value;
-  bool operator==(const AttributeSpec&) const = default;
-  template <class A> void serialize(A& ar) { ar(group, name, value); }
-};
-
-struct SaveManifest {
-  std::int64_t step = 0;
-  std::int64_t epoch = 0;
-  std::int64_t world_size = 1;
-  std::string run_id;
-  std::string config_json = "{}";
-  std::vector<TensorSpec> tensors;         // file order
-  std::vector<AttributeSpec> attributes;   // section attributes (sampler, status, ...)
-
-  // Adds a tensor by full name and a tensor of its full shape and dtype; returns its index.
-  std::int64_t add_tensor(std::string path, tensor::DType dtype, const tensor::Shape& shape);
-  bool operator==(const SaveManifest&) const = default;
-  template <class A> void serialize(A& ar) { ar(step, epoch, world_size, run_id, config_json, tensors, attributes); }
-};
 
 class CheckpointActor {
  public:
@@ -101,10 +69,5 @@ class CheckpointActor {
 // Step 2 of the protocol above, for one piece held by this rank.
 actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step,
                                 std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece);
-
-// The contiguous flat range [begin, end) of a tensor of `numel` elements that `rank` of
-// `world` holds when split as evenly as possible, the first numel % world ranks taking
-// one more: the layout troupe's sharded optimizers use, and how load re-slices.
-std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t numel, int rank, int world);
 
 }  // namespace troupe::checkpoint

@@ -4,7 +4,10 @@
 // the published test vectors in tests/checkpoint/xxhash64_test.cpp.
 //
 // Xxh64 is streaming: update() in pieces of any size gives the same digest as one call
-// over the whole buffer, which lets a writer hash a tensor as it goes out.
+// over the whole buffer, which lets a writer hash a tensor as it goes out. Its state is
+// plain data (State): export it, send it to another process, resume there, and the
+// digest is that of the two processes' bytes one after the other -- how the parallel
+// save hashes a tensor whose pieces sit on different ranks.
 #pragma once
 
 #include <cstddef>
@@ -14,16 +17,25 @@ namespace troupe::checkpoint {
 
 class Xxh64 {
  public:
+  // Everything the hash carries between updates: trivially copyable, so it can travel as
+  // bytes between processes of the same architecture.
+  struct State {
+    std::uint64_t v[4];
+    std::uint64_t seed;
+    std::uint64_t total;
+    std::uint64_t buffered;  // bytes waiting in buffer for a whole 32-byte stripe
+    unsigned char buffer[32];
+  };
+
   explicit Xxh64(std::uint64_t seed = 0);
+  // Continues a hash whose state() was taken elsewhere.
+  explicit Xxh64(const State& state) : state_(state) {}
   void update(const void* data, std::size_t size);
   std::uint64_t digest() const;
+  const State& state() const { return state_; }
 
  private:
-  std::uint64_t v_[4];
-  std::uint64_t seed_;
-  std::uint64_t total_ = 0;
-  unsigned char buffer_[32];
-  std::size_t buffered_ = 0;
+  State state_;
 };
 
 // One-shot form.

@@ -1,0 +1,103 @@
+// ParallelWriter: one checkpoint file written by every rank of a communicator at once,
+// through parallel HDF5 (its MPI-IO driver). Each rank writes its own slice of each
+// tensor with a collective hyperslab write -- no tensor is gathered on one rank, and a
+// rank holds only its slices. The file is the format of FileWriter and of the gathered
+// save (docs/CHECKPOINT_FORMAT.md): same names, dtypes, attributes and checksums, bit for
+// bit in every tensor; only where HDF5 puts its metadata in the file may differ.
+//
+// Contract (parallel HDF5's, and checked): every method is collective. All ranks call
+// them in the same order with the same arguments -- same path, dtype and full shape,
+// same attribute values -- and only the slices differ. The slices of a tensor must tile
+// it: no overlap, no gap, in any order of ranks; a rank may hold none. Each call first
+// compares the ranks' arguments (one small allgather), so disagreeing ranks and bad
+// slices get an InvalidArgument on *every* rank, naming the tensor and both versions,
+// before HDF5 is touched. An HDF5 or I/O failure on any rank is likewise made known to
+// all and thrown on every rank with the failing rank's message. Exceptions therefore
+// leave the ranks in step, and their destructors close the file together.
+//
+// Checksums: a dataset's XXH64 covers all its bytes, which no rank has. A slice is a
+// contiguous byte range; in order of offset, the rank with the first range hashes it and
+// sends the hash state (Xxh64::State, ~100 bytes) to the rank with the next range, which
+// continues from it, and so on; the last one finishes the digest and broadcasts it, and
+// every rank writes the attribute (attribute writes are collective). The hashing is thus
+// serial across ranks, but it is memory-speed work next to the disk write.
+//
+// Durability: close() writes "complete", then H5Fflush -- in the MPI-IO driver that is
+// MPI_File_sync on every rank, so each rank's own writes reach storage (on a parallel
+// file system, from each node) -- then closes. Making the file a checkpoint (fsync,
+// rename, `latest`) is ParallelCheckpoint's job (parallel_checkpoint.hpp).
+//
+// MPI: the communicator is duplicated for the writer's own messages (MPI-IO gets another
+// duplicate from HDF5). Everything runs on the caller's thread, under the checkpoint
+// module's HDF5 lock (the installed HDF5 is not thread-safe).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "troupe/checkpoint/attribute.hpp"
+#include "troupe/checkpoint/save_manifest.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::checkpoint {
+
+// A rank's piece of one tensor: elements [begin, begin + data.numel()) of the full
+// tensor in flat C order (data's own shape does not matter, only its element count and
+// dtype). Slice{} (undefined data) is no piece. CUDA tensors are copied to the host.
+struct Slice {
+  std::int64_t begin = 0;
+  tensor::Tensor data;
+  // Rows [first_row, first_row + rows.size(0)) along dim 0 of a tensor whose other
+  // dimensions are rows' own: the slice a rank of a dim-0 sharding holds.
+  static Slice rows(std::int64_t first_row, tensor::Tensor rows);
+};
+
+struct ParallelOptions {
+  // How MPI-IO carries the collective write. false (the default): each rank writes its
+  // own bytes at its own offsets (a collective HDF5 call over independent MPI-IO,
+  // H5FD_MPIO_INDIVIDUAL_IO), because a checkpoint slice is one long contiguous run
+  // that needs no reshuffling, and two-phase I/O would funnel the bytes of a node
+  // through one aggregator rank -- what this mode exists to avoid. true: MPI-IO's
+  // collective buffering, where aggregator ranks gather and write; kept settable for
+  // many small or interleaved slices on a parallel file system, and for the benchmark.
+  bool collective_buffering = false;
+};
+
+class ParallelWriter {
+ public:
+  // Collective. Creates (truncating) `path` -- the same path on every rank, on a file
+  // system every rank sees -- and stamps format and format_version on the root.
+  ParallelWriter(std::string path, MPI_Comm comm, ParallelOptions options = {});
+  ParallelWriter(const ParallelWriter&) = delete;
+  ParallelWriter& operator=(const ParallelWriter&) = delete;
+  // Collective if close() was not called: closes the file without the complete marker,
+  // so readers reject it.
+  ~ParallelWriter();
+
+  // Collective: an attribute of a group ("/", "/sampler"), created if needed. Every rank
+  // passes the same value (compared).
+  void set_attribute(std::string_view group, std::string_view name, const AttrValue& value);
+  // Collective: creates the dataset `spec` (full shape, contiguous) and writes this
+  // rank's slice into it, then its dtype and xxh64 attributes.
+  void write(const TensorSpec& spec, const Slice& slice);
+  // Collective: marks the file complete, syncs every rank's writes and closes it.
+  void close();
+
+  const std::string& path() const { return path_; }
+  int rank() const;
+  int size() const;
+  // Bytes of tensor data this rank wrote.
+  std::size_t bytes_written() const { return bytes_written_; }
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  std::size_t bytes_written_ = 0;
+};
+
+}  // namespace troupe::checkpoint

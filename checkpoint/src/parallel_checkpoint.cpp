@@ -1,0 +1,105 @@
+#include "troupe/checkpoint/parallel_checkpoint.hpp"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "rank_agreement.hpp"
+#include "troupe/checkpoint/checkpoint.hpp"
+#include "troupe/checkpoint/error.hpp"
+#include "troupe/mpi/mpi_error.hpp"
+
+namespace troupe::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The manifest as lines, so ranks that disagree are told the first line that differs.
+std::vector<std::string> describe(const SaveManifest& m) {
+  std::vector<std::string> lines{
+      "step " + std::to_string(m.step) + ", epoch " + std::to_string(m.epoch) + ", world_size " +
+          std::to_string(m.world_size),
+      "run_id " + m.run_id, "config " + m.config_json,
+      std::to_string(m.tensors.size()) + " tensors, " + std::to_string(m.attributes.size()) + " attributes"};
+  for (const TensorSpec& t : m.tensors) {
+    std::string line = "tensor " + t.path + " " + t.dtype + " [";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) line += (i ? ", " : "") + std::to_string(t.shape[i]);
+    lines.push_back(line + "]");
+  }
+  for (const AttributeSpec& a : m.attributes)
+    lines.push_back("attribute " + a.group + " " + a.name + " = " + to_string(a.value));
+  return lines;
+}
+
+}  // namespace
+
+ParallelCheckpoint::ParallelCheckpoint(fs::path folder, std::size_t keep_last, MPI_Comm comm, ParallelOptions options)
+    : dir_(std::move(folder), keep_last), options_(options) {
+  TROUPE_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+}
+
+ParallelCheckpoint::~ParallelCheckpoint() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);  // a program that finalised MPI first: nothing left to free
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+fs::path ParallelCheckpoint::save(const SaveManifest& manifest, std::span<const Slice> slices) {
+  detail::RankAgreement agreement(comm_);
+  agreement.set_context("checkpoint " + dir_.folder().string() + " step " + std::to_string(manifest.step) +
+                        " (parallel save, rank " + std::to_string(agreement.rank()) + " of " +
+                        std::to_string(agreement.size()) + ")");
+  // 1. The same manifest everywhere, and a slice (or Slice{}) for each of its tensors.
+  std::string problem;
+  try {
+    dir_.final_path(manifest.step);  // checks the step fits the file name
+    TROUPE_CHECK(slices.size() == manifest.tensors.size(), "save: ", slices.size(), " slices for ",
+                 manifest.tensors.size(), " tensors (pass Slice{} for a tensor this rank holds none of)");
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  agreement.agree(describe(manifest), problem);
+
+  // 2. Rank 0's temporary name (its pid marks it as in flight) and clock, for everyone.
+  std::string temp = agreement.broadcast(agreement.rank() == 0 ? dir_.temp_path(manifest.step).string() : "", 0);
+  std::string created = agreement.broadcast(agreement.rank() == 0 ? utc_now_iso8601() : "", 0);
+
+  // 3. Everyone writes. ParallelWriter throws on every rank at once, so all ranks are in
+  //    this handler together, their writers closed; rank 0 removes the unfinished file.
+  try {
+    ParallelWriter file(temp, comm_, options_);
+    file.set_attribute("/", "step", manifest.step);
+    file.set_attribute("/", "epoch", manifest.epoch);
+    file.set_attribute("/", "world_size", manifest.world_size);
+    file.set_attribute("/", "created_utc", created);
+    file.set_attribute("/", "run_id", manifest.run_id);
+    file.set_attribute("/", "config", manifest.config_json);
+    for (std::size_t i = 0; i < manifest.tensors.size(); ++i) file.write(manifest.tensors[i], slices[i]);
+    for (const AttributeSpec& a : manifest.attributes) file.set_attribute(a.group, a.name, a.value);
+    file.close();
+  } catch (...) {
+    if (agreement.rank() == 0) {
+      std::error_code ec;
+      fs::remove(temp, ec);
+    }
+    throw;
+  }
+
+  // 4. Every rank has synced and closed the file (close() ends with an allreduce):
+  //    rank 0 makes it the checkpoint, and every rank learns whether that worked.
+  agreement.all_or_none([&] {
+    if (agreement.rank() != 0) return;
+    try {
+      dir_.commit(temp, manifest.step);
+    } catch (...) {
+      std::error_code ec;
+      fs::remove(temp, ec);
+      throw;
+    }
+  });
+  return dir_.final_path(manifest.step);
+}
+
+}  // namespace troupe::checkpoint
