@@ -1,0 +1,268 @@
+// FullyShardedDataParallel: ZeRO stage 3 (PyTorch's FSDP, fairscale's FSDP) --
+// parameters, gradients and optimizer state all sharded; each rank keeps 1/W of the
+// model between uses.
+//
+//   FullyShardedDataParallel fsdp(model, comm, adamw_factory,
+//                                 {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>()});
+//   loss.forward(fsdp.forward(x), y); fsdp.backward(loss.backward()); fsdp.step(); fsdp.zero_grad();
+//
+// Units. The model's parameters are split into units: every module the auto-wrap
+// policy picks or `wrap` names (nested wrapping allowed: a unit inside a unit takes
+// its own parameters away from the outer one), plus the root unit holding whatever
+// no unit took. A unit's parameters are flattened, in named order, into one flat
+// buffer per dtype, padded with zeros to a multiple of W, and rank r keeps elements
+// [r*S, (r+1)*S) of it (S = padded / W) as an nn::Parameter -- the shard. The module's
+// own Parameter::data is left undefined between uses: the full values exist only
+// while the unit is gathered.
+//
+// Forward and backward. nn modules have explicit forward/backward, so FSDP runs the
+// model itself: it walks the Sequentials from the root down to their non-Sequential
+// children (the leaves) and calls each leaf in turn, exactly what Sequential's own
+// forward/backward do. Before a leaf with parameters runs, its unit is all-gathered
+// (Parameter::data become views into the gathered flat buffer); after the unit's last
+// leaf in this pass the gathered buffer is freed. In backward the unit is gathered
+// again, its gradients accumulate into one zeroed flat gradient buffer (Parameter::grad
+// are views into it), and after its last leaf the flat gradient is reduce-scattered
+// (avg) and each rank adds its block to its shard's gradient. At most one
+// reduce-scatter is in flight: it is finished before the next unit's is started, so
+// at most two units' full gradients exist at once.
+//
+// Prefetch. Units are used in a fixed order (first use in forward order, and in
+// reverse for backward). When a unit's gather has completed, the next unit's
+// all-gather is started asynchronously, so it travels while the current unit
+// computes; every rank issues the same collectives in the same order.
+//
+// Optimizer. The factory builds the user's optimizer (SGD, Adam, AdamW) over the
+// rank's flat shards (one nn::Parameter per unit and dtype), so its state is 1/W of
+// the model's; step() is that optimizer's step and needs no communication (the next
+// forward gathers the updated shards). Elementwise optimizers on a flat shard do the
+// same arithmetic as on the separate parameters, so FSDP trains like DDP.
+//
+// Gradient accumulation. Inside no_sync() backward keeps each unit's full, unsharded
+// gradient locally (as PyTorch does: memory of a full model's gradients while the
+// window lasts) and the first synchronising backward after it reduce-scatters the sum.
+// Shard gradients follow DDP's rule: after zero_grad the next synchronising backward
+// leaves the average; without one it adds to it.
+//
+// Checkpoints. full_state_dict() has the unwrapped model's keys, order, shapes and
+// dtypes (module.state_dict()), gathered one tensor at a time; for_each_full_tensor()
+// streams them to a callback so only one full tensor exists at a time.
+// full_optimizer_state_dict() is what the unsharded optimizer would return (keys
+// "<param>/<slot>" under the full parameter names), so a checkpoint matches DDP's and
+// loads at any world size.
+//
+// Contract: every method that communicates (construction, forward, backward,
+// clip_grad_norm, step(GradScaler&), the state-dict methods) is a collective: every
+// rank calls it together, in the same order, from one thread. The module and the
+// communicator outlive this object. Between uses, Module::state_dict() and the
+// module's parameters are not meaningful: use full_state_dict().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/nn/module.hpp"
+#include "troupe/nn/optimizer.hpp"
+#include "troupe/nn/state_dict.hpp"
+#include "troupe/train/oss.hpp"
+
+namespace troupe::train {
+
+class GradScaler;
+
+// Decides whether `module` (at `path`, e.g. "3" or "1.0") becomes a unit. Called
+// bottom-up on every module but the root, children before parents, with the number
+// of its parameters that no unit inside it has taken yet.
+using AutoWrapPolicy =
+    std::function<bool(nn::Module& module, const std::string& path, std::int64_t unwrapped_parameters)>;
+
+// torch's size_based_auto_wrap_policy: wraps a module once at least
+// `min_num_params` of its parameters are not in a unit yet.
+AutoWrapPolicy size_based_auto_wrap_policy(std::int64_t min_num_params);
+
+// torch's ModuleWrapPolicy / transformer_auto_wrap_policy: wraps every module of one of
+// the given types (e.g. <nn::Linear>).
+template <class... Types>
+AutoWrapPolicy module_type_auto_wrap_policy() {
+  return [](nn::Module& module, const std::string&, std::int64_t) {
+    return ((dynamic_cast<const Types*>(&module) != nullptr) || ...);
+  };
+}
+
+struct FsdpOptions {
+  // Picks units automatically; empty: none. A policy that picks no module at all is
+  // an InvalidArgument (a typo'd type or too large a size would otherwise silently
+  // give one unit holding the whole model, i.e. no parameter sharding benefit).
+  AutoWrapPolicy auto_wrap_policy{};
+  // Manual (nested) wrapping: module paths to make units, e.g. {"1", "1.0", "3"}.
+  std::vector<std::string> wrap{};
+  // Start the next unit's all-gather while the current one computes.
+  bool prefetch = true;
+  // Broadcast rank 0's parameters and buffers at construction, as DDP does.
+  bool broadcast_from_rank0 = true;
+};
+
+// Counters over the last forward + backward (reset by forward()).
+struct FsdpStats {
+  int gathers = 0;             // all-gathers of a unit
+  int prefetched = 0;          // ... of which were started ahead, before the unit was needed
+  int reduce_scatters = 0;
+  std::size_t peak_gathered_bytes = 0;  // max of (gathered parameters + full gradients) at once
+};
+
+class FullyShardedDataParallel {
+ public:
+  FullyShardedDataParallel(nn::Module& module, collectives::Communicator& comm, const OptimizerFactory& factory,
+                           FsdpOptions options = {});
+  FullyShardedDataParallel(const FullyShardedDataParallel&) = delete;
+  FullyShardedDataParallel& operator=(const FullyShardedDataParallel&) = delete;
+  // Waits for collectives still in flight. Never throws.
+  ~FullyShardedDataParallel();
+
+  nn::Module& module() { return module_; }
+  Tensor forward(const Tensor& input);
+  // With sync on, returns with this rank's shard gradients holding the average over
+  // ranks (added to what they held, as DDP); under no_sync, accumulates locally.
+  Tensor backward(const Tensor& grad_output);
+
+  // The optimizer over this rank's shards (for LR schedules, GradScaler::unscale_).
+  nn::Optimizer& optimizer() { return *optimizer_; }
+  void step() { optimizer_->step(); }
+  // Unscales and checks this rank's shard gradients; the scaler all-reduces the
+  // verdict, so an inf/NaN in any rank's shard skips the step on every rank.
+  bool step(GradScaler& scaler);
+  // Shard gradients, and the full local ones a no_sync window keeps.
+  void zero_grad(bool set_to_none = true);
+  // The true global norm (squares of every rank's shard summed with one all-reduce;
+  // padding is zero), then every shard gradient scaled; returns the norm before.
+  double clip_grad_norm(double max_norm);
+
+  class NoSync {
+   public:
+    explicit NoSync(FullyShardedDataParallel& f) : fsdp_(&f), previous_(f.sync_) { f.sync_ = false; }
+    NoSync(NoSync&& other) noexcept : fsdp_(other.fsdp_), previous_(other.previous_) { other.fsdp_ = nullptr; }
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync() {
+      if (fsdp_) fsdp_->sync_ = previous_;
+    }
+
+   private:
+    FullyShardedDataParallel* fsdp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
+  bool sync_enabled() const { return sync_; }
+
+  // Unit paths in unit order ("" is the root unit), and their parameter names.
+  std::vector<std::string> unit_paths() const;
+  std::vector<std::string> unit_parameter_names(const std::string& path) const;
+  // Elements of a unit's flat buffers before and after padding to a multiple of W.
+  std::int64_t unit_numel(const std::string& path) const;
+  std::int64_t unit_padded_numel(const std::string& path) const;
+
+  // Bytes this rank holds between steps: its parameter shards, its shard gradients
+  // (when defined), the optimizer's per-parameter state; plus, inside a no_sync
+  // window, the full gradients kept locally.
+  std::size_t shard_parameter_bytes() const;
+  std::size_t shard_gradient_bytes() const;
+  std::size_t optimizer_state_bytes() const;
+  std::size_t local_full_gradient_bytes() const;
+  const FsdpStats& stats() const { return stats_; }
+
+  // The unwrapped model's state dict (same keys, order, shapes, dtypes), on every rank.
+  nn::StateDict full_state_dict();
+  // The same entries one at a time: each parameter is gathered (one broadcast per rank
+  // holding part of it), handed to `fn`, and dropped unless `fn` keeps it.
+  void for_each_full_tensor(const std::function<void(const std::string& name, const Tensor& value)>& fn);
+  // Takes a full state dict (from any mode, any world size): each rank keeps its
+  // slices. Strict, checked before anything changes; when any rank rejects the dict,
+  // every rank throws InvalidArgument.
+  void load_full_state_dict(const nn::StateDict& dict);
+  // What the base optimizer would return had it been built over the unwrapped model's
+  // named_parameters(): lr, step, hyper-parameters, then "<param>/<slot>" in named
+  // order (slots of parameters never stepped are absent). On every rank.
+  nn::StateDict full_optimizer_state_dict();
+  void load_full_optimizer_state_dict(const nn::StateDict& dict);
+
+ private:
+  struct Entry {
+    nn::Parameter* param = nullptr;
+    std::string name;
+    tensor::Shape shape;
+    std::int64_t offset = 0;  // into the flat buffer
+    std::int64_t numel = 0;
+  };
+  struct Flat {
+    std::string name;  // the shard's name in the optimizer: "_fsdp.<unit>.flat_param[.<dtype>]"
+    tensor::DType dtype = tensor::DType::f32;
+    tensor::Device device = tensor::Device::cpu();
+    std::vector<Entry> entries;
+    std::int64_t numel = 0, padded = 0, shard_numel = 0;
+    std::unique_ptr<nn::Parameter> shard;  // stable address: the optimizer holds it
+    Tensor full;       // gathered parameters, while the unit is gathered
+    Tensor full_grad;  // the unit's full local gradient, in backward and under no_sync
+    Tensor reduced;    // this rank's block of a reduce-scatter in flight
+  };
+  enum class UnitState { sharded, gathering, gathered };
+  struct Unit {
+    std::string path;
+    std::vector<Flat> flats;
+    UnitState state = UnitState::sharded;
+    std::vector<collectives::Work> gathers;
+    std::vector<collectives::Work> reduce_scatters;
+  };
+  struct Leaf {
+    nn::Module* module = nullptr;
+    std::string path;
+    std::size_t unit = kNoUnit;
+  };
+  static constexpr std::size_t kNoUnit = static_cast<std::size_t>(-1);
+
+  // Construction (fsdp_wrap.cpp).
+  std::vector<std::string> choose_unit_paths();
+  void build_units(const std::vector<std::string>& paths);
+  void build_leaves();
+
+  // Runtime (fsdp.cpp).
+  void launch_gather(std::size_t u, bool ahead);
+  void ensure_gathered(std::size_t u, const std::vector<std::size_t>& order);
+  void bind_gradients(std::size_t u);
+  void release_parameters(std::size_t u);
+  void finish_reduce_scatter(std::size_t u);
+  void launch_reduce_scatter(std::size_t u);
+  void note_bytes(std::ptrdiff_t delta);
+  void wait_all() noexcept;
+  std::size_t unit_index(const std::string& path) const;
+
+  // State dicts (fsdp_state_dict.cpp).
+  Tensor gather_range(const Flat& flat, const Tensor& local, std::int64_t offset, std::int64_t numel);
+  void agree_or_throw(const std::string& local_error, const char* op);
+
+  nn::Module& module_;
+  collectives::Communicator& comm_;
+  FsdpOptions options_;
+  std::vector<Unit> units_;
+  std::vector<Leaf> leaves_;
+  std::vector<std::size_t> forward_order_, backward_order_;  // units by first use
+  std::vector<std::size_t> first_leaf_, last_leaf_;          // per unit, leaf indices
+  std::vector<std::string> state_keys_;                      // module.state_dict() order
+  std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> flat_of_;  // param -> (unit, flat)
+  std::unordered_map<std::string, std::size_t> entry_of_;                         // param -> entry index
+  std::unordered_map<std::string, Tensor*> buffers_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  std::size_t pending_reduce_ = kNoUnit;  // the unit whose reduce-scatter is in flight
+  std::size_t gathered_bytes_ = 0;
+  FsdpStats stats_;
+  bool sync_ = true;
+  bool busy_ = false;  // inside forward or backward
+};
+
+}  // namespace troupe::train

@@ -1,0 +1,286 @@
+// FSDP at run time: gather a unit before its first leaf, free it after its last,
+// prefetch the next unit's gather, reduce-scatter each unit's gradient after its
+// backward (one in flight at a time), and the optimizer-side helpers.
+#include "troupe/train/fsdp.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "troupe/error.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/train/grad_scaler.hpp"
+
+namespace troupe::train {
+
+FullyShardedDataParallel::~FullyShardedDataParallel() { wait_all(); }
+
+void FullyShardedDataParallel::wait_all() noexcept {
+  for (auto& unit : units_) {
+    for (auto* works : {&unit.gathers, &unit.reduce_scatters})
+      for (auto& work : *works) {
+        try {
+          work.wait();
+        } catch (...) {  // the communicator reports the failure to its next user
+        }
+      }
+  }
+}
+
+void FullyShardedDataParallel::note_bytes(std::ptrdiff_t delta) {
+  gathered_bytes_ = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(gathered_bytes_) + delta);
+  stats_.peak_gathered_bytes = std::max(stats_.peak_gathered_bytes, gathered_bytes_);
+}
+
+// Allocates the unit's full flat buffers and starts one all-gather per flat.
+void FullyShardedDataParallel::launch_gather(std::size_t u, bool ahead) {
+  Unit& unit = units_[u];
+  for (auto& flat : unit.flats) {
+    flat.full = Tensor::empty({flat.padded}, flat.dtype, flat.device);
+    note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
+    unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
+  }
+  unit.state = UnitState::gathering;
+  ++stats_.gathers;
+  if (ahead) ++stats_.prefetched;
+}
+
+// Waits for unit u's gather (starting it if nobody prefetched it), points the module's
+// parameters into the gathered buffer, then prefetches the unit that follows u in
+// `order`: its all-gather travels while u computes.
+void FullyShardedDataParallel::ensure_gathered(std::size_t u, const std::vector<std::size_t>& order) {
+  Unit& unit = units_[u];
+  if (unit.state == UnitState::gathered) return;
+  if (unit.state == UnitState::sharded) launch_gather(u, false);
+  for (auto& work : unit.gathers) work.wait();
+  unit.gathers.clear();
+  for (auto& flat : unit.flats)
+    for (auto& entry : flat.entries)
+      entry.param->data = flat.full.slice(entry.offset, entry.offset + entry.numel).reshape(entry.shape);
+  unit.state = UnitState::gathered;
+  if (!options_.prefetch) return;
+  const auto at = std::find(order.begin(), order.end(), u);
+  if (at != order.end() && at + 1 != order.end() && units_[*(at + 1)].state == UnitState::sharded)
+    launch_gather(*(at + 1), true);
+}
+
+void FullyShardedDataParallel::release_parameters(std::size_t u) {
+  Unit& unit = units_[u];
+  for (auto& flat : unit.flats) {
+    for (auto& entry : flat.entries) entry.param->data = Tensor();
+    note_bytes(-static_cast<std::ptrdiff_t>(flat.full.nbytes()));
+    flat.full = Tensor();
+  }
+  unit.state = UnitState::sharded;
+}
+
+// Each parameter's grad becomes a view into the unit's zeroed flat gradient (kept
+// from a no_sync window, if there was one), so the leaves' backward adds into it.
+void FullyShardedDataParallel::bind_gradients(std::size_t u) {
+  for (auto& flat : units_[u].flats) {
+    if (!flat.full_grad.defined()) {
+      flat.full_grad = Tensor::zeros({flat.padded}, flat.dtype, flat.device);
+      note_bytes(static_cast<std::ptrdiff_t>(flat.full_grad.nbytes()));
+    }
+    for (auto& entry : flat.entries) {
+      Tensor view = flat.full_grad.slice(entry.offset, entry.offset + entry.numel).reshape(entry.shape);
+      Tensor& grad = entry.param->grad;
+      if (grad.defined() && !(grad.shares_storage_with(view) && grad.offset() == view.offset())) view.copy_(grad);
+      grad = view;
+    }
+  }
+}
+
+// Reduce-scatters (avg) the unit's flat gradients; the module's grads are dropped at
+// once, the buffer when the collective is finished.
+void FullyShardedDataParallel::launch_reduce_scatter(std::size_t u) {
+  if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
+  Unit& unit = units_[u];
+  for (auto& flat : unit.flats) {
+    for (auto& entry : flat.entries) entry.param->grad = Tensor();
+    flat.reduced = Tensor::empty({flat.shard_numel}, flat.dtype, flat.device);
+    unit.reduce_scatters.push_back(comm_.reduce_scatter_async(collectives::Buffer(flat.full_grad),
+                                                              collectives::Buffer(flat.reduced),
+                                                              collectives::ReduceOp::avg));
+  }
+  ++stats_.reduce_scatters;
+  pending_reduce_ = u;
+}
+
+// DDP's rule for the shard: a defined gradient is added to, an undefined one is set.
+void FullyShardedDataParallel::finish_reduce_scatter(std::size_t u) {
+  Unit& unit = units_[u];
+  for (auto& work : unit.reduce_scatters) work.wait();
+  unit.reduce_scatters.clear();
+  for (auto& flat : unit.flats) {
+    Tensor& grad = flat.shard->grad;
+    if (grad.defined()) tensor::add_(grad, flat.reduced);
+    else grad = flat.reduced;
+    flat.reduced = Tensor();
+    note_bytes(-static_cast<std::ptrdiff_t>(flat.full_grad.nbytes()));
+    flat.full_grad = Tensor();
+  }
+  if (pending_reduce_ == u) pending_reduce_ = kNoUnit;
+}
+
+Tensor FullyShardedDataParallel::forward(const Tensor& input) {
+  TROUPE_CHECK(!busy_, "FullyShardedDataParallel::forward: called from inside a forward or backward");
+  busy_ = true;
+  stats_ = FsdpStats{};
+  stats_.peak_gathered_bytes = gathered_bytes_;
+  Tensor x = input;
+  try {
+    for (std::size_t l = 0; l < leaves_.size(); ++l) {
+      const std::size_t u = leaves_[l].unit;
+      if (u != kNoUnit) ensure_gathered(u, forward_order_);
+      x = leaves_[l].module->forward(x);
+      if (u != kNoUnit && last_leaf_[u] == l) release_parameters(u);
+    }
+  } catch (...) {
+    wait_all();
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      units_[u].gathers.clear();
+      if (units_[u].state != UnitState::sharded) release_parameters(u);
+    }
+    busy_ = false;
+    throw;
+  }
+  busy_ = false;
+  return x;
+}
+
+Tensor FullyShardedDataParallel::backward(const Tensor& grad_output) {
+  TROUPE_CHECK(!busy_, "FullyShardedDataParallel::backward: called from inside a forward or backward");
+  busy_ = true;
+  Tensor g = grad_output;
+  try {
+    for (std::size_t l = leaves_.size(); l-- > 0;) {
+      const std::size_t u = leaves_[l].unit;
+      if (u != kNoUnit && units_[u].state != UnitState::gathered) {
+        ensure_gathered(u, backward_order_);
+        bind_gradients(u);
+      }
+      g = leaves_[l].module->backward(g);
+      if (u != kNoUnit && first_leaf_[u] == l) {
+        release_parameters(u);
+        if (sync_) launch_reduce_scatter(u);
+      }
+    }
+    if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
+  } catch (...) {
+    wait_all();
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      units_[u].gathers.clear();
+      units_[u].reduce_scatters.clear();
+      if (units_[u].state != UnitState::sharded) release_parameters(u);
+    }
+    pending_reduce_ = kNoUnit;
+    busy_ = false;
+    throw;
+  }
+  busy_ = false;
+  return g;
+}
+
+bool FullyShardedDataParallel::step(GradScaler& scaler) { return scaler.step(*optimizer_); }
+
+void FullyShardedDataParallel::zero_grad(bool set_to_none) {
+  optimizer_->zero_grad(set_to_none);
+  for (auto& unit : units_)
+    for (auto& flat : unit.flats) {
+      if (!flat.full_grad.defined()) continue;
+      if (set_to_none) {
+        for (auto& entry : flat.entries) entry.param->grad = Tensor();
+        note_bytes(-static_cast<std::ptrdiff_t>(flat.full_grad.nbytes()));
+        flat.full_grad = Tensor();
+      } else {
+        flat.full_grad.zero_();
+      }
+    }
+}
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+  TROUPE_CHECK(max_norm >= 0, "FullyShardedDataParallel::clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+  double sum_squares = 0;
+  for (auto& unit : units_)
+    for (auto& flat : unit.flats) {
+      const Tensor& g = flat.shard->grad;
+      if (!g.defined()) continue;
+      const Tensor host = g.device().is_cpu() ? g : g.to(tensor::Device::cpu());
+      tensor::dispatch_floating(host.dtype(), "FullyShardedDataParallel::clip_grad_norm", [&](auto tag) {
+        using T = decltype(tag);
+        const T* p = host.data<T>();
+        for (std::int64_t i = 0; i < host.numel(); ++i) sum_squares += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+      });
+    }
+  if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(&sum_squares, 1), collectives::ReduceOp::sum);
+  const double total = std::sqrt(sum_squares);
+  const double factor = max_norm / (total + 1e-6);  // torch's 1e-6, as nn::clip_grad_norm
+  if (std::isfinite(total) && factor < 1.0)
+    for (auto& unit : units_)
+      for (auto& flat : unit.flats)
+        if (flat.shard->grad.defined()) tensor::scale_(flat.shard->grad, factor);
+  return total;
+}
+
+std::size_t FullyShardedDataParallel::unit_index(const std::string& path) const {
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].path == path) return u;
+  TROUPE_THROW(InvalidArgument, "FullyShardedDataParallel: no unit at '", path, "'");
+}
+
+std::vector<std::string> FullyShardedDataParallel::unit_paths() const {
+  std::vector<std::string> out;
+  for (const auto& unit : units_) out.push_back(unit.path);
+  return out;
+}
+
+std::vector<std::string> FullyShardedDataParallel::unit_parameter_names(const std::string& path) const {
+  std::vector<std::string> out;
+  for (const auto& flat : units_[unit_index(path)].flats)
+    for (const auto& entry : flat.entries) out.push_back(entry.name);
+  return out;
+}
+
+std::int64_t FullyShardedDataParallel::unit_numel(const std::string& path) const {
+  std::int64_t n = 0;
+  for (const auto& flat : units_[unit_index(path)].flats) n += flat.numel;
+  return n;
+}
+
+std::int64_t FullyShardedDataParallel::unit_padded_numel(const std::string& path) const {
+  std::int64_t n = 0;
+  for (const auto& flat : units_[unit_index(path)].flats) n += flat.padded;
+  return n;
+}
+
+std::size_t FullyShardedDataParallel::shard_parameter_bytes() const {
+  std::size_t n = 0;
+  for (const auto& unit : units_)
+    for (const auto& flat : unit.flats) n += flat.shard->data.nbytes();
+  return n;
+}
+
+std::size_t FullyShardedDataParallel::shard_gradient_bytes() const {
+  std::size_t n = 0;
+  for (const auto& unit : units_)
+    for (const auto& flat : unit.flats)
+      if (flat.shard->grad.defined()) n += flat.shard->grad.nbytes();
+  return n;
+}
+
+std::size_t FullyShardedDataParallel::local_full_gradient_bytes() const {
+  std::size_t n = 0;
+  for (const auto& unit : units_)
+    for (const auto& flat : unit.flats)
+      if (flat.full_grad.defined()) n += flat.full_grad.nbytes();
+  return n;
+}
+
+std::size_t FullyShardedDataParallel::optimizer_state_bytes() const {
+  std::size_t n = 0;
+  for (const auto& [key, value] : optimizer_->state_dict())
+    if (key.find('/') != std::string::npos) n += value.nbytes();
+  return n;
+}
+
+}  // namespace troupe::train

@@ -1,0 +1,193 @@
+// FSDP's full (unsharded) state dicts: the model's and the optimizer's, under the
+// unwrapped model's names, gathered one tensor at a time and loaded from any world size.
+//
+// A parameter occupies [offset, offset + numel) of its unit's flat buffer, which rank r
+// holds in [r*S, (r+1)*S). Gathering it is one broadcast per rank whose block overlaps
+// that range (the owner copies its piece in, then broadcasts it), so a tensor never
+// costs more traffic than its own size and no rank materialises more than one tensor.
+#include <algorithm>
+#include <sstream>
+
+#include "troupe/error.hpp"
+#include "troupe/train/fsdp.hpp"
+
+namespace troupe::train {
+
+namespace {
+std::string describe(const Tensor& t) {
+  return std::string(tensor::dtype_name(t.dtype())) + " " + tensor::to_string(t.shape());
+}
+}  // namespace
+
+// `local` is this rank's block of something laid out like `flat` (the shard itself, or
+// an optimizer slot of it); returns elements [offset, offset + numel) of the whole.
+Tensor FullyShardedDataParallel::gather_range(const Flat& flat, const Tensor& local, std::int64_t offset,
+                                              std::int64_t numel) {
+  Tensor out = Tensor::empty({numel}, local.dtype(), local.device());
+  const std::int64_t s = flat.shard_numel;
+  for (int r = 0; r < comm_.size(); ++r) {
+    const std::int64_t lo = std::max(offset, r * s), hi = std::min(offset + numel, (r + 1) * s);
+    if (lo >= hi) continue;
+    Tensor piece = out.slice(lo - offset, hi - offset);
+    if (r == comm_.rank()) piece.copy_(local.slice(lo - r * s, hi - r * s));
+    if (comm_.size() > 1) comm_.broadcast(collectives::Buffer(piece), r);
+  }
+  return out;
+}
+
+// Every rank learns whether any rank failed, so all throw together or none does.
+void FullyShardedDataParallel::agree_or_throw(const std::string& local_error, const char* op) {
+  std::int32_t failed = local_error.empty() ? -1 : comm_.rank();
+  if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(&failed, 1), collectives::ReduceOp::max);
+  if (!local_error.empty()) TROUPE_THROW(InvalidArgument, op, ": ", local_error);
+  if (failed >= 0) TROUPE_THROW(InvalidArgument, op, ": rank ", failed, " rejected the dict (see its error)");
+}
+
+void FullyShardedDataParallel::for_each_full_tensor(
+    const std::function<void(const std::string& name, const Tensor& value)>& fn) {
+  TROUPE_CHECK(!busy_, "FullyShardedDataParallel::for_each_full_tensor: called inside a forward or backward");
+  for (const auto& key : state_keys_) {
+    if (const auto it = buffers_.find(key); it != buffers_.end()) {
+      fn(key, *it->second);
+      continue;
+    }
+    const auto [u, f] = flat_of_.at(key);
+    const Flat& flat = units_[u].flats[f];
+    const Entry& entry = flat.entries[entry_of_.at(key)];
+    fn(key, gather_range(flat, flat.shard->data, entry.offset, entry.numel).reshape(entry.shape));
+  }
+}
+
+nn::StateDict FullyShardedDataParallel::full_state_dict() {
+  nn::StateDict out;
+  for_each_full_tensor([&](const std::string& name, const Tensor& value) { out.insert(name, value); });
+  return out;
+}
+
+void FullyShardedDataParallel::load_full_state_dict(const nn::StateDict& dict) {
+  const char* op = "FullyShardedDataParallel::load_full_state_dict";
+  TROUPE_CHECK(!busy_, op, ": called inside a forward or backward");
+  std::ostringstream why;
+  for (const auto& key : state_keys_) {
+    const Tensor* source = dict.find(key);
+    tensor::Shape shape;
+    tensor::DType dtype = tensor::DType::f32;
+    if (const auto it = buffers_.find(key); it != buffers_.end()) {
+      shape = it->second->shape();
+      dtype = it->second->dtype();
+    } else {
+      const auto [u, f] = flat_of_.at(key);
+      shape = units_[u].flats[f].entries[entry_of_.at(key)].shape;
+      dtype = units_[u].flats[f].dtype;
+    }
+    if (source == nullptr || !source->defined()) why << "missing '" << key << "'; ";
+    else if (source->shape() != shape || source->dtype() != dtype)
+      why << "'" << key << "' is " << tensor::dtype_name(dtype) << " " << tensor::to_string(shape)
+          << " in the model but " << describe(*source) << " in the dict; ";
+  }
+  for (const auto& [key, value] : dict)
+    if (std::find(state_keys_.begin(), state_keys_.end(), key) == state_keys_.end())
+      why << "unexpected '" << key << "'; ";
+  agree_or_throw(why.str(), op);
+
+  const std::int64_t me = comm_.rank();
+  for (const auto& key : state_keys_) {
+    const Tensor& source = dict.at(key);
+    if (const auto it = buffers_.find(key); it != buffers_.end()) {
+      it->second->copy_(source);
+      continue;
+    }
+    const auto [u, f] = flat_of_.at(key);
+    Flat& flat = units_[u].flats[f];
+    const Entry& entry = flat.entries[entry_of_.at(key)];
+    const std::int64_t lo = std::max(me * flat.shard_numel, entry.offset);
+    const std::int64_t hi = std::min((me + 1) * flat.shard_numel, entry.offset + entry.numel);
+    if (lo < hi)
+      flat.shard->data.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel)
+          .copy_(source.flatten().slice(lo - entry.offset, hi - entry.offset));
+  }
+}
+
+// The shard optimizer's dict holds "<flat name>/<slot>" blocks; each becomes
+// "<param>/<slot>" for every parameter of the flat, in named order (a 0-dim slot, Adam's
+// per-parameter step, is the same for every parameter of the flat and is copied).
+nn::StateDict FullyShardedDataParallel::full_optimizer_state_dict() {
+  TROUPE_CHECK(!busy_, "FullyShardedDataParallel::full_optimizer_state_dict: called inside a forward or backward");
+  const nn::StateDict shard = optimizer_->state_dict();
+  nn::StateDict out;
+  for (const auto& [key, value] : shard)
+    if (key.find('/') == std::string::npos) out.insert(key, value);
+  std::vector<std::pair<std::string, std::pair<std::size_t, std::size_t>>> params;  // named order
+  for (const auto& key : state_keys_)
+    if (!buffers_.contains(key)) params.push_back({key, flat_of_.at(key)});
+  for (const auto& [name, where] : params) {
+    const Flat& flat = units_[where.first].flats[where.second];
+    const Entry& entry = flat.entries[entry_of_.at(name)];
+    const std::string prefix = flat.name + "/";
+    for (const auto& [key, value] : shard) {
+      if (key.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string slot = key.substr(prefix.size());
+      if (value.dim() == 0) out.insert(name + "/" + slot, value.clone());
+      else out.insert(name + "/" + slot, gather_range(flat, value, entry.offset, entry.numel).reshape(entry.shape));
+    }
+  }
+  return out;
+}
+
+void FullyShardedDataParallel::load_full_optimizer_state_dict(const nn::StateDict& dict) {
+  const char* op = "FullyShardedDataParallel::load_full_optimizer_state_dict";
+  TROUPE_CHECK(!busy_, op, ": called inside a forward or backward");
+  const std::int64_t me = comm_.rank();
+  nn::StateDict shard;
+  std::ostringstream why;
+  for (const auto& [key, value] : dict) {
+    const std::size_t slash = key.find('/');
+    if (slash == std::string::npos) {
+      shard.insert(key, value);
+    } else if (!flat_of_.contains(key.substr(0, slash))) {
+      why << "unknown parameter in '" << key << "'; ";
+    }
+  }
+  for (auto& unit : units_)
+    for (auto& flat : unit.flats) {
+      // The slots are those of the flat's first parameter; every parameter must have them.
+      const std::string first = flat.entries.front().name + "/";
+      for (const auto& [key, value] : dict) {
+        if (key.compare(0, first.size(), first) != 0) continue;
+        const std::string slot = key.substr(first.size());
+        if (value.dim() == 0) {
+          shard.insert(flat.name + "/" + slot, value.clone());
+          continue;
+        }
+        Tensor block = Tensor::zeros({flat.shard_numel}, value.dtype(), flat.device);
+        for (const auto& entry : flat.entries) {
+          const Tensor* source = dict.find(entry.name + "/" + slot);
+          if (source == nullptr || source->shape() != entry.shape || source->dtype() != value.dtype()) {
+            why << "'" << entry.name << "/" << slot << "' is "
+                << (source == nullptr ? std::string("missing") : describe(*source)) << ", expected "
+                << tensor::dtype_name(value.dtype()) << " " << tensor::to_string(entry.shape) << "; ";
+            continue;
+          }
+          const std::int64_t lo = std::max(me * flat.shard_numel, entry.offset);
+          const std::int64_t hi = std::min((me + 1) * flat.shard_numel, entry.offset + entry.numel);
+          if (lo < hi)
+            block.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel)
+                .copy_(source->flatten().slice(lo - entry.offset, hi - entry.offset));
+        }
+        shard.insert(flat.name + "/" + slot, block);
+      }
+    }
+  // The optimizer's own checks (hyper-parameters, slot types) run before the ranks
+  // agree; a rank whose load succeeded keeps it even when another rank's failed.
+  std::string error = why.str();
+  if (error.empty()) {
+    try {
+      optimizer_->load_state_dict(shard);
+    } catch (const InvalidArgument& e) {
+      error = e.what();
+    }
+  }
+  agree_or_throw(error, op);
+}
+
+}  // namespace troupe::train
