@@ -366,6 +366,18 @@ TEST(FullyShardedDataParallel, FullStateDictsEqualDdps) {
   EXPECT_NO_THROW(unsharded.load_state_dict(got.fsdp->full_optimizer_state_dict()));
   EXPECT_EQ(unsharded.step_count(), 3);
   EXPECT_NO_THROW(model->load_state_dict(got.fsdp->full_state_dict()));
+
+  // And the other way: DDP's dicts load into a fresh FSDP, which then trains like DDP.
+  FsdpRun resumed(world(), Shape::mlp, Opt::adamw, /*seed=*/99);
+  resumed.fsdp->load_full_state_dict(want.model->state_dict());
+  resumed.fsdp->load_full_optimizer_state_dict(want.opt->state_dict());
+  Batches c(world(), 3);
+  for (int s = 3; s < 6; ++s) {
+    const TensorBatch batch = c.next();
+    want.step(batch);
+    resumed.step(batch);
+  }
+  EXPECT_LE(testing::max_relative_difference(resumed.params(), testing::flat_parameters(*want.model)), 1e-5);
 }
 
 // Save at W ranks after 5 steps; a fresh FSDP at W/2 ranks (or 1) restored from the
