@@ -42,8 +42,8 @@ void Adam::set_hyper_parameter(const std::string& key, double value) {
 void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   if (!state.contains("step")) {
     state.insert("step", Tensor::zeros({}, DType::i64));
-    state.insert("exp_avg", Tensor::zeros(param.data.shape(), param.data.dtype()));
-    state.insert("exp_avg_sq", Tensor::zeros(param.data.shape(), param.data.dtype()));
+    state.insert("exp_avg", allocate_state(param.data.shape(), param.data.dtype()).zero_());
+    state.insert("exp_avg_sq", allocate_state(param.data.shape(), param.data.dtype()).zero_());
   }
   std::int64_t& t = state.find("step")->data<std::int64_t>()[0];
   ++t;

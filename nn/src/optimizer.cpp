@@ -132,7 +132,15 @@ void Optimizer::load_state_dict(const StateDict& dict) {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     state_[i] = StateDict();
     for (const Slot& s : known)
-      if (const Tensor* t = dict.find(params_[i].name + "/" + s.name)) state_[i].insert(s.name, t->clone());
+      if (const Tensor* t = dict.find(params_[i].name + "/" + s.name)) {
+        if (!allocate_ || s.scalar) {
+          state_[i].insert(s.name, t->clone());
+        } else {
+          Tensor copy = allocate_state(t->shape(), t->dtype());
+          copy.copy_(*t);
+          state_[i].insert(s.name, copy);
+        }
+      }
   }
 }
 

@@ -40,7 +40,7 @@ void SGD::set_hyper_parameter(const std::string& key, double value) {
 
 void SGD::update(const std::string& name, Parameter& param, StateDict& state) {
   const bool first = !state.contains("momentum_buffer");
-  if (momentum_ != 0 && first) state.insert("momentum_buffer", Tensor::empty(param.data.shape(), param.data.dtype()));
+  if (momentum_ != 0 && first) state.insert("momentum_buffer", allocate_state(param.data.shape(), param.data.dtype()));
   Tensor* buffer = momentum_ != 0 ? state.find("momentum_buffer") : nullptr;
   tensor::dispatch_floating(param.data.dtype(), "SGD.step '" + name + "'", [&](auto tag) {
     using T = decltype(tag);

@@ -4,6 +4,7 @@
 #include "troupe/train/fsdp.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "troupe/error.hpp"
@@ -11,6 +12,13 @@
 #include "troupe/train/grad_scaler.hpp"
 
 namespace troupe::train {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+}  // namespace
 
 FullyShardedDataParallel::~FullyShardedDataParallel() { wait_all(); }
 
@@ -37,7 +45,18 @@ void FullyShardedDataParallel::launch_gather(std::size_t u, bool ahead) {
   for (auto& flat : unit.flats) {
     flat.full = Tensor::empty({flat.padded}, flat.dtype, flat.device);
     note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
-    unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
+    if (!pool_) {
+      unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
+      continue;
+    }
+    // Offload: the shard goes from the pool into this rank's slice of the gathered
+    // buffer on the compute device, and the all-gather runs in place.
+    const auto start = Clock::now();
+    const std::int64_t me = comm_.rank();
+    flat.full.slice(me * flat.shard_numel, (me + 1) * flat.shard_numel).copy_(flat.shard->data);
+    stats_.offload_bytes_to_device += flat.shard->data.nbytes();
+    stats_.offload_seconds += seconds_since(start);
+    unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.full)));
   }
   unit.state = UnitState::gathering;
   ++stats_.gathers;
@@ -113,8 +132,23 @@ void FullyShardedDataParallel::finish_reduce_scatter(std::size_t u) {
   unit.reduce_scatters.clear();
   for (auto& flat : unit.flats) {
     Tensor& grad = flat.shard->grad;
-    if (grad.defined()) tensor::add_(grad, flat.reduced);
-    else grad = flat.reduced;
+    if (pool_) {
+      // Offload: the reduced block goes back to the pool, where the optimizer steps.
+      const auto start = Clock::now();
+      const Tensor host = flat.reduced.device().is_cpu() ? flat.reduced : flat.reduced.to(tensor::Device::cpu());
+      if (grad.defined()) {
+        tensor::add_(grad, host);
+      } else {
+        grad = pool_->empty({flat.shard_numel}, flat.dtype);
+        grad.copy_(host);
+      }
+      stats_.offload_bytes_to_host += flat.reduced.nbytes();
+      stats_.offload_seconds += seconds_since(start);
+    } else if (grad.defined()) {
+      tensor::add_(grad, flat.reduced);
+    } else {
+      grad = flat.reduced;
+    }
     flat.reduced = Tensor();
     note_bytes(-static_cast<std::ptrdiff_t>(flat.full_grad.nbytes()));
     flat.full_grad = Tensor();

@@ -80,6 +80,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
     for (const auto& [name, buffer] : module_.named_buffers())
       if (buffer->defined() && buffer->numel() > 0) comm_.broadcast(collectives::Buffer(*buffer), 0);
   }
+  if (options_.cpu_offload) pool_ = std::make_shared<HostPool>();
   state_keys_ = module_.state_dict().keys();
   for (const auto& [name, buffer] : module_.named_buffers()) buffers_[name] = buffer;
   build_units(paths);
@@ -89,6 +90,9 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
     for (auto& flat : unit.flats) shards.push_back({flat.name, flat.shard.get()});
   optimizer_ = factory(std::move(shards));
   TROUPE_CHECK(optimizer_ != nullptr, "FullyShardedDataParallel: the optimizer factory returned null");
+  if (pool_)
+    optimizer_->set_state_allocator(
+        [pool = pool_](const tensor::Shape& shape, tensor::DType dtype) { return pool->empty(shape, dtype); });
 }
 
 // The manual paths (checked to exist) plus the policy's picks, deduplicated, sorted so
@@ -161,7 +165,8 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
       if (unit.flats.size() > 1) flat.name.append(".").append(tensor::dtype_name(flat.dtype));
       flat.shard_numel = (flat.numel + world - 1) / world;
       flat.padded = flat.shard_numel * world;
-      Tensor shard = Tensor::zeros({flat.shard_numel}, flat.dtype, flat.device);
+      Tensor shard = pool_ ? pool_->zeros({flat.shard_numel}, flat.dtype)
+                           : Tensor::zeros({flat.shard_numel}, flat.dtype, flat.device);
       const std::int64_t lo = me * flat.shard_numel, hi = lo + flat.shard_numel;
       for (std::size_t e = 0; e < flat.entries.size(); ++e) {
         Entry& entry = flat.entries[e];

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,9 +44,19 @@ class Optimizer {
   StateDict state_dict() const;
   void load_state_dict(const StateDict& dict);
 
+  // Allocates the per-parameter state tensors (momentum, Adam's moments), contents
+  // undefined; by default Tensor::empty on the CPU. FSDP's CPU offload points it at a
+  // host pool of its own, so the state lives apart from the compute tensors. Set it
+  // before the first step; load_state_dict also copies into tensors it allocates.
+  using StateAllocator = std::function<Tensor(const tensor::Shape& shape, tensor::DType dtype)>;
+  void set_state_allocator(StateAllocator allocate) { allocate_ = std::move(allocate); }
+
   virtual std::string type_name() const = 0;
 
  protected:
+  Tensor allocate_state(const tensor::Shape& shape, tensor::DType dtype) const {
+    return allocate_ ? allocate_(shape, dtype) : Tensor::empty(shape, dtype);
+  }
   // A per-parameter state tensor. `scalar` slots are 0-dim i64 counters (Adam's
   // per-parameter step); the others have the parameter's shape and dtype.
   struct Slot {
@@ -66,6 +77,7 @@ class Optimizer {
  private:
   std::vector<NamedParameter> params_;
   std::vector<StateDict> state_;  // parallel to params_
+  StateAllocator allocate_;
   double lr_;
   std::int64_t step_count_ = 0;
 };

@@ -70,6 +70,7 @@
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/train/host_pool.hpp"
 #include "troupe/train/oss.hpp"
 
 namespace troupe::train {
@@ -106,6 +107,13 @@ struct FsdpOptions {
   bool prefetch = true;
   // Broadcast rank 0's parameters and buffers at construction, as DDP does.
   bool broadcast_from_rank0 = true;
+  // CPU offload: the parameter shards, their gradients and the optimizer state live in
+  // a HostPool (host_pool.hpp) and the optimizer steps there; a unit's shard is copied
+  // to the compute device just before its all-gather and the reduced gradient block
+  // copied back after the reduce-scatter. For a model on the CPU the compute device is
+  // host memory too, so the copies are host-to-host, but they are made and measured
+  // (FsdpStats::offload_*): the pool is separate memory (mmap'ed, mlock'ed if allowed).
+  bool cpu_offload = false;
 };
 
 // Counters over the last forward + backward (reset by forward()).
@@ -114,6 +122,11 @@ struct FsdpStats {
   int prefetched = 0;          // ... of which were started ahead, before the unit was needed
   int reduce_scatters = 0;
   std::size_t peak_gathered_bytes = 0;  // max of (gathered parameters + full gradients) at once
+  // CPU offload only: bytes copied from the pool to the compute device (shards before
+  // their gathers) and back (reduced gradient blocks), and the seconds those copies took.
+  std::size_t offload_bytes_to_device = 0;
+  std::size_t offload_bytes_to_host = 0;
+  double offload_seconds = 0;
 };
 
 class FullyShardedDataParallel {
@@ -176,6 +189,8 @@ class FullyShardedDataParallel {
   std::size_t optimizer_state_bytes() const;
   std::size_t local_full_gradient_bytes() const;
   const FsdpStats& stats() const { return stats_; }
+  // The offload pool (null without cpu_offload).
+  const HostPool* host_pool() const { return pool_.get(); }
 
   // The unwrapped model's state dict (same keys, order, shapes, dtypes), on every rank.
   nn::StateDict full_state_dict();
@@ -257,6 +272,7 @@ class FullyShardedDataParallel {
   std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> flat_of_;  // param -> (unit, flat)
   std::unordered_map<std::string, std::size_t> entry_of_;                         // param -> entry index
   std::unordered_map<std::string, Tensor*> buffers_;
+  std::shared_ptr<HostPool> pool_;  // before optimizer_: its state is allocated here
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::size_t pending_reduce_ = kNoUnit;  // the unit whose reduce-scatter is in flight
   std::size_t gathered_bytes_ = 0;
