@@ -4,9 +4,6 @@
 
 namespace troupe::tensor::detail {
 
-namespace {
-
-// Contiguous strides of `shape` right-aligned to `nd` output dims, 0 where stretched.
 std::vector<std::int64_t> broadcast_strides(const Shape& shape, const Shape& out) {
   const auto nd = out.size(), offset = nd - shape.size();
   std::vector<std::int64_t> strides(nd, 0);
@@ -17,6 +14,8 @@ std::vector<std::int64_t> broadcast_strides(const Shape& shape, const Shape& out
   }
   return strides;
 }
+
+namespace {
 
 bool is_suffix(const Shape& suffix, const Shape& shape) {
   return suffix.size() <= shape.size() && std::equal(suffix.rbegin(), suffix.rend(), shape.rbegin());

@@ -21,6 +21,9 @@ struct BroadcastPlan {
   std::vector<std::int64_t> a_strides, b_strides;  // general: per output dim, 0 if stretched
 };
 
+// Contiguous strides of `shape` right-aligned to the output's dims, 0 where stretched.
+std::vector<std::int64_t> broadcast_strides(const Shape& shape, const Shape& out);
+
 // Checks dtype, device and shape compatibility; `op` names the operation in errors.
 BroadcastPlan plan_broadcast(const Tensor& a, const Tensor& b, const char* op);
 

@@ -3,7 +3,6 @@
 // `unary`. Values are loaded in the compute type (float for f16/bf16) and rounded
 // once on store.
 #include <cmath>
-#include <optional>
 #include <type_traits>
 
 #include "broadcast.hpp"
@@ -31,15 +30,6 @@ struct Ge { template <class C> bool operator()(C x, C y) const { return x >= y; 
 
 template <class Op> constexpr bool kIsComparison = std::is_same_v<std::invoke_result_t<Op, int, int>, bool>;
 
-template <class Op>
-std::optional<cuda_backend::BinaryOp> cuda_op() {
-  if constexpr (std::is_same_v<Op, Add>) return cuda_backend::BinaryOp::add;
-  if constexpr (std::is_same_v<Op, Sub>) return cuda_backend::BinaryOp::sub;
-  if constexpr (std::is_same_v<Op, Mul>) return cuda_backend::BinaryOp::mul;
-  if constexpr (std::is_same_v<Op, Div>) return cuda_backend::BinaryOp::div;
-  return std::nullopt;
-}
-
 template <class T>
 void check_no_integer_division_by_zero(const Tensor& b, const char* op) {
   if constexpr (std::is_integral_v<T>) {
@@ -47,6 +37,54 @@ void check_no_integer_division_by_zero(const Tensor& b, const char* op) {
     for (std::int64_t i = 0; i < b.numel(); ++i)
       TROUPE_CHECK(p[i] != 0, op, ": integer division by zero at element ", i, " of the divisor");
   }
+}
+
+template <class Op>
+cuda_backend::BinaryOp cuda_op() {
+  using B = cuda_backend::BinaryOp;
+  if constexpr (std::is_same_v<Op, Add>) return B::add;
+  else if constexpr (std::is_same_v<Op, Sub>) return B::sub;
+  else if constexpr (std::is_same_v<Op, Mul>) return B::mul;
+  else if constexpr (std::is_same_v<Op, Div>) return B::div;
+  else if constexpr (std::is_same_v<Op, Eq>) return B::eq;
+  else if constexpr (std::is_same_v<Op, Ne>) return B::ne;
+  else if constexpr (std::is_same_v<Op, Lt>) return B::lt;
+  else if constexpr (std::is_same_v<Op, Le>) return B::le;
+  else if constexpr (std::is_same_v<Op, Gt>) return B::gt;
+  else return B::ge;
+}
+
+// a op b on the GPU: the same-shape and scalar cases take the flat kernel, every other
+// broadcast the strided one (a and b swapped by nothing: each has its own strides).
+template <class Op>
+void binary_cuda(const detail::BroadcastPlan& plan, const Tensor& a, const Tensor& b, Tensor& out,
+                 const char* name) {
+  using Kind = detail::BroadcastPlan::Kind;
+  if constexpr (std::is_same_v<Op, Div>) {
+    // A GPU does not trap on integer division by zero; check the divisor on the host.
+    if (!is_floating(a.dtype()))
+      dispatch(b.dtype(), [&](auto tag) { check_no_integer_division_by_zero<decltype(tag)>(b.to(Device::cpu()), name); });
+  }
+  if (plan.kind == Kind::same || plan.kind == Kind::scalar_b) {
+    cuda_backend::binary(cuda_op<Op>(), a.dtype(), a.raw_data(), b.raw_data(), plan.kind == Kind::scalar_b,
+                         out.raw_data(), out.numel());
+    return;
+  }
+  const auto nd = plan.out_shape.size();
+  TROUPE_CHECK(nd <= static_cast<std::size_t>(cuda_backend::kMaxBroadcastDims), name, " on ", a.device(),
+               ": broadcasting over ", nd, " dimensions, CUDA kernels take at most ",
+               cuda_backend::kMaxBroadcastDims, " (shapes ", to_string(a.shape()), " and ", to_string(b.shape()), ")");
+  cuda_backend::BroadcastIndex index;
+  index.nd = static_cast<int>(nd);
+  const auto sa = detail::broadcast_strides(a.shape(), plan.out_shape);
+  const auto sb = detail::broadcast_strides(b.shape(), plan.out_shape);
+  for (std::size_t d = 0; d < nd; ++d) {
+    index.out_shape[d] = plan.out_shape[d];
+    index.a_strides[d] = sa[d];
+    index.b_strides[d] = sb[d];
+  }
+  cuda_backend::binary_broadcast(cuda_op<Op>(), a.dtype(), a.raw_data(), b.raw_data(), index, out.raw_data(),
+                                 out.numel());
 }
 
 // out = a op b; `out` is undefined for a new result, or `a` itself for the in-place form.
@@ -60,13 +98,7 @@ Tensor binary(const Tensor& a, const Tensor& b, const char* name, Tensor* in_pla
   Tensor out = in_place ? *in_place : Tensor::empty(plan.out_shape, kCompare ? DType::u8 : a.dtype(), a.device());
   if (out.numel() == 0) return out;
   if (a.device().is_cuda()) {
-    const auto op = cuda_op<Op>();
-    TROUPE_CHECK(op && (plan.kind == detail::BroadcastPlan::Kind::same ||
-                        plan.kind == detail::BroadcastPlan::Kind::scalar_b),
-                 name, " on ", a.device(), ": only equal shapes or a one-element right operand are "
-                 "available on CUDA so far, got ", to_string(a.shape()), " and ", to_string(b.shape()));
-    cuda_backend::binary(*op, a.dtype(), a.raw_data(), b.raw_data(),
-                         plan.kind == detail::BroadcastPlan::Kind::scalar_b, out.raw_data(), out.numel());
+    binary_cuda<Op>(plan, a, b, out, name);
     return out;
   }
   dispatch(a.dtype(), [&](auto tag) {
@@ -89,13 +121,18 @@ Tensor scalar_like(const Tensor& a, double value) {
   return Tensor::full({}, value, a.dtype(), a.device());
 }
 
-// out = f(t) elementwise; floating dtypes only unless `any_dtype`.
+// out = f(t) elementwise; floating dtypes only unless `any_dtype`. On CUDA the kernel
+// applies `op` (with lo/hi for clamp), the same formula as f.
 template <class F>
-Tensor unary(const Tensor& t, const char* name, F f, bool any_dtype = false, Tensor* in_place = nullptr) {
+Tensor unary(const Tensor& t, const char* name, cuda_backend::UnaryOp op, F f, bool any_dtype = false,
+             Tensor* in_place = nullptr, double lo = 0, double hi = 0) {
   t.check_defined(name);
-  TROUPE_CHECK(t.device().is_cpu(), name, " on ", t.device(), " is not available on CUDA yet");
   TROUPE_CHECK(any_dtype || is_floating(t.dtype()), name, ": needs a floating dtype, got ", t.dtype());
   Tensor out = in_place ? *in_place : Tensor::empty(t.shape(), t.dtype(), t.device());
+  if (t.device().is_cuda()) {
+    if (t.numel() > 0) cuda_backend::unary(op, t.dtype(), t.raw_data(), out.raw_data(), t.numel(), lo, hi);
+    return out;
+  }
   dispatch(t.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* in = t.data<T>();
@@ -165,13 +202,36 @@ Tensor& scale_(Tensor& t, double alpha) {
   return t;
 }
 
-Tensor neg(const Tensor& t) { return unary(t, "neg", [](auto x) { return -x; }, true); }
+using U = cuda_backend::UnaryOp;
+
+Tensor neg(const Tensor& t) { return unary(t, "neg", U::neg, [](auto x) { return -x; }, true); }
 Tensor abs(const Tensor& t) {
-  return unary(t, "abs", [](auto x) { return x < decltype(x){0} ? -x : x; }, true);
+  return unary(t, "abs", U::abs, [](auto x) { return x < decltype(x){0} ? -x : x; }, true);
 }
-Tensor sqrt(const Tensor& t) { return unary(t, "sqrt", [](auto x) { return std::sqrt(x); }); }
-Tensor exp(const Tensor& t) { return unary(t, "exp", [](auto x) { return std::exp(x); }); }
-Tensor log(const Tensor& t) { return unary(t, "log", [](auto x) { return std::log(x); }); }
+Tensor sqrt(const Tensor& t) { return unary(t, "sqrt", U::sqrt, [](auto x) { return std::sqrt(x); }); }
+Tensor exp(const Tensor& t) { return unary(t, "exp", U::exp, [](auto x) { return std::exp(x); }); }
+Tensor log(const Tensor& t) { return unary(t, "log", U::log, [](auto x) { return std::log(x); }); }
+Tensor tanh(const Tensor& t) { return unary(t, "tanh", U::tanh, [](auto x) { return std::tanh(x); }); }
+Tensor sigmoid(const Tensor& t) {
+  return unary(t, "sigmoid", U::sigmoid, [](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
+}
+Tensor relu(const Tensor& t) {
+  return unary(t, "relu", U::relu, [](auto x) { return x > decltype(x)(0) ? x : decltype(x)(0); });
+}
+
+Tensor gelu(const Tensor& t, bool tanh_approximation) {
+  // nn's GELU formulas (nn/src/activation.cpp), in the compute type.
+  if (tanh_approximation) {
+    return unary(t, "gelu", U::gelu_tanh, [](auto x) {
+      using C = decltype(x);
+      return C(0.5) * x * (C(1) + std::tanh(C(0.7978845608028654) * (x + C(0.044715) * x * x * x)));
+    });
+  }
+  return unary(t, "gelu", U::gelu, [](auto x) {
+    using C = decltype(x);
+    return C(0.5) * x * (C(1) + std::erf(x * C(0.7071067811865476)));
+  });
+}
 
 Tensor clamp(const Tensor& t, double lo, double hi) {
   Tensor out = t.clone();
@@ -181,10 +241,10 @@ Tensor clamp(const Tensor& t, double lo, double hi) {
 Tensor& clamp_(Tensor& t, double lo, double hi) {
   TROUPE_CHECK(!(lo > hi), "clamp: lower bound ", lo, " is above upper bound ", hi);
   // NaN stays NaN, as in PyTorch: both comparisons are false for it.
-  unary(t, "clamp", [lo, hi](auto x) {
+  unary(t, "clamp", U::clamp, [lo, hi](auto x) {
     using C = decltype(x);
     return x < static_cast<C>(lo) ? static_cast<C>(lo) : (x > static_cast<C>(hi) ? static_cast<C>(hi) : x);
-  }, true, &t);
+  }, true, &t, lo, hi);
   return t;
 }
 

@@ -14,15 +14,30 @@ namespace {
 int device_count() { return 0; }
 void* allocate(std::size_t, int) { absent("cuda allocate"); }
 void release(void*, int) {}
+CachingAllocator::Stats memory_stats(int) { return {}; }
+void empty_cache() {}
+void* allocate_pinned(std::size_t) { return nullptr; }
+void release_pinned(void*) {}
+bool is_pinned(const void*) { return false; }
 void copy(void*, const void*, std::size_t, CopyKind) { absent("cuda copy"); }
 void fill(void*, DType, std::int64_t, double) { absent("cuda fill"); }
 void cast(const void*, DType, void*, DType, std::int64_t) { absent("cuda cast"); }
 void binary(BinaryOp, DType, const void*, const void*, bool, void*, std::int64_t) { absent("cuda binary op"); }
+void binary_broadcast(BinaryOp, DType, const void*, const void*, const BroadcastIndex&, void*, std::int64_t) {
+  absent("cuda broadcast binary op");
+}
+void unary(UnaryOp, DType, const void*, void*, std::int64_t, double, double) { absent("cuda unary op"); }
+void reduce(ReduceOp, DType, const void*, DType, void*, std::int64_t, std::int64_t, std::int64_t) {
+  absent("cuda reduction");
+}
 void axpy(DType, void*, double, const void*, std::int64_t) { absent("cuda axpy"); }
 void scale(DType, void*, double, std::int64_t) { absent("cuda scale"); }
 void random_uniform(DType, void*, std::int64_t, std::uint64_t, std::uint64_t, double, double) { absent("cuda uniform"); }
 void random_normal(DType, void*, std::int64_t, std::uint64_t, std::uint64_t, double, double) { absent("cuda normal"); }
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
           double, void*) { absent("cuda gemm"); }
+void sgd_step(float*, const float*, float*, std::int64_t, const SgdScalars&) { absent("cuda fused SGD"); }
+void adam_step(float*, const float*, float*, float*, std::int64_t, const AdamScalars&) { absent("cuda fused Adam"); }
+void unscale_and_check(float*, std::int64_t, float, float*) { absent("cuda unscale"); }
 
 }  // namespace troupe::tensor::cuda_backend

@@ -1,69 +1,110 @@
-// CUDA kernels of the tensor module: allocation, copies, fill, casts, same-shape
-// arithmetic and counter-based random draws. Element conversions and Philox are the
+// CUDA kernels of the tensor module: copies, fill, casts, elementwise arithmetic,
+// comparisons and math (broadcasting), reductions, and counter-based random draws. Element conversions and Philox are the
 // host's own functions (half.hpp, philox.hpp) compiled for the device, which is what
 // makes a cast or a random tensor bit-identical on CPU and GPU.
 //
 // Kernels run on the default stream and each call synchronises it before returning,
-// so a CUDA tensor behaves like a CPU one to its caller. Streams and a caching
-// allocator come with the GPU training path.
-#include <cstdint>
+// so a CUDA tensor behaves like a CPU one to its caller. Streams come with the GPU
+// training path.
+
+#include <algorithm>
 
 #include "../philox.hpp"
-#include "cuda_backend.hpp"
-#include "cuda_check.hpp"
+#include "cuda_device.cuh"
 
 namespace troupe::tensor::cuda_backend {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-int blocks_for(std::int64_t n) {
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 65535 * 32 ? blocks : 65535 * 32);
-}
-
-template <class T> __device__ inline float to_compute(T x) { return static_cast<float>(x); }
-__device__ inline double to_compute(double x) { return x; }
-__device__ inline std::int64_t to_compute(std::int64_t x) { return x; }
-__device__ inline std::int32_t to_compute(std::int32_t x) { return x; }
-
-template <class D, class S> __device__ inline D convert_to(S x) {
-  if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) return D(static_cast<float>(x));
-  else return static_cast<D>(to_compute(x));
-}
-
 template <class S, class D>
 __global__ void cast_kernel(const S* in, D* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  TROUPE_GRID_LOOP(i, n)
     out[i] = convert_to<D>(in[i]);
 }
 
 template <class T>
 __global__ void fill_kernel(T* out, T value, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x)
+  TROUPE_GRID_LOOP(i, n)
     out[i] = value;
 }
 
-template <class T>
-__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, bool b_scalar, T* out, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
-    const auto x = to_compute(a[i]);
-    const auto y = to_compute(b[b_scalar ? 0 : i]);
-    decltype(x + y) r{};
-    switch (op) {
-      case BinaryOp::add: r = x + y; break;
-      case BinaryOp::sub: r = x - y; break;
-      case BinaryOp::mul: r = x * y; break;
-      case BinaryOp::div: r = x / y; break;
-    }
-    out[i] = convert_to<T>(r);
+// Stores x op y at out[i]: in T for arithmetic, as u8 0/1 for comparisons.
+template <class T, class C>
+__device__ inline void store_binary(BinaryOp op, C x, C y, void* out, std::int64_t i) {
+  bool flag = false;
+  switch (op) {
+    case BinaryOp::add: static_cast<T*>(out)[i] = convert_to<T>(x + y); return;
+    case BinaryOp::sub: static_cast<T*>(out)[i] = convert_to<T>(x - y); return;
+    case BinaryOp::mul: static_cast<T*>(out)[i] = convert_to<T>(x * y); return;
+    case BinaryOp::div: static_cast<T*>(out)[i] = convert_to<T>(x / y); return;
+    case BinaryOp::eq: flag = x == y; break;
+    case BinaryOp::ne: flag = x != y; break;
+    case BinaryOp::lt: flag = x < y; break;
+    case BinaryOp::le: flag = x <= y; break;
+    case BinaryOp::gt: flag = x > y; break;
+    case BinaryOp::ge: flag = x >= y; break;
   }
+  static_cast<std::uint8_t*>(out)[i] = flag ? 1 : 0;
+}
+
+template <class T>
+__global__ void binary_kernel(BinaryOp op, const T* a, const T* b, bool b_scalar, void* out, std::int64_t n) {
+  TROUPE_GRID_LOOP(i, n) store_binary<T>(op, to_compute(a[i]), to_compute(b[b_scalar ? 0 : i]), out, i);
+}
+
+// The general broadcast: element i's index in each operand from the output's
+// coordinates, innermost dimension first (a div/mod per dimension; the same-shape and
+// scalar cases take binary_kernel instead).
+template <class T>
+__global__ void broadcast_kernel(BinaryOp op, const T* a, const T* b, BroadcastIndex index, void* out,
+                                 std::int64_t n) {
+  TROUPE_GRID_LOOP(i, n) {
+    std::int64_t rest = i, ia = 0, ib = 0;
+    for (int d = index.nd - 1; d >= 0; --d) {
+      const std::int64_t coordinate = rest % index.out_shape[d];
+      rest /= index.out_shape[d];
+      ia += coordinate * index.a_strides[d];
+      ib += coordinate * index.b_strides[d];
+    }
+    store_binary<T>(op, to_compute(a[ia]), to_compute(b[ib]), out, i);
+  }
+}
+
+// The same formulas as the host (elementwise.cpp, nn/src/activation.cpp), in the
+// compute type; CUDA's float overloads of the math functions keep f32 in f32.
+template <class C>
+__device__ inline C apply_unary(UnaryOp op, C x, double lo, double hi) {
+  switch (op) {
+    case UnaryOp::neg: return -x;
+    case UnaryOp::abs: return x < C(0) ? -x : x;
+    case UnaryOp::relu: return x > C(0) ? x : C(0);
+    case UnaryOp::clamp: return x < static_cast<C>(lo) ? static_cast<C>(lo) : (x > static_cast<C>(hi) ? static_cast<C>(hi) : x);
+    default: break;
+  }
+  if constexpr (std::is_floating_point_v<C>) {
+    constexpr C kInvSqrt2 = C(0.7071067811865476), kSqrt2OverPi = C(0.7978845608028654), kCubic = C(0.044715);
+    switch (op) {
+      case UnaryOp::sqrt: return ::sqrt(x);
+      case UnaryOp::exp: return ::exp(x);
+      case UnaryOp::log: return ::log(x);
+      case UnaryOp::tanh: return ::tanh(x);
+      case UnaryOp::sigmoid: return C(1) / (C(1) + ::exp(-x));
+      case UnaryOp::gelu: return C(0.5) * x * (C(1) + ::erf(x * kInvSqrt2));
+      case UnaryOp::gelu_tanh: return C(0.5) * x * (C(1) + ::tanh(kSqrt2OverPi * (x + kCubic * x * x * x)));
+      default: break;
+    }
+  }
+  return x;  // unreachable: the host lets only floating dtypes reach the math ops
+}
+
+template <class T>
+__global__ void unary_kernel(UnaryOp op, const T* in, T* out, std::int64_t n, double lo, double hi) {
+  TROUPE_GRID_LOOP(i, n) out[i] = convert_to<T>(apply_unary(op, to_compute(in[i]), lo, hi));
 }
 
 template <class T>
 __global__ void axpy_kernel(T* y, double alpha, const T* x, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+  TROUPE_GRID_LOOP(i, n) {
     using C = decltype(to_compute(y[i]));
     y[i] = convert_to<T>(to_compute(y[i]) + static_cast<C>(alpha) * to_compute(x[i]));
   }
@@ -71,7 +112,7 @@ __global__ void axpy_kernel(T* y, double alpha, const T* x, std::int64_t n) {
 
 template <class T>
 __global__ void scale_kernel(T* data, double alpha, std::int64_t n) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+  TROUPE_GRID_LOOP(i, n) {
     using C = decltype(to_compute(data[i]));
     data[i] = convert_to<T>(to_compute(data[i]) * static_cast<C>(alpha));
   }
@@ -80,7 +121,7 @@ __global__ void scale_kernel(T* data, double alpha, std::int64_t n) {
 template <class T>
 __global__ void random_kernel(bool normal, T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
                               double a, double b) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n; i += std::int64_t{gridDim.x} * blockDim.x) {
+  TROUPE_GRID_LOOP(i, n) {
     const auto k = static_cast<std::uint64_t>(i);
     const double v = normal ? a + b * detail::philox_normal(seed, offset, k)
                             : a + (b - a) * detail::philox_uniform(seed, offset, k);
@@ -88,11 +129,97 @@ __global__ void random_kernel(bool normal, T* out, std::int64_t n, std::uint64_t
   }
 }
 
-// Launches on the default stream and waits, so errors surface at the call that caused them.
-void finish(const char* what) {
-  TROUPE_CUDA_CHECK(cudaGetLastError());
-  const cudaError_t status = cudaDeviceSynchronize();
-  if (status != cudaSuccess) cuda_check(status, what, __FILE__, __LINE__);
+// ---- reductions ----
+// The input is [outer, n, inner]. Each thread folds elements into a Partial (running
+// value plus the index that produced it, -1 while empty); partials are combined in any
+// order, so ties and NaNs are settled by index: the first NaN wins max/min/argmax and
+// the first of equal maxima wins argmax, as on the host.
+template <class T> struct AccumulatorOf { using type = double; };
+template <> struct AccumulatorOf<Half> { using type = float; };
+template <> struct AccumulatorOf<BFloat16> { using type = float; };
+template <> struct AccumulatorOf<std::int32_t> { using type = std::int64_t; };
+template <> struct AccumulatorOf<std::int64_t> { using type = std::int64_t; };
+template <> struct AccumulatorOf<std::uint8_t> { using type = std::int64_t; };
+
+template <class A> struct Partial {
+  A value;
+  std::int64_t index;
+};
+
+template <class A> __device__ inline bool is_nan(A v) {
+  if constexpr (std::is_floating_point_v<A>) return v != v;
+  else return false;
+}
+
+template <class A>
+__device__ inline Partial<A> combine(ReduceOp op, Partial<A> x, Partial<A> y) {
+  if (y.index < 0) return x;
+  if (x.index < 0) return y;
+  if (op == ReduceOp::sum || op == ReduceOp::mean || op == ReduceOp::norm)
+    return {x.value + y.value, x.index < y.index ? x.index : y.index};
+  const bool x_nan = is_nan(x.value), y_nan = is_nan(y.value);
+  if (x_nan || y_nan) return x_nan && (!y_nan || x.index < y.index) ? x : y;
+  const bool y_better = op == ReduceOp::min ? y.value < x.value : y.value > x.value;
+  return y_better || (y.value == x.value && y.index < x.index) ? y : x;
+}
+
+template <class A, class T>
+__device__ inline Partial<A> element(ReduceOp op, T x, std::int64_t k) {
+  const A v = static_cast<A>(to_compute(x));
+  return {op == ReduceOp::norm ? v * v : v, k};
+}
+
+// inner == 1: block `task` folds part (task % parts) of row (task / parts) and writes
+// one partial; a row split into several parts keeps every SM busy when rows are few
+// (a whole-tensor sum is one row).
+template <class T, class A>
+__global__ void reduce_rows_kernel(ReduceOp op, const T* in, std::int64_t rows, std::int64_t n, std::int64_t parts,
+                                   Partial<A>* partials) {
+  __shared__ Partial<A> shared[kThreads];
+  const std::int64_t chunk = (n + parts - 1) / parts;
+  for (std::int64_t task = blockIdx.x; task < rows * parts; task += gridDim.x) {
+    const std::int64_t row = task / parts, begin = (task % parts) * chunk;
+    const std::int64_t end = begin + chunk < n ? begin + chunk : n;
+    Partial<A> acc{A{}, -1};
+    for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x)
+      acc = combine(op, acc, element<A>(op, in[row * n + k], k));
+    shared[threadIdx.x] = acc;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride /= 2) {
+      if (threadIdx.x < stride) shared[threadIdx.x] = combine(op, shared[threadIdx.x], shared[threadIdx.x + stride]);
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[task] = shared[0];
+    __syncthreads();
+  }
+}
+
+// inner > 1: one thread per output (i, j) walks k; neighbouring threads read
+// neighbouring j, so the loads coalesce.
+template <class T, class A>
+__global__ void reduce_columns_kernel(ReduceOp op, const T* in, std::int64_t outer, std::int64_t n, std::int64_t inner,
+                                      Partial<A>* partials) {
+  TROUPE_GRID_LOOP(o, outer * inner) {
+    const T* column = in + (o / inner) * n * inner + o % inner;
+    Partial<A> acc{A{}, -1};
+    for (std::int64_t k = 0; k < n; ++k) acc = combine(op, acc, element<A>(op, column[k * inner], k));
+    partials[o] = acc;
+  }
+}
+
+template <class A, class O>
+__global__ void reduce_finish_kernel(ReduceOp op, const Partial<A>* partials, std::int64_t parts, std::int64_t outputs,
+                                     std::int64_t n, O* out) {
+  TROUPE_GRID_LOOP(o, outputs) {
+    Partial<A> acc{A{}, -1};
+    for (std::int64_t p = 0; p < parts; ++p) acc = combine(op, acc, partials[o * parts + p]);
+    switch (op) {
+      case ReduceOp::mean: out[o] = convert_to<O>(static_cast<double>(acc.value) / static_cast<double>(n)); break;
+      case ReduceOp::norm: out[o] = convert_to<O>(::sqrt(static_cast<double>(acc.value))); break;
+      case ReduceOp::argmax: out[o] = convert_to<O>(acc.index); break;
+      default: out[o] = convert_to<O>(acc.value); break;
+    }
+  }
 }
 
 }  // namespace
@@ -105,19 +232,6 @@ int device_count() {
     return 0;
   }
   return count;
-}
-
-void* allocate(std::size_t nbytes, int device) {
-  TROUPE_CUDA_CHECK(cudaSetDevice(device));
-  void* p = nullptr;
-  if (nbytes > 0) TROUPE_CUDA_CHECK(cudaMalloc(&p, nbytes));
-  return p;
-}
-
-void release(void* data, int device) {
-  if (data == nullptr) return;
-  cudaSetDevice(device);
-  cudaFree(data);  // a destructor must not throw; a failed free at teardown is not actionable
 }
 
 void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind) {
@@ -153,9 +267,27 @@ void binary(BinaryOp op, DType dtype, const void* a, const void* b, bool b_is_sc
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     binary_kernel<<<blocks_for(n), kThreads>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), b_is_scalar,
-                                               static_cast<T*>(out), n);
+                                               out, n);
   });
   finish("binary op");
+}
+
+void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, const BroadcastIndex& index,
+                      void* out, std::int64_t n) {
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    broadcast_kernel<<<blocks_for(n), kThreads>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), index,
+                                                  out, n);
+  });
+  finish("broadcast binary op");
+}
+
+void unary(UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n, double lo, double hi) {
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    unary_kernel<<<blocks_for(n), kThreads>>>(op, static_cast<const T*>(in), static_cast<T*>(out), n, lo, hi);
+  });
+  finish("unary op");
 }
 
 void axpy(DType dtype, void* y, double alpha, const void* x, std::int64_t n) {
@@ -172,6 +304,42 @@ void scale(DType dtype, void* data, double alpha, std::int64_t n) {
     scale_kernel<<<blocks_for(n), kThreads>>>(static_cast<T*>(data), alpha, n);
   });
   finish("scale");
+}
+
+void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* out, std::int64_t outer,
+            std::int64_t n, std::int64_t inner) {
+  const std::int64_t outputs = outer * inner;
+  if (outputs == 0) return;
+  // Rows split into parts of >= 8192 elements until about 2048 blocks are in flight.
+  const std::int64_t parts =
+      inner == 1 ? std::max<std::int64_t>(1, std::min<std::int64_t>((n + 8191) / 8192, 2048 / outer)) : 1;
+  dispatch(in_dtype, [&](auto tag) {
+    using T = decltype(tag);
+    using A = typename AccumulatorOf<T>::type;
+    const std::size_t scratch_bytes = static_cast<std::size_t>(outputs * parts) * sizeof(Partial<A>);
+    int device = 0;
+    TROUPE_CUDA_CHECK(cudaGetDevice(&device));
+    auto* partials = static_cast<Partial<A>*>(allocate(scratch_bytes, device));
+    const T* input = static_cast<const T*>(in);
+    if (inner == 1) {
+      const int blocks = static_cast<int>(std::min<std::int64_t>(outputs * parts, 65535));
+      reduce_rows_kernel<<<blocks, kThreads>>>(op, input, outer, n, parts, partials);
+    } else {
+      reduce_columns_kernel<<<blocks_for(outputs), kThreads>>>(op, input, outer, n, inner, partials);
+    }
+    const auto launch_finish = [&](auto* o) {
+      reduce_finish_kernel<<<blocks_for(outputs), kThreads>>>(op, partials, parts, outputs, n, o);
+    };
+    if (out_dtype == DType::i64) launch_finish(static_cast<std::int64_t*>(out));
+    else launch_finish(static_cast<T*>(out));
+    try {
+      finish("reduce");
+    } catch (...) {
+      release(partials, device);
+      throw;
+    }
+    release(partials, device);
+  });
 }
 
 void random_uniform(DType dtype, void* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double lo,

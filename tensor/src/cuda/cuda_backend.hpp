@@ -6,14 +6,32 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../optim_step.hpp"
+#include "troupe/tensor/caching_allocator.hpp"
 #include "troupe/tensor/dtype.hpp"
 
 namespace troupe::tensor::cuda_backend {
 
 enum class CopyKind { host_to_device, device_to_host, device_to_device };
-enum class BinaryOp { add, sub, mul, div };
+// Arithmetic writes the operands' dtype; comparisons (eq ... ge) write u8 0/1.
+enum class BinaryOp { add, sub, mul, div, eq, ne, lt, le, gt, ge };
+// Floating-only: sqrt ... gelu_tanh. clamp uses [lo, hi]; the others ignore them.
+enum class UnaryOp { neg, abs, relu, clamp, sqrt, exp, log, tanh, sigmoid, gelu, gelu_tanh };
+enum class ReduceOp { sum, mean, max, min, norm, argmax };
+
+// Where element i of a broadcast result reads its operands: the output's shape and,
+// per output dimension, each operand's stride (0 where it is stretched).
+constexpr int kMaxBroadcastDims = 8;
+struct BroadcastIndex {
+  int nd = 0;
+  std::int64_t out_shape[kMaxBroadcastDims] = {};
+  std::int64_t a_strides[kMaxBroadcastDims] = {};
+  std::int64_t b_strides[kMaxBroadcastDims] = {};
+};
 
 int device_count();
+// Device memory, through the caching allocator (cuda_memory.cpp): a released block
+// goes back to its size class's free list, not to cudaFree.
 void* allocate(std::size_t nbytes, int device);
 void release(void* data, int device);
 void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind);
@@ -22,6 +40,15 @@ void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int
 // out = a op b elementwise, all n long; b_is_scalar reads b[0] for every element.
 void binary(BinaryOp op, DType dtype, const void* a, const void* b, bool b_is_scalar, void* out,
             std::int64_t n);
+// out[i] = a[ia(i)] op b[ib(i)] for the n elements of index.out_shape.
+void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, const BroadcastIndex& index,
+                      void* out, std::int64_t n);
+// out[i] = op(in[i]); in may equal out.
+void unary(UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n, double lo, double hi);
+// in seen as [outer, n, inner] -> out [outer, inner] of out_dtype (in_dtype, or i64 for
+// argmax and integer sums). Accumulates f16/bf16 in f32, f32/f64 in f64, integers in i64.
+void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* out, std::int64_t outer,
+            std::int64_t n, std::int64_t inner);
 void axpy(DType dtype, void* y, double alpha, const void* x, std::int64_t n);
 void scale(DType dtype, void* data, double alpha, std::int64_t n);
 void random_uniform(DType dtype, void* out, std::int64_t n, std::uint64_t seed,
@@ -31,5 +58,24 @@ void random_normal(DType dtype, void* out, std::int64_t n, std::uint64_t seed,
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through cuBLAS.
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, double alpha, const void* a, const void* b, double beta, void* c);
+
+// ---- fused optimizer steps and the GradScaler check over flat f32 buffers (cuda_optim.cu) ----
+// Each is one kernel launch over n elements; the scalars are computed on the host.
+using detail::SgdScalars;
+using detail::AdamScalars;
+void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n, const SgdScalars& s);
+void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
+               const AdamScalars& s);
+// grad *= inv_scale; *found_inf (a device float) becomes 1 if any grad is Inf or NaN.
+void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf);
+
+// ---- memory (cuda_memory.cpp) ----
+CachingAllocator::Stats memory_stats(int device);
+void empty_cache();
+// Page-locked host memory (cudaHostAlloc) and its release; nullptr when the driver
+// refuses (no device), so the caller can fall back to ordinary host memory.
+void* allocate_pinned(std::size_t nbytes);
+void release_pinned(void* data);
+bool is_pinned(const void* data);
 
 }  // namespace troupe::tensor::cuda_backend

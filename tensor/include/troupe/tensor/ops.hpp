@@ -44,6 +44,12 @@ Tensor abs(const Tensor& t);
 Tensor sqrt(const Tensor& t);
 Tensor exp(const Tensor& t);
 Tensor log(const Tensor& t);
+Tensor tanh(const Tensor& t);
+Tensor sigmoid(const Tensor& t);
+// max(x, 0); NaN gives 0, as nn's ReLU.
+Tensor relu(const Tensor& t);
+// x * Phi(x), or with tanh_approximation PyTorch's approximate='tanh' form.
+Tensor gelu(const Tensor& t, bool tanh_approximation = false);
 Tensor clamp(const Tensor& t, double lo, double hi);
 Tensor& clamp_(Tensor& t, double lo, double hi);
 

@@ -1,0 +1,49 @@
+// Fused optimizer steps over flat f32 buffers, and GradScaler's unscale + inf check.
+//
+// Each call updates a whole buffer (a DDP bucket, a ZeRO/FSDP flat shard, or one
+// parameter) in one pass: on CUDA one kernel launch (cuda_optim.cu), on the CPU one
+// loop. The arithmetic is nn's SGD and Adam/AdamW term for term (PyTorch's
+// single-tensor formulas), so nn/ and train/ can hand a CUDA parameter to these and
+// get the step their host loop would take. All tensors: f32, one shape (or one
+// element count), one device; they are updated in place.
+#pragma once
+
+#include <cstdint>
+
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::tensor {
+
+struct SgdStep {
+  double lr = 0;
+  double momentum = 0;
+  double dampening = 0;
+  double weight_decay = 0;
+  bool nesterov = false;
+  // The momentum buffer's first step stores the gradient itself (PyTorch); its
+  // contents are not read.
+  bool first_step = false;
+};
+// param -= lr * d, d the (weight-decayed, momentum-filtered) gradient. momentum_buffer
+// may be null when momentum is 0.
+void fused_sgd_step_(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, const SgdStep& options);
+
+struct AdamStep {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  bool decoupled = false;  // AdamW: decay the parameter, not the gradient
+  std::int64_t step = 1;   // the step count after this step (1 on the first), for the bias corrections
+};
+void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
+                      const AdamStep& options);
+
+// grads *= inv_scale; found_inf (one f32 element, on grads' device) is set to 1 when
+// any gradient was Inf or NaN and otherwise left as it was, so one flag can collect
+// every buffer of a step before it is all-reduced. No host synchronisation is needed
+// to read the verdict later.
+void unscale_and_check_(Tensor& grads, double inv_scale, Tensor& found_inf);
+
+}  // namespace troupe::tensor

@@ -1,0 +1,49 @@
+// Device-side helpers shared by the .cu files of the tensor module: the launch shape,
+// the compute type of each element type and the conversion that stores a result.
+// Every kernel is one grid-stride loop (TROUPE_GRID_LOOP), so any n runs on a grid
+// capped at kMaxBlocks.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda_backend.hpp"
+#include "cuda_check.hpp"
+
+namespace troupe::tensor::cuda_backend {
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kMaxBlocks = 65535 * 32;
+
+inline int blocks_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 1 ? 1 : blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+#define TROUPE_GRID_LOOP(i, n)                                                          \
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += std::int64_t{gridDim.x} * blockDim.x)
+
+// f16/bf16 compute in float; u8 in int, so that its arithmetic wraps as on the host
+// (where u8 promotes to int) instead of converting a negative float to u8.
+template <class T> __device__ inline float to_compute(T x) { return static_cast<float>(x); }
+__device__ inline float to_compute(float x) { return x; }
+__device__ inline double to_compute(double x) { return x; }
+__device__ inline std::int64_t to_compute(std::int64_t x) { return x; }
+__device__ inline std::int32_t to_compute(std::int32_t x) { return x; }
+__device__ inline std::int32_t to_compute(std::uint8_t x) { return x; }
+
+template <class D, class S> __device__ inline D convert_to(S x) {
+  if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) return D(static_cast<float>(x));
+  else return static_cast<D>(to_compute(x));
+}
+
+// Launches run on the default stream and are waited for, so an error surfaces at the
+// call that caused it and a CUDA tensor behaves like a CPU one to its caller.
+inline void finish(const char* what) {
+  TROUPE_CUDA_CHECK(cudaGetLastError());
+  const cudaError_t status = cudaDeviceSynchronize();
+  if (status != cudaSuccess) cuda_check(status, what, __FILE__, __LINE__);
+}
+
+}  // namespace troupe::tensor::cuda_backend

@@ -1,0 +1,47 @@
+// Fused optimizer steps and GradScaler's unscale + inf check over flat f32 buffers:
+// one launch reads each element's parameter, gradient and state once and writes them
+// once, where separate tensor ops would make a pass per term. The arithmetic is
+// optim_step.hpp's, which the host loop (fused_optim.cpp) runs too.
+#include "cuda_device.cuh"
+
+namespace troupe::tensor::cuda_backend {
+
+namespace {
+
+__global__ void sgd_kernel(float* p, const float* g, float* b, std::int64_t n, SgdScalars s) {
+  TROUPE_GRID_LOOP(i, n) detail::sgd_element(p[i], g[i], b == nullptr ? nullptr : b + i, s);
+}
+
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::int64_t n, AdamScalars s) {
+  TROUPE_GRID_LOOP(i, n) detail::adam_element(p[i], g[i], m[i], v[i], s);
+}
+
+// Every thread that meets a non-finite value writes 1; no atomics are needed because
+// all writers write the same value, and nobody writes 0 here (the flag accumulates
+// over the buffers of one step, as PyTorch's found_inf does).
+__global__ void unscale_kernel(float* g, std::int64_t n, float inv_scale, float* found_inf) {
+  TROUPE_GRID_LOOP(i, n) detail::unscale_element(g[i], inv_scale, *found_inf);
+}
+
+}  // namespace
+
+void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n, const SgdScalars& s) {
+  if (n == 0) return;
+  sgd_kernel<<<blocks_for(n), kThreads>>>(param, grad, momentum_buffer, n, s);
+  finish("fused SGD step");
+}
+
+void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
+               const AdamScalars& s) {
+  if (n == 0) return;
+  adam_kernel<<<blocks_for(n), kThreads>>>(param, grad, exp_avg, exp_avg_sq, n, s);
+  finish("fused Adam step");
+}
+
+void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf) {
+  if (n == 0) return;
+  unscale_kernel<<<blocks_for(n), kThreads>>>(grad, n, inv_scale, found_inf);
+  finish("fused unscale and inf check");
+}
+
+}  // namespace troupe::tensor::cuda_backend

@@ -1,0 +1,138 @@
+// Fused optimizer steps: the host loop against a plain double-precision rendering of
+// PyTorch's formulas (runs everywhere), and the CUDA kernels against the host loop
+// (skipped without a GPU).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "gpu_compare.hpp"
+#include "troupe/tensor/fused_optim.hpp"
+#include "troupe/tensor/random.hpp"
+
+using namespace troupe;
+using namespace troupe::tensor;
+using troupe::tensor::testing::matches_cpu;
+
+namespace {
+
+struct Buffers {
+  Tensor param, grad, a, b;
+  Buffers to(Device d) const { return {param.to(d), grad.to(d), a.to(d), b.to(d)}; }
+};
+
+Buffers make_buffers(std::int64_t n, std::uint64_t seed) {
+  Generator g(seed);
+  return {normal({n}, 0, 1, g), normal({n}, 0, 1, g), Tensor::zeros({n}), Tensor::zeros({n})};
+}
+
+void check_close(const Tensor& got, const std::vector<double>& want, const char* what) {
+  const auto v = got.to_vector<double>();
+  for (std::size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(v[i], want[i], 1e-5 * std::max(1.0, std::fabs(want[i]))) << what << " element " << i;
+}
+
+}  // namespace
+
+TEST(FusedOptim, SgdWithNesterovMomentumAndWeightDecayFollowsPyTorch) {
+  Buffers b = make_buffers(257, 1);
+  const SgdStep o{.lr = 0.1, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = true};
+  auto p = b.param.to_vector<double>(), g = b.grad.to_vector<double>();
+  std::vector<double> buf(p.size());
+  for (int step = 0; step < 3; ++step) {
+    SgdStep s = o;
+    s.first_step = step == 0;
+    fused_sgd_step_(b.param, b.grad, &b.a, s);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const double d = g[i] + 0.01 * p[i];
+      buf[i] = step == 0 ? d : 0.9 * buf[i] + d;
+      p[i] -= 0.1 * (d + 0.9 * buf[i]);
+    }
+  }
+  check_close(b.param, p, "param");
+  check_close(b.a, buf, "momentum buffer");
+}
+
+TEST(FusedOptim, AdamAndAdamWFollowPyTorch) {
+  for (bool decoupled : {false, true}) {
+    Buffers b = make_buffers(257, 2);
+    auto p = b.param.to_vector<double>(), g = b.grad.to_vector<double>();
+    std::vector<double> m(p.size()), v(p.size());
+    for (std::int64_t t = 1; t <= 3; ++t) {
+      const AdamStep o{.lr = 1e-2, .weight_decay = 0.1, .decoupled = decoupled, .step = t};
+      fused_adam_step_(b.param, b.grad, b.a, b.b, o);
+      for (std::size_t i = 0; i < p.size(); ++i) {
+        double gi = g[i];
+        if (decoupled) p[i] *= 1 - 1e-2 * 0.1;
+        else gi += 0.1 * p[i];
+        m[i] = 0.9 * m[i] + 0.1 * gi;
+        v[i] = 0.999 * v[i] + 0.001 * gi * gi;
+        const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.999, t);
+        p[i] -= 1e-2 / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + 1e-8);
+      }
+    }
+    check_close(b.param, p, decoupled ? "AdamW param" : "Adam param");
+    check_close(b.b, v, "exp_avg_sq");
+  }
+}
+
+TEST(FusedOptim, UnscaleMultipliesAndRaisesTheFlagOnlyForNonFiniteGradients) {
+  Tensor grads = Tensor::from_vector<float>({2, 4, 8});
+  Tensor found_inf = Tensor::zeros({1});
+  unscale_and_check_(grads, 0.5, found_inf);
+  EXPECT_EQ(grads.to_vector<float>(), (std::vector<float>{1, 2, 4}));
+  EXPECT_EQ(found_inf.item(), 0);
+  Tensor bad = Tensor::from_vector<float>({1, std::numeric_limits<float>::infinity(), 3});
+  unscale_and_check_(bad, 0.5, found_inf);
+  EXPECT_EQ(found_inf.item(), 1);
+  unscale_and_check_(grads, 1.0, found_inf);  // a later clean buffer does not clear the flag
+  EXPECT_EQ(found_inf.item(), 1);
+}
+
+TEST(FusedOptim, RejectsNonF32AndMismatchedBuffers) {
+  Buffers b = make_buffers(8, 3);
+  Tensor half_grad = b.grad.to(DType::bf16);
+  EXPECT_THROW(fused_sgd_step_(b.param, half_grad, nullptr, SgdStep{.lr = 0.1}), InvalidArgument);
+  Tensor short_state = Tensor::zeros({7});
+  EXPECT_THROW(fused_adam_step_(b.param, b.grad, short_state, b.b, AdamStep{}), InvalidArgument);
+  EXPECT_THROW(fused_sgd_step_(b.param, b.grad, nullptr, SgdStep{.lr = 0.1, .momentum = 0.9}), InvalidArgument);
+}
+
+TEST(CudaFusedOptim, SgdAdamAndAdamWKernelsMatchTheHostLoop) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  for (int kind = 0; kind < 3; ++kind) {
+    Buffers cpu = make_buffers(100003, 4 + kind);
+    Buffers gpu = cpu.to(Device::cuda());
+    for (std::int64_t t = 1; t <= 3; ++t) {
+      if (kind == 0) {
+        const SgdStep o{.lr = 0.05, .momentum = 0.9, .dampening = 0.1, .weight_decay = 1e-4, .first_step = t == 1};
+        fused_sgd_step_(cpu.param, cpu.grad, &cpu.a, o);
+        fused_sgd_step_(gpu.param, gpu.grad, &gpu.a, o);
+      } else {
+        const AdamStep o{.lr = 1e-3, .weight_decay = 0.01, .decoupled = kind == 2, .step = t};
+        fused_adam_step_(cpu.param, cpu.grad, cpu.a, cpu.b, o);
+        fused_adam_step_(gpu.param, gpu.grad, gpu.a, gpu.b, o);
+      }
+    }
+    EXPECT_TRUE(matches_cpu(gpu.param, cpu.param)) << "kind " << kind;
+    EXPECT_TRUE(matches_cpu(gpu.a, cpu.a)) << "kind " << kind;
+    EXPECT_TRUE(matches_cpu(gpu.b, cpu.b)) << "kind " << kind;
+  }
+}
+
+TEST(CudaFusedOptim, UnscaleKernelFindsANaNAnywhereInALargeBuffer) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  Generator g(9);
+  Tensor grads = normal({1 << 20}, 0, 1, g);
+  const Tensor expected = mul(grads, 0.25);
+  Tensor gpu = grads.to(Device::cuda());
+  Tensor found_inf = Tensor::zeros({1}, DType::f32, Device::cuda());
+  unscale_and_check_(gpu, 0.25, found_inf);
+  EXPECT_TRUE(matches_cpu(gpu, expected));
+  EXPECT_EQ(found_inf.item(), 0);
+  std::vector<float> values = grads.to_vector<float>();
+  values[(1 << 20) - 3] = std::numeric_limits<float>::quiet_NaN();
+  Tensor with_nan = Tensor::from_vector(values, {}, Device::cuda());
+  unscale_and_check_(with_nan, 0.25, found_inf);
+  EXPECT_EQ(found_inf.item(), 1);
+}
