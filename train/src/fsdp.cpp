@@ -45,17 +45,20 @@ void FullyShardedDataParallel::launch_gather(std::size_t u, bool ahead) {
   for (auto& flat : unit.flats) {
     flat.full = Tensor::empty({flat.padded}, flat.dtype, flat.device);
     note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
-    if (!pool_) {
+    if (!pool_ && flat.shard->data.dtype() == flat.dtype) {
       unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
       continue;
     }
-    // Offload: the shard goes from the pool into this rank's slice of the gathered
-    // buffer on the compute device, and the all-gather runs in place.
+    // Offload or master shards: the shard goes (from the pool, rounded to the model's
+    // dtype) into this rank's slice of the gathered buffer on the compute device, and
+    // the all-gather runs in place.
     const auto start = Clock::now();
     const std::int64_t me = comm_.rank();
     flat.full.slice(me * flat.shard_numel, (me + 1) * flat.shard_numel).copy_(flat.shard->data);
-    stats_.offload_bytes_to_device += flat.shard->data.nbytes();
-    stats_.offload_seconds += seconds_since(start);
+    if (pool_) {
+      stats_.offload_bytes_to_device += flat.shard->data.nbytes();
+      stats_.offload_seconds += seconds_since(start);
+    }
     unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.full)));
   }
   unit.state = UnitState::gathering;
@@ -132,18 +135,24 @@ void FullyShardedDataParallel::finish_reduce_scatter(std::size_t u) {
   unit.reduce_scatters.clear();
   for (auto& flat : unit.flats) {
     Tensor& grad = flat.shard->grad;
-    if (pool_) {
-      // Offload: the reduced block goes back to the pool, where the optimizer steps.
+    const Tensor& master = flat.shard->data;
+    if (pool_ || master.dtype() != flat.dtype) {
+      // Offload: the reduced block goes back to the pool, where the optimizer steps;
+      // master shards: it is widened to the master dtype.
       const auto start = Clock::now();
-      const Tensor host = flat.reduced.device().is_cpu() ? flat.reduced : flat.reduced.to(tensor::Device::cpu());
       if (grad.defined()) {
-        tensor::add_(grad, host);
+        Tensor widened = Tensor::empty({flat.shard_numel}, master.dtype(), master.device());
+        widened.copy_(flat.reduced);
+        tensor::add_(grad, widened);
       } else {
-        grad = pool_->empty({flat.shard_numel}, flat.dtype);
-        grad.copy_(host);
+        grad = pool_ ? pool_->empty({flat.shard_numel}, master.dtype())
+                     : Tensor::empty({flat.shard_numel}, master.dtype(), master.device());
+        grad.copy_(flat.reduced);
       }
-      stats_.offload_bytes_to_host += flat.reduced.nbytes();
-      stats_.offload_seconds += seconds_since(start);
+      if (pool_) {
+        stats_.offload_bytes_to_host += flat.reduced.nbytes();
+        stats_.offload_seconds += seconds_since(start);
+      }
     } else if (grad.defined()) {
       tensor::add_(grad, flat.reduced);
     } else {

@@ -54,7 +54,8 @@ void FullyShardedDataParallel::for_each_full_tensor(
     const auto [u, f] = flat_of_.at(key);
     const Flat& flat = units_[u].flats[f];
     const Entry& entry = flat.entries[entry_of_.at(key)];
-    fn(key, gather_range(flat, flat.shard->data, entry.offset, entry.numel).reshape(entry.shape));
+    Tensor value = gather_range(flat, flat.shard->data, entry.offset, entry.numel).reshape(entry.shape);
+    fn(key, value.dtype() == flat.dtype ? value : value.to(flat.dtype));  // master shards: the model's dtype
   }
 }
 

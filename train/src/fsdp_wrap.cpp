@@ -74,6 +74,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
                                                    const OptimizerFactory& factory, FsdpOptions options)
     : module_(module), comm_(comm), options_(std::move(options)) {
   TROUPE_CHECK(factory != nullptr, "FullyShardedDataParallel: the optimizer factory is empty");
+  TROUPE_CHECK(!options_.master_dtype || tensor::is_floating(*options_.master_dtype),
+               "FullyShardedDataParallel: master_dtype must be floating, got ", *options_.master_dtype);
   const std::vector<std::string> paths = choose_unit_paths();
   if (options_.broadcast_from_rank0 && comm_.size() > 1) {
     for (const auto& [name, param] : module_.named_parameters()) comm_.broadcast(collectives::Buffer(param->data), 0);
@@ -165,8 +167,10 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
       if (unit.flats.size() > 1) flat.name.append(".").append(tensor::dtype_name(flat.dtype));
       flat.shard_numel = (flat.numel + world - 1) / world;
       flat.padded = flat.shard_numel * world;
-      Tensor shard = pool_ ? pool_->zeros({flat.shard_numel}, flat.dtype)
-                           : Tensor::zeros({flat.shard_numel}, flat.dtype, flat.device);
+      const tensor::DType master =
+          options_.master_dtype && tensor::is_floating(flat.dtype) ? *options_.master_dtype : flat.dtype;
+      Tensor shard = pool_ ? pool_->zeros({flat.shard_numel}, master)
+                           : Tensor::zeros({flat.shard_numel}, master, flat.device);
       const std::int64_t lo = me * flat.shard_numel, hi = lo + flat.shard_numel;
       for (std::size_t e = 0; e < flat.entries.size(); ++e) {
         Entry& entry = flat.entries[e];

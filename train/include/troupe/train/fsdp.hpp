@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -114,6 +115,12 @@ struct FsdpOptions {
   // host memory too, so the copies are host-to-host, but they are made and measured
   // (FsdpStats::offload_*): the pool is separate memory (mmap'ed, mlock'ed if allowed).
   bool cpu_offload = false;
+  // Mixed precision: the dtype of the shards (the masters the optimizer steps), e.g.
+  // f32 for a model that was converted to bf16/f16 before wrapping. Gathers round the
+  // masters into the model's dtype (so forward/backward and the gathered bytes are
+  // low-precision) and the reduced low-precision gradients are widened into the shard
+  // gradients, where GradScaler and clipping see them. Unset: the model's own dtype.
+  std::optional<tensor::DType> master_dtype{};
 };
 
 // Counters over the last forward + backward (reset by forward()).
@@ -217,11 +224,11 @@ class FullyShardedDataParallel {
   };
   struct Flat {
     std::string name;  // the shard's name in the optimizer: "_fsdp.<unit>.flat_param[.<dtype>]"
-    tensor::DType dtype = tensor::DType::f32;
+    tensor::DType dtype = tensor::DType::f32;  // the model's (gathered buffers, full gradients)
     tensor::Device device = tensor::Device::cpu();
     std::vector<Entry> entries;
     std::int64_t numel = 0, padded = 0, shard_numel = 0;
-    std::unique_ptr<nn::Parameter> shard;  // stable address: the optimizer holds it
+    std::unique_ptr<nn::Parameter> shard;  // stable address: the optimizer holds it; master dtype
     Tensor full;       // gathered parameters, while the unit is gathered
     Tensor full_grad;  // the unit's full local gradient, in backward and under no_sync
     Tensor reduced;    // this rank's block of a reduce-scatter in flight
