@@ -1,188 +1,19 @@
 // FSDP (FullyShardedDataParallel) under mpirun: it must train like plain DDP (with
-// momentum, AdamW, accumulation, padding, nested units, clipping, a loss scale), hold
-// about 16N/W bytes of model state per rank with Adam, and checkpoint full state dicts
-// that are DDP's and load at another world size.
+// momentum, AdamW, accumulation, padding, nested units, clipping, a loss scale, a bf16
+// model with f32 master shards, CPU offload), prefetch, and hold about 16N/W bytes of
+// model state per rank with Adam. State dicts: fsdp_state_dict_test.cpp.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 
-#include "train_world.hpp"
-#include "troupe/nn/activation.hpp"
-#include "troupe/nn/adamw.hpp"
-#include "troupe/nn/clip.hpp"
-#include "troupe/nn/embedding.hpp"
-#include "troupe/nn/linear.hpp"
-#include "troupe/nn/loss.hpp"
-#include "troupe/nn/sgd.hpp"
-#include "troupe/tensor/random.hpp"
-#include "troupe/train/ddp.hpp"
-#include "troupe/train/distributed_sampler.hpp"
-#include "troupe/train/fsdp.hpp"
-#include "troupe/train/grad_scaler.hpp"
-#include "troupe/train/host_pool.hpp"
-#include "troupe/train/master_weights.hpp"
+#include "fsdp_harness.hpp"
 
 namespace troupe::train {
 namespace {
 
+using namespace fsdp_testing;
 using testing::world;
-
-constexpr std::int64_t kGlobalBatch = 48;  // divisible by 1, 2, 3 and 4 ranks (and W/2)
-constexpr int kSteps = 20;
-constexpr std::uint64_t kDataSeed = 7, kModelSeed = 3, kShuffleSeed = 11;
-
-enum class Opt { sgd_momentum, adamw };
-enum class Shape { mlp, odd, nested };
-
-std::unique_ptr<nn::Optimizer> make_optimizer(Opt opt, std::vector<nn::NamedParameter> params) {
-  if (opt == Opt::sgd_momentum) return std::make_unique<nn::SGD>(std::move(params), 0.1, 0.9);
-  return std::make_unique<nn::AdamW>(std::move(params), 1e-2);
-}
-OptimizerFactory factory(Opt opt) {
-  return [opt](std::vector<nn::NamedParameter> params) { return make_optimizer(opt, std::move(params)); };
-}
-
-// mlp: the shared 16-32-32-4 MLP. odd: 16-7-4, whose first Linear has 119 parameters
-// (no world size above 1 divides it). nested: Linear(16, 32), ReLU,
-// Sequential(Linear(32, 32), ReLU, Linear(32, 4)).
-std::unique_ptr<nn::Sequential> make_model(Shape shape, std::uint64_t seed) {
-  if (shape == Shape::mlp) return testing::make_mlp(seed);
-  tensor::Generator gen(seed);
-  auto model = std::make_unique<nn::Sequential>();
-  if (shape == Shape::odd) {
-    model->emplace<nn::Linear>(16, 7, gen);
-    model->emplace<nn::ReLU>();
-    model->emplace<nn::Linear>(7, 4, gen);
-    return model;
-  }
-  model->emplace<nn::Linear>(16, 32, gen);
-  model->emplace<nn::ReLU>();
-  auto inner = std::make_shared<nn::Sequential>();
-  inner->emplace<nn::Linear>(32, 32, gen);
-  inner->emplace<nn::ReLU>();
-  inner->emplace<nn::Linear>(32, 4, gen);
-  model->add(inner);
-  return model;
-}
-
-FsdpOptions wrapping(Shape shape) {
-  if (shape == Shape::mlp) return {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>()};
-  if (shape == Shape::odd) return {.auto_wrap_policy = size_based_auto_wrap_policy(100)};  // "0" only
-  return {.wrap = {"2", "2.0"}};
-}
-
-// The global batches, for a communicator of any size: R ranks x batch B see the samples
-// of one rank x batch R*B, so runs at different world sizes see the same data.
-struct Batches {
-  TensorDataset data = testing::make_data(kGlobalBatch * kSteps, kDataSeed);
-  DistributedSampler sampler;
-  std::int64_t local;
-  explicit Batches(collectives::Communicator& comm, int skip = 0)
-      : sampler(data.size(), comm.size(), comm.rank(), {.shuffle = true, .seed = kShuffleSeed}),
-        local(kGlobalBatch / comm.size()) {
-    for (int s = 0; s < skip; ++s) sampler.take(local);
-  }
-  TensorBatch next() { return data.rows(sampler.take(local)); }
-};
-
-// One step in `micro` micro-batches, the first ones under no_sync; with `clip`,
-// `scaler`, and an inf planted in the gradient (by `poison`) at step `poison_step`.
-struct Options {
-  int micro = 1;
-  double clip = 0;
-  GradScaler* scaler = nullptr;
-  int poison_step = -1;
-};
-
-struct FsdpRun {
-  std::unique_ptr<nn::Sequential> model;
-  std::unique_ptr<FullyShardedDataParallel> fsdp;
-  nn::CrossEntropyLoss loss_fn;
-  int steps_done = 0;
-  double last_norm = -1;
-
-  FsdpRun(collectives::Communicator& comm, Shape shape, Opt opt, std::uint64_t seed = kModelSeed,
-          bool cpu_offload = false)
-      : model(make_model(shape, seed + static_cast<std::uint64_t>(comm.rank()))) {
-    FsdpOptions options = wrapping(shape);
-    options.cpu_offload = cpu_offload;
-    fsdp = std::make_unique<FullyShardedDataParallel>(*model, comm, factory(opt), options);
-  }
-
-  void step(const TensorBatch& batch, const Options& o = {}) {
-    const std::int64_t rows = batch.inputs.size(0) / o.micro;
-    const double scale = o.scaler ? o.scaler->scale() : 1.0;
-    for (int m = 0; m < o.micro; ++m) {
-      loss_fn.forward(fsdp->forward(batch.inputs.slice(m * rows, (m + 1) * rows)),
-                      batch.targets.slice(m * rows, (m + 1) * rows));
-      const Tensor g = loss_fn.backward(scale / o.micro);
-      if (m + 1 < o.micro) {
-        auto guard = fsdp->no_sync();
-        fsdp->backward(g);
-      } else {
-        fsdp->backward(g);
-      }
-    }
-    if (steps_done++ == o.poison_step && world().rank() == world().size() - 1)
-      fsdp->optimizer().named_parameters().back().param->grad.data<float>()[0] = INFINITY;
-    if (o.clip > 0) last_norm = fsdp->clip_grad_norm(o.clip);
-    if (o.scaler) {
-      fsdp->step(*o.scaler);
-      o.scaler->update();
-    } else {
-      fsdp->step();
-    }
-    fsdp->zero_grad();
-  }
-  std::vector<double> params() {
-    std::vector<double> out;
-    for (const auto& [name, value] : fsdp->full_state_dict()) {
-      const auto v = value.to_vector<double>();
-      out.insert(out.end(), v.begin(), v.end());
-    }
-    return out;
-  }
-};
-
-struct DdpRun {
-  std::unique_ptr<nn::Sequential> model;
-  std::unique_ptr<DistributedDataParallel> ddp;
-  std::unique_ptr<nn::Optimizer> opt;
-  nn::CrossEntropyLoss loss_fn;
-  int steps_done = 0;
-  double last_norm = -1;
-
-  DdpRun(Shape shape, Opt o)
-      : model(make_model(shape, kModelSeed + static_cast<std::uint64_t>(world().rank()))),
-        ddp(std::make_unique<DistributedDataParallel>(*model, world())),
-        opt(make_optimizer(o, model->named_parameters())) {}
-
-  void step(const TensorBatch& batch, const Options& o = {}) {
-    const std::int64_t rows = batch.inputs.size(0) / o.micro;
-    const double scale = o.scaler ? o.scaler->scale() : 1.0;
-    for (int m = 0; m < o.micro; ++m) {
-      loss_fn.forward(ddp->forward(batch.inputs.slice(m * rows, (m + 1) * rows)),
-                      batch.targets.slice(m * rows, (m + 1) * rows));
-      const Tensor g = loss_fn.backward(scale / o.micro);
-      if (m + 1 < o.micro) {
-        auto guard = ddp->no_sync();
-        ddp->backward(g);
-      } else {
-        ddp->backward(g);
-      }
-    }
-    if (steps_done++ == o.poison_step) model->named_parameters().back().param->grad.data<float>()[0] = INFINITY;
-    if (o.clip > 0) last_norm = nn::clip_grad_norm(model->named_parameters(), o.clip);
-    if (o.scaler) {
-      o.scaler->step(*opt);
-      o.scaler->update();
-    } else {
-      opt->step();
-    }
-    opt->zero_grad();
-  }
-};
 
 struct Case {
   Shape shape;
@@ -353,69 +184,6 @@ TEST(FullyShardedDataParallel, GradScalerSkipsTheStepOnEveryRankWhenAnyShardOver
   EXPECT_LE(testing::max_relative_difference(got.params(), testing::flat_parameters(*want.model)), 1e-5);
 }
 
-// The full dicts are DDP's: the model's keys/shapes/values, and the optimizer's under
-// the full parameter names, loadable into a plain AdamW.
-TEST(FullyShardedDataParallel, FullStateDictsEqualDdps) {
-  DdpRun want(Shape::mlp, Opt::adamw);
-  FsdpRun got(world(), Shape::mlp, Opt::adamw);
-  Batches a(world()), b(world());
-  for (int s = 0; s < 3; ++s) {
-    want.step(a.next());
-    got.step(b.next());
-  }
-  for (const auto& [want_dict, got_dict] : {std::pair{want.model->state_dict(), got.fsdp->full_state_dict()},
-                                            std::pair{want.opt->state_dict(), got.fsdp->full_optimizer_state_dict()}}) {
-    ASSERT_EQ(got_dict.keys(), want_dict.keys());
-    for (const auto& [key, value] : want_dict) {
-      const Tensor& other = got_dict.at(key);
-      ASSERT_EQ(other.shape(), value.shape()) << key;
-      ASSERT_EQ(other.dtype(), value.dtype()) << key;
-      EXPECT_LE(testing::max_relative_difference(other.to_vector<double>(), value.to_vector<double>()), 1e-5) << key;
-    }
-  }
-  auto model = testing::make_mlp(kModelSeed);
-  nn::AdamW unsharded(model->named_parameters());
-  EXPECT_NO_THROW(unsharded.load_state_dict(got.fsdp->full_optimizer_state_dict()));
-  EXPECT_EQ(unsharded.step_count(), 3);
-  EXPECT_NO_THROW(model->load_state_dict(got.fsdp->full_state_dict()));
-
-  // And the other way: DDP's dicts load into a fresh FSDP, which then trains like DDP.
-  FsdpRun resumed(world(), Shape::mlp, Opt::adamw, /*seed=*/99);
-  resumed.fsdp->load_full_state_dict(want.model->state_dict());
-  resumed.fsdp->load_full_optimizer_state_dict(want.opt->state_dict());
-  Batches c(world(), 3);
-  for (int s = 3; s < 6; ++s) {
-    const TensorBatch batch = c.next();
-    want.step(batch);
-    resumed.step(batch);
-  }
-  EXPECT_LE(testing::max_relative_difference(resumed.params(), testing::flat_parameters(*want.model)), 1e-5);
-}
-
-// Save at W ranks after 5 steps; a fresh FSDP at W/2 ranks (or 1) restored from the
-// dicts takes the next 5 steps like the run that never stopped.
-TEST(FullyShardedDataParallel, LoadFullStateDictAtAnotherWorldSizeContinues) {
-  auto& comm = world();
-  FsdpRun first(comm, Shape::odd, Opt::adamw);
-  Batches batches(comm);
-  for (int s = 0; s < 5; ++s) first.step(batches.next());
-  const nn::StateDict model_dict = first.fsdp->full_state_dict();
-  const nn::StateDict optim_dict = first.fsdp->full_optimizer_state_dict();
-  for (int s = 5; s < 10; ++s) first.step(batches.next());
-  const auto want = first.params();
-
-  const int half = std::max(1, comm.size() / 2);
-  auto sub = comm.split(comm.rank() / half, comm.rank() % half);
-  ASSERT_EQ(sub->size(), half);
-  FsdpRun second(*sub, Shape::odd, Opt::adamw, /*seed=*/99);
-  second.fsdp->load_full_state_dict(model_dict);
-  second.fsdp->load_full_optimizer_state_dict(optim_dict);
-  EXPECT_EQ(second.fsdp->optimizer().step_count(), 5);
-  Batches resumed(*sub, 5);
-  for (int s = 5; s < 10; ++s) second.step(resumed.next());
-  EXPECT_LE(testing::max_relative_difference(second.params(), want), 1e-5);
-}
-
 // CPU offload: the shards, their gradients and AdamW's moments live in the host pool
 // and the step runs there. Same arithmetic as without offload (bit for bit), and the
 // copies are really made and counted: per step the shards go to the compute side twice
@@ -513,32 +281,6 @@ TEST(FullyShardedDataParallel, Bf16ModelWithF32MasterShardsTrainsLikeDdpWithMast
   const nn::StateDict optim = fsdp.full_optimizer_state_dict();
   EXPECT_EQ(optim.keys(), ddp_opt.state_dict().keys());
   EXPECT_EQ(optim.at("0.weight/exp_avg").dtype(), DType::f32);
-}
-
-TEST(FullyShardedDataParallel, LoadFullStateDictRejectsAWrongShapeOnEveryRank) {
-  FsdpRun run(world(), Shape::mlp, Opt::adamw);
-  const nn::StateDict good = run.fsdp->full_state_dict();
-  nn::StateDict bad;
-  for (const auto& [key, value] : good) bad.insert(key, key == "2.weight" ? Tensor::zeros({32, 31}) : value);
-  try {
-    run.fsdp->load_full_state_dict(bad);
-    ADD_FAILURE() << "a wrong shape was accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("2.weight"), std::string::npos) << e.what();
-  }
-  nn::StateDict missing;
-  for (const auto& [key, value] : good)
-    if (key != "4.bias") missing.insert(key, value);
-  EXPECT_THROW(run.fsdp->load_full_state_dict(missing), InvalidArgument);
-  EXPECT_EQ(testing::max_relative_difference(run.params(), [&] {
-              std::vector<double> v;
-              for (const auto& [key, value] : good) {
-                const auto x = value.to_vector<double>();
-                v.insert(v.end(), x.begin(), x.end());
-              }
-              return v;
-            }()),
-            0.0);
 }
 
 }  // namespace
