@@ -81,6 +81,24 @@ TEST(FullyShardedDataParallel, AWrapPolicyThatWrapsNothingIsAClearError) {
   EXPECT_THROW(size_based_auto_wrap_policy(0), InvalidArgument);
 }
 
+// A forward that throws (a wrongly shaped input, refused by the first unit's Linear
+// after the second unit's gather was prefetched) leaves nothing gathered or in flight,
+// and training goes on exactly as if it never happened.
+TEST(FullyShardedDataParallel, AForwardThatThrowsLeavesNothingGathered) {
+  DdpRun want(Shape::mlp, Opt::adamw);
+  FsdpRun got(world(), Shape::mlp, Opt::adamw);
+  Batches a(world()), b(world());
+  want.step(a.next());
+  got.step(b.next());
+  EXPECT_THROW(got.fsdp->forward(Tensor::zeros({2, 15})), InvalidArgument);
+  for (const auto& [name, p] : got.model->named_parameters()) EXPECT_FALSE(p->data.defined()) << name;
+  for (int s = 1; s < 5; ++s) {
+    want.step(a.next());
+    got.step(b.next());
+  }
+  EXPECT_LE(testing::max_relative_difference(got.params(), testing::flat_parameters(*want.model)), 1e-5);
+}
+
 // Three units used in order: forward gathers the first on demand and prefetches the
 // other two; backward the same in reverse. One reduce-scatter per unit.
 TEST(FullyShardedDataParallel, PrefetchesTheNextUnitsAllGather) {
