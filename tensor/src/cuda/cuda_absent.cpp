@@ -1,7 +1,7 @@
 // The CUDA entry points of a build without the toolkit. Tensor code checks the
 // device before it gets here (check_device_usable), so these throw only if that
 // check was skipped; the message says how to get a CUDA build.
-#include "cuda/cuda_backend.hpp"
+#include "cuda_backend.hpp"
 
 namespace troupe::tensor::cuda_backend {
 namespace {
