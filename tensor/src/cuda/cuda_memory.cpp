@@ -37,6 +37,9 @@ CachingAllocator& allocator() {
 }  // namespace
 
 void* allocate(std::size_t nbytes, int device) {
+  // Kernels run on the current device; a cache hit must make it this block's device
+  // just as a cudaMalloc would have.
+  TROUPE_CUDA_CHECK(cudaSetDevice(device));
   try {
     return allocator().allocate(nbytes, device);
   } catch (const std::bad_alloc&) {
