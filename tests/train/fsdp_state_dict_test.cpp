@@ -5,7 +5,13 @@
 #include <cmath>
 #include <cstdio>
 
+#include <unistd.h>
+
+#include <filesystem>
+
 #include "fsdp_harness.hpp"
+#include "troupe/checkpoint/file_reader.hpp"
+#include "troupe/checkpoint/parallel_checkpoint.hpp"
 
 namespace troupe::train {
 namespace {
@@ -103,6 +109,47 @@ TEST(FullyShardedDataParallel, LoadFullStateDictRejectsAWrongShapeOnEveryRank) {
             0.0);
 }
 
+
+// A full-state-dict checkpoint with no gathering at all: each rank hands its shard's
+// pieces to the parallel save, and the one HDF5 file holds exactly full_state_dict()
+// and full_optimizer_state_dict() under /model and /optimizer.
+TEST(FullyShardedDataParallel, LocalSlicesWriteTheFullStateDictsThroughTheParallelSave) {
+  auto& comm = world();
+  FsdpRun run(comm, Shape::odd, Opt::adamw);  // a padded unit and the root unit
+  Batches batches(comm);
+  for (int s = 0; s < 3; ++s) run.step(batches.next());
+
+  checkpoint::SaveManifest manifest;
+  manifest.step = 3;
+  manifest.world_size = comm.size();
+  std::vector<checkpoint::Slice> slices;
+  for (const auto& group : {std::pair{std::string("/model/"), run.fsdp->local_model_slices()},
+                            std::pair{std::string("/optimizer/"), run.fsdp->local_optimizer_slices()}})
+    for (const auto& piece : group.second) {
+      manifest.add_tensor(group.first + piece.name, piece.dtype, piece.shape);
+      slices.push_back(checkpoint::Slice{piece.begin, piece.data});
+    }
+  std::int64_t pid = comm.rank() == 0 ? static_cast<std::int64_t>(getpid()) : 0;
+  if (comm.size() > 1) comm.allreduce(collectives::Buffer(&pid, 1), collectives::ReduceOp::max);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("troupe_fsdp_" + std::to_string(pid));
+  std::filesystem::path file;
+  {
+    checkpoint::ParallelCheckpoint ckpt(dir, 1, MPI_COMM_WORLD);
+    file = ckpt.save(manifest, slices);
+  }
+  const nn::StateDict model = run.fsdp->full_state_dict();
+  const nn::StateDict optim = run.fsdp->full_optimizer_state_dict();
+  checkpoint::FileReader reader(file.string());
+  for (const auto& [group, dict] : {std::pair{std::string("/model/"), &model}, std::pair{std::string("/optimizer/"), &optim}})
+    for (const auto& [key, value] : *dict) {
+      if (key.find('/') == std::string::npos && group == "/optimizer/") continue;  // hyper-parameters: attributes
+      const Tensor saved = reader.read(group + key);
+      ASSERT_EQ(saved.shape(), value.shape()) << key;
+      EXPECT_EQ(saved.to_vector<double>(), value.to_vector<double>()) << key;
+    }
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
 
 }  // namespace
 }  // namespace troupe::train

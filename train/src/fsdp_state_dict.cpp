@@ -43,6 +43,61 @@ void FullyShardedDataParallel::agree_or_throw(const std::string& local_error, co
   if (failed >= 0) TROUPE_THROW(InvalidArgument, op, ": rank ", failed, " rejected the dict (see its error)");
 }
 
+std::vector<FullyShardedDataParallel::LocalSlice> FullyShardedDataParallel::local_model_slices() {
+  std::vector<LocalSlice> out;
+  const std::int64_t me = comm_.rank();
+  for (const auto& key : state_keys_) {
+    if (const auto it = buffers_.find(key); it != buffers_.end()) {
+      const Tensor& b = *it->second;
+      out.push_back({key, b.dtype(), b.shape(), 0, me == 0 ? b.flatten() : Tensor()});
+      continue;
+    }
+    const auto [u, f] = flat_of_.at(key);
+    const Flat& flat = units_[u].flats[f];
+    const Entry& entry = flat.entries[entry_of_.at(key)];
+    LocalSlice slice{key, flat.dtype, entry.shape, 0, Tensor()};
+    const std::int64_t lo = std::max(me * flat.shard_numel, entry.offset);
+    const std::int64_t hi = std::min((me + 1) * flat.shard_numel, entry.offset + entry.numel);
+    if (lo < hi) {
+      slice.begin = lo - entry.offset;
+      slice.data = flat.shard->data.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel);
+      if (slice.data.dtype() != flat.dtype) slice.data = slice.data.to(flat.dtype);
+    }
+    out.push_back(std::move(slice));
+  }
+  return out;
+}
+
+std::vector<FullyShardedDataParallel::LocalSlice> FullyShardedDataParallel::local_optimizer_slices() {
+  const nn::StateDict shard = optimizer_->state_dict();  // this rank's 1/W
+  std::vector<LocalSlice> out;
+  const std::int64_t me = comm_.rank();
+  for (const auto& key : state_keys_) {
+    if (buffers_.contains(key)) continue;
+    const auto [u, f] = flat_of_.at(key);
+    const Flat& flat = units_[u].flats[f];
+    const Entry& entry = flat.entries[entry_of_.at(key)];
+    const std::string prefix = flat.name + "/";
+    for (const auto& [slot_key, value] : shard) {
+      if (slot_key.compare(0, prefix.size(), prefix) != 0) continue;
+      const std::string name = key + "/" + slot_key.substr(prefix.size());
+      if (value.dim() == 0) {
+        out.push_back({name, value.dtype(), {}, 0, me == 0 ? value.reshape({1}) : Tensor()});
+        continue;
+      }
+      LocalSlice slice{name, value.dtype(), entry.shape, 0, Tensor()};
+      const std::int64_t lo = std::max(me * flat.shard_numel, entry.offset);
+      const std::int64_t hi = std::min((me + 1) * flat.shard_numel, entry.offset + entry.numel);
+      if (lo < hi) {
+        slice.begin = lo - entry.offset;
+        slice.data = value.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel);
+      }
+      out.push_back(std::move(slice));
+    }
+  }
+  return out;
+}
+
 void FullyShardedDataParallel::for_each_full_tensor(
     const std::function<void(const std::string& name, const Tensor& value)>& fn) {
   TROUPE_CHECK(!busy_, "FullyShardedDataParallel::for_each_full_tensor: called inside a forward or backward");

@@ -214,6 +214,27 @@ class FullyShardedDataParallel {
   nn::StateDict full_optimizer_state_dict();
   void load_full_optimizer_state_dict(const nn::StateDict& dict);
 
+  // This rank's piece of each full tensor, with no communication and no copy (a copy
+  // only to round master shards into the model's dtype): elements [begin, begin +
+  // data.numel()) of the flattened full tensor (data undefined: this rank holds none).
+  // Over every rank the pieces tile each tensor exactly, so they are the slices of a
+  // parallel full-state-dict save (checkpoint::ParallelCheckpoint: checkpoint::Slice
+  // is {begin, data}), where no rank holds more than its shard. Buffers and 0-dim
+  // values are rank 0's.
+  struct LocalSlice {
+    std::string name;     // the full_state_dict() / full_optimizer_state_dict() key
+    tensor::DType dtype;  // of the full tensor
+    tensor::Shape shape;  // of the full tensor
+    std::int64_t begin = 0;
+    Tensor data;
+  };
+  // full_state_dict()'s entries, in its order.
+  std::vector<LocalSlice> local_model_slices();
+  // full_optimizer_state_dict()'s "<param>/<slot>" entries, in its order (the
+  // hyper-parameters and step count are optimizer().state_dict()'s, the same on every
+  // rank).
+  std::vector<LocalSlice> local_optimizer_slices();
+
  private:
   struct Entry {
     nn::Parameter* param = nullptr;
