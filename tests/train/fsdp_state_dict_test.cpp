@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
+#include <string>
 
 #include "fsdp_harness.hpp"
 #include "troupe/checkpoint/file_reader.hpp"
@@ -147,6 +149,62 @@ TEST(FullyShardedDataParallel, LocalSlicesWriteTheFullStateDictsThroughTheParall
       ASSERT_EQ(saved.shape(), value.shape()) << key;
       EXPECT_EQ(saved.to_vector<double>(), value.to_vector<double>()) << key;
     }
+  comm.barrier();
+  if (comm.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// "VmHWM:" or "VmRSS:" of /proc/self/status, in bytes.
+std::int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, field.size(), field) == 0) return std::stoll(line.substr(field.size())) * 1024;
+  return -1;
+}
+
+// The bound for a save: no rank's peak RSS grows by more than its shard plus
+// the largest tensor plus 64 MB, on a model of 100 MB of parameters. With the local
+// slices nothing is gathered, so the growth is the writer's own buffers.
+TEST(FullyShardedDataParallel, ParallelSaveOfA100MbModelGrowsNoRanksPeakRssPastShardPlusLargestTensorPlus64Mb) {
+  auto& comm = world();
+  tensor::Generator gen(13);
+  nn::Sequential model;
+  for (int i = 0; i < 8; ++i) model.emplace<nn::Linear>(1792, 1792, gen);  // 8 x 12.9 MB = 103 MB
+  const std::int64_t largest = 1792 * 1792 * 4;
+  FullyShardedDataParallel fsdp(model, comm, factory(Opt::sgd_momentum),
+                                {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>()});
+  checkpoint::SaveManifest manifest;
+  manifest.world_size = comm.size();
+  std::vector<checkpoint::Slice> slices;
+  for (const auto& piece : fsdp.local_model_slices()) {
+    manifest.add_tensor("/model/" + piece.name, piece.dtype, piece.shape);
+    slices.push_back(checkpoint::Slice{piece.begin, piece.data});
+  }
+  std::int64_t pid = comm.rank() == 0 ? static_cast<std::int64_t>(getpid()) : 0;
+  if (comm.size() > 1) comm.allreduce(collectives::Buffer(&pid, 1), collectives::ReduceOp::max);
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / ("troupe_fsdp_big_" + std::to_string(pid));
+  {
+    checkpoint::ParallelCheckpoint ckpt(dir, 1, MPI_COMM_WORLD);
+    // Reset the peak to the current RSS (Linux's clear_refs 5), then save.
+    { std::ofstream("/proc/self/clear_refs") << "5"; }
+    const std::int64_t before = status_bytes("VmRSS:");
+    ckpt.save(manifest, slices);
+    const std::int64_t growth = status_bytes("VmHWM:") - before;
+    const auto bound = static_cast<std::int64_t>(fsdp.shard_parameter_bytes()) + largest + (std::int64_t{64} << 20);
+    EXPECT_LT(growth, bound);
+    std::int64_t worst = growth;
+    if (comm.size() > 1) comm.allreduce(collectives::Buffer(&worst, 1), collectives::ReduceOp::max);
+    if (comm.rank() == 0)
+      std::printf("parallel save of %.0f MB from fsdp at %d ranks: peak RSS growth %.1f MB on the worst rank "
+                  "(bound %.1f MB = shard + largest tensor + 64 MB)\n",
+                  static_cast<double>(8 * largest) / 1e6, comm.size(), static_cast<double>(worst) / 1e6,
+                  static_cast<double>(bound) / 1e6);
+  }
+  // The measurement sees materialisation: full_state_dict() holds the whole model.
+  { std::ofstream("/proc/self/clear_refs") << "5"; }
+  const std::int64_t before = status_bytes("VmRSS:");
+  const nn::StateDict full = fsdp.full_state_dict();
+  EXPECT_GT(status_bytes("VmHWM:") - before, 7 * largest);
   comm.barrier();
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
 }

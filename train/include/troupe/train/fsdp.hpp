@@ -49,7 +49,8 @@
 // streams them to a callback so only one full tensor exists at a time.
 // full_optimizer_state_dict() is what the unsharded optimizer would return (keys
 // "<param>/<slot>" under the full parameter names), so a checkpoint matches DDP's and
-// loads at any world size.
+// loads at any world size. local_model_slices()/local_optimizer_slices() give each
+// rank's pieces of those tensors without communicating, for a parallel save.
 //
 // Contract: every method that communicates (construction, forward, backward,
 // clip_grad_norm, step(GradScaler&), the state-dict methods) is a collective: every
