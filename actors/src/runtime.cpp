@@ -5,6 +5,7 @@
 #include <map>
 
 #include "peer_liveness.hpp"
+#include "scheduler.hpp"
 #include "transport.hpp"
 #include "troupe/mpi/environment.hpp"
 #include "troupe/mpi/mpi_error.hpp"
@@ -94,14 +95,17 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
   TROUPE_MPI_CHECK(MPI_Comm_set_errhandler(actors, MPI_ERRORS_RETURN));
   actor_comm_ = reinterpret_cast<void*>(actors);
   system_comm_ = reinterpret_cast<void*>(system);
-  work_ = std::make_unique<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>(
-      io_.get_executor());
-  for (int i = 0; i < options_.threads; ++i) pool_.emplace_back([this] { io_.run(); });
+  scheduler_ = std::make_unique<detail::Scheduler>(
+      options_.threads, [this](detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call) {
+        execute(cell, std::move(call));
+      },
+      [this] { transport_->wake(); }, [this] { return transport_->receive(); });
   liveness_ = std::make_unique<detail::PeerLiveness>(actors, rank_, size_, options_.heartbeat_period,
                                                      options_.liveness_timeout,
       [this](int r, const std::string& why) { on_rank_lost(r, why); });
   transport_ = std::make_unique<detail::Transport>(
-      actors, [this](detail::Message m) { handle(std::move(m)); }, io_, liveness_.get(), options_.threads == 0);
+      actors, [this](detail::Message m) { handle(std::move(m)); }, *scheduler_, liveness_.get(), options_.threads == 0);
+  scheduler_->start();
   transport_->start();
   liveness_->start();
 }
@@ -138,13 +142,8 @@ void Runtime::install_actor(std::shared_ptr<detail::ActorCellBase> cell) {
   actors_.emplace(cell->id(), std::move(cell));
 }
 
-void Runtime::post_to(detail::ActorCellBase& cell, std::function<void()> call) {
-  queued_calls_.fetch_add(1);
-  boost::asio::post(cell.strand(), [this, call = std::move(call)] {
-    detail::RuntimeScope scope(this);
-    call();
-    queued_calls_.fetch_sub(1);
-  });
+void Runtime::report_failed_tell(int source, const ErrorInfo& info) const {
+  std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
 }
 
 // ---- sending ----
@@ -287,7 +286,7 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
   auto fail = [&](ErrorCode code, std::string actor, std::string method, std::string text) {
     ErrorInfo info{code, rank_, std::move(actor), std::move(method), "", std::move(text)};
     if (wants_reply) return reply_error(source, h.request, info);
-    std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
+    report_failed_tell(source, info);
   };
   auto cell = local_actor(h.actor);
   if (!cell)
@@ -296,27 +295,28 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
   if (h.method >= cell->method_count())
     return fail(ErrorCode::unknown_method, cell->label(), "method #" + std::to_string(h.method),
                 detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
-  auto held = std::make_shared<detail::Message>(std::move(message));
   post_call(
-      cell, h.method,
-      [this, cell, source, h, wants_reply, held] {
-        std::string result = new_message();
-        std::vector<Bytes> out;
-        {
-          detail::AttachmentScope in(detail::incoming_attachments(), &held->attachments);
-          detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
-          cell->invoke(h.method, payload_of(held->bytes), result);
-        }
-        if (wants_reply) reply_value(source, h.request, std::move(result), out);
-      },
-      [this, source, h, wants_reply](const ErrorInfo& info) {
-        try {
-          if (wants_reply) reply_error(source, h.request, info);
-          else std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
-        } catch (const std::exception& e) {
-          std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_, source, e.what());
-        }
-      });
+      cell, detail::make_call(
+                h.method,
+                [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
+                  std::string result = new_message();
+                  std::vector<Bytes> out;
+                  {
+                    detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);
+                    detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
+                    cell->invoke(h.method, payload_of(held.bytes), result);
+                  }
+                  if (wants_reply) reply_value(source, h.request, std::move(result), out);
+                },
+                [this, source, h, wants_reply](const ErrorInfo& info) {
+                  try {
+                    if (wants_reply) reply_error(source, h.request, info);
+                    else report_failed_tell(source, info);
+                  } catch (const std::exception& e) {
+                    std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_,
+                                 source, e.what());
+                  }
+                }));
 }
 
 }  // namespace troupe::actors

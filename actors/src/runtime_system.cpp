@@ -5,6 +5,7 @@
 #include <map>
 
 #include "peer_liveness.hpp"
+#include "scheduler.hpp"
 #include "transport.hpp"
 #include "troupe/actors/runtime.hpp"
 #include "troupe/mpi/environment.hpp"
@@ -48,7 +49,7 @@ std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, st
                        "this rank's binary has no factory for this type and argument list (is it the same binary?)"});
   detail::RuntimeScope scope(this);
   try {
-    return it->second(id, options, args, io_);
+    return it->second(id, options, args);
   } catch (const detail::BadMessage& e) {
     throw RemoteError({ErrorCode::bad_message, rank_, key, "constructor", "BadMessage", e.what()});
   } catch (...) {
@@ -152,7 +153,8 @@ void Runtime::handle_system(detail::Message& message) {
     case detail::Kind::spawn: {
       // A constructor may block (it may ask other actors), so it runs on the pool.
       queued_calls_.fetch_add(1);
-      boost::asio::post(io_, [this, answer, bytes = std::move(message.bytes)] {
+      scheduler_->post_task([this, answer, bytes = std::move(message.bytes)] {
+        detail::RuntimeScope scope(this);
         answer([&] {
           std::string key, args;
           SpawnOptions options;
@@ -287,10 +289,7 @@ void Runtime::shutdown() {
   }
   transport_->stop();
   liveness_->stop();
-  work_.reset();
-  io_.stop();
-  for (auto& t : pool_) t.join();
-  pool_.clear();
+  scheduler_->stop();
   fail_pending(ErrorCode::shutdown, "the runtime shut down before the answer came");
   {
     std::unique_lock lock(actors_mutex_);
@@ -299,6 +298,7 @@ void Runtime::shutdown() {
   MPI_Comm actors = as_comm(actor_comm_), system = as_comm(system_comm_);
   MPI_Comm_free(&actors);
   MPI_Comm_free(&system);
+  scheduler_.reset();
   transport_.reset();
   liveness_.reset();
   environment_.reset();

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "scheduler.hpp"
 #include "troupe/actors/runtime.hpp"
 
 namespace troupe::actors {
@@ -21,48 +22,57 @@ std::string dead_message(const detail::ActorCellBase& cell) {
 }
 }  // namespace
 
-void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::uint32_t method,
-                        std::function<void()> body, std::function<void(const ErrorInfo&)> fail) {
-  if (cell->dead()) return fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
+void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::unique_ptr<detail::Call> call) {
+  const std::uint32_t method = call->method();
+  if (cell->dead()) return call->fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
   if (cell->restarting() && cell->queued_.load() >= cell->options().max_queued)
-    return fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
-                           detail::concat("the actor is restarting and ", cell->queued_.load(),
-                                          " calls already wait (max_queued)")));
-  const int epoch = cell->epoch();
-  const auto posted = Clock::now();
-  cell->queued_.fetch_add(1);
-  post_to(*cell, [this, cell, method, epoch, posted, body = std::move(body), fail = std::move(fail)] {
-    cell->queued_.fetch_sub(1);
-    if (cell->dead()) return fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
-    if (epoch < cell->epoch()) {
-      // The call was queued when the actor failed.
-      if (!cell->idempotent(method))
-        return fail(cell_error(ErrorCode::actor_restarted, rank_, *cell, method,
-                               detail::concat("the call was queued when the actor failed; it was restarted (restart ",
-                                              cell->epoch(), ") and the call was not re-delivered (its method is "
-                                              "not listed in troupe_idempotent)")));
-      const auto waited = Clock::now() - posted;
-      if (waited > cell->options().queue_deadline)
-        return fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
-                               detail::concat("the call waited ",
-                                              std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
-                                              " ms for the actor's restart (queue_deadline)")));
-    }
-    try {
-      body();
-    } catch (const FatalError&) {
-      ErrorInfo info = describe_current_exception(rank_, cell->label(), cell->method_name(method));
-      restart_or_bury(*cell);
-      info.code = cell->dead() ? ErrorCode::actor_dead : ErrorCode::actor_restarted;
-      info.message += cell->dead() ? "; " + dead_message(*cell)
-                                   : detail::concat("; the actor was restarted (restart ", cell->epoch(), ")");
-      fail(info);
-    } catch (const detail::BadMessage& e) {
-      fail({ErrorCode::bad_message, rank_, cell->label(), cell->method_name(method), "BadMessage", e.what()});
-    } catch (...) {
-      fail(describe_current_exception(rank_, cell->label(), cell->method_name(method)));
-    }
-  });
+    return call->fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
+                                 detail::concat("the actor is restarting and ", cell->queued_.load(),
+                                                " calls already wait (max_queued)")));
+  call->stamp(cell->epoch(), Clock::now().time_since_epoch().count());
+  cell->queued_.fetch_add(1, std::memory_order_relaxed);
+  queued_calls_.fetch_add(1, std::memory_order_relaxed);
+  scheduler_->post(cell, std::move(call));
+}
+
+void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call) {
+  detail::RuntimeScope scope(this);
+  // Counted down when this call is over, however it ends, for shutdown's drain.
+  struct Done {
+    std::atomic<std::int64_t>& queued;
+    ~Done() { queued.fetch_sub(1, std::memory_order_relaxed); }
+  } done{queued_calls_};
+  const std::uint32_t method = call->method();
+  cell.queued_.fetch_sub(1, std::memory_order_relaxed);
+  if (cell.dead()) return call->fail(cell_error(ErrorCode::actor_dead, rank_, cell, method, dead_message(cell)));
+  if (call->epoch() < cell.epoch()) {
+    // The call was queued when the actor failed.
+    if (!cell.idempotent(method))
+      return call->fail(cell_error(ErrorCode::actor_restarted, rank_, cell, method,
+                                   detail::concat("the call was queued when the actor failed; it was restarted (restart ",
+                                                  cell.epoch(), ") and the call was not re-delivered (its method is "
+                                                  "not listed in troupe_idempotent)")));
+    const auto waited = Clock::now() - Clock::time_point(Clock::duration(call->posted_ticks()));
+    if (waited > cell.options().queue_deadline)
+      return call->fail(cell_error(ErrorCode::overloaded, rank_, cell, method,
+                                   detail::concat("the call waited ",
+                                                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
+                                                  " ms for the actor's restart (queue_deadline)")));
+  }
+  try {
+    call->run();
+  } catch (const FatalError&) {
+    ErrorInfo info = describe_current_exception(rank_, cell.label(), cell.method_name(method));
+    restart_or_bury(cell);
+    info.code = cell.dead() ? ErrorCode::actor_dead : ErrorCode::actor_restarted;
+    info.message += cell.dead() ? "; " + dead_message(cell)
+                                : detail::concat("; the actor was restarted (restart ", cell.epoch(), ")");
+    call->fail(info);
+  } catch (const detail::BadMessage& e) {
+    call->fail({ErrorCode::bad_message, rank_, cell.label(), cell.method_name(method), "BadMessage", e.what()});
+  } catch (...) {
+    call->fail(describe_current_exception(rank_, cell.label(), cell.method_name(method)));
+  }
 }
 
 void Runtime::restart_or_bury(detail::ActorCellBase& cell) {

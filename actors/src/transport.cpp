@@ -1,7 +1,5 @@
 #include "transport.hpp"
 
-#include <boost/asio/post.hpp>
-
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -16,6 +14,9 @@ namespace {
 using namespace std::chrono_literals;
 // After this long without work the progress thread starts to sleep between polls.
 constexpr auto kHotPeriod = 100us;
+// Of which, this long it spins without yielding.
+constexpr auto kSpinPeriod = 20us;
+
 constexpr auto kMaxBackoff = 1ms;
 // How long the thread stays hot after a caller starts blocking on an answer: long
 // enough for any round trip, short enough that a driver waiting minutes for an
@@ -27,25 +28,24 @@ constexpr int kReceiveBurst = 16;
 thread_local bool t_receiving = false;
 }  // namespace
 
-Transport::Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness,
+Transport::Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
                      bool runs_actor_calls)
-    : comm_(comm), deliver_(std::move(deliver)), io_(io), runs_actor_calls_(runs_actor_calls), liveness_(liveness) {}
+    : comm_(comm), deliver_(std::move(deliver)), scheduler_(scheduler), runs_actor_calls_(runs_actor_calls),
+      liveness_(liveness) {}
 
 void Transport::wake() {
+  // Taking the lock orders this wake after a sleeper's check of its condition, so
+  // the wake cannot fall between the check and the wait.
+  { std::lock_guard lock(idle_mutex_); }
   idle_cv_.notify_all();
-  // Without pool threads the progress thread may be waiting inside the io_context.
-  if (runs_actor_calls_) boost::asio::post(io_, [] {});
 }
 
 void Transport::idle_wait(Clock::duration period, const std::function<bool()>& done) {
-  if (runs_actor_calls_) {
-    // The only thread that runs actor calls: wait for one (a local tell, a call
-    // posted by a polling caller) instead of sleeping through it.
-    io_.run_one_for(period);
-    return;
-  }
   std::unique_lock lock(idle_mutex_);
-  idle_cv_.wait_for(lock, period, done);
+  // Without pool threads this is the only thread that runs actor calls: wake for
+  // one (a local tell, a call posted by a polling caller) instead of sleeping
+  // through it.
+  idle_cv_.wait_for(lock, period, [&] { return done() || (runs_actor_calls_ && scheduler_.has_ready()); });
 }
 
 Transport::~Transport() { stop(); }
@@ -208,9 +208,12 @@ bool Transport::receive_some() {
 }
 
 bool Transport::progress_once(bool run_local_calls) {
+  if (!run_local_calls) return receive_some();
+  // Calls received now for short-running actors are run here, after the burst,
+  // rather than handed to a pool thread that would have to be woken (scheduler.hpp).
+  Scheduler::InlineScope scope;
   const bool received = receive_some();
-  // Run one ready actor call here rather than wait for a pool thread to wake up.
-  const bool ran = run_local_calls && io_.poll_one() > 0;
+  const bool ran = scheduler_.run_local(/*shared=*/true);
   return received || ran;
 }
 
@@ -236,6 +239,8 @@ void Transport::run() {
   while (!stop_) {
     const auto now = Clock::now();
     if (pollers_.load() > 0) {  // a waiting caller drives progress; don't compete for the core
+      // ...but it runs no actor calls: without pool threads they are this thread's.
+      if (runs_actor_calls_ && scheduler_.run_local(/*shared=*/true)) continue;
       idle_wait(kMaxBackoff, [this] { return stop_.load() || pollers_.load() == 0; });
       continue;
     }
@@ -252,7 +257,14 @@ void Transport::run() {
     }
     const auto idle = Clock::now() - last_active;
     if (idle < kHotPeriod || now.time_since_epoch().count() < hot_until_.load()) {
-      std::this_thread::yield();
+      // Right after a message the next one usually follows within microseconds:
+      // spin without a system call (sched_yield costs over 1 us on these VMs) at
+      // first, then yield the core to anyone who needs it.
+      if (idle < kSpinPeriod) {
+        for (int i = 0; i < 16; ++i) cpu_relax();
+      } else {
+        std::this_thread::yield();
+      }
       continue;
     }
     const auto backoff = std::min<Clock::duration>(kMaxBackoff, idle / 8);

@@ -3,7 +3,7 @@
 // Any thread may send (MPI_THREAD_MULTIPLE). Receiving is one role at a time, taken
 // with try_lock by whichever thread drives progress -- the progress thread or a
 // caller waiting on a future -- so messages are delivered in MPI's arrival order,
-// which keeps per-sender order all the way into each actor's strand.
+// which keeps per-sender order all the way into each actor's mailbox.
 //
 // The progress thread backs off when idle (a condition variable wait whose period
 // grows to 1 ms, so an idle runtime costs almost no CPU), stands aside while a
@@ -12,7 +12,6 @@
 
 #include <mpi.h>
 
-#include <boost/asio/io_context.hpp>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "peer_liveness.hpp"
+#include "scheduler.hpp"
 #include "troupe/actors/bytes.hpp"
 #include "troupe/actors/future.hpp"
 
@@ -52,7 +52,7 @@ class Transport final : public Progress {
   // its sender alive, even one that kept the heartbeats waiting.
   // `runs_actor_calls`: there are no pool threads, so the progress thread runs every
   // actor call itself (RuntimeOptions::threads == 0).
-  Transport(MPI_Comm comm, Deliver deliver, boost::asio::io_context& io, PeerLiveness* liveness,
+  Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
             bool runs_actor_calls = false);
   ~Transport() override;
 
@@ -72,11 +72,13 @@ class Transport final : public Progress {
 
   std::uint64_t sent() const { return sent_.load(); }
   std::uint64_t received() const { return received_.load(); }
+  // Wakes the progress thread from idle_wait().
+  void wake();
+  // Receives and delivers what has arrived, if no other thread is receiving.
+  bool receive() { return receive_some(); }
 
  private:
   void run();
-  // Wakes the progress thread from idle_wait().
-  void wake();
   // Sleeps up to `period` (or until `done`) when idle; without pool threads, runs an
   // actor call instead if one is posted meanwhile.
   void idle_wait(Clock::duration period, const std::function<bool()>& done);
@@ -87,7 +89,7 @@ class Transport final : public Progress {
 
   MPI_Comm comm_;
   Deliver deliver_;
-  boost::asio::io_context& io_;
+  Scheduler& scheduler_;
   const bool runs_actor_calls_;
   std::mutex receive_mutex_;
   std::atomic<int> pollers_{0};

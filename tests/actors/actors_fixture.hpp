@@ -21,6 +21,8 @@ namespace troupe::test {
 
 // The binary's runtime (set by main).
 Runtime& runtime();
+// RuntimeOptions::threads of this run (the binary's --threads).
+int pool_threads();
 
 inline int last_rank() { return runtime().size() - 1; }
 

@@ -7,6 +7,7 @@
 namespace troupe::test {
 namespace {
 Runtime* g_runtime = nullptr;
+int g_pool_threads = 1;
 
 // Ranks other than 0 print only failures, each prefixed with its rank, so the log
 // stays readable and a failure on any rank is still visible.
@@ -25,6 +26,7 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 }  // namespace
 
 Runtime& runtime() { return *g_runtime; }
+int pool_threads() { return g_pool_threads; }
 
 namespace {
 // Counts tells handled on this rank; checked after shutdown, when the actors are gone.
@@ -60,6 +62,7 @@ int main(int argc, char** argv) {
   }
   troupe::Runtime rt(argc, argv, options);
   troupe::test::g_runtime = &rt;
+  troupe::test::g_pool_threads = options.threads;
   if (rt.rank() != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

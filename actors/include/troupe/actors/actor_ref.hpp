@@ -41,8 +41,7 @@ class ActorRef {
         return Future<R>(state);
       }
       runtime().post_call(
-          cell, index,
-          [cell, state, method, packed = std::move(packed)]() mutable {
+          cell, detail::make_call(index, [cell = cell.get(), state, method, packed = std::move(packed)]() mutable {
             T& self = *static_cast<T*>(cell->object());
             if constexpr (std::is_void_v<R>) {
               std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
@@ -57,7 +56,7 @@ class ActorRef {
             } catch (...) {
               state->set_error(std::current_exception());
             }
-          });
+          }));
     } else {
       std::string message = Runtime::new_message();
       std::vector<Bytes> attachments;
@@ -75,6 +74,20 @@ class ActorRef {
   void tell(M method, A&&... args) const {
     const std::uint32_t index = detail::checked_method_index<T>(method);
     typename MemberTraits<M>::Args packed(std::forward<A>(args)...);
+    if (rank_ == runtime().rank()) {  // as a local ask: moved into the call, not serialized
+      auto cell = runtime().local_actor(id_);
+      if (!cell)
+        return runtime().report_failed_tell(
+            rank_, {ErrorCode::unknown_actor, rank_, detail::type_name<T>() + " #" + std::to_string(id_),
+                    method_name(index), "", "no such actor on this rank (never spawned, or stopped)"});
+      runtime().post_call(
+          cell, detail::make_call(index, [cell = cell.get(), method, packed = std::move(packed)]() mutable {
+            T& self = *static_cast<T*>(cell->object());
+            std::apply([&](auto&... a) { (void)(self.*method)(std::move(a)...); }, packed);
+          },
+          [runtime = runtime_, rank = rank_](const ErrorInfo& info) { runtime->report_failed_tell(rank, info); }));
+      return;
+    }
     std::string message = Runtime::new_message();
     std::vector<Bytes> attachments;
     {

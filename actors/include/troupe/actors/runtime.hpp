@@ -7,9 +7,10 @@
 //   auto all = rt.spawn_on_each<Worker>(cfg);          // collective: one per rank
 //   auto sums = troupe::when_all(all.ask(&Worker::step, 3)).get();
 //
-// Threads per rank: `threads` pool workers run actor methods (each actor on its own
-// strand, so one message at a time, in arrival order per sender), plus one progress
-// thread that receives MPI messages when no caller is waiting. A caller waiting on a
+// Threads per rank: `threads` pool workers run actor methods (each actor has a
+// mailbox drained by one thread at a time, so one message at a time, in arrival
+// order per sender), plus one progress thread that receives MPI messages when no
+// caller is waiting, and runs the calls of short-running actors itself. A caller waiting on a
 // Future receives and dispatches messages itself while it polls (see future.hpp),
 // and may run ready actor methods of its own rank meanwhile, which is also why an
 // actor method may ask other actors and wait without deadlocking the pool.
@@ -19,7 +20,6 @@
 // from any thread of any rank at any time.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -74,6 +74,7 @@ class ActorGroup;
 namespace detail {
 class Transport;
 class PeerLiveness;
+class Scheduler;
 struct Message;
 struct Header;
 
@@ -115,7 +116,7 @@ class TypedReply final : public ReplyHandler {
 };
 
 using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, SpawnOptions options,
-                                                             std::string args, boost::asio::io_context& io)>;
+                                                             std::string args)>;
 // Registers how to build an actor type from serialized constructor arguments; the
 // key names the type and the argument types. Returns the key.
 std::string register_factory(std::string key, Factory factory);
@@ -129,9 +130,8 @@ std::unique_ptr<T> make_from_bytes(std::string_view args_bytes) {
 }
 
 template <class T, class... A>
-std::unique_ptr<ActorCellBase> construct_from_bytes(std::uint64_t id, SpawnOptions options, std::string args,
-                                                    boost::asio::io_context& io) {
-  return std::make_unique<ActorCell<T>>(id, std::move(options), std::move(args), &make_from_bytes<T, A...>, io);
+std::unique_ptr<ActorCellBase> construct_from_bytes(std::uint64_t id, SpawnOptions options, std::string args) {
+  return std::make_unique<ActorCell<T>>(id, std::move(options), std::move(args), &make_from_bytes<T, A...>);
 }
 
 // Every rank runs the same binary, so instantiating this (by calling spawn<T>(...))
@@ -194,13 +194,13 @@ class Runtime {
   void send_raw(int rank, const std::string& bytes);
   // The local actor with this id, or null.
   std::shared_ptr<detail::ActorCellBase> local_actor(std::uint64_t id) const;
-  // Runs `call` on the actor's strand, tracking it for shutdown's drain.
-  void post_to(detail::ActorCellBase& cell, std::function<void()> call);
-  // Runs one call of method `method` on the actor's strand under supervision: a dead
-  // actor, a call made stale by a restart, or an exception from `body` ends in
-  // `fail` (a FatalError also restarts the actor, or kills it past its limit).
-  void post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::uint32_t method,
-                 std::function<void()> body, std::function<void(const ErrorInfo&)> fail);
+  // Queues one call (detail::make_call(method, body, fail)) in the actor's mailbox,
+  // to run under supervision: a dead actor, a call made stale by a restart, or an
+  // exception from `body` ends in `fail` (a FatalError also restarts the actor, or
+  // kills it past its limit).
+  void post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::unique_ptr<detail::Call> call);
+  // How a failed tell is reported: nobody waits for it, so on this rank's stderr.
+  void report_failed_tell(int source, const ErrorInfo& info) const;
   detail::Progress* progress() const;
   // The header's room at the start of every outgoing message.
   static std::string new_message();
@@ -215,7 +215,9 @@ class Runtime {
   std::unique_ptr<detail::ActorCellBase> build(const std::string& key, std::uint64_t id, const SpawnOptions& options,
                                                const std::string& args);
   std::uint64_t spawn_local(const std::string& key, const SpawnOptions& options, const std::string& args);
-  // On the actor's strand after `body` threw FatalError: re-create it or declare it dead.
+  // Runs one call taken from the actor's mailbox (the scheduler calls it).
+  void execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call);
+  // In the actor's call after `body` threw FatalError: re-create it or declare it dead.
   void restart_or_bury(detail::ActorCellBase& cell);
   std::uint64_t spawn_group_local(const std::string& key, const std::string& args);
   NameEntry lookup_entry(const std::string& name);
@@ -243,9 +245,7 @@ class Runtime {
   int rank_ = 0, size_ = 1;
   void* actor_comm_ = nullptr;   // MPI_Comm, kept opaque so this header needs no mpi.h
   void* system_comm_ = nullptr;  // for the runtime's own collectives
-  boost::asio::io_context io_;
-  std::unique_ptr<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
-  std::vector<std::thread> pool_;
+  std::unique_ptr<detail::Scheduler> scheduler_;
   std::unique_ptr<detail::PeerLiveness> liveness_;
   std::unique_ptr<detail::Transport> transport_;
 

@@ -1,12 +1,10 @@
 // An actor as the runtime holds it: the user's object, its name, type and
 // supervision state, and the table that turns (method index, argument bytes) into a
 // call. One message at a time reaches the object: every call is posted to the cell's
-// strand, and a restart runs on that strand too, so no call ever sees a half-built
-// object.
+// mailbox, whose single owner runs them in order (mailbox.hpp), and a restart runs
+// as part of a call, so no call ever sees a half-built object.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/strand.hpp>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -17,20 +15,19 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/actors/detail/mailbox.hpp"
 #include "troupe/actors/detail/serialization.hpp"
 #include "troupe/actors/methods.hpp"
 #include "troupe/actors/spawn_options.hpp"
 
 namespace troupe::actors::detail {
 
-using Strand = boost::asio::strand<boost::asio::io_context::executor_type>;
-
 class ActorCellBase {
  public:
   ActorCellBase(std::uint64_t id, SpawnOptions options, std::string constructor_args, std::string type,
-                std::vector<std::string> methods, std::vector<bool> idempotent, boost::asio::io_context& io)
+                std::vector<std::string> methods, std::vector<bool> idempotent)
       : id_(id), options_(std::move(options)), constructor_args_(std::move(constructor_args)), type_(std::move(type)),
-        method_names_(std::move(methods)), idempotent_(std::move(idempotent)), strand_(boost::asio::make_strand(io)) {}
+        method_names_(std::move(methods)), idempotent_(std::move(idempotent)) {}
   virtual ~ActorCellBase() = default;
 
   // Deserializes the arguments of method `index` from `args`, calls it, and appends
@@ -38,7 +35,8 @@ class ActorCellBase {
   virtual void invoke(std::uint32_t index, std::string_view args, std::string& result) = 0;
   virtual void* object() = 0;
   // Replaces the object with a new one built from the original constructor
-  // arguments, then calls its on_restart(count) if it has one. Runs on the strand.
+  // arguments, then calls its on_restart(count) if it has one. Runs as the actor's
+  // current call.
   virtual void rebuild(int restart_count) = 0;
   // Destroys the object (a dead actor holds no resources).
   virtual void bury() = 0;
@@ -55,9 +53,13 @@ class ActorCellBase {
   }
   std::size_t method_count() const { return method_names_.size(); }
   bool idempotent(std::uint32_t index) const { return index < idempotent_.size() && idempotent_[index]; }
-  Strand& strand() { return strand_; }
+  Mailbox& mailbox() { return mailbox_; }
+  // Whether its last call was short enough to run on the thread that received it
+  // (see scheduler.hpp).
+  bool fast() const { return fast_.load(std::memory_order_relaxed); }
+  void set_fast(bool fast) { fast_.store(fast, std::memory_order_relaxed); }
 
-  // ---- supervision state: written on the strand, read from any thread ----
+  // ---- supervision state: written by the actor's running call, read from any thread ----
   int epoch() const { return epoch_.load(); }        // restarts so far
   bool dead() const { return dead_.load(); }
   bool restarting() const { return restarting_.load(); }
@@ -66,7 +68,7 @@ class ActorCellBase {
   std::atomic<bool> restarting_{false};
   std::atomic<std::int64_t> last_restart_ticks_{0};  // steady_clock ticks of the last failure
   std::atomic<std::size_t> queued_{0};              // calls posted, not yet run
-  std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; strand only
+  std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; by its calls only
 
  private:
   std::uint64_t id_;
@@ -75,7 +77,8 @@ class ActorCellBase {
   std::string type_;
   std::vector<std::string> method_names_;
   std::vector<bool> idempotent_;
-  Strand strand_;
+  Mailbox mailbox_;
+  std::atomic<bool> fast_{true};
 };
 
 template <class T, auto M>
@@ -107,9 +110,9 @@ class ActorCell final : public ActorCellBase {
  public:
   using Make = std::unique_ptr<T> (*)(std::string_view constructor_args);
 
-  ActorCell(std::uint64_t id, SpawnOptions options, std::string args, Make make, boost::asio::io_context& io)
+  ActorCell(std::uint64_t id, SpawnOptions options, std::string args, Make make)
       : ActorCellBase(id, std::move(options), std::move(args), type_name<T>(), method_names<T>(method_table_t<T>{}),
-                      idempotent_mask<T>(), io),
+                      idempotent_mask<T>()),
         make_(make),
         object_(make_(constructor_args())) {}
 

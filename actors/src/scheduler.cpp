@@ -1,0 +1,234 @@
+#include "scheduler.hpp"
+
+namespace troupe::actors::detail {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+// How long a pool thread that ran dry looks for more work before it sleeps: a
+// stream of messages to one actor usually has its next message here within a few
+// microseconds, and sleeping in between would cost a wake-up per message.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// The actors this thread took on in post() while inside an InlineScope.
+thread_local std::vector<std::shared_ptr<ActorCellBase>> t_inline;
+thread_local int t_inline_depth = 0;
+thread_local Scheduler* t_scheduler = nullptr;
+}  // namespace
+
+Scheduler::Scheduler(int threads, Execute execute, std::function<void()> wake_progress, std::function<bool()> receive)
+    : threads_(threads), execute_(std::move(execute)), wake_progress_(std::move(wake_progress)),
+      receive_(std::move(receive)) {}
+
+Scheduler::~Scheduler() { stop(); }
+
+void Scheduler::start() {
+  for (int i = 0; i < threads_; ++i) pool_.emplace_back([this] { worker(); });
+}
+
+void Scheduler::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : pool_) t.join();
+  pool_.clear();
+  std::lock_guard lock(mutex_);
+  ready_.clear();
+  tasks_.clear();
+  ready_count_ = 0;
+}
+
+Scheduler::InlineScope::InlineScope() { ++t_inline_depth; }
+
+Scheduler::InlineScope::~InlineScope() {
+  if (--t_inline_depth > 0 || t_inline.empty()) return;
+  // Actors taken on but not run (the receiving thread left before its run_local):
+  // they must not be stranded.
+  auto cells = std::move(t_inline);
+  t_inline.clear();
+  for (auto& cell : cells) t_scheduler->make_ready(std::move(cell));
+}
+
+void Scheduler::post(const std::shared_ptr<ActorCellBase>& cell, std::unique_ptr<Call> call) {
+  if (!cell->mailbox().push(std::move(call))) return;  // its owner will get to it
+  if (t_inline_depth > 0 && (t_scheduler == nullptr || t_scheduler == this) && (threads_ == 0 || cell->fast())) {
+    t_scheduler = this;
+    t_inline.push_back(cell);
+    return;
+  }
+  make_ready(cell);
+}
+
+void Scheduler::post_task(std::function<void()> task) {
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    tasks_.push_back(std::move(task));
+    ready_count_.fetch_add(1, std::memory_order_release);
+    wake = sleeping_ > 0;
+  }
+  if (threads_ == 0) wake_progress_();
+  else if (wake) cv_.notify_one();
+}
+
+void Scheduler::make_ready(std::shared_ptr<ActorCellBase> cell) {
+  bool wake = false;
+  {
+    std::lock_guard lock(mutex_);
+    ready_.push_back(std::move(cell));
+    ready_count_.fetch_add(1, std::memory_order_release);
+    // A spinning pool thread will see it; otherwise wake a sleeping one.
+    wake = sleeping_ > 0 && spinning_.load() == 0;
+  }
+  if (threads_ == 0) wake_progress_();
+  else if (wake) cv_.notify_one();
+}
+
+void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
+  for (int i = 0; i < kThroughput; ++i) {
+    std::unique_ptr<Call> call = cell->mailbox().pop();
+    if (!call) return;  // idle again; a later post() schedules it anew
+    const auto start = Clock::now();
+    const bool watched = inline_run && threads_ > 0;
+    if (watched) {
+      inline_since_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
+      // A pool thread that slept deeply would not notice a long call; the first
+      // inline call after an idle spell wakes one.
+      if (deep_sleeping_.load(std::memory_order_relaxed) > 0) cv_.notify_one();
+    }
+    execute_(*cell, std::move(call));
+    if (watched) inline_since_.store(0, std::memory_order_relaxed);
+    const bool fast = Clock::now() - start < kInlineLimit;
+    cell->set_fast(fast);
+    if (inline_run && !fast && threads_ > 0) break;  // the rest goes to the pool
+  }
+  make_ready(std::move(cell));  // calls remain and this thread still owns the actor
+}
+
+bool Scheduler::run_shared_one() {
+  std::shared_ptr<ActorCellBase> cell;
+  std::function<void()> task;
+  {
+    std::lock_guard lock(mutex_);
+    if (!tasks_.empty()) {
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    } else if (!ready_.empty()) {
+      cell = std::move(ready_.front());
+      ready_.pop_front();
+    } else {
+      return false;
+    }
+    ready_count_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  if (task) task();
+  else drain(std::move(cell), false);
+  return true;
+}
+
+bool Scheduler::run_local(bool shared) {
+  bool ran = false;
+  // Calls run here may make more actors ready on this thread; a few rounds, then
+  // the InlineScope hands the rest to the pool.
+  for (int round = 0; round < 4 && !t_inline.empty(); ++round) {
+    auto cells = std::move(t_inline);
+    t_inline.clear();
+    for (std::size_t i = 0; i < cells.size();) {
+      auto cell = std::move(cells[i++]);
+      bool parked = false;
+      if (i < cells.size() && threads_ > 0) {
+        // The actors after this one wait where a stand-in can take them, should
+        // this call run long.
+        std::lock_guard lock(mutex_);
+        if (!parking_) {
+          parking_ = parked = true;
+          parked_.assign(std::make_move_iterator(cells.begin() + static_cast<std::ptrdiff_t>(i)),
+                         std::make_move_iterator(cells.end()));
+          cells.clear();
+          i = 0;
+        }
+      }
+      drain(std::move(cell), threads_ > 0);
+      if (parked) {
+        std::lock_guard lock(mutex_);
+        cells.swap(parked_);  // those the stand-in did not take
+        parked_.clear();
+        parking_ = false;
+      }
+    }
+    ran = true;
+  }
+  if (shared && has_ready()) ran = run_shared_one() || ran;
+  return ran;
+}
+
+void Scheduler::stand_in() {
+  const std::int64_t since = inline_since_.load(std::memory_order_relaxed);
+  {
+    // Actors received together with the long call would wait behind it: run them.
+    std::lock_guard lock(mutex_);
+    for (auto& cell : parked_) ready_.push_back(std::move(cell));
+    ready_count_.fetch_add(static_cast<int>(parked_.size()), std::memory_order_release);
+    parked_.clear();
+  }
+  while (!has_ready() && inline_since_.load(std::memory_order_relaxed) == since) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stop_) return;
+    }
+    if (!receive_()) std::this_thread::yield();
+  }
+}
+
+void Scheduler::worker() {
+  for (;;) {
+    spinning_.fetch_add(1);
+    const auto until = Clock::now() + kSpin;
+    for (int i = 0; !has_ready(); ++i) {
+      if ((i & 63) == 63 && Clock::now() >= until) break;
+      cpu_relax();
+    }
+    spinning_.fetch_sub(1);
+    std::shared_ptr<ActorCellBase> cell;
+    std::function<void()> task;
+    {
+      std::unique_lock lock(mutex_);
+      for (int idle_rounds = 0; ready_.empty() && tasks_.empty() && !stop_;) {
+        ++sleeping_;
+        if (idle_rounds < kDeepSleepRounds) {
+          cv_.wait_for(lock, kWatchPeriod);
+        } else {
+          ++deep_sleeping_;
+          cv_.wait(lock);
+          --deep_sleeping_;
+          idle_rounds = 0;
+        }
+        --sleeping_;
+        const std::int64_t since = inline_since_.load(std::memory_order_relaxed);
+        if (since != 0 && Clock::now().time_since_epoch().count() - since > Clock::duration(kInlineLimit).count()) {
+          lock.unlock();
+          stand_in();
+          lock.lock();
+          idle_rounds = 0;
+        } else {
+          ++idle_rounds;
+        }
+      }
+      if (stop_) return;
+      if (!tasks_.empty()) {
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      } else {
+        cell = std::move(ready_.front());
+        ready_.pop_front();
+      }
+      ready_count_.fetch_sub(1, std::memory_order_relaxed);
+    }
+    if (task) task();
+    else drain(std::move(cell), false);
+  }
+}
+
+}  // namespace troupe::actors::detail
+

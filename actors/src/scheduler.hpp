@@ -1,0 +1,125 @@
+// Scheduler: which thread runs which actor, and when a sleeping thread is woken.
+//
+// Each actor has a mailbox (mailbox.hpp); an actor with calls waiting is "ready".
+// Ready actors are run by
+//   - the pool threads (RuntimeOptions::threads), which drain up to kThroughput
+//     calls of one actor per turn, spin briefly when they run dry (the next message
+//     usually follows at once) and then sleep on a condition variable;
+//   - the thread that received the message, when it is the progress thread (or a
+//     method waiting on it): an actor whose last call was short runs right there,
+//     after the receive burst, with no hand-off and no wake-up (a wake-up costs
+//     5-25 us on these VMs, an MPI round trip 1). An actor whose call ran longer than
+//     kInlineLimit goes to the pool from then on. While such a call runs, an idle
+//     pool thread (they wake every kWatchPeriod while the rank is busy) takes over
+//     receiving, so a long method delays other messages by about a millisecond, not
+//     by its own length: calls sent meanwhile still arrive, queue, and are seen as
+//     in flight should the long call fail;
+//   - the progress thread and shutdown's drain, which also run one batch of shared
+//     ready work per progress step, so a pool whose threads all wait on answers
+//     cannot deadlock (and with no pool threads, the progress thread runs it all).
+// A pool thread is woken only when an actor becomes ready and no pool thread is
+// awake to see it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "troupe/actors/detail/actor_cell.hpp"
+
+namespace troupe::actors::detail {
+
+// One step of a spin-wait: tells the core that this thread waits (cheaper for the
+// other hyperthread, and no system call).
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+class Scheduler {
+ public:
+  // Runs one call of `cell` under supervision (the runtime's execute()).
+  using Execute = std::function<void(ActorCellBase& cell, std::unique_ptr<Call> call)>;
+  // `wake_progress` is called when work becomes ready that only the progress thread
+  // can run (there are no pool threads); `receive` receives and delivers what has
+  // arrived (true if anything did), for a pool thread standing in for a busy
+  // receiving thread.
+  Scheduler(int threads, Execute execute, std::function<void()> wake_progress, std::function<bool()> receive);
+  ~Scheduler();
+
+  void start();
+  // Joins the pool threads; ready work left is not run.
+  void stop();
+
+  // Appends `call` to the actor's mailbox and gets the actor run if it was idle.
+  void post(const std::shared_ptr<ActorCellBase>& cell, std::unique_ptr<Call> call);
+  // A task that is no actor's call (a spawn's constructor): run by the pool.
+  void post_task(std::function<void()> task);
+
+  // Runs the actors this thread took on while receiving (see InlineScope) and, with
+  // `shared`, one batch of the shared ready work. True if it ran anything.
+  bool run_local(bool shared);
+  bool has_ready() const { return ready_count_.load(std::memory_order_acquire) > 0; }
+
+  // While one exists on a thread, post() from that thread keeps fast actors to be
+  // run by this thread's next run_local() instead of handing them to the pool.
+  class InlineScope {
+   public:
+    InlineScope();
+    ~InlineScope();
+    InlineScope(const InlineScope&) = delete;
+    InlineScope& operator=(const InlineScope&) = delete;
+  };
+
+  // Calls longer than this move their actor off the receiving thread.
+  static constexpr std::chrono::microseconds kInlineLimit{50};
+  // Calls of one actor run per turn before others get a chance.
+  static constexpr int kThroughput = 64;
+  // How often an idle pool thread checks for a long call on the receiving thread;
+  // after kDeepSleepRounds such checks with nothing to do it sleeps until woken.
+  static constexpr std::chrono::milliseconds kWatchPeriod{1};
+  static constexpr int kDeepSleepRounds = 100;
+
+ private:
+  void worker();
+  // For a pool thread: while the receiving thread is stuck in a long inline call,
+  // receive in its place until there is work to run or the call ends.
+  void stand_in();
+  // Runs up to kThroughput calls of `cell` (owned by this thread); hands it to the
+  // shared queue if calls remain.
+  void drain(std::shared_ptr<ActorCellBase> cell, bool inline_run);
+  void make_ready(std::shared_ptr<ActorCellBase> cell);
+  bool run_shared_one();
+
+  const int threads_;
+  Execute execute_;
+  std::function<void()> wake_progress_;
+  std::function<bool()> receive_;
+  mutable std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<ActorCellBase>> ready_;
+  std::deque<std::function<void()>> tasks_;
+  // Actors a receiving thread took on, waiting behind the one it runs now, where a
+  // stand-in can take them (one receiving thread parks at a time).
+  std::vector<std::shared_ptr<ActorCellBase>> parked_;
+  bool parking_ = false;
+  std::atomic<int> ready_count_{0};  // ready_ + tasks_, readable without the lock
+  int sleeping_ = 0;                  // pool threads waiting on cv_
+  std::atomic<int> deep_sleeping_{0};  // of which, waiting without a timeout
+  // steady_clock ticks when the current inline call began; 0 when none runs.
+  std::atomic<std::int64_t> inline_since_{0};
+  std::atomic<int> spinning_{0};      // pool threads looking for work before they sleep
+  bool stop_ = false;
+  std::vector<std::thread> pool_;
+};
+
+}  // namespace troupe::actors::detail
