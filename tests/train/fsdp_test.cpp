@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "fsdp_harness.hpp"
+#include "troupe/nn/layer_norm.hpp"
 
 namespace troupe::train {
 namespace {
@@ -79,6 +80,51 @@ TEST(FullyShardedDataParallel, AWrapPolicyThatWrapsNothingIsAClearError) {
                InvalidArgument);
   EXPECT_THROW(FullyShardedDataParallel(*model, world(), factory(Opt::adamw), {.wrap = {"7"}}), InvalidArgument);
   EXPECT_THROW(size_based_auto_wrap_policy(0), InvalidArgument);
+}
+
+// Embedding (index input, no input gradient) and LayerNorm (gradients written through
+// raw pointers) also accumulate into the flat gradient views: Embedding(40, 16),
+// LayerNorm(16), Linear(16, 4), each a unit, trains like DDP with AdamW.
+TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
+  auto& comm = world();
+  auto build = [&] {
+    tensor::Generator gen(kModelSeed + static_cast<std::uint64_t>(comm.rank()));
+    auto m = std::make_unique<nn::Sequential>();
+    m->emplace<nn::Embedding>(40, 16, gen);
+    m->emplace<nn::LayerNorm>(16);
+    m->emplace<nn::Linear>(16, 4, gen);
+    return m;
+  };
+  auto ddp_model = build(), fsdp_model = build();
+  DistributedDataParallel ddp(*ddp_model, comm);
+  nn::AdamW opt(ddp_model->named_parameters(), 1e-2);
+  FullyShardedDataParallel fsdp(*fsdp_model, comm, factory(Opt::adamw),
+                                {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Embedding, nn::LayerNorm, nn::Linear>()});
+  EXPECT_EQ(fsdp.unit_paths(), (std::vector<std::string>{"0", "1", "2"}));
+  nn::CrossEntropyLoss l1, l2;
+  tensor::Generator data(17 + static_cast<std::uint64_t>(comm.rank()));
+  for (int s = 0; s < 10; ++s) {
+    std::vector<std::int64_t> ids, labels;
+    for (float v : tensor::uniform({12}, 0, 40, data).to_vector<float>()) {
+      ids.push_back(std::min<std::int64_t>(39, static_cast<std::int64_t>(v)));
+      labels.push_back(ids.back() % 4);
+    }
+    const Tensor x = Tensor::from_vector(ids), y = Tensor::from_vector(labels);
+    l1.forward(ddp.forward(x), y);
+    ddp.backward(l1.backward());
+    opt.step();
+    opt.zero_grad();
+    l2.forward(fsdp.forward(x), y);
+    fsdp.backward(l2.backward());
+    fsdp.step();
+    fsdp.zero_grad();
+  }
+  std::vector<double> got;
+  for (const auto& [name, value] : fsdp.full_state_dict()) {
+    const auto v = value.to_vector<double>();
+    got.insert(got.end(), v.begin(), v.end());
+  }
+  EXPECT_LE(testing::max_relative_difference(got, testing::flat_parameters(*ddp_model)), 1e-5);
 }
 
 // A forward that throws (a wrongly shaped input, refused by the first unit's Linear
