@@ -61,8 +61,8 @@ TEST(FullyShardedDataParallel, FullStateDictsEqualDdps) {
 }
 
 // Save at W ranks after 5 steps; a fresh FSDP at W/2 ranks (or 1) restored from the
-// dicts takes the next 5 steps like the run that never stopped.
-TEST(FullyShardedDataParallel, LoadFullStateDictAtAnotherWorldSizeContinues) {
+// dicts takes the next 5 steps like the run that never stopped, and so does zero1.
+TEST(FullyShardedDataParallel, FullStateDictsContinueAtAnotherWorldSizeInFsdpAndInZero1) {
   auto& comm = world();
   FsdpRun first(comm, Shape::odd, Opt::adamw);
   Batches batches(comm);
@@ -82,6 +82,23 @@ TEST(FullyShardedDataParallel, LoadFullStateDictAtAnotherWorldSizeContinues) {
   Batches resumed(*sub, 5);
   for (int s = 5; s < 10; ++s) second.step(resumed.next());
   EXPECT_LE(testing::max_relative_difference(second.params(), want), 1e-5);
+
+  // And in another mode: zero1 (DDP + OSS) on the same smaller communicator.
+  auto model = make_model(Shape::odd, 99);
+  DistributedDataParallel ddp(*model, *sub);
+  OSS oss(model->named_parameters(), *sub, factory(Opt::adamw));
+  model->load_state_dict(model_dict);
+  oss.load_state_dict(optim_dict);
+  Batches again(*sub, 5);
+  nn::CrossEntropyLoss loss;
+  for (int s = 5; s < 10; ++s) {
+    const TensorBatch b = again.next();
+    loss.forward(ddp.forward(b.inputs), b.targets);
+    ddp.backward(loss.backward());
+    oss.step();
+    oss.zero_grad();
+  }
+  EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*model), want), 1e-5);
 }
 
 
