@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "troupe/error.hpp"
+#include "troupe/tensor/fused_optim.hpp"
 
 namespace troupe::nn {
 
@@ -54,6 +55,18 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   Tensor& exp_avg = *state.find("exp_avg");
   Tensor& exp_avg_sq = *state.find("exp_avg_sq");
+  if (param.data.device().is_cuda()) {
+    // One fused kernel launch (tensor/fused_optim.hpp: these formulas, in f32). The
+    // moments live on the parameter's device; made or loaded on the host, they move once.
+    TROUPE_CHECK(param.data.dtype() == DType::f32, type_name(), ".step '", name, "': a CUDA parameter must be f32 "
+                 "(keep f32 master weights for bf16/f16 models), got ", param.data.dtype());
+    for (Tensor* moment : {&exp_avg, &exp_avg_sq})
+      if (moment->device() != param.data.device()) *moment = moment->to(param.data.device());
+    tensor::fused_adam_step_(param.data, param.grad, exp_avg, exp_avg_sq,
+                             {.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
+                              .weight_decay = weight_decay_, .decoupled = decoupled_, .step = t});
+    return;
+  }
   tensor::dispatch_floating(param.data.dtype(), type_name() + ".step '" + name + "'", [&](auto tag) {
     using T = decltype(tag);
     using C = tensor::compute_t<T>;
