@@ -74,6 +74,21 @@ TEST(GradScaler, UnscalesToTheTrueGradientAndGrowsAfterTheIntervalOfGoodSteps) {
   EXPECT_EQ(scaler.growth_tracker(), 0);
 }
 
+TEST(GradScaler, CudaGradientsAreUnscaledAndCheckedByTheFusedKernel) {
+  if (!tensor::cuda_available()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  const Device gpu = Device::cuda();
+  nn::Parameter a{Tensor::zeros({3}, DType::f32, gpu), Tensor::from_vector<float>({2, 4, 8}, {}, gpu)};
+  nn::Parameter b{Tensor::zeros({2}, DType::f32, gpu), Tensor::from_vector<float>({16, 32}, {}, gpu)};
+  nn::SGD sgd({{"a", &a}, {"b", &b}}, 0.1);
+  GradScaler scaler(nullptr, {.init_scale = 2});
+  EXPECT_FALSE(scaler.unscale_(sgd));
+  EXPECT_EQ(a.grad.to_vector<float>(), (std::vector<float>{1, 2, 4}));
+  EXPECT_EQ(b.grad.to_vector<float>(), (std::vector<float>{8, 16}));
+  scaler.update();
+  b.grad = Tensor::from_vector<float>({1, std::numeric_limits<float>::infinity()}, {}, gpu);
+  EXPECT_TRUE(scaler.unscale_(sgd)) << "an Inf in the second of two CUDA gradients";
+}
+
 TEST(GradScaler, StateDictRoundTripsScaleAndTracker) {
   GradScaler a(nullptr, {.init_scale = 8, .growth_interval = 5});
   nn::SGD sgd(std::vector<nn::NamedParameter>{}, 0.1);

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "troupe/error.hpp"
+#include "troupe/tensor/fused_optim.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::train {
@@ -23,13 +24,22 @@ bool GradScaler::unscale_(nn::Optimizer& optimizer) {
   TROUPE_CHECK(!unscaled_, "GradScaler::unscale_: already called since the last update()");
   const double inverse = 1.0 / scale_;
   bool local_inf = false;
+  // CUDA f32 gradients go through one fused kernel each (unscale + inf check) that
+  // raises a flag on the device; the host reads it once, after the last of them.
+  Tensor device_flag;
   for (const auto& [name, param] : optimizer.named_parameters()) {
     Tensor& grad = param->grad;
     if (!grad.defined()) continue;
+    if (grad.device().is_cuda() && grad.dtype() == DType::f32) {
+      if (!device_flag.defined()) device_flag = Tensor::zeros({1}, DType::f32, grad.device());
+      tensor::unscale_and_check_(grad, inverse, device_flag);
+      continue;
+    }
     // The sum is accumulated in double, so it is inf or NaN only if an element is.
     if (!std::isfinite(tensor::sum(grad).item())) local_inf = true;
     tensor::scale_(grad, inverse);
   }
+  if (device_flag.defined() && device_flag.item() > 0) local_inf = true;
   float flag = local_inf ? 1.0f : 0.0f;
   if (comm_ != nullptr) comm_->allreduce(collectives::Buffer(&flag, 1), collectives::ReduceOp::max);
   found_inf_ = flag > 0;
