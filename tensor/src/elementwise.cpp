@@ -54,8 +54,9 @@ cuda_backend::BinaryOp cuda_op() {
   else return B::ge;
 }
 
-// a op b on the GPU: the same-shape and scalar cases take the flat kernel, every other
-// broadcast the strided one (a and b swapped by nothing: each has its own strides).
+// a op b on the GPU: equal shapes and a one-element b take the flat kernel; every other
+// broadcast (a bias row, a column, a one-element a, ...) the strided one, with each
+// operand's strides over the output's dimensions.
 template <class Op>
 void binary_cuda(const detail::BroadcastPlan& plan, const Tensor& a, const Tensor& b, Tensor& out,
                  const char* name) {
