@@ -128,9 +128,9 @@ TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
 }
 
 // A forward that throws (a wrongly shaped input, refused by the first unit's Linear
-// after the second unit's gather was prefetched) leaves nothing gathered or in flight,
-// and training goes on exactly as if it never happened.
-TEST(FullyShardedDataParallel, AForwardThatThrowsLeavesNothingGathered) {
+// after the second unit's gather was prefetched) or a backward that throws leaves
+// nothing gathered or in flight, and training goes on as if it never happened.
+TEST(FullyShardedDataParallel, AForwardOrBackwardThatThrowsLeavesNothingGathered) {
   DdpRun want(Shape::mlp, Opt::adamw);
   FsdpRun got(world(), Shape::mlp, Opt::adamw);
   Batches a(world()), b(world());
@@ -138,6 +138,12 @@ TEST(FullyShardedDataParallel, AForwardThatThrowsLeavesNothingGathered) {
   got.step(b.next());
   EXPECT_THROW(got.fsdp->forward(Tensor::zeros({2, 15})), InvalidArgument);
   for (const auto& [name, p] : got.model->named_parameters()) EXPECT_FALSE(p->data.defined()) << name;
+  // A backward given a wrongly shaped gradient: refused by the last unit's Linear.
+  got.fsdp->forward(Tensor::zeros({2, 16}));
+  EXPECT_THROW(got.fsdp->backward(Tensor::zeros({2, 5})), InvalidArgument);
+  EXPECT_EQ(got.fsdp->local_full_gradient_bytes(), 0u);
+  for (const auto& [name, p] : got.model->named_parameters()) EXPECT_FALSE(p->data.defined() || p->grad.defined()) << name;
+  got.fsdp->zero_grad();
   for (int s = 1; s < 5; ++s) {
     want.step(a.next());
     got.step(b.next());

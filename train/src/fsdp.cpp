@@ -210,11 +210,19 @@ Tensor FullyShardedDataParallel::backward(const Tensor& grad_output) {
     }
     if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
   } catch (...) {
+    // A failed backward drops the full local gradients (and any no_sync accumulation);
+    // shard gradients keep whatever reduce-scatters completed: zero_grad before retrying.
     wait_all();
     for (std::size_t u = 0; u < units_.size(); ++u) {
       units_[u].gathers.clear();
       units_[u].reduce_scatters.clear();
       if (units_[u].state != UnitState::sharded) release_parameters(u);
+      for (auto& flat : units_[u].flats) {
+        for (auto& entry : flat.entries) entry.param->grad = Tensor();
+        if (flat.full_grad.defined()) note_bytes(-static_cast<std::ptrdiff_t>(flat.full_grad.nbytes()));
+        flat.full_grad = Tensor();
+        flat.reduced = Tensor();
+      }
     }
     pending_reduce_ = kNoUnit;
     busy_ = false;
