@@ -84,7 +84,11 @@ void Transport::send(int destination, std::string& message, const std::vector<By
   // Meanwhile this thread keeps receiving: two ranks whose progress threads both
   // answer with large replies (RuntimeOptions::threads == 0) would otherwise each wait
   // for the other to receive.
-  std::vector<MPI_Request> requests(1 + attachments.size(), MPI_REQUEST_NULL);
+  // Most messages have no attachments: their one request needs no heap vector.
+  MPI_Request single = MPI_REQUEST_NULL;
+  std::vector<MPI_Request> several(attachments.empty() ? 0 : 1 + attachments.size(), MPI_REQUEST_NULL);
+  MPI_Request* requests = attachments.empty() ? &single : several.data();
+  const int count = 1 + static_cast<int>(attachments.size());
   TROUPE_MPI_CHECK(MPI_Isend(message.data(), static_cast<int>(message.size()), MPI_BYTE, destination, kActorTag,
                              comm_, &requests[0]));
   for (std::size_t i = 0; i < attachments.size(); ++i) {
@@ -92,7 +96,7 @@ void Transport::send(int destination, std::string& message, const std::vector<By
                                tag, comm_, &requests[i + 1]));
   }
   for (int done = 0;;) {
-    TROUPE_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    TROUPE_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
     if (done) break;
     if (!t_receiving) receive_some();
   }

@@ -106,8 +106,15 @@ class ActorRef {
     static const std::vector<std::string> names = detail::method_names<T>(method_table_t<T>{});
     return names[index];
   }
+  // Built with plain appends: it runs for every ask, and a std::ostringstream costs
+  // several times more.
   std::string describe(const char* verb, std::uint32_t index) const {
-    return detail::concat(verb, " ", method_name(index), " on rank ", rank_);
+    std::string text(verb);
+    text += ' ';
+    text += method_name(index);
+    text += " on rank ";
+    text += std::to_string(rank_);
+    return text;
   }
 
   Runtime* runtime_ = nullptr;
