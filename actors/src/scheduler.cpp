@@ -182,14 +182,16 @@ void Scheduler::stand_in() {
 }
 
 void Scheduler::worker() {
-  for (;;) {
-    spinning_.fetch_add(1);
-    const auto until = Clock::now() + kSpin;
-    for (int i = 0; !has_ready(); ++i) {
-      if ((i & 63) == 63 && Clock::now() >= until) break;
-      cpu_relax();
+  for (bool ran = false;; ran = true) {
+    if (ran) {  // only a thread that just ran dry expects more soon
+      spinning_.fetch_add(1);
+      const auto until = Clock::now() + kSpin;
+      for (int i = 0; !has_ready(); ++i) {
+        if ((i & 63) == 63 && Clock::now() >= until) break;
+        cpu_relax();
+      }
+      spinning_.fetch_sub(1);
     }
-    spinning_.fetch_sub(1);
     std::shared_ptr<ActorCellBase> cell;
     std::function<void()> task;
     {
