@@ -138,7 +138,7 @@ struct GroupedState {
 TEST(Checkpoint, StateGroupsLandAsSectionsWithSmallScalarsAsAttributes) {
   TempDir dir;
   Trainer saved(1), fresh(2);
-  GroupedState out{&saved}, in{&fresh};
+  GroupedState out{&saved, 0, {}}, in{&fresh, 0, {}};
   {
     Checkpoint ckpt(dir.path(), 1);
     register_state_groups(ckpt, out, {"model", "optimizer", "sampler"});

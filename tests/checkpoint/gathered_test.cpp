@@ -59,7 +59,9 @@ TEST(GatheredSave, AssemblesEveryRanksShardsIntoFullTensorsInOneFile) {
   auto actor = testing::spawn_checkpoint_actor(dir.path(), "ckpt-assemble");
   send_my_pieces(actor, 7);
   barrier();
-  if (runtime().rank() == 0) EXPECT_EQ(fs::path(actor.ask(&CheckpointActor::commit, std::int64_t{7}).get()).filename(), "ckpt-000000007.h5");
+  if (runtime().rank() == 0) {
+    EXPECT_EQ(fs::path(actor.ask(&CheckpointActor::commit, std::int64_t{7}).get()).filename(), "ckpt-000000007.h5");
+  }
   barrier();
 
   FileReader file((dir.path() / "ckpt-000000007.h5").string());
