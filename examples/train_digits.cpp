@@ -10,7 +10,9 @@
 // all-reduce per bucket); the driver only ever sees per-epoch sums. --batch-size is
 // the global batch: N ranks take batch/N each, so the run's mathematics do not depend
 // on the number of ranks. The same flags (and world size) give bit-identical final
-// parameters: the run prints their hash.
+// parameters: the run prints their hash. --sharding zero1|zero2|fsdp trains the same
+// model with sharded optimizer state, gradients or parameters (ZeRO-1/2/3); the
+// checkpoints are the same files, so a run may resume in another mode.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,6 +44,7 @@ struct Flags {
   std::uint64_t seed = 0;
   double require_accuracy = 0;  // exit status 3 if the final test accuracy is lower
   int accum_steps = 1;
+  std::string sharding = "ddp";  // ddp, zero1, zero2 or fsdp
   std::string metrics;          // JSONL metrics log; empty for none
   std::string best;             // file for the model with the best test accuracy; empty for none
   // Checkpoints: the folder (default: troupe-run's TROUPE_CHECKPOINT_DIR, if any), a
@@ -54,9 +57,12 @@ struct Flags {
 const char* kUsage =
     "usage: train_digits [--data PATH] [--epochs N] [--batch-size N] [--hidden N] [--lr X]\n"
     "                    [--momentum X] [--seed N] [--require-accuracy X] [--accum-steps N]\n"
+    "                    [--sharding ddp|zero1|zero2|fsdp]\n"
     "                    [--metrics FILE] [--best FILE]\n"
     "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n"
+    "  --sharding: ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded\n"
+    "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
     "  --checkpoint-dir saves at each epoch's end (and every STEPS steps) and, started again\n"
     "  with the same DIR, resumes from its latest valid checkpoint. Under troupe-run it\n"
     "  defaults to troupe-run's --checkpoint-dir.\n";
@@ -89,6 +95,7 @@ Flags parse_flags(int argc, char** argv) {
       else if (flag == "--seed") f.seed = whole(std::stoull(value, &used));
       else if (flag == "--require-accuracy") f.require_accuracy = whole(std::stod(value, &used));
       else if (flag == "--accum-steps") f.accum_steps = whole(std::stoi(value, &used));
+      else if (flag == "--sharding") f.sharding = value;
       else if (flag == "--metrics") f.metrics = value;
       else if (flag == "--best") f.best = value;
       else throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
@@ -99,6 +106,8 @@ Flags parse_flags(int argc, char** argv) {
   if (f.epochs < 1 || f.batch_size < 1 || f.hidden < 1 || f.accum_steps < 1 || !(f.lr > 0))
     throw InvalidArgument(std::string("--epochs, --batch-size, --hidden and --accum-steps must be >= 1 and --lr > 0\n") +
                           kUsage);
+  if (f.sharding != "ddp" && f.sharding != "zero1" && f.sharding != "zero2" && f.sharding != "fsdp")
+    throw InvalidArgument("bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp\n" + kUsage);
   if (f.save_every < 0 || f.keep_last < 1)
     throw InvalidArgument(std::string("--save-every must be >= 0 and --keep-last >= 1\n") + kUsage);
   if (f.checkpoint_dir.empty()) {
@@ -112,9 +121,9 @@ std::string config_json(const Flags& f) {
   char text[512];
   std::snprintf(text, sizeof text,
                 "{\"example\": \"train_digits\", \"epochs\": %d, \"batch_size\": %d, \"hidden\": %d, "
-                "\"lr\": %.17g, \"momentum\": %.17g, \"seed\": %llu, \"accum_steps\": %d}",
+                "\"lr\": %.17g, \"momentum\": %.17g, \"seed\": %llu, \"accum_steps\": %d, \"sharding\": \"%s\"}",
                 f.epochs, f.batch_size, f.hidden, f.lr, f.momentum, static_cast<unsigned long long>(f.seed),
-                f.accum_steps);
+                f.accum_steps, f.sharding.c_str());
   return text;
 }
 
@@ -154,7 +163,12 @@ struct DigitsRecipe {
     return model;
   }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
-    return std::make_unique<nn::SGD>(model.named_parameters(), c.lr, c.momentum);
+    return make_optimizer(model.named_parameters(), c);
+  }
+  // The same optimizer over any parameters: OSS's partition (zero1, zero2) or FSDP's
+  // flat shards (fsdp).
+  static std::unique_ptr<nn::Optimizer> make_optimizer(std::vector<nn::NamedParameter> params, const Config& c) {
+    return std::make_unique<nn::SGD>(std::move(params), c.lr, c.momentum);
   }
 };
 
@@ -189,6 +203,7 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
                   {"model", "MLP 64-" + std::to_string(flags.hidden) + "-" + std::to_string(flags.hidden) +
                                 "-10, " + std::to_string(params) + " parameters"},
                   {"optimizer", "SGD " + format("lr %g momentum %g", flags.lr, flags.momentum)},
+                  {"sharding", flags.sharding},
                   {"data", flags.data + ", seed " + std::to_string(flags.seed)},
                   {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
 
@@ -233,7 +248,10 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
                   flags.epochs, loss / static_cast<double>(samples), test_loss / static_cast<double>(test_samples),
                   test_accuracy, rate);
     status.print(line);
-    if (!flags.best.empty() && workers[0].ask(&Worker::offer_best, test_accuracy, steps).get())
+    // In fsdp mode every worker takes part (the model is gathered); rank 0 decides.
+    if (!flags.best.empty() && (flags.sharding == "fsdp"
+                                    ? actors::when_all(workers.ask(&Worker::offer_best, test_accuracy, steps)).get()[0]
+                                    : workers[0].ask(&Worker::offer_best, test_accuracy, steps).get()))
       status.print("  best test accuracy so far: model saved to " + flags.best);
     if (!flags.checkpoint_dir.empty()) actors::when_all(workers.ask(&Worker::save_checkpoint)).get();
     status.log(steps, epoch,
@@ -277,6 +295,7 @@ int main(int argc, char** argv) {
     train::WorkerOptions options{.global_batch = flags.batch_size,
                                  .accum_steps = flags.accum_steps,
                                  .seed = flags.seed,
+                                 .sharding = flags.sharding,
                                  .epochs = flags.epochs,
                                  .best_path = flags.best,
                                  .checkpoint_dir = flags.checkpoint_dir,

@@ -72,6 +72,22 @@ TEST(TrainDigits, AMalformedLineIsReportedWithFileAndLine) {
   EXPECT_NE(run.output.find(path + ":4:"), std::string::npos) << run.output;
 }
 
+TEST(TrainDigits, AnUnknownShardingModeIsNamedWithTheChoicesAndExitsWithStatus2) {
+  const ProcessResult run = run_train_digits("--sharding zero3");
+  EXPECT_EQ(run.status, 2) << run.output;
+  EXPECT_NE(run.output.find("bad value 'zero3' for --sharding: one of ddp, zero1, zero2, fsdp"), std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("usage:"), std::string::npos) << run.output;
+}
+
+TEST(TrainDigits, TrainsInOneProcessInEveryShardingMode) {
+  for (const char* mode : {"zero1", "zero2", "fsdp"}) {
+    const ProcessResult run = run_train_digits(std::string("--epochs 4 --sharding ") + mode);
+    ASSERT_EQ(run.status, 0) << mode << "\n" << run.output;
+    EXPECT_GT(final_accuracy(run.output), 0.85) << mode << "\n" << run.output;
+  }
+}
+
 TEST(TrainDigits, ABadFlagPrintsUsageAndExitsWithStatus2) {
   ProcessResult run = run_train_digits("--epochs many");
   EXPECT_EQ(run.status, 2);

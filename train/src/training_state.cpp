@@ -64,10 +64,22 @@ TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, Distri
                              DistributedDataParallel* ddp, GradScaler* scaler)
     : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(ddp), scaler_(scaler) {}
 
+TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
+                             ShardedStateDicts& sharded)
+    : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(nullptr), scaler_(nullptr), sharded_(&sharded) {}
+
+std::vector<std::string> TrainingState::group_names() const {
+  std::vector<std::string> names{"model", "optimizer", "sampler"};
+  if (scaler_ != nullptr) names.emplace_back("scaler");
+  names.emplace_back("rng");
+  names.emplace_back("status");
+  return names;
+}
+
 StateGroups TrainingState::state_dicts() const {
   StateGroups groups;
-  groups.emplace_back("model", model_.state_dict());
-  groups.emplace_back("optimizer", optimizer_.state_dict());
+  groups.emplace_back("model", sharded_ != nullptr ? sharded_->model_state_dict() : model_.state_dict());
+  groups.emplace_back("optimizer", sharded_ != nullptr ? sharded_->optimizer_state_dict() : optimizer_.state_dict());
   groups.emplace_back("sampler", sampler_.state_dict());
   if (scaler_ != nullptr) groups.emplace_back("scaler", scaler_->state_dict());
   nn::StateDict rng;
@@ -81,7 +93,9 @@ StateGroups TrainingState::state_dicts() const {
   nn::StateDict status;
   status.insert("step", i64(step));
   status.insert("epoch", i64(epoch));
-  status.insert("micro_step", i64(ddp_ != nullptr ? ddp_->micro_step() : 0));
+  status.insert("micro_step", i64(sharded_ != nullptr ? sharded_->micro_step()
+                                  : ddp_ != nullptr   ? ddp_->micro_step()
+                                                      : 0));
   groups.emplace_back("status", std::move(status));
   return groups;
 }
@@ -94,8 +108,13 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
   const nn::StateDict* scaler = scaler_ != nullptr ? &group(groups, "scaler") : nullptr;
   const nn::StateDict& rng = group(groups, "rng");
   const nn::StateDict& status = group(groups, "status");
-  model_.load_state_dict(model, /*strict=*/true);
-  optimizer_.load_state_dict(optimizer);
+  if (sharded_ != nullptr) {
+    sharded_->load_model_state_dict(model);
+    sharded_->load_optimizer_state_dict(optimizer);
+  } else {
+    model_.load_state_dict(model, /*strict=*/true);
+    optimizer_.load_state_dict(optimizer);
+  }
   sampler_.load_state_dict(sampler);
   if (scaler != nullptr) scaler_->load_state_dict(*scaler);
   std::vector<std::pair<std::string, nn::Dropout*>> dropouts;
@@ -106,6 +125,7 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
   step = as_i64(status, "step");
   epoch = as_i64(status, "epoch");
   if (ddp_ != nullptr) ddp_->set_micro_step(as_i64(status, "micro_step"));
+  if (sharded_ != nullptr) sharded_->set_micro_step(as_i64(status, "micro_step"));
 }
 
 }  // namespace troupe::train

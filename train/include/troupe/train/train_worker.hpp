@@ -13,12 +13,24 @@
 // through the driver; the driver only sees per-epoch sums. With one rank the same
 // program runs unchanged (a single-rank communicator, no MPI traffic).
 //
+// WorkerOptions::sharding picks how the model is spread over the ranks: ddp (the
+// default: DDP and the recipe's optimizer), zero1 (DDP + OSS), zero2
+// (ShardedDataParallel + OSS) or fsdp (FullyShardedDataParallel), see sharded_model.hpp.
+// Accumulation, the sampler, Status, evaluation and checkpoints work alike in every
+// mode, and a checkpoint from one mode resumes in another. In fsdp mode state(),
+// evaluate() and offer_best() are collectives: ask every worker.
+//
 // The user supplies a Recipe -- plain factories, since actors are built from
 // serialised arguments on every rank:
 //   struct Recipe {
 //     struct Config { ...; template <class A> void serialize(A&); };  // sent to every rank
 //     static std::unique_ptr<nn::Module> make_model(const Config&);
 //     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
+//     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,
+//     // FSDP's flat shards) -- an OptimizerFactory. Optional for ddp.
+//     static std::unique_ptr<nn::Optimizer> make_optimizer(std::vector<nn::NamedParameter>, const Config&);
+//     // Optional: FSDP's units (default: every parameterised leaf module).
+//     static FsdpOptions fsdp_options(const Config&);
 //     static TensorDataset train_set(const Config&);  // every rank loads the same set
 //     static TensorDataset test_set(const Config&);
 //   };
@@ -33,11 +45,13 @@
 #include <cereal/types/string.hpp>
 #include <algorithm>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "troupe/actors/methods.hpp"
 #include "troupe/collectives/communicator.hpp"
@@ -52,6 +66,7 @@
 #include "troupe/train/data_loader.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
+#include "troupe/train/sharded_model.hpp"
 #include "troupe/train/status.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
@@ -65,6 +80,9 @@ struct WorkerOptions {
   std::int32_t accum_steps = 1;     // micro-batches per step on each rank
   std::uint64_t seed = 0;           // the sampler's shuffle seed
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
+  // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
+  // construction with InvalidArgument).
+  std::string sharding = "ddp";
   double max_grad_norm = 0;         // 0: no clipping
   std::int32_t epochs = 1;          // for the progress bar only
   bool progress = true;             // draw progress on rank 0
@@ -89,7 +107,7 @@ struct WorkerOptions {
   template <class A>
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
-      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json);
+      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding);
   }
 };
 
@@ -136,22 +154,29 @@ class TrainWorker {
   using Config = typename Recipe::Config;
 
   TrainWorker(WorkerOptions options, Config config)
-      : options_(options), config_(std::move(config)), comm_(make_communicator(options)),
-        model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)) {
+      : options_(options), config_(std::move(config)), sharding_(parse_sharding(options_.sharding)),
+        comm_(make_communicator(options)), model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)),
+        test_(Recipe::test_set(config_)) {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     const std::int64_t per_step = static_cast<std::int64_t>(comm_->size()) * options_.accum_steps;
     TROUPE_CHECK(options_.global_batch % per_step == 0, "TrainWorker: the global batch of ", options_.global_batch,
                  " does not split evenly over ", comm_->size(), " ranks x ", options_.accum_steps,
                  " micro-batches");
-    ddp_ = std::make_unique<DistributedDataParallel>(*model_, *comm_,
-                                                     DdpOptions{.bucket_bytes = options_.bucket_bytes});
-    optimizer_ = Recipe::make_optimizer(*model_, config_);
+    if (sharding_ == Sharding::ddp) {
+      ddp_ = std::make_unique<DistributedDataParallel>(*model_, *comm_,
+                                                       DdpOptions{.bucket_bytes = options_.bucket_bytes});
+      optimizer_ = Recipe::make_optimizer(*model_, config_);
+    } else {
+      sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_, optimizer_factory(),
+                                                options_.bucket_bytes, fsdp_options());
+    }
     sampler_ = std::make_unique<DistributedSampler>(train_.size(), comm_->size(), comm_->rank(),
                                                     SamplerOptions{.shuffle = true, .seed = options_.seed});
     loader_ = std::make_unique<DataLoader<TensorBatch>>(
         *sampler_, options_.global_batch / per_step,
         [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
-    state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get());
+    state_ = sharded_ ? std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_)
+                      : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get());
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
@@ -183,6 +208,7 @@ class TrainWorker {
   }
 
   // Starts a checkpoint of the current state (rank 0 writes it in the background).
+  // Ask every worker: in the sharded modes the state is gathered by collectives.
   void save_checkpoint() {
     check_running("save_checkpoint");
     TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
@@ -194,7 +220,8 @@ class TrainWorker {
     check_running("train_epoch");
     if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) {
       sampler_->set_epoch(epoch);
-      ddp_->set_micro_step(0);
+      if (sharded_) sharded_->set_micro_step(0);
+      else ddp_->set_micro_step(0);
     }
     state_->epoch = epoch;
     model_->train();
@@ -204,21 +231,26 @@ class TrainWorker {
     result.epoch = epoch;
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
     while (auto batch = loader_->next()) {
-      const Tensor logits = ddp_->forward(batch->inputs);
+      const Tensor logits = sharded_ ? sharded_->forward(batch->inputs) : ddp_->forward(batch->inputs);
       const double loss = loss_fn_.forward(logits, batch->targets).item();
       const auto n = batch->size();
       result.loss_sum += loss * static_cast<double>(n);
       result.correct += nn::accuracy(logits, batch->targets) * static_cast<double>(n);
       result.samples += n;
-      const AccumulationStep step = ddp_->optimizer_step_with_gradient_accumulation(
-          *optimizer_, [this](double scale) { return loss_fn_.backward(scale); }, options_.accum_steps,
-          micro_per_epoch, AccumulationOptions{.max_grad_norm = options_.max_grad_norm});
+      const auto output_grad = [this](double scale) { return loss_fn_.backward(scale); };
+      const AccumulationStep step =
+          sharded_ ? sharded_->optimizer_step_with_gradient_accumulation(output_grad, options_.accum_steps,
+                                                                         micro_per_epoch, options_.max_grad_norm)
+                   : ddp_->optimizer_step_with_gradient_accumulation(
+                         *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
+                         AccumulationOptions{.max_grad_norm = options_.max_grad_norm});
       if (step.stepped) {
         ++state_->step;
         ++result.steps;
         after_step();
       }
-      status_->progress(ddp_->micro_step() == 0 ? micro_per_epoch : ddp_->micro_step(),
+      const std::int64_t micro = sharded_ ? sharded_->micro_step() : ddp_->micro_step();
+      status_->progress(micro == 0 ? micro_per_epoch : micro,
                         result.samples * comm_->size(), {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
     }
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -234,11 +266,20 @@ class TrainWorker {
     std::vector<std::int64_t> mine;
     for (std::int64_t i = comm_->rank(); i < test_.size(); i += comm_->size()) mine.push_back(i);
     constexpr std::size_t kBatch = 256;
-    for (std::size_t begin = 0; begin < mine.size(); begin += kBatch) {
+    // FSDP's forward is a collective (it gathers every unit), so every rank runs as many
+    // batches as the largest share needs; a rank with no samples left forwards test
+    // sample 0 and ignores the result.
+    const bool collective = sharding_ == Sharding::fsdp;
+    const auto largest_share = static_cast<std::size_t>((test_.size() + comm_->size() - 1) / comm_->size());
+    for (std::size_t begin = 0; begin < (collective ? largest_share : mine.size()); begin += kBatch) {
+      if (begin >= mine.size()) {
+        sharded_->forward(test_.rows(std::vector<std::int64_t>{0}).inputs);
+        continue;
+      }
       const std::vector<std::int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(begin),
                                           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
-      const Tensor logits = model_->forward(batch.inputs);
+      const Tensor logits = collective ? sharded_->forward(batch.inputs) : model_->forward(batch.inputs);
       nn::CrossEntropyLoss eval_loss;
       const auto n = static_cast<double>(batch.size());
       result.loss_sum += eval_loss.forward(logits, batch.targets).item() * n;
@@ -251,15 +292,20 @@ class TrainWorker {
 
   WorkerState state() {
     check_running("state");
-    return {comm_->rank(), state_->step, state_->epoch, sampler_->position(), parameter_hash(*model_),
-            sampler_->exhausted()};
+    return {comm_->rank(), state_->step, state_->epoch, sampler_->position(),
+            sharded_ ? sharded_->parameter_hash() : parameter_hash(*model_), sampler_->exhausted()};
   }
 
   // The driver's value of the best-model metric for the current parameters: keeps a
   // copy (and writes the file) when it is the best so far. Returns whether it was.
-  // Only rank 0's worker need be asked; the parameters are the same everywhere.
+  // Only rank 0's worker need be asked; the parameters are the same everywhere. In
+  // fsdp mode ask every worker (the model is gathered): rank 0's answer counts.
   bool offer_best(double value, std::int64_t step) {
     check_running("offer_best");
+    if (sharding_ == Sharding::fsdp) {
+      nn::StateDict full = sharded_->model_state_dict();
+      return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
+    }
     return keeper_->update({{options_.best_metric, value}}, model_->state_dict(), step);
   }
 
@@ -275,6 +321,7 @@ class TrainWorker {
     loader_.reset();
     state_.reset();
     ddp_.reset();
+    sharded_.reset();
     comm_.reset();
   }
 
@@ -283,7 +330,9 @@ class TrainWorker {
     check_running("training_state");
     return *state_;
   }
+  // In fsdp mode the module's parameters are undefined between uses.
   nn::Module& model() { return *model_; }
+  Sharding sharding() const { return sharding_; }
   collectives::Communicator& communicator() { return *comm_; }
   std::int64_t parameter_count() const { return model_->parameter_count(); }
 
@@ -293,6 +342,31 @@ class TrainWorker {
                       &TrainWorker::save_checkpoint>;
 
  private:
+  // The recipe's optimizer over any parameters, for OSS's partition or FSDP's shards.
+  OptimizerFactory optimizer_factory() const {
+    if constexpr (requires(std::vector<nn::NamedParameter> params, const Config& c) {
+                    {
+                      Recipe::make_optimizer(std::move(params), c)
+                    } -> std::convertible_to<std::unique_ptr<nn::Optimizer>>;
+                  }) {
+      return [config = config_](std::vector<nn::NamedParameter> params) {
+        return Recipe::make_optimizer(std::move(params), config);
+      };
+    } else {
+      TROUPE_THROW(InvalidArgument, "TrainWorker: sharding ", options_.sharding,
+                   " needs the recipe's make_optimizer(std::vector<nn::NamedParameter>, const Config&), "
+                   "an optimizer over any parameters");
+    }
+  }
+  FsdpOptions fsdp_options() const {
+    if constexpr (requires(const Config& c) {
+                    { Recipe::fsdp_options(c) } -> std::convertible_to<FsdpOptions>;
+                  })
+      return Recipe::fsdp_options(config_);
+    else
+      return {};
+  }
+
   static std::unique_ptr<collectives::Communicator> make_communicator(const WorkerOptions& options) {
     TROUPE_CHECK(options.collective_timeout_s > 0, "TrainWorker: collective_timeout_s must be > 0, got ",
                  options.collective_timeout_s);
@@ -321,10 +395,12 @@ class TrainWorker {
 
   WorkerOptions options_;
   Config config_;
+  Sharding sharding_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::unique_ptr<nn::Module> model_;
   TensorDataset train_, test_;
-  std::unique_ptr<DistributedDataParallel> ddp_;
+  std::unique_ptr<DistributedDataParallel> ddp_;       // ddp
+  std::unique_ptr<ShardedModel> sharded_;              // zero1, zero2, fsdp
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<DataLoader<TensorBatch>> loader_;

@@ -12,6 +12,11 @@
 //   status     step (optimizer steps), epoch, micro_step (DDP's accumulation position)
 // load_state_dicts() takes the same groups back; with identical groups the next step
 // is bit-for-bit the one the saved run would have taken.
+//
+// Sharded modes (zero1, zero2, fsdp: sharded_model.hpp) pass a ShardedStateDicts: the
+// model and optimizer groups then come from it -- full, unsharded dicts under the
+// unwrapped model's names, built by collectives -- so the file has DDP's layout, and
+// state_dicts()/load_state_dicts() become collectives that every rank calls together.
 #pragma once
 
 #include <cstdint>
@@ -31,17 +36,37 @@ class GradScaler;
 
 using StateGroups = std::vector<std::pair<std::string, nn::StateDict>>;
 
+// The model and optimizer groups of a model whose state is sharded over the ranks, and
+// its accumulation position (DDP's micro_step). Each method may be a collective.
+class ShardedStateDicts {
+ public:
+  virtual ~ShardedStateDicts() = default;
+  virtual nn::StateDict model_state_dict() = 0;      // the unwrapped model's state_dict()
+  virtual nn::StateDict optimizer_state_dict() = 0;  // the unsharded optimizer's
+  virtual void load_model_state_dict(const nn::StateDict& dict) = 0;
+  virtual void load_optimizer_state_dict(const nn::StateDict& dict) = 0;
+  virtual std::int64_t micro_step() const = 0;
+  virtual void set_micro_step(std::int64_t step) = 0;
+};
+
 class TrainingState {
  public:
   // `ddp` and `scaler` may be null. The pointed-to objects must outlive this one.
   TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
                 DistributedDataParallel* ddp = nullptr, GradScaler* scaler = nullptr);
+  // A sharded model: `optimizer` is this rank's base optimizer (optimizer()); the model
+  // and optimizer groups and micro_step are `sharded`'s.
+  TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler, ShardedStateDicts& sharded);
 
   // Optimizer steps taken, and the epoch in progress (the sampler's epoch).
   std::int64_t step = 0;
   std::int64_t epoch = 0;
 
   StateGroups state_dicts() const;
+  // The names of state_dicts()'s groups, in its order, without building them.
+  std::vector<std::string> group_names() const;
+  // Whether state_dicts()/load_state_dicts() are collectives (a sharded model).
+  bool collective() const { return sharded_ != nullptr; }
   // Every group state_dicts() would return must be present (checked, naming what is
   // missing); the model and optimizer are loaded strictly.
   void load_state_dicts(const StateGroups& groups);
@@ -56,6 +81,7 @@ class TrainingState {
   DistributedSampler& sampler_;
   DistributedDataParallel* ddp_;
   GradScaler* scaler_;
+  ShardedStateDicts* sharded_ = nullptr;
 };
 
 // A deep copy of `groups`: state_dicts() shares storage with the live tensors, so a

@@ -1,0 +1,104 @@
+// ShardedModel: a model trained in one of the sharding modes of the worker group,
+// behind the one interface TrainWorker and TrainingState need -- so that the mode is
+// one option (`WorkerOptions::sharding`, train_digits' `--sharding`):
+//   ddp    DistributedDataParallel + the recipe's optimizer (TrainWorker builds these
+//          itself, as it always has; ShardedModel is not used)
+//   zero1  DistributedDataParallel + OSS            (optimizer state sharded)
+//   zero2  ShardedDataParallel + OSS                (gradients and optimizer state sharded)
+//   fsdp   FullyShardedDataParallel                 (parameters too)
+//
+// optimizer_step_with_gradient_accumulation() is DDP's (accumulation.cpp) for these
+// modes: windows of `accum_steps` micro-batches (the epoch's last window scaled by its
+// own size), the mode's no_sync inside a window, then optional clipping with the true
+// global norm, the step, and the gradients dropped. micro_step() is the position in
+// the epoch, part of the checkpoint's status group.
+//
+// Checkpoints: it is the ShardedStateDicts of a TrainingState. The model group is the
+// unwrapped model's state dict (FSDP: full_state_dict) and the optimizer group the
+// unsharded optimizer's (OSS: the consolidated state_dict; FSDP:
+// full_optimizer_state_dict), under the same names as DDP's, so a checkpoint from any
+// mode loads into any other.
+//
+// Contract: everything except mode()/micro_step() is a collective in some mode --
+// every rank calls it together, in the same order, from one thread. The module and
+// the communicator outlive this object.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/nn/module.hpp"
+#include "troupe/nn/optimizer.hpp"
+#include "troupe/train/ddp.hpp"
+#include "troupe/train/fsdp.hpp"
+#include "troupe/train/oss.hpp"
+#include "troupe/train/sharded_ddp.hpp"
+#include "troupe/train/training_state.hpp"
+
+namespace troupe::train {
+
+enum class Sharding { ddp, zero1, zero2, fsdp };
+
+// "ddp", "zero1", "zero2", "fsdp"; anything else is an InvalidArgument listing them.
+Sharding parse_sharding(std::string_view name);
+const char* sharding_name(Sharding mode);
+
+// FSDP's default units for the worker group: every module without children that holds
+// parameters (each Linear of an MLP), so any model built of Sequentials gets one unit per
+// layer. A recipe with other needs supplies its own FsdpOptions.
+AutoWrapPolicy parameterised_leaf_auto_wrap_policy();
+
+class ShardedModel final : public ShardedStateDicts {
+ public:
+  // `mode` is zero1, zero2 or fsdp. `factory` builds the base optimizer over the
+  // parameters (or the flat shards) it is given; `fsdp` is used in fsdp mode only.
+  // Broadcasts rank 0's parameters, as DDP does.
+  ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm, const OptimizerFactory& factory,
+               std::size_t bucket_bytes, FsdpOptions fsdp = {});
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+  ~ShardedModel() override;
+
+  Sharding mode() const { return mode_; }
+  // The base optimizer on this rank (its partition, or its flat shards): for LR
+  // schedules, and TrainingState's optimizer().
+  nn::Optimizer& optimizer();
+
+  // Forward through the model (FSDP gathers each unit: a collective, in eval too).
+  Tensor forward(const Tensor& input);
+  // See DistributedDataParallel::optimizer_step_with_gradient_accumulation; only
+  // max_grad_norm of the options is supported here (no scaler, no master weights).
+  AccumulationStep optimizer_step_with_gradient_accumulation(const std::function<Tensor(double)>& output_grad,
+                                                             int accum_steps, std::int64_t steps_per_epoch,
+                                                             double max_grad_norm = 0);
+
+  // FNV-1a over every parameter's full bytes in named order: parameter_hash(model) of
+  // the unsharded model (FSDP gathers each parameter to compute it).
+  std::uint64_t parameter_hash();
+
+  // ShardedStateDicts.
+  nn::StateDict model_state_dict() override;
+  nn::StateDict optimizer_state_dict() override;
+  void load_model_state_dict(const nn::StateDict& dict) override;
+  void load_optimizer_state_dict(const nn::StateDict& dict) override;
+  std::int64_t micro_step() const override { return micro_step_; }
+  void set_micro_step(std::int64_t step) override;
+
+ private:
+  void backward(const Tensor& grad, bool sync);
+
+  Sharding mode_;
+  nn::Module& model_;
+  std::unique_ptr<DistributedDataParallel> ddp_;    // zero1
+  std::unique_ptr<OSS> oss_;                        // zero1, zero2
+  std::unique_ptr<ShardedDataParallel> sdp_;        // zero2
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // fsdp
+  std::int64_t micro_step_ = 0;
+};
+
+}  // namespace troupe::train

@@ -1,0 +1,163 @@
+#include "troupe/train/sharded_model.hpp"
+
+#include <algorithm>
+#include <unordered_map>
+#include <utility>
+
+#include "troupe/error.hpp"
+
+namespace troupe::train {
+
+Sharding parse_sharding(std::string_view name) {
+  if (name == "ddp") return Sharding::ddp;
+  if (name == "zero1") return Sharding::zero1;
+  if (name == "zero2") return Sharding::zero2;
+  if (name == "fsdp") return Sharding::fsdp;
+  TROUPE_THROW(InvalidArgument, "unknown sharding mode '", std::string(name), "' (one of ddp, zero1, zero2, fsdp)");
+}
+
+const char* sharding_name(Sharding mode) {
+  switch (mode) {
+    case Sharding::ddp: return "ddp";
+    case Sharding::zero1: return "zero1";
+    case Sharding::zero2: return "zero2";
+    case Sharding::fsdp: return "fsdp";
+  }
+  return "?";
+}
+
+AutoWrapPolicy parameterised_leaf_auto_wrap_policy() {
+  return [](nn::Module& module, const std::string&, std::int64_t unwrapped_parameters) {
+    return unwrapped_parameters > 0 && module.named_children().empty();
+  };
+}
+
+ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm,
+                           const OptimizerFactory& factory, std::size_t bucket_bytes, FsdpOptions fsdp)
+    : mode_(mode), model_(model) {
+  switch (mode) {
+    case Sharding::zero1:
+      ddp_ = std::make_unique<DistributedDataParallel>(model, comm, DdpOptions{.bucket_bytes = bucket_bytes});
+      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory);
+      break;
+    case Sharding::zero2:
+      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory);
+      sdp_ = std::make_unique<ShardedDataParallel>(model, *oss_, comm, ShardedDdpOptions{.bucket_bytes = bucket_bytes});
+      break;
+    case Sharding::fsdp:
+      if (!fsdp.auto_wrap_policy && fsdp.wrap.empty()) fsdp.auto_wrap_policy = parameterised_leaf_auto_wrap_policy();
+      fsdp_ = std::make_unique<FullyShardedDataParallel>(model, comm, factory, std::move(fsdp));
+      break;
+    case Sharding::ddp:
+      TROUPE_THROW(InvalidArgument, "ShardedModel: ddp is DistributedDataParallel itself, not a sharded mode");
+  }
+}
+
+// The wrappers go before the OSS they refer to (members are destroyed in reverse).
+ShardedModel::~ShardedModel() {
+  sdp_.reset();
+  ddp_.reset();
+  fsdp_.reset();
+}
+
+nn::Optimizer& ShardedModel::optimizer() { return fsdp_ ? fsdp_->optimizer() : oss_->base(); }
+
+Tensor ShardedModel::forward(const Tensor& input) { return fsdp_ ? fsdp_->forward(input) : model_.forward(input); }
+
+namespace {
+// A synchronising backward, or one under the wrapper's no_sync (accumulating locally).
+template <class Wrapper>
+void backward_with(Wrapper& wrapper, const Tensor& grad, bool sync) {
+  if (sync) {
+    wrapper.backward(grad);
+    return;
+  }
+  auto guard = wrapper.no_sync();
+  wrapper.backward(grad);
+}
+}  // namespace
+
+void ShardedModel::backward(const Tensor& grad, bool sync) {
+  if (ddp_) backward_with(*ddp_, grad, sync);
+  else if (sdp_) backward_with(*sdp_, grad, sync);
+  else backward_with(*fsdp_, grad, sync);
+}
+
+// The window arithmetic is DDP's (accumulation.cpp), so every mode takes its steps at
+// the same micro-batches and scales each window's gradients the same way.
+AccumulationStep ShardedModel::optimizer_step_with_gradient_accumulation(
+    const std::function<Tensor(double)>& output_grad, int accum_steps, std::int64_t steps_per_epoch,
+    double max_grad_norm) {
+  TROUPE_CHECK(accum_steps >= 1, "ShardedModel: accum_steps must be >= 1, got ", accum_steps);
+  TROUPE_CHECK(steps_per_epoch >= 1, "ShardedModel: steps_per_epoch must be >= 1, got ", steps_per_epoch);
+  TROUPE_CHECK(micro_step_ < steps_per_epoch, "ShardedModel: micro-step ", micro_step_, " is past the epoch's ",
+               steps_per_epoch, " steps (steps_per_epoch changed mid-epoch?)");
+  TROUPE_CHECK(max_grad_norm >= 0, "ShardedModel: max_grad_norm must be >= 0, got ", max_grad_norm);
+  const std::int64_t window_start = micro_step_ / accum_steps * accum_steps;
+  const std::int64_t window = std::min<std::int64_t>(accum_steps, steps_per_epoch - window_start);
+  const bool last_in_window = micro_step_ + 1 == window_start + window;
+
+  AccumulationStep result;
+  result.window = static_cast<int>(window);
+  backward(output_grad(1.0 / static_cast<double>(window)), last_in_window);
+  if (last_in_window) {
+    result.synced = true;
+    // The true global norm: OSS and FSDP sum every rank's share with one all-reduce.
+    if (max_grad_norm > 0)
+      result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(max_grad_norm) : oss_->clip_grad_norm(max_grad_norm);
+    if (fsdp_) {
+      fsdp_->step();
+      fsdp_->zero_grad(true);
+    } else {
+      oss_->step();  // steps the owned partition, then shares the parameters
+      oss_->zero_grad(true);
+    }
+    result.stepped = true;
+  }
+  micro_step_ = (micro_step_ + 1) % steps_per_epoch;
+  return result;
+}
+
+void ShardedModel::set_micro_step(std::int64_t step) {
+  TROUPE_CHECK(step >= 0, "ShardedModel::set_micro_step: got ", step);
+  micro_step_ = step;
+}
+
+std::uint64_t ShardedModel::parameter_hash() {
+  if (!fsdp_) return train::parameter_hash(model_);
+  // The module's own parameters are undefined between uses: gather each one (in
+  // state_dict order), keep the parameters, and hash them in named order as
+  // parameter_hash(model) does.
+  std::unordered_map<std::string, Tensor> full;
+  std::vector<std::string> names;
+  for (const auto& named : model_.named_parameters()) names.push_back(named.name);
+  fsdp_->for_each_full_tensor([&](const std::string& name, const Tensor& value) {
+    if (std::find(names.begin(), names.end(), name) != names.end()) full.emplace(name, value.to(Device::cpu()));
+  });
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& name : names) {
+    const Tensor& host = full.at(name);
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
+nn::StateDict ShardedModel::model_state_dict() { return fsdp_ ? fsdp_->full_state_dict() : model_.state_dict(); }
+
+nn::StateDict ShardedModel::optimizer_state_dict() {
+  return fsdp_ ? fsdp_->full_optimizer_state_dict() : oss_->state_dict();
+}
+
+void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {
+  // zero1/zero2: every rank holds the whole model and reads the same file.
+  if (fsdp_) fsdp_->load_full_state_dict(dict);
+  else model_.load_state_dict(dict, /*strict=*/true);
+}
+
+void ShardedModel::load_optimizer_state_dict(const nn::StateDict& dict) {
+  if (fsdp_) fsdp_->load_full_optimizer_state_dict(dict);
+  else oss_->load_state_dict(dict);
+}
+
+}  // namespace troupe::train
