@@ -123,7 +123,9 @@ bool Scheduler::run_shared_one() {
     ready_count_.fetch_sub(1, std::memory_order_relaxed);
   }
   if (task) task();
-  else drain(std::move(cell), false);
+  // Run on the receiving thread like its own actors: watched, so that a stand-in
+  // receives should the call run long.
+  else drain(std::move(cell), threads_ > 0);
   return true;
 }
 

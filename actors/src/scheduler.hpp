@@ -98,6 +98,7 @@ class Scheduler {
   // shared queue if calls remain.
   void drain(std::shared_ptr<ActorCellBase> cell, bool inline_run);
   void make_ready(std::shared_ptr<ActorCellBase> cell);
+  // For the receiving thread (run_local): one task or one actor's turn.
   bool run_shared_one();
 
   const int threads_;
