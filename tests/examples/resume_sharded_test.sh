@@ -3,9 +3,11 @@
 # under troupe-run, rank 1 killed (a crash fault, as kill -9) in the middle of epoch 2,
 # relaunched and resumed from its last mid-epoch checkpoint, ends bit for bit where an
 # uninterrupted fsdp run ends (parameter hash, and `troupe-ckpt diff` of the two final
-# checkpoints). Then checkpoints cross modes, as the files are the same in every mode:
-# a ddp run's checkpoint resumes with --sharding fsdp and trains on; the fsdp run's
-# resumes with --sharding zero1 and with --sharding zero2.
+# checkpoints). Then checkpoints cross modes and world sizes at an epoch's end, as the
+# files are the same in every mode: a 2-rank ddp run's checkpoint resumes with
+# --sharding fsdp on 4 ranks and trains on; the 2-rank fsdp run's resumes with
+# --sharding zero1 in one process (continuing exactly as ddp there) and with
+# --sharding zero2 on 2 ranks (ending where fsdp continuing ends).
 #
 #   resume_sharded_test.sh TROUPE_RUN TRAIN_DIGITS TROUPE_CKPT
 set -euo pipefail
@@ -34,28 +36,33 @@ crash_hash=$(hash_of "$work/crash.log")
 [[ "$crash_hash" == "$ref_hash" ]] || { echo "FAIL: $crash_hash after the crash, $ref_hash without"; exit 1; }
 "$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
 
-echo "== a ddp checkpoint (epoch 2 done) resumed with --sharding fsdp"
+echo "== a ddp checkpoint of 2 ranks (epoch 2 done) resumed with --sharding fsdp on 4 ranks"
 "${mpi[@]}" "$train" --epochs 2 --checkpoint-dir "$work/ddp" > "$work/ddp.log" 2>&1 || { cat "$work/ddp.log"; exit 1; }
-"${mpi[@]}" "$train" --epochs 3 --checkpoint-dir "$work/ddp" --sharding fsdp > "$work/ddp-fsdp.log" 2>&1 \
-  || { cat "$work/ddp-fsdp.log"; exit 1; }
+mpirun -np 4 --oversubscribe --bind-to none "$train" --epochs 3 --checkpoint-dir "$work/ddp" --sharding fsdp \
+  > "$work/ddp-fsdp.log" 2>&1 || { cat "$work/ddp-fsdp.log"; exit 1; }
 grep -E 'resumed|epoch   3/3|hash' "$work/ddp-fsdp.log"
 grep -q 'resumed from .* at step 46 (epoch 2 done)' "$work/ddp-fsdp.log" || { cat "$work/ddp-fsdp.log"; exit 1; }
 grep -q 'epoch   3/3' "$work/ddp-fsdp.log" || { cat "$work/ddp-fsdp.log"; exit 1; }
+grep -q 'parameters hash .* (69 steps, 4 rank(s))' "$work/ddp-fsdp.log" || { cat "$work/ddp-fsdp.log"; exit 1; }
 
-echo "== the fsdp run's checkpoint (epoch 3 done) resumed with --sharding zero1, then zero2"
-for mode in zero1 zero2; do
-  cp -r "$work/crash" "$work/$mode"
-  "${mpi[@]}" "$train" --epochs 4 --checkpoint-dir "$work/$mode" --sharding "$mode" > "$work/$mode.log" 2>&1 \
-    || { cat "$work/$mode.log"; exit 1; }
-  grep -E 'resumed|epoch   4/4|hash' "$work/$mode.log"
-  grep -q 'resumed from .* at step 69 (epoch 3 done)' "$work/$mode.log" || { cat "$work/$mode.log"; exit 1; }
-  grep -q 'epoch   4/4' "$work/$mode.log" || { cat "$work/$mode.log"; exit 1; }
-done
-# The same four epochs in fsdp without a break: zero1/zero2 continue to the same parameters.
-"${mpi[@]}" "$train" --epochs 4 --checkpoint-dir "$work/crash" --sharding fsdp > "$work/fsdp4.log" 2>&1 \
-  || { cat "$work/fsdp4.log"; exit 1; }
-for mode in zero1 zero2; do
-  [[ "$(hash_of "$work/$mode.log")" == "$(hash_of "$work/fsdp4.log")" ]] \
-    || { echo "FAIL: $mode after fsdp: $(hash_of "$work/$mode.log"), fsdp on: $(hash_of "$work/fsdp4.log")"; exit 1; }
-done
-echo "PASS: fsdp resumed bit for bit ($ref_hash); checkpoints crossed ddp -> fsdp -> zero1/zero2"
+echo "== the 2-rank fsdp run's checkpoint (epoch 3 done) resumed with --sharding zero1 in one process"
+resume_from_fsdp() {  # folder, ranks, mode
+  cp -r "$work/crash" "$work/$1"
+  mpirun -np "$2" --oversubscribe --bind-to none "$train" --epochs 4 --checkpoint-dir "$work/$1" --sharding "$3" \
+    > "$work/$1.log" 2>&1 || { cat "$work/$1.log"; exit 1; }
+  grep -E 'resumed|epoch   4/4|hash' "$work/$1.log"
+  grep -q 'resumed from .* at step 69 (epoch 3 done)' "$work/$1.log" || { cat "$work/$1.log"; exit 1; }
+  grep -q 'epoch   4/4' "$work/$1.log" || { cat "$work/$1.log"; exit 1; }
+}
+resume_from_fsdp zero1-1 1 zero1
+resume_from_fsdp ddp-1 1 ddp
+# One rank: OSS owns every parameter, so zero1 continues exactly as ddp does.
+[[ "$(hash_of "$work/zero1-1.log")" == "$(hash_of "$work/ddp-1.log")" ]] \
+  || { echo "FAIL: zero1 on 1 rank: $(hash_of "$work/zero1-1.log"), ddp: $(hash_of "$work/ddp-1.log")"; exit 1; }
+
+echo "== and with --sharding zero2 on 2 ranks: where fsdp continuing ends"
+resume_from_fsdp zero2-2 2 zero2
+resume_from_fsdp fsdp-2 2 fsdp
+[[ "$(hash_of "$work/zero2-2.log")" == "$(hash_of "$work/fsdp-2.log")" ]] \
+  || { echo "FAIL: zero2 after fsdp: $(hash_of "$work/zero2-2.log"), fsdp on: $(hash_of "$work/fsdp-2.log")"; exit 1; }
+echo "PASS: fsdp resumed bit for bit ($ref_hash); checkpoints crossed ddp@2 -> fsdp@4, fsdp@2 -> zero1@1, zero2@2"

@@ -112,8 +112,28 @@ TEST(DistributedSampler, ResumesMidEpochFromItsStateDict) {
   EXPECT_TRUE(b.exhausted());
 }
 
-TEST(DistributedSampler, RefusesAStateForAnotherWorldSizeOrDataSet) {
+TEST(DistributedSampler, AStateAtAnEpochBoundaryLoadsAtAnotherWorldSize) {
+  DistributedSampler a(50, 2, 1, {.seed = 4});
+  a.set_epoch(3);
+  a.take(100);  // the whole epoch: 25 samples
+  DistributedSampler b(50, 4, 2, {.seed = 999});
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(b.epoch(), 3);
+  EXPECT_TRUE(b.exhausted());
+  EXPECT_EQ(b.position(), 13);  // 4 ranks: 13 samples each, padded
+  DistributedSampler fresh(50, 2, 0, {.seed = 4});
+  fresh.set_epoch(5);
+  b.load_state_dict(fresh.state_dict());
+  EXPECT_EQ(b.epoch(), 5);
+  EXPECT_EQ(b.position(), 0);
+  DistributedSampler same(50, 4, 2, {.seed = 4});
+  same.set_epoch(5);
+  EXPECT_EQ(b.remaining(), same.remaining());
+}
+
+TEST(DistributedSampler, RefusesAStateForAnotherWorldSizeMidEpochOrAnotherDataSet) {
   DistributedSampler a(50, 2, 0);
+  a.take(7);
   DistributedSampler other_world(50, 4, 0), other_data(51, 2, 0);
   EXPECT_THROW(other_world.load_state_dict(a.state_dict()), InvalidArgument);
   try {

@@ -95,18 +95,26 @@ void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
   auto get = [&](const char* key) { return dict.at(key).to_vector<std::int64_t>().at(0); };
   const std::int64_t size = get("dataset_size"), replicas = get("num_replicas");
   const bool drop_last = get("drop_last") != 0, shuffle = get("shuffle") != 0;
-  TROUPE_CHECK(size == dataset_size_ && replicas == num_replicas_ && drop_last == options_.drop_last &&
+  const std::int64_t epoch = get("epoch"), position = get("position");
+  TROUPE_CHECK(replicas >= 1, "DistributedSampler::load_state_dict: num_replicas ", replicas, " must be >= 1");
+  const std::int64_t saved_samples = drop_last ? size / replicas : (size + replicas - 1) / replicas;
+  // At an epoch boundary (nothing handed out, or the whole epoch) the state does not
+  // depend on how the epoch was split, so it loads at any world size: what a
+  // checkpoint at an epoch's end resumed on another number of ranks needs. Mid-epoch
+  // the split is the state, and only the same world size can continue it.
+  const bool boundary = position == 0 || position == saved_samples;
+  TROUPE_CHECK(size == dataset_size_ && (replicas == num_replicas_ || boundary) && drop_last == options_.drop_last &&
                    shuffle == options_.shuffle,
                "DistributedSampler::load_state_dict: the state is for ", size, " samples over ", replicas,
-               " replicas (drop_last ", drop_last, ", shuffle ", shuffle, "), this sampler has ", dataset_size_,
-               " over ", num_replicas_, " (drop_last ", options_.drop_last, ", shuffle ", options_.shuffle, ")");
-  const std::int64_t epoch = get("epoch"), position = get("position");
-  TROUPE_CHECK(epoch >= 0 && position >= 0 && position <= num_samples_,
+               " replicas (drop_last ", drop_last, ", shuffle ", shuffle, ", position ", position,
+               "), this sampler has ", dataset_size_, " over ", num_replicas_, " (drop_last ", options_.drop_last,
+               ", shuffle ", options_.shuffle, "); another world size is possible only at an epoch boundary");
+  TROUPE_CHECK(epoch >= 0 && position >= 0 && position <= saved_samples,
                "DistributedSampler::load_state_dict: epoch ", epoch, " / position ", position,
-               " out of range (", num_samples_, " samples per rank)");
+               " out of range (", saved_samples, " samples per rank)");
   options_.seed = static_cast<std::uint64_t>(get("seed"));
   set_epoch(epoch);
-  position_ = position;
+  position_ = position == saved_samples ? num_samples_ : position;
 }
 
 }  // namespace troupe::train

@@ -62,7 +62,9 @@ class DistributedSampler {
 
   // seed, epoch, position and the shape it was made for (dataset size, replicas,
   // drop_last, shuffle) as 0-dim i64 tensors. Loading checks the shape against this
-  // sampler's, so a checkpoint from another data set or world size is refused.
+  // sampler's, so a checkpoint from another data set is refused, and one from another
+  // world size unless it is at an epoch boundary (position 0 or the epoch's end, which
+  // loads as this sampler's end).
   nn::StateDict state_dict() const;
   void load_state_dict(const nn::StateDict& dict);
 
