@@ -135,6 +135,16 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
   if (operation.error_) std::rethrow_exception(operation.error_);
 }
 
+void Engine::wait_all(std::chrono::milliseconds timeout) {
+  std::shared_ptr<Operation> last;
+  {
+    std::lock_guard lock(mutex_);
+    if (in_flight_.empty()) return;
+    last = in_flight_.back();
+  }
+  wait(*last, timeout);  // waits for everything launched before it too
+}
+
 bool Engine::drain(std::chrono::milliseconds timeout) noexcept {
   const auto deadline = timeout == kNoTimeout ? std::chrono::steady_clock::time_point::max()
                                               : std::chrono::steady_clock::now() + timeout;

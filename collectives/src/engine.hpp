@@ -47,6 +47,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Polls until `operation` and every operation launched before it are done, or
   // `timeout` passes; rethrows the operation's error.
   void wait(Operation& operation, std::chrono::milliseconds timeout);
+  // Polls until every operation launched so far is done, or `timeout` passes (then
+  // fails the communicator and throws TimeoutError, as wait does); rethrows the error
+  // of the last one.
+  void wait_all(std::chrono::milliseconds timeout);
   // Waits for everything in flight; false if the timeout passed first.
   bool drain(std::chrono::milliseconds timeout) noexcept;
 

@@ -127,7 +127,13 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
 bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
   if (!blocking || options().debug || c.is_point_to_point()) return false;
   const std::size_t bytes = std::max(c.input.nbytes(), c.output.nbytes());
-  if (bytes > options().direct_blocking_bytes || !engine().idle()) return false;
+  if (bytes > options().direct_blocking_bytes) return false;
+  // The choice of the blocking call must be the same on every rank -- MPI never matches
+  // a blocking collective with a non-blocking one -- so it cannot depend on whether this
+  // rank's earlier async work happens to be finished (a barrier after a dropped
+  // allreduce deadlocked at 3 ranks that way). Every rank issued that work before this
+  // call, so each finishes it first, then all take the blocking call.
+  engine().wait_all(options().timeout);
   if (watchdog_) watchdog_->begin(c);
   try {
     detail::run_mpi_blocking(c, comm_, rank(), size());

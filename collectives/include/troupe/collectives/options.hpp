@@ -45,8 +45,10 @@ struct Options {
 
   // Blocking collectives (not send/recv) whose larger buffer holds at most this many
   // bytes call MPI's blocking function (MPI_Allreduce, MPI_Barrier, ...) on the
-  // caller's thread when nothing else is in flight and debug is off: Open MPI's non-blocking
-  // collectives cost 2-3x more at small sizes, where latency is everything. MPI cannot
+  // caller's thread when debug is off, after finishing whatever async work is still in
+  // flight (so that every rank makes the same choice: MPI never matches a blocking
+  // collective with a non-blocking one): Open MPI's non-blocking collectives cost 2-3x
+  // more at small sizes, where latency is everything. MPI cannot
   // interrupt such a call, so its timeout is kept by a watchdog thread that, when the
   // call overruns Options::timeout, prints which collective hung (name, sequence
   // number, size, rank) and aborts the job, as PyTorch's NCCL watchdog does; the
