@@ -104,20 +104,19 @@ void PeerLiveness::run() {
       next_hook = now + hook_period_;
     }
     const auto wake_at = hook_ ? std::min(next_beat, next_hook) : next_beat;
-    if (pidfd_ranks_.empty()) {
+    std::vector<pollfd> fds;
+    for (int r : pidfd_ranks_)
+      if (!lost(r)) fds.push_back({pidfds_[static_cast<std::size_t>(r)], POLLIN, 0});
+    if (fds.empty()) {  // no neighbour on this host left to watch: wait for the next beat or stop()
       wake_.wait_until(lock, wake_at, [this] { return stop_; });
       continue;
     }
     // Sleep in poll() on the neighbours' pidfds: one becomes readable when its
     // process exits. stop() is noticed within a period.
-    std::vector<pollfd> fds;
-    for (int r : pidfd_ranks_)
-      if (!lost(r)) fds.push_back({pidfds_[static_cast<std::size_t>(r)], POLLIN, 0});
     const auto wait_ms = std::max<long long>(
         0, std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - Clock::now()).count());
     lock.unlock();
-    const int ready = fds.empty() ? 0 : poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
-    if (fds.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+    const int ready = poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
     if (ready > 0)
       for (const pollfd& p : fds)
         if (p.revents != 0)

@@ -196,7 +196,7 @@ bool Engine::has_abandoned() const {
 
 void Engine::progress_loop() {
   // Backs off while polling makes no headway: yield first (cheap, keeps latency low),
-  // then sleep for growing intervals up to 200 us, so an idle-but-pending collective
+  // then wait on wake_ for growing intervals up to 200 us, so an idle-but-pending collective
   // (a peer that is late) does not eat a core other ranks may need.
   int idle = 0;
   std::unique_lock lock(mutex_);
@@ -211,13 +211,15 @@ void Engine::progress_loop() {
     } catch (...) {
     }
     idle = in_flight_.size() < before ? 0 : idle + 1;
-    lock.unlock();
     if (idle < 64) {
+      lock.unlock();
       std::this_thread::yield();
+      lock.lock();
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(200, idle - 63)));
+      // MPI offers nothing to block on, so poll again after a pause; a stop, a new
+      // launch or a waiter taking over (each notifies wake_) ends the pause at once.
+      wake_.wait_for(lock, std::chrono::microseconds(std::min(200, idle - 63)));
     }
-    lock.lock();
   }
 }
 
