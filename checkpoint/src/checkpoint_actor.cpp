@@ -88,7 +88,7 @@ std::string CheckpointActor::commit(std::int64_t step) {
   }
 }
 
-void CheckpointActor::abort(std::int64_t step) {
+void CheckpointActor::discard(std::int64_t step) {
   if (open_ && open_->manifest.step == step) drop_open();
 }
 

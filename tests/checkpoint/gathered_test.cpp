@@ -141,7 +141,7 @@ TEST(GatheredSave, RanksThatDisagreeOnTheManifestAreTold) {
     EXPECT_THROW(actor.ask(&CheckpointActor::begin, other).get(), Error);
   }
   barrier();
-  if (runtime().rank() == 0) actor.ask(&CheckpointActor::abort, std::int64_t{4}).get();
+  if (runtime().rank() == 0) actor.ask(&CheckpointActor::discard, std::int64_t{4}).get();
   barrier();
 }
 

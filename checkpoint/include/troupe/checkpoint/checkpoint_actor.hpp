@@ -18,7 +18,7 @@
 // SaveManifest and shard_range live in save_manifest.hpp (the parallel save uses them too).
 //
 // A begin for another step while a save is open abandons the open one (its temporary
-// file is removed); so does abort(step).
+// file is removed); so does discard(step).
 #pragma once
 
 #include <cstdint>
@@ -47,10 +47,12 @@ class CheckpointActor {
   void begin(SaveManifest manifest);
   void piece(std::int64_t step, std::int64_t index, std::int64_t byte_offset, actors::Bytes data);
   std::string commit(std::int64_t step);
-  void abort(std::int64_t step);
+  // Abandons the open save of `step` (its temporary file is removed); the last
+  // committed checkpoint stays latest.
+  void discard(std::int64_t step);
 
   static constexpr auto troupe_methods = troupe::methods<&CheckpointActor::begin, &CheckpointActor::piece,
-                                                         &CheckpointActor::commit, &CheckpointActor::abort>;
+                                                         &CheckpointActor::commit, &CheckpointActor::discard>;
 
  private:
   struct Open {
