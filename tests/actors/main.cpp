@@ -2,27 +2,13 @@
 #include <cstdio>
 #include <string>
 
+#include "../rank_report.hpp"
 #include "actors_fixture.hpp"
 
 namespace troupe::test {
 namespace {
 Runtime* g_runtime = nullptr;
 int g_pool_threads = 1;
-
-// Ranks other than 0 print only failures, each prefixed with its rank, so the log
-// stays readable and a failure on any rank is still visible.
-class RankFailurePrinter : public testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const testing::TestPartResult& r) override {
-    if (r.failed())
-      std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
-                  r.summary());
-  }
-
- private:
-  int rank_;
-};
 }  // namespace
 
 Runtime& runtime() { return *g_runtime; }
@@ -63,11 +49,7 @@ int main(int argc, char** argv) {
   troupe::Runtime rt(argc, argv, options);
   troupe::test::g_runtime = &rt;
   troupe::test::g_pool_threads = options.threads;
-  if (rt.rank() != 0) {
-    auto& listeners = testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new troupe::test::RankFailurePrinter(rt.rank()));
-  }
+  troupe::test_support::report_failures_only(rt.rank());
   const int failed = RUN_ALL_TESTS();
   const bool drained = troupe::test::shutdown_drains_messages_in_flight(rt);
   return failed || !drained ? 1 : 0;

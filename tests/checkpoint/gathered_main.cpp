@@ -6,24 +6,12 @@
 
 #include <cstdio>
 
+#include "../rank_report.hpp"
 #include "gathered_world.hpp"
 
 namespace troupe::checkpoint::testing {
 namespace {
 Runtime* g_runtime = nullptr;
-
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed())
-      std::printf("[rank %d] %s:%d: Failure\n%s\n", rank_, r.file_name() ? r.file_name() : "?", r.line_number(),
-                  r.summary());
-  }
-
- private:
-  int rank_;
-};
 }  // namespace
 
 Runtime& runtime() { return *g_runtime; }
@@ -64,11 +52,7 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   troupe::Runtime rt(argc, argv);
   troupe::checkpoint::testing::g_runtime = &rt;
-  if (rt.rank() != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new troupe::checkpoint::testing::RankFailurePrinter(rt.rank()));
-  }
+  troupe::test_support::report_failures_only(rt.rank());
   const int failed = RUN_ALL_TESTS();
   rt.shutdown();
   return failed ? 1 : 0;
