@@ -2,17 +2,11 @@
 
 #include <chrono>
 
+#include "bucketed_backward.hpp"
 #include "troupe/error.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::train {
-
-namespace {
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, collectives::Communicator& comm,
                                                  DdpOptions options)
@@ -110,30 +104,10 @@ void DistributedDataParallel::bind_gradients() {
 
 Tensor DistributedDataParallel::backward(const Tensor& grad_output) {
   TROUPE_CHECK(!in_backward_, "DistributedDataParallel::backward: called from inside a backward");
-  const auto start = Clock::now();
+  const auto start = std::chrono::steady_clock::now();
   bind_gradients();
-  in_backward_ = true;
-  Tensor grad_input;
-  try {
-    grad_input = module_.backward(grad_output);
-  } catch (...) {
-    in_backward_ = false;
-    // Collectives already started must still finish before their buffers change.
-    for (auto& bucket : buckets_)
-      if (bucket.launched) bucket.work.wait();
-    throw;
-  }
-  in_backward_ = false;
-  if (sync_) {
-    stats_ = SyncStats{};
-    for (const auto& bucket : buckets_) stats_.buckets_launched_during_backward += bucket.launched ? 1 : 0;
-    const auto compute_end = Clock::now();
-    finish_sync();
-    stats_.wait_seconds = seconds_since(compute_end);
-    stats_.buckets = static_cast<int>(buckets_.size());
-    stats_.backward_seconds = seconds_since(start);
-  }
-  return grad_input;
+  return detail::bucketed_backward(module_, grad_output, in_backward_, sync_, buckets_, stats_,
+                                   [this] { finish_sync(); }, start);
 }
 
 void DistributedDataParallel::on_grad_ready(const std::string& name, nn::Parameter& param) {
