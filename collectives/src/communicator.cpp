@@ -98,6 +98,14 @@ Work Communicator::submit(Collective c, bool blocking) {
     TROUPE_THROW(CommunicatorFailed, name, " on rank ", rank_, ": the communicator failed earlier: ", engine_->failure());
   }
   const int n = size_;
+  // broadcast and reduce: a valid root, where input and output must match in kind and size.
+  const auto check_rooted = [&](const Collective& rooted) {
+    check_root(name, rooted.root, n);
+    if (rank_ != rooted.root) return;
+    check_same_kind(name, rooted.input, rooted.output);
+    TROUPE_CHECK(rooted.input.count == rooted.output.count, name, ": size mismatch on root ", rooted.root,
+                 ", input has ", rooted.input.count, " elements, output ", rooted.output.count);
+  };
   switch (c.kind) {
     case K::allreduce:
       check_same_kind(name, c.input, c.output);
@@ -107,22 +115,12 @@ Work Communicator::submit(Collective c, bool blocking) {
       c.in_place = c.input.data == c.output.data;
       break;
     case K::broadcast:
-      check_root(name, c.root, n);
-      if (rank_ == c.root) {
-        check_same_kind(name, c.input, c.output);
-        TROUPE_CHECK(c.input.count == c.output.count, name, ": size mismatch on root ", c.root, ", input has ",
-                     c.input.count, " elements, output ", c.output.count);
-      }
+      check_rooted(c);
       c.count = c.output.count;
       c.in_place = c.input.data == c.output.data;
       break;
     case K::reduce:
-      check_root(name, c.root, n);
-      if (rank_ == c.root) {
-        check_same_kind(name, c.input, c.output);
-        TROUPE_CHECK(c.input.count == c.output.count, name, ": size mismatch on root ", c.root, ", input has ",
-                     c.input.count, " elements, output ", c.output.count);
-      }
+      check_rooted(c);
       c.count = c.input.count;
       c.in_place = c.input.data == c.output.data;
       break;
