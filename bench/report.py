@@ -13,11 +13,47 @@ import sys
 from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
-AREA_ORDER = ["tensor", "train", "actors", "collectives", "checkpoint", "supervisor"]
+AREA_ORDER = ["tensor", "train", "sharding", "actors", "collectives", "checkpoint", "supervisor"]
 
 # What a reader needs to know to read an area's table: how work is counted and where
 # a target comes from. Kept here, beside the table, rather than in each program.
 AREA_NOTES = {
+    "sharding": """\
+Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
+its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
+2048), ReLU between, cross-entropy, AdamW (lr 1e-3), batch 32 per rank on random
+data, one compute thread per rank, 25 MB buckets; fsdp makes each Linear a unit. At 1,
+2 and 4 ranks, oversubscribed where the machine has fewer cores, so at 4 ranks on 2
+cores each rank gets half a core: read the 4-rank figures as ratios only.
+
+- samples/s = 32 x ranks / the median step (each step timed between barriers, after
+  one warm-up step); a step of the 67M model at 4 ranks takes seconds here, so each
+  job times only 3 steps (25M) or 2 (67M) and the area runs once instead of in 5
+  rounds: expect noise of 10-20% on a quiet machine, more on a shared one. Every mode is next to troupe's DDP run just
+  before it on the same model and ranks; zero1 also next to PyTorch's ZeRO-1
+  (`bench/torch_zero.py`: Debian's python3-torch, `DistributedDataParallel` +
+  `torch.distributed.optim.ZeroRedundancyOptimizer` over AdamW, gloo, one thread).
+- Model state per rank: parameters + gradients + optimizer state, summed from the
+  bytes of the live tensors each mode holds (the wrappers' own accessors: DDP's
+  gradient buckets, `ShardedDataParallel::gradient_bytes`, `OSS::local_state_bytes`,
+  FSDP's shard accessors; tensor/ has no host allocation counter), after a backward
+  with the optimizer state allocated, largest over ranks; next to the ZeRO formula
+  for Adam in f32 (DDP 16N, zero1 8N + 8N/W, zero2 4N + 12N/W, fsdp 16N/W). fsdp's
+  peak in a step adds the most gathered parameters and full gradients that existed at
+  once (`FsdpStats::peak_gathered_bytes`), against 16N/W plus one unit (the largest
+  Linear, gathered). The formulas assume a perfect split: zero1/zero2 partition whole
+  parameters (OSS), so the 25M MLP, one of whose tensors is 2/3 of the model, cannot
+  reach them; zero2's gradient shard is, per bucket, the largest owner's share on
+  every rank (`ShardedDataParallel`'s padded blocks).
+- Peak RSS: VmHWM, reset through `/proc/self/clear_refs` once the wrapper is built
+  (so it covers training, not building the full model before fsdp shards it),
+  largest over ranks; PyTorch's the same way.
+- Save: fsdp at 4 ranks writes the 67M model's full state dict and AdamW's full
+  optimizer state through `checkpoint::ParallelCheckpoint` from each rank's
+  `local_model_slices`/`local_optimizer_slices` (no gathering); the peak RSS growth
+  during `save()` (VmHWM reset just before, minus VmRSS then) on the worst rank,
+  against the issue's bound: the rank's shard (the bytes of its slices) + the
+  largest tensor + 64 MB, checked on every rank.""",
     "tensor": """\
 One thread for troupe and for OpenBLAS alike (`set_num_threads(1)`); each case and its
 baseline run in the same process, on the same buffers.

@@ -1,0 +1,410 @@
+// sharding_bench: one sharding mode (ddp, zero1, zero2, fsdp) training one model with
+// AdamW under mpirun: samples/s, the per-rank model-state bytes next to the ZeRO
+// formula, and peak RSS; optionally (fsdp) the peak-RSS growth of a full-state-dict
+// save through the parallel checkpoint. bench/run's `sharding` area runs it at 1, 2
+// and 4 ranks for every mode, next to bench/torch_zero.py (PyTorch's
+// ZeroRedundancyOptimizer on the same model).
+//
+//   mpirun -np 4 --oversubscribe build/bench/sharding_bench --model mlp25m|deep67m
+//          --mode ddp|zero1|zero2|fsdp [--steps N] [--warmup N] [--save DIR]
+//
+// Models (ReLU between layers, cross-entropy over the last width, batch 32 per rank,
+// one compute thread per rank, AdamW lr 1e-3, 25 MB buckets):
+//   mlp25m   1024-4096-4096-1024       (25.2M parameters)
+//   deep67m  16 x Linear(2048, 2048)   (67.1M parameters)
+// fsdp wraps each Linear as a unit (the worker group's default policy).
+//
+// Timing: --warmup untimed steps, then --steps steps each timed on rank 0 between
+// barriers (a step is zero-grad'ed forward, backward, optimizer step); samples/s is
+// batch x ranks / the median step. A step of the 67M model at 4 ranks on 2 cores takes
+// seconds, so step counts are small and the median is over the steps, not over runs.
+//
+// Memory, measured after one more backward (the moment gradients and optimizer state
+// both exist), as the sum of the bytes of the live tensors each mode holds on this
+// rank -- there is no host allocation counter in tensor/ (the caching allocator's is
+// CUDA's) -- through the wrappers' own accessors:
+//   parameters  the module's parameters (fsdp: the rank's flat shards)
+//   gradients   ddp/zero1: every grad (views into DDP's buckets, i.e. the buckets);
+//               zero2: ShardedDataParallel::gradient_bytes() (the owned shard);
+//               fsdp: the shard gradients
+//   optimizer   the per-parameter state tensors (Adam's two moments and step counts)
+// fsdp also reports the most bytes of gathered units and full gradients that existed
+// at once during the last forward + backward (FsdpStats::peak_gathered_bytes) and the
+// largest unit's gathered bytes ("one unit" in the 16N/W plus one unit).
+// Peak RSS is VmHWM from /proc/self/status, reset (clear_refs 5) once the wrapper is
+// built -- so it covers training, not building the full model before fsdp shards it --
+// and read before the byte accounting (optimizer state_dict() clones the state).
+//
+// Save (--save DIR, fsdp only): after training, every rank hands its local slices of
+// the full model and optimizer state dicts (FullyShardedDataParallel::
+// local_model_slices / local_optimizer_slices: views, no gathering) to
+// checkpoint::ParallelCheckpoint; the peak RSS growth during save() is VmHWM (reset
+// just before) minus VmRSS before, against the bound: the rank's shard (the
+// bytes of its slices) + the largest tensor + 64 MB.
+//
+// Output (rank 0): one JSON object; byte counts and RSS are the largest over ranks.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <mpi.h>
+
+#include "troupe/checkpoint/parallel_checkpoint.hpp"
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/error.hpp"
+#include "troupe/mpi/environment.hpp"
+#include "troupe/nn/activation.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/linear.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/nn/sequential.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+#include "troupe/train/ddp.hpp"
+#include "troupe/train/fsdp.hpp"
+#include "troupe/train/oss.hpp"
+#include "troupe/train/sharded_ddp.hpp"
+#include "troupe/train/sharded_model.hpp"
+
+using namespace troupe;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr std::int64_t kBatch = 32;  // per rank
+constexpr double kLr = 1e-3;
+constexpr std::size_t kBucketBytes = std::size_t{25} << 20;
+
+struct Flags {
+  std::string model = "mlp25m";
+  train::Sharding mode = train::Sharding::ddp;
+  int steps = 5;
+  int warmup = 2;
+  std::string save_dir;  // empty: no save
+};
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw InvalidArgument("sharding_bench: " + flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--model") f.model = value;
+    else if (flag == "--mode") f.mode = train::parse_sharding(value);
+    else if (flag == "--steps") f.steps = std::stoi(value);
+    else if (flag == "--warmup") f.warmup = std::stoi(value);
+    else if (flag == "--save") f.save_dir = value;
+    else throw InvalidArgument("sharding_bench: unknown flag " + flag);
+  }
+  if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
+  if (!f.save_dir.empty() && f.mode != train::Sharding::fsdp)
+    throw InvalidArgument("sharding_bench: --save is the fsdp full-state-dict save; use --mode fsdp");
+  return f;
+}
+
+std::vector<std::int64_t> widths_of(const std::string& model) {
+  if (model == "mlp25m") return {1024, 4096, 4096, 1024};
+  if (model == "deep67m") return std::vector<std::int64_t>(17, 2048);
+  throw InvalidArgument("sharding_bench: unknown model " + model + " (mlp25m, deep67m)");
+}
+
+// "VmHWM:" or "VmRSS:" of /proc/self/status, in bytes.
+std::int64_t status_bytes(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.compare(0, field.size(), field) == 0) return std::stoll(line.substr(field.size())) * 1024;
+  return -1;
+}
+
+// Linux: the peak (VmHWM) becomes the current RSS.
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+std::int64_t max_over_ranks(collectives::Communicator& comm, std::int64_t v) {
+  if (comm.size() > 1) comm.allreduce(collectives::Buffer(&v, 1), collectives::ReduceOp::max);
+  return v;
+}
+
+std::size_t slot_bytes(const nn::StateDict& dict) {
+  std::size_t n = 0;
+  for (const auto& [key, value] : dict)
+    if (key.find('/') != std::string::npos) n += value.nbytes();
+  return n;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+// The mode's wrapper and optimizer, behind one step and one byte count.
+struct Trainer {
+  train::Sharding mode;
+  nn::Sequential& model;
+  std::unique_ptr<train::DistributedDataParallel> ddp;   // ddp, zero1
+  std::unique_ptr<nn::Optimizer> plain;                  // ddp
+  std::unique_ptr<train::OSS> oss;                       // zero1, zero2
+  std::unique_ptr<train::ShardedDataParallel> sdp;       // zero2
+  std::unique_ptr<train::FullyShardedDataParallel> fsdp; // fsdp
+
+  Trainer(train::Sharding m, nn::Sequential& mdl, collectives::Communicator& comm) : mode(m), model(mdl) {
+    const train::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
+      return std::make_unique<nn::AdamW>(std::move(params), kLr);
+    };
+    switch (mode) {
+      case train::Sharding::ddp:
+        ddp = std::make_unique<train::DistributedDataParallel>(model, comm, train::DdpOptions{.bucket_bytes = kBucketBytes});
+        plain = adamw(model.named_parameters());
+        break;
+      case train::Sharding::zero1:
+        ddp = std::make_unique<train::DistributedDataParallel>(model, comm, train::DdpOptions{.bucket_bytes = kBucketBytes});
+        oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
+        break;
+      case train::Sharding::zero2:
+        oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
+        sdp = std::make_unique<train::ShardedDataParallel>(model, *oss, comm,
+                                                           train::ShardedDdpOptions{.bucket_bytes = kBucketBytes});
+        break;
+      case train::Sharding::fsdp:
+        fsdp = std::make_unique<train::FullyShardedDataParallel>(
+            model, comm, adamw, train::FsdpOptions{.auto_wrap_policy = train::parameterised_leaf_auto_wrap_policy()});
+        break;
+    }
+  }
+  // The wrappers before the OSS they refer to.
+  ~Trainer() {
+    sdp.reset();
+    ddp.reset();
+    fsdp.reset();
+  }
+
+  // Returns the loss.
+  double forward_backward(nn::CrossEntropyLoss& loss_fn, const Tensor& x, const Tensor& y) {
+    double loss = 0;
+    if (fsdp) {
+      loss = loss_fn.forward(fsdp->forward(x), y).item();
+      fsdp->backward(loss_fn.backward());
+    } else if (sdp) {
+      loss = loss_fn.forward(sdp->forward(x), y).item();
+      sdp->backward(loss_fn.backward());
+    } else {
+      loss = loss_fn.forward(ddp->forward(x), y).item();
+      ddp->backward(loss_fn.backward());
+    }
+    return loss;
+  }
+  void step_and_zero() {
+    if (fsdp) {
+      fsdp->step();
+      fsdp->zero_grad(true);
+    } else if (oss) {
+      oss->step();  // steps the owned partition, then shares the parameters
+      oss->zero_grad(true);
+    } else {
+      plain->step();
+      plain->zero_grad(true);
+    }
+  }
+
+  struct Bytes {
+    std::size_t parameters = 0, gradients = 0, optimizer = 0;
+  };
+  // After a backward: see the header comment for what each mode counts.
+  Bytes bytes() const {
+    Bytes b;
+    if (fsdp) {
+      b.parameters = fsdp->shard_parameter_bytes();
+      b.gradients = fsdp->shard_gradient_bytes() + fsdp->local_full_gradient_bytes();
+      b.optimizer = fsdp->optimizer_state_bytes();
+      return b;
+    }
+    for (const auto& [name, p] : model.named_parameters()) {
+      b.parameters += p->data.nbytes();
+      if (!sdp && p->grad.defined()) b.gradients += p->grad.nbytes();
+    }
+    if (sdp) b.gradients = sdp->gradient_bytes();
+    b.optimizer = oss ? oss->local_state_bytes() : slot_bytes(plain->state_dict());
+    return b;
+  }
+};
+
+// The ZeRO formula for Adam in f32 (bytes per rank): N parameters, W ranks.
+double formula_bytes(train::Sharding mode, double n, double w) {
+  switch (mode) {
+    case train::Sharding::ddp: return 16 * n;
+    case train::Sharding::zero1: return 8 * n + 8 * n / w;
+    case train::Sharding::zero2: return 4 * n + 12 * n / w;
+    case train::Sharding::fsdp: return 16 * n / w;
+  }
+  return 0;
+}
+
+const char* formula_text(train::Sharding mode) {
+  switch (mode) {
+    case train::Sharding::ddp: return "16N";
+    case train::Sharding::zero1: return "8N + 8N/W";
+    case train::Sharding::zero2: return "4N + 12N/W";
+    case train::Sharding::fsdp: return "16N/W";
+  }
+  return "?";
+}
+
+// The fsdp save: returns the JSON fields, e.g. "\"save\": {...}".
+std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::Communicator& comm,
+                            const std::string& dir) {
+  checkpoint::SaveManifest manifest;
+  manifest.world_size = comm.size();
+  std::vector<checkpoint::Slice> slices;
+  std::int64_t shard = 0, largest = 0, total = 0;
+  for (const auto& group : {std::pair{std::string("/model/"), fsdp.local_model_slices()},
+                            std::pair{std::string("/optimizer/"), fsdp.local_optimizer_slices()}})
+    for (const auto& piece : group.second) {
+      manifest.add_tensor(group.first + piece.name, piece.dtype, piece.shape);
+      slices.push_back(checkpoint::Slice{piece.begin, piece.data});
+      std::int64_t numel = 1;
+      for (auto d : piece.shape) numel *= d;
+      const auto full = numel * static_cast<std::int64_t>(tensor::element_size(piece.dtype));
+      largest = std::max(largest, full);
+      total += full;
+      if (piece.data.defined()) shard += static_cast<std::int64_t>(piece.data.nbytes());
+    }
+  std::int64_t growth = 0, before = 0;
+  double seconds = 0;
+  {
+    checkpoint::ParallelCheckpoint ckpt(dir, 1, MPI_COMM_WORLD);
+    comm.barrier();
+    reset_peak_rss();
+    before = status_bytes("VmRSS:");
+    const auto start = Clock::now();
+    ckpt.save(manifest, slices);
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    growth = status_bytes("VmHWM:") - before;
+  }
+  // Each rank against its own bound; the worst margin decides.
+  const std::int64_t over = max_over_ranks(comm, growth - (shard + largest + (std::int64_t{64} << 20)));
+  const std::int64_t worst_growth = max_over_ranks(comm, growth);
+  const std::int64_t worst_shard = max_over_ranks(comm, shard);
+  char text[512];
+  std::snprintf(text, sizeof text,
+                "\"save\": {\"file_bytes\": %lld, \"seconds\": %.3f, \"growth_bytes\": %lld, \"shard_bytes\": %lld, "
+                "\"largest_tensor_bytes\": %lld, \"bound_bytes\": %lld, \"within_bound\": %s}",
+                static_cast<long long>(total), seconds, static_cast<long long>(worst_growth),
+                static_cast<long long>(worst_shard), static_cast<long long>(largest),
+                static_cast<long long>(worst_shard + largest + (std::int64_t{64} << 20)), over < 0 ? "true" : "false");
+  return text;
+}
+
+std::string run(const Flags& flags, collectives::Communicator& comm) {
+  const auto widths = widths_of(flags.model);
+  tensor::Generator gen(0);
+  nn::Sequential model;
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    model.emplace<nn::Linear>(widths[l], widths[l + 1], gen);
+    if (l + 2 < widths.size()) model.emplace<nn::ReLU>();
+  }
+  std::int64_t n = 0;
+  for (const auto& [name, p] : model.named_parameters()) n += p->data.numel();
+
+  Trainer t(flags.mode, model, comm);
+  nn::CrossEntropyLoss loss_fn;
+
+  // Each rank its own data (as from a sampler): 4 random batches, cycled.
+  tensor::Generator data_gen(100 + static_cast<std::uint64_t>(comm.rank()));
+  std::mt19937_64 label_rng(7 + static_cast<std::uint64_t>(comm.rank()));
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int b = 0; b < 4; ++b) {
+    Tensor labels = Tensor::empty({kBatch}, DType::i64);
+    for (std::int64_t i = 0; i < kBatch; ++i)
+      labels.data<std::int64_t>()[i] = static_cast<std::int64_t>(label_rng() % static_cast<std::uint64_t>(widths.back()));
+    batches.emplace_back(tensor::uniform({kBatch, widths.front()}, 0, 1, data_gen), labels);
+  }
+  std::size_t next = 0;
+  auto batch = [&]() -> const std::pair<Tensor, Tensor>& { return batches[next++ % batches.size()]; };
+
+  comm.barrier();
+  reset_peak_rss();
+  const std::int64_t rss_start = max_over_ranks(comm, status_bytes("VmRSS:"));
+  for (int i = 0; i < flags.warmup; ++i) {
+    const auto& [x, y] = batch();
+    t.forward_backward(loss_fn, x, y);
+    t.step_and_zero();
+  }
+  std::vector<double> step_seconds;
+  for (int i = 0; i < flags.steps; ++i) {
+    const auto& [x, y] = batch();
+    comm.barrier();
+    const auto start = Clock::now();
+    t.forward_backward(loss_fn, x, y);
+    t.step_and_zero();
+    comm.barrier();
+    step_seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  // One more backward, then the accounting (peak RSS first: state_dict() clones).
+  double loss = 0;
+  {
+    const auto& [x, y] = batch();
+    loss = t.forward_backward(loss_fn, x, y);
+  }
+  const std::int64_t peak_rss = max_over_ranks(comm, status_bytes("VmHWM:"));
+  const Trainer::Bytes b = t.bytes();
+  const auto state = static_cast<std::int64_t>(b.parameters + b.gradients + b.optimizer);
+  std::int64_t gathered = 0, unit = 0;
+  if (t.fsdp) {
+    gathered = static_cast<std::int64_t>(t.fsdp->stats().peak_gathered_bytes);
+    for (const auto& path : t.fsdp->unit_paths()) unit = std::max(unit, t.fsdp->unit_padded_numel(path) * 4);
+  }
+  const std::int64_t worst_state = max_over_ranks(comm, state);
+  const std::int64_t worst_params = max_over_ranks(comm, static_cast<std::int64_t>(b.parameters));
+  const std::int64_t worst_grads = max_over_ranks(comm, static_cast<std::int64_t>(b.gradients));
+  const std::int64_t worst_optim = max_over_ranks(comm, static_cast<std::int64_t>(b.optimizer));
+  const std::int64_t worst_gathered = max_over_ranks(comm, gathered);
+  t.step_and_zero();
+
+  std::string save = "\"save\": null";
+  if (!flags.save_dir.empty()) save = save_full_state(*t.fsdp, comm, flags.save_dir);
+
+  const double step = median(step_seconds);
+  char text[1024];
+  std::snprintf(
+      text, sizeof text,
+      "{\"model\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"batch_per_rank\": %lld, \"parameters\": %lld, "
+      "\"samples_per_s\": %.2f, \"step_s\": %.4f, \"state_bytes\": %lld, \"parameter_bytes\": %lld, "
+      "\"gradient_bytes\": %lld, \"optimizer_bytes\": %lld, \"formula\": \"%s\", \"formula_bytes\": %.0f, "
+      "\"peak_gathered_bytes\": %lld, \"unit_bytes\": %lld, \"peak_rss_bytes\": %lld, \"rss_start_bytes\": %lld, "
+      "\"loss\": %.6g, %s, \"steps\": [",
+      flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(kBatch),
+      static_cast<long long>(n), static_cast<double>(kBatch * comm.size()) / step, step,
+      static_cast<long long>(worst_state), static_cast<long long>(worst_params), static_cast<long long>(worst_grads),
+      static_cast<long long>(worst_optim), formula_text(flags.mode),
+      formula_bytes(flags.mode, static_cast<double>(n), comm.size()), static_cast<long long>(worst_gathered),
+      static_cast<long long>(unit), static_cast<long long>(peak_rss), static_cast<long long>(rss_start), loss,
+      save.c_str());
+  std::string out = text;
+  for (std::size_t i = 0; i < step_seconds.size(); ++i) out += (i ? ", " : "") + std::to_string(step_seconds[i]);
+  return out + "]}";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi::Environment env(&argc, &argv);
+  int status = 0;
+  try {
+    const Flags flags = parse_flags(argc, argv);
+    tensor::set_num_threads(1);
+    auto comm = collectives::world_communicator();
+    const std::string json = run(flags, *comm);
+    if (comm->rank() == 0) std::printf("%s\n", json.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sharding_bench: error: %s\n", e.what());
+    status = 1;
+  }
+  return status;
+}
