@@ -118,6 +118,10 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
   const bool forever = timeout == kNoTimeout;
   const auto deadline = forever ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
   for (int polls = 0;; ++polls) {
+    // A long wait gives the core away now and then: with more ranks than cores (or a
+    // compute thread beside us) the peer we wait for may need it, and shared-memory
+    // rounds advance only when every rank runs (Open MPI's yield_when_idle, for us).
+    if (polls >= 256 && (polls & 15) == 0) std::this_thread::yield();
     std::unique_lock lock(mutex_);
     progress_locked();
     if (finished_locked(operation)) break;

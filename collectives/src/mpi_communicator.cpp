@@ -8,6 +8,8 @@
 #include "blocking_watchdog.hpp"
 #include "engine.hpp"
 #include "mpi_request_operation.hpp"
+#include "shm_channel.hpp"
+#include "shm_collective.hpp"
 #include "signature_check.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/single_rank_communicator.hpp"
@@ -66,6 +68,7 @@ void MpiCommunicator::set_up() {
   if (options().timeout != kNoTimeout) {
     watchdog_ = std::make_unique<detail::BlockingWatchdog>(options().timeout, rank(), size());
   }
+  if (options().shared_memory) shm_ = detail::ShmChannel::create(comm_, options().shm_slot_bytes, options().shm_slots);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -73,6 +76,8 @@ MpiCommunicator::~MpiCommunicator() {
   engine().stop();
   // A collective abandoned after a timeout may still be matched by a late peer; freeing
   // its communicator under it would be undefined, so a failed communicator is leaked.
+  // The same holds for the shared segments an abandoned collective may still read.
+  if (engine().has_abandoned()) (void)shm_.release();
   if (!mpi_usable() || engine().has_abandoned()) return;
   for (MPI_Comm* comm : {&debug_comm_, &p2p_comm_, &comm_}) {
     if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
@@ -113,6 +118,9 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
     }
   }
   if (try_direct(c, blocking)) return Work();
+  if (shm_ && detail::ShmCollective::supports(c)) {
+    return launch(std::make_shared<detail::ShmCollective>(c, *shm_), blocking);
+  }
   const bool ring = c.kind == CollectiveKind::allreduce && size() > 1 && c.count >= static_cast<std::size_t>(size()) &&
                     c.count * tensor::element_size(c.dtype) >= options().ring_threshold_bytes;
   if (ring) {

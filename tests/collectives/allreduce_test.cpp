@@ -1,7 +1,9 @@
 // allreduce: every reduction x dtype x in-place/out-of-place x size, against a
-// reference every rank computes from every rank's inputs; once with the default
-// options (MPI_Iallreduce below 1 MB, the ring above) and once with the ring forced
-// at every size and tiny segments, so small buffers take its multi-segment paths.
+// reference every rank computes from every rank's inputs: with the default options
+// (shared memory where the ranks share a node), over MPI alone (MPI_Iallreduce below
+// 1 MB, the ring above), with the ring forced at every size and tiny segments, and
+// through shared memory with tiny slots, so that small buffers take the multi-segment
+// and multi-round paths.
 #include <memory>
 #include <string>
 #include <tuple>
@@ -45,6 +47,13 @@ TEST_P(AllreduceOnEveryRank, MatchesTheReferenceAtEverySize) {
   const auto [op, dtype, in_place] = GetParam();
   if (!reduce_op_supports(op, dtype)) GTEST_SKIP() << op << " is rejected on " << dtype;
   for (std::size_t n : kSizes) check_allreduce(world(), op, dtype, in_place, n);
+  for (std::size_t n : kSizes) check_allreduce(mpi_world(), op, dtype, in_place, n);
+}
+
+TEST_P(AllreduceOnEveryRank, MatchesTheReferenceThroughSharedMemoryWithTinySlots) {
+  const auto [op, dtype, in_place] = GetParam();
+  if (!reduce_op_supports(op, dtype)) GTEST_SKIP() << op << " is rejected on " << dtype;
+  for (std::size_t n : kSmallSizes) check_allreduce(tiny_slot_world(), op, dtype, in_place, n);
 }
 
 TEST_P(AllreduceOnEveryRank, MatchesTheReferenceThroughTheRingWithTinySegments) {
@@ -52,6 +61,7 @@ TEST_P(AllreduceOnEveryRank, MatchesTheReferenceThroughTheRingWithTinySegments) 
   if (!reduce_op_supports(op, dtype)) GTEST_SKIP() << op << " is rejected on " << dtype;
   static std::unique_ptr<MpiCommunicator> ring = [] {
     Options options = test_options();
+    options.shared_memory = false;
     options.ring_threshold_bytes = 0;
     options.segment_bytes = 24;  // a few elements per message
     options.ring_window = 2;

@@ -10,26 +10,42 @@
 namespace troupe::collectives::testing {
 namespace {
 
-using Param = std::tuple<DType, bool>;
+// Which communicator: the default (shared memory where the ranks share a node), MPI
+// alone, or shared memory in rounds of a few elements (small sizes only).
+enum class Transport { shm, mpi, tiny_slots };
+using Param = std::tuple<DType, bool, Transport>;
 
 std::string name_of(const ::testing::TestParamInfo<Param>& info) {
-  const auto [dtype, in_place] = info.param;
-  return dtype_label(dtype) + (in_place ? "_in_place" : "_out_of_place");
+  const auto [dtype, in_place, transport] = info.param;
+  const char* suffix = transport == Transport::shm ? "" : transport == Transport::mpi ? "_mpi" : "_tiny_slots";
+  return dtype_label(dtype) + (in_place ? "_in_place" : "_out_of_place") + suffix;
+}
+
+Communicator& communicator_for(Transport transport) {
+  switch (transport) {
+    case Transport::mpi: return mpi_world();
+    case Transport::tiny_slots: return tiny_slot_world();
+    default: return world();
+  }
 }
 
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::prod};
 
 class CollectivesOnEveryRank : public ::testing::TestWithParam<Param> {
  protected:
-  Communicator& comm = world();
+  DType dtype = std::get<0>(GetParam());
+  bool in_place = std::get<1>(GetParam());
+  Transport transport = std::get<2>(GetParam());
+  Communicator& comm = communicator_for(transport);
   int rank = comm.rank();
   int size = comm.size();
   std::size_t n_ranks = static_cast<std::size_t>(comm.size());
+  // Tiny slots take a round per few elements: the large size would only be slow.
+  const std::vector<std::size_t>& sizes = transport == Transport::tiny_slots ? kSmallSizes : kSizes;
 };
 
 TEST_P(CollectivesOnEveryRank, BroadcastCopiesEachRootsBufferEverywhere) {
-  const auto [dtype, in_place] = GetParam();
-  for (std::size_t n : kSizes) {
+  for (std::size_t n : sizes) {
     for (int root = 0; root < size; ++root) {
       Data input = input_of(Pattern::mixed, dtype, rank, n);
       Data output(dtype, n);
@@ -47,11 +63,10 @@ TEST_P(CollectivesOnEveryRank, BroadcastCopiesEachRootsBufferEverywhere) {
 }
 
 TEST_P(CollectivesOnEveryRank, ReduceLeavesEveryReductionOnTheRoot) {
-  const auto [dtype, in_place] = GetParam();
   for (ReduceOp op : kOps) {
     if (!reduce_op_supports(op, dtype)) continue;
     const Pattern pattern = pattern_for(op);
-    for (std::size_t n : kSizes) {
+    for (std::size_t n : sizes) {
       const int root = static_cast<int>(n % n_ranks);
       Data input = input_of(pattern, dtype, rank, n);
       Data output(dtype, n);
@@ -71,8 +86,7 @@ TEST_P(CollectivesOnEveryRank, ReduceLeavesEveryReductionOnTheRoot) {
 }
 
 TEST_P(CollectivesOnEveryRank, AllgatherPutsRankIsInputAtBlockI) {
-  const auto [dtype, in_place] = GetParam();
-  for (std::size_t n : kSizes) {
+  for (std::size_t n : sizes) {
     Data output(dtype, n * n_ranks);
     if (in_place) {
       Data mine = input_of(Pattern::mixed, dtype, rank, n);
@@ -91,7 +105,6 @@ TEST_P(CollectivesOnEveryRank, AllgatherPutsRankIsInputAtBlockI) {
 }
 
 TEST_P(CollectivesOnEveryRank, AllgatherIntoOneBufferPerRankFillsEach) {
-  const auto [dtype, in_place] = GetParam();
   if (in_place) GTEST_SKIP() << "the list form has no in-place variant";
   for (std::size_t n : kSmallSizes) {
     Data input = input_of(Pattern::mixed, dtype, rank, n);
@@ -107,11 +120,10 @@ TEST_P(CollectivesOnEveryRank, AllgatherIntoOneBufferPerRankFillsEach) {
 }
 
 TEST_P(CollectivesOnEveryRank, ReduceScatterLeavesBlockIReducedOnRankI) {
-  const auto [dtype, in_place] = GetParam();
   for (ReduceOp op : kOps) {
     if (!reduce_op_supports(op, dtype)) continue;
     const Pattern pattern = pattern_for(op);
-    for (std::size_t n : kSizes) {
+    for (std::size_t n : sizes) {
       if (n > 1024 && op != ReduceOp::sum) continue;  // the large size once per dtype
       Data input = input_of(pattern, dtype, rank, n * n_ranks);
       Data output(dtype, n);
@@ -134,8 +146,7 @@ TEST_P(CollectivesOnEveryRank, ReduceScatterLeavesBlockIReducedOnRankI) {
 }
 
 TEST_P(CollectivesOnEveryRank, GatherCollectsEveryInputOnTheRoot) {
-  const auto [dtype, in_place] = GetParam();
-  for (std::size_t n : kSizes) {
+  for (std::size_t n : sizes) {
     const int root = static_cast<int>((n + 1) % n_ranks);
     Data output(dtype, rank == root ? n * n_ranks : 0);
     Data input = input_of(Pattern::mixed, dtype, rank, n);
@@ -157,8 +168,7 @@ TEST_P(CollectivesOnEveryRank, GatherCollectsEveryInputOnTheRoot) {
 }
 
 TEST_P(CollectivesOnEveryRank, ScatterSendsBlockIOfTheRootToRankI) {
-  const auto [dtype, in_place] = GetParam();
-  for (std::size_t n : kSizes) {
+  for (std::size_t n : sizes) {
     const int root = static_cast<int>((n + 2) % n_ranks);
     // The root's input: block i holds rank i's pattern.
     Data input(dtype, rank == root ? n * n_ranks : 0);
@@ -178,9 +188,8 @@ TEST_P(CollectivesOnEveryRank, ScatterSendsBlockIOfTheRootToRankI) {
 }
 
 TEST_P(CollectivesOnEveryRank, SendAndRecvPassABufferAroundTheRing) {
-  const auto [dtype, in_place] = GetParam();
   if (in_place) GTEST_SKIP() << "point to point has no in-place form";
-  for (std::size_t n : kSizes) {
+  for (std::size_t n : sizes) {
     Data mine = input_of(Pattern::mixed, dtype, rank, n);
     Data theirs(dtype, n);
     const int right = (rank + 1) % size, left = (rank + size - 1) % size;
@@ -194,7 +203,9 @@ TEST_P(CollectivesOnEveryRank, SendAndRecvPassABufferAroundTheRing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, CollectivesOnEveryRank,
-                         ::testing::Combine(::testing::ValuesIn(tensor::kAllDTypes), ::testing::Bool()), name_of);
+                         ::testing::Combine(::testing::ValuesIn(tensor::kAllDTypes), ::testing::Bool(),
+                                            ::testing::Values(Transport::shm, Transport::mpi, Transport::tiny_slots)),
+                         name_of);
 
 TEST(Barrier, ReturnsOnEveryRankAndNumbersTheCall) {
   const auto before = world().next_sequence();

@@ -10,19 +10,34 @@
 namespace troupe::collectives::testing {
 
 namespace {
-std::unique_ptr<MpiCommunicator>& world_slot() {
-  static std::unique_ptr<MpiCommunicator> world;
-  return world;
+enum World { kDefault, kMpiOnly, kTinySlots, kWorlds };
+
+std::unique_ptr<MpiCommunicator>& world_slot(World which) {
+  static std::unique_ptr<MpiCommunicator> worlds[kWorlds];
+  return worlds[which];
+}
+
+MpiCommunicator& world_of(World which) {
+  auto& slot = world_slot(which);
+  if (slot) return *slot;
+  Options options = test_options();
+  if (which == kMpiOnly) options.shared_memory = false;
+  if (which == kTinySlots) {
+    options.shm_slot_bytes = 24;
+    options.shm_slots = 2;
+  }
+  slot = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
+  return *slot;
 }
 }  // namespace
 
-MpiCommunicator& world() {
-  auto& slot = world_slot();
-  if (!slot) slot = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, test_options());
-  return *slot;
-}
+MpiCommunicator& world() { return world_of(kDefault); }
+MpiCommunicator& mpi_world() { return world_of(kMpiOnly); }
+MpiCommunicator& tiny_slot_world() { return world_of(kTinySlots); }
 
-void release_world() { world_slot().reset(); }
+void release_world() {
+  for (int w = 0; w < kWorlds; ++w) world_slot(static_cast<World>(w)).reset();
+}
 
 Options test_options() {
   Options options;

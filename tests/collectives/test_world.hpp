@@ -19,6 +19,12 @@ namespace troupe::collectives::testing {
 // A communicator over MPI_COMM_WORLD (the MPI backend even with one rank), made on
 // first use and destroyed by release_world() before MPI is finalised.
 MpiCommunicator& world();
+// The same over MPI alone (Options::shared_memory off), so that MPI's own paths stay
+// tested on a world that fits on one node, where world() takes shared memory.
+MpiCommunicator& mpi_world();
+// Shared memory with slots of a few elements, so that small buffers take many rounds
+// and reuse every slot.
+MpiCommunicator& tiny_slot_world();
 void release_world();
 // Options for tests: a timeout that fails a stuck test in seconds, not minutes.
 Options test_options();

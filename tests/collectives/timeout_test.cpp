@@ -14,9 +14,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::unique_ptr<MpiCommunicator> communicator_with_timeout(std::chrono::milliseconds timeout) {
+// Over MPI alone unless `shared_memory`: only MPI completes a collective that the
+// other ranks abandoned once the late rank joins it.
+std::unique_ptr<MpiCommunicator> communicator_with_timeout(std::chrono::milliseconds timeout,
+                                                           bool shared_memory = false) {
   Options options = test_options();
   options.timeout = timeout;
+  options.shared_memory = shared_memory;
   options.direct_blocking_bytes = 0;  // a timeout is an exception only off the fast path (watchdog_main.cpp)
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
 }
@@ -74,6 +78,34 @@ TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
   }
   world().barrier();
   if (late) comm->allreduce(Buffer(*data));
+  world().barrier();
+}
+
+TEST(Timeout, InSharedMemoryNamesTheMissingRankAndTheLateRankIsToldToo) {
+  if (world().size() < 2) GTEST_SKIP() << "needs a rank that does not come";
+  auto comm = communicator_with_timeout(std::chrono::milliseconds(400), true);
+  if (!comm->shared_memory()) GTEST_SKIP() << "the ranks do not share memory here";
+  const int late_rank = comm->size() - 1;
+  const bool late = comm->rank() == late_rank;
+  // Never freed: a peer may still read an abandoned collective's slot.
+  auto* data = new std::vector<float>(1000, 1.0f);
+  if (!late) {
+    try {
+      comm->allreduce(Buffer(*data));
+      ADD_FAILURE() << "allreduce returned although rank " << late_rank << " never joined";
+    } catch (const TimeoutError& e) {
+      EXPECT_TRUE(contains(e.what(), "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms"))
+          << e.what();
+      EXPECT_TRUE(contains(e.what(), "still waiting for rank " + std::to_string(late_rank) + " (shared-memory"))
+          << e.what();
+    }
+  }
+  world().barrier();
+  // Its peers gave up, so nobody will ever reduce its data: it hears so within its
+  // own timeout instead of hanging.
+  if (late) {
+    EXPECT_THROW(comm->allreduce(Buffer(*data)), TimeoutError);
+  }
   world().barrier();
 }
 

@@ -5,10 +5,12 @@
 // a message of the actors' control communicator or of another Communicator.
 //
 // Collectives are MPI's non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), posted on
-// the caller's thread and completed by polling MPI_Test (work.hpp), except large
-// allreduces, which run the pipelined ring (allreduce_ring.hpp) over point-to-point,
-// and small blocking calls, which call MPI's blocking function directly under a
-// watchdog (Options::direct_blocking_bytes).
+// the caller's thread and completed by polling MPI_Test (work.hpp), except:
+// allreduce, reduce_scatter, allgather and broadcast when all ranks share a node,
+// which go through shared memory (shm_collective.hpp, Options::shared_memory); large
+// allreduces across nodes, which run the pipelined ring (allreduce_ring.hpp) over
+// point-to-point; and small blocking calls, which call MPI's blocking function
+// directly under a watchdog (Options::direct_blocking_bytes).
 // f16/bf16 reduce through user-defined MPI ops that combine in f32 (reduce_op.hpp).
 // Buffers must be host memory; a CUDA buffer is refused before anything is sent.
 //
@@ -27,6 +29,7 @@ namespace troupe::collectives {
 
 namespace detail {
 class BlockingWatchdog;
+class ShmChannel;
 }
 
 class MpiCommunicator : public Communicator {
@@ -39,6 +42,10 @@ class MpiCommunicator : public Communicator {
   // Agrees on (color, key) through an allgather first, so a rank that never arrives
   // is a TimeoutError rather than a hang inside MPI_Comm_split.
   std::unique_ptr<Communicator> split(int color, int key) override;
+
+  // Whether allreduce, reduce_scatter, allgather and broadcast go through shared
+  // memory (Options::shared_memory, and every rank on this node).
+  bool shared_memory() const { return shm_ != nullptr; }
 
   // The communicator collectives run on (to bootstrap NCCL, or for a test's barrier).
   MPI_Comm comm() const { return comm_; }
@@ -61,6 +68,7 @@ class MpiCommunicator : public Communicator {
   MPI_Comm debug_comm_ = MPI_COMM_NULL;  // debug-mode signature exchange
   int tag_limit_ = 32767;                // MPI_TAG_UB
   std::unique_ptr<detail::BlockingWatchdog> watchdog_;  // null without a timeout
+  std::unique_ptr<detail::ShmChannel> shm_;  // null unless Options::shared_memory and one node
 };
 
 }  // namespace troupe::collectives

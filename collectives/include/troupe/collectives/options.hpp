@@ -37,6 +37,22 @@ struct Options {
   // receive slots in cache.
   int ring_window = 4;
 
+  // When every rank of the communicator is on one node, run allreduce,
+  // reduce_scatter, allgather and broadcast through shared memory that the ranks map
+  // from each other (shm_channel.hpp) instead of MPI: each rank copies its data once
+  // and its peers read it in place, where Open MPI copies every message twice.
+  // options_from_environment() turns it off when TROUPE_COLLECTIVES_SHM=0, or when
+  // Open MPI was told not to use shared memory (OMPI_MCA_btl without vader/sm, as
+  // `--mca btl self,tcp` sets it): whoever asks for TCP on one node is emulating a
+  // network and means to measure or test that path.
+  bool shared_memory = true;
+
+  // Bytes per shared-memory slot (one round of a collective per rank) and slots per
+  // rank: a round's data should still be in cache when the peers read it, and several
+  // rounds in flight let copying and reducing on the ranks overlap.
+  std::size_t shm_slot_bytes = std::size_t{256} << 10;
+  int shm_slots = 4;
+
   // Run a background thread that drives MPI progress while async collectives are in
   // flight and nobody waits on them, so that communication overlaps computation (Open
   // MPI moves data only inside MPI calls). It sleeps on a condition variable when idle

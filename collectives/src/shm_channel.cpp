@@ -1,0 +1,107 @@
+#include "shm_channel.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "troupe/error.hpp"
+#include "troupe/mpi/mpi_error.hpp"
+
+namespace troupe::collectives::detail {
+
+namespace {
+bool agree(MPI_Comm comm, bool mine) {
+  int all = mine ? 1 : 0;
+  TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm));
+  return all == 1;
+}
+
+bool on_one_node(MPI_Comm comm, int size) {
+  MPI_Comm node = MPI_COMM_NULL;
+  TROUPE_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int node_size = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_size(node, &node_size));
+  TROUPE_MPI_CHECK(MPI_Comm_free(&node));
+  return node_size == size;
+}
+
+// Maps the segment `name`, creating it (zero-filled) if `create`; null on failure.
+std::byte* map_segment(const std::string& name, std::size_t bytes, bool create) {
+  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+  if (fd < 0) return nullptr;
+  void* p = MAP_FAILED;
+  if (!create || ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  close(fd);
+  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
+}
+}  // namespace
+
+std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_bytes, int slots) {
+  int rank = 0, size = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  TROUPE_MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (size < 2 || slots < 1) return nullptr;
+  // reduce_scatter puts at least one element of each rank's block in a slot.
+  slot_bytes = std::max(slot_bytes, static_cast<std::size_t>(size) * sizeof(std::int64_t));
+  if (!agree(comm, on_one_node(comm, size))) return nullptr;
+
+  // Names no other job or communicator on the node uses: rank 0's pid, its clock and
+  // a count of the channels it made.
+  static std::atomic<std::uint64_t> made{0};
+  std::uint64_t token[3] = {static_cast<std::uint64_t>(getpid()),
+                            static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
+                            made.fetch_add(1)};
+  TROUPE_MPI_CHECK(MPI_Bcast(token, 3, MPI_UINT64_T, 0, comm));
+  const auto name = [&](int q) { return troupe::detail::concat("/troupe-", token[0], "-", token[1], "-", token[2], "-", q); };
+
+  std::unique_ptr<ShmChannel> channel(new ShmChannel());
+  channel->rank_ = rank;
+  channel->size_ = size;
+  channel->slots_ = slots;
+  channel->slot_bytes_ = slot_bytes;
+  channel->segment_bytes_ = kHeaderBytes + static_cast<std::size_t>(slots) * slot_bytes;
+  channel->bases_.assign(static_cast<std::size_t>(size), nullptr);
+  auto& bases = channel->bases_;
+
+  bases[static_cast<std::size_t>(rank)] = map_segment(name(rank), channel->segment_bytes_, true);
+  const bool created = bases[static_cast<std::size_t>(rank)] != nullptr;
+  bool mapped = created;
+  if (agree(comm, created)) {
+    for (int q = 0; q < size; ++q) {
+      if (q != rank) mapped = (bases[static_cast<std::size_t>(q)] = map_segment(name(q), channel->segment_bytes_, false)) && mapped;
+    }
+  } else {
+    mapped = false;
+  }
+  // Every rank has mapped every segment (or given up): the names can go, so that
+  // nothing is left behind in /dev/shm whatever happens next.
+  const bool all_mapped = agree(comm, mapped);
+  if (created) shm_unlink(name(rank).c_str());
+  if (!all_mapped) return nullptr;
+  return channel;
+}
+
+ShmChannel::~ShmChannel() {
+  for (std::byte* base : bases_) {
+    if (base) munmap(base, segment_bytes_);
+  }
+}
+
+bool ShmChannel::all_reached(Stage stage, std::uint64_t rounds, int* laggard) const {
+  for (int q = 0; q < size_; ++q) {
+    if (load(q, stage) < rounds) {
+      if (laggard) *laggard = q;
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace troupe::collectives::detail
