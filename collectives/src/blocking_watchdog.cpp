@@ -20,29 +20,36 @@ BlockingWatchdog::~BlockingWatchdog() {
 }
 
 void BlockingWatchdog::begin(const Collective& collective) {
-  std::lock_guard lock(mutex_);
-  current_ = &collective;
-  started_ = std::chrono::steady_clock::now();
-  if (!thread_.joinable()) thread_ = std::thread([this] { watch(); });
+  std::call_once(started_thread_, [this] { thread_ = std::thread([this] { watch(); }); });
+  started_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  current_.store(&collective, std::memory_order_release);
 }
 
 void BlockingWatchdog::end() {
-  std::lock_guard lock(mutex_);
-  current_ = nullptr;
+  current_.store(nullptr);
+  // The collective lives on the caller's stack: it must not go while the watchdog
+  // describes it.
+  while (reading_.load()) std::this_thread::yield();
 }
 
 void BlockingWatchdog::watch() {
+  using Clock = std::chrono::steady_clock;
   const auto period = std::clamp<std::chrono::milliseconds>(timeout_ / 4, std::chrono::milliseconds(1),
                                                             std::chrono::seconds(1));
   std::unique_lock lock(mutex_);
   while (!stop_.wait_for(lock, period, [&] { return stopping_; })) {
-    if (!current_ || std::chrono::steady_clock::now() - started_ < timeout_) continue;
-    std::fprintf(stderr,
-                 "troupe: %s did not complete within %lld ms on rank %d of %d (a blocking MPI call, which cannot "
-                 "be interrupted); aborting the job\n",
-                 current_->describe().c_str(), static_cast<long long>(timeout_.count()), rank_, size_);
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    reading_.store(true);
+    const Collective* current = current_.load();
+    const Clock::time_point started{Clock::duration(started_.load(std::memory_order_relaxed))};
+    if (current && Clock::now() - started >= timeout_) {
+      std::fprintf(stderr,
+                   "troupe: %s did not complete within %lld ms on rank %d of %d (a blocking MPI call, which cannot "
+                   "be interrupted); aborting the job\n",
+                   current->describe().c_str(), static_cast<long long>(timeout_.count()), rank_, size_);
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    reading_.store(false);
   }
 }
 

@@ -1,8 +1,9 @@
 // BlockingWatchdog: keeps the timeout of collectives that run as one blocking MPI call
 // (Options::direct_blocking_bytes), which nothing can interrupt once MPI is inside it.
 //
-// The caller brackets the call with begin()/end(): two uncontended lock round trips,
-// no thread wake-up, so the fast path stays fast. A thread of the watchdog's own,
+// The caller brackets the call with begin()/end(): a few atomic stores, no lock and
+// no thread wake-up, so the fast path stays fast (end() waits only while the watchdog
+// is formatting a message about the very call that ends). A thread of the watchdog's own,
 // started on first use, looks every timeout/4 (at most once a second) at the call in
 // progress; one older than the timeout is a hang that no exception can report, so it
 // prints the collective, its sequence number and size and the rank to stderr and
@@ -10,6 +11,7 @@
 // PyTorch's NCCL watchdog makes.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -35,11 +37,13 @@ class BlockingWatchdog {
 
   const std::chrono::milliseconds timeout_;
   const int rank_, size_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // stopping_ and the thread's sleep
   std::condition_variable stop_;
   bool stopping_ = false;
-  const Collective* current_ = nullptr;
-  std::chrono::steady_clock::time_point started_;
+  std::once_flag started_thread_;
+  std::atomic<const Collective*> current_{nullptr};
+  std::atomic<std::chrono::steady_clock::rep> started_{0};  // of current_
+  std::atomic<bool> reading_{false};                        // the watchdog looks at current_
   std::thread thread_;
 };
 

@@ -129,7 +129,8 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
                                                           options().ring_window, tag),
                   blocking);
   }
-  return launch(detail::make_mpi_operation(c, comm_, p2p_comm_, rank(), size()), blocking);
+  return launch(std::make_shared<detail::MpiRequestOperation>(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()}),
+                blocking);
 }
 
 bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
@@ -144,7 +145,7 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
   engine().wait_all(options().timeout);
   if (watchdog_) watchdog_->begin(c);
   try {
-    detail::run_mpi_blocking(c, comm_, rank(), size());
+    detail::run_mpi_blocking(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()});
   } catch (...) {
     if (watchdog_) watchdog_->end();
     fail(c.describe() + " failed");
