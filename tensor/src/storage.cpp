@@ -2,10 +2,12 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <new>
 
 #include "cuda/cuda_backend.hpp"
+#include "troupe/tensor/host_memory.hpp"
 
 namespace troupe::tensor {
 
@@ -16,7 +18,24 @@ constexpr std::size_t kHostAlignment = 64;
 // faults). Aligned to a huge page and marked for transparent huge pages (which
 // Debian's default "madvise" mode grants only when asked), they fault 512x less.
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
+
+// Process-wide, as the allocator they describe is.
+std::atomic<std::size_t> g_live{0};
+std::atomic<std::size_t> g_peak{0};
+
+void count_allocation(std::size_t nbytes) {
+  const std::size_t live = g_live.fetch_add(nbytes, std::memory_order_relaxed) + nbytes;
+  std::size_t peak = g_peak.load(std::memory_order_relaxed);
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
 }
+}  // namespace
+
+HostMemoryStats host_memory_stats() {
+  return {g_live.load(std::memory_order_relaxed), g_peak.load(std::memory_order_relaxed)};
+}
+
+void reset_host_memory_peak() { g_peak.store(g_live.load(std::memory_order_relaxed), std::memory_order_relaxed); }
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   check_device_usable(device, "allocate");
@@ -33,7 +52,11 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   void* data = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
   if (data == nullptr) throw std::bad_alloc();
   if (alignment == kHugePage) madvise(data, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
-  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, [](void* p) { std::free(p); }));
+  count_allocation(nbytes);
+  return std::shared_ptr<Storage>(new Storage(data, nbytes, device, [nbytes](void* p) {
+    std::free(p);
+    g_live.fetch_sub(nbytes, std::memory_order_relaxed);
+  }));
 }
 
 std::shared_ptr<Storage> Storage::adopt(void* data, std::size_t nbytes, Device device,

@@ -85,8 +85,9 @@ std::vector<int> partition_parameters(const std::vector<nn::NamedParameter>& par
 
 OSS::OSS(std::vector<nn::NamedParameter> params, collectives::Communicator& comm, const OptimizerFactory& factory,
          OssOptions options)
-    : params_(std::move(params)), comm_(comm) {
+    : params_(std::move(params)), comm_(comm), sync_bucket_bytes_(options.sync_bucket_bytes) {
   TROUPE_CHECK(static_cast<bool>(factory), "OSS: the optimizer factory is empty");
+  TROUPE_CHECK(options.sync_bucket_bytes > 0, "OSS: sync_bucket_bytes must be > 0");
   for (std::size_t i = 0; i < params_.size(); ++i) {
     TROUPE_CHECK(params_[i].param != nullptr && params_[i].param->data.defined(), "OSS: parameter '",
                  params_[i].name, "' has no data");
@@ -172,23 +173,36 @@ void OSS::share() {
   else share_by_broadcast();
 }
 
-// The flat buffer lives only for the step: kept, it would be a second copy of the
-// parameters on every rank for the whole run (ZeRO-1's point is to shed memory).
+// Each rank's partition sits packed in its segment of a virtual flat buffer (segment_
+// elements per rank). It is moved a window at a time -- elements [lo, hi) of every
+// segment, all-gathered in place through one buffer of W windows -- so the step holds
+// at most sync_bucket_bytes more than the parameters, never a second copy of them.
 void OSS::share_by_all_gather() {
   const int me = comm_.rank();
-  const Tensor flat = Tensor::empty({segment_ * comm_.size()}, params_.front().param->data.dtype());
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (owners_[i] != me) continue;
-    const Tensor& data = params_[i].param->data;
-    const std::int64_t at = me * segment_ + flat_offset_[i];
-    flat.slice(at, at + data.numel()).copy_(data.reshape({data.numel()}));
-  }
-  comm_.allgather(collectives::Buffer(flat));  // in place: our segment is the input
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    if (owners_[i] == me) continue;
+  const std::int64_t world = comm_.size();
+  const Tensor& first = params_.front().param->data;
+  const std::int64_t element = static_cast<std::int64_t>(first.element_bytes());
+  const std::int64_t window =
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(sync_bucket_bytes_) / element / world, 1, segment_);
+  const Tensor buffer = Tensor::empty({window * world}, first.dtype());
+  // Copies the part of parameter i inside [lo, hi) of its owner's segment between the
+  // parameter and the owner's window of the buffer.
+  const auto move = [&](std::size_t i, std::int64_t lo, std::int64_t hi, bool into_buffer) {
     Tensor& data = params_[i].param->data;
-    const std::int64_t at = owners_[i] * segment_ + flat_offset_[i];
-    data.copy_(flat.slice(at, at + data.numel()).reshape(data.shape()));
+    const std::int64_t begin = std::max(lo, flat_offset_[i]), end = std::min(hi, flat_offset_[i] + data.numel());
+    if (begin >= end) return;
+    Tensor part = data.reshape({data.numel()}).slice(begin - flat_offset_[i], end - flat_offset_[i]);
+    Tensor slot = buffer.slice(owners_[i] * window + begin - lo, owners_[i] * window + end - lo);
+    if (into_buffer) slot.copy_(part);
+    else part.copy_(slot);
+  };
+  for (std::int64_t lo = 0; lo < segment_; lo += window) {
+    const std::int64_t hi = std::min(segment_, lo + window);
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (owners_[i] == me) move(i, lo, hi, true);
+    comm_.allgather(collectives::Buffer(buffer));  // in place: our window is the input
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (owners_[i] != me) move(i, lo, hi, false);
   }
 }
 

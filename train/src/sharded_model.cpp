@@ -38,10 +38,12 @@ ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Commun
   switch (mode) {
     case Sharding::zero1:
       ddp_ = std::make_unique<DistributedDataParallel>(model, comm, DdpOptions{.bucket_bytes = bucket_bytes});
-      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory);
+      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory,
+                                   OssOptions{.sync_bucket_bytes = bucket_bytes});
       break;
     case Sharding::zero2:
-      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory);
+      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory,
+                                   OssOptions{.sync_bucket_bytes = bucket_bytes});
       sdp_ = std::make_unique<ShardedDataParallel>(model, *oss_, comm, ShardedDdpOptions{.bucket_bytes = bucket_bytes});
       break;
     case Sharding::fsdp:

@@ -51,10 +51,14 @@ struct OssOptions {
   // How the updated parameters are shared after step().
   enum class Sync {
     automatic,  // all_gather when every parameter has one dtype and is on the CPU, else broadcast
-    all_gather,  // one all-gather of a flat buffer (one collective per step)
+    all_gather,  // all-gathers of a flat buffer (one per window of it, below)
     broadcast,   // one broadcast per parameter from its owner
   };
   Sync sync = Sync::automatic;
+  // all_gather moves the partitions through a flat buffer of at most this many bytes
+  // (all ranks' windows together), one all-gather per window: a buffer of the whole
+  // model would add 4N bytes to ZeRO-1's peak, where its point is to shed memory.
+  std::size_t sync_bucket_bytes = std::size_t{25} << 20;
 };
 
 class OSS {
@@ -130,8 +134,10 @@ class OSS {
   std::unique_ptr<nn::Optimizer> base_;
   bool all_gather_ = false;
   // all_gather: rank r's partition at [r * segment_, r * segment_ + its numel) of a
-  // flat buffer allocated for each step.
+  // virtual flat buffer, moved a window at a time through a buffer of at most
+  // sync_bucket_bytes_ allocated for each step.
   std::int64_t segment_ = 0;
+  std::size_t sync_bucket_bytes_ = 0;
   std::vector<std::int64_t> flat_offset_;  // parallel to params_, within the owner's segment
 };
 
