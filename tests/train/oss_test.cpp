@@ -48,13 +48,19 @@ TEST(OSS, PartitionsAreDisjointCoverEveryParameterAndAgreeAcrossRanks) {
   EXPECT_THROW(oss.owner("nope.weight"), InvalidArgument);
 }
 
-TEST(OSS, BroadcastSyncMatchesAllGatherSync) {
+TEST(OSS, BroadcastSyncMatchesAllGatherSyncInOneWindowOrMany) {
   auto& comm = world();
   std::vector<std::vector<double>> finals;
-  for (auto sync : {OssOptions::Sync::all_gather, OssOptions::Sync::broadcast}) {
+  // The third run all-gathers in windows of 40 bytes: many windows per segment, and
+  // parameters cut across windows.
+  const std::pair<OssOptions::Sync, std::size_t> runs[] = {
+      {OssOptions::Sync::all_gather, OssOptions{}.sync_bucket_bytes},
+      {OssOptions::Sync::broadcast, OssOptions{}.sync_bucket_bytes},
+      {OssOptions::Sync::all_gather, 40}};
+  for (auto [sync, window] : runs) {
     auto model = testing::make_mlp(kModelSeed);
     DistributedDataParallel ddp(*model, comm, {.bucket_bytes = kBucketBytes});
-    OSS oss(model->named_parameters(), comm, factory(Opt::sgd_momentum), {.sync = sync});
+    OSS oss(model->named_parameters(), comm, factory(Opt::sgd_momentum), {.sync = sync, .sync_bucket_bytes = window});
     EXPECT_EQ(oss.uses_all_gather(), sync == OssOptions::Sync::all_gather);
     Batches batches;
     nn::CrossEntropyLoss loss_fn;
@@ -69,6 +75,7 @@ TEST(OSS, BroadcastSyncMatchesAllGatherSync) {
     finals.push_back(testing::flat_parameters(*model));
   }
   EXPECT_EQ(finals[0], finals[1]);
+  EXPECT_EQ(finals[0], finals[2]);
 }
 
 // Optimizer state per rank is the base optimizer's state over the partition: summed
