@@ -30,18 +30,23 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replic
   TROUPE_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", num_replicas);
   TROUPE_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: rank ", rank, " is outside [0, ", num_replicas,
                ")");
-  num_samples_ = options_.drop_last ? dataset_size / num_replicas : (dataset_size + num_replicas - 1) / num_replicas;
   build_indices();
+}
+
+std::int64_t DistributedSampler::samples_per_replica(std::int64_t count, std::int64_t replicas, bool drop_last) {
+  return drop_last ? count / replicas : (count + replicas - 1) / replicas;
 }
 
 void DistributedSampler::build_indices() {
   std::vector<std::int64_t> order(static_cast<std::size_t>(dataset_size_));
   if (options_.shuffle) order = epoch_permutation(dataset_size_, options_.seed, epoch_);
   else std::iota(order.begin(), order.end(), std::int64_t{0});
+  order.erase(order.begin(), order.begin() + start_);
+  num_samples_ = samples_per_replica(static_cast<std::int64_t>(order.size()), num_replicas_, options_.drop_last);
   const std::size_t total = static_cast<std::size_t>(total_size());
   // Padding repeats the permutation from its start (several times over if the data
   // set is smaller than the number of replicas).
-  for (std::size_t i = 0; order.size() < total && dataset_size_ > 0; ++i) order.push_back(order[i]);
+  for (std::size_t i = 0; order.size() < total && !order.empty(); ++i) order.push_back(order[i]);
   order.resize(total);
   indices_.clear();
   indices_.reserve(static_cast<std::size_t>(num_samples_));
@@ -52,6 +57,7 @@ void DistributedSampler::build_indices() {
 void DistributedSampler::set_epoch(std::int64_t epoch) {
   TROUPE_CHECK(epoch >= 0, "DistributedSampler::set_epoch: epoch must be >= 0, got ", epoch);
   epoch_ = epoch;
+  start_ = 0;
   position_ = 0;
   build_indices();
 }
@@ -83,6 +89,7 @@ nn::StateDict DistributedSampler::state_dict() const {
   };
   dict.insert("seed", i64(static_cast<std::int64_t>(options_.seed)));  // the bits, read back the same way
   dict.insert("epoch", i64(epoch_));
+  dict.insert("start", i64(start_));
   dict.insert("position", i64(position_));
   dict.insert("dataset_size", i64(dataset_size_));
   dict.insert("num_replicas", i64(num_replicas_));
@@ -96,25 +103,30 @@ void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
   const std::int64_t size = get("dataset_size"), replicas = get("num_replicas");
   const bool drop_last = get("drop_last") != 0, shuffle = get("shuffle") != 0;
   const std::int64_t epoch = get("epoch"), position = get("position");
-  TROUPE_CHECK(replicas >= 1, "DistributedSampler::load_state_dict: num_replicas ", replicas, " must be >= 1");
-  const std::int64_t saved_samples = drop_last ? size / replicas : (size + replicas - 1) / replicas;
-  // At an epoch boundary (nothing handed out, or the whole epoch) the state does not
-  // depend on how the epoch was split, so it loads at any world size: what a
-  // checkpoint at an epoch's end resumed on another number of ranks needs. Mid-epoch
-  // the split is the state, and only the same world size can continue it.
-  const bool boundary = position == 0 || position == saved_samples;
-  TROUPE_CHECK(size == dataset_size_ && (replicas == num_replicas_ || boundary) && drop_last == options_.drop_last &&
-                   shuffle == options_.shuffle,
-               "DistributedSampler::load_state_dict: the state is for ", size, " samples over ", replicas,
-               " replicas (drop_last ", drop_last, ", shuffle ", shuffle, ", position ", position,
-               "), this sampler has ", dataset_size_, " over ", num_replicas_, " (drop_last ", options_.drop_last,
-               ", shuffle ", options_.shuffle, "); another world size is possible only at an epoch boundary");
+  const std::int64_t start = dict.contains("start") ? get("start") : 0;  // absent before re-splitting existed
+  TROUPE_CHECK(size == dataset_size_ && drop_last == options_.drop_last && shuffle == options_.shuffle,
+               "DistributedSampler::load_state_dict: the state is for ", size, " samples (drop_last ", drop_last,
+               ", shuffle ", shuffle, "), this sampler has ", dataset_size_, " (drop_last ", options_.drop_last,
+               ", shuffle ", options_.shuffle, ")");
+  TROUPE_CHECK(replicas >= 1 && start >= 0 && start <= size, "DistributedSampler::load_state_dict: num_replicas ",
+               replicas, " / start ", start, " out of range for ", size, " samples");
+  const std::int64_t saved_samples = samples_per_replica(size - start, replicas, drop_last);
   TROUPE_CHECK(epoch >= 0 && position >= 0 && position <= saved_samples,
                "DistributedSampler::load_state_dict: epoch ", epoch, " / position ", position,
                " out of range (", saved_samples, " samples per rank)");
   options_.seed = static_cast<std::uint64_t>(get("seed"));
-  set_epoch(epoch);
-  position_ = position == saved_samples ? num_samples_ : position;
+  epoch_ = epoch;
+  if (replicas == num_replicas_) {
+    start_ = start;
+    build_indices();
+    position_ = position;
+    return;
+  }
+  // Another world size: the first position * replicas places of the split are done
+  // (all of them once it reaches its padding); the rest of the epoch is split anew.
+  start_ = position == saved_samples ? size : std::min(size, start + position * replicas);
+  build_indices();
+  position_ = 0;
 }
 
 }  // namespace troupe::train

@@ -124,8 +124,11 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
                                    static_cast<std::uint64_t>(as_i64(rng, (name + ".offset").c_str())));
   step = as_i64(status, "step");
   epoch = as_i64(status, "epoch");
-  if (ddp_ != nullptr) ddp_->set_micro_step(as_i64(status, "micro_step"));
-  if (sharded_ != nullptr) sharded_->set_micro_step(as_i64(status, "micro_step"));
+  // A sampler that re-split the rest of the epoch (a state from another world size,
+  // mid-epoch) starts it at position 0: the accumulation window count starts over too.
+  const std::int64_t micro_step = sampler_.position() == 0 ? 0 : as_i64(status, "micro_step");
+  if (ddp_ != nullptr) ddp_->set_micro_step(micro_step);
+  if (sharded_ != nullptr) sharded_->set_micro_step(micro_step);
 }
 
 }  // namespace troupe::train

@@ -17,6 +17,14 @@
 // Position: how many of this rank's indices of the epoch were consumed (advance()).
 // It is the resumable part of the state: a run restored from state_dict() continues
 // with the next unconsumed index of the same epoch.
+//
+// Another world size mid-epoch: the ranks consume in step, so after position p at R
+// replicas the first p*R positions of the epoch's (padded) permutation are done. A
+// sampler with R' replicas that loads that state re-splits the rest: the epoch goes on
+// with the permutation from `start` = p*R on (padded or cut to a multiple of R'),
+// strided over the R' ranks as usual, so every sample not yet seen is seen once and
+// the k-th global batch of G samples is the same set as it would have been at R (for
+// the same G, with `start` a multiple of G). The next set_epoch starts from 0 again.
 #pragma once
 
 #include <cstdint>
@@ -60,16 +68,22 @@ class DistributedSampler {
   // The next `count` indices (fewer at the end), consumed.
   std::vector<std::int64_t> take(std::int64_t count);
 
-  // seed, epoch, position and the shape it was made for (dataset size, replicas,
+  // Where in the epoch's permutation this rank's split begins: 0, unless the epoch was
+  // re-split after a state from another world size was loaded mid-epoch.
+  std::int64_t start() const { return start_; }
+
+  // seed, epoch, start, position and the shape it was made for (dataset size, replicas,
   // drop_last, shuffle) as 0-dim i64 tensors. Loading checks the shape against this
-  // sampler's, so a checkpoint from another data set is refused, and one from another
-  // world size unless it is at an epoch boundary (position 0 or the epoch's end, which
-  // loads as this sampler's end).
+  // sampler's, so a checkpoint from another data set is refused; one from another
+  // world size re-splits the rest of the epoch (see above), or at an epoch boundary
+  // (position 0 or the epoch's end, which loads as this sampler's end) simply loads.
   nn::StateDict state_dict() const;
   void load_state_dict(const nn::StateDict& dict);
 
  private:
+  // Splits the epoch's permutation from start_ on over the replicas.
   void build_indices();
+  static std::int64_t samples_per_replica(std::int64_t count, std::int64_t replicas, bool drop_last);
 
   std::int64_t dataset_size_;
   int num_replicas_;
@@ -77,6 +91,7 @@ class DistributedSampler {
   SamplerOptions options_;
   std::int64_t num_samples_ = 0;
   std::int64_t epoch_ = 0;
+  std::int64_t start_ = 0;
   std::int64_t position_ = 0;
   std::vector<std::int64_t> indices_;
 };
