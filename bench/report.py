@@ -43,8 +43,8 @@ cores each rank gets half a core: read the 4-rank figures as ratios only.
   once (`FsdpStats::peak_gathered_bytes`), against 16N/W plus one unit (the largest
   Linear, gathered). The formulas assume a perfect split: zero1/zero2 partition whole
   parameters (OSS), so the 25M MLP, one of whose tensors is 2/3 of the model, cannot
-  reach them; zero2's gradient shard is, per bucket, the largest owner's share on
-  every rank (`ShardedDataParallel`'s padded blocks).
+  reach them (zero2 keeps exactly the owned parameters' gradients: one owner per
+  bucket, reduced to it).
 - Peak RSS: VmHWM, reset through `/proc/self/clear_refs` once the wrapper is built
   (so it covers training, not building the full model before fsdp shards it),
   largest over ranks; PyTorch's the same way.

@@ -7,6 +7,7 @@
 //
 //   mpirun -np 4 --oversubscribe build/bench/sharding_bench --model mlp25m|deep67m
 //          --mode ddp|zero1|zero2|fsdp [--steps N] [--warmup N] [--save DIR]
+//          [--reduction reduce|allreduce]   (zero2: ShardedDdpOptions::reduction)
 //
 // Models (ReLU between layers, cross-entropy over the last width, batch 32 per rank,
 // one compute thread per rank, AdamW lr 1e-3, 25 MB buckets):
@@ -25,12 +26,15 @@
 // CUDA's) -- through the wrappers' own accessors:
 //   parameters  the module's parameters (fsdp: the rank's flat shards)
 //   gradients   ddp/zero1: every grad (views into DDP's buckets, i.e. the buckets);
-//               zero2: ShardedDataParallel::gradient_bytes() (the owned shard);
+//               zero2: ShardedDataParallel::gradient_bytes() (the owned gradients:
+//               each bucket belongs to one rank, which keeps it);
 //               fsdp: the shard gradients
 //   optimizer   the per-parameter state tensors (Adam's two moments and step counts)
 // fsdp also reports the most bytes of gathered units and full gradients that existed
 // at once during the last forward + backward (FsdpStats::peak_gathered_bytes) and the
-// largest unit's gathered bytes ("one unit" in the 16N/W plus one unit).
+// largest unit's gathered bytes ("one unit" in the 16N/W plus one unit); zero2
+// the most gradient bytes (owned gradients and bucket buffers) held at once during
+// that backward (ShardedDataParallel::peak_gradient_bytes, "peak_gradient_bytes").
 // Peak RSS is VmHWM from /proc/self/status, reset (clear_refs 5) once the wrapper is
 // built -- so it covers training, not building the full model before fsdp shards it --
 // and read before the byte accounting (optimizer state_dict() clones the state).
@@ -88,6 +92,7 @@ struct Flags {
   int steps = 5;
   int warmup = 2;
   std::string save_dir;  // empty: no save
+  train::ShardedDdpOptions::Reduction reduction = train::ShardedDdpOptions{}.reduction;
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -101,6 +106,11 @@ Flags parse_flags(int argc, char** argv) {
     else if (flag == "--steps") f.steps = std::stoi(value);
     else if (flag == "--warmup") f.warmup = std::stoi(value);
     else if (flag == "--save") f.save_dir = value;
+    else if (flag == "--reduction" && (value == "reduce" || value == "allreduce"))
+      f.reduction = value == "reduce" ? train::ShardedDdpOptions::Reduction::reduce
+                                      : train::ShardedDdpOptions::Reduction::allreduce;
+    else if (flag == "--reduction")
+      throw InvalidArgument("sharding_bench: --reduction is reduce or allreduce, got " + value);
     else throw InvalidArgument("sharding_bench: unknown flag " + flag);
   }
   if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
@@ -154,7 +164,9 @@ struct Trainer {
   std::unique_ptr<train::ShardedDataParallel> sdp;       // zero2
   std::unique_ptr<train::FullyShardedDataParallel> fsdp; // fsdp
 
-  Trainer(train::Sharding m, nn::Sequential& mdl, collectives::Communicator& comm) : mode(m), model(mdl) {
+  Trainer(train::Sharding m, nn::Sequential& mdl, collectives::Communicator& comm,
+          train::ShardedDdpOptions::Reduction reduction)
+      : mode(m), model(mdl) {
     const train::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
       return std::make_unique<nn::AdamW>(std::move(params), kLr);
     };
@@ -170,7 +182,8 @@ struct Trainer {
       case train::Sharding::zero2:
         oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
         sdp = std::make_unique<train::ShardedDataParallel>(model, *oss, comm,
-                                                           train::ShardedDdpOptions{.bucket_bytes = kBucketBytes});
+                                                           train::ShardedDdpOptions{.bucket_bytes = kBucketBytes,
+                                                                                    .reduction = reduction});
         break;
       case train::Sharding::fsdp:
         fsdp = std::make_unique<train::FullyShardedDataParallel>(
@@ -312,7 +325,7 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   std::int64_t n = 0;
   for (const auto& [name, p] : model.named_parameters()) n += p->data.numel();
 
-  Trainer t(flags.mode, model, comm);
+  Trainer t(flags.mode, model, comm, flags.reduction);
   nn::CrossEntropyLoss loss_fn;
 
   // Each rank its own data (as from a sampler): 4 random batches, cycled.
@@ -365,24 +378,27 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   const std::int64_t worst_grads = max_over_ranks(comm, static_cast<std::int64_t>(b.gradients));
   const std::int64_t worst_optim = max_over_ranks(comm, static_cast<std::int64_t>(b.optimizer));
   const std::int64_t worst_gathered = max_over_ranks(comm, gathered);
+  const std::int64_t worst_gradient_peak =
+      max_over_ranks(comm, t.sdp ? static_cast<std::int64_t>(t.sdp->peak_gradient_bytes()) : 0);
   t.step_and_zero();
 
   std::string save = "\"save\": null";
   if (!flags.save_dir.empty()) save = save_full_state(*t.fsdp, comm, flags.save_dir);
 
   const double step = median(step_seconds);
-  char text[1024];
+  char text[2048];
   std::snprintf(
       text, sizeof text,
       "{\"model\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"batch_per_rank\": %lld, \"parameters\": %lld, "
       "\"samples_per_s\": %.2f, \"step_s\": %.4f, \"state_bytes\": %lld, \"parameter_bytes\": %lld, "
-      "\"gradient_bytes\": %lld, \"optimizer_bytes\": %lld, \"formula\": \"%s\", \"formula_bytes\": %.0f, "
+      "\"gradient_bytes\": %lld, \"peak_gradient_bytes\": %lld, \"optimizer_bytes\": %lld, \"formula\": \"%s\", "
+      "\"formula_bytes\": %.0f, "
       "\"peak_gathered_bytes\": %lld, \"unit_bytes\": %lld, \"peak_rss_bytes\": %lld, \"rss_start_bytes\": %lld, "
       "\"loss\": %.6g, %s, \"steps\": [",
       flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(kBatch),
       static_cast<long long>(n), static_cast<double>(kBatch * comm.size()) / step, step,
       static_cast<long long>(worst_state), static_cast<long long>(worst_params), static_cast<long long>(worst_grads),
-      static_cast<long long>(worst_optim), formula_text(flags.mode),
+      static_cast<long long>(worst_gradient_peak), static_cast<long long>(worst_optim), formula_text(flags.mode),
       formula_bytes(flags.mode, static_cast<double>(n), comm.size()), static_cast<long long>(worst_gathered),
       static_cast<long long>(unit), static_cast<long long>(peak_rss), static_cast<long long>(rss_start), loss,
       save.c_str());

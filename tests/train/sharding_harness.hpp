@@ -63,12 +63,15 @@ struct Trainer {
   std::string victim;
   int steps_done = 0;
 
-  Trainer(Mode m, Opt opt, std::uint64_t model_seed = kModelSeed) : mode(m) {
+  Trainer(Mode m, Opt opt, std::uint64_t model_seed = kModelSeed,
+          ShardedDdpOptions::Reduction reduction = ShardedDdpOptions{}.reduction)
+      : mode(m) {
     auto& comm = world();
     model = testing::make_mlp(model_seed + static_cast<std::uint64_t>(comm.rank()));
     if (mode == Mode::zero2) {
       oss = std::make_unique<OSS>(model->named_parameters(), comm, factory(opt));
-      sdp = std::make_unique<ShardedDataParallel>(*model, *oss, comm, ShardedDdpOptions{.bucket_bytes = kBucketBytes});
+      sdp = std::make_unique<ShardedDataParallel>(
+          *model, *oss, comm, ShardedDdpOptions{.bucket_bytes = kBucketBytes, .reduction = reduction});
     } else {
       ddp = std::make_unique<DistributedDataParallel>(*model, comm, DdpOptions{.bucket_bytes = kBucketBytes});
       if (mode == Mode::zero1) oss = std::make_unique<OSS>(model->named_parameters(), comm, factory(opt));

@@ -1,6 +1,9 @@
 // ZeRO-1 (DDP + OSS) and ZeRO-2 (ShardedDataParallel + OSS) under mpirun: each must
 // train like plain DDP, keep every rank's parameters identical, hold about 1/W of the
 // optimizer state, and checkpoint a state that does not depend on the sharding.
+#include <string>
+#include <unordered_map>
+
 #include "sharding_harness.hpp"
 
 namespace troupe::train {
@@ -43,22 +46,63 @@ TEST(ShardedDataParallel, KeepsOnlyTheOwnedGradientsBetweenSteps) {
   Batches batches;
   const TensorBatch b = batches.next();
   t.loss_fn.forward(t.sdp->forward(b.inputs), b.targets);
+  const std::uint64_t before = comm.next_sequence();
   t.sdp->backward(t.loss_fn.backward());
-  std::int64_t full = 0;
+  const auto names = t.sdp->bucket_parameter_names();
+  // One collective per bucket (its reduction for the owner), nothing else.
+  if (comm.size() > 1) {
+    EXPECT_EQ(comm.next_sequence() - before, names.size());
+  }
+  std::int64_t full = 0, owned = 0;
+  std::unordered_map<std::string, std::int64_t> bytes;
   for (const auto& [name, p] : t.model->named_parameters()) {
     EXPECT_EQ(p->grad.defined(), t.oss->owns(name)) << name;
-    full += static_cast<std::int64_t>(p->data.nbytes());
+    bytes[name] = static_cast<std::int64_t>(p->data.nbytes());
+    full += bytes[name];
+    if (t.oss->owns(name)) owned += bytes[name];
   }
-  EXPECT_EQ(t.sdp->last_sync_stats().buckets, static_cast<int>(t.sdp->bucket_parameter_names().size()));
-  // Every reduce-scatter started from the grad-ready hook, before backward's compute ended.
+  EXPECT_EQ(t.sdp->last_sync_stats().buckets, static_cast<int>(names.size()));
+  // Every reduction started from the grad-ready hook, before backward's compute ended.
   EXPECT_EQ(t.sdp->last_sync_stats().buckets_launched_during_backward, t.sdp->last_sync_stats().buckets);
-  EXPECT_GE(t.sdp->bucket_parameter_names().size(), 2u);
-  // Between steps: the owned shard only; summed over ranks, the model once plus padding.
+  EXPECT_GE(names.size(), 2u);
+  // Each bucket belongs to one rank, the owner of all its parameters.
+  const auto owners = t.sdp->bucket_owners();
+  ASSERT_EQ(owners.size(), names.size());
+  std::int64_t largest_bucket = 0;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    std::int64_t bucket = 0;
+    for (const auto& name : names[k]) {
+      EXPECT_EQ(t.oss->owner(name), owners[k]) << name << " in bucket " << k;
+      bucket += bytes[name];
+    }
+    largest_bucket = std::max(largest_bucket, bucket);
+  }
+  // Between steps: exactly the owned gradients; summed over ranks, the model once.
   const auto held = static_cast<std::int64_t>(t.sdp->gradient_bytes());
-  EXPECT_EQ(all_sum(held), full + t.sdp->padding_elements() * 4);
+  EXPECT_EQ(held, owned);
+  EXPECT_EQ(all_sum(held), full);
   if (comm.size() > 1) {
     EXPECT_LT(held, full);
   }
+  // During the backward: the owned gradients plus at most two buckets' buffers.
+  const auto peak = static_cast<std::int64_t>(t.sdp->peak_gradient_bytes());
+  EXPECT_GE(peak, held);
+  EXPECT_LE(peak, owned + 2 * largest_bucket);
+}
+
+// Both ways of reaching a bucket's owner, an all-reduce and a reduce, train alike (to
+// 1e-5: MPI's reduce may sum in another order).
+TEST(ShardedDataParallel, ReduceAndAllreduceToTheOwnerTrainAlike) {
+  using Reduction = ShardedDdpOptions::Reduction;
+  Trainer a(Mode::zero2, Opt::adamw, kModelSeed, Reduction::reduce);
+  Trainer b(Mode::zero2, Opt::adamw, kModelSeed, Reduction::allreduce);
+  Batches x, y;
+  for (int s = 0; s < 5; ++s) {
+    a.step(x.next());
+    b.step(y.next());
+  }
+  EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*a.model), testing::flat_parameters(*b.model)),
+            1e-5);
 }
 
 // Two synchronising backwards with no zero_grad between: DDP's gradients are the sum

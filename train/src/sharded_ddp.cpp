@@ -50,90 +50,105 @@ void ShardedDataParallel::broadcast_state() {
 }
 
 // DDP's grouping (reverse named order, cut at bucket_bytes or a dtype/device change),
-// then inside each bucket one block per rank holding the parameters that rank owns.
+// also cut where the owner changes, so each bucket has one owner.
 void ShardedDataParallel::build_buckets() {
   const auto named = module_.named_parameters();
-  const int world = comm_.size(), me = comm_.rank();
-  std::vector<std::vector<std::size_t>> groups;
   std::size_t bytes = 0;
   for (std::size_t k = named.size(); k-- > 0;) {
     const Tensor& data = named[k].param->data;
-    const Tensor* previous = groups.empty() ? nullptr : &named[groups.back().front()].param->data;
-    const bool fresh = previous == nullptr || (bytes > 0 && bytes + data.nbytes() > options_.bucket_bytes) ||
-                       previous->dtype() != data.dtype() || previous->device() != data.device();
+    const int owner = oss_.owner(named[k].name);
+    Bucket* last = buckets_.empty() ? nullptr : &buckets_.back();
+    const bool fresh = last == nullptr || (bytes > 0 && bytes + data.nbytes() > options_.bucket_bytes) ||
+                       last->owner != owner || last->dtype != data.dtype() || last->device != data.device();
     if (fresh) {
-      groups.emplace_back();
+      Bucket bucket;
+      bucket.dtype = data.dtype();
+      bucket.device = data.device();
+      bucket.owner = owner;
+      buckets_.push_back(std::move(bucket));
       bytes = 0;
     }
-    groups.back().push_back(k);
+    Bucket& bucket = buckets_.back();
+    Slot slot;
+    slot.param = named[k].param;
+    slot.name = named[k].name;
+    slot.offset = bucket.numel;
+    bucket.numel += data.numel();
+    where_[slot.param] = {buckets_.size() - 1, bucket.slots.size()};
+    bucket.slots.push_back(std::move(slot));
     bytes += data.nbytes();
-  }
-  for (const auto& group : groups) {
-    Bucket bucket;
-    const Tensor& first = named[group.front()].param->data;
-    bucket.dtype = first.dtype();
-    bucket.device = first.device();
-    std::vector<std::int64_t> fill(static_cast<std::size_t>(world), 0);
-    for (auto k : group) {
-      const int owner = oss_.owner(named[k].name);
-      Slot slot;
-      slot.param = named[k].param;
-      slot.name = named[k].name;
-      slot.owned = owner == me;
-      slot.offset = fill[static_cast<std::size_t>(owner)];  // within the block for now
-      fill[static_cast<std::size_t>(owner)] += slot.param->data.numel();
-      bucket.used += slot.param->data.numel();
-      bucket.slots.push_back(std::move(slot));
-    }
-    bucket.block = std::max<std::int64_t>(1, *std::max_element(fill.begin(), fill.end()));
-    Tensor shard = Tensor::zeros({bucket.block}, bucket.dtype, bucket.device);
-    for (std::size_t s = 0; s < bucket.slots.size(); ++s) {
-      Slot& slot = bucket.slots[s];
-      const std::int64_t n = slot.param->data.numel();
-      if (slot.owned) slot.shard = shard.slice(slot.offset, slot.offset + n).reshape(slot.param->data.shape());
-      slot.offset += oss_.owner(slot.name) * bucket.block;
-      where_[slot.param] = {buckets_.size(), s};
-    }
-    shards_.push_back(std::move(shard));
-    buckets_.push_back(std::move(bucket));
   }
 }
 
-// Allocates the buckets a synchronising backward freed and points every grad into
-// them. A grad that is already this rank's reduced shard stays there (`live`, to be
-// added to); any other defined grad is a local gradient and is carried into the
-// bucket, as DDP would.
-void ShardedDataParallel::bind_gradients() {
-  const int world = comm_.size();
+namespace {
+// The slot's place in a bucket-sized flat tensor, shaped as its parameter.
+Tensor place_of(const Tensor& flat, std::int64_t offset, const Tensor& data) {
+  return flat.slice(offset, offset + data.numel()).reshape(data.shape());
+}
+}  // namespace
+
+// Before each backward: resets the per-backward flags; for a bucket with no buffer,
+// notes which owned gradients are still the kept average (live: to be added to) and
+// takes them out of the grads, so the backward cannot write into the average (a grad
+// that is undefined gets a fresh home when its bucket is bound). A bucket whose buffer
+// survived a no_sync backward keeps accumulating into it. Then binds the first bucket
+// (sync), or every bucket (no_sync: the full local gradients are needed).
+void ShardedDataParallel::prepare() {
   for (auto& bucket : buckets_) {
-    const bool fresh = !bucket.flat.defined();
-    if (fresh) bucket.flat = Tensor::zeros({bucket.block * world}, bucket.dtype, bucket.device);
-    for (auto& slot : bucket.slots) {
-      Tensor& grad = slot.param->grad;
-      if (fresh) {
-        slot.view = bucket.flat.slice(slot.offset, slot.offset + slot.param->data.numel())
-                        .reshape(slot.param->data.shape());
-        slot.live = slot.owned && is_view_of(grad, slot.shard);
-        if (grad.defined() && !slot.live) slot.view.copy_(grad);
-      } else if (!grad.defined()) {
-        slot.view.zero_();
-        slot.live = false;  // dropped inside a no_sync window: start over
-      } else if (!is_view_of(grad, slot.view)) {
-        slot.view.copy_(grad);
-      }
-      grad = slot.view;
-      slot.ready = false;
-    }
     bucket.pending = static_cast<int>(bucket.slots.size());
     bucket.launched = false;
+    bucket.work = collectives::Work();
+    bool any_live = false;
+    for (auto& slot : bucket.slots) {
+      slot.ready = false;
+      Tensor& grad = slot.param->grad;
+      if (bucket.flat.defined()) {  // bound in a no_sync backward
+        if (!grad.defined()) {
+          slot.view.zero_();
+          slot.live = false;  // dropped inside the no_sync window: start over
+        } else if (!is_view_of(grad, slot.view)) {
+          slot.view.copy_(grad);
+        }
+        grad = slot.view;
+        continue;
+      }
+      slot.live = bucket.kept.defined() && is_view_of(grad, place_of(bucket.kept, slot.offset, slot.param->data));
+      if (slot.live) grad = Tensor();
+      any_live = any_live || slot.live;
+    }
+    if (!bucket.flat.defined() && !any_live) bucket.kept = Tensor();  // nothing to add to: free it now
   }
-  next_launch_ = 0;
+  next_launch_ = next_harvest_ = 0;
+  peak_bytes_ = gradient_bytes();
+  if (!sync_) {
+    for (std::size_t b = 0; b < buckets_.size(); ++b) bind(b);
+  } else if (!buckets_.empty()) {
+    bind(0);
+  }
+}
+
+// Gives bucket b its buffer and points its grads into it. A grad that is defined is a
+// local gradient (from before this backward, or computed ahead of its bucket) and is
+// carried into the buffer, as DDP would. To bound the memory, first waits for every
+// launched bucket's reduction but the last one's.
+void ShardedDataParallel::bind(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  if (bucket.flat.defined()) return;
+  while (next_harvest_ + 1 < next_launch_) harvest(next_harvest_++);
+  bucket.flat = Tensor::zeros({bucket.numel}, bucket.dtype, bucket.device);
+  for (auto& slot : bucket.slots) {
+    slot.view = place_of(bucket.flat, slot.offset, slot.param->data);
+    Tensor& grad = slot.param->grad;
+    if (grad.defined()) slot.view.copy_(grad);
+    grad = slot.view;
+  }
+  peak_bytes_ = std::max(peak_bytes_, gradient_bytes());
 }
 
 Tensor ShardedDataParallel::backward(const Tensor& grad_output) {
   TROUPE_CHECK(!in_backward_, "ShardedDataParallel::backward: called from inside a backward");
   const auto start = std::chrono::steady_clock::now();
-  bind_gradients();
+  prepare();
   return detail::bucketed_backward(module_, grad_output, in_backward_, sync_, buckets_, stats_,
                                    [this] { finish_sync(); }, start);
 }
@@ -147,43 +162,68 @@ void ShardedDataParallel::on_grad_ready(const std::string& name, nn::Parameter& 
   Slot& slot = bucket.slots[it->second.second];
   TROUPE_CHECK(!slot.ready, "ShardedDataParallel: gradient of '", name,
                "' reported ready twice in one backward (a parameter used twice is not supported)");
+  if (!bucket.flat.defined()) bind(it->second.first);  // finished ahead of its bucket's turn
   TROUPE_CHECK(is_view_of(param.grad, slot.view), "ShardedDataParallel: the gradient of '", name,
                "' was replaced during backward instead of accumulated into");
   slot.ready = true;
   if (--bucket.pending == 0) launch_ready_buckets();
-  for (std::size_t b = 0; b < next_launch_; ++b) buckets_[b].work.test();  // drive MPI progress
+  harvest_finished();  // drives the collectives in flight and frees what they are done with
 }
 
 void ShardedDataParallel::launch_ready_buckets() {
   while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending == 0) {
-    Bucket& bucket = buckets_[next_launch_++];
-    // In place: block r of the bucket becomes the average of every rank's block r.
-    if (comm_.size() > 1)
-      bucket.work = comm_.reduce_scatter_async(collectives::Buffer(bucket.flat), collectives::ReduceOp::avg);
+    const std::size_t b = next_launch_;
+    bind(b);  // a bucket of parameters the backward never reached has no buffer yet
+    Bucket& bucket = buckets_[b];
+    if (comm_.size() > 1) {
+      const collectives::Buffer buffer(bucket.flat);
+      bucket.work = options_.reduction == ShardedDdpOptions::Reduction::reduce
+                        ? comm_.reduce_async(buffer, bucket.owner, collectives::ReduceOp::avg)
+                        : comm_.allreduce_async(buffer, collectives::ReduceOp::avg);
+    }
     bucket.launched = true;
+    ++next_launch_;
+    // The next bucket's gradients come next: give them their home before they are
+    // computed, so that the layers write straight into it.
+    if (next_launch_ < buckets_.size()) bind(next_launch_);
   }
 }
 
-// Launches what unused parameters held back, waits, then moves each owned gradient to
-// its shard and frees the buckets.
+void ShardedDataParallel::harvest_finished() {
+  while (next_harvest_ < next_launch_ && buckets_[next_harvest_].work.test()) harvest(next_harvest_++);
+}
+
+// Bucket b's reduction is done (or is waited for here): the owner keeps the averages
+// -- the buffer itself when no gradient is to be added to, else added into / copied
+// over the kept ones -- and the other ranks drop the bucket and their grads.
+void ShardedDataParallel::harvest(std::size_t b) {
+  Bucket& bucket = buckets_[b];
+  bucket.work.wait();
+  if (bucket.owner == comm_.rank()) {
+    bool any_live = false;
+    for (const auto& slot : bucket.slots) any_live = any_live || slot.live;
+    if (!any_live) {
+      bucket.kept = bucket.flat;  // the grads are already views into it
+    } else {
+      for (auto& slot : bucket.slots) {
+        Tensor home = place_of(bucket.kept, slot.offset, slot.param->data);
+        if (slot.live) tensor::add_(home, slot.view);
+        else home.copy_(slot.view);
+        slot.param->grad = home;
+      }
+    }
+  } else {
+    for (auto& slot : bucket.slots) slot.param->grad = Tensor();
+  }
+  for (auto& slot : bucket.slots) slot.view = Tensor();
+  bucket.flat = Tensor();
+}
+
+// Launches what unused parameters held back, then waits for every reduction.
 void ShardedDataParallel::finish_sync() {
   for (auto& bucket : buckets_) bucket.pending = 0;
   launch_ready_buckets();
-  for (auto& bucket : buckets_) bucket.work.wait();
-  for (auto& bucket : buckets_) {
-    for (auto& slot : bucket.slots) {
-      if (slot.owned) {
-        if (slot.live) tensor::add_(slot.shard, slot.view);
-        else slot.shard.copy_(slot.view);
-        slot.param->grad = slot.shard;
-        slot.live = true;
-      } else {
-        slot.param->grad = Tensor();
-      }
-      slot.view = Tensor();
-    }
-    bucket.flat = Tensor();
-  }
+  while (next_harvest_ < buckets_.size()) harvest(next_harvest_++);
 }
 
 std::vector<std::vector<std::string>> ShardedDataParallel::bucket_parameter_names() const {
@@ -195,17 +235,18 @@ std::vector<std::vector<std::string>> ShardedDataParallel::bucket_parameter_name
   return out;
 }
 
-std::size_t ShardedDataParallel::gradient_bytes() const {
-  std::size_t total = 0;
-  for (const auto& shard : shards_) total += shard.nbytes();
-  for (const auto& bucket : buckets_)
-    if (bucket.flat.defined()) total += bucket.flat.nbytes();
-  return total;
+std::vector<int> ShardedDataParallel::bucket_owners() const {
+  std::vector<int> out;
+  for (const auto& bucket : buckets_) out.push_back(bucket.owner);
+  return out;
 }
 
-std::int64_t ShardedDataParallel::padding_elements() const {
-  std::int64_t total = 0;
-  for (const auto& bucket : buckets_) total += bucket.block * comm_.size() - bucket.used;
+std::size_t ShardedDataParallel::gradient_bytes() const {
+  std::size_t total = 0;
+  for (const auto& bucket : buckets_) {
+    if (bucket.flat.defined()) total += bucket.flat.nbytes();
+    if (bucket.kept.defined()) total += bucket.kept.nbytes();
+  }
   return total;
 }
 
