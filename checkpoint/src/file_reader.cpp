@@ -4,10 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "h5_call.hpp"
 #include "h5_types.hpp"
@@ -35,6 +38,72 @@ std::string hex(std::uint64_t v) {
   std::ostringstream out;
   out << "0x" << std::hex << v;
   return out.str();
+}
+
+// Where a dataset's bytes start in the file, if they can be read straight from there:
+// contiguous storage in this machine's byte order (what troupe writes). HADDR_UNDEF
+// otherwise (chunked, compressed or byte-swapped: a file from elsewhere).
+haddr_t raw_offset(hid_t dset, tensor::DType dtype) {
+  const haddr_t offset = H5Dget_offset(dset);
+  if (offset == HADDR_UNDEF) {
+    H5Eclear2(H5E_DEFAULT);
+    return HADDR_UNDEF;
+  }
+  Handle type(H5Dget_type(dset), H5Tclose);
+  return type.get() >= 0 && H5Tequal(type.get(), detail::h5_type_of(dtype)) > 0 ? offset : HADDR_UNDEF;
+}
+
+// Reads `bytes` at `offset` of `file` into `dst`, with pread. With `hash`, a second
+// thread hashes what has arrived while the rest is read, and the XXH64 of it all is
+// returned (0 without): verifying a large tensor then costs about one read instead of
+// a read and a hash after it, the kernel's copy and the hash running on two cores.
+// Throws FormatError naming `what` on a short or failed read.
+std::uint64_t read_raw(const std::string& file, haddr_t offset, std::byte* dst, std::size_t bytes, bool hash,
+                       const std::string& what) {
+  constexpr std::size_t kChunk = std::size_t{4} << 20;
+  const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) TROUPE_THROW(CheckpointError, "checkpoint: open(", file, ") failed: ", std::strerror(errno));
+  constexpr std::size_t kFailed = ~std::size_t{0};
+  std::atomic<std::size_t> ready{0};  // bytes in dst, or kFailed
+  std::uint64_t digest = 0;
+  std::thread hasher;
+  if (hash) {
+    hasher = std::thread([&] {
+      Xxh64 state;
+      std::size_t done = 0;
+      while (done < bytes) {
+        const std::size_t now = ready.load(std::memory_order_acquire);
+        if (now == kFailed) return;
+        if (now == done) {
+          ready.wait(done, std::memory_order_acquire);
+          continue;
+        }
+        state.update(dst + done, now - done);
+        done = now;
+      }
+      digest = state.digest();
+    });
+  }
+  std::string error;
+  for (std::size_t at = 0; at < bytes;) {
+    const ssize_t n = ::pread(fd, dst + at, std::min(kChunk, bytes - at), static_cast<off_t>(offset + at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      error = n == 0 ? "file ends early (truncated?)" : std::strerror(errno);
+      break;
+    }
+    at += static_cast<std::size_t>(n);
+    ready.store(at, std::memory_order_release);
+    ready.notify_one();
+  }
+  if (!error.empty()) {
+    ready.store(kFailed, std::memory_order_release);
+    ready.notify_one();
+  }
+  if (hasher.joinable()) hasher.join();
+  ::close(fd);
+  if (!error.empty()) TROUPE_THROW(FormatError, "checkpoint ", what, ": ", error);
+  return digest;
 }
 
 struct LinkList {
@@ -208,17 +277,25 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
   TROUPE_CHECK(dst.dtype() == meta.dtype && dst.numel() == tensor::shape_numel(meta.shape), "checkpoint ", where,
                ": the file holds ", tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape),
                ", the destination is ", tensor::dtype_name(dst.dtype()), " ", tensor::to_string(dst.shape()));
+  // Large tensors to verify are read and hashed at once (read_raw); the rest
+  // through HDF5, hashed after.
+  constexpr std::size_t kHashWhileReading = std::size_t{8} << 20;
+  std::optional<std::uint64_t> hashed;
   if (dst.numel() > 0) {
     Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT),
                          "H5Dopen " + where, Failure::format),
                 H5Dclose);
-    h5_check(H5Dread(dset.get(), detail::h5_type_of(meta.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT,
-                     dst.raw_data()),
-             "checkpoint " + where + ": cannot read " + std::to_string(meta.nbytes()) + " bytes",
-             Failure::format);
+    const haddr_t offset = verify && dst.nbytes() >= kHashWhileReading ? raw_offset(dset.get(), meta.dtype) : HADDR_UNDEF;
+    if (offset != HADDR_UNDEF) {
+      hashed = read_raw(path_, offset, static_cast<std::byte*>(dst.raw_data()), dst.nbytes(), true,
+                        where + ": cannot read " + std::to_string(dst.nbytes()) + " bytes");
+    } else {
+      h5_check(H5Dread(dset.get(), detail::h5_type_of(meta.dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, dst.raw_data()),
+               "checkpoint " + where + ": cannot read " + std::to_string(meta.nbytes()) + " bytes", Failure::format);
+    }
   }
   if (verify) {
-    std::uint64_t actual = xxh64(dst.raw_data(), dst.nbytes());
+    std::uint64_t actual = hashed ? *hashed : xxh64(dst.raw_data(), dst.nbytes());
     if (actual != meta.checksum)
       TROUPE_THROW(FormatError, "checkpoint ", where, ": checksum mismatch, stored ",
                    hex(meta.checksum), ", data hashes to ", hex(actual), " (",
@@ -238,35 +315,15 @@ tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin,
   Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT), "H5Dopen " + where,
                        Failure::format),
               H5Dclose);
-  haddr_t offset = H5Dget_offset(dset.get());
-  Handle type(h5_check(H5Dget_type(dset.get()), "H5Dget_type " + where, Failure::format), H5Tclose);
-  bool raw = offset != HADDR_UNDEF && H5Tequal(type.get(), detail::h5_type_of(meta.dtype)) > 0;
-  if (!raw) {
+  const haddr_t offset = raw_offset(dset.get(), meta.dtype);
+  if (offset == HADDR_UNDEF) {
     // Chunked or byte-swapped (a file from elsewhere): read it whole, keep the slice.
-    H5Eclear2(H5E_DEFAULT);
     tensor::Tensor all = read(path, false);
     std::memcpy(out.raw_data(), static_cast<const char*>(all.raw_data()) + begin * all.element_bytes(), out.nbytes());
     return out;
   }
-  int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) TROUPE_THROW(CheckpointError, "checkpoint: open(", path_, ") failed: ", std::strerror(errno));
-  char* p = static_cast<char*>(out.raw_data());
-  std::size_t left = out.nbytes();
-  off_t at = static_cast<off_t>(offset + static_cast<haddr_t>(begin) * out.element_bytes());
-  while (left > 0) {
-    ssize_t n = ::pread(fd, p, left, at);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      int err = errno;
-      ::close(fd);
-      TROUPE_THROW(FormatError, "checkpoint ", where, ": cannot read elements [", begin, ", ", end, "): ",
-                   n == 0 ? "file ends early (truncated?)" : std::strerror(err));
-    }
-    p += n;
-    at += n;
-    left -= static_cast<std::size_t>(n);
-  }
-  ::close(fd);
+  read_raw(path_, offset + static_cast<haddr_t>(begin) * out.element_bytes(), static_cast<std::byte*>(out.raw_data()),
+           out.nbytes(), false, troupe::detail::concat(where, ": cannot read elements [", begin, ", ", end, ")"));
   return out;
 }
 

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 
 #include "test_util.hpp"
@@ -110,6 +111,49 @@ TEST(CheckpointFile, AFlippedDataByteFailsVerificationNamingTheDataset) {
   }
   EXPECT_THROW(in.verify_all(), FormatError);
   EXPECT_NO_THROW(in.read("/model/layers.0.weight", /*verify=*/false));
+}
+
+// Tensors of 8 MB and more are verified while they are read (a second thread hashes
+// the chunks already in): damage in any chunk, the last one included, is still caught,
+// and a good tensor reads back exact.
+TEST(CheckpointFile, ALargeTensorIsHashedWhileReadAndADamagedChunkIsCaught) {
+  TempDir dir;
+  Tensor big = testing::random_tensor({3, 1024, 1024}, DType::f32, 11);  // 12 MB: three 4 MB chunks
+  {
+    FileWriter out(dir / "big.h5");
+    out.write_tensor("/model/big", big);
+    out.close();
+  }
+  {
+    FileReader in(dir / "big.h5");
+    Tensor back = in.read("/model/big");
+    ASSERT_EQ(back.nbytes(), big.nbytes());
+    EXPECT_EQ(std::memcmp(back.raw_data(), big.raw_data(), big.nbytes()), 0);
+  }
+  const std::vector<char> good = testing::read_bytes(dir / "big.h5");
+  const char* first = static_cast<const char*>(big.raw_data());
+  const auto start = std::search(good.begin(), good.end(), first, first + 64);
+  ASSERT_NE(start, good.end());
+  for (std::size_t at : {std::size_t{5} << 20, big.nbytes() - 1}) {  // the second chunk; the very last byte
+    std::vector<char> bytes = good;
+    bytes[static_cast<std::size_t>(start - good.begin()) + at] ^= 0x10;
+    testing::write_bytes(dir / "big.h5", bytes);
+    FileReader in(dir / "big.h5");
+    try {
+      in.read("/model/big");
+      ADD_FAILURE() << "damage at byte " << at << " not detected";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    }
+  }
+  // Cut in the middle of the tensor: refused at open or read, never returned short.
+  testing::write_bytes(dir / "big.h5", std::vector<char>(good.begin(), start + (std::ptrdiff_t{6} << 20)));
+  EXPECT_THROW(
+      {
+        FileReader in(dir / "big.h5");
+        in.read("/model/big");
+      },
+      FormatError);
 }
 
 TEST(CheckpointFile, TruncatedFileIsRejectedAtOpenOrRead) {
