@@ -38,6 +38,7 @@ void CheckpointActor::begin(SaveManifest manifest) {
   f.set_attribute("/", "created_utc", utc_now_iso8601());
   f.set_attribute("/", "run_id", manifest.run_id);
   f.set_attribute("/", "config", manifest.config_json);
+  for (const std::string& g : manifest.groups) f.ensure_group(g);
   for (const TensorSpec& t : manifest.tensors) f.create_dataset(t.path, tensor::dtype_from_name(t.dtype), t.shape);
   for (const AttributeSpec& a : manifest.attributes) f.set_attribute(a.group, a.name, a.value);
   open.received.assign(manifest.tensors.size(), 0);

@@ -22,7 +22,8 @@ std::vector<std::string> describe(const SaveManifest& m) {
       "step " + std::to_string(m.step) + ", epoch " + std::to_string(m.epoch) + ", world_size " +
           std::to_string(m.world_size),
       "run_id " + m.run_id, "config " + m.config_json,
-      std::to_string(m.tensors.size()) + " tensors, " + std::to_string(m.attributes.size()) + " attributes"};
+      std::to_string(m.tensors.size()) + " tensors, " + std::to_string(m.attributes.size()) + " attributes, " +
+          std::to_string(m.groups.size()) + " groups"};
   for (const TensorSpec& t : m.tensors) {
     std::string line = "tensor " + t.path + " " + t.dtype + " [";
     for (std::size_t i = 0; i < t.shape.size(); ++i) line += (i ? ", " : "") + std::to_string(t.shape[i]);
@@ -30,6 +31,7 @@ std::vector<std::string> describe(const SaveManifest& m) {
   }
   for (const AttributeSpec& a : m.attributes)
     lines.push_back("attribute " + a.group + " " + a.name + " = " + to_string(a.value));
+  for (const std::string& g : m.groups) lines.push_back("group " + g);
   return lines;
 }
 
@@ -76,7 +78,11 @@ fs::path ParallelCheckpoint::save(const SaveManifest& manifest, std::span<const 
     file.set_attribute("/", "created_utc", created);
     file.set_attribute("/", "run_id", manifest.run_id);
     file.set_attribute("/", "config", manifest.config_json);
-    for (std::size_t i = 0; i < manifest.tensors.size(); ++i) file.write(manifest.tensors[i], slices[i]);
+    for (const std::string& group : manifest.groups) file.ensure_group(group);
+    for (std::size_t i = 0; i < manifest.tensors.size(); ++i) {
+      file.write(manifest.tensors[i], slices[i]);
+      if (observe_) observe_(manifest.step, manifest.tensors[i].path);
+    }
     for (const AttributeSpec& a : manifest.attributes) file.set_attribute(a.group, a.name, a.value);
     file.close();
   } catch (...) {

@@ -203,6 +203,20 @@ void ParallelWriter::set_attribute(std::string_view group, std::string_view name
   });
 }
 
+void ParallelWriter::ensure_group(std::string_view group) {
+  auto lock = detail::h5_lock();
+  Impl& m = *impl_;
+  std::string problem;
+  if (!m.file.valid()) problem = "ensure_group after close()";
+  try {
+    detail::check_path(group, path_);
+  } catch (const Error& e) {
+    problem = e.what();
+  }
+  m.agreement.agree({"ensure_group " + std::string(group)}, problem);
+  m.agreement.all_or_none([&] { m.groups->ensure(m.file.get(), m.group_plist.get(), group); });
+}
+
 void ParallelWriter::write(const TensorSpec& spec, const Slice& slice) {
   auto lock = detail::h5_lock();
   Impl& m = *impl_;

@@ -7,7 +7,8 @@
 # files are the same in every mode: a 2-rank ddp run's checkpoint resumes with
 # --sharding fsdp on 4 ranks and trains on; the 2-rank fsdp run's resumes with
 # --sharding zero1 in one process (continuing exactly as ddp there) and with
-# --sharding zero2 on 2 ranks (ending where fsdp continuing ends).
+# --sharding zero2 on 2 ranks (ending where fsdp continuing ends). A rank killed in the
+# middle of fsdp's parallel save (crash_in_save) resumes from the checkpoint before.
 #
 #   resume_sharded_test.sh TROUPE_RUN TRAIN_DIGITS TROUPE_CKPT
 set -euo pipefail
@@ -35,6 +36,18 @@ grep -Eq 'resumed from .* at step (28|35) \(epoch 2, in progress\)' "$work/crash
 crash_hash=$(hash_of "$work/crash.log")
 [[ "$crash_hash" == "$ref_hash" ]] || { echo "FAIL: $crash_hash after the crash, $ref_hash without"; exit 1; }
 "$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
+
+echo "== fsdp, rank 1 killed while the parallel save of step 42 is writing: resumes from 35, same result"
+TROUPE_FAULT=rank=1,step=42,kind=crash_in_save,restart=0 \
+  "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/torn" --backoff 0 -- "$train" "${common[@]}" \
+  --sharding fsdp > "$work/torn.log" 2>&1 || { cat "$work/torn.log"; exit 1; }
+grep -E 'fault|unfinished|resumed|hash' "$work/torn.log"
+grep -q 'troupe fault: crash_in_save on rank 1 at step 42' "$work/torn.log" \
+  || { cat "$work/torn.log"; echo "FAIL: the fault did not fire"; exit 1; }
+grep -q 'resumed from .* at step 35 (epoch 2, in progress)' "$work/torn.log" \
+  || { cat "$work/torn.log"; echo "FAIL: did not resume from the checkpoint before the torn one"; exit 1; }
+[[ "$(hash_of "$work/torn.log")" == "$ref_hash" ]] || { echo "FAIL: $(hash_of "$work/torn.log") after the torn save"; exit 1; }
+"$ckpt" diff "$(last "$work/ref")" "$(last "$work/torn")" || { echo "FAIL: final checkpoints differ"; exit 1; }
 
 echo "== a ddp checkpoint of 2 ranks (epoch 2 done) resumed with --sharding fsdp on 4 ranks"
 "${mpi[@]}" "$train" --epochs 2 --checkpoint-dir "$work/ddp" > "$work/ddp.log" 2>&1 || { cat "$work/ddp.log"; exit 1; }

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "fsdp_harness.hpp"
@@ -170,15 +169,6 @@ TEST(FullyShardedDataParallel, LocalSlicesWriteTheFullStateDictsThroughTheParall
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
 }
 
-// "VmHWM:" or "VmRSS:" of /proc/self/status, in bytes.
-std::int64_t status_bytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.compare(0, field.size(), field) == 0) return std::stoll(line.substr(field.size())) * 1024;
-  return -1;
-}
-
 // The bound for a save: no rank's peak RSS grows by more than its shard plus
 // the largest tensor plus 64 MB, on a model of 100 MB of parameters. With the local
 // slices nothing is gathered, so the growth is the writer's own buffers.
@@ -203,10 +193,10 @@ TEST(FullyShardedDataParallel, ParallelSaveOfA100MbModelGrowsNoRanksPeakRssPastS
   {
     checkpoint::ParallelCheckpoint ckpt(dir, 1, MPI_COMM_WORLD);
     // Reset the peak to the current RSS (Linux's clear_refs 5), then save.
-    { std::ofstream("/proc/self/clear_refs") << "5"; }
-    const std::int64_t before = status_bytes("VmRSS:");
+    testing::reset_peak_rss();
+    const std::int64_t before = testing::proc_status_bytes("VmRSS:");
     ckpt.save(manifest, slices);
-    const std::int64_t growth = status_bytes("VmHWM:") - before;
+    const std::int64_t growth = testing::proc_status_bytes("VmHWM:") - before;
     const auto bound = static_cast<std::int64_t>(fsdp.shard_parameter_bytes()) + largest + (std::int64_t{64} << 20);
     EXPECT_LT(growth, bound);
     std::int64_t worst = growth;
@@ -218,10 +208,10 @@ TEST(FullyShardedDataParallel, ParallelSaveOfA100MbModelGrowsNoRanksPeakRssPastS
                   static_cast<double>(bound) / 1e6);
   }
   // The measurement sees materialisation: full_state_dict() holds the whole model.
-  { std::ofstream("/proc/self/clear_refs") << "5"; }
-  const std::int64_t before = status_bytes("VmRSS:");
+  testing::reset_peak_rss();
+  const std::int64_t before = testing::proc_status_bytes("VmRSS:");
   const nn::StateDict full = fsdp.full_state_dict();
-  EXPECT_GT(status_bytes("VmHWM:") - before, 7 * largest);
+  EXPECT_GT(testing::proc_status_bytes("VmHWM:") - before, 7 * largest);
   comm.barrier();
   if (comm.rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "troupe/collectives/communicator.hpp"
@@ -29,5 +30,10 @@ std::vector<double> flat_parameters(nn::Module& model);
 double max_relative_difference(const std::vector<double>& a, const std::vector<double>& b);
 // True when every rank passed the same hash.
 bool same_on_every_rank(std::uint64_t hash);
+
+// A field of /proc/self/status ("VmHWM:", "VmRSS:") in bytes, -1 when absent.
+std::int64_t proc_status_bytes(const std::string& field);
+// Resets the peak RSS (VmHWM) to the current RSS: Linux's clear_refs 5.
+void reset_peak_rss();
 
 }  // namespace troupe::train::testing

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <unordered_map>
 
 #include "troupe/error.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -221,62 +222,91 @@ void OSS::zero_grad(bool set_to_none) {
   }
 }
 
-nn::StateDict OSS::state_dict() const {
-  const nn::StateDict local = base_->state_dict();
+namespace {
+
+// A rank's slot tensors as one byte string: their count, then per slot its key, dtype
+// and shape (a StateSlice without data), followed by its bytes when `with_bytes`.
+std::vector<std::uint8_t> encode_slots(const nn::StateDict& local, bool with_bytes) {
   Writer writer;
   std::uint64_t count = 0;
   for (const auto& [key, value] : local) count += is_slot_key(key) ? 1 : 0;
   writer.put(count);
   for (const auto& [key, value] : local) {
     if (!is_slot_key(key)) continue;
-    const Tensor host = value.to(tensor::Device::cpu());
     writer.put(static_cast<std::uint32_t>(key.size()));
     writer.put_bytes(key.data(), key.size());
-    writer.put(static_cast<std::uint8_t>(host.dtype()));
-    writer.put(static_cast<std::uint32_t>(host.dim()));
-    for (auto d : host.shape()) writer.put(static_cast<std::int64_t>(d));
+    writer.put(static_cast<std::uint8_t>(value.dtype()));
+    writer.put(static_cast<std::uint32_t>(value.dim()));
+    for (auto d : value.shape()) writer.put(static_cast<std::int64_t>(d));
+    if (!with_bytes) continue;
+    const Tensor host = value.to(tensor::Device::cpu());
     writer.put(static_cast<std::uint64_t>(host.nbytes()));
     writer.put_bytes(host.raw_data(), host.nbytes());
   }
-  std::vector<std::uint8_t>& mine = writer.bytes();
+  return std::move(writer.bytes());
+}
 
-  const int world = comm_.size();
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(world), 0);
-  sizes[static_cast<std::size_t>(comm_.rank())] = static_cast<std::int64_t>(mine.size());
+// Every rank's byte string: rank r's at [r * stride, r * stride + sizes[r]) of `all`
+// (two all-gathers: the sizes, then the strings padded to the longest).
+struct AllRanks {
   std::vector<std::uint8_t> all;
-  std::int64_t stride = static_cast<std::int64_t>(mine.size());
-  if (world > 1) {
-    comm_.allgather(collectives::Buffer(sizes));
-    stride = *std::max_element(sizes.begin(), sizes.end());
-    all.assign(static_cast<std::size_t>(stride * world), 0);
-    std::memcpy(all.data() + comm_.rank() * stride, mine.data(), mine.size());
-    comm_.allgather(collectives::Buffer(all.data(), all.size(), DType::u8));
-  } else {
-    all = std::move(mine);
+  std::vector<std::int64_t> sizes;
+  std::int64_t stride = 0;
+};
+AllRanks allgather_bytes(collectives::Communicator& comm, std::vector<std::uint8_t> mine) {
+  AllRanks out;
+  const int world = comm.size();
+  out.sizes.assign(static_cast<std::size_t>(world), 0);
+  out.sizes[static_cast<std::size_t>(comm.rank())] = static_cast<std::int64_t>(mine.size());
+  out.stride = static_cast<std::int64_t>(mine.size());
+  if (world == 1) {
+    out.all = std::move(mine);
+    return out;
   }
+  comm.allgather(collectives::Buffer(out.sizes));
+  out.stride = *std::max_element(out.sizes.begin(), out.sizes.end());
+  out.all.assign(static_cast<std::size_t>(out.stride * world), 0);
+  std::memcpy(out.all.data() + comm.rank() * out.stride, mine.data(), mine.size());
+  comm.allgather(collectives::Buffer(out.all.data(), out.all.size(), DType::u8));
+  return out;
+}
+
+// Calls fn(rank, slot, reader) for every slot of every rank's string, in order; `slot`
+// has the key, dtype and shape, and `reader` is at its bytes (if they were sent).
+template <class Fn>
+void decode_slots(const AllRanks& ranks, Fn&& fn) {
+  for (int r = 0; r < static_cast<int>(ranks.sizes.size()); ++r) {
+    Reader reader(ranks.all.data() + r * ranks.stride, static_cast<std::size_t>(ranks.sizes[static_cast<std::size_t>(r)]), r);
+    const auto n = reader.get<std::uint64_t>();
+    for (std::uint64_t k = 0; k < n; ++k) {
+      StateSlice slot;
+      const auto key_size = reader.get<std::uint32_t>();
+      slot.name.assign(reinterpret_cast<const char*>(reader.take(key_size)), key_size);
+      slot.dtype = static_cast<DType>(reader.get<std::uint8_t>());
+      const auto dims = reader.get<std::uint32_t>();
+      for (std::uint32_t d = 0; d < dims; ++d) slot.shape.push_back(reader.get<std::int64_t>());
+      fn(r, std::move(slot), reader);
+    }
+  }
+}
+
+}  // namespace
+
+nn::StateDict OSS::state_dict() const {
+  const nn::StateDict local = base_->state_dict();
+  const AllRanks ranks = allgather_bytes(comm_, encode_slots(local, /*with_bytes=*/true));
 
   // Every rank's slots by parameter name, in the owner's order.
   std::unordered_map<std::string, std::vector<std::pair<std::string, Tensor>>> slots;
-  for (int r = 0; r < world; ++r) {
-    Reader reader(all.data() + r * stride, static_cast<std::size_t>(sizes[static_cast<std::size_t>(r)]), r);
-    const auto n = reader.get<std::uint64_t>();
-    for (std::uint64_t k = 0; k < n; ++k) {
-      const auto key_size = reader.get<std::uint32_t>();
-      const auto* key_bytes = reader.take(key_size);
-      std::string key(reinterpret_cast<const char*>(key_bytes), key_size);
-      const auto dtype = static_cast<DType>(reader.get<std::uint8_t>());
-      const auto dims = reader.get<std::uint32_t>();
-      tensor::Shape shape;
-      for (std::uint32_t d = 0; d < dims; ++d) shape.push_back(reader.get<std::int64_t>());
-      const auto nbytes = reader.get<std::uint64_t>();
-      Tensor t = Tensor::empty(shape, dtype);
-      TROUPE_CHECK(t.nbytes() == nbytes, "OSS::state_dict: rank ", r, " sent ", nbytes, " bytes for '", key,
-                   "', its shape needs ", t.nbytes());
-      std::memcpy(t.raw_data(), reader.take(nbytes), nbytes);
-      std::string param = param_of(key);
-      slots[param].emplace_back(std::move(key), std::move(t));
-    }
-  }
+  decode_slots(ranks, [&](int r, StateSlice slot, Reader& reader) {
+    const auto nbytes = reader.get<std::uint64_t>();
+    Tensor t = Tensor::empty(slot.shape, slot.dtype);
+    TROUPE_CHECK(t.nbytes() == nbytes, "OSS::state_dict: rank ", r, " sent ", nbytes, " bytes for '", slot.name,
+                 "', its shape needs ", t.nbytes());
+    std::memcpy(t.raw_data(), reader.take(nbytes), nbytes);
+    std::string param = param_of(slot.name);
+    slots[param].emplace_back(std::move(slot.name), std::move(t));
+  });
 
   nn::StateDict out;
   for (const auto& [key, value] : local)
@@ -285,6 +315,31 @@ nn::StateDict OSS::state_dict() const {
     const auto it = slots.find(name);
     if (it == slots.end()) continue;
     for (auto& [key, value] : it->second) out.insert(key, value);
+  }
+  return out;
+}
+
+LocalStateSlices OSS::local_state_slices() const {
+  const nn::StateDict local = base_->state_dict();
+  // Every rank's slots' names, dtypes and shapes; the bytes stay where they are.
+  const AllRanks ranks = allgather_bytes(comm_, encode_slots(local, /*with_bytes=*/false));
+  std::unordered_map<std::string, std::vector<StateSlice>> slots;  // by parameter, in the owner's order
+  decode_slots(ranks, [&](int r, StateSlice slot, Reader&) {
+    if (r == comm_.rank()) {
+      const Tensor& value = local.at(slot.name);
+      slot.data = value.device().is_cpu() ? value : value.to(tensor::Device::cpu());
+    }
+    std::string param = param_of(slot.name);
+    slots[param].push_back(std::move(slot));
+  });
+
+  LocalStateSlices out;
+  for (const auto& [key, value] : local)
+    if (!is_slot_key(key)) out.optimizer_scalars.insert(key, value);
+  for (const auto& [name, param] : params_) {
+    const auto it = slots.find(name);
+    if (it == slots.end()) continue;
+    for (auto& slice : it->second) out.optimizer.push_back(std::move(slice));
   }
   return out;
 }

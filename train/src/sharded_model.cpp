@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "troupe/checkpoint/save_manifest.hpp"
 #include "troupe/error.hpp"
 
 namespace troupe::train {
@@ -34,7 +35,7 @@ AutoWrapPolicy parameterised_leaf_auto_wrap_policy() {
 
 ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm,
                            const OptimizerFactory& factory, std::size_t bucket_bytes, FsdpOptions fsdp)
-    : mode_(mode), model_(model) {
+    : mode_(mode), model_(model), comm_(comm) {
   switch (mode) {
     case Sharding::zero1:
       ddp_ = std::make_unique<DistributedDataParallel>(model, comm, DdpOptions{.bucket_bytes = bucket_bytes});
@@ -149,6 +150,35 @@ nn::StateDict ShardedModel::model_state_dict() { return fsdp_ ? fsdp_->full_stat
 
 nn::StateDict ShardedModel::optimizer_state_dict() {
   return fsdp_ ? fsdp_->full_optimizer_state_dict() : oss_->state_dict();
+}
+
+std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
+  LocalStateSlices out;
+  if (fsdp_) {
+    for (auto& piece : fsdp_->local_model_slices())
+      out.model.push_back({std::move(piece.name), piece.dtype, std::move(piece.shape), piece.begin, std::move(piece.data)});
+    for (const auto& [key, value] : fsdp_->optimizer().state_dict())
+      if (key.find('/') == std::string::npos) out.optimizer_scalars.insert(key, value);
+    for (auto& piece : fsdp_->local_optimizer_slices())
+      out.optimizer.push_back(
+          {std::move(piece.name), piece.dtype, std::move(piece.shape), piece.begin, std::move(piece.data)});
+    return out;
+  }
+  // zero1/zero2: every rank holds the whole model, so each writes an even share of it.
+  for (const auto& [key, value] : model_.state_dict()) {
+    StateSlice slice{key, value.dtype(), value.shape(), 0, Tensor()};
+    const auto [begin, end] = checkpoint::shard_range(value.numel(), comm_.rank(), comm_.size());
+    if (begin < end) {
+      Tensor host = value.device().is_cpu() ? value : value.to(tensor::Device::cpu());
+      slice.begin = begin;
+      slice.data = host.flatten().slice(begin, end);
+    }
+    out.model.push_back(std::move(slice));
+  }
+  LocalStateSlices optimizer = oss_->local_state_slices();
+  out.optimizer_scalars = std::move(optimizer.optimizer_scalars);
+  out.optimizer = std::move(optimizer.optimizer);
+  return out;
 }
 
 void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {

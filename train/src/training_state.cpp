@@ -80,6 +80,17 @@ StateGroups TrainingState::state_dicts() const {
   StateGroups groups;
   groups.emplace_back("model", sharded_ != nullptr ? sharded_->model_state_dict() : model_.state_dict());
   groups.emplace_back("optimizer", sharded_ != nullptr ? sharded_->optimizer_state_dict() : optimizer_.state_dict());
+  for (auto& group : small_state_dicts()) groups.push_back(std::move(group));
+  return groups;
+}
+
+std::optional<LocalStateSlices> TrainingState::local_state_slices() const {
+  if (sharded_ == nullptr || !sharded_->has_local_state_slices()) return std::nullopt;
+  return sharded_->local_state_slices();
+}
+
+StateGroups TrainingState::small_state_dicts() const {
+  StateGroups groups;
   groups.emplace_back("sampler", sampler_.state_dict());
   if (scaler_ != nullptr) groups.emplace_back("scaler", scaler_->state_dict());
   nn::StateDict rng;

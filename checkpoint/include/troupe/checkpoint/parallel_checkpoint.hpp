@@ -7,8 +7,8 @@
 //      they differ, every rank throws naming the first differing tensor or attribute);
 //   2. rank 0 names the temporary file (.ckpt-<step>.h5.tmp-<rank 0's pid>) and the
 //      creation time, and broadcasts both;
-//   3. all ranks write it (ParallelWriter: root attributes, datasets in manifest order,
-//      section attributes, "complete"), sync their own writes and close it together;
+//   3. all ranks write it (ParallelWriter: root attributes, the manifest's groups,
+//      datasets in manifest order, section attributes, "complete"), sync their own writes and close it together;
 //   4. once every rank has closed it, rank 0 commits: fsync, rename, fsync the folder,
 //      `latest`, keep_last; every rank learns the outcome.
 // An error anywhere is thrown on every rank, the temporary file is removed, and the
@@ -27,9 +27,12 @@
 
 #include <mpi.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string_view>
 
 #include "troupe/checkpoint/checkpoint_directory.hpp"
 #include "troupe/checkpoint/parallel_writer.hpp"
@@ -53,10 +56,16 @@ class ParallelCheckpoint {
 
   const CheckpointDirectory& directory() const { return dir_; }
 
+  // Called on every rank after each tensor's collective write, before the commit, like
+  // Checkpoint::set_write_observer (TROUPE_FAULT kind=crash_in_save kills a rank here).
+  using WriteObserver = std::function<void(std::int64_t step, std::string_view tensor)>;
+  void set_write_observer(WriteObserver observer) { observe_ = std::move(observer); }
+
  private:
   CheckpointDirectory dir_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   ParallelOptions options_;
+  WriteObserver observe_;
 };
 
 }  // namespace troupe::checkpoint

@@ -81,6 +81,8 @@ class ParallelWriter {
   // Collective: an attribute of a group ("/", "/sampler"), created if needed. Every rank
   // passes the same value (compared).
   void set_attribute(std::string_view group, std::string_view name, const AttrValue& value);
+  // Collective: creates the group ("/rng") and its parents if they do not exist yet.
+  void ensure_group(std::string_view group);
   // Collective: creates the dataset `spec` (full shape, contiguous) and writes this
   // rank's slice into it, then its dtype and xxh64 attributes.
   void write(const TensorSpec& spec, const Slice& slice);

@@ -47,11 +47,15 @@ struct SaveManifest {
   std::string config_json = "{}";
   std::vector<TensorSpec> tensors;         // file order
   std::vector<AttributeSpec> attributes;   // section attributes (sampler, status, ...)
+  // Groups created first, in this order, even when nothing is written into them: the
+  // sections ("/model", ..., "/rng"), so that an empty one (a model without Dropout has
+  // an empty /rng) exists as it does in a Checkpoint's file, and the groups come in its order.
+  std::vector<std::string> groups;
 
   // Adds a tensor by full name and a tensor of its full shape and dtype; returns its index.
   std::int64_t add_tensor(std::string path, tensor::DType dtype, const tensor::Shape& shape);
   bool operator==(const SaveManifest&) const = default;
-  template <class A> void serialize(A& ar) { ar(step, epoch, world_size, run_id, config_json, tensors, attributes); }
+  template <class A> void serialize(A& ar) { ar(step, epoch, world_size, run_id, config_json, tensors, attributes, groups); }
 };
 
 // The contiguous flat range [begin, end) of a tensor of `numel` elements that `rank` of

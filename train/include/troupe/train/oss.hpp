@@ -33,6 +33,7 @@
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
 
@@ -110,6 +111,11 @@ class OSS {
   // all-gathered to every rank (two all-gathers: a manifest, then the bytes), so each
   // rank briefly holds the whole optimizer state.
   nn::StateDict state_dict() const;
+  // state_dict() for the parallel save, with no tensor bytes moved: its entries without
+  // '/' (the same on every rank) and its "<param>/<slot>" entries as this rank's pieces
+  // -- each whole on the parameter's owner, none elsewhere. Collective: one all-gather
+  // of the slots' names, dtypes and shapes. Holds a copy of this rank's own state.
+  LocalStateSlices local_state_slices() const;
   // Takes a full state dict (from state_dict() at any world size, or from an unsharded
   // optimizer of the same type); each rank keeps its partition's entries. Collective:
   // when any rank rejects the dict, every rank restores its previous state and throws

@@ -17,7 +17,8 @@
 // unwrapped model's state dict (FSDP: full_state_dict) and the optimizer group the
 // unsharded optimizer's (OSS: the consolidated state_dict; FSDP:
 // full_optimizer_state_dict), under the same names as DDP's, so a checkpoint from any
-// mode loads into any other.
+// mode loads into any other. TrainingCheckpoint saves them without gathering: each rank
+// hands its pieces (local_state_slices) to the parallel save, into the same file.
 //
 // Contract: everything except mode()/micro_step() is a collective in some mode --
 // every rank calls it together, in the same order, from one thread. The module and
@@ -86,6 +87,12 @@ class ShardedModel final : public ShardedStateDicts {
   nn::StateDict optimizer_state_dict() override;
   void load_model_state_dict(const nn::StateDict& dict) override;
   void load_optimizer_state_dict(const nn::StateDict& dict) override;
+  // The parallel save's pieces (no tensor gathered): fsdp, each rank's pieces of its
+  // flat shards (FullyShardedDataParallel::local_model_slices/local_optimizer_slices);
+  // zero1/zero2, the model (whole on every rank) split evenly by shard_range, and each
+  // parameter's optimizer state whole on its owner (OSS::local_state_slices).
+  bool has_local_state_slices() const override { return true; }
+  std::optional<LocalStateSlices> local_state_slices() override;
   std::int64_t micro_step() const override { return micro_step_; }
   void set_micro_step(std::int64_t step) override;
 
@@ -94,6 +101,7 @@ class ShardedModel final : public ShardedStateDicts {
 
   Sharding mode_;
   nn::Module& model_;
+  collectives::Communicator& comm_;
   std::unique_ptr<DistributedDataParallel> ddp_;    // zero1
   std::unique_ptr<OSS> oss_;                        // zero1, zero2
   std::unique_ptr<ShardedDataParallel> sdp_;        // zero2

@@ -207,8 +207,9 @@ class TrainWorker {
     return state();
   }
 
-  // Starts a checkpoint of the current state (rank 0 writes it in the background).
-  // Ask every worker: in the sharded modes the state is gathered by collectives.
+  // Starts a checkpoint of the current state: in ddp mode rank 0 writes it in the
+  // background; in the sharded modes every rank writes its own pieces into the one file
+  // (the parallel save, synchronous; nothing gathered). Ask every worker.
   void save_checkpoint() {
     check_running("save_checkpoint");
     TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
@@ -376,7 +377,7 @@ class TrainWorker {
   }
 
   // After every optimizer step: progress for troupe-run, the injected fault if this is
-  // its step, and the periodic checkpoint (all ranks hold the same state; rank 0 writes).
+  // its step, and the periodic checkpoint (every rank calls it; see save_checkpoint).
   void after_step() {
     const auto step = static_cast<std::uint64_t>(state_->step);
     if (supervisor_) {

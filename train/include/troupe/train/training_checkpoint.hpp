@@ -18,26 +18,49 @@
 // that starts while the previous one is still writing waits for it. The returned
 // handle says when the file is durable.
 //
-// Sharded modes (TrainingState::collective()): building the groups is a collective
-// (full_state_dict, OSS's consolidation), so save() is called by every rank, every rank
-// builds the groups once, and only the writer hands them to save_async; resume() is
-// collective as before (every rank reads the file and loads its part).
+// Sharded modes (TrainingState::collective(): zero1, zero2, fsdp): save() is a
+// collective that every rank calls, and it is the parallel save -- nothing is gathered.
+// Each rank hands its own pieces of the model and optimizer groups
+// (TrainingState::local_state_slices: fsdp's flat shards, OSS's owned optimizer state,
+// an even share of zero1/zero2's replicated model) to checkpoint::ParallelCheckpoint,
+// which writes them all into one file through parallel HDF5; rank 0 adds the small
+// groups (sampler, rng, status: attributes, its values broadcast so every rank agrees).
+// The file is the one the gathered save wrote -- same groups in the same order, same
+// tensor names, dtypes, attributes and checksums, DDP's layout -- so it resumes in any
+// mode at any world size. No rank holds more than its pieces plus the writer's small
+// buffers (fsdp: plus a copy of its optimizer shard, from Optimizer::state_dict).
+// The sharded save is synchronous, like PyTorch's sharded FSDP save without
+// async_save: save() returns once the file is committed (the handle is already
+// complete), so training waits for the disk. The write observer is called on every
+// rank after each tensor. Without MPI, or for a ShardedStateDicts without pieces, the
+// groups are gathered onto every rank (state_dicts()) and the writer saves them
+// asynchronously, as under DDP. resume() is collective as before (every rank reads the
+// file and loads its part).
 #pragma once
+
+#include <mpi.h>
 
 #include <cstddef>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <utility>
 
 #include "troupe/checkpoint/checkpoint.hpp"
+#include "troupe/checkpoint/parallel_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
 
 class TrainingCheckpoint {
  public:
+  // `comm` is the communicator of a sharded state's ranks (the worker group's world),
+  // used for the parallel save; collective over it then (MPI_Comm_dup).
   TrainingCheckpoint(std::filesystem::path folder, TrainingState& state, checkpoint::RunInfo run, bool writer,
-                     std::size_t keep_last = 3);
+                     std::size_t keep_last = 3, MPI_Comm comm = MPI_COMM_WORLD);
+  TrainingCheckpoint(const TrainingCheckpoint&) = delete;
+  TrainingCheckpoint& operator=(const TrainingCheckpoint&) = delete;
+  ~TrainingCheckpoint();  // collective when parallel() (frees the communicator's duplicates)
 
   // Restores the newest valid checkpoint into the state; nullopt when there is none.
   std::optional<checkpoint::Metadata> resume();
@@ -48,8 +71,11 @@ class TrainingCheckpoint {
   void wait();
   // See Checkpoint::set_write_observer (before the first save).
   void set_write_observer(checkpoint::Checkpoint::WriteObserver observer) {
+    if (parallel_) parallel_->set_write_observer(observer);
     checkpoint_.set_write_observer(std::move(observer));
   }
+  // Whether save() is the parallel save (a sharded state with pieces, under MPI).
+  bool parallel() const { return parallel_ != nullptr; }
 
   const std::filesystem::path& folder() const { return folder_; }
 
@@ -69,6 +95,10 @@ class TrainingCheckpoint {
   bool writer_;
   Source source_;
   checkpoint::Checkpoint checkpoint_;
+  checkpoint::RunInfo run_;
+  std::unique_ptr<checkpoint::ParallelCheckpoint> parallel_;  // sharded states: see above
+  MPI_Comm comm_ = MPI_COMM_NULL;                              // its duplicate, for rank 0's attributes
+  checkpoint::SaveHandle save_parallel(std::int64_t step, std::int64_t epoch);
   checkpoint::SaveHandle last_;
   std::int64_t last_step_ = -1;  // on every rank: a repeated save of one step is skipped everywhere
 };

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,11 +37,36 @@ class GradScaler;
 
 using StateGroups = std::vector<std::pair<std::string, nn::StateDict>>;
 
+// This rank's piece of one tensor of a full (unsharded) state dict, for the parallel
+// save (checkpoint::ParallelCheckpoint; checkpoint::Slice is {begin, data}): elements
+// [begin, begin + data.numel()) of the flattened tensor `name` of `dtype` and `shape`;
+// data undefined when this rank holds none of it. Over all ranks the pieces tile it.
+struct StateSlice {
+  std::string name;
+  tensor::DType dtype = tensor::DType::f32;
+  tensor::Shape shape;
+  std::int64_t begin = 0;
+  tensor::Tensor data;
+};
+
+// The model and optimizer groups as each rank's pieces, with no tensor gathered.
+struct LocalStateSlices {
+  std::vector<StateSlice> model;       // model_state_dict()'s entries, in its order
+  nn::StateDict optimizer_scalars;     // optimizer_state_dict()'s entries without '/' (lr, step,
+                                       // hyper-parameters): the same, whole, on every rank
+  std::vector<StateSlice> optimizer;   // its "<param>/<slot>" entries, in its order
+};
+
 // The model and optimizer groups of a model whose state is sharded over the ranks, and
 // its accumulation position (DDP's micro_step). Each method may be a collective.
 class ShardedStateDicts {
  public:
   virtual ~ShardedStateDicts() = default;
+  // Whether local_state_slices() is available (no communication).
+  virtual bool has_local_state_slices() const { return false; }
+  // The groups as this rank's pieces (may be a collective that moves names, never
+  // tensors); nullopt when has_local_state_slices() is false.
+  virtual std::optional<LocalStateSlices> local_state_slices() { return std::nullopt; }
   virtual nn::StateDict model_state_dict() = 0;      // the unwrapped model's state_dict()
   virtual nn::StateDict optimizer_state_dict() = 0;  // the unsharded optimizer's
   virtual void load_model_state_dict(const nn::StateDict& dict) = 0;
@@ -63,6 +89,14 @@ class TrainingState {
   std::int64_t epoch = 0;
 
   StateGroups state_dicts() const;
+  // The groups after model and optimizer (sampler, scaler, rng, status), as
+  // state_dicts() returns them: small, and never a collective.
+  StateGroups small_state_dicts() const;
+  // A sharded state's model and optimizer groups as this rank's pieces, for the
+  // parallel save (ShardedStateDicts::local_state_slices: may be a collective); nullopt
+  // when the state is not sharded or its mode has no pieces.
+  bool has_local_state_slices() const { return sharded_ != nullptr && sharded_->has_local_state_slices(); }
+  std::optional<LocalStateSlices> local_state_slices() const;
   // The names of state_dicts()'s groups, in its order, without building them.
   std::vector<std::string> group_names() const;
   // Whether state_dicts()/load_state_dicts() are collectives (a sharded model).
