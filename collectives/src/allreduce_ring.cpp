@@ -13,6 +13,11 @@ namespace {
 int wrap(int value, int n) { return ((value % n) + n) % n; }
 }  // namespace
 
+bool AllreduceRing::supports(const Collective& c) {
+  return c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce_scatter ||
+         c.kind == CollectiveKind::allgather;
+}
+
 AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes,
                              int window, int tag)
     : Operation(std::move(collective)),
@@ -22,35 +27,54 @@ AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int
       left_(wrap(rank - 1, size)),
       right_(wrap(rank + 1, size)),
       tag_(tag),
+      reduce_half_(this->collective().kind != CollectiveKind::allgather),
+      gather_half_(this->collective().kind != CollectiveKind::reduce_scatter),
+      shift_(this->collective().kind == CollectiveKind::allreduce ? 0 : -1),
       element_bytes_(tensor::element_size(this->collective().dtype)),
       segment_elements_(std::max<std::size_t>(1, segment_bytes / element_bytes_)),
       window_(static_cast<std::size_t>(std::max(1, window))) {
   const std::size_t n = static_cast<std::size_t>(size_);
-  const std::size_t count = this->collective().count;
+  // An allreduce's count is the whole buffer; reduce_scatter's and allgather's one block.
+  const std::size_t count = this->collective().kind == CollectiveKind::allreduce ? this->collective().count
+                                                                                  : this->collective().count * n;
   // Balanced blocks: sizes differ by at most one element.
   block_offset_.resize(n + 1);
   std::size_t largest = 0;
   for (std::size_t b = 0; b <= n; ++b) block_offset_[b] = count * b / n;
   for (std::size_t b = 0; b < n; ++b) largest = std::max(largest, block_offset_[b + 1] - block_offset_[b]);
   segments_per_block_ = std::max<std::size_t>(1, (largest + segment_elements_ - 1) / segment_elements_);
-  total_ = 2 * (n - 1) * segments_per_block_;
+  const std::size_t halves = (reduce_half_ ? 1 : 0) + (gather_half_ ? 1 : 0);
+  total_ = halves * (n - 1) * segments_per_block_;
 }
 
 AllreduceRing::~AllreduceRing() {
   // Abandoned after a failure with messages still posted: MPI may yet write into the
-  // slots, so they are leaked rather than freed under it.
-  if (!recvs_.empty()) (void)slots_.release();
+  // slots or read the scratch blocks, so they are leaked rather than freed under it.
+  if (!recvs_.empty() || !sends_.empty()) {
+    (void)slots_.release();
+    (void)scratch_.release();
+  }
+}
+
+bool AllreduceRing::reducing(std::size_t step) const {
+  return reduce_half_ && step < static_cast<std::size_t>(size_ - 1);
 }
 
 int AllreduceRing::send_block(std::size_t step) const {
   const int k = static_cast<int>(step);
-  return k < size_ - 1 ? wrap(rank_ - k, size_) : wrap(rank_ + 1 - (k - size_ + 1), size_);
+  if (reducing(step)) return wrap(rank_ - k + shift_, size_);
+  const int t = reduce_half_ ? k - size_ + 1 : k;
+  return wrap(rank_ + 1 - t + shift_, size_);
 }
 
 int AllreduceRing::recv_block(std::size_t step) const {
   const int k = static_cast<int>(step);
-  return k < size_ - 1 ? wrap(rank_ - k - 1, size_) : wrap(rank_ - (k - size_ + 1), size_);
+  if (reducing(step)) return wrap(rank_ - k - 1 + shift_, size_);
+  const int t = reduce_half_ ? k - size_ + 1 : k;
+  return wrap(rank_ - t + shift_, size_);
 }
+
+std::byte* AllreduceRing::blocks() const { return scratch_ ? scratch_.get() : collective().output.bytes(); }
 
 std::byte* AllreduceRing::segment(std::byte* base, int block, std::size_t j, std::size_t* elements) const {
   const std::size_t begin = block_offset_[block] + j * segment_elements_;
@@ -60,8 +84,17 @@ std::byte* AllreduceRing::segment(std::byte* base, int block, std::size_t j, std
 }
 
 void AllreduceRing::start() {
-  slots_ = std::make_unique<std::byte[]>(window_ * segment_elements_ * element_bytes_);
-  for (int s = static_cast<int>(window_) - 1; s >= 0; --s) free_slots_.push_back(s);
+  const Collective& c = collective();
+  const std::size_t block_bytes = c.count * element_bytes_;  // reduce_scatter, allgather
+  if (c.kind == CollectiveKind::reduce_scatter) {
+    scratch_ = std::make_unique<std::byte[]>(block_bytes * static_cast<std::size_t>(size_));
+  } else if (c.kind == CollectiveKind::allgather && !c.in_place && block_bytes > 0) {
+    std::memcpy(c.output.bytes() + static_cast<std::size_t>(rank_) * block_bytes, c.input.bytes(), block_bytes);
+  }
+  if (reduce_half_) {
+    slots_ = std::make_unique<std::byte[]>(window_ * segment_elements_ * element_bytes_);
+    for (int s = static_cast<int>(window_) - 1; s >= 0; --s) free_slots_.push_back(s);
+  }
   progress();
 }
 
@@ -73,16 +106,19 @@ bool AllreduceRing::send_ready(std::size_t index) const {
 
 bool AllreduceRing::recv_ready(std::size_t index) const {
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
-  const std::size_t n1 = static_cast<std::size_t>(size_ - 1);
-  if (step < n1) return !free_slots_.empty();
+  if (reducing(step)) return !free_slots_.empty();
+  if (!reduce_half_) return true;  // an allgather alone receives into blocks it never sent
   // Allgather receives overwrite the block this rank sent at reduce-scatter step t.
+  const std::size_t n1 = static_cast<std::size_t>(size_ - 1);
   return sends_done_ > (step - n1) * segments_per_block_ + j;
 }
 
 void AllreduceRing::post_send(std::size_t index) {
   const Collective& c = collective();
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
-  std::byte* base = step == 0 ? c.input.bytes() : c.output.bytes();
+  // The first reduce-scatter step sends the input itself; everything later, and all of
+  // an allgather's, comes from the blocks.
+  std::byte* base = step == 0 && reduce_half_ ? c.input.bytes() : blocks();
   std::size_t n = 0;
   std::byte* data = segment(base, send_block(step), j, &n);
   Pending p{MPI_REQUEST_NULL, -1};
@@ -95,8 +131,8 @@ void AllreduceRing::post_recv(std::size_t index) {
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
   std::size_t n = 0;
   Pending p{MPI_REQUEST_NULL, -1};
-  std::byte* data = segment(c.output.bytes(), recv_block(step), j, &n);
-  if (step < static_cast<std::size_t>(size_ - 1)) {
+  std::byte* data = segment(blocks(), recv_block(step), j, &n);
+  if (reducing(step)) {
     p.slot = free_slots_.back();
     free_slots_.pop_back();
     data = slots_.get() + static_cast<std::size_t>(p.slot) * segment_elements_ * element_bytes_;
@@ -111,7 +147,7 @@ void AllreduceRing::complete_recv(std::size_t index, int slot) {
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
   std::size_t n = 0;
   const int block = recv_block(step);
-  std::byte* out = segment(c.output.bytes(), block, j, &n);
+  std::byte* out = segment(blocks(), block, j, &n);
   const std::byte* own = segment(c.input.bytes(), block, j, &n);
   const std::byte* partial = slots_.get() + static_cast<std::size_t>(slot) * segment_elements_ * element_bytes_;
   const bool last = step + 2 == static_cast<std::size_t>(size_);
@@ -149,7 +185,16 @@ bool AllreduceRing::progress() {
       moved = true;
     }
   }
-  return sends_done_ == total_ && recvs_done_ == total_;
+  if (sends_done_ != total_ || recvs_done_ != total_) return false;
+  if (scratch_) {
+    // reduce_scatter: block r is complete; it is the output (which may be block r of
+    // the input itself, read by nobody any more).
+    const std::size_t block_bytes = collective().count * element_bytes_;
+    std::memcpy(collective().output.bytes(), scratch_.get() + static_cast<std::size_t>(rank_) * block_bytes,
+                block_bytes);
+    scratch_.reset();
+  }
+  return true;
 }
 
 std::string AllreduceRing::waiting_on() const {

@@ -121,8 +121,11 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
   if (shm_ && detail::ShmCollective::supports(c)) {
     return launch(std::make_shared<detail::ShmCollective>(c, *shm_), blocking);
   }
-  const bool ring = c.kind == CollectiveKind::allreduce && size() > 1 && c.count >= static_cast<std::size_t>(size()) &&
-                    c.count * tensor::element_size(c.dtype) >= options().ring_threshold_bytes;
+  // Off one node: the pipelined ring for large allreduces, reduce_scatters and
+  // allgathers (an allreduce needs an element per rank for its blocks).
+  const std::size_t min_count = c.kind == CollectiveKind::allreduce ? static_cast<std::size_t>(size()) : 1;
+  const bool ring = detail::AllreduceRing::supports(c) && size() > 1 && c.count >= min_count &&
+                    std::max(c.input.nbytes(), c.output.nbytes()) >= options().ring_threshold_bytes;
   if (ring) {
     const int tag = static_cast<int>(c.sequence % (static_cast<std::uint64_t>(tag_limit_) + 1));
     return launch(std::make_shared<detail::AllreduceRing>(c, comm_, rank(), size(), options().segment_bytes,

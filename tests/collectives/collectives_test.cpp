@@ -11,13 +11,17 @@ namespace troupe::collectives::testing {
 namespace {
 
 // Which communicator: the default (shared memory where the ranks share a node), MPI
-// alone, or shared memory in rounds of a few elements (small sizes only).
-enum class Transport { shm, mpi, tiny_slots };
+// alone, shared memory in rounds of a few elements, or MPI with the ring forced in
+// segments of a few elements (those two at small sizes only).
+enum class Transport { shm, mpi, tiny_slots, ring };
 using Param = std::tuple<DType, bool, Transport>;
 
 std::string name_of(const ::testing::TestParamInfo<Param>& info) {
   const auto [dtype, in_place, transport] = info.param;
-  const char* suffix = transport == Transport::shm ? "" : transport == Transport::mpi ? "_mpi" : "_tiny_slots";
+  const char* suffix = transport == Transport::shm          ? ""
+                       : transport == Transport::mpi        ? "_mpi"
+                       : transport == Transport::tiny_slots ? "_tiny_slots"
+                                                            : "_ring";
   return dtype_label(dtype) + (in_place ? "_in_place" : "_out_of_place") + suffix;
 }
 
@@ -25,6 +29,7 @@ Communicator& communicator_for(Transport transport) {
   switch (transport) {
     case Transport::mpi: return mpi_world();
     case Transport::tiny_slots: return tiny_slot_world();
+    case Transport::ring: return ring_world();
     default: return world();
   }
 }
@@ -40,8 +45,9 @@ class CollectivesOnEveryRank : public ::testing::TestWithParam<Param> {
   int rank = comm.rank();
   int size = comm.size();
   std::size_t n_ranks = static_cast<std::size_t>(comm.size());
-  // Tiny slots take a round per few elements: the large size would only be slow.
-  const std::vector<std::size_t>& sizes = transport == Transport::tiny_slots ? kSmallSizes : kSizes;
+  // Tiny slots and segments take a round per few elements: the large size would only be slow.
+  const std::vector<std::size_t>& sizes =
+      transport == Transport::tiny_slots || transport == Transport::ring ? kSmallSizes : kSizes;
 };
 
 TEST_P(CollectivesOnEveryRank, BroadcastCopiesEachRootsBufferEverywhere) {
@@ -204,7 +210,8 @@ TEST_P(CollectivesOnEveryRank, SendAndRecvPassABufferAroundTheRing) {
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, CollectivesOnEveryRank,
                          ::testing::Combine(::testing::ValuesIn(tensor::kAllDTypes), ::testing::Bool(),
-                                            ::testing::Values(Transport::shm, Transport::mpi, Transport::tiny_slots)),
+                                            ::testing::Values(Transport::shm, Transport::mpi, Transport::tiny_slots,
+                                                              Transport::ring)),
                          name_of);
 
 TEST(Barrier, ReturnsOnEveryRankAndNumbersTheCall) {

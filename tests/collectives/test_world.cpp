@@ -10,7 +10,7 @@
 namespace troupe::collectives::testing {
 
 namespace {
-enum World { kDefault, kMpiOnly, kTinySlots, kWorlds };
+enum World { kDefault, kMpiOnly, kTinySlots, kRing, kWorlds };
 
 std::unique_ptr<MpiCommunicator>& world_slot(World which) {
   static std::unique_ptr<MpiCommunicator> worlds[kWorlds];
@@ -26,6 +26,12 @@ MpiCommunicator& world_of(World which) {
     options.shm_slot_bytes = 24;
     options.shm_slots = 2;
   }
+  if (which == kRing) {
+    options.shared_memory = false;
+    options.ring_threshold_bytes = 0;
+    options.segment_bytes = 24;
+    options.ring_window = 2;
+  }
   slot = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
   return *slot;
 }
@@ -34,6 +40,7 @@ MpiCommunicator& world_of(World which) {
 MpiCommunicator& world() { return world_of(kDefault); }
 MpiCommunicator& mpi_world() { return world_of(kMpiOnly); }
 MpiCommunicator& tiny_slot_world() { return world_of(kTinySlots); }
+MpiCommunicator& ring_world() { return world_of(kRing); }
 
 void release_world() {
   for (int w = 0; w < kWorlds; ++w) world_slot(static_cast<World>(w)).reset();

@@ -25,6 +25,10 @@ MpiCommunicator& mpi_world();
 // Shared memory with slots of a few elements, so that small buffers take many rounds
 // and reuse every slot.
 MpiCommunicator& tiny_slot_world();
+// MPI alone with the ring forced at every size in segments of a few elements, so
+// that small buffers take the ring's multi-segment paths (allreduce, reduce_scatter,
+// allgather).
+MpiCommunicator& ring_world();
 void release_world();
 // Options for tests: a timeout that fails a stuck test in seconds, not minutes.
 Options test_options();
