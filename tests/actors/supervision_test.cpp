@@ -99,9 +99,23 @@ TEST(Supervision, CallsQueuedAtTheFailureFailUnlessTheirMethodIsIdempotent) {
     auto stale_add = f.ask(&Fragile::add, 1);
     auto redelivered_get = f.ask(&Fragile::get);
     EXPECT_THROW(crash.get(), ActorRestarted);
-    const std::string msg = error_of<ActorRestarted>([&] { stale_add.get(); });
-    EXPECT_NE(msg.find("not re-delivered"), std::string::npos) << msg;
-    EXPECT_EQ(redelivered_get.get(), 7);  // handled by the new object, in order
+    if (pool_threads() == 0) {
+      // With no pool threads the receiving thread runs the actor itself, so while the
+      // crash sleeps nothing more is taken in: the next two are queued at the failure
+      // only if they came in the same receive as the crash. On a loaded machine they
+      // may not, and then the new object answers both, in order.
+      try {
+        EXPECT_EQ(stale_add.get(), 8);
+        EXPECT_EQ(redelivered_get.get(), 8);
+      } catch (const ActorRestarted& e) {
+        EXPECT_NE(std::string(e.what()).find("not re-delivered"), std::string::npos) << e.what();
+        EXPECT_EQ(redelivered_get.get(), 7);
+      }
+    } else {
+      const std::string msg = error_of<ActorRestarted>([&] { stale_add.get(); });
+      EXPECT_NE(msg.find("not re-delivered"), std::string::npos) << msg;
+      EXPECT_EQ(redelivered_get.get(), 7);  // handled by the new object, in order
+    }
   }
   barrier();
 }
