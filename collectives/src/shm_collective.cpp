@@ -14,8 +14,16 @@ constexpr const char* kStageName[] = {"posting", "reducing", "gathering"};
 }  // namespace
 
 bool ShmCollective::supports(const Collective& c) {
-  return c.kind == K::allreduce || c.kind == K::reduce_scatter || c.kind == K::allgather || c.kind == K::broadcast;
+  return c.kind == K::allreduce || c.kind == K::reduce || c.kind == K::reduce_scatter || c.kind == K::allgather ||
+         c.kind == K::broadcast;
 }
+
+namespace {
+// reduce runs as allreduce does -- every rank reduces its 1/n share of each chunk, in
+// rank order -- and only the root gathers the shares: the same bits as an allreduce,
+// with (n-1)/n of the copying out saved.
+bool reduces_shares(CollectiveKind kind) { return kind == K::allreduce || kind == K::reduce; }
+}  // namespace
 
 ShmCollective::ShmCollective(Collective collective, ShmChannel& channel)
     : Operation(std::move(collective)),
@@ -60,14 +68,14 @@ bool ShmCollective::advance(ShmChannel::Stage stage) {
     }
     case ShmChannel::reduced: {
       if (round >= channel_.next[ShmChannel::posted]) return false;
-      const bool reads_peers = c.kind == K::allreduce || c.kind == K::reduce_scatter;
+      const bool reads_peers = reduces_shares(c.kind) || c.kind == K::reduce_scatter;
       if (reads_peers && !channel_.all_reached(ShmChannel::posted, round + 1, &laggard)) break;
       reduce(round);
       break;
     }
     case ShmChannel::consumed: {
       if (round >= channel_.next[ShmChannel::reduced]) return false;
-      const bool reads_peers = c.kind != K::reduce_scatter;
+      const bool reads_peers = c.kind != K::reduce_scatter && (c.kind != K::reduce || rank_ == c.root);
       if (reads_peers && !channel_.all_reached(ShmChannel::reduced, round + 1, &laggard)) break;
       gather(round);
       break;
@@ -97,7 +105,8 @@ void ShmCollective::post(std::uint64_t round) {
       return;
     case K::broadcast:
       if (rank_ != c.root) return;
-      [[fallthrough]];
+      std::memcpy(slot, in + begin * eb, length * eb);
+      return;
     default:
       std::memcpy(slot, in + begin * eb, length * eb);
   }
@@ -105,12 +114,12 @@ void ShmCollective::post(std::uint64_t round) {
 
 void ShmCollective::reduce(std::uint64_t round) {
   const Collective& c = collective();
-  if (c.kind != K::allreduce && c.kind != K::reduce_scatter) return;
+  if (!reduces_shares(c.kind) && c.kind != K::reduce_scatter) return;
   const auto [begin, length] = piece(round);
   const std::size_t eb = element_bytes_;
   std::size_t offset, count;  // bytes into every slot, elements
   std::byte* dst;
-  if (c.kind == K::allreduce) {
+  if (reduces_shares(c.kind)) {
     const std::size_t first = sub_begin(length, rank_);
     offset = first * eb;
     count = sub_begin(length, rank_ + 1) - first;
@@ -126,7 +135,7 @@ void ShmCollective::reduce(std::uint64_t round) {
   // the partial sums wait in scratch until the last combine, or the first would
   // overwrite my contribution before it is added.
   std::byte* partial = dst;
-  if (c.kind == K::allreduce && rank_ >= 2 && size_ > 2) {
+  if (reduces_shares(c.kind) && rank_ >= 2 && size_ > 2) {
     scratch_.resize(channel_.slot_bytes());
     partial = scratch_.data();
   }
@@ -145,6 +154,9 @@ void ShmCollective::gather(std::uint64_t round) {
   const std::size_t eb = element_bytes_;
   std::byte* out = c.output.bytes();
   switch (c.kind) {
+    case K::reduce:
+      if (rank_ != c.root) return;
+      [[fallthrough]];
     case K::allreduce:
       for (int q = 0; q < size_; ++q) {
         const std::size_t first = sub_begin(length, q), n = sub_begin(length, q + 1) - first;

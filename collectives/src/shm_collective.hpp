@@ -1,18 +1,22 @@
-// ShmCollective: allreduce, reduce_scatter, allgather or broadcast through a
+// ShmCollective: allreduce, reduce, reduce_scatter, allgather or broadcast through a
 // ShmChannel (shm_channel.hpp), in rounds of one slot each.
 //
 // A round moves one piece of the collective through three stages, each ending with
 // this rank publishing its counter:
 //
 //   post     copy my piece of the input into my slot
-//            (allreduce, allgather, broadcast root: the next chunk of the input;
-//             reduce_scatter: the next chunk of each of the n blocks, side by side)
+//            (allreduce, reduce, allgather, broadcast root: the next chunk of the
+//             input; reduce_scatter: the next chunk of each of the n blocks, side by side)
 //   reduce   once every rank posted: combine my share of the piece across all slots
-//            (allreduce: sub-block r of the chunk, written back into my own slot;
-//             reduce_scatter: my block's chunk, written straight into the output)
+//            (allreduce, reduce: sub-block r of the chunk, written back into my own
+//             slot; reduce_scatter: my block's chunk, written straight into the output)
 //   gather   once every rank reduced: copy what I need from the slots into my output
-//            (allreduce: every rank's reduced sub-block; allgather: every rank's
-//             chunk; broadcast: the root's chunk); then I have consumed the round.
+//            (allreduce, and reduce on its root: every rank's reduced sub-block;
+//             allgather: every rank's chunk; broadcast: the root's chunk); then I have
+//             consumed the round.
+//
+// A reduce is thus an allreduce whose result only the root copies out: the same bits
+// as an allreduce of the same data, with (n-1)/n of the copying saved.
 //
 // Up to `slots` rounds are in flight, so copying, reducing and gathering of
 // consecutive rounds overlap across the ranks, and every piece is read by the peers

@@ -102,6 +102,24 @@ TEST(Allreduce, OfBf16SumsRoundOncePerRingHopAndAgreeBitwiseOnEveryRank) {
   EXPECT_EQ(theirs.bytes, data.bytes);
 }
 
+// Through shared memory a reduce is an allreduce that only the root copies out: its
+// bf16 sum has the allreduce's bits (what lets ZeRO-2 reduce each bucket to its owner
+// and still match DDP bit for bit).
+TEST(Allreduce, AReduceThroughSharedMemoryHasTheAllreducesBits) {
+  MpiCommunicator& comm = world();
+  if (!comm.shared_memory()) GTEST_SKIP() << "no shared memory between these ranks";
+  const std::size_t n = (std::size_t{1} << 18) + 5;  // several rounds of a slot
+  Data reduced(DType::bf16, n);
+  for (std::size_t i = 0; i < n; ++i) reduced.set(i, 1.0 + static_cast<double>((i * 7 + comm.rank()) % 11) / 256.0);
+  Data all = reduced;
+  comm.allreduce(all.buffer(), ReduceOp::avg);
+  for (int root = 0; root < comm.size(); ++root) {
+    Data mine = reduced;
+    comm.reduce(mine.buffer(), root, ReduceOp::avg);
+    if (comm.rank() == root) EXPECT_EQ(mine.bytes, all.bytes) << "root " << root;
+  }
+}
+
 TEST(Allreduce, OnAvgOfIntegersIsRejectedBeforeAnythingIsSent) {
   Data data(DType::i32, 4);
   const auto before = world().next_sequence();

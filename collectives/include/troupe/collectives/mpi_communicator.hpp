@@ -6,7 +6,7 @@
 //
 // Collectives are MPI's non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), posted on
 // the caller's thread and completed by polling MPI_Test (work.hpp), except:
-// allreduce, reduce_scatter, allgather and broadcast when all ranks share a node,
+// allreduce, reduce, reduce_scatter, allgather and broadcast when all ranks share a node,
 // which go through shared memory (shm_collective.hpp, Options::shared_memory); large
 // allreduces across nodes, which run the pipelined ring (allreduce_ring.hpp) over
 // point-to-point; and small blocking calls, which call MPI's blocking function
@@ -43,7 +43,7 @@ class MpiCommunicator : public Communicator {
   // is a TimeoutError rather than a hang inside MPI_Comm_split.
   std::unique_ptr<Communicator> split(int color, int key) override;
 
-  // Whether allreduce, reduce_scatter, allgather and broadcast go through shared
+  // Whether allreduce, reduce, reduce_scatter, allgather and broadcast go through shared
   // memory (Options::shared_memory, and every rank on this node).
   bool shared_memory() const { return shm_ != nullptr; }
 

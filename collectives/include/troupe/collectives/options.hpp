@@ -39,7 +39,7 @@ struct Options {
   // receive slots in cache.
   int ring_window = 4;
 
-  // When every rank of the communicator is on one node, run allreduce,
+  // When every rank of the communicator is on one node, run allreduce, reduce,
   // reduce_scatter, allgather and broadcast through shared memory that the ranks map
   // from each other (shm_channel.hpp) instead of MPI: each rank copies its data once
   // and its peers read it in place, where Open MPI copies every message twice.

@@ -14,7 +14,8 @@
 // by default an all-reduce whose result only the owner keeps (the collectives' own
 // shared-memory/ring path, which sums in rank order, so the owner's gradients are
 // bit for bit DDP's at any world size), or a reduce to the owner, which moves each
-// gradient once but runs as MPI_Ireduce (ShardedDdpOptions::reduction). Buckets
+// gradient once (ShardedDdpOptions::reduction: the same bits on one node, where the
+// collectives reduce through shared memory; MPI_Ireduce across nodes). Buckets
 // launch in order, so every rank issues the same collectives in the same order. OSS
 // owns whole parameters, so a bucket of one large parameter cannot be split among
 // the ranks; a reduce-scatter of it would need every rank's block as large as the
@@ -73,9 +74,11 @@ struct ShardedDdpOptions {
                 // or ring path, summing in rank order as DDP's all-reduce does (bit for
                 // bit DDP's gradients). On the 2-core VM: as fast as DDP on the 25M MLP.
     reduce,     // Communicator::reduce_async to the owner: each gradient crosses once
-                // (ZeRO-2's volume), but the collectives run it as MPI_Ireduce (about
-                // 3x slower per step there, one run), and at 3+ ranks in MPI's order
-                // (AdamW runs drift ~1e-5 from DDP's in 20 steps)
+                // (ZeRO-2's volume). On one node the collectives' shared-memory reduce
+                // has the all-reduce's bits and its speed (it saves only the non-owners'
+                // copying out); across nodes it is MPI_Ireduce (about 3x slower per step
+                // in one run here, and at 3+ ranks summing in MPI's order: AdamW runs
+                // drift ~1e-5 from DDP's in 20 steps)
   };
   Reduction reduction = Reduction::allreduce;
 };
