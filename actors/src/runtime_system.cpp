@@ -277,6 +277,12 @@ void Runtime::fail_pending(ErrorCode code, const std::string& why) {
 
 void Runtime::shutdown() {
   if (shut_down_) return;
+  {
+    // A restart pausing in its backoff goes on at once: the drain below waits for it.
+    std::lock_guard lock(backoff_mutex_);
+    backoffs_ended_ = true;
+  }
+  backoff_cv_.notify_all();
   if (liveness_->any_lost()) abort_for_lost_ranks("shutdown");
   MPI_Request request;
   TROUPE_MPI_CHECK(MPI_Ibarrier(as_comm(system_comm_), &request));

@@ -1,7 +1,7 @@
 // Running actor calls under supervision: stale calls after a restart, dead actors,
 // fatal errors, and the restart itself (see spawn_options.hpp for the policy).
 #include <cstdio>
-#include <thread>
+#include <mutex>
 
 #include "scheduler.hpp"
 #include "troupe/actors/runtime.hpp"
@@ -92,7 +92,12 @@ void Runtime::restart_or_bury(detail::ActorCellBase& cell) {
       std::fprintf(stderr, "troupe: rank %d: %s is dead: %s\n", rank_, cell.label().c_str(), dead_message(cell).c_str());
       return;
     }
-    if (options.backoff.count() > 0) std::this_thread::sleep_for(options.backoff);
+    if (options.backoff.count() > 0) {
+      // The pause holds this thread (and the actor's mailbox, so that no call reaches
+      // the failed object), but waits on a signal: shutdown() ends it at once.
+      std::unique_lock lock(backoff_mutex_);
+      backoff_cv_.wait_for(lock, options.backoff, [this] { return backoffs_ended_; });
+    }
     try {
       detail::RuntimeScope scope(this);
       cell.rebuild(cell.epoch());

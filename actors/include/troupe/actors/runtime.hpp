@@ -21,6 +21,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -268,6 +269,12 @@ class Runtime {
 
   bool shut_down_ = false;
   std::atomic<bool> quiescent_{false};  // set once shutdown's drain has completed
+
+  // A restart's backoff (SpawnOptions::backoff) waits on this, not in a sleep, so that
+  // shutdown() ends every pause at once.
+  std::mutex backoff_mutex_;
+  std::condition_variable backoff_cv_;
+  bool backoffs_ended_ = false;
 };
 
 }  // namespace troupe::actors

@@ -28,7 +28,8 @@ struct SpawnOptions {
   int max_restarts = 0;
   std::chrono::milliseconds window{60000};
   // Pause before each re-creation (a failing dependency gets time to come back).
-  // The pause holds one pool thread of the actor's rank.
+  // The pause holds one pool thread of the actor's rank (waiting on a signal that
+  // shutdown() gives, not sleeping).
   std::chrono::milliseconds backoff{0};
   // Bounds on the calls waiting while the actor restarts.
   std::size_t max_queued = 4096;
