@@ -61,6 +61,7 @@
 #include <mpi.h>
 
 #include "troupe/checkpoint/parallel_checkpoint.hpp"
+#include "troupe/peak_rss.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/mpi/environment.hpp"
@@ -124,18 +125,6 @@ std::vector<std::int64_t> widths_of(const std::string& model) {
   if (model == "deep67m") return std::vector<std::int64_t>(17, 2048);
   throw InvalidArgument("sharding_bench: unknown model " + model + " (mlp25m, deep67m)");
 }
-
-// "VmHWM:" or "VmRSS:" of /proc/self/status, in bytes.
-std::int64_t status_bytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.compare(0, field.size(), field) == 0) return std::stoll(line.substr(field.size())) * 1024;
-  return -1;
-}
-
-// Linux: the peak (VmHWM) becomes the current RSS.
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 std::int64_t max_over_ranks(collectives::Communicator& comm, std::int64_t v) {
   if (comm.size() > 1) comm.allreduce(collectives::Buffer(&v, 1), collectives::ReduceOp::max);
@@ -293,12 +282,12 @@ std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::
   {
     checkpoint::ParallelCheckpoint ckpt(dir, 1, MPI_COMM_WORLD);
     comm.barrier();
-    reset_peak_rss();
-    before = status_bytes("VmRSS:");
+    troupe::reset_peak_rss();
+    before = troupe::proc_status_bytes("VmRSS:");
     const auto start = Clock::now();
     ckpt.save(manifest, slices);
     seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    growth = status_bytes("VmHWM:") - before;
+    growth = troupe::proc_status_bytes("VmHWM:") - before;
   }
   // Each rank against its own bound; the worst margin decides.
   const std::int64_t over = max_over_ranks(comm, growth - (shard + largest + (std::int64_t{64} << 20)));
@@ -342,8 +331,8 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   auto batch = [&]() -> const std::pair<Tensor, Tensor>& { return batches[next++ % batches.size()]; };
 
   comm.barrier();
-  reset_peak_rss();
-  const std::int64_t rss_start = max_over_ranks(comm, status_bytes("VmRSS:"));
+  troupe::reset_peak_rss();
+  const std::int64_t rss_start = max_over_ranks(comm, troupe::proc_status_bytes("VmRSS:"));
   for (int i = 0; i < flags.warmup; ++i) {
     const auto& [x, y] = batch();
     t.forward_backward(loss_fn, x, y);
@@ -365,7 +354,7 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
     const auto& [x, y] = batch();
     loss = t.forward_backward(loss_fn, x, y);
   }
-  const std::int64_t peak_rss = max_over_ranks(comm, status_bytes("VmHWM:"));
+  const std::int64_t peak_rss = max_over_ranks(comm, troupe::proc_status_bytes("VmHWM:"));
   const Trainer::Bytes b = t.bytes();
   const auto state = static_cast<std::int64_t>(b.parameters + b.gradients + b.optimizer);
   std::int64_t gathered = 0, unit = 0;

@@ -87,14 +87,5 @@ bool same_on_every_rank(std::uint64_t hash) {
   return std::all_of(all.begin(), all.end(), [&](std::int64_t h) { return h == all[0]; });
 }
 
-std::int64_t proc_status_bytes(const std::string& field) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.compare(0, field.size(), field) == 0) return std::stoll(line.substr(field.size())) * 1024;
-  return -1;
-}
-
-void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
 
 }  // namespace troupe::train::testing

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "troupe/collectives/communicator.hpp"
+#include "troupe/peak_rss.hpp"
 #include "troupe/nn/sequential.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 
@@ -31,9 +32,8 @@ double max_relative_difference(const std::vector<double>& a, const std::vector<d
 // True when every rank passed the same hash.
 bool same_on_every_rank(std::uint64_t hash);
 
-// A field of /proc/self/status ("VmHWM:", "VmRSS:") in bytes, -1 when absent.
-std::int64_t proc_status_bytes(const std::string& field);
-// Resets the peak RSS (VmHWM) to the current RSS: Linux's clear_refs 5.
-void reset_peak_rss();
+// Peak-RSS measurement (troupe/peak_rss.hpp).
+using troupe::proc_status_bytes;
+using troupe::reset_peak_rss;
 
 }  // namespace troupe::train::testing
