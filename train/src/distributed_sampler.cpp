@@ -116,17 +116,13 @@ void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
                " out of range (", saved_samples, " samples per rank)");
   options_.seed = static_cast<std::uint64_t>(get("seed"));
   epoch_ = epoch;
-  if (replicas == num_replicas_) {
-    start_ = start;
-    build_indices();
-    position_ = position;
-    return;
-  }
-  // Another world size: the first position * replicas places of the split are done
-  // (all of them once it reaches its padding); the rest of the epoch is split anew.
-  start_ = position == saved_samples ? size : std::min(size, start + position * replicas);
+  // The same world size goes on with the saved split. Another one: the first
+  // position * replicas places of the split are done (all of them once it reaches its
+  // padding), and the rest of the epoch is split anew from its start.
+  const bool same_split = replicas == num_replicas_;
+  start_ = same_split ? start : position == saved_samples ? size : std::min(size, start + position * replicas);
   build_indices();
-  position_ = 0;
+  position_ = same_split ? position : 0;
 }
 
 }  // namespace troupe::train
