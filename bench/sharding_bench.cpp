@@ -7,13 +7,15 @@
 //
 //   mpirun -np 4 --oversubscribe build/bench/sharding_bench --model mlp25m|deep67m
 //          --mode ddp|zero1|zero2|fsdp [--steps N] [--warmup N] [--save DIR]
-//          [--reduction reduce|allreduce]   (zero2: ShardedDdpOptions::reduction)
+//          [--backward-prefetch pre|post]   (zero2, fsdp: FsdpOptions::backward_prefetch)
 //
 // Models (ReLU between layers, cross-entropy over the last width, batch 32 per rank,
 // one compute thread per rank, AdamW lr 1e-3, 25 MB buckets):
 //   mlp25m   1024-4096-4096-1024       (25.2M parameters)
 //   deep67m  16 x Linear(2048, 2048)   (67.1M parameters)
-// fsdp wraps each Linear as a unit (the worker group's default policy).
+// zero2 and fsdp wrap each Linear as a unit (the worker group's default policy) and
+// differ in FsdpOptions::sharding_strategy (shard_grad_op, full_shard), as the worker
+// group's modes do.
 //
 // Timing: --warmup untimed steps, then --steps steps each timed on rank 0 between
 // barriers (a step is zero-grad'ed forward, backward, optimizer step); samples/s is
@@ -24,17 +26,17 @@
 // both exist), as the sum of the bytes of the live tensors each mode holds on this
 // rank -- there is no host allocation counter in tensor/ (the caching allocator's is
 // CUDA's) -- through the wrappers' own accessors:
-//   parameters  the module's parameters (fsdp: the rank's flat shards)
+//   parameters  the module's parameters (zero2: the full flat buffers the module's
+//               tensors view, its shards being blocks of them; fsdp: the rank's flat
+//               shards) -- FullyShardedDataParallel::parameter_bytes()
 //   gradients   ddp/zero1: every grad (views into DDP's buckets, i.e. the buckets);
-//               zero2: ShardedDataParallel::gradient_bytes() (the owned gradients:
-//               each bucket belongs to one rank, which keeps it);
-//               fsdp: the shard gradients
+//               zero2/fsdp: the shard gradients
 //   optimizer   the per-parameter state tensors (Adam's two moments and step counts)
-// fsdp also reports the most bytes of gathered units and full gradients that existed
-// at once during the last forward + backward (FsdpStats::peak_gathered_bytes) and the
-// largest unit's gathered bytes ("one unit" in the 16N/W plus one unit); zero2
-// the most gradient bytes (owned gradients and bucket buffers) held at once during
-// that backward (ShardedDataParallel::peak_gradient_bytes, "peak_gradient_bytes").
+// zero2 and fsdp also report the most bytes of gathered units and full gradients that
+// existed at once during the last forward + backward (FsdpStats::peak_gathered_bytes;
+// zero2's include its full parameters) and the largest unit's gathered bytes (the
+// issue's "16N/W plus one unit's gathered parameters and the bucket": a unit's
+// parameters and, as many bytes again, its flat gradient).
 // Peak RSS is VmHWM from /proc/self/status, reset (clear_refs 5) once the wrapper is
 // built -- so it covers training, not building the full model before fsdp shards it --
 // and read before the byte accounting (optimizer state_dict() clones the state).
@@ -75,7 +77,6 @@
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/oss.hpp"
-#include "troupe/train/sharded_ddp.hpp"
 #include "troupe/train/sharded_model.hpp"
 
 using namespace troupe;
@@ -93,7 +94,7 @@ struct Flags {
   int steps = 5;
   int warmup = 2;
   std::string save_dir;  // empty: no save
-  train::ShardedDdpOptions::Reduction reduction = train::ShardedDdpOptions{}.reduction;
+  train::FsdpOptions::BackwardPrefetch backward_prefetch = train::FsdpOptions{}.backward_prefetch;
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -107,11 +108,11 @@ Flags parse_flags(int argc, char** argv) {
     else if (flag == "--steps") f.steps = std::stoi(value);
     else if (flag == "--warmup") f.warmup = std::stoi(value);
     else if (flag == "--save") f.save_dir = value;
-    else if (flag == "--reduction" && (value == "reduce" || value == "allreduce"))
-      f.reduction = value == "reduce" ? train::ShardedDdpOptions::Reduction::reduce
-                                      : train::ShardedDdpOptions::Reduction::allreduce;
-    else if (flag == "--reduction")
-      throw InvalidArgument("sharding_bench: --reduction is reduce or allreduce, got " + value);
+    else if (flag == "--backward-prefetch" && (value == "pre" || value == "post"))
+      f.backward_prefetch = value == "pre" ? train::FsdpOptions::BackwardPrefetch::backward_pre
+                                           : train::FsdpOptions::BackwardPrefetch::backward_post;
+    else if (flag == "--backward-prefetch")
+      throw InvalidArgument("sharding_bench: --backward-prefetch is pre or post, got " + value);
     else throw InvalidArgument("sharding_bench: unknown flag " + flag);
   }
   if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
@@ -149,12 +150,11 @@ struct Trainer {
   nn::Sequential& model;
   std::unique_ptr<train::DistributedDataParallel> ddp;   // ddp, zero1
   std::unique_ptr<nn::Optimizer> plain;                  // ddp
-  std::unique_ptr<train::OSS> oss;                       // zero1, zero2
-  std::unique_ptr<train::ShardedDataParallel> sdp;       // zero2
-  std::unique_ptr<train::FullyShardedDataParallel> fsdp; // fsdp
+  std::unique_ptr<train::OSS> oss;                       // zero1
+  std::unique_ptr<train::FullyShardedDataParallel> fsdp; // zero2 (shard_grad_op), fsdp (full_shard)
 
   Trainer(train::Sharding m, nn::Sequential& mdl, collectives::Communicator& comm,
-          train::ShardedDdpOptions::Reduction reduction)
+          train::FsdpOptions::BackwardPrefetch backward_prefetch)
       : mode(m), model(mdl) {
     const train::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
       return std::make_unique<nn::AdamW>(std::move(params), kLr);
@@ -169,20 +169,20 @@ struct Trainer {
         oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
         break;
       case train::Sharding::zero2:
-        oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
-        sdp = std::make_unique<train::ShardedDataParallel>(model, *oss, comm,
-                                                           train::ShardedDdpOptions{.bucket_bytes = kBucketBytes,
-                                                                                    .reduction = reduction});
-        break;
       case train::Sharding::fsdp:
+        // As the worker group's ShardedModel builds them: one unit per Linear.
         fsdp = std::make_unique<train::FullyShardedDataParallel>(
-            model, comm, adamw, train::FsdpOptions{.auto_wrap_policy = train::parameterised_leaf_auto_wrap_policy()});
+            model, comm, adamw,
+            train::FsdpOptions{.auto_wrap_policy = train::parameterised_leaf_auto_wrap_policy(),
+                               .sharding_strategy = mode == train::Sharding::zero2
+                                                        ? train::FsdpOptions::ShardingStrategy::shard_grad_op
+                                                        : train::FsdpOptions::ShardingStrategy::full_shard,
+                               .backward_prefetch = backward_prefetch});
         break;
     }
   }
   // The wrappers before the OSS they refer to.
   ~Trainer() {
-    sdp.reset();
     ddp.reset();
     fsdp.reset();
   }
@@ -193,9 +193,6 @@ struct Trainer {
     if (fsdp) {
       loss = loss_fn.forward(fsdp->forward(x), y).item();
       fsdp->backward(loss_fn.backward());
-    } else if (sdp) {
-      loss = loss_fn.forward(sdp->forward(x), y).item();
-      sdp->backward(loss_fn.backward());
     } else {
       loss = loss_fn.forward(ddp->forward(x), y).item();
       ddp->backward(loss_fn.backward());
@@ -222,16 +219,15 @@ struct Trainer {
   Bytes bytes() const {
     Bytes b;
     if (fsdp) {
-      b.parameters = fsdp->shard_parameter_bytes();
+      b.parameters = fsdp->parameter_bytes();
       b.gradients = fsdp->shard_gradient_bytes() + fsdp->local_full_gradient_bytes();
       b.optimizer = fsdp->optimizer_state_bytes();
       return b;
     }
     for (const auto& [name, p] : model.named_parameters()) {
       b.parameters += p->data.nbytes();
-      if (!sdp && p->grad.defined()) b.gradients += p->grad.nbytes();
+      if (p->grad.defined()) b.gradients += p->grad.nbytes();
     }
-    if (sdp) b.gradients = sdp->gradient_bytes();
     b.optimizer = oss ? oss->local_state_bytes() : slot_bytes(plain->state_dict());
     return b;
   }
@@ -314,7 +310,7 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   std::int64_t n = 0;
   for (const auto& [name, p] : model.named_parameters()) n += p->data.numel();
 
-  Trainer t(flags.mode, model, comm, flags.reduction);
+  Trainer t(flags.mode, model, comm, flags.backward_prefetch);
   nn::CrossEntropyLoss loss_fn;
 
   // Each rank its own data (as from a sampler): 4 random batches, cycled.
@@ -367,8 +363,6 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   const std::int64_t worst_grads = max_over_ranks(comm, static_cast<std::int64_t>(b.gradients));
   const std::int64_t worst_optim = max_over_ranks(comm, static_cast<std::int64_t>(b.optimizer));
   const std::int64_t worst_gathered = max_over_ranks(comm, gathered);
-  const std::int64_t worst_gradient_peak =
-      max_over_ranks(comm, t.sdp ? static_cast<std::int64_t>(t.sdp->peak_gradient_bytes()) : 0);
   t.step_and_zero();
 
   std::string save = "\"save\": null";
@@ -380,14 +374,14 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
       text, sizeof text,
       "{\"model\": \"%s\", \"mode\": \"%s\", \"ranks\": %d, \"batch_per_rank\": %lld, \"parameters\": %lld, "
       "\"samples_per_s\": %.2f, \"step_s\": %.4f, \"state_bytes\": %lld, \"parameter_bytes\": %lld, "
-      "\"gradient_bytes\": %lld, \"peak_gradient_bytes\": %lld, \"optimizer_bytes\": %lld, \"formula\": \"%s\", "
+      "\"gradient_bytes\": %lld, \"optimizer_bytes\": %lld, \"formula\": \"%s\", "
       "\"formula_bytes\": %.0f, "
       "\"peak_gathered_bytes\": %lld, \"unit_bytes\": %lld, \"peak_rss_bytes\": %lld, \"rss_start_bytes\": %lld, "
       "\"loss\": %.6g, %s, \"steps\": [",
       flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(kBatch),
       static_cast<long long>(n), static_cast<double>(kBatch * comm.size()) / step, step,
       static_cast<long long>(worst_state), static_cast<long long>(worst_params), static_cast<long long>(worst_grads),
-      static_cast<long long>(worst_gradient_peak), static_cast<long long>(worst_optim), formula_text(flags.mode),
+      static_cast<long long>(worst_optim), formula_text(flags.mode),
       formula_bytes(flags.mode, static_cast<double>(n), comm.size()), static_cast<long long>(worst_gathered),
       static_cast<long long>(unit), static_cast<long long>(peak_rss), static_cast<long long>(rss_start), loss,
       save.c_str());

@@ -102,10 +102,12 @@ struct FsdpRun {
   double last_norm = -1;
 
   FsdpRun(collectives::Communicator& comm, Shape shape, Opt opt, std::uint64_t seed = kModelSeed,
-          bool cpu_offload = false)
+          bool cpu_offload = false,
+          FsdpOptions::ShardingStrategy strategy = FsdpOptions::ShardingStrategy::full_shard)
       : model(make_model(shape, seed + static_cast<std::uint64_t>(comm.rank()))) {
     FsdpOptions options = wrapping(shape);
     options.cpu_offload = cpu_offload;
+    options.sharding_strategy = strategy;
     fsdp = std::make_unique<FullyShardedDataParallel>(*model, comm, factory(opt), options);
   }
 

@@ -16,11 +16,14 @@ namespace {
 using namespace fsdp_testing;
 using testing::world;
 
+using Strategy = FsdpOptions::ShardingStrategy;
+
 struct Case {
   Shape shape;
   Opt opt;
   int micro;
   const char* name;
+  Strategy strategy = Strategy::full_shard;
 };
 
 class FsdpMatchesDdp : public ::testing::TestWithParam<Case> {};
@@ -28,7 +31,7 @@ class FsdpMatchesDdp : public ::testing::TestWithParam<Case> {};
 TEST_P(FsdpMatchesDdp, After20Steps) {
   const Case c = GetParam();
   DdpRun want(c.shape, c.opt);
-  FsdpRun got(world(), c.shape, c.opt);
+  FsdpRun got(world(), c.shape, c.opt, kModelSeed, false, c.strategy);
   const auto start = got.params();
   Batches a(world()), b(world());
   for (int s = 0; s < kSteps; ++s) {
@@ -48,7 +51,16 @@ INSTANTIATE_TEST_SUITE_P(Cases, FsdpMatchesDdp,
                                            Case{Shape::mlp, Opt::adamw, 2, "adamw_no_sync_accumulate"},
                                            Case{Shape::mlp, Opt::sgd_momentum, 3, "sgd_no_sync_accumulate"},
                                            Case{Shape::odd, Opt::adamw, 1, "padded_unit"},
-                                           Case{Shape::nested, Opt::sgd_momentum, 2, "nested_units"}),
+                                           Case{Shape::nested, Opt::sgd_momentum, 2, "nested_units"},
+                                           // ZeRO-2: gradients and optimizer state sharded only
+                                           Case{Shape::mlp, Opt::sgd_momentum, 1, "shard_grad_op_sgd_momentum",
+                                                Strategy::shard_grad_op},
+                                           Case{Shape::mlp, Opt::adamw, 2, "shard_grad_op_adamw_accumulate",
+                                                Strategy::shard_grad_op},
+                                           Case{Shape::odd, Opt::adamw, 1, "shard_grad_op_padded_unit",
+                                                Strategy::shard_grad_op},
+                                           Case{Shape::nested, Opt::sgd_momentum, 2, "shard_grad_op_nested_units",
+                                                Strategy::shard_grad_op}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(FullyShardedDataParallel, PadsAUnitTheWorldSizeDoesNotDivideAndKeepsTheRestInTheRootUnit) {
@@ -170,13 +182,25 @@ TEST(FullyShardedDataParallel, PrefetchesTheNextUnitsAllGather) {
 // 1/W of the model: 16N/W (plus padding: a unit of 4160 elements at 3 ranks pads 1).
 TEST(FullyShardedDataParallel, HoldsAbout16NOverWBytesPerRankWithAdam) {
   auto& comm = world();
-  for (bool prefetch : {true, false}) {
+  using Prefetch = FsdpOptions::BackwardPrefetch;
+  struct Case {
+    bool prefetch;
+    Prefetch backward;
+    int peak_units;  // units' parameters and full gradients at once, at the peak
+  };
+  // backward_post: the unit in backward (parameters + gradient) and the previous
+  // unit's gradient, still being reduce-scattered; backward_pre adds the next unit's
+  // parameters, prefetched; without prefetch, backward_post's three.
+  for (const Case c : {Case{true, Prefetch::backward_post, 3}, Case{true, Prefetch::backward_pre, 4},
+                       Case{false, Prefetch::backward_post, 3}}) {
     tensor::Generator gen(5);
     nn::Sequential model;
     for (int i = 0; i < 8; ++i) model.emplace<nn::Linear>(64, 64, gen);
     const std::int64_t n = model.parameter_count();
     FullyShardedDataParallel f(model, comm, factory(Opt::adamw),
-                               {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>(), .prefetch = prefetch});
+                               {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>(),
+                                .prefetch = c.prefetch,
+                                .backward_prefetch = c.backward});
     nn::MSELoss loss;
     tensor::Generator data(6);
     const Tensor x = tensor::uniform({8, 64}, -1, 1, data);
@@ -186,18 +210,51 @@ TEST(FullyShardedDataParallel, HoldsAbout16NOverWBytesPerRankWithAdam) {
     const std::size_t resident = f.shard_parameter_bytes() + f.shard_gradient_bytes() + f.optimizer_state_bytes();
     const double formula = 16.0 * static_cast<double>(n) / comm.size();
     EXPECT_NEAR(static_cast<double>(resident), formula, 0.1 * formula);
-    // While running, with prefetch: at most two units' parameters (current +
-    // prefetched) and two units' full gradients (current + the one whose reduce-scatter
-    // is in flight); without: one unit's parameters and two units' gradients.
     const auto unit_bytes = static_cast<std::size_t>(f.unit_padded_numel("0")) * 4;
-    EXPECT_LE(f.stats().peak_gathered_bytes, (prefetch ? 4 : 3) * unit_bytes);
-    EXPECT_GE(f.stats().peak_gathered_bytes, (prefetch ? 4 : 3) * unit_bytes);  // reached: 8 units
-    EXPECT_EQ(f.stats().prefetched, prefetch ? 14 : 0);
+    EXPECT_EQ(f.stats().peak_gathered_bytes, c.peak_units * unit_bytes);  // reached and not passed: 8 units
+    EXPECT_EQ(f.stats().prefetched, c.prefetch ? 14 : 0);
     if (comm.rank() == 0)
-      std::printf("fsdp adam at %d ranks, prefetch %d: %zu B resident per rank, 16N/W = %.0f B, peak gathered %zu B "
-                  "(unit %zu B)\n",
-                  comm.size(), prefetch ? 1 : 0, resident, formula, f.stats().peak_gathered_bytes, unit_bytes);
+      std::printf("fsdp adam at %d ranks, prefetch %d/%s: %zu B resident per rank, 16N/W = %.0f B, peak gathered "
+                  "%zu B (unit %zu B)\n",
+                  comm.size(), c.prefetch ? 1 : 0, c.backward == Prefetch::backward_pre ? "pre" : "post", resident,
+                  formula, f.stats().peak_gathered_bytes, unit_bytes);
   }
+}
+
+// shard_grad_op (ZeRO-2): the module keeps its full parameters (views into the flat
+// buffers) between steps; forward and backward gather nothing until the optimizer has
+// stepped, then each unit is gathered once, in place. AdamW: 4N + 12N/W bytes.
+TEST(FullyShardedDataParallel, ShardGradOpKeepsTheFullParametersAndGathersOncePerStep) {
+  auto& comm = world();
+  const std::int64_t w = comm.size();
+  FsdpRun run(comm, Shape::mlp, Opt::adamw, kModelSeed, false, Strategy::shard_grad_op);
+  auto& f = *run.fsdp;
+  const std::size_t units = f.unit_paths().size();
+  std::int64_t padded = 0;
+  for (const auto& path : f.unit_paths()) padded += f.unit_padded_numel(path);
+  EXPECT_EQ(f.parameter_bytes(), static_cast<std::size_t>(padded) * 4);
+  EXPECT_EQ(f.shard_parameter_bytes(), static_cast<std::size_t>(padded / w) * 4);  // views, counted above
+  for (const auto& [name, p] : run.model->named_parameters()) EXPECT_TRUE(p->data.defined()) << name;
+
+  Batches batches(comm);
+  const TensorBatch b = batches.next();
+  run.step(b);  // nothing stepped before it: nothing to gather
+  EXPECT_EQ(f.stats().gathers, 0);
+  EXPECT_EQ(f.stats().reduce_scatters, static_cast<int>(units));
+  const std::int64_t n = run.model->parameter_count();
+  const double formula = 4.0 * n + 12.0 * n / w;
+  const std::size_t resident = f.parameter_bytes() + f.optimizer_state_bytes();  // grads dropped by zero_grad
+  EXPECT_NEAR(static_cast<double>(resident + static_cast<std::size_t>(padded / w) * 4), formula, 0.1 * formula);
+
+  // The step changed every rank's block: the next forward gathers each unit once,
+  // and after it the module's own tensors are the full, updated parameters.
+  f.forward(b.inputs);
+  EXPECT_EQ(f.stats().gathers, static_cast<int>(units));
+  const nn::StateDict full = f.full_state_dict();
+  for (const auto& [name, p] : run.model->named_parameters())
+    EXPECT_EQ(p->data.to_vector<float>(), full.at(name).to_vector<float>()) << name;
+  f.forward(b.inputs);  // no step since: nothing to gather
+  EXPECT_EQ(f.stats().gathers, 0);
 }
 
 TEST(FullyShardedDataParallel, NoSyncKeepsFullLocalGradientsUntilTheSynchronisingBackward) {

@@ -109,11 +109,13 @@ TEST(MemoryFormula, EveryModeHoldsWhatTheZeroFormulaSays) {
       case Sharding::ddp: formula = 16 * n; break;
       // OSS shares the updated parameters through a flat window of one bucket.
       case Sharding::zero1: formula = 8 * n + 8 * n / w, allowance = kBucketBytes; break;
-      case Sharding::zero2: formula = 4 * n + 12 * n / w, allowance = 2 * kBucketBytes; break;
-      // A unit gathered for its forward or backward, the next one prefetched, and the
-      // flat gradients of the unit in backward and of the one whose reduce-scatter is
-      // still in flight: four units at most.
-      case Sharding::fsdp: formula = 16 * n / w, allowance = 4 * unit; break;
+      // FSDP's shard_grad_op: the flat gradients of the unit in backward and of the
+      // one whose reduce-scatter is still in flight.
+      case Sharding::zero2: formula = 4 * n + 12 * n / w, allowance = 2 * unit; break;
+      // The unit in backward (its parameters and flat gradient) and the previous
+      // unit's gradient, still being reduce-scattered (FsdpOptions' backward_post):
+      // three units at most.
+      case Sharding::fsdp: formula = 16 * n / w, allowance = 3 * unit; break;
     }
     if (world().rank() == 0) {
       std::printf("[ memory ] %-5s W=%g N=%.1fM: peak %.1f MB, after the step %.1f MB; formula %.1f MB + %.1f MB\n",

@@ -43,9 +43,16 @@ void FullyShardedDataParallel::note_bytes(std::ptrdiff_t delta) {
 void FullyShardedDataParallel::launch_gather(std::size_t u, bool ahead) {
   Unit& unit = units_[u];
   for (auto& flat : unit.flats) {
-    flat.full = Tensor::empty({flat.padded}, flat.dtype, flat.device);
-    note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
-    if (!pool_ && flat.shard->data.dtype() == flat.dtype) {
+    if (keeps_parameters() && flat.shard->data.shares_storage_with(flat.full)) {
+      // shard_grad_op: the buffer stays and already holds this rank's block.
+      unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.full)));
+      continue;
+    }
+    if (!keeps_parameters()) {
+      flat.full = Tensor::empty({flat.padded}, flat.dtype, flat.device);
+      note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
+    }
+    if (!keeps_parameters() && !pool_ && flat.shard->data.dtype() == flat.dtype) {
       unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
       continue;
     }
@@ -67,9 +74,9 @@ void FullyShardedDataParallel::launch_gather(std::size_t u, bool ahead) {
 }
 
 // Waits for unit u's gather (starting it if nobody prefetched it), points the module's
-// parameters into the gathered buffer, then prefetches the unit that follows u in
-// `order`: its all-gather travels while u computes.
-void FullyShardedDataParallel::ensure_gathered(std::size_t u, const std::vector<std::size_t>& order) {
+// parameters into the gathered buffer, then (with `prefetch`) starts the gather of the
+// unit that follows u in `order`, so it travels while u computes.
+void FullyShardedDataParallel::ensure_gathered(std::size_t u, const std::vector<std::size_t>& order, bool prefetch) {
   Unit& unit = units_[u];
   if (unit.state == UnitState::gathered) return;
   if (unit.state == UnitState::sharded) launch_gather(u, false);
@@ -79,7 +86,11 @@ void FullyShardedDataParallel::ensure_gathered(std::size_t u, const std::vector<
     for (auto& entry : flat.entries)
       entry.param->data = flat.full.slice(entry.offset, entry.offset + entry.numel).reshape(entry.shape);
   unit.state = UnitState::gathered;
-  if (!options_.prefetch) return;
+  if (prefetch) prefetch_after(u, order);
+}
+
+// Starts the gather of the unit after u in `order`, unless it is gathered already.
+void FullyShardedDataParallel::prefetch_after(std::size_t u, const std::vector<std::size_t>& order) {
   const auto at = std::find(order.begin(), order.end(), u);
   if (at != order.end() && at + 1 != order.end() && units_[*(at + 1)].state == UnitState::sharded)
     launch_gather(*(at + 1), true);
@@ -87,6 +98,11 @@ void FullyShardedDataParallel::ensure_gathered(std::size_t u, const std::vector<
 
 void FullyShardedDataParallel::release_parameters(std::size_t u) {
   Unit& unit = units_[u];
+  if (keeps_parameters()) {
+    // The buffers stay; one whose gather did not finish (an exception) is gathered anew.
+    if (unit.state != UnitState::gathered) unit.state = UnitState::sharded;
+    return;
+  }
   for (auto& flat : unit.flats) {
     for (auto& entry : flat.entries) entry.param->data = Tensor();
     note_bytes(-static_cast<std::ptrdiff_t>(flat.full.nbytes()));
@@ -165,8 +181,20 @@ void FullyShardedDataParallel::finish_reduce_scatter(std::size_t u) {
   if (pending_reduce_ == u) pending_reduce_ = kNoUnit;
 }
 
+// shard_grad_op: once the optimizer has stepped (or a state dict was loaded), every
+// unit's gathered parameters lag its shards; they are gathered again, unit by unit as
+// they are used (prefetched), in place.
+void FullyShardedDataParallel::refresh_stale_parameters() {
+  if (!keeps_parameters()) return;
+  if (!parameters_stale_ && optimizer_->step_count() == gathered_at_step_) return;
+  for (auto& unit : units_) unit.state = UnitState::sharded;
+  gathered_at_step_ = optimizer_->step_count();
+  parameters_stale_ = false;
+}
+
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   TROUPE_CHECK(!busy_, "FullyShardedDataParallel::forward: called from inside a forward or backward");
+  refresh_stale_parameters();
   busy_ = true;
   stats_ = FsdpStats{};
   stats_.peak_gathered_bytes = gathered_bytes_;
@@ -174,7 +202,7 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   try {
     for (std::size_t l = 0; l < leaves_.size(); ++l) {
       const std::size_t u = leaves_[l].unit;
-      if (u != kNoUnit) ensure_gathered(u, forward_order_);
+      if (u != kNoUnit) ensure_gathered(u, forward_order_, options_.prefetch);
       x = leaves_[l].module->forward(x);
       if (u != kNoUnit && last_leaf_[u] == l) release_parameters(u);
     }
@@ -193,18 +221,25 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
 
 Tensor FullyShardedDataParallel::backward(const Tensor& grad_output) {
   TROUPE_CHECK(!busy_, "FullyShardedDataParallel::backward: called from inside a forward or backward");
+  refresh_stale_parameters();
   busy_ = true;
   Tensor g = grad_output;
+  const bool post = options_.backward_prefetch == FsdpOptions::BackwardPrefetch::backward_post;
   try {
     for (std::size_t l = leaves_.size(); l-- > 0;) {
       const std::size_t u = leaves_[l].unit;
-      if (u != kNoUnit && units_[u].state != UnitState::gathered) {
-        ensure_gathered(u, backward_order_);
+      if (u != kNoUnit && last_leaf_[u] == l) {  // the unit's first leaf in backward
+        ensure_gathered(u, backward_order_, options_.prefetch && !post);
         bind_gradients(u);
       }
       g = leaves_[l].module->backward(g);
       if (u != kNoUnit && first_leaf_[u] == l) {
         release_parameters(u);
+        if (options_.prefetch && post) {
+          // The previous unit's gradient goes before the next unit's parameters come.
+          if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
+          prefetch_after(u, backward_order_);
+        }
         if (sync_) launch_reduce_scatter(u);
       }
     }
@@ -308,6 +343,16 @@ std::size_t FullyShardedDataParallel::shard_parameter_bytes() const {
   std::size_t n = 0;
   for (const auto& unit : units_)
     for (const auto& flat : unit.flats) n += flat.shard->data.nbytes();
+  return n;
+}
+
+std::size_t FullyShardedDataParallel::parameter_bytes() const {
+  std::size_t n = 0;
+  for (const auto& unit : units_)
+    for (const auto& flat : unit.flats) {
+      if (keeps_parameters()) n += flat.full.nbytes();
+      if (!flat.shard->data.shares_storage_with(flat.full)) n += flat.shard->data.nbytes();
+    }
   return n;
 }
 

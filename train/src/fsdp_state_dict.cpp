@@ -162,6 +162,7 @@ void FullyShardedDataParallel::load_full_state_dict(const nn::StateDict& dict) {
       flat.shard->data.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel)
           .copy_(source.flatten().slice(lo - entry.offset, hi - entry.offset));
   }
+  mark_parameters_stale();  // shard_grad_op: the next forward gathers the loaded shards
 }
 
 // The shard optimizer's dict holds "<flat name>/<slot>" blocks; each becomes

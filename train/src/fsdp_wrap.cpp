@@ -92,6 +92,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
     for (auto& flat : unit.flats) shards.push_back({flat.name, flat.shard.get()});
   optimizer_ = factory(std::move(shards));
   TROUPE_CHECK(optimizer_ != nullptr, "FullyShardedDataParallel: the optimizer factory returned null");
+  gathered_at_step_ = optimizer_->step_count();
   if (pool_)
     optimizer_->set_state_allocator(
         [pool = pool_](const tensor::Shape& shape, tensor::DType dtype) { return pool->empty(shape, dtype); });
@@ -159,6 +160,7 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
   }
   for (std::size_t u = 0; u < units_.size(); ++u) {
     Unit& unit = units_[u];
+    if (keeps_parameters()) unit.state = UnitState::gathered;
     for (std::size_t f = 0; f < unit.flats.size(); ++f) {
       Flat& flat = unit.flats[f];
       flat.name = "_fsdp.";
@@ -169,16 +171,34 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
       flat.padded = flat.shard_numel * world;
       const tensor::DType master =
           options_.master_dtype && tensor::is_floating(flat.dtype) ? *options_.master_dtype : flat.dtype;
-      Tensor shard = pool_ ? pool_->zeros({flat.shard_numel}, master)
-                           : Tensor::zeros({flat.shard_numel}, master, flat.device);
       const std::int64_t lo = me * flat.shard_numel, hi = lo + flat.shard_numel;
+      if (keeps_parameters()) {
+        // shard_grad_op: the full parameters stay, in the flat buffer the module's
+        // tensors now view; the shard is this rank's block of it when it can be.
+        flat.full = Tensor::zeros({flat.padded}, flat.dtype, flat.device);
+        note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
+        for (auto& entry : flat.entries) {
+          Tensor view = flat.full.slice(entry.offset, entry.offset + entry.numel);
+          view.copy_(entry.param->data.flatten());
+          entry.param->data = view.reshape(entry.shape);
+        }
+      }
+      Tensor shard;
+      if (keeps_parameters() && !pool_ && master == flat.dtype) {
+        shard = flat.full.slice(lo, hi);
+      } else {
+        shard = pool_ ? pool_->zeros({flat.shard_numel}, master) : Tensor::zeros({flat.shard_numel}, master, flat.device);
+        for (const auto& entry : flat.entries) {
+          const std::int64_t a = std::max(lo, entry.offset), b = std::min(hi, entry.offset + entry.numel);
+          if (a < b)
+            shard.slice(a - lo, b - lo).copy_(entry.param->data.flatten().slice(a - entry.offset, b - entry.offset));
+        }
+      }
       for (std::size_t e = 0; e < flat.entries.size(); ++e) {
         Entry& entry = flat.entries[e];
-        const std::int64_t a = std::max(lo, entry.offset), b = std::min(hi, entry.offset + entry.numel);
-        if (a < b) shard.slice(a - lo, b - lo).copy_(entry.param->data.flatten().slice(a - entry.offset, b - entry.offset));
         flat_of_[entry.name] = {u, f};
         entry_of_[entry.name] = e;
-        entry.param->data = Tensor();
+        if (!keeps_parameters()) entry.param->data = Tensor();
         entry.param->grad = Tensor();
       }
       flat.shard = std::make_unique<nn::Parameter>(nn::Parameter{std::move(shard), Tensor()});

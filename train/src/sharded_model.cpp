@@ -43,12 +43,10 @@ ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Commun
                                    OssOptions{.sync_bucket_bytes = bucket_bytes});
       break;
     case Sharding::zero2:
-      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory,
-                                   OssOptions{.sync_bucket_bytes = bucket_bytes});
-      sdp_ = std::make_unique<ShardedDataParallel>(model, *oss_, comm, ShardedDdpOptions{.bucket_bytes = bucket_bytes});
-      break;
     case Sharding::fsdp:
       if (!fsdp.auto_wrap_policy && fsdp.wrap.empty()) fsdp.auto_wrap_policy = parameterised_leaf_auto_wrap_policy();
+      fsdp.sharding_strategy = mode == Sharding::zero2 ? FsdpOptions::ShardingStrategy::shard_grad_op
+                                                       : FsdpOptions::ShardingStrategy::full_shard;
       fsdp_ = std::make_unique<FullyShardedDataParallel>(model, comm, factory, std::move(fsdp));
       break;
     case Sharding::ddp:
@@ -58,7 +56,6 @@ ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Commun
 
 // The wrappers go before the OSS they refer to (members are destroyed in reverse).
 ShardedModel::~ShardedModel() {
-  sdp_.reset();
   ddp_.reset();
   fsdp_.reset();
 }
@@ -82,7 +79,6 @@ void backward_with(Wrapper& wrapper, const Tensor& grad, bool sync) {
 
 void ShardedModel::backward(const Tensor& grad, bool sync) {
   if (ddp_) backward_with(*ddp_, grad, sync);
-  else if (sdp_) backward_with(*sdp_, grad, sync);
   else backward_with(*fsdp_, grad, sync);
 }
 
@@ -164,7 +160,7 @@ std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
           {std::move(piece.name), piece.dtype, std::move(piece.shape), piece.begin, std::move(piece.data)});
     return out;
   }
-  // zero1/zero2: every rank holds the whole model, so each writes an even share of it.
+  // zero1: every rank holds the whole model, so each writes an even share of it.
   for (const auto& [key, value] : model_.state_dict()) {
     StateSlice slice{key, value.dtype(), value.shape(), 0, Tensor()};
     const auto [begin, end] = checkpoint::shard_range(value.numel(), comm_.rank(), comm_.size());
@@ -182,7 +178,7 @@ std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
 }
 
 void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {
-  // zero1/zero2: every rank holds the whole model and reads the same file.
+  // zero1: every rank holds the whole model and reads the same file.
   if (fsdp_) fsdp_->load_full_state_dict(dict);
   else model_.load_state_dict(dict, /*strict=*/true);
 }

@@ -28,9 +28,11 @@
 // at most two units' full gradients exist at once.
 //
 // Prefetch. Units are used in a fixed order (first use in forward order, and in
-// reverse for backward). When a unit's gather has completed, the next unit's
-// all-gather is started asynchronously, so it travels while the current unit
-// computes; every rank issues the same collectives in the same order.
+// reverse for backward). In forward, when a unit's gather has completed, the next
+// unit's all-gather is started asynchronously, so it travels while the current unit
+// computes; in backward, by default once the current unit's gradients are computed
+// (FsdpOptions::backward_prefetch says when, and what each choice holds at its peak).
+// Every rank issues the same collectives in the same order.
 //
 // Optimizer. The factory builds the user's optimizer (SGD, Adam, AdamW) over the
 // rank's flat shards (one nn::Parameter per unit and dtype), so its state is 1/W of
@@ -105,8 +107,41 @@ struct FsdpOptions {
   AutoWrapPolicy auto_wrap_policy{};
   // Manual (nested) wrapping: module paths to make units, e.g. {"1", "1.0", "3"}.
   std::vector<std::string> wrap{};
+  // What is sharded (PyTorch's ShardingStrategy, DeepSpeed's ZeRO stages):
+  //   full_shard:     parameters, gradients and optimizer state (ZeRO-3): between uses
+  //                   a rank holds only its shards, 16N/W bytes with Adam in f32.
+  //   shard_grad_op:  gradients and optimizer state only (ZeRO-2): every rank keeps the
+  //                   full parameters in the gathered flat buffers all the time (its
+  //                   shard is a view into its own block of them, unless master_dtype
+  //                   or cpu_offload keeps it apart), so forward and backward gather
+  //                   nothing; gradients are reduce-scattered per unit as in full_shard,
+  //                   the optimizer steps the shard, and the next forward all-gathers
+  //                   the updated blocks in place, unit by unit, prefetched. 4N + 12N/W
+  //                   bytes with Adam in f32, split element by element, so one tensor
+  //                   larger than 1/W of the model does not unbalance it. PyTorch's
+  //                   SHARD_GRAD_OP frees the full parameters after backward; this keeps
+  //                   them, as DeepSpeed's stage 2 and fairscale's ShardedDDP do.
+  enum class ShardingStrategy { full_shard, shard_grad_op };
+  ShardingStrategy sharding_strategy = ShardingStrategy::full_shard;
   // Start the next unit's all-gather while the current one computes.
   bool prefetch = true;
+  // When backward starts the next unit's all-gather (with `prefetch` on); the names
+  // are PyTorch's BackwardPrefetch values:
+  //   backward_post: once the current unit's gradients are computed and the previous
+  //                  unit's reduce-scatter is finished. At the peak a rank holds its
+  //                  shards, the current unit's parameters and gradient, and one more
+  //                  unit's gradient (still being reduce-scattered): 16N/W plus about
+  //                  one unit and its gradient bucket. Each backward gather travels while
+  //                  the gradient before it is reduce-scattered, not while anything
+  //                  computes. troupe's default, unlike PyTorch's: memory is what FSDP is
+  //                  for, and on the CPU the collectives copy on the same cores that
+  //                  compute, so the overlap `backward_pre` buys is small (the sharding
+  //                  bench could not tell the two apart in speed on 2 cores).
+  //   backward_pre:  as soon as the current unit is gathered, so the gather travels
+  //                  while the current unit computes its gradients (PyTorch's default).
+  //                  The peak adds the next unit's parameters: four units in flight.
+  enum class BackwardPrefetch { backward_post, backward_pre };
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::backward_post;
   // Broadcast rank 0's parameters and buffers at construction, as DDP does.
   bool broadcast_from_rank0 = true;
   // CPU offload: the parameter shards, their gradients and the optimizer state live in
@@ -193,6 +228,9 @@ class FullyShardedDataParallel {
   // (when defined), the optimizer's per-parameter state; plus, inside a no_sync
   // window, the full gradients kept locally.
   std::size_t shard_parameter_bytes() const;
+  // Bytes of parameters this rank holds between steps: its shards (full_shard), or
+  // the full, padded parameters (shard_grad_op, plus any shard kept apart from them).
+  std::size_t parameter_bytes() const;
   std::size_t shard_gradient_bytes() const;
   std::size_t optimizer_state_bytes() const;
   std::size_t local_full_gradient_bytes() const;
@@ -277,7 +315,8 @@ class FullyShardedDataParallel {
 
   // Runtime (fsdp.cpp).
   void launch_gather(std::size_t u, bool ahead);
-  void ensure_gathered(std::size_t u, const std::vector<std::size_t>& order);
+  void ensure_gathered(std::size_t u, const std::vector<std::size_t>& order, bool prefetch);
+  void prefetch_after(std::size_t u, const std::vector<std::size_t>& order);
   void bind_gradients(std::size_t u);
   void release_parameters(std::size_t u);
   void finish_reduce_scatter(std::size_t u);
@@ -303,7 +342,17 @@ class FullyShardedDataParallel {
   std::unordered_map<std::string, Tensor*> buffers_;
   std::shared_ptr<HostPool> pool_;  // before optimizer_: its state is allocated here
   std::unique_ptr<nn::Optimizer> optimizer_;
+  bool keeps_parameters() const {
+    return options_.sharding_strategy == FsdpOptions::ShardingStrategy::shard_grad_op;
+  }
+  // shard_grad_op: whether the gathered parameters may lag the shards (the optimizer
+  // stepped since they were gathered, or a state dict was loaded).
+  void mark_parameters_stale() { parameters_stale_ = true; }
+  void refresh_stale_parameters();
+
   std::size_t pending_reduce_ = kNoUnit;  // the unit whose reduce-scatter is in flight
+  std::int64_t gathered_at_step_ = 0;     // shard_grad_op: the optimizer's step count at the last gather
+  bool parameters_stale_ = false;
   std::size_t gathered_bytes_ = 0;
   FsdpStats stats_;
   bool sync_ = true;

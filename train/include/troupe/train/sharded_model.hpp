@@ -4,8 +4,17 @@
 //   ddp    DistributedDataParallel + the recipe's optimizer (TrainWorker builds these
 //          itself, as it always has; ShardedModel is not used)
 //   zero1  DistributedDataParallel + OSS            (optimizer state sharded)
-//   zero2  ShardedDataParallel + OSS                (gradients and optimizer state sharded)
-//   fsdp   FullyShardedDataParallel                 (parameters too)
+//   zero2  FullyShardedDataParallel, shard_grad_op  (gradients and optimizer state sharded)
+//   fsdp   FullyShardedDataParallel, full_shard     (parameters too)
+// zero2 shards element by element, per unit (DeepSpeed's stage 2): every rank owns
+// 1/W of each unit's flat gradient and optimizer state, whatever the sizes of the
+// tensors, and the gradients are reduce-scattered unit by unit while backward runs.
+// ShardedDataParallel (fairscale's ShardedDDP over OSS, which owns whole parameters)
+// stays available on its own; the mode does not use it because one large tensor
+// unbalances a whole-parameter partition (on the 25M MLP, a 4096x4096 weight is 2/3 of
+// the model: 1.2x-1.7x ZeRO-2's bytes per rank).
+// zero2 and fsdp take the same FsdpOptions (units: one per leaf module with parameters
+// unless the options say otherwise).
 //
 // optimizer_step_with_gradient_accumulation() is DDP's (accumulation.cpp) for these
 // modes: windows of `accum_steps` micro-batches (the epoch's last window scaled by its
@@ -38,7 +47,6 @@
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/oss.hpp"
-#include "troupe/train/sharded_ddp.hpp"
 #include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
@@ -57,7 +65,8 @@ AutoWrapPolicy parameterised_leaf_auto_wrap_policy();
 class ShardedModel final : public ShardedStateDicts {
  public:
   // `mode` is zero1, zero2 or fsdp. `factory` builds the base optimizer over the
-  // parameters (or the flat shards) it is given; `fsdp` is used in fsdp mode only.
+  // parameters (or the flat shards) it is given; `fsdp` is used in zero2 and fsdp mode
+  // (its sharding_strategy is the mode's).
   // Broadcasts rank 0's parameters, as DDP does.
   ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm, const OptimizerFactory& factory,
                std::size_t bucket_bytes, FsdpOptions fsdp = {});
@@ -89,7 +98,7 @@ class ShardedModel final : public ShardedStateDicts {
   void load_optimizer_state_dict(const nn::StateDict& dict) override;
   // The parallel save's pieces (no tensor gathered): fsdp, each rank's pieces of its
   // flat shards (FullyShardedDataParallel::local_model_slices/local_optimizer_slices);
-  // zero1/zero2, the model (whole on every rank) split evenly by shard_range, and each
+  // zero1, the model (whole on every rank) split evenly by shard_range, and each
   // parameter's optimizer state whole on its owner (OSS::local_state_slices).
   bool has_local_state_slices() const override { return true; }
   std::optional<LocalStateSlices> local_state_slices() override;
@@ -103,9 +112,8 @@ class ShardedModel final : public ShardedStateDicts {
   nn::Module& model_;
   collectives::Communicator& comm_;
   std::unique_ptr<DistributedDataParallel> ddp_;    // zero1
-  std::unique_ptr<OSS> oss_;                        // zero1, zero2
-  std::unique_ptr<ShardedDataParallel> sdp_;        // zero2
-  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // fsdp
+  std::unique_ptr<OSS> oss_;                        // zero1
+  std::unique_ptr<FullyShardedDataParallel> fsdp_;  // zero2, fsdp
   std::int64_t micro_step_ = 0;
 };
 
