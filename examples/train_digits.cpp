@@ -248,8 +248,8 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
                   flags.epochs, loss / static_cast<double>(samples), test_loss / static_cast<double>(test_samples),
                   test_accuracy, rate);
     status.print(line);
-    // In fsdp mode every worker takes part (the model is gathered); rank 0 decides.
-    if (!flags.best.empty() && (flags.sharding == "fsdp"
+    // In zero2 and fsdp modes every worker takes part (the model is gathered); rank 0 decides.
+    if (!flags.best.empty() && (flags.sharding == "fsdp" || flags.sharding == "zero2"
                                     ? actors::when_all(workers.ask(&Worker::offer_best, test_accuracy, steps)).get()[0]
                                     : workers[0].ask(&Worker::offer_best, test_accuracy, steps).get()))
       status.print("  best test accuracy so far: model saved to " + flags.best);

@@ -315,45 +315,55 @@ TEST(FullyShardedDataParallel, GradScalerSkipsTheStepOnEveryRankWhenAnyShardOver
 // and the step runs there. Same arithmetic as without offload (bit for bit), and the
 // copies are really made and counted: per step the shards go to the compute side twice
 // (the forward and the backward gathers) and the reduced gradient blocks come back once.
+// In both strategies; shard_grad_op keeps its full parameters on the compute device
+// and its shards (not views, then) in the pool.
 TEST(FullyShardedDataParallel, CpuOffloadKeepsShardsGradientsAndOptimizerStateInTheHostPool) {
-  FsdpRun plain(world(), Shape::odd, Opt::adamw);
-  FsdpRun offload(world(), Shape::odd, Opt::adamw, kModelSeed, /*cpu_offload=*/true);
-  EXPECT_EQ(plain.fsdp->host_pool(), nullptr);
-  ASSERT_NE(offload.fsdp->host_pool(), nullptr);
-  Batches a(world()), b(world());
-  for (int s = 0; s < kSteps; ++s) {
-    plain.step(a.next());
-    offload.step(b.next());
-  }
-  EXPECT_EQ(offload.params(), plain.params());
-  EXPECT_EQ(plain.fsdp->stats().offload_bytes_to_device, 0u);
+  for (const Strategy strategy : {Strategy::full_shard, Strategy::shard_grad_op}) {
+    SCOPED_TRACE(strategy == Strategy::full_shard ? "full_shard" : "shard_grad_op");
+    FsdpRun plain(world(), Shape::odd, Opt::adamw, kModelSeed, false, strategy);
+    FsdpRun offload(world(), Shape::odd, Opt::adamw, kModelSeed, /*cpu_offload=*/true, strategy);
+    EXPECT_EQ(plain.fsdp->host_pool(), nullptr);
+    ASSERT_NE(offload.fsdp->host_pool(), nullptr);
+    Batches a(world()), b(world());
+    for (int s = 0; s < kSteps; ++s) {
+      plain.step(a.next());
+      offload.step(b.next());
+    }
+    EXPECT_EQ(offload.params(), plain.params());
+    EXPECT_EQ(plain.fsdp->stats().offload_bytes_to_device, 0u);
 
-  // One more backward, kept: the gradients are there to look at.
-  const TensorBatch batch = b.next();
-  offload.loss_fn.forward(offload.fsdp->forward(batch.inputs), batch.targets);
-  offload.fsdp->backward(offload.loss_fn.backward());
-  const HostPool& pool = *offload.fsdp->host_pool();
-  for (const auto& [name, p] : offload.fsdp->optimizer().named_parameters()) {
-    EXPECT_TRUE(pool.owns(p->data)) << name;
-    EXPECT_TRUE(pool.owns(p->grad)) << name;
+    // One more backward, kept: the gradients are there to look at.
+    const TensorBatch batch = b.next();
+    offload.loss_fn.forward(offload.fsdp->forward(batch.inputs), batch.targets);
+    offload.fsdp->backward(offload.loss_fn.backward());
+    const HostPool& pool = *offload.fsdp->host_pool();
+    for (const auto& [name, p] : offload.fsdp->optimizer().named_parameters()) {
+      EXPECT_TRUE(pool.owns(p->data)) << name;
+      EXPECT_TRUE(pool.owns(p->grad)) << name;
+    }
+    const std::size_t shard = offload.fsdp->shard_parameter_bytes();
+    // Parameters + gradients + AdamW's exp_avg and exp_avg_sq: four shard-sized tensors.
+    EXPECT_EQ(pool.bytes(), 4 * shard);
+    const FsdpStats& st = offload.fsdp->stats();
+    // full_shard gathers each unit for forward and again for backward; shard_grad_op
+    // once, after the step.
+    EXPECT_EQ(st.offload_bytes_to_device, (strategy == Strategy::full_shard ? 2 : 1) * shard);
+    EXPECT_EQ(st.offload_bytes_to_host, shard);
+    EXPECT_GT(st.offload_seconds, 0.0);
+    if (world().rank() == 0)
+      std::printf("cpu offload: pool %zu B (%zu B mapped, %zu B pinned), moved %zu B to device and %zu B back in "
+                  "%.1f us\n",
+                  pool.bytes(), pool.mapped_bytes(), pool.pinned_bytes(), st.offload_bytes_to_device,
+                  st.offload_bytes_to_host, st.offload_seconds * 1e6);
   }
-  const std::size_t shard = offload.fsdp->shard_parameter_bytes();
-  // Parameters + gradients + AdamW's exp_avg and exp_avg_sq: four shard-sized tensors.
-  EXPECT_EQ(pool.bytes(), 4 * shard);
-  const FsdpStats& st = offload.fsdp->stats();
-  EXPECT_EQ(st.offload_bytes_to_device, 2 * shard);
-  EXPECT_EQ(st.offload_bytes_to_host, shard);
-  EXPECT_GT(st.offload_seconds, 0.0);
-  if (world().rank() == 0)
-    std::printf("cpu offload: pool %zu B (%zu B mapped, %zu B pinned), moved %zu B to device and %zu B back in %.1f us\n",
-                pool.bytes(), pool.mapped_bytes(), pool.pinned_bytes(), st.offload_bytes_to_device,
-                st.offload_bytes_to_host, st.offload_seconds * 1e6);
 }
 
 // Mixed precision: a bf16 model with f32 master shards against DDP on the bf16 model
 // with MasterWeights -- the same roundings (gradients reduced in bf16, combined in
 // f32; widened; AdamW and the loss scale's unscale in f32; rounded into the model).
-TEST(FullyShardedDataParallel, Bf16ModelWithF32MasterShardsTrainsLikeDdpWithMasterWeights) {
+class Bf16MasterShards : public ::testing::TestWithParam<Strategy> {};
+
+TEST_P(Bf16MasterShards, TrainLikeDdpWithMasterWeights) {
   auto& comm = world();
   const auto seed = kModelSeed + static_cast<std::uint64_t>(comm.rank());
   auto ddp_model = testing::make_mlp(seed);
@@ -365,6 +375,7 @@ TEST(FullyShardedDataParallel, Bf16ModelWithF32MasterShardsTrainsLikeDdpWithMast
   fsdp_model->to(DType::bf16);
   FsdpOptions options = wrapping(Shape::mlp);
   options.master_dtype = DType::f32;
+  options.sharding_strategy = GetParam();
   FullyShardedDataParallel fsdp(*fsdp_model, comm, factory(Opt::adamw), options);
   for (const auto& [name, p] : fsdp.optimizer().named_parameters()) EXPECT_EQ(p->data.dtype(), DType::f32) << name;
 
@@ -409,6 +420,12 @@ TEST(FullyShardedDataParallel, Bf16ModelWithF32MasterShardsTrainsLikeDdpWithMast
   EXPECT_EQ(optim.keys(), ddp_opt.state_dict().keys());
   EXPECT_EQ(optim.at("0.weight/exp_avg").dtype(), DType::f32);
 }
+
+INSTANTIATE_TEST_SUITE_P(Strategies, Bf16MasterShards,
+                         ::testing::Values(Strategy::full_shard, Strategy::shard_grad_op),
+                         [](const auto& info) {
+                           return std::string(info.param == Strategy::full_shard ? "full_shard" : "shard_grad_op");
+                         });
 
 }  // namespace
 }  // namespace troupe::train

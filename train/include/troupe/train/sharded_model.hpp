@@ -81,6 +81,11 @@ class ShardedModel final : public ShardedStateDicts {
 
   // Forward through the model (FSDP gathers each unit: a collective, in eval too).
   Tensor forward(const Tensor& input);
+  // zero2 and fsdp: forward() is a collective (fsdp gathers every unit; zero2 the
+  // blocks the last step changed), and until it has run the module's own tensors are
+  // not the current parameters -- evaluate through forward() on every rank and read
+  // the model through model_state_dict(). zero1: the module is current after a step.
+  bool forward_is_collective() const { return fsdp_ != nullptr; }
   // See DistributedDataParallel::optimizer_step_with_gradient_accumulation; only
   // max_grad_norm of the options is supported here (no scaler, no master weights).
   AccumulationStep optimizer_step_with_gradient_accumulation(const std::function<Tensor(double)>& output_grad,

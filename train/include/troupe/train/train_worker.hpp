@@ -267,10 +267,10 @@ class TrainWorker {
     std::vector<std::int64_t> mine;
     for (std::int64_t i = comm_->rank(); i < test_.size(); i += comm_->size()) mine.push_back(i);
     constexpr std::size_t kBatch = 256;
-    // FSDP's forward is a collective (it gathers every unit), so every rank runs as many
+    // zero2's and fsdp's forward is a collective (it gathers), so every rank runs as many
     // batches as the largest share needs; a rank with no samples left forwards test
     // sample 0 and ignores the result.
-    const bool collective = sharding_ == Sharding::fsdp;
+    const bool collective = sharded_ && sharded_->forward_is_collective();
     const auto largest_share = static_cast<std::size_t>((test_.size() + comm_->size() - 1) / comm_->size());
     for (std::size_t begin = 0; begin < (collective ? largest_share : mine.size()); begin += kBatch) {
       if (begin >= mine.size()) {
@@ -300,10 +300,10 @@ class TrainWorker {
   // The driver's value of the best-model metric for the current parameters: keeps a
   // copy (and writes the file) when it is the best so far. Returns whether it was.
   // Only rank 0's worker need be asked; the parameters are the same everywhere. In
-  // fsdp mode ask every worker (the model is gathered): rank 0's answer counts.
+  // zero2 and fsdp modes ask every worker (the model is gathered): rank 0's answer counts.
   bool offer_best(double value, std::int64_t step) {
     check_running("offer_best");
-    if (sharding_ == Sharding::fsdp) {
+    if (sharded_ && sharded_->forward_is_collective()) {
       nn::StateDict full = sharded_->model_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
     }
