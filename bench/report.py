@@ -22,7 +22,9 @@ AREA_NOTES = {
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
 2048), ReLU between, cross-entropy, AdamW (lr 1e-3), batch 32 per rank on random
-data, one compute thread per rank, 25 MB buckets; fsdp makes each Linear a unit. At 1,
+data, one compute thread per rank, 25 MB buckets; zero2 and fsdp are
+`FullyShardedDataParallel` with each Linear a unit (`shard_grad_op` and `full_shard`,
+as the worker group's modes; backward prefetch `backward_post`, the default). At 1,
 2 and 4 ranks, oversubscribed where the machine has fewer cores, so at 4 ranks on 2
 cores each rank gets half a core: read the 4-rank figures as ratios only.
 
@@ -35,16 +37,17 @@ cores each rank gets half a core: read the 4-rank figures as ratios only.
   `torch.distributed.optim.ZeroRedundancyOptimizer` over AdamW, gloo, one thread).
 - Model state per rank: parameters + gradients + optimizer state, summed from the
   bytes of the live tensors each mode holds (the wrappers' own accessors: DDP's
-  gradient buckets, `ShardedDataParallel::gradient_bytes`, `OSS::local_state_bytes`,
-  FSDP's shard accessors; tensor/ has no host allocation counter), after a backward
-  with the optimizer state allocated, largest over ranks; next to the ZeRO formula
-  for Adam in f32 (DDP 16N, zero1 8N + 8N/W, zero2 4N + 12N/W, fsdp 16N/W). fsdp's
-  peak in a step adds the most gathered parameters and full gradients that existed at
-  once (`FsdpStats::peak_gathered_bytes`), against 16N/W plus one unit (the largest
-  Linear, gathered). The formulas assume a perfect split: zero1/zero2 partition whole
-  parameters (OSS), so the 25M MLP, one of whose tensors is 2/3 of the model, cannot
-  reach them (zero2 keeps exactly the owned parameters' gradients: one owner per
-  bucket, reduced to it).
+  gradient buckets, `OSS::local_state_bytes`, FSDP's `parameter_bytes` -- zero2's full
+  parameters, fsdp's shards -- and shard accessors), after a backward with the
+  optimizer state allocated, largest over ranks; next to the ZeRO formula for Adam in
+  f32 (DDP 16N, zero1 8N + 8N/W, zero2 4N + 12N/W, fsdp 16N/W). fsdp's peak in a step
+  adds the most gathered parameters and full gradients that existed at once
+  (`FsdpStats::peak_gathered_bytes`), against the issue's "16N/W, plus one unit's
+  gathered parameters and the bucket": the largest Linear's parameters and, as many
+  bytes again, its flat gradient (the bucket it reduce-scatters), which its backward
+  needs at once. zero1 partitions whole parameters (OSS), so on the 25M MLP, one of
+  whose tensors is 2/3 of the model, it cannot reach its formula (no target); zero2
+  and fsdp split every unit element by element.
 - Peak RSS: VmHWM, reset through `/proc/self/clear_refs` once the wrapper is built
   (so it covers training, not building the full model before fsdp shards it),
   largest over ranks; PyTorch's the same way.
