@@ -30,7 +30,7 @@ cores each rank gets half a core: read the 4-rank figures as ratios only.
 
 - samples/s = 32 x ranks / the median step (each step timed between barriers, after
   one warm-up step); a step of the 67M model at 4 ranks takes seconds here, so each
-  job times only 3 steps (25M) or 2 (67M) and the area runs once instead of in 5
+  job times only 5 steps (25M) or 2 (67M) and the area runs once instead of in 5
   rounds: expect noise of 10-20% on a quiet machine, more on a shared one. Every mode is next to troupe's DDP run just
   before it on the same model and ranks; zero1 also next to PyTorch's ZeRO-1
   (`bench/torch_zero.py`: Debian's python3-torch, `DistributedDataParallel` +
