@@ -21,7 +21,6 @@ BlockingWatchdog::~BlockingWatchdog() {
 
 void BlockingWatchdog::begin(const Collective& collective) {
   std::call_once(started_thread_, [this] { thread_ = std::thread([this] { watch(); }); });
-  started_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   current_.store(&collective, std::memory_order_release);
 }
 
@@ -36,12 +35,22 @@ void BlockingWatchdog::watch() {
   using Clock = std::chrono::steady_clock;
   const auto period = std::clamp<std::chrono::milliseconds>(timeout_ / 4, std::chrono::milliseconds(1),
                                                             std::chrono::seconds(1));
+  // The call seen at the last look, and when it was first seen.
+  const Collective* seen = nullptr;
+  std::uint64_t seen_sequence = 0;
+  Clock::time_point first_seen;
   std::unique_lock lock(mutex_);
   while (!stop_.wait_for(lock, period, [&] { return stopping_; })) {
     reading_.store(true);
     const Collective* current = current_.load();
-    const Clock::time_point started{Clock::duration(started_.load(std::memory_order_relaxed))};
-    if (current && Clock::now() - started >= timeout_) {
+    const auto now = Clock::now();
+    if (current && (current != seen || current->sequence != seen_sequence)) {
+      seen = current;
+      seen_sequence = current->sequence;
+      first_seen = now;
+    }
+    if (!current) seen = nullptr;
+    if (current && now - first_seen >= timeout_) {
       std::fprintf(stderr,
                    "troupe: %s did not complete within %lld ms on rank %d of %d (a blocking MPI call, which cannot "
                    "be interrupted); aborting the job\n",

@@ -1,11 +1,13 @@
 // BlockingWatchdog: keeps the timeout of collectives that run as one blocking MPI call
 // (Options::direct_blocking_bytes), which nothing can interrupt once MPI is inside it.
 //
-// The caller brackets the call with begin()/end(): a few atomic stores, no lock and
-// no thread wake-up, so the fast path stays fast (end() waits only while the watchdog
-// is formatting a message about the very call that ends). A thread of the watchdog's own,
-// started on first use, looks every timeout/4 (at most once a second) at the call in
-// progress; one older than the timeout is a hang that no exception can report, so it
+// The caller brackets the call with begin()/end(): two atomic stores, no lock, no clock
+// read and no thread wake-up, so the fast path stays fast (end() waits only while the
+// watchdog is formatting a message about the very call that ends). A thread of the
+// watchdog's own, started on first use, looks every timeout/4 (at most once a second)
+// at the call in progress and times it from the first look that saw it (a call is
+// known by its address and sequence number), so it fires between the timeout and the
+// timeout plus one period after the call began; such a call is a hang that no exception can report, so it
 // prints the collective, its sequence number and size and the rank to stderr and
 // aborts the job (MPI_Abort), for mpirun and troupe-run to see — the same choice
 // PyTorch's NCCL watchdog makes.
@@ -42,8 +44,7 @@ class BlockingWatchdog {
   bool stopping_ = false;
   std::once_flag started_thread_;
   std::atomic<const Collective*> current_{nullptr};
-  std::atomic<std::chrono::steady_clock::rep> started_{0};  // of current_
-  std::atomic<bool> reading_{false};                        // the watchdog looks at current_
+  std::atomic<bool> reading_{false};  // the watchdog looks at current_
   std::thread thread_;
 };
 

@@ -48,6 +48,7 @@ void Engine::launch(const std::shared_ptr<Operation>& operation, bool blocking) 
   operation->launch_index_ = launches_++;
   operation->start();  // throws to the caller, nothing tracked
   in_flight_.push_back(operation);
+  in_flight_count_.store(in_flight_.size(), std::memory_order_release);
   if (blocking) return;
   if (options_.progress_thread && !progress_thread_.joinable() && !stopping_) {
     progress_thread_ = std::thread([this] { progress_loop(); });
@@ -91,6 +92,7 @@ void Engine::progress_locked() {
     auto keep = *it;  // the waiter may drop its handle as soon as done_ is set
     it = in_flight_.erase(it);
     finish(op, error);
+    in_flight_count_.store(in_flight_.size(), std::memory_order_release);
     if (error) {
       // One failed collective leaves the ranks out of step; refuse everything after it.
       std::string why;
@@ -140,6 +142,7 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
 }
 
 void Engine::wait_all(std::chrono::milliseconds timeout) {
+  if (in_flight_count_.load(std::memory_order_acquire) == 0) return;
   std::shared_ptr<Operation> last;
   {
     std::lock_guard lock(mutex_);
@@ -186,6 +189,7 @@ void Engine::fail_locked(const std::string& reason) {
     abandoned_.push_back(std::move(op));
   }
   in_flight_.clear();
+  in_flight_count_.store(0, std::memory_order_release);
 }
 
 std::string Engine::failure() const {

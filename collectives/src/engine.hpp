@@ -76,6 +76,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
 
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<Operation>> in_flight_;  // in launch order
+  // in_flight_.size(), readable without the lock: wait_all returns at once when it is 0
+  // (a blocking call's fast path, which otherwise paid a lock for nothing).
+  std::atomic<std::size_t> in_flight_count_{0};
   std::uint64_t launches_ = 0;
   std::vector<std::shared_ptr<Operation>> abandoned_;
   std::atomic<bool> failed_{false};
