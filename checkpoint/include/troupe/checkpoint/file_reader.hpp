@@ -54,8 +54,10 @@ class FileReader {
   // slice cannot be checked against the whole tensor's checksum: verify the file once
   // (verify_all, or Checkpoint::load_latest) before trusting slices.
   tensor::Tensor read_range(std::string_view path, std::int64_t begin, std::int64_t end) const;
-  // Reads every dataset one at a time into one reused buffer (the largest dataset's size)
-  // and checks its checksum; throws the first mismatch.
+  // Checks every dataset's checksum and throws FormatError naming the first that does
+  // not match (or cannot be read). Contiguous datasets (all that troupe writes) are
+  // hashed straight from the file by two threads, through small cache-resident
+  // buffers; any other dataset is read through HDF5 into one reused buffer.
   void verify_all() const;
 
  private:
