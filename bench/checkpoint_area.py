@@ -71,8 +71,13 @@ def _run_size(build: Path, root: Path, mb: str, rounds: str, row) -> list[dict]:
     size = f"{t['bytes'] / 1e6:.0f} MB ({t['tensors']} f32 tensors)"
     rows = []
     save, load = t["troupe_save_MBps"], t["troupe_load_cold_MBps"]
-    rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, "raw write+fsync", t["raw_write_fsync_MBps"],
-                    ">= 0.8x raw write+fsync", save >= 0.8 * t["raw_write_fsync_MBps"]))
+    rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, "raw write+fsync (one file, rewritten)",
+                    t["raw_write_fsync_MBps"], ">= 0.8x raw write+fsync", save >= 0.8 * t["raw_write_fsync_MBps"]))
+    if "raw_write_fsync_new_file_MBps" in t:
+        new_file = t["raw_write_fsync_new_file_MBps"]
+        rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save,
+                        "raw write+fsync to a new file, the previous kept (as a crash-safe save must)", new_file,
+                        ">= 0.8x raw write+fsync", save >= 0.8 * new_file))
     if dd:
         rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, "dd conv=fsync", dd, "", None))
     for key, name in (("h5py_write_MBps", "h5py write+fsync"), ("torch_save_MBps", "torch.save+fsync")):
