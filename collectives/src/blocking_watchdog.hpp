@@ -7,10 +7,10 @@
 // watchdog's own, started on first use, looks every timeout/4 (at most once a second)
 // at the call in progress and times it from the first look that saw it (a call is
 // known by its address and sequence number), so it fires between the timeout and the
-// timeout plus one period after the call began; such a call is a hang that no exception can report, so it
-// prints the collective, its sequence number and size and the rank to stderr and
-// aborts the job (MPI_Abort), for mpirun and troupe-run to see — the same choice
-// PyTorch's NCCL watchdog makes.
+// timeout plus one period after the call began. Such a call is a hang that no
+// exception can report, so it prints the collective, its sequence number and size
+// and the rank to stderr and aborts the job (MPI_Abort), for mpirun and troupe-run to
+// see — the same choice PyTorch's NCCL watchdog makes.
 #pragma once
 
 #include <atomic>
