@@ -13,11 +13,30 @@ import sys
 from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
-AREA_ORDER = ["tensor", "train", "sharding", "actors", "collectives", "checkpoint", "supervisor"]
+AREA_ORDER = ["tensor", "train", "sharding", "gpu", "actors", "collectives", "checkpoint", "supervisor"]
 
 # What a reader needs to know to read an area's table: how work is counted and where
 # a target comes from. Kept here, beside the table, rather than in each program.
 AREA_NOTES = {
+    "gpu": """\
+Issue 11's figures on one NVIDIA GPU, from `scripts/gpu-check` on the GPU machine
+(not `bench/run`: this machine has no GPU), which runs `bench/gpu_bench.cpp` and its
+baseline `bench/torch_gpu_step.py` one after the other and pairs them with
+`bench/gpu_table.py` into `bench/results/gpu.json`.
+
+- Fused Adam: one kernel over 100M f32 parameters, counted as 28 bytes an element
+  (reads param, grad, exp_avg, exp_avg_sq; writes three back), against a
+  device-to-device copy of 100M f32 in the same process (8 bytes an element); the
+  median of 9 timings of 5 calls, between device synchronisations.
+- Training step: zero_grad, forward, cross-entropy, backward, Adam (lr 1e-3) at batch
+  256 on the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048, 2048),
+  ReLU between, 8 resident batches of random data. troupe's nn on CUDA, plain and
+  inside DDP over an NCCL communicator of one rank; PyTorch eager with the same model,
+  with its default Adam (foreach, the issue's baseline) and with fused=True. f32 is
+  plain f32 on both sides (TF32 off); bf16 is a bf16 model stepping f32 master
+  weights in troupe and autocast (f32 weights cast per product) in PyTorch. 20
+  warm-up steps, then 5 repeats of 20 steps, each timed between device
+  synchronisations (troupe) or CUDA events (PyTorch); the median repeat.""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,

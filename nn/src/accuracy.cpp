@@ -4,12 +4,15 @@
 
 namespace troupe::nn {
 
-double accuracy(const Tensor& logits, const Tensor& target, std::int64_t ignore_index) {
+double accuracy(const Tensor& logits_in, const Tensor& target_in, std::int64_t ignore_index) {
   const char* op = "accuracy";
+  // A report, not a training step: CUDA tensors are read back and counted here.
+  const auto on_host = [](const Tensor& t) { return t.defined() && t.device().is_cuda() ? t.to(tensor::Device::cpu()) : t; };
+  const Tensor logits = on_host(logits_in), target = on_host(target_in);
   detail::check_host_floating(logits, op);
   TROUPE_CHECK(logits.dim() >= 1, op, ": logits must have a class dimension");
   TROUPE_CHECK(target.defined() && target.dtype() == tensor::DType::i64 && target.device().is_cpu(), op,
-               ": target must be an i64 tensor on the CPU");
+               ": target must be an i64 tensor");
   const tensor::Shape rows_shape(logits.shape().begin(), logits.shape().end() - 1);
   TROUPE_CHECK(target.shape() == rows_shape, op, ": logits ", tensor::to_string(logits.shape()),
                " need target ", tensor::to_string(rows_shape), ", got ", tensor::to_string(target.shape()));

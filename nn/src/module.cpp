@@ -196,4 +196,15 @@ void Module::to(DType dtype) {
   for (auto& [name, child] : children_) child->to(dtype);
 }
 
+void Module::to(Device device) {
+  tensor::check_device_usable(device, (type_name() + ".to").c_str());
+  for (auto& [name, param] : parameters_) {
+    param->data = param->data.to(device);
+    param->grad = Tensor();
+  }
+  for (auto& [name, buffer] : buffers_)
+    if (buffer->defined()) *buffer = buffer->to(device);
+  for (auto& [name, child] : children_) child->to(device);
+}
+
 }  // namespace troupe::nn

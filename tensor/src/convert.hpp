@@ -19,12 +19,17 @@ inline compute_t<T> load(T x) {
   else return x;
 }
 
+// A floating value goes to u8 through i64, wrapping modulo 256 (what x86 does for
+// in-range i32 values, and what PyTorch's CPU casts do): float -> u8 directly is
+// undefined out of range, and GPUs saturate where x86 wraps.
 template <class D, class S>
 inline D convert(S x) {
   if constexpr (std::is_same_v<D, S>) {
     return x;
   } else if constexpr (is_half_like<D>) {
     return D(static_cast<float>(load(x)));
+  } else if constexpr (std::is_same_v<D, std::uint8_t> && !std::is_integral_v<S>) {
+    return static_cast<D>(static_cast<std::int64_t>(load(x)));
   } else {
     return static_cast<D>(load(x));
   }

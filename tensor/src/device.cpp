@@ -39,6 +39,10 @@ int cuda_device_count() {
   return count;
 }
 
+void cuda_synchronize() {
+  if (cuda_available()) cuda_backend::synchronize();
+}
+
 void check_device_usable(Device d, const char* op) {
   if (d.is_cpu()) return;
   if (!cuda_built())

@@ -42,9 +42,13 @@ TEST(Cuda, ArithmeticAndMatmulAgreeWithTheCpu) {
   const Tensor da = a.to(Device::cuda()), db = b.to(Device::cuda());
   EXPECT_TRUE(allclose(matmul(da, db, Transpose::no, Transpose::yes).to(Device::cpu()),
                        matmul(a, b, Transpose::no, Transpose::yes), 1e-5, 1e-5));
+  // Half inputs, f32 accumulation on both sides: the same rounded operands, so the
+  // results differ by the summation order and the final rounding alone (issue 11:
+  // relative error < 1e-2 for bf16).
   for (DType t : {DType::bf16, DType::f16}) {
     EXPECT_TRUE(allclose(matmul(da.to(t), db.to(t), Transpose::no, Transpose::yes).to(Device::cpu()).to(DType::f32),
-                         matmul(a, b, Transpose::no, Transpose::yes), 1e-2, 5e-2)) << t;
+                         matmul(a.to(t), b.to(t), Transpose::no, Transpose::yes).to(DType::f32), 1e-2, 1e-2))
+        << t;
   }
   Tensor y = da.clone();
   axpy_(y, 0.5, da);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include "train_world.hpp"
+#include "troupe/collectives/mpi_communicator.hpp"
+#include "troupe/collectives/nccl_communicator.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sgd.hpp"
 #include "troupe/train/ddp.hpp"
@@ -84,6 +86,37 @@ TEST(DistributedDataParallel, AllRanksTogetherTrainLikeOneRankWithTheWholeBatch)
   }
   EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*model), want), 1e-5)
       << comm.size() << " ranks x batch " << local_batch << " vs 1 rank x batch 64";
+}
+
+// Issue 11: the model and its gradient buckets on the GPU, the all-reduce over NCCL on
+// its own stream (at one rank: NCCL needs a GPU per rank, and the GPU machine has
+// one), against the CPU reference: CUDA's and OpenBLAS's sums differ in order only.
+TEST(DistributedDataParallel, OnCudaOverNcclTrainsLikeTheCpuReference) {
+  auto& comm = world();
+  if (!collectives::NcclCommunicator::available()) GTEST_SKIP() << "no CUDA device or no NCCL in this build";
+  if (comm.size() != 1) GTEST_SKIP() << "NCCL needs a GPU per rank; run at one rank on a one-GPU machine";
+  const std::vector<double> want = reference_parameters(kSteps);
+  collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD);
+  collectives::NcclCommunicator nccl(bootstrap);
+  const tensor::Device gpu = tensor::Device::cuda();
+  auto model = testing::make_mlp(kModelSeed);
+  model->to(gpu);
+  DistributedDataParallel ddp(*model, nccl, {.bucket_bytes = 5000});  // several buckets
+  const TensorDataset data = testing::make_data(kGlobalBatch * kSteps, kDataSeed);
+  nn::SGD sgd(model->named_parameters(), 0.1, 0.9);
+  nn::CrossEntropyLoss loss_fn;
+  DistributedSampler sampler(data.size(), 1, 0, {.shuffle = true, .seed = kShuffleSeed});
+  for (int step = 0; step < kSteps; ++step) {
+    const TensorBatch batch = data.rows(sampler.take(kGlobalBatch));
+    sgd.zero_grad();
+    loss_fn.forward(ddp.forward(batch.inputs.to(gpu)), batch.targets);
+    ddp.backward(loss_fn.backward());
+    EXPECT_GT(ddp.last_sync_stats().buckets, 1);
+    EXPECT_EQ(model->named_parameters().front().param->grad.device(), gpu);
+    sgd.step();
+  }
+  model->to(tensor::Device::cpu());
+  EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*model), want), 1e-4);
 }
 
 TEST(DistributedDataParallel, FourMicroBatchesAccumulatedEqualOneBatchOfTheirSum) {

@@ -27,7 +27,7 @@ void MasterWeights::copy_gradients_to_master() {
       pair.master->grad = Tensor();
       continue;
     }
-    if (!pair.master->grad.defined()) pair.master->grad = Tensor::empty(pair.master->data.shape(), DType::f32);
+    if (!pair.master->grad.defined()) pair.master->grad = Tensor::empty(pair.master->data.shape(), DType::f32, pair.master->data.device());
     pair.master->grad.copy_(grad);
   }
 }

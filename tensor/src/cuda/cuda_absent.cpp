@@ -12,6 +12,7 @@ namespace {
 }  // namespace
 
 int device_count() { return 0; }
+void synchronize() {}
 void* allocate(std::size_t, int) { absent("cuda allocate"); }
 void release(void*, int) {}
 CachingAllocator::Stats memory_stats(int) { return {}; }
@@ -34,6 +35,17 @@ void axpy(DType, void*, double, const void*, std::int64_t) { absent("cuda axpy")
 void scale(DType, void*, double, std::int64_t) { absent("cuda scale"); }
 void random_uniform(DType, void*, std::int64_t, std::uint64_t, std::uint64_t, double, double) { absent("cuda uniform"); }
 void random_normal(DType, void*, std::int64_t, std::uint64_t, std::uint64_t, double, double) { absent("cuda normal"); }
+void activation_grad(detail::ActivationGrad, DType, const void*, const void*, void*, std::int64_t) {
+  absent("cuda activation gradient");
+}
+void cross_entropy_rows(DType, const void*, const std::int64_t*, std::int64_t, std::int64_t, std::int64_t, double,
+                        double*, double*) {
+  absent("cuda cross entropy");
+}
+void cross_entropy_grad(DType, const void*, const std::int64_t*, const double*, std::int64_t, std::int64_t,
+                        std::int64_t, double, double, void*) {
+  absent("cuda cross entropy gradient");
+}
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
           double, void*) { absent("cuda gemm"); }
 void sgd_step(float*, const float*, float*, std::int64_t, const SgdScalars&) { absent("cuda fused SGD"); }

@@ -3,9 +3,10 @@
 // host's own functions (half.hpp, philox.hpp) compiled for the device, which is what
 // makes a cast or a random tensor bit-identical on CPU and GPU.
 //
-// Kernels run on the default stream and each call synchronises it before returning,
-// so a CUDA tensor behaves like a CPU one to its caller. Streams come with the GPU
-// training path.
+// Kernels queue on the legacy default stream and return without waiting
+// (cuda_device.cuh's finish()); copies to the host and cuda_synchronize() wait.
+// NCCL runs on streams of its own, ordered after these kernels by events
+// (collectives/src/nccl_communicator.cpp).
 
 #include <algorithm>
 
@@ -233,6 +234,8 @@ int device_count() {
   }
   return count;
 }
+
+void synchronize() { TROUPE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind) {
   const cudaMemcpyKind k = kind == CopyKind::host_to_device ? cudaMemcpyHostToDevice

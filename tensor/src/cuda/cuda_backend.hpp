@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../nn_math.hpp"
 #include "../optim_step.hpp"
 #include "troupe/tensor/caching_allocator.hpp"
 #include "troupe/tensor/dtype.hpp"
@@ -30,6 +31,8 @@ struct BroadcastIndex {
 };
 
 int device_count();
+// Waits for everything queued on the current device.
+void synchronize();
 // Device memory, through the caching allocator (cuda_memory.cpp): a released block
 // goes back to its size class's free list, not to cudaFree.
 void* allocate(std::size_t nbytes, int device);
@@ -68,6 +71,20 @@ void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_s
                const AdamScalars& s);
 // grad *= inv_scale; *found_inf (a device float) becomes 1 if any grad is Inf or NaN.
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf);
+
+// ---- nn's layers and losses (cuda_nn.cu) ----
+// out = activation_grad(op, saved, grad) elementwise (nn_math.hpp), floating dtypes.
+void activation_grad(detail::ActivationGrad op, DType dtype, const void* saved, const void* grad, void* out,
+                     std::int64_t n);
+// Per row of logits [rows, classes]: log_sum_exp[r] and the row's loss term
+// (1 - eps) * nll + eps / C * sum_c(-log p_c), both 0 where target == ignore_index.
+void cross_entropy_rows(DType dtype, const void* logits, const std::int64_t* target, std::int64_t rows,
+                        std::int64_t classes, std::int64_t ignore_index, double eps, double* log_sum_exp,
+                        double* row_loss);
+// grad[r, c] = (softmax - smoothed one-hot) * factor, 0 on ignored rows.
+void cross_entropy_grad(DType dtype, const void* logits, const std::int64_t* target, const double* log_sum_exp,
+                        std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps,
+                        double factor, void* grad);
 
 // ---- memory (cuda_memory.cpp) ----
 CachingAllocator::Stats memory_stats(int device);

@@ -33,16 +33,22 @@ __device__ inline std::int64_t to_compute(std::int64_t x) { return x; }
 __device__ inline std::int32_t to_compute(std::int32_t x) { return x; }
 __device__ inline std::int32_t to_compute(std::uint8_t x) { return x; }
 
+// A floating value goes to u8 through i64 and wraps, as on the host (convert.hpp):
+// a plain float -> u8 conversion is undefined out of range, and the GPU saturates.
 template <class D, class S> __device__ inline D convert_to(S x) {
   if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) return D(static_cast<float>(x));
+  else if constexpr (std::is_same_v<D, std::uint8_t> && !std::is_integral_v<S>)
+    return static_cast<D>(static_cast<std::int64_t>(to_compute(x)));
   else return static_cast<D>(to_compute(x));
 }
 
-// Launches run on the default stream and are waited for, so an error surfaces at the
-// call that caused it and a CUDA tensor behaves like a CPU one to its caller.
+// Launches queue on the legacy default stream and return at once, as PyTorch's do:
+// kernels run in launch order, and the host waits only where it reads device memory
+// (a copy to the host, item()) or calls cuda_synchronize(). A bad launch is reported
+// here; a fault inside a kernel surfaces at the next synchronising call, so
+// CUDA_LAUNCH_BLOCKING=1 is the way to pin one to the call that caused it.
 inline void finish(const char* what) {
-  TROUPE_CUDA_CHECK(cudaGetLastError());
-  const cudaError_t status = cudaDeviceSynchronize();
+  const cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) cuda_check(status, what, __FILE__, __LINE__);
 }
 

@@ -52,7 +52,6 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
       TROUPE_THROW(InvalidArgument, "matmul on CUDA: dtype ", dtype_name(dtype),
                    " is not supported by cuBLAS; use f32, f64, f16 or bf16");
   }
-  TROUPE_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 }  // namespace troupe::tensor::cuda_backend

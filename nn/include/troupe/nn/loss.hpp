@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "troupe/tensor/nn_ops.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::nn {
@@ -26,7 +27,10 @@ using tensor::Tensor;
 // averaged over the rows whose target is not ignore_index -- exactly PyTorch's
 // formula. When every row is ignored the loss is NaN, as in PyTorch (0 / 0), and
 // the gradient is zero. Log-softmax subtracts each row's max first, so large logits
-// don't overflow; row arithmetic is in double.
+// don't overflow; row arithmetic is in double on the CPU, in f32 (f64 for f64
+// logits) on CUDA. On CUDA the targets may be on the CPU or on the GPU; either way
+// they are range-checked on the host (tensor/nn_ops.hpp), and the loss stays on the
+// GPU until it is read.
 class CrossEntropyLoss {
  public:
   explicit CrossEntropyLoss(std::int64_t ignore_index = -100, double label_smoothing = 0.0);
@@ -42,9 +46,8 @@ class CrossEntropyLoss {
  private:
   std::int64_t ignore_index_;
   double label_smoothing_;
-  Tensor logits_, target_;
-  std::vector<double> log_sum_exp_;  // per row
-  std::int64_t counted_ = 0;         // rows not ignored
+  Tensor logits_;
+  tensor::CrossEntropyForward forward_;  // targets, per-row log-sum-exp, rows counted
 };
 
 // torch.nn.MSELoss: mean of (input - target)^2 over all elements.

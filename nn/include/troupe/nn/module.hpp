@@ -35,11 +35,13 @@
 
 #include "troupe/nn/parameter.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/tensor/device.hpp"
 #include "troupe/tensor/dtype.hpp"
 
 namespace troupe::nn {
 
 using tensor::DType;
+using tensor::Device;
 
 using GradReadyHook = std::function<void(const std::string& name, Parameter& param)>;
 
@@ -97,6 +99,9 @@ class Module {
   // checks). Gradients are dropped and views are not preserved: call it while
   // building the model, before an optimizer or DDP holds on to anything.
   void to(DType dtype);
+  // Moves every parameter and buffer to `device` (model.to("cuda") in PyTorch), with
+  // the same rules: gradients are dropped, so call it before an optimizer or DDP.
+  void to(Device device);
 
  protected:
   // Names are non-empty, without '.', and unique among a module's parameters,

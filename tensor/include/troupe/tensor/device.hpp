@@ -33,6 +33,11 @@ bool cuda_built();
 // Number of usable GPUs; 0 without CUDA support or without a driver/device.
 int cuda_device_count();
 inline bool cuda_available() { return cuda_device_count() > 0; }
+// CUDA work is asynchronous: ops queue kernels on the device's default stream, in
+// order, and return. A copy to the host (to(cpu), item()) waits for what it reads;
+// this waits for everything queued (timing, handing memory to another library).
+// A no-op without CUDA.
+void cuda_synchronize();
 // Throws InvalidArgument naming `op` unless `d` can be used here.
 void check_device_usable(Device d, const char* op);
 

@@ -55,6 +55,8 @@
 
 #include "troupe/actors/methods.hpp"
 #include "troupe/collectives/communicator.hpp"
+#include "troupe/collectives/mpi_communicator.hpp"
+#include "troupe/collectives/nccl_communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/module.hpp"
@@ -83,6 +85,10 @@ struct WorkerOptions {
   // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
   // construction with InvalidArgument).
   std::string sharding = "ddp";
+  // "cpu", or "cuda": the model, batches and gradients on this process's GPU and the
+  // gradients all-reduced over NCCL (ddp only; one visible GPU per rank, e.g. through
+  // CUDA_VISIBLE_DEVICES, since the actor's methods may run on any pool thread).
+  std::string device = "cpu";
   double max_grad_norm = 0;         // 0: no clipping
   std::int32_t epochs = 1;          // for the progress bar only
   bool progress = true;             // draw progress on rank 0
@@ -107,7 +113,8 @@ struct WorkerOptions {
   template <class A>
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
-      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding);
+      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
+      device);
   }
 };
 
@@ -155,9 +162,12 @@ class TrainWorker {
 
   TrainWorker(WorkerOptions options, Config config)
       : options_(options), config_(std::move(config)), sharding_(parse_sharding(options_.sharding)),
-        comm_(make_communicator(options)), model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)),
-        test_(Recipe::test_set(config_)) {
+        device_(worker_device(options_)), comm_(make_communicator(options, device_)),
+        model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)) {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
+    TROUPE_CHECK(device_.is_cpu() || sharding_ == Sharding::ddp, "TrainWorker: sharding ", options_.sharding,
+                 " runs on the CPU only (sharding on CUDA is not built yet); use ddp on ", device_);
+    if (device_.is_cuda()) model_->to(device_);  // before DDP and the optimizer hold the parameters
     const std::int64_t per_step = static_cast<std::int64_t>(comm_->size()) * options_.accum_steps;
     TROUPE_CHECK(options_.global_batch % per_step == 0, "TrainWorker: the global batch of ", options_.global_batch,
                  " does not split evenly over ", comm_->size(), " ranks x ", options_.accum_steps,
@@ -232,7 +242,8 @@ class TrainWorker {
     result.epoch = epoch;
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
     while (auto batch = loader_->next()) {
-      const Tensor logits = sharded_ ? sharded_->forward(batch->inputs) : ddp_->forward(batch->inputs);
+      const Tensor inputs = batch->inputs.to(device_);  // the targets stay on the host: the loss copies them
+      const Tensor logits = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
       const double loss = loss_fn_.forward(logits, batch->targets).item();
       const auto n = batch->size();
       result.loss_sum += loss * static_cast<double>(n);
@@ -280,7 +291,7 @@ class TrainWorker {
       const std::vector<std::int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(begin),
                                           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
-      const Tensor logits = collective ? sharded_->forward(batch.inputs) : model_->forward(batch.inputs);
+      const Tensor logits = collective ? sharded_->forward(batch.inputs) : model_->forward(batch.inputs.to(device_));
       nn::CrossEntropyLoss eval_loss;
       const auto n = static_cast<double>(batch.size());
       result.loss_sum += eval_loss.forward(logits, batch.targets).item() * n;
@@ -368,12 +379,26 @@ class TrainWorker {
       return {};
   }
 
-  static std::unique_ptr<collectives::Communicator> make_communicator(const WorkerOptions& options) {
+  static tensor::Device worker_device(const WorkerOptions& options) {
+    TROUPE_CHECK(options.device == "cpu" || options.device == "cuda", "TrainWorker: device must be cpu or cuda, got '",
+                 options.device, "'");
+    if (options.device == "cpu") return tensor::Device::cpu();
+    tensor::check_device_usable(tensor::Device::cuda(), "TrainWorker");
+    TROUPE_CHECK(tensor::cuda_device_count() == 1, "TrainWorker: device cuda uses one GPU per rank, and this rank sees ",
+                 tensor::cuda_device_count(), "; give each rank its own with CUDA_VISIBLE_DEVICES");
+    return tensor::Device::cuda();
+  }
+
+  // The world, over MPI (CPU tensors) or NCCL (CUDA tensors; MPI carries its id).
+  static std::unique_ptr<collectives::Communicator> make_communicator(const WorkerOptions& options,
+                                                                     tensor::Device device) {
     TROUPE_CHECK(options.collective_timeout_s > 0, "TrainWorker: collective_timeout_s must be > 0, got ",
                  options.collective_timeout_s);
     collectives::Options comm_options = collectives::options_from_environment();
     comm_options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
-    return collectives::world_communicator(comm_options);
+    if (device.is_cpu()) return collectives::world_communicator(comm_options);
+    collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD, comm_options);
+    return std::make_unique<collectives::NcclCommunicator>(bootstrap, device.index, comm_options);
   }
 
   // After every optimizer step: progress for troupe-run, the injected fault if this is
@@ -397,6 +422,7 @@ class TrainWorker {
   WorkerOptions options_;
   Config config_;
   Sharding sharding_;
+  tensor::Device device_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::unique_ptr<nn::Module> model_;
   TensorDataset train_, test_;

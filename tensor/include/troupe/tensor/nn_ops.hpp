@@ -1,0 +1,36 @@
+// The tensor-level pieces of nn's layers and losses that are more than a composition
+// of ops.hpp: activation gradients and softmax cross-entropy, on the CPU and on CUDA
+// alike (ATen's threshold_backward, gelu_backward, tanh_backward and
+// cross_entropy_loss). nn/ calls these, so one layer runs on either device.
+#pragma once
+
+#include <cstdint>
+
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::tensor {
+
+// d(activation)/d(input) * grad_output, from what the forward saved: relu and gelu
+// from their input, tanh from its output. Shapes, dtypes and devices must match.
+Tensor relu_backward(const Tensor& grad_output, const Tensor& input);
+Tensor gelu_backward(const Tensor& grad_output, const Tensor& input, bool tanh_approximation = false);
+Tensor tanh_backward(const Tensor& grad_output, const Tensor& output);
+
+// Softmax cross-entropy of logits [rows, classes] against class indices [rows] (i64,
+// on the CPU or on the logits' device), with label smoothing `eps` and rows whose
+// target is `ignore_index` left out. The targets are range-checked on the host (a
+// CUDA target is copied there: rows * 8 bytes, and a wait for the work before it).
+struct CrossEntropyForward {
+  Tensor loss;         // 0-dim, the logits' dtype and device: the mean over counted rows (NaN if none)
+  Tensor log_sum_exp;  // f64 [rows] on the logits' device, for the backward
+  Tensor target;       // the targets on the logits' device
+  std::int64_t counted = 0;  // rows not ignored
+};
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target, std::int64_t ignore_index,
+                                          double label_smoothing, const char* op);
+// d loss / d logits, times `scale`: (softmax - smoothed one-hot) * scale / counted,
+// zero on ignored rows.
+Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& forward, std::int64_t ignore_index,
+                              double label_smoothing, double scale);
+
+}  // namespace troupe::tensor

@@ -1,0 +1,169 @@
+// Activation gradients and softmax cross-entropy: the host loop or the CUDA kernel,
+// over the same formulas (nn_math.hpp; the cross-entropy's in double on the host,
+// in the compute type on the device).
+#include "troupe/tensor/nn_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "convert.hpp"
+#include "cuda/cuda_backend.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::tensor {
+
+namespace {
+
+using detail::ActivationGrad;
+
+Tensor activation_backward(ActivationGrad kind, const Tensor& grad_output, const Tensor& saved, const char* op) {
+  TROUPE_CHECK(saved.defined() && grad_output.defined(), op, ": undefined ",
+               saved.defined() ? "grad_output" : "saved forward tensor");
+  TROUPE_CHECK(is_floating(saved.dtype()), op, ": needs a floating dtype, got ", saved.dtype());
+  TROUPE_CHECK(grad_output.shape() == saved.shape() && grad_output.dtype() == saved.dtype() &&
+                   grad_output.device() == saved.device(),
+               op, ": grad_output must be ", saved.dtype(), " ", to_string(saved.shape()), " on ", saved.device(),
+               " (the forward's), got ", grad_output.dtype(), " ", to_string(grad_output.shape()), " on ",
+               grad_output.device());
+  Tensor out = Tensor::empty(saved.shape(), saved.dtype(), saved.device());
+  if (saved.numel() == 0) return out;
+  if (saved.device().is_cuda()) {
+    cuda_backend::activation_grad(kind, saved.dtype(), saved.raw_data(), grad_output.raw_data(), out.raw_data(),
+                                  saved.numel());
+    return out;
+  }
+  dispatch_floating(saved.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = saved.data<T>();
+    const T* g = grad_output.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < saved.numel(); ++i)
+      o[i] = detail::convert<T>(detail::activation_grad(kind, detail::load(s[i]), detail::load(g[i])));
+  });
+  return out;
+}
+
+}  // namespace
+
+Tensor relu_backward(const Tensor& grad_output, const Tensor& input) {
+  return activation_backward(ActivationGrad::relu, grad_output, input, "ReLU.backward");
+}
+
+Tensor gelu_backward(const Tensor& grad_output, const Tensor& input, bool tanh_approximation) {
+  return activation_backward(tanh_approximation ? ActivationGrad::gelu_tanh : ActivationGrad::gelu, grad_output,
+                             input, "GELU.backward");
+}
+
+Tensor tanh_backward(const Tensor& grad_output, const Tensor& output) {
+  return activation_backward(ActivationGrad::tanh, grad_output, output, "Tanh.backward");
+}
+
+CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target, std::int64_t ignore_index,
+                                          double eps, const char* op) {
+  TROUPE_CHECK(logits.defined(), op, ": logits are undefined");
+  TROUPE_CHECK(is_floating(logits.dtype()), op, ": needs floating logits, got ", logits.dtype());
+  TROUPE_CHECK(logits.dim() >= 1, op, ": logits must have a class dimension, got a 0-dim tensor");
+  TROUPE_CHECK(target.defined() && target.dtype() == DType::i64, op, ": target must be an i64 tensor, got ",
+               target.defined() ? dtype_name(target.dtype()) : "undefined");
+  TROUPE_CHECK(target.device().is_cpu() || target.device() == logits.device(), op, ": target is on ",
+               target.device(), ", logits on ", logits.device(), "; the target must be on the CPU or with the logits");
+  const Shape rows_shape(logits.shape().begin(), logits.shape().end() - 1);
+  TROUPE_CHECK(target.shape() == rows_shape, op, ": logits ", to_string(logits.shape()), " need target ",
+               to_string(rows_shape), ", got ", to_string(target.shape()));
+  const std::int64_t classes = logits.size(-1);
+  const std::int64_t rows = target.numel();
+  TROUPE_CHECK(classes > 0 || rows == 0, op, ": logits have 0 classes");
+
+  // Range check on the host, where the error can name the row.
+  const Tensor host_target = target.device().is_cpu() ? target : target.to(Device::cpu());
+  const std::int64_t* y = host_target.data<std::int64_t>();
+  CrossEntropyForward f;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    TROUPE_CHECK(y[r] == ignore_index || (y[r] >= 0 && y[r] < classes), op, ": target ", y[r], " at row ", r,
+                 " is out of range for ", classes, " classes (ignore_index is ", ignore_index, ")");
+    if (y[r] != ignore_index) ++f.counted;
+  }
+  f.target = target.device() == logits.device() ? target : target.to(logits.device());
+  f.log_sum_exp = Tensor::zeros({rows}, DType::f64, logits.device());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+
+  if (logits.device().is_cuda()) {
+    Tensor row_loss = Tensor::empty({rows}, DType::f64, logits.device());
+    if (rows > 0)
+      cuda_backend::cross_entropy_rows(logits.dtype(), logits.raw_data(),
+                                       static_cast<const std::int64_t*>(f.target.raw_data()), rows, classes,
+                                       ignore_index, eps, static_cast<double*>(f.log_sum_exp.raw_data()),
+                                       static_cast<double*>(row_loss.raw_data()));
+    f.loss = f.counted > 0 ? mul(sum(row_loss), 1.0 / static_cast<double>(f.counted)).to(logits.dtype())
+                           : Tensor::full({}, nan, logits.dtype(), logits.device());
+    return f;
+  }
+
+  double* lse = f.log_sum_exp.data<double>();
+  const double n_classes = static_cast<double>(classes);
+  double total = 0;
+  dispatch_floating(logits.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = logits.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (y[r] == ignore_index) continue;
+      const T* row = x + r * classes;
+      double max = -std::numeric_limits<double>::infinity();
+      for (std::int64_t c = 0; c < classes; ++c) max = std::max(max, static_cast<double>(row[c]));
+      double sum_exp = 0, sum_logits = 0;
+      for (std::int64_t c = 0; c < classes; ++c) {
+        sum_exp += std::exp(static_cast<double>(row[c]) - max);
+        sum_logits += static_cast<double>(row[c]);
+      }
+      lse[r] = max + std::log(sum_exp);
+      const double nll = lse[r] - static_cast<double>(row[y[r]]);
+      // sum over c of -log p_c = C * lse - sum of logits.
+      const double smooth = n_classes * lse[r] - sum_logits;
+      total += (1.0 - eps) * nll + eps / n_classes * smooth;
+    }
+  });
+  f.loss = Tensor::full({}, f.counted > 0 ? total / static_cast<double>(f.counted) : nan, logits.dtype());
+  return f;
+}
+
+// d loss / d logit[i, c] = (p[i, c] - q[i, c]) * scale / counted, with the smoothed
+// target q = (1 - eps) * onehot(y_i) + eps / C; ignored rows get zero.
+Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f, std::int64_t ignore_index,
+                              double eps, double scale) {
+  const std::int64_t classes = logits.size(-1);
+  const std::int64_t rows = f.target.numel();
+  Tensor grad = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
+  if (f.counted == 0) return grad;
+  const double factor = scale / static_cast<double>(f.counted);
+  if (logits.device().is_cuda()) {
+    cuda_backend::cross_entropy_grad(logits.dtype(), logits.raw_data(),
+                                     static_cast<const std::int64_t*>(f.target.raw_data()),
+                                     static_cast<const double*>(f.log_sum_exp.raw_data()), rows, classes,
+                                     ignore_index, eps, factor, grad.raw_data());
+    return grad;
+  }
+  const double off = eps / static_cast<double>(classes);
+  const std::int64_t* y = f.target.data<std::int64_t>();
+  const double* lse = f.log_sum_exp.data<double>();
+  dispatch_floating(logits.dtype(), "CrossEntropyLoss.backward", [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* x = logits.data<T>();
+    T* g = grad.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (y[r] == ignore_index) continue;
+      const T* row = x + r * classes;
+      T* grow = g + r * classes;
+      for (std::int64_t c = 0; c < classes; ++c) {
+        const double p = std::exp(static_cast<double>(row[c]) - lse[r]);
+        const double q = (c == y[r] ? 1.0 - eps : 0.0) + off;
+        grow[c] = T(static_cast<C>((p - q) * factor));
+      }
+    }
+  });
+  return grad;
+}
+
+}  // namespace troupe::tensor
