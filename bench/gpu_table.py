@@ -1,35 +1,61 @@
 #!/usr/bin/env python3
 """Pairs gpu_bench's JSON with torch_gpu_step.py's and prints issue 11's table.
 
-    python3 bench/gpu_table.py GPU_BENCH_JSON TORCH_JSON [--json ROWS] [--raw BOTH]
+    python3 bench/gpu_table.py --troupe GPU_BENCH_JSON... --torch TORCH_JSON... [--json ROWS] [--raw ALL]
 
 Rows: fused Adam over 100M f32 against the device-to-device copy of the same run
 (target >= 0.70 of its bytes per second); each model and precision's training step,
 troupe (plain, and DDP over NCCL at one rank) against PyTorch eager with its default
 Adam (foreach) and with fused=True (target: troupe plain <= 1.0x PyTorch eager's
-default). A table on stdout; --json writes the rows in bench/results' schema
+default). Given several rounds (each program run once per round, alternately), every
+figure is the median over rounds: the GPU machine is shared and PyTorch's launch-bound
+steps move by up to 2x between runs. A table on stdout; --json writes the rows in bench/results' schema
 (bench/results/gpu.json, which bench/report.py turns into docs/BENCHMARKS.md's gpu
 section), --raw both programs' own output. Exits 1 if an input is missing or broken.
 """
 import argparse
 import datetime
 import json
+import statistics
 import sys
+
+
+def median(values):
+    return statistics.median_low(values)
+
+
+# One result per case, its figures the median over rounds (the rounds' values kept).
+def merge_troupe(rounds):
+    adam = {k: median([r["adam_100m"][k] for r in rounds]) for k in rounds[0]["adam_100m"]}
+    steps = []
+    for i, step in enumerate(rounds[0]["steps"]):
+        values = [r["steps"][i]["step_ms"] for r in rounds]
+        steps.append({**step, "step_ms": median(values), "rounds_ms": values})
+    return {"adam_100m": adam, "steps": steps}
+
+
+def merge_torch(rounds):
+    out = []
+    for i, case in enumerate(rounds[0]):
+        values = [r[i]["step_ms"] for r in rounds]
+        out.append({**case, "step_ms": median(values), "rounds_ms": values})
+    return out
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("troupe")
-    parser.add_argument("torch")
+    parser.add_argument("--troupe", nargs="+", required=True)
+    parser.add_argument("--torch", nargs="+", required=True)
     parser.add_argument("--json", help="the rows, in bench/results' schema")
     parser.add_argument("--raw", help="both programs' own JSON")
     args = parser.parse_args()
     try:
-        troupe = json.load(open(args.troupe))
-        torch = json.load(open(args.torch))
+        troupe_rounds = [json.load(open(f)) for f in args.troupe]
+        torch_rounds = [json.load(open(f)) for f in args.torch]
     except (OSError, ValueError) as e:
         print(f"gpu_table.py: {e}", file=sys.stderr)
         return 1
+    troupe, torch = merge_troupe(troupe_rounds), merge_torch(torch_rounds)
 
     device = torch[0]["device"] if torch else "?"
     stamp = {"machine": f"{device}, PyTorch {torch[0]['torch']}" if torch else device,
@@ -60,7 +86,7 @@ def main():
         if fused and wrapper == "plain":
             add(case, "ms", "lower", step["step_ms"], "PyTorch eager, Adam(fused=True)", fused["step_ms"], "", None)
 
-    print(f"Device: {stamp['machine']}")
+    print(f"Device: {stamp['machine']}; median of {len(troupe_rounds)} round(s)")
     print()
     print("| case | troupe | baseline | ratio | target | met |")
     print("|---|---|---|---|---|---|")
@@ -73,7 +99,7 @@ def main():
             json.dump(rows, f, indent=1)
         if args.raw:
             with open(args.raw, "w") as f:
-                json.dump({"troupe": troupe, "torch": torch}, f, indent=1)
+                json.dump({"troupe_rounds": troupe_rounds, "torch_rounds": torch_rounds}, f, indent=1)
     return 0
 
 

@@ -36,7 +36,16 @@ baseline `bench/torch_gpu_step.py` one after the other and pairs them with
   plain f32 on both sides (TF32 off); bf16 is a bf16 model stepping f32 master
   weights in troupe and autocast (f32 weights cast per product) in PyTorch. 20
   warm-up steps, then 5 repeats of 20 steps, each timed between device
-  synchronisations (troupe) or CUDA events (PyTorch); the median repeat.""",
+  synchronisations (troupe) or CUDA events (PyTorch); the median repeat. gpu-check
+  runs the two programs alternately for 3 rounds and reports the median round: troupe's
+  figures moved by under 2% between rounds, PyTorch's launch-bound steps by up to 20%
+  (bf16 mlp25m: 1.74-2.05 ms; 1.27 and 2.33 ms in two earlier runs).
+- The target (issue 11) is PyTorch eager's default step. Against PyTorch's fused
+  Adam, troupe's f32 step is 1.15-1.20x slower. Adam is not the gap (troupe's fused
+  Adam moves bytes as fast as a copy); the step was not profiled, and the likely
+  difference is the rest of the step: PyTorch fuses each Linear's bias into cuBLAS's
+  epilogue, where troupe adds it in a kernel of its own, and sums the bias gradient
+  and zero-fills fresh gradients in separate kernels too.""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
