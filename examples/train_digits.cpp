@@ -46,6 +46,7 @@ struct Flags {
   int accum_steps = 1;
   std::string sharding = "ddp";  // ddp, zero1, zero2 or fsdp
   std::string device = "cpu";    // cpu or cuda (ddp over NCCL)
+  std::string precision = "f32"; // f32 or bf16 (bf16 model, f32 master weights; ddp)
   std::string metrics;          // JSONL metrics log; empty for none
   std::string best;             // file for the model with the best test accuracy; empty for none
   // Checkpoints: the folder (default: troupe-run's TROUPE_CHECKPOINT_DIR, if any), a
@@ -58,7 +59,7 @@ struct Flags {
 const char* kUsage =
     "usage: train_digits [--data PATH] [--epochs N] [--batch-size N] [--hidden N] [--lr X]\n"
     "                    [--momentum X] [--seed N] [--require-accuracy X] [--accum-steps N]\n"
-    "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda]\n"
+    "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                    [--metrics FILE] [--best FILE]\n"
     "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n"
@@ -66,6 +67,7 @@ const char* kUsage =
     "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
     "  --device cuda: the model, batches and gradients on this rank's GPU, gradients\n"
     "  all-reduced over NCCL (ddp only; one visible GPU per rank).\n"
+    "  --precision bf16: mixed precision, a bf16 model stepping f32 master weights (ddp only).\n"
     "  --checkpoint-dir saves at each epoch's end (and every STEPS steps) and, started again\n"
     "  with the same DIR, resumes from its latest valid checkpoint. Under troupe-run it\n"
     "  defaults to troupe-run's --checkpoint-dir.\n";
@@ -100,6 +102,7 @@ Flags parse_flags(int argc, char** argv) {
       else if (flag == "--accum-steps") f.accum_steps = whole(std::stoi(value, &used));
       else if (flag == "--sharding") f.sharding = value;
       else if (flag == "--device") f.device = value;
+      else if (flag == "--precision") f.precision = value;
       else if (flag == "--metrics") f.metrics = value;
       else if (flag == "--best") f.best = value;
       else throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
@@ -114,6 +117,8 @@ Flags parse_flags(int argc, char** argv) {
     throw InvalidArgument("bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp\n" + kUsage);
   if (f.device != "cpu" && f.device != "cuda")
     throw InvalidArgument("bad value '" + f.device + "' for --device: cpu or cuda\n" + kUsage);
+  if (f.precision != "f32" && f.precision != "bf16")
+    throw InvalidArgument("bad value '" + f.precision + "' for --precision: f32 or bf16\n" + kUsage);
   if (f.save_every < 0 || f.keep_last < 1)
     throw InvalidArgument(std::string("--save-every must be >= 0 and --keep-last >= 1\n") + kUsage);
   if (f.checkpoint_dir.empty()) {
@@ -303,6 +308,7 @@ int main(int argc, char** argv) {
                                  .seed = flags.seed,
                                  .sharding = flags.sharding,
                                  .device = flags.device,
+                                 .precision = flags.precision,
                                  .epochs = flags.epochs,
                                  .best_path = flags.best,
                                  .checkpoint_dir = flags.checkpoint_dir,

@@ -20,16 +20,23 @@ std::string Dropout::type_name() const {
 
 Tensor Dropout::forward(const Tensor& input) {
   const std::string op = type_name() + ".forward";
-  detail::check_host_floating(input, op);
+  TROUPE_CHECK(input.defined(), op, ": input is undefined");
+  TROUPE_CHECK(tensor::is_floating(input.dtype()), op, ": needs a floating dtype, got ", input.dtype());
   forward_ran_ = true;
   if (!is_training() || p_ == 0.0) {
     mask_ = Tensor();
     return input;
   }
-  const Tensor u = tensor::uniform(input.shape(), 0.0, 1.0, gen_, DType::f32);
+  // The same draws on either device (Philox, counter-based), so a CUDA run drops the
+  // same elements as a CPU one.
+  const Tensor u = tensor::uniform(input.shape(), 0.0, 1.0, gen_, DType::f32, input.device());
   const float keep = static_cast<float>(1.0 - p_);
   // p = 1 drops everything; the scale is then never used, and must not be inf.
   const double scale = p_ < 1.0 ? 1.0 / (1.0 - p_) : 0.0;
+  if (input.device().is_cuda()) {  // mask = (u < keep) * scale, in the input's dtype
+    mask_ = tensor::mul(tensor::lt(u, static_cast<double>(keep)).to(input.dtype()), scale);
+    return tensor::mul(input, mask_);
+  }
   mask_ = Tensor::empty(input.shape(), input.dtype());
   tensor::dispatch_floating(input.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
@@ -44,6 +51,11 @@ Tensor Dropout::forward(const Tensor& input) {
 Tensor Dropout::backward(const Tensor& grad_output) {
   TROUPE_CHECK(forward_ran_, type_name(), ".backward: called before forward");
   if (!mask_.defined()) return grad_output;
+  if (mask_.device().is_cuda()) {
+    TROUPE_CHECK(grad_output.defined() && grad_output.shape() == mask_.shape() && grad_output.dtype() == mask_.dtype(),
+                 type_name(), ".backward: grad_output must be ", mask_.dtype(), " ", tensor::to_string(mask_.shape()));
+    return tensor::mul(grad_output, mask_);
+  }
   return detail::map2(mask_, grad_output, type_name() + ".backward", [](auto m, auto gy) { return m * gy; });
 }
 

@@ -24,6 +24,8 @@ Tensor Embedding::forward(const Tensor& indices) {
   TROUPE_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, op,
                ": indices must be i64 or i32, got ", indices.dtype());
   TROUPE_CHECK(indices.device().is_cpu(), op, ": runs on the CPU, indices are on ", indices.device());
+  TROUPE_CHECK(weight_->data.device().is_cpu(), op, ": runs on the CPU only (no CUDA kernels yet), its weight is on ",
+               weight_->data.device());
   const Tensor idx = indices.to(DType::i64);
   const std::int64_t* ip = idx.data<std::int64_t>();
   for (std::int64_t i = 0; i < idx.numel(); ++i)

@@ -5,6 +5,7 @@
 
 #include "pointwise.hpp"
 #include "troupe/error.hpp"
+#include "troupe/tensor/ops.hpp"
 
 namespace troupe::nn {
 
@@ -27,14 +28,16 @@ std::string LayerNorm::type_name() const {
 
 Tensor LayerNorm::forward(const Tensor& input) {
   const std::string op = type_name() + ".forward";
-  detail::check_host_floating(input, op);
+  TROUPE_CHECK(input.defined() && tensor::is_floating(input.dtype()), op, ": needs a floating input");
   TROUPE_CHECK(input.dim() >= 1 && input.size(-1) == size_, op, ": input ", tensor::to_string(input.shape()),
                " must end in ", size_);
   if (weight_)
-    TROUPE_CHECK(input.dtype() == weight_->data.dtype(), op, ": input is ", input.dtype(), ", weight is ",
-                 weight_->data.dtype());
+    TROUPE_CHECK(input.dtype() == weight_->data.dtype() && input.device() == weight_->data.device(), op,
+                 ": input is ", input.dtype(), " on ", input.device(), ", weight is ", weight_->data.dtype(), " on ",
+                 weight_->data.device());
   const std::int64_t rows = input.numel() / size_;
   input_ = input;
+  if (input.device().is_cuda()) return forward_on_device(input, rows);
   mean_.assign(static_cast<std::size_t>(rows), 0.0);
   rstd_.assign(static_cast<std::size_t>(rows), 0.0);
   Tensor out = Tensor::empty(input.shape(), input.dtype());
@@ -72,11 +75,13 @@ Tensor LayerNorm::forward(const Tensor& input) {
 Tensor LayerNorm::backward(const Tensor& grad_output) {
   const std::string op = type_name() + ".backward";
   TROUPE_CHECK(input_.defined(), op, ": called before forward");
-  detail::check_host_floating(grad_output, op);
-  TROUPE_CHECK(grad_output.shape() == input_.shape() && grad_output.dtype() == input_.dtype(), op,
-               ": grad_output must be ", input_.dtype(), " ", tensor::to_string(input_.shape()), ", got ",
-               grad_output.dtype(), " ", tensor::to_string(grad_output.shape()));
+  TROUPE_CHECK(grad_output.defined() && grad_output.shape() == input_.shape() &&
+                   grad_output.dtype() == input_.dtype() && grad_output.device() == input_.device(),
+               op, ": grad_output must be ", input_.dtype(), " ", tensor::to_string(input_.shape()), " on ",
+               input_.device(), ", got ", grad_output.dtype(), " ", tensor::to_string(grad_output.shape()), " on ",
+               grad_output.device());
   const std::int64_t rows = input_.numel() / size_;
+  if (input_.device().is_cuda()) return backward_on_device(grad_output, rows);
   const auto n = static_cast<std::size_t>(size_);
   Tensor grad_input = Tensor::empty(input_.shape(), input_.dtype());
   std::vector<double> dweight(weight_ ? n : 0, 0.0), dbias(bias_ ? n : 0, 0.0);
@@ -121,6 +126,39 @@ Tensor LayerNorm::backward(const Tensor& grad_output) {
     }
   });
   return grad_input;
+}
+
+// The device path: the host loop's formulas as tensor ops in f64 (rows x size, the
+// per-row statistics broadcast as [rows, 1]), so CUDA agrees with the CPU's double
+// arithmetic to within f64 rounding.
+Tensor LayerNorm::forward_on_device(const Tensor& input, std::int64_t rows) {
+  using namespace tensor;
+  const Tensor x = input.to(DType::f64).reshape({rows, size_});
+  const Tensor centred = sub(x, mean(x, 1, true));
+  std_ = sqrt(add(mean(mul(centred, centred), 1, true), eps_));
+  xhat_ = div(centred, std_);
+  Tensor y = xhat_;
+  if (weight_) y = add(mul(y, weight_->data.to(DType::f64)), bias_->data.to(DType::f64));
+  return y.to(input.dtype()).reshape(input.shape());
+}
+
+Tensor LayerNorm::backward_on_device(const Tensor& grad_output, std::int64_t rows) {
+  using namespace tensor;
+  const std::string op = type_name() + ".backward";
+  const Tensor g = grad_output.to(DType::f64).reshape({rows, size_});
+  const Tensor dnorm = weight_ ? mul(g, weight_->data.to(DType::f64)) : g;
+  const Tensor mean_dnorm = mean(dnorm, 1, true), mean_dnorm_xhat = mean(mul(dnorm, xhat_), 1, true);
+  const Tensor grad_input = div(sub(sub(dnorm, mean_dnorm), mul(xhat_, mean_dnorm_xhat)), std_);
+  if (weight_) {
+    // grad (+)= the sum over rows, added in f64 and rounded once, as the host does.
+    Tensor& gb = grad_for_accumulation(*bias_, op.c_str(), "bias");
+    gb.copy_(add(gb.to(DType::f64), sum(g, 0)));
+    grad_ready(*bias_);
+    Tensor& gw = grad_for_accumulation(*weight_, op.c_str(), "weight");
+    gw.copy_(add(gw.to(DType::f64), sum(mul(g, xhat_), 0)));
+    grad_ready(*weight_);
+  }
+  return grad_input.to(input_.dtype()).reshape(input_.shape());
 }
 
 }  // namespace troupe::nn

@@ -3,8 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <string>
@@ -141,4 +143,34 @@ TEST(TrainDigits, KeepsTheModelWithTheBestTestAccuracyInTheBestFile) {
   std::string head(64, '\0');
   in.read(head.data(), 64);
   EXPECT_NE(head.find("troupe-best-model"), std::string::npos) << "the file starts with its magic";
+}
+
+// --precision bf16: a bf16 model stepping f32 master weights. The checkpoints keep the
+// masters, so 3 epochs + a resume to 6 end exactly where 6 straight epochs do (were
+// only the bf16 model saved, the resumed masters would be its rounding, and differ).
+TEST(TrainDigits, Bf16MixedPrecisionLearnsAndResumesFromItsCheckpointBitForBit) {
+  const std::string dir = testing::TempDir() + "digits_bf16_" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  const ProcessResult straight = run_train_digits("--epochs 6 --precision bf16");
+  ASSERT_EQ(straight.status, 0) << straight.output;
+  EXPECT_GT(final_accuracy(straight.output), 0.9) << straight.output;
+  const ProcessResult first = run_train_digits("--epochs 3 --precision bf16 --checkpoint-dir " + dir);
+  ASSERT_EQ(first.status, 0) << first.output;
+  const ProcessResult resumed = run_train_digits("--epochs 6 --precision bf16 --checkpoint-dir " + dir);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  ASSERT_FALSE(parameters_hash(straight.output).empty()) << straight.output;
+  EXPECT_EQ(parameters_hash(resumed.output), parameters_hash(straight.output)) << resumed.output;
+  EXPECT_NE(parameters_hash(straight.output), parameters_hash(run_train_digits("--epochs 6").output))
+      << "bf16 should not train bit for bit like f32";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TrainDigits, ABadPrecisionOrDeviceIsNamedWithTheChoicesAndExitsWithStatus2) {
+  ProcessResult run = run_train_digits("--precision fp8");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("bad value 'fp8' for --precision: f32 or bf16"), std::string::npos) << run.output;
+  run = run_train_digits("--device tpu");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("bad value 'tpu' for --device: cpu or cuda"), std::string::npos) << run.output;
 }

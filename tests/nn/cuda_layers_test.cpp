@@ -10,6 +10,9 @@
 #include "../tensor/gpu_compare.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/adam.hpp"
+#include "troupe/nn/dropout.hpp"
+#include "troupe/nn/embedding.hpp"
+#include "troupe/nn/layer_norm.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
@@ -61,6 +64,50 @@ TEST(CudaLayers, LinearForwardAndBackwardMatchTheCpu) {
     EXPECT_TRUE(matches_cpu(on_gpu.backward(gy.to(gpu)), cpu.backward(gy))) << t;
     EXPECT_TRUE(matches_cpu(on_gpu.weight().grad, cpu.weight().grad)) << t;
     EXPECT_TRUE(matches_cpu(on_gpu.bias()->grad, cpu.bias()->grad)) << t;
+  }
+}
+
+TEST(CudaLayers, LayerNormForwardAndBackwardMatchTheCpu) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  for (DType t : {DType::f32, DType::bf16}) {
+    LayerNorm cpu(40, 1e-5, true, t), on_gpu(40, 1e-5, true, t);
+    tensor::Generator g(2);
+    // A non-trivial affine part, the same on both.
+    cpu.named_parameters()[0].param->data = tensor::normal({40}, 1, 0.5, g, t);
+    cpu.named_parameters()[1].param->data = tensor::normal({40}, 0, 0.5, g, t);
+    on_gpu.named_parameters()[0].param->data = cpu.named_parameters()[0].param->data.to(gpu);
+    on_gpu.named_parameters()[1].param->data = cpu.named_parameters()[1].param->data.to(gpu);
+    const Tensor x = tensor::normal({3, 7, 40}, 2, 3, g, t), gy = tensor::normal({3, 7, 40}, 0, 1, g, t);
+    EXPECT_TRUE(matches_cpu(on_gpu.forward(x.to(gpu)), cpu.forward(x))) << t;
+    EXPECT_TRUE(matches_cpu(on_gpu.backward(gy.to(gpu)), cpu.backward(gy))) << t;
+    for (std::size_t i = 0; i < 2; ++i)
+      EXPECT_TRUE(matches_cpu(on_gpu.named_parameters()[i].param->grad, cpu.named_parameters()[i].param->grad))
+          << cpu.named_parameters()[i].name << " " << t;
+  }
+}
+
+TEST(CudaLayers, DropoutDropsTheSameElementsAsOnTheCpu) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  Dropout cpu(0.3, 17), on_gpu(0.3, 17);
+  tensor::Generator g(4);
+  const Tensor x = tensor::normal({50, 20}, 0, 1, g), gy = tensor::normal({50, 20}, 0, 1, g);
+  for (int call = 0; call < 2; ++call) {  // the generators advance alike
+    EXPECT_TRUE(tensor::equal(on_gpu.forward(x.to(gpu)).to(Device::cpu()), cpu.forward(x))) << "call " << call;
+    EXPECT_TRUE(tensor::equal(on_gpu.backward(gy.to(gpu)).to(Device::cpu()), cpu.backward(gy))) << "call " << call;
+  }
+}
+
+TEST(CudaLayers, EmbeddingOnCudaIsAClearErrorNotACrash) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  tensor::Generator g(1);
+  Embedding embedding(10, 4, g);
+  embedding.to(gpu);
+  Tensor indices = Tensor::zeros({3}, DType::i64);
+  try {
+    embedding.forward(indices);
+    FAIL() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("runs on the CPU only"), std::string::npos) << e.what();
   }
 }
 

@@ -40,4 +40,23 @@ void MasterWeights::copy_model_to_master() {
   for (auto& pair : pairs_) pair.master->data.copy_(pair.model->data);
 }
 
+nn::StateDict MasterWeights::state_dict(const nn::Module& model) const {
+  nn::StateDict dict = model.state_dict();
+  for (const auto& pair : pairs_) dict.insert_or_assign(pair.name, pair.master->data);
+  return dict;
+}
+
+void MasterWeights::load_state_dict(nn::Module& model, const nn::StateDict& dict, bool strict) {
+  // The model checks names, shapes and dtypes (its own) and rounds; then the masters
+  // take the full-precision values.
+  nn::StateDict rounded;
+  for (const auto& [name, value] : dict) rounded.insert(name, value);
+  for (const auto& pair : pairs_)
+    if (const Tensor* value = dict.find(pair.name); value != nullptr && value->defined() && tensor::is_floating(value->dtype()))
+      rounded.insert_or_assign(pair.name, value->to(pair.model->data.dtype()));
+  model.load_state_dict(rounded, strict);
+  for (auto& pair : pairs_)
+    if (const Tensor* value = dict.find(pair.name)) pair.master->data.copy_(*value);
+}
+
 }  // namespace troupe::train

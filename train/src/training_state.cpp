@@ -7,6 +7,7 @@
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/grad_scaler.hpp"
+#include "troupe/train/master_weights.hpp"
 
 namespace troupe::train {
 
@@ -61,8 +62,8 @@ std::uint64_t parameter_hash(nn::Module& model) {
 }
 
 TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
-                             DistributedDataParallel* ddp, GradScaler* scaler)
-    : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(ddp), scaler_(scaler) {}
+                             DistributedDataParallel* ddp, GradScaler* scaler, MasterWeights* master)
+    : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(ddp), scaler_(scaler), master_(master) {}
 
 TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
                              ShardedStateDicts& sharded)
@@ -78,7 +79,9 @@ std::vector<std::string> TrainingState::group_names() const {
 
 StateGroups TrainingState::state_dicts() const {
   StateGroups groups;
-  groups.emplace_back("model", sharded_ != nullptr ? sharded_->model_state_dict() : model_.state_dict());
+  groups.emplace_back("model", sharded_ != nullptr ? sharded_->model_state_dict()
+                               : master_ != nullptr ? master_->state_dict(model_)
+                                                    : model_.state_dict());
   groups.emplace_back("optimizer", sharded_ != nullptr ? sharded_->optimizer_state_dict() : optimizer_.state_dict());
   for (auto& group : small_state_dicts()) groups.push_back(std::move(group));
   return groups;
@@ -123,7 +126,8 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
     sharded_->load_model_state_dict(model);
     sharded_->load_optimizer_state_dict(optimizer);
   } else {
-    model_.load_state_dict(model, /*strict=*/true);
+    if (master_ != nullptr) master_->load_state_dict(model_, model, /*strict=*/true);
+    else model_.load_state_dict(model, /*strict=*/true);
     optimizer_.load_state_dict(optimizer);
   }
   sampler_.load_state_dict(sampler);

@@ -31,12 +31,16 @@ class LayerNorm : public Module {
   double eps() const { return eps_; }
 
  private:
+  Tensor forward_on_device(const Tensor& input, std::int64_t rows);
+  Tensor backward_on_device(const Tensor& grad_output, std::int64_t rows);
+
   std::int64_t size_;
   double eps_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   Tensor input_;
   std::vector<double> mean_, rstd_;
+  Tensor xhat_, std_;  // on CUDA: the normalised input and each row's std, f64
 };
 
 }  // namespace troupe::nn

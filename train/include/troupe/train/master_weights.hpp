@@ -49,6 +49,15 @@ class MasterWeights {
   // Each master = its model parameter widened (after loading a model state dict).
   void copy_model_to_master();
 
+  // The model's state dict with the f32 masters in place of its parameters: the full
+  // precision a checkpoint should keep (PyTorch's AMP state dicts are f32 too).
+  nn::StateDict state_dict(const nn::Module& model) const;
+  // Loads such a dict: the masters exactly, the model's parameters rounded from them
+  // (what they were when it was saved), its buffers as they are. The parameters may
+  // also come in the model's own dtype (a checkpoint of the bf16 model): the masters
+  // are then widened from them. Checked like Module::load_state_dict, all or nothing.
+  void load_state_dict(nn::Module& model, const nn::StateDict& dict, bool strict = true);
+
  private:
   struct Pair {
     std::string name;

@@ -68,6 +68,7 @@
 #include "troupe/train/data_loader.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
+#include "troupe/train/master_weights.hpp"
 #include "troupe/train/sharded_model.hpp"
 #include "troupe/train/status.hpp"
 #include "troupe/train/tensor_dataset.hpp"
@@ -89,6 +90,10 @@ struct WorkerOptions {
   // gradients all-reduced over NCCL (ddp only; one visible GPU per rank, e.g. through
   // CUDA_VISIBLE_DEVICES, since the actor's methods may run on any pool thread).
   std::string device = "cpu";
+  // "f32", or "bf16": mixed precision -- a bf16 model (products and gradients in bf16,
+  // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
+  // checkpoints keep, so a resume is exact. ddp only.
+  std::string precision = "f32";
   double max_grad_norm = 0;         // 0: no clipping
   std::int32_t epochs = 1;          // for the progress bar only
   bool progress = true;             // draw progress on rank 0
@@ -114,7 +119,7 @@ struct WorkerOptions {
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
       best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
-      device);
+      device, precision);
   }
 };
 
@@ -167,6 +172,11 @@ class TrainWorker {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     TROUPE_CHECK(device_.is_cpu() || sharding_ == Sharding::ddp, "TrainWorker: sharding ", options_.sharding,
                  " runs on the CPU only (sharding on CUDA is not built yet); use ddp on ", device_);
+    TROUPE_CHECK(options_.precision == "f32" || options_.precision == "bf16",
+                 "TrainWorker: precision must be f32 or bf16, got '", options_.precision, "'");
+    TROUPE_CHECK(options_.precision == "f32" || sharding_ == Sharding::ddp, "TrainWorker: precision bf16 is built for ",
+                 "ddp only, not ", options_.sharding);
+    if (options_.precision == "bf16") model_->to(tensor::DType::bf16);
     if (device_.is_cuda()) model_->to(device_);  // before DDP and the optimizer hold the parameters
     const std::int64_t per_step = static_cast<std::int64_t>(comm_->size()) * options_.accum_steps;
     TROUPE_CHECK(options_.global_batch % per_step == 0, "TrainWorker: the global batch of ", options_.global_batch,
@@ -175,7 +185,12 @@ class TrainWorker {
     if (sharding_ == Sharding::ddp) {
       ddp_ = std::make_unique<DistributedDataParallel>(*model_, *comm_,
                                                        DdpOptions{.bucket_bytes = options_.bucket_bytes});
-      optimizer_ = Recipe::make_optimizer(*model_, config_);
+      if (options_.precision == "bf16") {  // after DDP's broadcast, so every rank's masters are rank 0's
+        master_ = std::make_unique<MasterWeights>(*model_);
+        optimizer_ = optimizer_factory()(master_->named_parameters());
+      } else {
+        optimizer_ = Recipe::make_optimizer(*model_, config_);
+      }
     } else {
       sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_, optimizer_factory(),
                                                 options_.bucket_bytes, fsdp_options());
@@ -186,7 +201,8 @@ class TrainWorker {
         *sampler_, options_.global_batch / per_step,
         [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
     state_ = sharded_ ? std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_)
-                      : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get());
+                      : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr,
+                                                        master_.get());
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
@@ -242,7 +258,7 @@ class TrainWorker {
     result.epoch = epoch;
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
     while (auto batch = loader_->next()) {
-      const Tensor inputs = batch->inputs.to(device_);  // the targets stay on the host: the loss copies them
+      const Tensor inputs = model_input(batch->inputs);  // the targets stay on the host: the loss copies them
       const Tensor logits = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
       const double loss = loss_fn_.forward(logits, batch->targets).item();
       const auto n = batch->size();
@@ -255,7 +271,7 @@ class TrainWorker {
                                                                          micro_per_epoch, options_.max_grad_norm)
                    : ddp_->optimizer_step_with_gradient_accumulation(
                          *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
-                         AccumulationOptions{.max_grad_norm = options_.max_grad_norm});
+                         AccumulationOptions{.max_grad_norm = options_.max_grad_norm, .master = master_.get()});
       if (step.stepped) {
         ++state_->step;
         ++result.steps;
@@ -291,7 +307,7 @@ class TrainWorker {
       const std::vector<std::int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(begin),
                                           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
-      const Tensor logits = collective ? sharded_->forward(batch.inputs) : model_->forward(batch.inputs.to(device_));
+      const Tensor logits = collective ? sharded_->forward(batch.inputs) : model_->forward(model_input(batch.inputs));
       nn::CrossEntropyLoss eval_loss;
       const auto n = static_cast<double>(batch.size());
       result.loss_sum += eval_loss.forward(logits, batch.targets).item() * n;
@@ -318,7 +334,8 @@ class TrainWorker {
       nn::StateDict full = sharded_->model_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
     }
-    return keeper_->update({{options_.best_metric, value}}, model_->state_dict(), step);
+    return keeper_->update({{options_.best_metric, value}}, master_ ? master_->state_dict(*model_) : model_->state_dict(),
+                           step);
   }
 
   // Releases the communicator and the model; later calls fail. Every worker must be
@@ -379,6 +396,11 @@ class TrainWorker {
       return {};
   }
 
+  // A batch's inputs as the model takes them: its dtype, on its device.
+  Tensor model_input(const Tensor& inputs) const {
+    return inputs.to(options_.precision == "bf16" ? tensor::DType::bf16 : inputs.dtype()).to(device_);
+  }
+
   static tensor::Device worker_device(const WorkerOptions& options) {
     TROUPE_CHECK(options.device == "cpu" || options.device == "cuda", "TrainWorker: device must be cpu or cuda, got '",
                  options.device, "'");
@@ -428,6 +450,7 @@ class TrainWorker {
   TensorDataset train_, test_;
   std::unique_ptr<DistributedDataParallel> ddp_;       // ddp
   std::unique_ptr<ShardedModel> sharded_;              // zero1, zero2, fsdp
+  std::unique_ptr<MasterWeights> master_;  // precision bf16
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<DataLoader<TensorBatch>> loader_;

@@ -34,6 +34,7 @@ namespace troupe::train {
 class DistributedDataParallel;
 class DistributedSampler;
 class GradScaler;
+class MasterWeights;
 
 using StateGroups = std::vector<std::pair<std::string, nn::StateDict>>;
 
@@ -77,9 +78,12 @@ class ShardedStateDicts {
 
 class TrainingState {
  public:
-  // `ddp` and `scaler` may be null. The pointed-to objects must outlive this one.
+  // `ddp`, `scaler` and `master` may be null. The pointed-to objects must outlive this
+  // one. With `master` (a bf16/f16 model stepping f32 masters), the model group holds
+  // the f32 masters (MasterWeights::state_dict), and loading it restores both exactly.
   TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
-                DistributedDataParallel* ddp = nullptr, GradScaler* scaler = nullptr);
+                DistributedDataParallel* ddp = nullptr, GradScaler* scaler = nullptr,
+                MasterWeights* master = nullptr);
   // A sharded model: `optimizer` is this rank's base optimizer (optimizer()); the model
   // and optimizer groups and micro_step are `sharded`'s.
   TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler, ShardedStateDicts& sharded);
@@ -116,6 +120,7 @@ class TrainingState {
   DistributedDataParallel* ddp_;
   GradScaler* scaler_;
   ShardedStateDicts* sharded_ = nullptr;
+  MasterWeights* master_ = nullptr;
 };
 
 // A deep copy of `groups`: state_dicts() shares storage with the live tensors, so a
