@@ -37,11 +37,13 @@ baseline `bench/torch_gpu_step.py` one after the other and pairs them with
   weights in troupe and autocast (f32 weights cast per product) in PyTorch. 20
   warm-up steps, then 5 repeats of 20 steps, each timed between device
   synchronisations (troupe) or CUDA events (PyTorch); the median repeat. gpu-check
-  runs the two programs alternately for 3 rounds and reports the median round: troupe's
-  figures moved by under 2% between rounds, PyTorch's launch-bound steps by up to 20%
-  (bf16 mlp25m: 1.74-2.05 ms; 1.27 and 2.33 ms in two earlier runs).
+  runs the two programs alternately for 3 rounds and reports the median round. troupe's
+  figures moved by under 3% between rounds and between machines; PyTorch's bf16 steps
+  did not: the 25M MLP's took 1.17-1.19 ms in every round of this run, 1.74-2.05 ms
+  on the machine of the run before (1.27 and 2.33 ms in two earlier single runs), so
+  troupe's bf16 ratio was 0.88x here and 0.58x there.
 - The target (issue 11) is PyTorch eager's default step. Against PyTorch's fused
-  Adam, troupe's f32 step is 1.15-1.20x slower. Adam is not the gap (troupe's fused
+  Adam, troupe's step is 1.05-1.20x slower. Adam is not the gap (troupe's fused
   Adam moves bytes as fast as a copy); the step was not profiled, and the likely
   difference is the rest of the step: PyTorch fuses each Linear's bias into cuBLAS's
   epilogue, where troupe adds it in a kernel of its own, and sums the bias gradient
