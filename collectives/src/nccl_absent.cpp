@@ -17,8 +17,9 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int, Options opti
                ": troupe was built without NCCL (configure with the CUDA toolkit and NCCL present)");
 }
 
-NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, int rank, int size, Options options)
-    : Communicator(rank, size, options), state_(std::move(state)) {}
+NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host,
+                                   int rank, int size, Options options)
+    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)) {}
 
 NcclCommunicator::~NcclCommunicator() = default;
 

@@ -198,10 +198,12 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, Optio
   // (numbered, checked in debug mode and bounded by its timeout).
   bootstrap.broadcast(Buffer(reinterpret_cast<std::uint8_t*>(&id), sizeof id), 0);
   check_nccl(ncclCommInitRank(&state_->comm, size(), id, rank()), "ncclCommInitRank", context);
+  host_ = std::make_unique<MpiCommunicator>(bootstrap.comm(), options);
 }
 
-NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, int rank, int size, Options options)
-    : Communicator(rank, size, options), state_(std::move(state)) {}
+NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host,
+                                   int rank, int size, Options options)
+    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)) {}
 
 NcclCommunicator::~NcclCommunicator() {
   if (!drain()) state_->aborted = true;  // a hung collective: abort rather than wait in ncclCommDestroy
@@ -218,21 +220,29 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   check_nccl(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm, &config),
              "ncclCommSplit", context);
+  std::unique_ptr<Communicator> host_child = host_->split(color, key);  // collective too
   if (color < 0 || child->comm == nullptr) return nullptr;
   int rank = 0, size = 0;
   check_nccl(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
   check_nccl(ncclCommCount(child->comm, &size), "ncclCommCount", context);
   child->rank = rank;
   check_cuda(cudaStreamCreateWithFlags(&child->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
-  return std::unique_ptr<Communicator>(new NcclCommunicator(std::move(child), rank, size, options()));
+  return std::unique_ptr<Communicator>(
+      new NcclCommunicator(std::move(child), std::move(host_child), rank, size, options()));
 }
 
 Work NcclCommunicator::start(const Collective& c, bool blocking) {
+  const tensor::Device mine = tensor::Device::cuda(state_->device);
+  bool on_host = false, on_device = false;
   for (const Buffer* b : {&c.input, &c.output}) {
-    TROUPE_CHECK(b->count == 0 || b->data == nullptr || b->device == tensor::Device::cuda(state_->device),
-                 c.describe(), ": the NCCL backend needs CUDA memory on ", tensor::Device::cuda(state_->device),
-                 ", but a buffer is on ", b->device, " [rank ", rank(), "]; use the MPI backend for host buffers");
+    if (b->count == 0 || b->data == nullptr) continue;
+    TROUPE_CHECK(b->device == mine || b->device.is_cpu(), c.describe(), ": a buffer is on ", b->device,
+                 ", this NCCL communicator's device is ", mine, " [rank ", rank(), "]");
+    (b->device.is_cpu() ? on_host : on_device) = true;
   }
+  TROUPE_CHECK(!(on_host && on_device), c.describe(), ": one buffer is on the host and one on ", mine, " [rank ",
+               rank(), "]; give both on the same side");
+  if (on_host) return start_on(*host_, c, blocking);
   return launch(std::make_shared<detail::NcclOperation>(c, state_, size()), blocking);
 }
 

@@ -97,13 +97,28 @@ TEST(Nccl, Bf16AndF16AllreduceAndTheOtherCollectives) {
   EXPECT_TRUE(w1.is_completed());
 }
 
-TEST(Nccl, RefusesHostBuffersBeforeQueueingAnything) {
+// Host buffers go over the MPI communicator beside NCCL (PyTorch's cpu:gloo,cuda:nccl),
+// in the same sequence as the device collectives; host and device mixed are refused.
+TEST(Nccl, HostBuffersGoOverMpiInTheSameSequenceAndMixedOnesAreRefused) {
   if (!nccl_usable()) GTEST_SKIP() << why_no_nccl();
   NcclCommunicator comm(world(), -1, test_options());
-  std::vector<float> host(4, 1.0f);
+  const int n = comm.size();
+  std::vector<double> host{1.0 + comm.rank(), 2.0};
   const auto before = comm.next_sequence();
-  EXPECT_THROW(comm.allreduce(Buffer(host)), InvalidArgument);
-  EXPECT_EQ(comm.next_sequence(), before);
+  comm.allreduce(Buffer(host), ReduceOp::sum);
+  EXPECT_EQ(host, (std::vector<double>{n * (n + 1) / 2.0, 2.0 * n}));
+  EXPECT_EQ(comm.next_sequence(), before + 1);
+  Tensor device = on_gpu({1, 2}, comm.device());
+  Work w = comm.allreduce_async(Buffer(device), ReduceOp::max);  // device, then host, then device
+  std::vector<float> flag{static_cast<float>(comm.rank())};
+  comm.allreduce(Buffer(flag), ReduceOp::max);
+  EXPECT_EQ(flag[0], static_cast<float>(n - 1));
+  w.wait();
+  EXPECT_EQ(device.to(Device::cpu()).to_vector<float>(), (std::vector<float>{1, 2}));
+  std::vector<float> host_out(2);
+  const auto mixed = comm.next_sequence();
+  EXPECT_THROW(comm.allreduce(Buffer(device), Buffer(host_out)), InvalidArgument);
+  EXPECT_EQ(comm.next_sequence(), mixed);
   comm.barrier();  // still usable
 }
 

@@ -15,8 +15,12 @@
 // Arithmetic: NCCL reduces f16 and bf16 in the type itself (not in f32 as the MPI
 // backend does); the results can differ from the MPI backend's by an ulp per step.
 // gather and scatter are grouped ncclSend/ncclRecv (NCCL has no such collectives).
-// Buffers must be CUDA memory on this communicator's device; anything else is refused
-// before anything is queued.
+// Buffers in CUDA memory on this communicator's device go over NCCL; a collective whose
+// buffers are all host memory (a GradScaler's overflow verdict, a clip norm, state-dict
+// metadata) goes over an MPI communicator duplicated from the bootstrap one, as
+// PyTorch's default "cpu:gloo,cuda:nccl" process group sends CPU tensors over gloo.
+// Both take their turn in this communicator's one sequence. Host and device buffers
+// mixed in one call, or memory of another device, are refused before anything is queued.
 //
 // Built only when the CUDA toolkit and NCCL are found (TROUPE_HAVE_NCCL); otherwise
 // the constructor throws, and available() says false.
@@ -53,8 +57,10 @@ class NcclCommunicator : public Communicator {
   Work start(const Collective& collective, bool blocking) override;
 
  private:
-  NcclCommunicator(std::shared_ptr<detail::NcclState> state, int rank, int size, Options options);
+  NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host, int rank, int size,
+                   Options options);
   std::shared_ptr<detail::NcclState> state_;
+  std::unique_ptr<Communicator> host_;  // MPI, for collectives on host buffers
 };
 
 }  // namespace troupe::collectives

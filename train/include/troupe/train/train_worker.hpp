@@ -86,9 +86,10 @@ struct WorkerOptions {
   // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
   // construction with InvalidArgument).
   std::string sharding = "ddp";
-  // "cpu", or "cuda": the model, batches and gradients on this process's GPU and the
-  // gradients all-reduced over NCCL (ddp only; one visible GPU per rank, e.g. through
-  // CUDA_VISIBLE_DEVICES, since the actor's methods may run on any pool thread).
+  // "cpu", or "cuda": the model, batches and gradients on this process's GPU, the
+  // gradients (and the sharded modes' gathers) over NCCL, host-side values (norms,
+  // state-dict metadata) over MPI beside it; one visible GPU per rank (e.g. through
+  // CUDA_VISIBLE_DEVICES), since the actor's methods may run on any pool thread.
   std::string device = "cpu";
   // "f32", or "bf16": mixed precision -- a bf16 model (products and gradients in bf16,
   // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
@@ -170,8 +171,6 @@ class TrainWorker {
         device_(worker_device(options_)), comm_(make_communicator(options, device_)),
         model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)) {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
-    TROUPE_CHECK(device_.is_cpu() || sharding_ == Sharding::ddp, "TrainWorker: sharding ", options_.sharding,
-                 " runs on the CPU only (sharding on CUDA is not built yet); use ddp on ", device_);
     TROUPE_CHECK(options_.precision == "f32" || options_.precision == "bf16",
                  "TrainWorker: precision must be f32 or bf16, got '", options_.precision, "'");
     TROUPE_CHECK(options_.precision == "f32" || sharding_ == Sharding::ddp, "TrainWorker: precision bf16 is built for ",
@@ -301,13 +300,14 @@ class TrainWorker {
     const auto largest_share = static_cast<std::size_t>((test_.size() + comm_->size() - 1) / comm_->size());
     for (std::size_t begin = 0; begin < (collective ? largest_share : mine.size()); begin += kBatch) {
       if (begin >= mine.size()) {
-        sharded_->forward(test_.rows(std::vector<std::int64_t>{0}).inputs);
+        sharded_->forward(model_input(test_.rows(std::vector<std::int64_t>{0}).inputs));
         continue;
       }
       const std::vector<std::int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(begin),
                                           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
-      const Tensor logits = collective ? sharded_->forward(batch.inputs) : model_->forward(model_input(batch.inputs));
+      const Tensor input = model_input(batch.inputs);
+      const Tensor logits = collective ? sharded_->forward(input) : model_->forward(input);
       nn::CrossEntropyLoss eval_loss;
       const auto n = static_cast<double>(batch.size());
       result.loss_sum += eval_loss.forward(logits, batch.targets).item() * n;
