@@ -116,7 +116,9 @@ TEST(Allreduce, AReduceThroughSharedMemoryHasTheAllreducesBits) {
   for (int root = 0; root < comm.size(); ++root) {
     Data mine = reduced;
     comm.reduce(mine.buffer(), root, ReduceOp::avg);
-    if (comm.rank() == root) EXPECT_EQ(mine.bytes, all.bytes) << "root " << root;
+    if (comm.rank() == root) {
+      EXPECT_EQ(mine.bytes, all.bytes) << "root " << root;
+    }
   }
 }
 

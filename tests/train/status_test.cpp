@@ -72,7 +72,7 @@ TEST(Status, DoesNothingOnOtherRanks) {
 TEST(Status, DrawsABarInPlaceOnATerminalAndPlainLinesOtherwise) {
   std::FILE* out = std::tmpfile();
   {
-    Status bar(true, {.out = out, .progress_bar = 1});
+    Status bar(true, {.metrics_path = {}, .out = out, .progress_bar = 1});
     bar.summary({{"model", "MLP, 42 parameters"}});
     bar.begin_epoch(1, 3, 4);
     for (int i = 1; i <= 4; ++i) bar.progress(i, 16 * i, {{"loss", 0.5}});
@@ -87,7 +87,7 @@ TEST(Status, DrawsABarInPlaceOnATerminalAndPlainLinesOtherwise) {
 
   std::FILE* plain_out = std::tmpfile();
   {
-    Status plain(true, {.out = plain_out, .progress_bar = 0, .plain_interval_s = 0});
+    Status plain(true, {.metrics_path = {}, .out = plain_out, .progress_bar = 0, .plain_interval_s = 0});
     plain.begin_epoch(2, 3, 2);
     plain.progress(1, 8);
     plain.progress(2, 16);
