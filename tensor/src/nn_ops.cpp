@@ -4,6 +4,7 @@
 #include "troupe/tensor/nn_ops.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -164,6 +165,84 @@ Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f
     }
   });
   return grad;
+}
+
+namespace {
+
+void check_row_indices(const Tensor& indices, const char* op) {
+  TROUPE_CHECK(indices.defined() && indices.dtype() == DType::i64 && indices.device().is_cpu(), op,
+               ": indices must be an i64 tensor on the host");
+}
+
+}  // namespace
+
+Tensor gather_rows(const Tensor& table, const Tensor& indices) {
+  const char* op = "gather_rows";
+  check_row_indices(indices, op);
+  TROUPE_CHECK(table.defined() && table.dim() == 2, op, ": table must be [rows, dim]");
+  const std::int64_t n = indices.numel(), dim = table.size(1);
+  Tensor out = Tensor::empty({n, dim}, table.dtype(), table.device());
+  if (n == 0 || dim == 0) return out;
+  if (table.device().is_cuda()) {
+    const Tensor idx = indices.to(table.device());
+    cuda_backend::gather_rows(table.dtype(), table.raw_data(), static_cast<const std::int64_t*>(idx.raw_data()), n,
+                              dim, out.raw_data());
+    return out;
+  }
+  const std::size_t row_bytes = static_cast<std::size_t>(dim) * table.element_bytes();
+  const auto* src = static_cast<const char*>(table.raw_data());
+  auto* dst = static_cast<char*>(out.raw_data());
+  const std::int64_t* ip = indices.data<std::int64_t>();
+  for (std::int64_t i = 0; i < n; ++i)
+    std::memcpy(dst + static_cast<std::size_t>(i) * row_bytes, src + static_cast<std::size_t>(ip[i]) * row_bytes,
+                row_bytes);
+  return out;
+}
+
+void scatter_add_rows_(Tensor& dst, const Tensor& indices, const Tensor& src) {
+  const char* op = "scatter_add_rows_";
+  check_row_indices(indices, op);
+  TROUPE_CHECK(dst.defined() && dst.dim() == 2 && src.defined() && src.dtype() == dst.dtype() &&
+                   src.device() == dst.device() && src.numel() == indices.numel() * dst.size(1),
+               op, ": src must be ", dst.dtype(), " [", indices.numel(), ", ", dst.size(1), "] on ", dst.device());
+  const std::int64_t n = indices.numel(), dim = dst.size(1);
+  const std::int64_t* ip = indices.data<std::int64_t>();
+  if (n == 0 || dim == 0) return;
+  if (dst.device().is_cuda()) {
+    // The positions of each touched row, in order (a CSR built on the host), so every
+    // row's sum runs in index order on one thread per column: the host loop's order.
+    std::vector<std::int64_t> order(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return ip[a] < ip[b]; });
+    std::vector<std::int64_t> rows, offsets;
+    for (std::size_t p = 0; p < order.size(); ++p) {
+      if (p == 0 || ip[order[p]] != ip[order[p - 1]]) {
+        rows.push_back(ip[order[p]]);
+        offsets.push_back(static_cast<std::int64_t>(p));
+      }
+    }
+    offsets.push_back(n);
+    const auto upload = [&](const std::vector<std::int64_t>& v) {
+      return Tensor::from_vector(v).to(dst.device());
+    };
+    const Tensor d_rows = upload(rows), d_offsets = upload(offsets), d_positions = upload(order);
+    cuda_backend::scatter_add_rows(dst.dtype(), dst.raw_data(), static_cast<const std::int64_t*>(d_rows.raw_data()),
+                                   static_cast<const std::int64_t*>(d_offsets.raw_data()),
+                                   static_cast<const std::int64_t*>(d_positions.raw_data()),
+                                   static_cast<std::int64_t>(rows.size()), dim, src.raw_data());
+    return;
+  }
+  dispatch_floating(dst.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* s = src.data<T>();
+    T* d = dst.data<T>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      T* row = d + ip[i] * dim;
+      const T* from = s + i * dim;
+      for (std::int64_t j = 0; j < dim; ++j) row[j] = T(static_cast<C>(row[j]) + static_cast<C>(from[j]));
+    }
+  });
 }
 
 }  // namespace troupe::tensor

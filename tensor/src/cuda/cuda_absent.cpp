@@ -46,6 +46,13 @@ void cross_entropy_grad(DType, const void*, const std::int64_t*, const double*, 
                         std::int64_t, double, double, void*) {
   absent("cuda cross entropy gradient");
 }
+void gather_rows(DType, const void*, const std::int64_t*, std::int64_t, std::int64_t, void*) {
+  absent("cuda gather_rows");
+}
+void scatter_add_rows(DType, void*, const std::int64_t*, const std::int64_t*, const std::int64_t*, std::int64_t,
+                      std::int64_t, const void*) {
+  absent("cuda scatter_add_rows");
+}
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
           double, void*) { absent("cuda gemm"); }
 void sgd_step(float*, const float*, float*, std::int64_t, const SgdScalars&) { absent("cuda fused SGD"); }

@@ -86,6 +86,13 @@ void cross_entropy_grad(DType dtype, const void* logits, const std::int64_t* tar
                         std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps,
                         double factor, void* grad);
 
+// out[i, :] = table[idx[i], :] for n rows of `dim` elements.
+void gather_rows(DType dtype, const void* table, const std::int64_t* idx, std::int64_t n, std::int64_t dim, void* out);
+// For each of `distinct` touched rows k: dst[rows[k], :] += src[positions[p], :] for p in
+// [offsets[k], offsets[k + 1]), in that order, rounding to the dtype after each add.
+void scatter_add_rows(DType dtype, void* dst, const std::int64_t* rows, const std::int64_t* offsets,
+                      const std::int64_t* positions, std::int64_t distinct, std::int64_t dim, const void* src);
+
 // ---- memory (cuda_memory.cpp) ----
 CachingAllocator::Stats memory_stats(int device);
 void empty_cache();

@@ -1,5 +1,6 @@
 // Kernels of nn's layers and losses: activation gradients (nn_math.hpp's formulas, as
-// the host runs them) and softmax cross-entropy, a block per row.
+// the host runs them), softmax cross-entropy (a block per row), and Embedding's row
+// gather and in-order scatter-add.
 #include <cub/block/block_reduce.cuh>
 
 #include "cuda_device.cuh"
@@ -75,7 +76,46 @@ __global__ void cross_entropy_grad_kernel(const T* logits, const std::int64_t* t
   }
 }
 
+template <class T>
+__global__ void gather_rows_kernel(const T* table, const std::int64_t* idx, std::int64_t n, std::int64_t dim, T* out) {
+  TROUPE_GRID_LOOP(i, n * dim) out[i] = table[idx[i / dim] * dim + i % dim];
+}
+
+template <class T>
+__global__ void scatter_add_rows_kernel(T* dst, const std::int64_t* rows, const std::int64_t* offsets,
+                                        const std::int64_t* positions, std::int64_t distinct, std::int64_t dim,
+                                        const T* src) {
+  TROUPE_GRID_LOOP(t, distinct * dim) {
+    const std::int64_t k = t / dim, j = t % dim;
+    T* cell = dst + rows[k] * dim + j;
+    T acc = *cell;
+    for (std::int64_t p = offsets[k]; p < offsets[k + 1]; ++p)
+      acc = convert_to<T>(to_compute(acc) + to_compute(src[positions[p] * dim + j]));
+    *cell = acc;
+  }
+}
+
 }  // namespace
+
+void gather_rows(DType dtype, const void* table, const std::int64_t* idx, std::int64_t n, std::int64_t dim,
+                 void* out) {
+  dispatch(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    gather_rows_kernel<<<blocks_for(n * dim), kThreads>>>(static_cast<const T*>(table), idx, n, dim,
+                                                          static_cast<T*>(out));
+  });
+  finish("gather_rows");
+}
+
+void scatter_add_rows(DType dtype, void* dst, const std::int64_t* rows, const std::int64_t* offsets,
+                      const std::int64_t* positions, std::int64_t distinct, std::int64_t dim, const void* src) {
+  dispatch_floating(dtype, "scatter_add_rows", [&](auto tag) {
+    using T = decltype(tag);
+    scatter_add_rows_kernel<<<blocks_for(distinct * dim), kThreads>>>(static_cast<T*>(dst), rows, offsets, positions,
+                                                                      distinct, dim, static_cast<const T*>(src));
+  });
+  finish("scatter_add_rows");
+}
 
 void activation_grad(detail::ActivationGrad op, DType dtype, const void* saved, const void* grad, void* out,
                      std::int64_t n) {

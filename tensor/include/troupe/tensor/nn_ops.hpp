@@ -33,4 +33,13 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& forward, std::int64_t ignore_index,
                               double label_smoothing, double scale);
 
+// Embedding's lookup and its gradient. `indices` are i64 on the host (the caller has
+// range-checked them), one row index per row of the result / of `src`.
+// gather_rows: out[i] = table[indices[i]], [n, dim] on the table's device.
+Tensor gather_rows(const Tensor& table, const Tensor& indices);
+// scatter_add_rows_: dst[indices[i]] += src[i] for i in order, each add rounded to
+// dst's dtype, so the CPU and the GPU (a thread per touched row and column, walking
+// that row's positions in order, no atomics) give the same bits.
+void scatter_add_rows_(Tensor& dst, const Tensor& indices, const Tensor& src);
+
 }  // namespace troupe::tensor
