@@ -5,7 +5,9 @@
 // is read: one out of [0, num_embeddings) is an error naming the index, its position
 // and the table size. weight starts N(0, 1), as in PyTorch.
 // backward scatter-adds grad_output's rows into weight.grad (an index seen twice
-// gets both rows) and returns an undefined tensor: indices have no gradient.
+// gets both rows, added in index order on either device, so CPU and CUDA agree bit
+// for bit) and returns an undefined tensor: indices have no gradient. On CUDA the
+// indices may be on the host or the GPU; they are range-checked on the host.
 #pragma once
 
 #include <cstdint>
