@@ -56,15 +56,16 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   Tensor& exp_avg = *state.find("exp_avg");
   Tensor& exp_avg_sq = *state.find("exp_avg_sq");
   if (param.data.device().is_cuda()) {
-    // One fused kernel launch (tensor/fused_optim.hpp: these formulas, in f32). The
-    // moments live on the parameter's device; made or loaded on the host, they move once.
+    // Collected for finish_step(): one fused launch for every CUDA parameter
+    // (tensor/fused_optim.hpp: these formulas, in f32). The moments live on the
+    // parameter's device; made or loaded on the host, they move once.
     TROUPE_CHECK(param.data.dtype() == DType::f32, type_name(), ".step '", name, "': a CUDA parameter must be f32 "
                  "(keep f32 master weights for bf16/f16 models), got ", param.data.dtype());
     for (Tensor* moment : {&exp_avg, &exp_avg_sq})
       if (moment->device() != param.data.device()) *moment = moment->to(param.data.device());
-    tensor::fused_adam_step_(param.data, param.grad, exp_avg, exp_avg_sq,
-                             {.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
-                              .weight_decay = weight_decay_, .decoupled = decoupled_, .step = t});
+    pending_.push_back({&param.data, &param.grad, &exp_avg, &exp_avg_sq,
+                        {.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
+                         .weight_decay = weight_decay_, .decoupled = decoupled_, .step = t}});
     return;
   }
   tensor::dispatch_floating(param.data.dtype(), type_name() + ".step '" + name + "'", [&](auto tag) {
@@ -94,6 +95,13 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
       p[i] = T(pi - size * mi / denom);
     }
   });
+}
+
+void Adam::finish_step(bool completed) {
+  // Cleared whatever happens, so no stale pointers reach the next step.
+  const std::vector<tensor::AdamEntry> entries = std::move(pending_);
+  pending_.clear();
+  if (completed) tensor::fused_adam_steps_(entries);
 }
 
 }  // namespace troupe::nn

@@ -39,17 +39,23 @@ void Optimizer::set_lr(double lr) {
 }
 
 void Optimizer::step() {
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    auto& [name, param] = params_[i];
-    if (!param->grad.defined()) continue;
-    TROUPE_CHECK(param->grad.shape() == param->data.shape() && param->grad.dtype() == param->data.dtype(),
-                 type_name(), ".step: the gradient of '", name, "' is ", describe(param->grad),
-                 ", the parameter is ", describe(param->data));
-    // CPU parameters step in host loops, CUDA ones in tensor's fused kernels (SGD, Adam).
-    TROUPE_CHECK(param->grad.device() == param->data.device(), type_name(), ".step: '", name, "' is on ",
-                 param->data.device(), ", its gradient on ", param->grad.device());
-    update(name, *param, state_[i]);
+  try {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& [name, param] = params_[i];
+      if (!param->grad.defined()) continue;
+      TROUPE_CHECK(param->grad.shape() == param->data.shape() && param->grad.dtype() == param->data.dtype(),
+                   type_name(), ".step: the gradient of '", name, "' is ", describe(param->grad),
+                   ", the parameter is ", describe(param->data));
+      // CPU parameters step in host loops, CUDA ones in tensor's fused kernels (SGD, Adam).
+      TROUPE_CHECK(param->grad.device() == param->data.device(), type_name(), ".step: '", name, "' is on ",
+                   param->data.device(), ", its gradient on ", param->grad.device());
+      update(name, *param, state_[i]);
+    }
+  } catch (...) {
+    finish_step(false);
+    throw;
   }
+  finish_step(true);
   ++step_count_;
 }
 

@@ -44,14 +44,15 @@ void SGD::update(const std::string& name, Parameter& param, StateDict& state) {
   if (momentum_ != 0 && first) state.insert("momentum_buffer", allocate_state(param.data.shape(), param.data.dtype()));
   Tensor* buffer = momentum_ != 0 ? state.find("momentum_buffer") : nullptr;
   if (param.data.device().is_cuda()) {
-    // One fused kernel launch (tensor/fused_optim.hpp: these formulas, in f32); the
-    // buffer lives on the parameter's device, moved there once if made on the host.
+    // Collected for finish_step(): one fused launch for every CUDA parameter
+    // (tensor/fused_optim.hpp: these formulas, in f32); the buffer lives on the
+    // parameter's device, moved there once if made on the host.
     TROUPE_CHECK(param.data.dtype() == DType::f32, "SGD.step '", name, "': a CUDA parameter must be f32 "
                  "(keep f32 master weights for bf16/f16 models), got ", param.data.dtype());
     if (buffer && buffer->device() != param.data.device()) *buffer = buffer->to(param.data.device());
-    tensor::fused_sgd_step_(param.data, param.grad, buffer,
-                            {.lr = lr(), .momentum = momentum_, .dampening = dampening_,
-                             .weight_decay = weight_decay_, .nesterov = nesterov_, .first_step = first});
+    pending_.push_back({&param.data, &param.grad, buffer,
+                        {.lr = lr(), .momentum = momentum_, .dampening = dampening_,
+                         .weight_decay = weight_decay_, .nesterov = nesterov_, .first_step = first}});
     return;
   }
   tensor::dispatch_floating(param.data.dtype(), "SGD.step '" + name + "'", [&](auto tag) {
@@ -74,6 +75,12 @@ void SGD::update(const std::string& name, Parameter& param, StateDict& state) {
       p[i] = T(pi - rate * d);
     }
   });
+}
+
+void SGD::finish_step(bool completed) {
+  const std::vector<tensor::SgdEntry> entries = std::move(pending_);
+  pending_.clear();
+  if (completed) tensor::fused_sgd_steps_(entries);
 }
 
 }  // namespace troupe::nn

@@ -3,6 +3,7 @@
 #include "troupe/tensor/fused_optim.hpp"
 
 #include <cmath>
+#include <memory>
 
 #include "cuda/cuda_backend.hpp"
 
@@ -18,7 +19,120 @@ void check_buffer(const Tensor& t, const Tensor& like, const char* op, const cha
                like.device());
 }
 
+detail::SgdScalars sgd_scalars(const SgdStep& o) {
+  return {static_cast<float>(o.lr),       static_cast<float>(o.weight_decay), static_cast<float>(o.momentum),
+          static_cast<float>(1 - o.dampening), o.nesterov,                    o.first_step};
+}
+
+// As nn's Adam: the bias corrections in double, 1 - beta in double before rounding
+// (in f32, 1 - float(0.999) is off by 1e-5 relative).
+detail::AdamScalars adam_scalars(const AdamStep& o) {
+  const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(o.step));
+  const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(o.step));
+  return {static_cast<float>(o.beta1),
+          static_cast<float>(o.beta2),
+          static_cast<float>(1 - o.beta1),
+          static_cast<float>(1 - o.beta2),
+          static_cast<float>(o.eps),
+          static_cast<float>(o.weight_decay),
+          static_cast<float>(1 - o.lr * o.weight_decay),
+          static_cast<float>(o.lr / bias_correction1),
+          static_cast<float>(std::sqrt(bias_correction2)),
+          o.decoupled};
+}
+
+// Packs the entries' chunks into lists (cuda_backend.hpp) and launches each when its
+// tensors or blocks run out; `fill(list, t, entry)` sets tensor t's pointers and scalars.
+template <class List, class Entry, class Fill>
+void launch_lists(std::span<const Entry> entries, Fill fill, void (*launch)(const List&)) {
+  using cuda_backend::kListBlocks, cuda_backend::kListChunk, cuda_backend::kListTensors;
+  auto list = std::make_unique<List>();  // ~15 KB: not on the stack
+  int tensors = 0;
+  const auto flush = [&] {
+    launch(*list);
+    tensors = 0;
+    list->blocks = 0;
+  };
+  for (const Entry& e : entries) {
+    const std::int64_t n = e.param->numel();
+    const std::int64_t chunks = (n + kListChunk - 1) / kListChunk;
+    for (std::int64_t c = 0; c < chunks;) {
+      if (tensors == kListTensors) flush();
+      const int t = tensors++;
+      fill(*list, t, e);
+      list->n[t] = n;
+      for (; c < chunks && list->blocks < kListBlocks; ++c, ++list->blocks) {
+        list->tensor_of[list->blocks] = static_cast<std::uint8_t>(t);
+        list->chunk_of[list->blocks] = static_cast<std::int32_t>(c);
+      }
+      if (c < chunks) flush();  // the rest of this tensor goes into the next launch
+    }
+  }
+  flush();
+}
+
+void check_same_device(Device device, const Tensor& t, const char* op) {
+  TROUPE_CHECK(t.device() == device, op, ": entries on ", device, " and ", t.device(), "; one device per call");
+}
+
 }  // namespace
+
+void fused_adam_steps_(std::span<const AdamEntry> entries) {
+  const char* op = "fused_adam_steps_";
+  if (entries.empty()) return;
+  const Device device = entries.front().param->device();
+  for (const AdamEntry& e : entries) {
+    TROUPE_CHECK(e.param && e.grad && e.exp_avg && e.exp_avg_sq, op, ": an entry has a null tensor");
+    check_buffer(*e.param, *e.param, op, "param");
+    check_buffer(*e.grad, *e.param, op, "grad");
+    check_buffer(*e.exp_avg, *e.param, op, "exp_avg");
+    check_buffer(*e.exp_avg_sq, *e.param, op, "exp_avg_sq");
+    check_same_device(device, *e.param, op);
+    TROUPE_CHECK(e.step.step >= 1, op, ": step must count this step (>= 1), got ", e.step.step);
+  }
+  if (device.is_cpu()) {
+    for (const AdamEntry& e : entries) fused_adam_step_(*e.param, *e.grad, *e.exp_avg, *e.exp_avg_sq, e.step);
+    return;
+  }
+  launch_lists<cuda_backend::AdamList>(
+      entries,
+      [](cuda_backend::AdamList& list, int t, const AdamEntry& e) {
+        list.param[t] = static_cast<float*>(e.param->raw_data());
+        list.grad[t] = static_cast<const float*>(e.grad->raw_data());
+        list.exp_avg[t] = static_cast<float*>(e.exp_avg->raw_data());
+        list.exp_avg_sq[t] = static_cast<float*>(e.exp_avg_sq->raw_data());
+        list.scalars[t] = adam_scalars(e.step);
+      },
+      &cuda_backend::adam_steps);
+}
+
+void fused_sgd_steps_(std::span<const SgdEntry> entries) {
+  const char* op = "fused_sgd_steps_";
+  if (entries.empty()) return;
+  const Device device = entries.front().param->device();
+  for (const SgdEntry& e : entries) {
+    TROUPE_CHECK(e.param && e.grad, op, ": an entry has a null tensor");
+    check_buffer(*e.param, *e.param, op, "param");
+    check_buffer(*e.grad, *e.param, op, "grad");
+    TROUPE_CHECK(e.step.momentum == 0 || e.momentum_buffer != nullptr, op, ": momentum ", e.step.momentum,
+                 " needs a momentum buffer");
+    if (e.step.momentum != 0) check_buffer(*e.momentum_buffer, *e.param, op, "momentum buffer");
+    check_same_device(device, *e.param, op);
+  }
+  if (device.is_cpu()) {
+    for (const SgdEntry& e : entries) fused_sgd_step_(*e.param, *e.grad, e.momentum_buffer, e.step);
+    return;
+  }
+  launch_lists<cuda_backend::SgdList>(
+      entries,
+      [](cuda_backend::SgdList& list, int t, const SgdEntry& e) {
+        list.param[t] = static_cast<float*>(e.param->raw_data());
+        list.grad[t] = static_cast<const float*>(e.grad->raw_data());
+        list.momentum_buffer[t] = e.step.momentum != 0 ? static_cast<float*>(e.momentum_buffer->raw_data()) : nullptr;
+        list.scalars[t] = sgd_scalars(e.step);
+      },
+      &cuda_backend::sgd_steps);
+}
 
 void fused_sgd_step_(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, const SgdStep& o) {
   const char* op = "fused_sgd_step_";
@@ -27,9 +141,7 @@ void fused_sgd_step_(Tensor& param, const Tensor& grad, Tensor* momentum_buffer,
   TROUPE_CHECK(o.momentum == 0 || momentum_buffer != nullptr, op, ": momentum ", o.momentum,
                " needs a momentum buffer");
   if (o.momentum != 0) check_buffer(*momentum_buffer, param, op, "momentum buffer");
-  const detail::SgdScalars s{static_cast<float>(o.lr), static_cast<float>(o.weight_decay),
-                                   static_cast<float>(o.momentum), static_cast<float>(1 - o.dampening),
-                                   o.nesterov, o.first_step};
+  const detail::SgdScalars s = sgd_scalars(o);
   float* p = static_cast<float*>(param.raw_data());
   const float* g = static_cast<const float*>(grad.raw_data());
   float* b = o.momentum != 0 ? static_cast<float*>(momentum_buffer->raw_data()) : nullptr;
@@ -44,20 +156,7 @@ void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor
   check_buffer(exp_avg, param, op, "exp_avg");
   check_buffer(exp_avg_sq, param, op, "exp_avg_sq");
   TROUPE_CHECK(o.step >= 1, op, ": step must count this step (>= 1), got ", o.step);
-  // As nn's Adam: the bias corrections in double, 1 - beta in double before rounding
-  // (in f32, 1 - float(0.999) is off by 1e-5 relative).
-  const double bias_correction1 = 1 - std::pow(o.beta1, static_cast<double>(o.step));
-  const double bias_correction2 = 1 - std::pow(o.beta2, static_cast<double>(o.step));
-  const detail::AdamScalars s{static_cast<float>(o.beta1),
-                                    static_cast<float>(o.beta2),
-                                    static_cast<float>(1 - o.beta1),
-                                    static_cast<float>(1 - o.beta2),
-                                    static_cast<float>(o.eps),
-                                    static_cast<float>(o.weight_decay),
-                                    static_cast<float>(1 - o.lr * o.weight_decay),
-                                    static_cast<float>(o.lr / bias_correction1),
-                                    static_cast<float>(std::sqrt(bias_correction2)),
-                                    o.decoupled};
+  const detail::AdamScalars s = adam_scalars(o);
   float* p = static_cast<float*>(param.raw_data());
   const float* g = static_cast<const float*>(grad.raw_data());
   float* m = static_cast<float*>(exp_avg.raw_data());

@@ -124,6 +124,62 @@ TEST(CudaFusedOptim, SgdAdamAndAdamWKernelsMatchTheHostLoop) {
   }
 }
 
+// The list forms (one launch for many tensors) against the single forms, bit for bit,
+// on `device`:
+// 70 tensors (more than one launch's 64), sizes from 1 element to several 64K chunks,
+// each with its own step count; then 2,300 chunks in three tensors (more than one
+// launch's 2,048 blocks, so a tensor is split across launches).
+static void check_list_forms(Device device, const std::vector<std::int64_t>& sizes) {
+  {  // one scope, so the tensors are freed before the caller's next call
+    Generator g(8);
+    struct Set {
+      std::vector<Tensor> p, grad, m, v;
+    } list, single;
+    for (std::int64_t n : sizes) {
+      const Tensor p = normal({n}, 0, 1, g).to(device), grad = normal({n}, 0, 1, g).to(device);
+      const Tensor m = normal({n}, 0, 0.1, g).to(device), v = uniform({n}, 0, 0.1, g).to(device);
+      for (Set* set : {&list, &single}) {
+        set->p.push_back(p.clone());
+        set->grad.push_back(grad);
+        set->m.push_back(m.clone());
+        set->v.push_back(v.clone());
+      }
+    }
+    std::vector<AdamEntry> adam;
+    std::vector<SgdEntry> sgd;
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      const AdamStep step{.lr = 1e-2, .weight_decay = 0.01, .decoupled = i % 2 == 0,
+                          .step = static_cast<std::int64_t>(1 + i % 5)};
+      adam.push_back({&list.p[i], &list.grad[i], &list.m[i], &list.v[i], step});
+      fused_adam_step_(single.p[i], single.grad[i], single.m[i], single.v[i], step);
+      const SgdStep sgd_step{.lr = 0.1, .momentum = i % 3 == 0 ? 0.0 : 0.9, .nesterov = i % 2 == 1};
+      sgd.push_back({&list.p[i], &list.grad[i], sgd_step.momentum != 0 ? &list.v[i] : nullptr, sgd_step});
+      fused_sgd_step_(single.p[i], single.grad[i], sgd_step.momentum != 0 ? &single.v[i] : nullptr, sgd_step);
+    }
+    fused_adam_steps_(adam);
+    fused_sgd_steps_(sgd);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      EXPECT_TRUE(equal(list.p[i].to(Device::cpu()), single.p[i].to(Device::cpu()))) << "tensor " << i;
+      EXPECT_TRUE(equal(list.m[i].to(Device::cpu()), single.m[i].to(Device::cpu()))) << "tensor " << i;
+      EXPECT_TRUE(equal(list.v[i].to(Device::cpu()), single.v[i].to(Device::cpu()))) << "tensor " << i;
+    }
+  }
+}
+
+static std::vector<std::int64_t> seventy_sizes() {
+  std::vector<std::int64_t> many;
+  for (int i = 0; i < 70; ++i) many.push_back(i % 7 == 0 ? 200'001 : 1 + 37 * i);
+  return many;
+}
+
+TEST(FusedOptim, ListFormsOnTheCpuAreTheSingleFormsInOrder) { check_list_forms(Device::cpu(), seventy_sizes()); }
+
+TEST(CudaFusedOptim, ListFormsStepEveryTensorLikeTheSingleForms) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  check_list_forms(Device::cuda(), seventy_sizes());
+  check_list_forms(Device::cuda(), {50'000'000, 50'000'000, 50'700'000});
+}
+
 TEST(CudaFusedOptim, UnscaleKernelFindsANaNAnywhereInALargeBuffer) {
   TROUPE_SKIP_WITHOUT_GPU();
   Generator g(9);

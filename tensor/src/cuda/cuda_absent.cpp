@@ -53,6 +53,8 @@ void scatter_add_rows(DType, void*, const std::int64_t*, const std::int64_t*, co
                       std::int64_t, const void*) {
   absent("cuda scatter_add_rows");
 }
+void adam_steps(const AdamList&) { absent("cuda fused Adam"); }
+void sgd_steps(const SgdList&) { absent("cuda fused SGD"); }
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
           double, void*) { absent("cuda gemm"); }
 void sgd_step(float*, const float*, float*, std::int64_t, const SgdScalars&) { absent("cuda fused SGD"); }

@@ -69,6 +69,34 @@ using detail::AdamScalars;
 void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n, const SgdScalars& s);
 void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
                const AdamScalars& s);
+// Many tensors per launch: a tensor list and, per block, which tensor and which
+// 64K-element chunk of it (multi_tensor_apply's layout). Passed by value as the
+// kernel's argument (CUDA 12.1+ takes up to 32 KB of arguments).
+constexpr int kListTensors = 64, kListBlocks = 2048;
+constexpr std::int64_t kListChunk = std::int64_t{1} << 16;
+struct AdamList {
+  float* param[kListTensors];
+  const float* grad[kListTensors];
+  float* exp_avg[kListTensors];
+  float* exp_avg_sq[kListTensors];
+  std::int64_t n[kListTensors];
+  AdamScalars scalars[kListTensors];
+  std::uint8_t tensor_of[kListBlocks];
+  std::int32_t chunk_of[kListBlocks];
+  int blocks = 0;
+};
+struct SgdList {
+  float* param[kListTensors];
+  const float* grad[kListTensors];
+  float* momentum_buffer[kListTensors];  // null without momentum
+  std::int64_t n[kListTensors];
+  SgdScalars scalars[kListTensors];
+  std::uint8_t tensor_of[kListBlocks];
+  std::int32_t chunk_of[kListBlocks];
+  int blocks = 0;
+};
+void adam_steps(const AdamList& list);
+void sgd_steps(const SgdList& list);
 // grad *= inv_scale; *found_inf (a device float) becomes 1 if any grad is Inf or NaN.
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf);
 

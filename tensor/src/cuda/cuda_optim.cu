@@ -19,6 +19,31 @@ __global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::i
 // Every thread that meets a non-finite value writes 1; no atomics are needed because
 // all writers write the same value, and nobody writes 0 here (the flag accumulates
 // over the buffers of one step, as PyTorch's found_inf does).
+// Block b steps chunk chunk_of[b] of tensor tensor_of[b].
+constexpr int kListThreads = 512;
+
+__global__ void __launch_bounds__(kListThreads) adam_list_kernel(const __grid_constant__ AdamList list) {
+  const int t = list.tensor_of[blockIdx.x];
+  const std::int64_t begin = std::int64_t{list.chunk_of[blockIdx.x]} * kListChunk;
+  const std::int64_t end = begin + kListChunk < list.n[t] ? begin + kListChunk : list.n[t];
+  float* p = list.param[t];
+  const float* g = list.grad[t];
+  float* m = list.exp_avg[t];
+  float* v = list.exp_avg_sq[t];
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) detail::adam_element(p[i], g[i], m[i], v[i], list.scalars[t]);
+}
+
+__global__ void __launch_bounds__(kListThreads) sgd_list_kernel(const __grid_constant__ SgdList list) {
+  const int t = list.tensor_of[blockIdx.x];
+  const std::int64_t begin = std::int64_t{list.chunk_of[blockIdx.x]} * kListChunk;
+  const std::int64_t end = begin + kListChunk < list.n[t] ? begin + kListChunk : list.n[t];
+  float* p = list.param[t];
+  const float* g = list.grad[t];
+  float* b = list.momentum_buffer[t];
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    detail::sgd_element(p[i], g[i], b == nullptr ? nullptr : b + i, list.scalars[t]);
+}
+
 __global__ void unscale_kernel(float* g, std::int64_t n, float inv_scale, float* found_inf) {
   TROUPE_GRID_LOOP(i, n) detail::unscale_element(g[i], inv_scale, *found_inf);
 }
@@ -36,6 +61,18 @@ void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_s
   if (n == 0) return;
   adam_kernel<<<blocks_for(n), kThreads>>>(param, grad, exp_avg, exp_avg_sq, n, s);
   finish("fused Adam step");
+}
+
+void adam_steps(const AdamList& list) {
+  if (list.blocks == 0) return;
+  adam_list_kernel<<<list.blocks, kListThreads>>>(list);
+  finish("fused Adam steps");
+}
+
+void sgd_steps(const SgdList& list) {
+  if (list.blocks == 0) return;
+  sgd_list_kernel<<<list.blocks, kListThreads>>>(list);
+  finish("fused SGD steps");
 }
 
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf) {

@@ -13,6 +13,10 @@
 // Slots: "step" (0-dim i64), "exp_avg" (m), "exp_avg_sq" (v); m and v start at 0.
 #pragma once
 
+#include <vector>
+
+#include "troupe/tensor/fused_optim.hpp"
+
 #include <utility>
 
 #include "troupe/nn/optimizer.hpp"
@@ -39,12 +43,15 @@ class Adam : public Optimizer {
   Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay, bool decoupled);
 
   void update(const std::string& name, Parameter& param, StateDict& state) override;
+  void finish_step(bool completed) override;
   std::vector<Slot> slots() const override { return {{"step", true}, {"exp_avg", false}, {"exp_avg_sq", false}}; }
   std::vector<std::pair<std::string, double>> hyper_parameters() const override;
   void set_hyper_parameter(const std::string& key, double value) override;
 
  private:
   void check() const;
+
+  std::vector<tensor::AdamEntry> pending_;  // this step's CUDA updates, run by finish_step()
 
   Betas betas_;
   double eps_, weight_decay_;

@@ -69,6 +69,10 @@ class Optimizer {
   // Updates one parameter with a defined grad. `state` holds its slots by slot
   // name; it is empty on the parameter's first update.
   virtual void update(const std::string& name, Parameter& param, StateDict& state) = 0;
+  // Called once after step()'s updates: an optimizer that collected its CUDA updates
+  // runs them here, all in one fused launch (tensor/fused_optim.hpp's list forms).
+  // `completed` is false when an update threw: drop what was collected, run nothing.
+  virtual void finish_step(bool completed) { (void)completed; }
   virtual std::vector<Slot> slots() const = 0;
   // Hyper-parameters other than lr, saved and restored by name.
   virtual std::vector<std::pair<std::string, double>> hyper_parameters() const = 0;

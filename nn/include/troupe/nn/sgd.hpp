@@ -9,6 +9,10 @@
 // and dampening = 0, as in PyTorch.
 #pragma once
 
+#include <vector>
+
+#include "troupe/tensor/fused_optim.hpp"
+
 #include "troupe/nn/optimizer.hpp"
 
 namespace troupe::nn {
@@ -26,12 +30,15 @@ class SGD : public Optimizer {
 
  protected:
   void update(const std::string& name, Parameter& param, StateDict& state) override;
+  void finish_step(bool completed) override;
   std::vector<Slot> slots() const override { return {{"momentum_buffer", false}}; }
   std::vector<std::pair<std::string, double>> hyper_parameters() const override;
   void set_hyper_parameter(const std::string& key, double value) override;
 
  private:
   void check() const;
+
+  std::vector<tensor::SgdEntry> pending_;  // this step's CUDA updates, run by finish_step()
 
   double momentum_, dampening_, weight_decay_;
   bool nesterov_;

@@ -8,6 +8,8 @@
 // element count), one device; they are updated in place.
 #pragma once
 
+#include <span>
+
 #include <cstdint>
 
 #include "troupe/tensor/tensor.hpp"
@@ -39,6 +41,27 @@ struct AdamStep {
 };
 void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
                       const AdamStep& options);
+
+// Many steps at once (PyTorch's multi_tensor_apply, optimizers' fused=True): each
+// entry its own tensors and scalars (its own step count), on CUDA as few launches as
+// the kernel's argument space allows -- one for up to 64 tensors and 2048 chunks of
+// 64K elements, e.g. a whole MLP of 25M or 67M parameters -- on the CPU the loops
+// above. Entries are checked like the single forms; all must be on one device.
+struct AdamEntry {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* exp_avg;
+  Tensor* exp_avg_sq;
+  AdamStep step;
+};
+void fused_adam_steps_(std::span<const AdamEntry> entries);
+struct SgdEntry {
+  Tensor* param;
+  const Tensor* grad;
+  Tensor* momentum_buffer;  // null without momentum
+  SgdStep step;
+};
+void fused_sgd_steps_(std::span<const SgdEntry> entries);
 
 // grads *= inv_scale; found_inf (one f32 element, on grads' device) is set to 1 when
 // any gradient was Inf or NaN and otherwise left as it was, so one flag can collect
