@@ -38,12 +38,14 @@ baseline `bench/torch_gpu_step.py` one after the other and pairs them with
   warm-up steps, then 5 repeats of 20 steps, each timed between device
   synchronisations (troupe) or CUDA events (PyTorch); the median repeat. gpu-check
   runs the two programs alternately for 3 rounds and reports the median round. troupe's
-  figures moved by under 3% between rounds and between machines; PyTorch's bf16 steps
-  did not: the 25M MLP's took 1.17-1.19 ms in every round of this run, 1.74-2.05 ms
-  on the machine of the run before (1.27 and 2.33 ms in two earlier single runs), so
-  troupe's bf16 ratio was 0.88x here and 0.58x there.
+  figures moved by under 10% between rounds and machines; PyTorch's bf16 steps moved
+  more: the 25M MLP's took 1.83-2.24 ms in this run's rounds, and 1.17-1.19 ms in
+  every round of the run before, on another machine of the same kind (1.27 and
+  2.33 ms in two earlier single runs), so troupe's bf16 ratio was 0.53x here and 0.88x
+  there. The f32 ratios held: 0.87-0.96x in every run.
 - The target (issue 11) is PyTorch eager's default step. Against PyTorch's fused
-  Adam, troupe's step is 1.05-1.20x slower. Adam is not the gap (troupe's fused
+  Adam, troupe's f32 step is 1.16-1.17x slower (its bf16 step was 0.70-1.08x across
+  runs). troupe's Adam is one launch for the whole model too (the list form). Adam is not the gap (troupe's fused
   Adam moves bytes as fast as a copy); the step was not profiled, and the likely
   difference is the rest of the step: PyTorch fuses each Linear's bias into cuBLAS's
   epilogue, where troupe adds it in a kernel of its own, and sums the bias gradient
