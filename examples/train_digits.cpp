@@ -45,7 +45,7 @@ struct Flags {
   double require_accuracy = 0;  // exit status 3 if the final test accuracy is lower
   int accum_steps = 1;
   std::string sharding = "ddp";  // ddp, zero1, zero2 or fsdp
-  std::string device = "cpu";    // cpu or cuda (ddp over NCCL)
+  std::string device = "cpu";    // cpu or cuda (gradients over NCCL)
   std::string precision = "f32"; // f32 or bf16 (bf16 model, f32 master weights; ddp)
   std::string metrics;          // JSONL metrics log; empty for none
   std::string best;             // file for the model with the best test accuracy; empty for none
@@ -65,8 +65,8 @@ const char* kUsage =
     "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n"
     "  --sharding: ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded\n"
     "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
-    "  --device cuda: the model, batches and gradients on this rank's GPU, gradients\n"
-    "  all-reduced over NCCL (ddp only; one visible GPU per rank).\n"
+    "  --device cuda: the model, batches and gradients on this rank's GPU (its local rank's),\n"
+    "  gradients all-reduced over NCCL, in every sharding mode.\n"
     "  --precision bf16: mixed precision, a bf16 model stepping f32 master weights (ddp only).\n"
     "  --checkpoint-dir saves at each epoch's end (and every STEPS steps) and, started again\n"
     "  with the same DIR, resumes from its latest valid checkpoint. Under troupe-run it\n"

@@ -39,6 +39,12 @@ int cuda_device_count() {
   return count;
 }
 
+void cuda_set_device(Device d) {
+  if (!d.is_cuda()) return;
+  check_device_usable(d, "cuda_set_device");
+  cuda_backend::set_device(d.index);
+}
+
 void cuda_synchronize() {
   if (cuda_available()) cuda_backend::synchronize();
 }

@@ -13,6 +13,7 @@ namespace {
 
 int device_count() { return 0; }
 void synchronize() {}
+void set_device(int) { absent("cuda set_device"); }
 void* allocate(std::size_t, int) { absent("cuda allocate"); }
 void release(void*, int) {}
 CachingAllocator::Stats memory_stats(int) { return {}; }

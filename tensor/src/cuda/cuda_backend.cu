@@ -237,6 +237,8 @@ int device_count() {
 
 void synchronize() { TROUPE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+void set_device(int device) { TROUPE_CUDA_CHECK(cudaSetDevice(device)); }
+
 void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind) {
   const cudaMemcpyKind k = kind == CopyKind::host_to_device ? cudaMemcpyHostToDevice
                            : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost

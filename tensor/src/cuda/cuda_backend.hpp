@@ -33,6 +33,7 @@ struct BroadcastIndex {
 int device_count();
 // Waits for everything queued on the current device.
 void synchronize();
+void set_device(int device);
 // Device memory, through the caching allocator (cuda_memory.cpp): a released block
 // goes back to its size class's free list, not to cudaFree.
 void* allocate(std::size_t nbytes, int device);

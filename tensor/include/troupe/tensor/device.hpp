@@ -38,6 +38,10 @@ inline bool cuda_available() { return cuda_device_count() > 0; }
 // this waits for everything queued (timing, handing memory to another library).
 // A no-op without CUDA.
 void cuda_synchronize();
+// Makes `d` the calling thread's current CUDA device (CUDA's current device is per
+// thread): the kernels this thread launches on existing tensors go there. Allocating a
+// CUDA tensor does this too. A no-op for the CPU.
+void cuda_set_device(Device d);
 // Throws InvalidArgument naming `op` unless `d` can be used here.
 void check_device_usable(Device d, const char* op);
 

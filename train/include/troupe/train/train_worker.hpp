@@ -67,6 +67,7 @@
 #include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/data_loader.hpp"
 #include "troupe/train/ddp.hpp"
+#include "troupe/train/distributed.hpp"
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/master_weights.hpp"
 #include "troupe/train/sharded_model.hpp"
@@ -86,10 +87,9 @@ struct WorkerOptions {
   // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
   // construction with InvalidArgument).
   std::string sharding = "ddp";
-  // "cpu", or "cuda": the model, batches and gradients on this process's GPU, the
-  // gradients (and the sharded modes' gathers) over NCCL, host-side values (norms,
-  // state-dict metadata) over MPI beside it; one visible GPU per rank (e.g. through
-  // CUDA_VISIBLE_DEVICES), since the actor's methods may run on any pool thread.
+  // "cpu", or "cuda": the model, batches and gradients on this rank's GPU (its local
+  // rank modulo the GPUs it sees), the gradients (and the sharded modes' gathers) over
+  // NCCL, host-side values (norms, state-dict metadata) over MPI beside it.
   std::string device = "cpu";
   // "f32", or "bf16": mixed precision -- a bf16 model (products and gradients in bf16,
   // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
@@ -227,7 +227,7 @@ class TrainWorker {
   // file), so that train_epoch(state().epoch) goes on from the step after it. Returns
   // the state afterwards; step 0 when there was nothing to resume from.
   WorkerState resume() {
-    check_running("resume");
+    begin_call("resume");
     if (checkpoint_) checkpoint_->resume();
     return state();
   }
@@ -236,14 +236,14 @@ class TrainWorker {
   // background; in the sharded modes every rank writes its own pieces into the one file
   // (the parallel save, synchronous; nothing gathered). Ask every worker.
   void save_checkpoint() {
-    check_running("save_checkpoint");
+    begin_call("save_checkpoint");
     TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
     checkpoint_->save(state_->step, state_->epoch);
   }
 
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
   EpochResult train_epoch(std::int64_t epoch) {
-    check_running("train_epoch");
+    begin_call("train_epoch");
     if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) {
       sampler_->set_epoch(epoch);
       if (sharded_) sharded_->set_micro_step(0);
@@ -287,7 +287,7 @@ class TrainWorker {
 
   // This rank's strided share of the test set (no padding: every sample once overall).
   EvalResult evaluate() {
-    check_running("evaluate");
+    begin_call("evaluate");
     model_->eval();
     EvalResult result;
     std::vector<std::int64_t> mine;
@@ -319,7 +319,7 @@ class TrainWorker {
   }
 
   WorkerState state() {
-    check_running("state");
+    begin_call("state");
     return {comm_->rank(), state_->step, state_->epoch, sampler_->position(),
             sharded_ ? sharded_->parameter_hash() : parameter_hash(*model_), sampler_->exhausted()};
   }
@@ -329,7 +329,7 @@ class TrainWorker {
   // Only rank 0's worker need be asked; the parameters are the same everywhere. In
   // zero2 and fsdp modes ask every worker (the model is gathered): rank 0's answer counts.
   bool offer_best(double value, std::int64_t step) {
-    check_running("offer_best");
+    begin_call("offer_best");
     if (sharded_ && sharded_->forward_is_collective()) {
       nn::StateDict full = sharded_->model_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
@@ -343,6 +343,7 @@ class TrainWorker {
   void stop() {
     if (stopped_) return;
     stopped_ = true;
+    tensor::cuda_set_device(device_);
     if (checkpoint_) checkpoint_->wait();  // the last checkpoint is durable before we go
     checkpoint_.reset();
     status_.reset();
@@ -356,7 +357,7 @@ class TrainWorker {
 
   // For code on this rank (a checkpoint writer): everything to save and restore.
   TrainingState& training_state() {
-    check_running("training_state");
+    begin_call("training_state");
     return *state_;
   }
   // In fsdp mode the module's parameters are undefined between uses.
@@ -406,9 +407,10 @@ class TrainWorker {
                  options.device, "'");
     if (options.device == "cpu") return tensor::Device::cpu();
     tensor::check_device_usable(tensor::Device::cuda(), "TrainWorker");
-    TROUPE_CHECK(tensor::cuda_device_count() == 1, "TrainWorker: device cuda uses one GPU per rank, and this rank sees ",
-                 tensor::cuda_device_count(), "; give each rank its own with CUDA_VISIBLE_DEVICES");
-    return tensor::Device::cuda();
+    // One GPU per rank of a node, as torchrun assigns them (and as NcclCommunicator picks).
+    const tensor::Device device = tensor::Device::cuda(device_for_local_rank(tensor::cuda_device_count()));
+    tensor::cuda_set_device(device);  // the constructor's own thread, before the model moves
+    return device;
   }
 
   // The world, over MPI (CPU tensors) or NCCL (CUDA tensors; MPI carries its id).
@@ -437,8 +439,11 @@ class TrainWorker {
     }
   }
 
-  void check_running(const char* what) const {
+  // Every method starts here: a stopped worker refuses, and a running one makes its GPU
+  // the current device of the pool thread that runs this call (CUDA's is per thread).
+  void begin_call(const char* what) const {
     TROUPE_CHECK(!stopped_, "TrainWorker::", what, ": the worker was stopped");
+    tensor::cuda_set_device(device_);
   }
 
   WorkerOptions options_;
