@@ -7,7 +7,9 @@ namespace troupe::nn {
 double accuracy(const Tensor& logits_in, const Tensor& target_in, std::int64_t ignore_index) {
   const char* op = "accuracy";
   // A report, not a training step: CUDA tensors are read back and counted here.
-  const auto on_host = [](const Tensor& t) { return t.defined() && t.device().is_cuda() ? t.to(tensor::Device::cpu()) : t; };
+  const auto on_host = [](const Tensor& t) {
+    return t.defined() && t.device().is_cuda() ? t.to(tensor::Device::cpu()) : t;
+  };
   const Tensor logits = on_host(logits_in), target = on_host(target_in);
   detail::check_host_floating(logits, op);
   TROUPE_CHECK(logits.dim() >= 1, op, ": logits must have a class dimension");

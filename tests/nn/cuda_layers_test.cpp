@@ -28,7 +28,8 @@ const Device gpu = Device::cuda();
 
 Tensor labels(std::int64_t rows, std::int64_t classes, std::uint64_t seed) {
   Tensor y = Tensor::empty({rows}, DType::i64);
-  for (std::int64_t r = 0; r < rows; ++r) y.data<std::int64_t>()[r] = static_cast<std::int64_t>((r * 7 + seed) % classes);
+  for (std::int64_t r = 0; r < rows; ++r)
+    y.data<std::int64_t>()[r] = static_cast<std::int64_t>((r * 7 + seed) % classes);
   return y;
 }
 
@@ -47,7 +48,8 @@ TEST(CudaLayers, ActivationsForwardAndBackwardMatchTheCpu) {
       const Tensor y = cpu->forward(x), y_gpu = on_gpu->forward(x.to(gpu));
       EXPECT_EQ(y_gpu.device(), gpu);
       EXPECT_TRUE(matches_cpu(y_gpu, y)) << cpu->type_name() << " forward, " << t;
-      EXPECT_TRUE(matches_cpu(on_gpu->backward(gy.to(gpu)), cpu->backward(gy))) << cpu->type_name() << " backward, " << t;
+      EXPECT_TRUE(matches_cpu(on_gpu->backward(gy.to(gpu)), cpu->backward(gy)))
+          << cpu->type_name() << " backward, " << t;
     }
   }
 }
@@ -108,8 +110,8 @@ TEST(CudaLayers, EmbeddingLooksUpAndScatterAddsLikeTheCpuBitForBit) {
     const Tensor indices = Tensor::from_vector<std::int64_t>({3, 1, 3, 9, 3, 0, 1, 7}, {2, 4});
     const Tensor gy = tensor::normal({2, 4, 6}, 0, 1, g, t);
     for (int pass = 0; pass < 2; ++pass) {  // the second pass accumulates into the grads
-      EXPECT_TRUE(tensor::equal(on_gpu.forward(pass ? indices.to(gpu) : indices).to(Device::cpu()), cpu.forward(indices)))
-          << t;
+      const Tensor looked_up = on_gpu.forward(pass ? indices.to(gpu) : indices);
+      EXPECT_TRUE(tensor::equal(looked_up.to(Device::cpu()), cpu.forward(indices))) << t;
       on_gpu.backward(gy.to(gpu));
       cpu.backward(gy);
       EXPECT_TRUE(tensor::equal(on_gpu.weight().grad.to(Device::cpu()), cpu.weight().grad)) << t << " pass " << pass;

@@ -27,7 +27,8 @@ void MasterWeights::copy_gradients_to_master() {
       pair.master->grad = Tensor();
       continue;
     }
-    if (!pair.master->grad.defined()) pair.master->grad = Tensor::empty(pair.master->data.shape(), DType::f32, pair.master->data.device());
+    if (!pair.master->grad.defined())
+      pair.master->grad = Tensor::empty(pair.master->data.shape(), DType::f32, pair.master->data.device());
     pair.master->grad.copy_(grad);
   }
 }
@@ -51,9 +52,11 @@ void MasterWeights::load_state_dict(nn::Module& model, const nn::StateDict& dict
   // take the full-precision values.
   nn::StateDict rounded;
   for (const auto& [name, value] : dict) rounded.insert(name, value);
-  for (const auto& pair : pairs_)
-    if (const Tensor* value = dict.find(pair.name); value != nullptr && value->defined() && tensor::is_floating(value->dtype()))
+  for (const auto& pair : pairs_) {
+    const Tensor* value = dict.find(pair.name);
+    if (value != nullptr && value->defined() && tensor::is_floating(value->dtype()))
       rounded.insert_or_assign(pair.name, value->to(pair.model->data.dtype()));
+  }
   model.load_state_dict(rounded, strict);
   for (auto& pair : pairs_)
     if (const Tensor* value = dict.find(pair.name)) pair.master->data.copy_(*value);

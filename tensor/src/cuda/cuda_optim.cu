@@ -30,7 +30,8 @@ __global__ void __launch_bounds__(kListThreads) adam_list_kernel(const __grid_co
   const float* g = list.grad[t];
   float* m = list.exp_avg[t];
   float* v = list.exp_avg_sq[t];
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) detail::adam_element(p[i], g[i], m[i], v[i], list.scalars[t]);
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
+    detail::adam_element(p[i], g[i], m[i], v[i], list.scalars[t]);
 }
 
 __global__ void __launch_bounds__(kListThreads) sgd_list_kernel(const __grid_constant__ SgdList list) {
