@@ -83,7 +83,10 @@ Flags parse_flags(int argc, char** argv) {
 
 std::string model_label(const ModelSpec& spec) {
   std::string s;
-  for (auto w : spec.widths) s += (s.empty() ? "" : "-") + std::to_string(w);
+  for (auto w : spec.widths) {
+    if (!s.empty()) s += '-';
+    s += std::to_string(w);  // not "-" + to_string(w): GCC 12's -Wrestrict misfires on it
+  }
   return s;
 }
 

@@ -25,10 +25,12 @@ struct Model {
   }
   void register_with(Checkpoint& ckpt) {
     ckpt.register_state("model", {.save = [this](SectionWriter& w) {
-                                    for (std::size_t i = 0; i < weights.size(); ++i) w.tensor("w" + std::to_string(i), weights[i]);
+                                    for (std::size_t i = 0; i < weights.size(); ++i)
+                                      w.tensor(std::string("w").append(std::to_string(i)), weights[i]);
                                   },
                                   .load = [this](const SectionReader& r) {
-                                    for (std::size_t i = 0; i < weights.size(); ++i) weights[i].copy_(r.tensor("w" + std::to_string(i)));
+                                    for (std::size_t i = 0; i < weights.size(); ++i)
+                                      weights[i].copy_(r.tensor(std::string("w").append(std::to_string(i))));
                                   }});
   }
   std::vector<Tensor> weights;

@@ -36,7 +36,7 @@ void register_model(Checkpoint& ckpt, std::int64_t& step, int progress = -1, int
                                       char c;
                                       if (read(go, &c, 1) != 1) _exit(3);
                                     }
-                                    w.tensor("t" + std::to_string(i), state_tensor(step, i));
+                                    w.tensor(std::string("t").append(std::to_string(i)), state_tensor(step, i));
                                     if (progress >= 0 && write(progress, "x", 1) != 1) _exit(4);
                                   }
                                 },
@@ -55,7 +55,8 @@ std::int64_t expect_loadable(const fs::path& folder) {
   std::vector<Tensor> loaded;
   ckpt.register_state("model", {.save = [](SectionWriter&) {},
                                 .load = [&](const SectionReader& r) {
-                                  for (int i = 0; i < kTensors; ++i) loaded.push_back(r.tensor("t" + std::to_string(i)));
+                                  for (int i = 0; i < kTensors; ++i)
+                                    loaded.push_back(r.tensor(std::string("t").append(std::to_string(i))));
                                 }});
   std::optional<Metadata> meta = ckpt.load_latest();
   EXPECT_TRUE(meta);
