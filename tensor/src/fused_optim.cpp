@@ -19,6 +19,25 @@ void check_buffer(const Tensor& t, const Tensor& like, const char* op, const cha
                like.device());
 }
 
+// The checks of one SGD or Adam step, shared by the single and the list forms.
+void check_sgd(const Tensor& param, const Tensor& grad, const Tensor* momentum_buffer, const SgdStep& o,
+               const char* op) {
+  check_buffer(param, param, op, "param");
+  check_buffer(grad, param, op, "grad");
+  TROUPE_CHECK(o.momentum == 0 || momentum_buffer != nullptr, op, ": momentum ", o.momentum,
+               " needs a momentum buffer");
+  if (o.momentum != 0) check_buffer(*momentum_buffer, param, op, "momentum buffer");
+}
+
+void check_adam(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, const Tensor& exp_avg_sq,
+                const AdamStep& o, const char* op) {
+  check_buffer(param, param, op, "param");
+  check_buffer(grad, param, op, "grad");
+  check_buffer(exp_avg, param, op, "exp_avg");
+  check_buffer(exp_avg_sq, param, op, "exp_avg_sq");
+  TROUPE_CHECK(o.step >= 1, op, ": step must count this step (>= 1), got ", o.step);
+}
+
 detail::SgdScalars sgd_scalars(const SgdStep& o) {
   return {static_cast<float>(o.lr),       static_cast<float>(o.weight_decay), static_cast<float>(o.momentum),
           static_cast<float>(1 - o.dampening), o.nesterov,                    o.first_step};
@@ -83,12 +102,8 @@ void fused_adam_steps_(std::span<const AdamEntry> entries) {
   const Device device = entries.front().param->device();
   for (const AdamEntry& e : entries) {
     TROUPE_CHECK(e.param && e.grad && e.exp_avg && e.exp_avg_sq, op, ": an entry has a null tensor");
-    check_buffer(*e.param, *e.param, op, "param");
-    check_buffer(*e.grad, *e.param, op, "grad");
-    check_buffer(*e.exp_avg, *e.param, op, "exp_avg");
-    check_buffer(*e.exp_avg_sq, *e.param, op, "exp_avg_sq");
+    check_adam(*e.param, *e.grad, *e.exp_avg, *e.exp_avg_sq, e.step, op);
     check_same_device(device, *e.param, op);
-    TROUPE_CHECK(e.step.step >= 1, op, ": step must count this step (>= 1), got ", e.step.step);
   }
   if (device.is_cpu()) {
     for (const AdamEntry& e : entries) fused_adam_step_(*e.param, *e.grad, *e.exp_avg, *e.exp_avg_sq, e.step);
@@ -112,11 +127,7 @@ void fused_sgd_steps_(std::span<const SgdEntry> entries) {
   const Device device = entries.front().param->device();
   for (const SgdEntry& e : entries) {
     TROUPE_CHECK(e.param && e.grad, op, ": an entry has a null tensor");
-    check_buffer(*e.param, *e.param, op, "param");
-    check_buffer(*e.grad, *e.param, op, "grad");
-    TROUPE_CHECK(e.step.momentum == 0 || e.momentum_buffer != nullptr, op, ": momentum ", e.step.momentum,
-                 " needs a momentum buffer");
-    if (e.step.momentum != 0) check_buffer(*e.momentum_buffer, *e.param, op, "momentum buffer");
+    check_sgd(*e.param, *e.grad, e.momentum_buffer, e.step, op);
     check_same_device(device, *e.param, op);
   }
   if (device.is_cpu()) {
@@ -135,12 +146,7 @@ void fused_sgd_steps_(std::span<const SgdEntry> entries) {
 }
 
 void fused_sgd_step_(Tensor& param, const Tensor& grad, Tensor* momentum_buffer, const SgdStep& o) {
-  const char* op = "fused_sgd_step_";
-  check_buffer(param, param, op, "param");
-  check_buffer(grad, param, op, "grad");
-  TROUPE_CHECK(o.momentum == 0 || momentum_buffer != nullptr, op, ": momentum ", o.momentum,
-               " needs a momentum buffer");
-  if (o.momentum != 0) check_buffer(*momentum_buffer, param, op, "momentum buffer");
+  check_sgd(param, grad, momentum_buffer, o, "fused_sgd_step_");
   const detail::SgdScalars s = sgd_scalars(o);
   float* p = static_cast<float*>(param.raw_data());
   const float* g = static_cast<const float*>(grad.raw_data());
@@ -150,12 +156,7 @@ void fused_sgd_step_(Tensor& param, const Tensor& grad, Tensor* momentum_buffer,
 }
 
 void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamStep& o) {
-  const char* op = "fused_adam_step_";
-  check_buffer(param, param, op, "param");
-  check_buffer(grad, param, op, "grad");
-  check_buffer(exp_avg, param, op, "exp_avg");
-  check_buffer(exp_avg_sq, param, op, "exp_avg_sq");
-  TROUPE_CHECK(o.step >= 1, op, ": step must count this step (>= 1), got ", o.step);
+  check_adam(param, grad, exp_avg, exp_avg_sq, o, "fused_adam_step_");
   const detail::AdamScalars s = adam_scalars(o);
   float* p = static_cast<float*>(param.raw_data());
   const float* g = static_cast<const float*>(grad.raw_data());

@@ -19,13 +19,23 @@ __global__ void adam_kernel(float* p, const float* g, float* m, float* v, std::i
 // Every thread that meets a non-finite value writes 1; no atomics are needed because
 // all writers write the same value, and nobody writes 0 here (the flag accumulates
 // over the buffers of one step, as PyTorch's found_inf does).
-// Block b steps chunk chunk_of[b] of tensor tensor_of[b].
+// Block b steps chunk chunk_of[b] of tensor tensor_of[b]: its tensor and element range.
 constexpr int kListThreads = 512;
 
-__global__ void __launch_bounds__(kListThreads) adam_list_kernel(const __grid_constant__ AdamList list) {
+struct BlockChunk {
+  int t;
+  std::int64_t begin, end;
+};
+
+template <class List>
+__device__ inline BlockChunk block_chunk(const List& list) {
   const int t = list.tensor_of[blockIdx.x];
   const std::int64_t begin = std::int64_t{list.chunk_of[blockIdx.x]} * kListChunk;
-  const std::int64_t end = begin + kListChunk < list.n[t] ? begin + kListChunk : list.n[t];
+  return {t, begin, begin + kListChunk < list.n[t] ? begin + kListChunk : list.n[t]};
+}
+
+__global__ void __launch_bounds__(kListThreads) adam_list_kernel(const __grid_constant__ AdamList list) {
+  const auto [t, begin, end] = block_chunk(list);
   float* p = list.param[t];
   const float* g = list.grad[t];
   float* m = list.exp_avg[t];
@@ -35,9 +45,7 @@ __global__ void __launch_bounds__(kListThreads) adam_list_kernel(const __grid_co
 }
 
 __global__ void __launch_bounds__(kListThreads) sgd_list_kernel(const __grid_constant__ SgdList list) {
-  const int t = list.tensor_of[blockIdx.x];
-  const std::int64_t begin = std::int64_t{list.chunk_of[blockIdx.x]} * kListChunk;
-  const std::int64_t end = begin + kListChunk < list.n[t] ? begin + kListChunk : list.n[t];
+  const auto [t, begin, end] = block_chunk(list);
   float* p = list.param[t];
   const float* g = list.grad[t];
   float* b = list.momentum_buffer[t];
