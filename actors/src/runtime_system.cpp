@@ -191,15 +191,20 @@ void Runtime::handle_system(detail::Message& message) {
 // ---- collectives of the runtime itself ----
 
 void Runtime::wait_collective(void* request, const char* what) {
+  // Meanwhile the progress thread serves incoming messages (another rank may need an
+  // answer from us before it can reach the same collective) and its polls progress
+  // the collective too. This thread only tests, sleeping longer and longer between
+  // tests: a rank that waits here for a peer still at work -- shutdown() while rank 0
+  // trains -- must not keep a core spinning, and on a machine with as many busy
+  // threads as cores a third spinner turns microsecond round trips into milliseconds.
+  using namespace std::chrono_literals;
   auto* r = static_cast<MPI_Request*>(request);
-  for (;;) {
+  for (auto pause = Clock::duration(5us);; pause = std::min<Clock::duration>(2 * pause, 1ms)) {
     int done = 0;
     TROUPE_MPI_CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE));
     if (done) return;
     if (liveness_->any_lost()) abort_for_lost_ranks(what);
-    // Serve incoming messages meanwhile: another rank may need an answer from us
-    // before it can reach the same collective.
-    if (!transport_->progress_once(true)) std::this_thread::yield();
+    std::this_thread::sleep_for(pause);
   }
 }
 
@@ -242,8 +247,14 @@ void Runtime::drain() {
   const auto deadline = Clock::now() + options_.shutdown_drain_timeout;
   long long previous_sent = -1;
   for (;;) {
-    while (queued_calls_.load() > 0 && Clock::now() < deadline)
-      if (!transport_->progress_once(true)) std::this_thread::yield();
+    // Calls still running (a checkpoint finishing its save) may take seconds: help
+    // with ready work, but do not spin while there is none.
+    for (auto pause = Clock::duration(std::chrono::microseconds(5));
+         queued_calls_.load() > 0 && Clock::now() < deadline;) {
+      if (transport_->progress_once(true)) continue;
+      std::this_thread::sleep_for(pause);
+      pause = std::min<Clock::duration>(2 * pause, std::chrono::milliseconds(1));
+    }
     long long local[4] = {static_cast<long long>(transport_->sent()), static_cast<long long>(transport_->received()),
                           queued_calls_.load(), Clock::now() >= deadline ? 1 : 0};
     long long global[4] = {};

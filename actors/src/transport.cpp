@@ -236,21 +236,27 @@ bool Transport::try_begin_polling() {
 }
 
 void Transport::end_polling() {
+  poll_ended_.store(Clock::now().time_since_epoch().count());
   pollers_.fetch_sub(1);
-  wake();
+  // The progress thread looks again within kMaxBackoff on its own, as soon as it
+  // would have after a wake-up and a poll that found nothing. A wake-up now costs the
+  // caller a system call and, on a machine whose cores are busy, the core it needs
+  // for its next ask -- unless a thread blocks on an answer that nobody else will
+  // now receive.
+  if (blocked_.load() > 0) wake();
 }
 
 void Transport::begin_blocking() {
+  blocked_.fetch_add(1);
   hot_until_.store((Clock::now() + kBlockedHotPeriod).time_since_epoch().count());
   wake();
 }
 
-void Transport::end_blocking() {}
+void Transport::end_blocking() { blocked_.fetch_sub(1); }
 
 void Transport::run() {
   auto last_active = Clock::now();
   while (!stop_) {
-    const auto now = Clock::now();
     if (pollers_.load() > 0) {  // a waiting caller drives progress; don't compete for the core
       // ...but it runs no actor calls: without pool threads they are this thread's.
       if (runs_actor_calls_ && scheduler_.run_local(/*shared=*/true)) continue;
@@ -264,12 +270,17 @@ void Transport::run() {
       // An MPI failure here has no caller to go to; report it and keep serving.
       std::fprintf(stderr, "troupe: progress thread: %s\n", e.what());
     }
+    const auto now = Clock::now();
     if (worked) {
-      last_active = Clock::now();
+      last_active = now;
       continue;
     }
-    const auto idle = Clock::now() - last_active;
-    if (idle < kHotPeriod || now.time_since_epoch().count() < hot_until_.load()) {
+    const auto idle = now - last_active;
+    // A caller that polled a moment ago will most likely poll again (its next ask):
+    // the spinning is its to do, and a second spinner would only take its core.
+    const bool caller_polls = now - Clock::time_point(Clock::duration(poll_ended_.load())) < kHotPeriod;
+    const bool caller_blocks = blocked_.load() > 0 && now.time_since_epoch().count() < hot_until_.load();
+    if ((idle < kHotPeriod && !caller_polls) || caller_blocks) {
       // Right after a message the next one usually follows within microseconds:
       // spin without a system call (sched_yield costs over 1 us on these VMs) at
       // first, then yield the core to anyone who needs it.
@@ -280,7 +291,9 @@ void Transport::run() {
       }
       continue;
     }
-    const auto backoff = std::min<Clock::duration>(kMaxBackoff, idle / 8);
+    // After a caller's poll, sleep until it has most likely started its next one
+    // (which stands this thread aside) rather than waking every few microseconds.
+    const auto backoff = caller_polls ? Clock::duration(kHotPeriod) : std::min<Clock::duration>(kMaxBackoff, idle / 8);
     const auto hot_before = hot_until_.load();
     idle_wait(backoff, [&] { return stop_.load() || hot_until_.load() != hot_before; });
   }

@@ -7,7 +7,9 @@
 //
 // The progress thread backs off when idle (a condition variable wait whose period
 // grows to 1 ms, so an idle runtime costs almost no CPU), stands aside while a
-// caller polls, and stays hot for a few ms after a caller blocks on an answer.
+// caller polls and for a moment after (its next ask polls again), and stays hot
+// while a caller blocks on an answer (for up to a few ms). A caller whose answer
+// came while it polled wakes nobody.
 #pragma once
 
 #include <mpi.h>
@@ -93,7 +95,9 @@ class Transport final : public Progress {
   const bool runs_actor_calls_;
   std::mutex receive_mutex_;
   std::atomic<int> pollers_{0};
+  std::atomic<int> blocked_{0};           // callers asleep on an answer
   std::atomic<Clock::rep> hot_until_{0};  // steady_clock ticks; stay hot until then
+  std::atomic<Clock::rep> poll_ended_{0};  // steady_clock ticks when a caller last stopped polling
   std::atomic<bool> stop_{false};
   std::mutex idle_mutex_;
   std::condition_variable idle_cv_;
