@@ -299,7 +299,7 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
       cell, detail::make_call(
                 h.method,
                 [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
-                  std::string result = new_message();
+                  std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
                   std::vector<Bytes> out;
                   {
                     detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);

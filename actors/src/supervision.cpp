@@ -29,7 +29,10 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
     return call->fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
                                  detail::concat("the actor is restarting and ", cell->queued_.load(),
                                                 " calls already wait (max_queued)")));
-  call->stamp(cell->epoch(), Clock::now().time_since_epoch().count());
+  // The time posted only matters for a call re-delivered after a restart (its
+  // queue_deadline); an actor that cannot restart is spared the clock read.
+  const bool may_restart = cell->options().max_restarts > 0;
+  call->stamp(cell->epoch(), may_restart ? Clock::now().time_since_epoch().count() : 0);
   cell->queued_.fetch_add(1, std::memory_order_relaxed);
   queued_calls_.fetch_add(1, std::memory_order_relaxed);
   scheduler_->post(cell, std::move(call));
