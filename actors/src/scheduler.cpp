@@ -13,6 +13,7 @@ constexpr auto kSpin = std::chrono::microseconds(50);
 thread_local std::vector<std::shared_ptr<ActorCellBase>> t_inline;
 thread_local int t_inline_depth = 0;
 thread_local Scheduler* t_scheduler = nullptr;
+thread_local Clock::duration t_excluded{0};
 }  // namespace
 
 Scheduler::Scheduler(int threads, Execute execute, std::function<void()> wake_progress, std::function<bool()> receive)
@@ -40,6 +41,8 @@ void Scheduler::stop() {
 }
 
 Scheduler::InlineScope::InlineScope() { ++t_inline_depth; }
+
+void Scheduler::exclude_from_call_time(Clock::duration waited) { t_excluded += waited; }
 
 Scheduler::InlineScope::~InlineScope() {
   if (--t_inline_depth > 0 || t_inline.empty()) return;
@@ -97,9 +100,10 @@ void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
       // inline call after an idle spell wakes one.
       if (deep_sleeping_.load(std::memory_order_relaxed) > 0) cv_.notify_one();
     }
+    t_excluded = Clock::duration::zero();
     execute_(*cell, std::move(call));
     if (watched) inline_since_.store(0, std::memory_order_relaxed);
-    const bool fast = Clock::now() - start < kInlineLimit;
+    const bool fast = Clock::now() - start - t_excluded < kInlineLimit;
     cell->set_fast(fast);
     if (inline_run && !fast && threads_ > 0) break;  // the rest goes to the pool
   }

@@ -82,6 +82,11 @@ class Scheduler {
 
   // Calls longer than this move their actor off the receiving thread.
   static constexpr std::chrono::microseconds kInlineLimit{50};
+  // Time the current call on this thread spent waiting for a peer to take a large
+  // message (a reply's rendezvous), not counted against kInlineLimit: the thread
+  // went on receiving meanwhile, and an actor that echoes 1 MB is no slower to run
+  // than one that echoes 8 B -- sent to the pool, every call of it paid a wake-up.
+  static void exclude_from_call_time(std::chrono::steady_clock::duration waited);
   // Calls of one actor run per turn before others get a chance.
   static constexpr int kThroughput = 64;
   // How often an idle pool thread checks for a long call on the receiving thread;

@@ -104,11 +104,14 @@ void Transport::send(int destination, std::string& message, const std::vector<By
     TROUPE_MPI_CHECK(MPI_Isend(attachments[i].data(), static_cast<int>(attachments[i].size()), MPI_BYTE, destination,
                                tag, comm_, &requests[i + 1]));
   }
+  Clock::time_point waiting_since{};  // read only when the send did not complete at once
   for (int done = 0;;) {
     TROUPE_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
     if (done) break;
+    if (waiting_since == Clock::time_point{}) waiting_since = Clock::now();
     if (!t_receiving) receive_some();
   }
+  if (waiting_since != Clock::time_point{}) Scheduler::exclude_from_call_time(Clock::now() - waiting_since);
   sent_.fetch_add(1, std::memory_order_relaxed);
 }
 
