@@ -89,10 +89,12 @@ void Scheduler::make_ready(std::shared_ptr<ActorCellBase> cell) {
 }
 
 void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
+  // One clock read per call: a call starts when the one before it ended (a read
+  // costs ~35 ns here, a local tell well under 1 us).
+  auto start = Clock::now();
   for (int i = 0; i < kThroughput; ++i) {
     std::unique_ptr<Call> call = cell->mailbox().pop();
     if (!call) return;  // idle again; a later post() schedules it anew
-    const auto start = Clock::now();
     const bool watched = inline_run && threads_ > 0;
     if (watched) {
       inline_since_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
@@ -103,7 +105,9 @@ void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
     t_excluded = Clock::duration::zero();
     execute_(*cell, std::move(call));
     if (watched) inline_since_.store(0, std::memory_order_relaxed);
-    const bool fast = Clock::now() - start - t_excluded < kInlineLimit;
+    const auto end = Clock::now();
+    const bool fast = end - start - t_excluded < kInlineLimit;
+    start = end;
     cell->set_fast(fast);
     if (inline_run && !fast && threads_ > 0) break;  // the rest goes to the pool
   }

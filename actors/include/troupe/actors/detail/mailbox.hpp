@@ -1,16 +1,23 @@
 // An actor's mailbox: the calls waiting for it, in the order they were posted, and
 // whether some thread has the actor scheduled (queued to run, or running it).
 //
-// At most one thread runs an actor at a time: whoever moves `scheduled` from false
-// to true owns the actor until it finds the mailbox empty and sets it back, under
-// the same lock, so a call posted meanwhile is never stranded. The owner drains
+// At most one thread runs an actor at a time: whoever pushes onto an idle mailbox
+// owns the actor until a pop finds the mailbox empty and marks it idle again, in the
+// same atomic step, so a call posted meanwhile is never stranded. The owner drains
 // several calls per turn (CAF's and Akka's "throughput"), so a burst of messages to
 // one actor costs one scheduling and no thread wake-up per message.
+//
+// Lock-free, as CAF's inbox: senders push onto an atomic stack with one
+// compare-and-swap; the owner takes the whole stack at once and reverses it into a
+// list only it reads. With a mutex, a sender and the owner on two cores fought for
+// the lock on every call (futex sleeps and wakes: local tells ran at 1.2 M/s, not
+// 5 M/s as on one core).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <utility>
 
 namespace troupe::actors {
 struct ErrorInfo;
@@ -41,7 +48,7 @@ class Call {
   std::uint32_t method_;
   int epoch_ = 0;                  // the actor's restart count when the call was posted
   std::int64_t posted_ticks_ = 0;  // steady_clock ticks, for queue_deadline
-  std::unique_ptr<Call> next_;
+  Call* next_ = nullptr;           // in a mailbox, which owns it
 };
 
 template <class Body, class Fail>
@@ -69,46 +76,58 @@ class Mailbox {
   ~Mailbox() { clear(); }
 
   // Appends `call`; true when the actor was idle and the caller now owns it (must
-  // get it run).
+  // get it run). Any thread.
   bool push(std::unique_ptr<Call> call) {
-    std::lock_guard lock(mutex_);
-    Call* raw = call.get();
-    if (tail_) tail_->next_ = std::move(call);
-    else head_ = std::move(call);
-    tail_ = raw;
-    if (scheduled_) return false;
-    scheduled_ = true;
-    return true;
+    Call* node = call.release();
+    Call* top = stack_.load(std::memory_order_relaxed);
+    // acq_rel: a sender that takes the actor over sees what its last owner did.
+    do {
+      node->next_ = top == idle() ? nullptr : top;
+    } while (!stack_.compare_exchange_weak(top, node, std::memory_order_acq_rel, std::memory_order_relaxed));
+    return top == idle();
   }
   // For the owner: the next call, or null -- and then the actor is idle again.
   std::unique_ptr<Call> pop() {
-    std::lock_guard lock(mutex_);
-    if (!head_) {
-      scheduled_ = false;
-      return nullptr;
+    if (!ready_) {
+      Call* taken = stack_.exchange(nullptr, std::memory_order_acquire);
+      if (!taken) {
+        Call* empty = nullptr;
+        if (stack_.compare_exchange_strong(empty, idle(), std::memory_order_acq_rel)) return nullptr;
+        taken = stack_.exchange(nullptr, std::memory_order_acquire);  // pushed just now
+      }
+      while (taken) {  // newest first -> oldest first
+        Call* next = taken->next_;
+        taken->next_ = ready_;
+        ready_ = taken;
+        taken = next;
+      }
     }
-    std::unique_ptr<Call> call = std::move(head_);
-    head_ = std::move(call->next_);
-    if (!head_) tail_ = nullptr;
+    std::unique_ptr<Call> call(ready_);
+    ready_ = call->next_;
+    call->next_ = nullptr;
     return call;
   }
-  // Destroys the waiting calls unrun (shutdown), one by one: a recursive destruction
-  // of a long list would overflow the stack.
+  // Destroys the waiting calls unrun (shutdown): no thread may use the mailbox
+  // meanwhile.
   void clear() {
-    std::unique_ptr<Call> head;
-    {
-      std::lock_guard lock(mutex_);
-      head = std::move(head_);
-      tail_ = nullptr;
-    }
-    while (head) head = std::move(head->next_);
+    destroy(ready_);
+    ready_ = nullptr;
+    Call* taken = stack_.exchange(idle(), std::memory_order_acquire);
+    destroy(taken == idle() ? nullptr : taken);
   }
 
  private:
-  std::mutex mutex_;
-  std::unique_ptr<Call> head_;
-  Call* tail_ = nullptr;
-  bool scheduled_ = false;
+  // The stack's value while no thread owns the actor (then nothing is queued).
+  static Call* idle() {
+    static char marker;
+    return reinterpret_cast<Call*>(&marker);
+  }
+  static void destroy(Call* node) {
+    while (node) delete std::exchange(node, node->next_);
+  }
+
+  std::atomic<Call*> stack_{idle()};  // pushed, newest first; idle() when unowned
+  Call* ready_ = nullptr;             // taken by the owner, oldest first
 };
 
 }  // namespace troupe::actors::detail
