@@ -295,7 +295,7 @@ void Transport::run() {
       // spin without a system call (sched_yield costs over 1 us on these VMs) at
       // first, then yield the core to anyone who needs it.
       if (idle < kSpinPeriod) {
-        for (int i = 0; i < 16; ++i) cpu_relax();
+        for (int i = 0; i < 2; ++i) cpu_relax();
       } else {
         std::this_thread::yield();
       }
