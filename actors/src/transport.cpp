@@ -70,39 +70,91 @@ void Transport::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+std::size_t align_attached(std::size_t offset) {
+  return (offset + kAttachedAlignment - 1) / kAttachedAlignment * kAttachedAlignment;
+}
+
+// Sends `message` and `attachments` as one MPI message, each piece straight from its
+// own buffer (an hindexed datatype over absolute addresses), attachments padded to
+// kAttachedAlignment.
+void isend_attached(const std::string& message, const std::vector<Bytes>& attachments, int destination, MPI_Comm comm,
+                    MPI_Request* request) {
+  static const std::byte kPadding[kAttachedAlignment] = {};
+  std::vector<int> lengths;
+  std::vector<MPI_Aint> addresses;
+  lengths.reserve(2 * attachments.size() + 1);
+  addresses.reserve(lengths.capacity());
+  auto add = [&](const void* data, std::size_t size) {
+    MPI_Aint address = 0;
+    TROUPE_MPI_CHECK(MPI_Get_address(data, &address));
+    lengths.push_back(static_cast<int>(size));
+    addresses.push_back(address);
+  };
+  add(message.data(), message.size());
+  std::size_t offset = message.size();
+  for (const Bytes& attachment : attachments) {
+    if (const std::size_t padded = align_attached(offset); padded > offset) add(kPadding, padded - offset);
+    offset = align_attached(offset);
+    add(attachment.data(), attachment.size());
+    offset += attachment.size();
+  }
+  MPI_Datatype type = MPI_DATATYPE_NULL;
+  TROUPE_MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), addresses.data(), MPI_BYTE,
+                                            &type));
+  TROUPE_MPI_CHECK(MPI_Type_commit(&type));
+  TROUPE_MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, type, destination, kActorTag, comm, request));
+  MPI_Type_free(&type);  // freed once the send no longer needs it
+}
+}  // namespace
+
 void Transport::send(int destination, std::string& message, const std::vector<Bytes>& attachments) {
-  int tag = 0;
+  bool attached = false;
   if (!attachments.empty()) {
     TROUPE_CHECK(attachments.size() <= 0xffff, "actor message: ", attachments.size(), " attachments, at most 65535");
+    std::size_t total = message.size() + (attachments.size() + 1) * sizeof(std::uint64_t);
+    for (const Bytes& attachment : attachments) {
+      TROUPE_CHECK(attachment.size() <= static_cast<std::size_t>(std::numeric_limits<int>::max()),
+                   "actor message: an attachment of ", attachment.size(),
+                   " bytes is above MPI's 2 GiB count limit; split it");
+      total = align_attached(total) + attachment.size();
+    }
+    attached = total <= kAttachedLimit;
     Header h;
     std::memcpy(&h, message.data(), sizeof h);
-    tag = kFirstAttachmentTag + static_cast<int>(next_attachment_tag_.fetch_add(1) % kAttachmentTags);
     h.attachments = static_cast<std::uint16_t>(attachments.size());
-    h.attachment_tag = static_cast<std::uint32_t>(tag);
+    h.attachment_tag =
+        attached ? kAttachedTag
+                 : kFirstAttachmentTag + static_cast<std::uint32_t>(next_attachment_tag_.fetch_add(1) % kAttachmentTags);
     write_header(message, h);
-    std::string sizes(attachments.size() * sizeof(std::uint64_t), '\0');
-    for (std::size_t i = 0; i < attachments.size(); ++i) {
-      const std::uint64_t size = attachments[i].size();
-      TROUPE_CHECK(size <= static_cast<std::uint64_t>(std::numeric_limits<int>::max()), "actor message: an attachment of ",
-                   size, " bytes is above MPI's 2 GiB count limit; split it");
-      std::memcpy(sizes.data() + i * sizeof size, &size, sizeof size);
-    }
-    message.insert(sizeof(Header), sizes);
+    std::vector<std::uint64_t> table;
+    table.reserve(attachments.size() + 1);
+    for (const Bytes& attachment : attachments) table.push_back(attachment.size());
+    if (attached) table.push_back(message.size() + (attachments.size() + 1) * sizeof(std::uint64_t));
+    message.insert(sizeof(Header), reinterpret_cast<const char*>(table.data()), table.size() * sizeof(std::uint64_t));
   }
   // Small messages go out eagerly; a large one waits until the receiver matches it.
   // Meanwhile this thread keeps receiving: two ranks whose progress threads both
   // answer with large replies (RuntimeOptions::threads == 0) would otherwise each wait
   // for the other to receive.
-  // Most messages have no attachments: their one request needs no heap vector.
+  // Most messages have no separate attachments: their one request needs no heap vector.
+  const bool separate = !attachments.empty() && !attached;
   MPI_Request single = MPI_REQUEST_NULL;
-  std::vector<MPI_Request> several(attachments.empty() ? 0 : 1 + attachments.size(), MPI_REQUEST_NULL);
-  MPI_Request* requests = attachments.empty() ? &single : several.data();
-  const int count = 1 + static_cast<int>(attachments.size());
-  TROUPE_MPI_CHECK(MPI_Isend(message.data(), static_cast<int>(message.size()), MPI_BYTE, destination, kActorTag,
-                             comm_, &requests[0]));
-  for (std::size_t i = 0; i < attachments.size(); ++i) {
-    TROUPE_MPI_CHECK(MPI_Isend(attachments[i].data(), static_cast<int>(attachments[i].size()), MPI_BYTE, destination,
-                               tag, comm_, &requests[i + 1]));
+  std::vector<MPI_Request> several(separate ? 1 + attachments.size() : 0, MPI_REQUEST_NULL);
+  MPI_Request* requests = separate ? several.data() : &single;
+  const int count = separate ? 1 + static_cast<int>(attachments.size()) : 1;
+  if (attached) {
+    isend_attached(message, attachments, destination, comm_, &requests[0]);
+  } else {
+    TROUPE_MPI_CHECK(MPI_Isend(message.data(), static_cast<int>(message.size()), MPI_BYTE, destination, kActorTag,
+                               comm_, &requests[0]));
+  }
+  if (separate) {
+    const int tag = static_cast<int>(read_attachment_tag(message));
+    for (std::size_t i = 0; i < attachments.size(); ++i) {
+      TROUPE_MPI_CHECK(MPI_Isend(attachments[i].data(), static_cast<int>(attachments[i].size()), MPI_BYTE, destination,
+                                 tag, comm_, &requests[i + 1]));
+    }
   }
   Clock::time_point waiting_since{};  // read only when the send did not complete at once
   for (int done = 0;;) {
@@ -139,14 +191,48 @@ Bytes BufferPool::acquire(std::size_t size) {
   return Bytes(std::move(owner), data, size);
 }
 
+namespace {
+bool dropped(const Message& message, const std::string& why) {
+  std::fprintf(stderr, "troupe: dropped a message with attachments from rank %d: %s\n", message.source, why.c_str());
+  return false;
+}
+}  // namespace
+
+bool Transport::split_attached(Message& message, const Bytes& whole) {
+  Header h;
+  std::memcpy(&h, whole.data(), sizeof h);
+  const std::size_t table = (h.attachments + std::size_t{1}) * sizeof(std::uint64_t);
+  if (whole.size() < sizeof h + table) return dropped(message, "its size table is cut short");
+  std::uint64_t end = 0;
+  std::memcpy(&end, whole.data() + sizeof h + h.attachments * sizeof end, sizeof end);
+  if (end < sizeof h + table || end > whole.size())
+    return dropped(message, "its payload claims to end at byte " + std::to_string(end) + " of " +
+                                std::to_string(whole.size()));
+  std::size_t offset = static_cast<std::size_t>(end);
+  for (std::size_t i = 0; i < h.attachments; ++i) {
+    std::uint64_t size = 0;
+    std::memcpy(&size, whole.data() + sizeof h + i * sizeof size, sizeof size);
+    offset = align_attached(offset);
+    if (offset > whole.size() || size > whole.size() - offset)
+      return dropped(message, "attachment " + std::to_string(i) + " of " + std::to_string(size) + " bytes at byte " +
+                                  std::to_string(offset) + " runs past the message's " + std::to_string(whole.size()));
+    message.attachments.push_back(whole.slice(offset, static_cast<std::size_t>(size)));
+    offset += static_cast<std::size_t>(size);
+  }
+  if (offset != whole.size())
+    return dropped(message, std::to_string(whole.size() - offset) + " bytes follow its last attachment");
+  const auto* bytes = reinterpret_cast<const char*>(whole.data());
+  message.bytes.reserve(static_cast<std::size_t>(end) - table);
+  message.bytes.assign(bytes, sizeof h);
+  message.bytes.append(bytes + sizeof h + table, static_cast<std::size_t>(end) - sizeof h - table);
+  return true;
+}
+
 bool Transport::receive_attachments(Message& message) {
   Header h;
   std::memcpy(&h, message.bytes.data(), sizeof h);
   const std::size_t table = h.attachments * sizeof(std::uint64_t);
-  auto drop = [&](const std::string& why) {
-    std::fprintf(stderr, "troupe: dropped a message with attachments from rank %d: %s\n", message.source, why.c_str());
-    return false;
-  };
+  auto drop = [&](const std::string& why) { return dropped(message, why); };
   if (message.bytes.size() < sizeof h + table) return drop("its size table is cut short");
   if (h.attachment_tag < static_cast<std::uint32_t>(kFirstAttachmentTag) ||
       h.attachment_tag >= static_cast<std::uint32_t>(kFirstAttachmentTag + kAttachmentTags))
@@ -209,13 +295,27 @@ bool Transport::receive_some() {
     if (liveness_) liveness_->heard(status.MPI_SOURCE);
     int count = 0;
     TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
-    Message message{status.MPI_SOURCE, std::string(static_cast<std::size_t>(count), '\0'), {}};
-    TROUPE_MPI_CHECK(MPI_Mrecv(message.bytes.data(), count, MPI_BYTE, &handle, &status));
+    Message message{status.MPI_SOURCE, {}, {}};
+    // A message that may carry its attachments within it (more than kInlineBytes)
+    // lands in a pooled buffer, which the attachments then share: no copy of them.
+    Bytes whole;
+    if (static_cast<std::size_t>(count) > kInlineBytes) {
+      whole = pool_->acquire(static_cast<std::size_t>(count));
+      TROUPE_MPI_CHECK(MPI_Mrecv(const_cast<std::byte*>(whole.data()), count, MPI_BYTE, &handle, &status));
+    } else {
+      message.bytes.resize(static_cast<std::size_t>(count));
+      TROUPE_MPI_CHECK(MPI_Mrecv(message.bytes.data(), count, MPI_BYTE, &handle, &status));
+    }
     received_.fetch_add(1, std::memory_order_relaxed);
-    if (message.bytes.size() >= sizeof(Header)) {
-      Header h;
-      std::memcpy(&h, message.bytes.data(), sizeof h);
-      if (h.magic == kMagic && h.attachments > 0 && !receive_attachments(message)) continue;
+    const std::string_view view = whole.empty() ? std::string_view(message.bytes)
+                                                : std::string_view(reinterpret_cast<const char*>(whole.data()), whole.size());
+    Header h;
+    if (view.size() >= sizeof h) std::memcpy(&h, view.data(), sizeof h);
+    if (view.size() >= sizeof h && h.magic == kMagic && h.attachments > 0 && h.attachment_tag == kAttachedTag) {
+      if (!split_attached(message, whole.empty() ? Bytes::copy_of(view.data(), view.size()) : whole)) continue;
+    } else {
+      if (!whole.empty()) message.bytes.assign(view);
+      if (view.size() >= sizeof h && h.magic == kMagic && h.attachments > 0 && !receive_attachments(message)) continue;
     }
     deliver_(std::move(message));
     any = true;

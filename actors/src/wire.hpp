@@ -26,8 +26,12 @@ enum class Kind : std::uint8_t {
 };
 
 // With attachments (see bytes.hpp) the header is followed by one u64 size per
-// attachment, then the payload; each attachment follows as its own MPI message from
-// the same sender with tag `attachment_tag`.
+// attachment, then the payload. Each attachment follows as its own MPI message from
+// the same sender with tag `attachment_tag` -- or, when `attachment_tag` is
+// kAttachedTag, within this message: the size table then holds one more u64, where
+// the payload ends, and each attachment starts at the next multiple of
+// kAttachedAlignment from there (messages up to kAttachedLimit in all; see
+// Transport::send).
 struct Header {
   std::uint32_t magic = kMagic;
   std::uint8_t version = kVersion;
@@ -46,6 +50,15 @@ inline void write_header(std::string& message, const Header& h) { std::memcpy(me
 // with attachments in flight to one receiver before a tag could be reused early.
 inline constexpr int kFirstAttachmentTag = 1000;
 inline constexpr int kAttachmentTags = 30000;
+inline constexpr std::uint32_t kAttachedTag = 0;
+inline constexpr std::size_t kAttachedAlignment = 64;
+inline constexpr std::size_t kAttachedLimit = 256 * 1024;
+
+inline std::uint32_t read_attachment_tag(const std::string& message) {
+  Header h;
+  std::memcpy(&h, message.data(), sizeof h);
+  return h.attachment_tag;
+}
 
 // Parses the header of `bytes`; returns an explanation when it is not one of ours.
 inline std::string read_header(std::string_view bytes, Header& h) {

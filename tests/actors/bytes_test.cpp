@@ -88,3 +88,54 @@ TEST(Bytes, AMessageWhoseAttachmentTableIsCutShortIsDroppedAndTheRankGoesOn) {
   }
   barrier();
 }
+
+TEST(Bytes, AMessageCarryingAttachmentsItDoesNotHoldIsDroppedAndTheRankGoesOn) {
+  if (runtime().rank() == 0) {
+    auto store = runtime().spawn<Store>(last_rank());
+    // Header, then a size table of one attachment plus where the payload ends, then
+    // zeros up to `total` bytes: small ones arrive as strings, large ones in pooled
+    // buffers (both paths check the table).
+    auto forge = [](std::uint64_t size, std::uint64_t payload_end, std::size_t total) {
+      std::string forged = Runtime::new_message();
+      actors::detail::Header h;
+      h.kind = actors::detail::Kind::tell;
+      h.attachments = 1;
+      h.attachment_tag = actors::detail::kAttachedTag;
+      actors::detail::write_header(forged, h);
+      forged.append(reinterpret_cast<const char*>(&size), sizeof size);
+      forged.append(reinterpret_cast<const char*>(&payload_end), sizeof payload_end);
+      forged.resize(total, '\0');
+      return forged;
+    };
+    const std::string cases[] = {
+        forge(10, 48, 40),            // the table is cut short
+        forge(10, 1 << 20, 8192),     // the payload ends past the message
+        forge(10, 8, 8192),           // ... or inside the header
+        forge(1 << 20, 48, 8192),     // the attachment runs past the message
+        forge(100, 48, 8192),         // bytes follow the last attachment
+        forge(100, 48, 100),          // a small message, the attachment cut short
+    };
+    for (const std::string& forged : cases) runtime().send_raw(last_rank(), forged);
+    EXPECT_TRUE(store.ask(&Store::echo, pattern(100000, 1)).get() == pattern(100000, 1));
+  }
+  barrier();
+}
+
+TEST(Bytes, AttachmentsWithinOneMessageAndBesideItArriveIntact) {
+  // Up to kAttachedLimit in all, attachments travel within their message; past it,
+  // as messages of their own. Sizes either side of the limit, and several together.
+  if (runtime().rank() == 0) {
+    auto store = runtime().spawn<Store>(last_rank());
+    const std::size_t limit = actors::detail::kAttachedLimit;
+    for (std::size_t size : {actors::kInlineBytes + 1, std::size_t{65536}, limit - 200, limit, limit + 1, 2 * limit}) {
+      const Bytes sent = pattern(size, static_cast<int>(size % 251));
+      EXPECT_TRUE(store.ask(&Store::echo, sent).get() == sent) << size << " bytes";
+    }
+    std::vector<Bytes> parts = {pattern(5000, 1), pattern(4097, 2), pattern(3, 3), pattern(70000, 4)};
+    std::uint64_t expected = 0;
+    for (const Bytes& p : parts)
+      for (std::byte b : p.span()) expected = expected * 31 + static_cast<std::uint8_t>(b);
+    EXPECT_EQ(store.ask(&Store::checksum, parts).get(), expected);
+  }
+  barrier();
+}

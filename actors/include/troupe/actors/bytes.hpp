@@ -2,10 +2,12 @@
 // inside it.
 //
 // When a Bytes of more than kInlineBytes is an argument or a result of an ask/tell
-// to another rank, the message carries only its index; the bytes go as their own
-// MPI message, sent straight from this buffer (no serialization copy) and received
-// into a pooled, uninitialised buffer on the other side (no zero-fill). A Bytes shares its buffer:
-// copying one copies a pointer. Outside actor messages (any other cereal binary
+// to another rank, the message's archive carries only its index; the bytes are sent
+// straight from this buffer (no serialization copy) -- in the same MPI message up
+// to 256 KB in all, as MPI messages of their own above -- and received into a
+// pooled, uninitialised buffer on the other side (no zero-fill). A Bytes shares its
+// buffer: copying one copies a pointer (a received one may share its pooled buffer
+// with the rest of its message). Outside actor messages (any other cereal binary
 // archive) it is written inline, length-prefixed.
 #pragma once
 
@@ -19,6 +21,7 @@
 #include <vector>
 
 #include "troupe/actors/detail/serialization.hpp"
+#include "troupe/error.hpp"
 
 namespace troupe::actors {
 
@@ -44,6 +47,12 @@ class Bytes {
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   std::span<const std::byte> span() const { return {data_, size_}; }
+  // A view of `size` bytes from `offset`, sharing this buffer.
+  Bytes slice(std::size_t offset, std::size_t size) const {
+    TROUPE_CHECK(offset <= size_ && size <= size_ - offset, "Bytes::slice: [", offset, ", +", size, ") is outside ",
+                 size_, " bytes");
+    return Bytes(owner_, data_ + offset, size);
+  }
   // Content equality.
   friend bool operator==(const Bytes& a, const Bytes& b) {
     return a.size_ == b.size_ && (a.size_ == 0 || std::memcmp(a.data_, b.data_, a.size_) == 0);
