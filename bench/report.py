@@ -50,6 +50,34 @@ baseline `bench/torch_gpu_step.py` one after the other and pairs them with
   difference is the rest of the step: PyTorch fuses each Linear's bias into cuBLAS's
   epilogue, where troupe adds it in a kernel of its own, and sums the bias gradient
   and zero-fills fresh gradients in separate kernels too.""",
+    "actors": """\
+Issue 4's runtime (`bench/actors_bench.cpp`) on 2 ranks, over shared memory (`--mca
+btl self,vader`) and over TCP (`--mca btl self,tcp`), each next to raw MPI in the same
+job; the in-process baseline is CAF (`bench/caf_bench.cpp`, Debian's libcaf-dev).
+
+- Threads per rank: the main thread (the caller, which drives MPI progress itself
+  while it waits on a future), the progress thread, one pool thread
+  (`RuntimeOptions::threads`, default 1) and the liveness thread, which sleeps
+  between heartbeats; so at most three threads can run at once on this 2-core
+  machine, and none spins while idle. CAF runs 2 scheduler threads plus its
+  `scoped_actor` caller.
+- Ask round trip: `ask(&Echo::echo, Bytes)` then `get()` in a loop, the payload
+  travelling both ways (as `troupe::Bytes`: inline up to 4 KB, within the message's
+  MPI message up to 256 KB, as messages of their own above); raw MPI is an
+  `MPI_Send`/`MPI_Recv` ping-pong of the same bytes. 20,000 asks per round up to
+  1 KB, 2,000 at 64 KB, 200 at 1 MB and 40 at 16 MB; the median of 5 rounds, each
+  after a barrier, alternating with the raw ping-pong.
+- Asks per second: 10,000 `ask().get()` in a row (blocking) and `when_all` of 1,000
+  asks at a time (pipelined); tells: 200,000 tells of an int, then one ask, whose
+  answer proves every tell handled (per-sender order).
+- Restart: an actor with `max_restarts` set throws `FatalError`; timed at the caller
+  from the failing ask's start to the answer of the next ask, which the re-created
+  actor serves (median of 50): an upper bound on "failure to first answer".
+- Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
+- These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
+  memory took 1.98-4.05 us in five runs within an hour of the same code (raw MPI
+  0.63-0.89 us), and the standalone loop behind it 1.77 us median over 20
+  alternated runs at a quiet moment, 2.1-3.9 us at a busy one.""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
