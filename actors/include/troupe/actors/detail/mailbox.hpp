@@ -10,8 +10,8 @@
 // Lock-free, as CAF's inbox: senders push onto an atomic stack with one
 // compare-and-swap; the owner takes the whole stack at once and reverses it into a
 // list only it reads. With a mutex, a sender and the owner on two cores fought for
-// the lock on every call (futex sleeps and wakes: local tells ran at 1.2 M/s, not
-// 5 M/s as on one core).
+// the lock on every call (futex sleeps and wakes): local tells ran at 2.9 M/s, now
+// 6 M/s.
 #pragma once
 
 #include <atomic>
