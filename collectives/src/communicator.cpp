@@ -92,7 +92,7 @@ Work Communicator::launch(std::shared_ptr<Operation> operation, bool blocking) {
   return Work(std::move(operation));
 }
 
-Work Communicator::submit(Collective c, bool blocking) {
+Work Communicator::submit(Collective&& c, bool blocking) {
   const std::string_view name = collective_name(c.kind);
   if (engine_->failed()) {
     TROUPE_THROW(CommunicatorFailed, name, " on rank ", rank_, ": the communicator failed earlier: ", engine_->failure());
