@@ -162,7 +162,7 @@ void Runtime::handle_system(detail::Message& message) {
                                 args);
           return spawn_local(key, options, args);
         });
-        queued_calls_.fetch_sub(1);
+        call_finished();
       });
       return;
     }
@@ -192,25 +192,28 @@ void Runtime::handle_system(detail::Message& message) {
 
 void Runtime::wait_collective(void* request, const char* what) {
   // Meanwhile the progress thread serves incoming messages (another rank may need an
-  // answer from us before it can reach the same collective) and its polls progress
-  // the collective too. This thread only tests, sleeping longer and longer between
-  // tests: a rank that waits here for a peer still at work -- shutdown() while rank 0
-  // trains -- must not keep a core spinning, and on a machine with as many busy
-  // threads as cores a third spinner turns microsecond round trips into milliseconds.
-  using namespace std::chrono_literals;
-  auto* r = static_cast<MPI_Request*>(request);
-  for (auto pause = Clock::duration(5us);; pause = std::min<Clock::duration>(2 * pause, 1ms)) {
-    int done = 0;
-    TROUPE_MPI_CHECK(MPI_Test(r, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    if (liveness_->any_lost()) abort_for_lost_ranks(what);
-    std::this_thread::sleep_for(pause);
+  // answer from us before it can reach the same collective), tests the request and
+  // signals this thread once it is done; this thread sleeps: a rank that waits here
+  // for a peer still at work -- shutdown() while rank 0 trains -- must not keep a core
+  // spinning, and on a machine with as many busy threads as cores a third spinner
+  // turns microsecond round trips into milliseconds. A lost rank ends the wait.
+  if (!transport_->wait_request(static_cast<MPI_Request*>(request), [this] { return liveness_->any_lost(); }))
+    abort_for_lost_ranks(what);
+}
+
+void Runtime::call_finished() {
+  // Shutdown's drain sleeps until the count reaches zero; the lock orders this
+  // notification after its check.
+  if (queued_calls_.fetch_sub(1) == 1 && draining_.load()) {
+    { std::lock_guard lock(drain_mutex_); }
+    drain_cv_.notify_all();
   }
 }
 
 void Runtime::on_rank_lost(int rank, const std::string& reason) {
   // After the drain every rank is done with every other: a peer may already have
   // exited, which is no loss.
+  transport_->interrupt_waits();  // a collective waited for will not complete now
   if (quiescent_.load()) return;
   const std::string why = detail::concat("rank ", rank, " was lost: ", reason);
   std::fprintf(stderr, "troupe: rank %d: %s\n", rank_, why.c_str());
@@ -247,13 +250,13 @@ void Runtime::drain() {
   const auto deadline = Clock::now() + options_.shutdown_drain_timeout;
   long long previous_sent = -1;
   for (;;) {
-    // Calls still running (a checkpoint finishing its save) may take seconds: help
-    // with ready work, but do not spin while there is none.
-    for (auto pause = Clock::duration(std::chrono::microseconds(5));
-         queued_calls_.load() > 0 && Clock::now() < deadline;) {
-      if (transport_->progress_once(true)) continue;
-      std::this_thread::sleep_for(pause);
-      pause = std::min<Clock::duration>(2 * pause, std::chrono::milliseconds(1));
+    // Calls still running (a checkpoint finishing its save) may take seconds. The
+    // progress thread and the pool run them (and the progress thread runs ready work
+    // when every pool thread waits); this thread sleeps until the last one ends.
+    {
+      std::unique_lock lock(drain_mutex_);
+      draining_ = true;
+      drain_cv_.wait_until(lock, deadline, [this] { return queued_calls_.load() == 0; });
     }
     long long local[4] = {static_cast<long long>(transport_->sent()), static_cast<long long>(transport_->received()),
                           queued_calls_.load(), Clock::now() >= deadline ? 1 : 0};

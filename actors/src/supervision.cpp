@@ -42,9 +42,9 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
   detail::RuntimeScope scope(this);
   // Counted down when this call is over, however it ends, for shutdown's drain.
   struct Done {
-    std::atomic<std::int64_t>& queued;
-    ~Done() { queued.fetch_sub(1, std::memory_order_relaxed); }
-  } done{queued_calls_};
+    Runtime& runtime;
+    ~Done() { runtime.call_finished(); }
+  } done{*this};
   const std::uint32_t method = call->method();
   cell.queued_.fetch_sub(1, std::memory_order_relaxed);
   if (cell.dead()) return call->fail(cell_error(ErrorCode::actor_dead, rank_, cell, method, dead_message(cell)));

@@ -357,10 +357,58 @@ void Transport::begin_blocking() {
 
 void Transport::end_blocking() { blocked_.fetch_sub(1); }
 
+bool Transport::wait_request(MPI_Request* request, const std::function<bool()>& give_up) {
+  if (is_progress_thread() || !thread_.joinable()) {
+    for (;;) {
+      int done = 0;
+      TROUPE_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+      if (done) return true;
+      if (give_up()) return false;
+      if (!progress_once(/*run_local_calls=*/true)) std::this_thread::yield();
+    }
+  }
+  std::lock_guard one_waiter(request_waiter_mutex_);  // one watched request at a time
+  std::unique_lock lock(watch_mutex_);
+  watch_done_ = false;
+  watched_.store(request);
+  wake();
+  watch_cv_.wait(lock, [&] { return watch_done_ || give_up(); });
+  const bool done = watch_done_;
+  // The progress thread tests only under watch_mutex_, so it is done with the request.
+  watched_.store(nullptr);
+  return done;
+}
+
+void Transport::interrupt_waits() {
+  { std::lock_guard lock(watch_mutex_); }
+  watch_cv_.notify_all();
+}
+
+void Transport::test_watched() {
+  std::unique_lock lock(watch_mutex_);
+  MPI_Request* request = watched_.load();
+  if (request == nullptr || watch_done_) return;
+  int done = 0;
+  TROUPE_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+  if (!done) return;
+  watch_done_ = true;
+  lock.unlock();
+  watch_cv_.notify_all();
+}
+
 void Transport::run() {
   auto last_active = Clock::now();
   bool busy = false;  // worked since last_active was stamped
   while (!stop_) {
+    // A collective of the runtime's that a thread waits for: tested at every turn,
+    // which is at least once per kMaxBackoff.
+    if (watched_.load(std::memory_order_relaxed) != nullptr) {
+      try {
+        test_watched();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "troupe: progress thread: %s\n", e.what());
+      }
+    }
     if (pollers_.load() > 0) {  // a waiting caller drives progress; don't compete for the core
       // ...but it runs no actor calls: without pool threads they are this thread's.
       if (runs_actor_calls_ && scheduler_.run_local(/*shared=*/true)) continue;

@@ -85,6 +85,15 @@ class Transport final : public Progress {
   void wake();
   // Receives and delivers what has arrived, if no other thread is receiving.
   bool receive() { return receive_some(); }
+  // Blocks until `request` (on a communicator of its own: the runtime's collectives)
+  // completes or `give_up()` turns true; false if it gave up. The progress thread
+  // tests the request between its polls and signals completion, so the waiting
+  // thread sleeps on a condition variable instead of spinning: a rank waiting in
+  // shutdown for a peer still at work must not keep a core busy. On the progress
+  // thread itself (or once it has stopped) the caller drives progress instead.
+  // interrupt_waits() makes a waiter look at `give_up()` again.
+  bool wait_request(MPI_Request* request, const std::function<bool()>& give_up);
+  void interrupt_waits();
 
  private:
   void run();
@@ -118,6 +127,14 @@ class Transport final : public Progress {
   PeerLiveness* liveness_;
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
   std::atomic<std::uint32_t> next_attachment_tag_{0};
+  // wait_request(): one waiter at a time; the request the progress thread tests.
+  std::mutex request_waiter_mutex_;
+  std::mutex watch_mutex_;
+  std::condition_variable watch_cv_;
+  std::atomic<MPI_Request*> watched_{nullptr};
+  bool watch_done_ = false;  // under watch_mutex_
+  // On the progress thread: tests the watched request and signals its completion.
+  void test_watched();
 };
 
 }  // namespace troupe::actors::detail

@@ -263,6 +263,11 @@ class Runtime {
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::atomic<std::uint64_t> next_request_id_{1};
   std::atomic<std::int64_t> queued_calls_{0};
+  // Counts a queued call or spawn down; wakes shutdown's drain at zero.
+  void call_finished();
+  std::mutex drain_mutex_;
+  std::condition_variable drain_cv_;
+  std::atomic<bool> draining_{false};
 
   std::mutex names_mutex_;  // rank 0 only: the job's name registry
   std::unordered_map<std::string, NameEntry> names_;
