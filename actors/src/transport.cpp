@@ -110,6 +110,7 @@ void isend_attached(const std::string& message, const std::vector<Bytes>& attach
 
 void Transport::send(int destination, std::string& message, const std::vector<Bytes>& attachments) {
   bool attached = false;
+  int tag = 0;  // of separate attachments
   if (!attachments.empty()) {
     TROUPE_CHECK(attachments.size() <= 0xffff, "actor message: ", attachments.size(), " attachments, at most 65535");
     std::size_t total = message.size() + (attachments.size() + 1) * sizeof(std::uint64_t);
@@ -123,9 +124,8 @@ void Transport::send(int destination, std::string& message, const std::vector<By
     Header h;
     std::memcpy(&h, message.data(), sizeof h);
     h.attachments = static_cast<std::uint16_t>(attachments.size());
-    h.attachment_tag =
-        attached ? kAttachedTag
-                 : kFirstAttachmentTag + static_cast<std::uint32_t>(next_attachment_tag_.fetch_add(1) % kAttachmentTags);
+    if (!attached) tag = kFirstAttachmentTag + static_cast<int>(next_attachment_tag_.fetch_add(1) % kAttachmentTags);
+    h.attachment_tag = attached ? kAttachedTag : static_cast<std::uint32_t>(tag);
     write_header(message, h);
     std::vector<std::uint64_t> table;
     table.reserve(attachments.size() + 1);
@@ -150,7 +150,6 @@ void Transport::send(int destination, std::string& message, const std::vector<By
                                comm_, &requests[0]));
   }
   if (separate) {
-    const int tag = static_cast<int>(read_attachment_tag(message));
     for (std::size_t i = 0; i < attachments.size(); ++i) {
       TROUPE_MPI_CHECK(MPI_Isend(attachments[i].data(), static_cast<int>(attachments[i].size()), MPI_BYTE, destination,
                                  tag, comm_, &requests[i + 1]));

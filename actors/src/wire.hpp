@@ -54,12 +54,6 @@ inline constexpr std::uint32_t kAttachedTag = 0;
 inline constexpr std::size_t kAttachedAlignment = 64;
 inline constexpr std::size_t kAttachedLimit = 256 * 1024;
 
-inline std::uint32_t read_attachment_tag(const std::string& message) {
-  Header h;
-  std::memcpy(&h, message.data(), sizeof h);
-  return h.attachment_tag;
-}
-
 // Parses the header of `bytes`; returns an explanation when it is not one of ours.
 inline std::string read_header(std::string_view bytes, Header& h) {
   if (bytes.size() < sizeof(Header)) return "message of " + std::to_string(bytes.size()) + " bytes is shorter than a header";
