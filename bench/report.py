@@ -75,8 +75,9 @@ job; the in-process baseline is CAF (`bench/caf_bench.cpp`, Debian's libcaf-dev)
   actor serves (median of 50): an upper bound on "failure to first answer".
 - Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
 - These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
-  memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us), and the standalone loop behind it 1.77 us median over 20
-  alternated runs at a quiet moment, 2.1-3.9 us at a busy one.""",
+  memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us),
+  and the standalone loop behind it 1.77 us median over 20 alternated runs at a
+  quiet moment, 2.1-3.9 us at a busy one.""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
