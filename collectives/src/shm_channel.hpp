@@ -40,6 +40,8 @@
 #include <memory>
 #include <vector>
 
+#include "slot_writer.hpp"
+
 namespace troupe::collectives::detail {
 
 class ShmChannel {
@@ -82,6 +84,8 @@ class ShmChannel {
   // This rank's own progress through the rounds (not shared): the next round to post,
   // to reduce and to gather.
   std::uint64_t next[3] = {0, 0, 0};
+  // How this rank copies into its slots (plain or streaming stores).
+  SlotWriter writer;
 
  private:
   static constexpr std::size_t kLine = 64;

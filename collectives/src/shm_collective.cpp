@@ -100,15 +100,16 @@ void ShmCollective::post(std::uint64_t round) {
   switch (c.kind) {
     case K::reduce_scatter:
       for (int b = 0; b < size_; ++b) {
-        std::memcpy(slot + static_cast<std::size_t>(b) * chunk_ * eb, in + (b * c.count + begin) * eb, length * eb);
+        channel_.writer.copy(slot + static_cast<std::size_t>(b) * chunk_ * eb, in + (b * c.count + begin) * eb,
+                             length * eb);
       }
       return;
     case K::broadcast:
       if (rank_ != c.root) return;
-      std::memcpy(slot, in + begin * eb, length * eb);
+      channel_.writer.copy(slot, in + begin * eb, length * eb);
       return;
     default:
-      std::memcpy(slot, in + begin * eb, length * eb);
+      channel_.writer.copy(slot, in + begin * eb, length * eb);
   }
 }
 
