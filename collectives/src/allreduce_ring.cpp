@@ -14,8 +14,7 @@ int wrap(int value, int n) { return ((value % n) + n) % n; }
 }  // namespace
 
 bool AllreduceRing::supports(const Collective& c) {
-  return c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce_scatter ||
-         c.kind == CollectiveKind::allgather;
+  return c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce_scatter;
 }
 
 AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes,
@@ -27,14 +26,13 @@ AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int
       left_(wrap(rank - 1, size)),
       right_(wrap(rank + 1, size)),
       tag_(tag),
-      reduce_half_(this->collective().kind != CollectiveKind::allgather),
-      gather_half_(this->collective().kind != CollectiveKind::reduce_scatter),
+      gather_half_(this->collective().kind == CollectiveKind::allreduce),
       shift_(this->collective().kind == CollectiveKind::allreduce ? 0 : -1),
       element_bytes_(tensor::element_size(this->collective().dtype)),
       segment_elements_(std::max<std::size_t>(1, segment_bytes / element_bytes_)),
       window_(static_cast<std::size_t>(std::max(1, window))) {
   const std::size_t n = static_cast<std::size_t>(size_);
-  // An allreduce's count is the whole buffer; reduce_scatter's and allgather's one block.
+  // An allreduce's count is the whole buffer; a reduce_scatter's one block.
   const std::size_t count = this->collective().kind == CollectiveKind::allreduce ? this->collective().count
                                                                                   : this->collective().count * n;
   // Balanced blocks: sizes differ by at most one element.
@@ -43,8 +41,7 @@ AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int
   for (std::size_t b = 0; b <= n; ++b) block_offset_[b] = count * b / n;
   for (std::size_t b = 0; b < n; ++b) largest = std::max(largest, block_offset_[b + 1] - block_offset_[b]);
   segments_per_block_ = std::max<std::size_t>(1, (largest + segment_elements_ - 1) / segment_elements_);
-  const std::size_t halves = (reduce_half_ ? 1 : 0) + (gather_half_ ? 1 : 0);
-  total_ = halves * (n - 1) * segments_per_block_;
+  total_ = (gather_half_ ? 2 : 1) * (n - 1) * segments_per_block_;
 }
 
 AllreduceRing::~AllreduceRing() {
@@ -57,20 +54,20 @@ AllreduceRing::~AllreduceRing() {
 }
 
 bool AllreduceRing::reducing(std::size_t step) const {
-  return reduce_half_ && step < static_cast<std::size_t>(size_ - 1);
+  return step < static_cast<std::size_t>(size_ - 1);
 }
 
 int AllreduceRing::send_block(std::size_t step) const {
   const int k = static_cast<int>(step);
   if (reducing(step)) return wrap(rank_ - k + shift_, size_);
-  const int t = reduce_half_ ? k - size_ + 1 : k;
+  const int t = k - size_ + 1;
   return wrap(rank_ + 1 - t + shift_, size_);
 }
 
 int AllreduceRing::recv_block(std::size_t step) const {
   const int k = static_cast<int>(step);
   if (reducing(step)) return wrap(rank_ - k - 1 + shift_, size_);
-  const int t = reduce_half_ ? k - size_ + 1 : k;
+  const int t = k - size_ + 1;
   return wrap(rank_ - t + shift_, size_);
 }
 
@@ -85,16 +82,11 @@ std::byte* AllreduceRing::segment(std::byte* base, int block, std::size_t j, std
 
 void AllreduceRing::start() {
   const Collective& c = collective();
-  const std::size_t block_bytes = c.count * element_bytes_;  // reduce_scatter, allgather
   if (c.kind == CollectiveKind::reduce_scatter) {
-    scratch_ = std::make_unique<std::byte[]>(block_bytes * static_cast<std::size_t>(size_));
-  } else if (c.kind == CollectiveKind::allgather && !c.in_place && block_bytes > 0) {
-    std::memcpy(c.output.bytes() + static_cast<std::size_t>(rank_) * block_bytes, c.input.bytes(), block_bytes);
+    scratch_ = std::make_unique<std::byte[]>(c.count * element_bytes_ * static_cast<std::size_t>(size_));
   }
-  if (reduce_half_) {
-    slots_ = std::make_unique<std::byte[]>(window_ * segment_elements_ * element_bytes_);
-    for (int s = static_cast<int>(window_) - 1; s >= 0; --s) free_slots_.push_back(s);
-  }
+  slots_ = std::make_unique<std::byte[]>(window_ * segment_elements_ * element_bytes_);
+  for (int s = static_cast<int>(window_) - 1; s >= 0; --s) free_slots_.push_back(s);
   progress();
 }
 
@@ -107,7 +99,6 @@ bool AllreduceRing::send_ready(std::size_t index) const {
 bool AllreduceRing::recv_ready(std::size_t index) const {
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
   if (reducing(step)) return !free_slots_.empty();
-  if (!reduce_half_) return true;  // an allgather alone receives into blocks it never sent
   // Allgather receives overwrite the block this rank sent at reduce-scatter step t.
   const std::size_t n1 = static_cast<std::size_t>(size_ - 1);
   return sends_done_ > (step - n1) * segments_per_block_ + j;
@@ -116,9 +107,9 @@ bool AllreduceRing::recv_ready(std::size_t index) const {
 void AllreduceRing::post_send(std::size_t index) {
   const Collective& c = collective();
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
-  // The first reduce-scatter step sends the input itself; everything later, and all of
-  // an allgather's, comes from the blocks.
-  std::byte* base = step == 0 && reduce_half_ ? c.input.bytes() : blocks();
+  // The first reduce-scatter step sends the input itself; everything later comes from
+  // the blocks.
+  std::byte* base = step == 0 ? c.input.bytes() : blocks();
   std::size_t n = 0;
   std::byte* data = segment(base, send_block(step), j, &n);
   Pending p{MPI_REQUEST_NULL, -1};
@@ -142,7 +133,7 @@ void AllreduceRing::post_recv(std::size_t index) {
 }
 
 void AllreduceRing::complete_recv(std::size_t index, int slot) {
-  if (slot < 0) return;  // allgather: the data already sits in the output
+  if (slot < 0) return;  // an allgather step: the data already sits in the output
   const Collective& c = collective();
   const std::size_t step = index / segments_per_block_, j = index % segments_per_block_;
   std::size_t n = 0;

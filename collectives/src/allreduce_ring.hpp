@@ -1,6 +1,6 @@
 // AllreduceRing: allreduce as a reduce-scatter followed by an allgather around a ring
-// of ranks, pipelined in segments over MPI point-to-point messages -- and either half
-// alone, as reduce_scatter and allgather.
+// of ranks, pipelined in segments over MPI point-to-point messages -- and the first
+// half alone, as reduce_scatter.
 //
 // The buffer is cut into n blocks (n ranks) and each block into m segments of at most
 // Options::segment_bytes. Step k of 2(n-1) moves one block from each rank to its right
@@ -13,11 +13,14 @@
 //   allgather, k = n-1 .. 2n-3 (t = k-n+1): rank r sends block (r+1-t) and receives
 //     block (r-t) straight into the output.
 //
-// Alone, each half runs with every block index shifted by one, so that rank r ends
-// (reduce_scatter) or starts (allgather) with block r, as those collectives define. A
-// reduce_scatter keeps its partial sums in a scratch copy of the blocks (the output is
-// one block) and copies block r out at the end; an allgather first copies its input
-// into block r of the output.
+// Alone, the reduce-scatter runs with every block index shifted by one, so that rank r
+// ends with block r, as reduce_scatter defines; it keeps its partial sums in a scratch
+// copy of the blocks (the output is one block) and copies block r out at the end.
+//
+// An allgather alone is not run here: it has nothing to reduce in cache, and over TCP
+// MPI's own non-blocking allgather (one message per peer) ran at 0.89-1.16x the
+// blocking MPI_Allgather at 2-256 MB where this ring's 256 KB segments ran at 0.49-0.62x
+// (bench/run collectives, 2026-11-25; 4 MB segments: 0.67-1.14x).
 //
 // Why segments: MPI_Allreduce on large buffers streams each whole buffer through
 // memory several times. Here a segment is received into one of `window` slots that stay
@@ -46,7 +49,7 @@ namespace troupe::collectives::detail {
 
 class AllreduceRing : public Operation {
  public:
-  // The collective is an allreduce, a reduce_scatter or an allgather.
+  // The collective is an allreduce or a reduce_scatter.
   AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes, int window,
                 int tag);
   static bool supports(const Collective& collective);
@@ -78,7 +81,7 @@ class AllreduceRing : public Operation {
 
   MPI_Comm comm_;
   int rank_, size_, left_, right_, tag_;
-  bool reduce_half_, gather_half_;  // which halves run
+  bool gather_half_;                // an allreduce's second half runs
   int shift_;                       // 0 for an allreduce; -1 for either half alone
   std::size_t element_bytes_;
   std::size_t segment_elements_;

@@ -121,8 +121,9 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
   if (shm_ && detail::ShmCollective::supports(c)) {
     return launch(std::make_shared<detail::ShmCollective>(c, *shm_), blocking);
   }
-  // Off one node: the pipelined ring for large allreduces, reduce_scatters and
-  // allgathers (an allreduce needs an element per rank for its blocks).
+  // Off one node: the pipelined ring for large allreduces and reduce_scatters (an
+  // allreduce needs an element per rank for its blocks); MPI's own non-blocking call
+  // for the rest (allgather: see allreduce_ring.hpp for why not the ring).
   const std::size_t min_count = c.kind == CollectiveKind::allreduce ? static_cast<std::size_t>(size()) : 1;
   const bool ring = detail::AllreduceRing::supports(c) && size() > 1 && c.count >= min_count &&
                     std::max(c.input.nbytes(), c.output.nbytes()) >= options().ring_threshold_bytes;

@@ -21,8 +21,8 @@ struct Options {
   // environment variable TROUPE_DEBUG_COLLECTIVES=1 turns it on for every communicator.
   bool debug = false;
 
-  // Allreduces, reduce_scatters and allgathers of at least this many bytes (the larger
-  // buffer) use the pipelined ring (allreduce_ring.hpp) instead of MPI's non-blocking
+  // Allreduces and reduce_scatters of at least this many bytes (the larger buffer)
+  // use the pipelined ring (allreduce_ring.hpp) instead of MPI's non-blocking
   // call, where shared memory does not serve them. Below it MPI's own
   // latency-optimised algorithms win; above it MPI streams whole buffers through
   // memory (and its reduce_scatter over TCP crawls at 0.1 GB/s), while the ring works
