@@ -78,6 +78,30 @@ job; the in-process baseline is CAF (`bench/caf_bench.cpp`, Debian's libcaf-dev)
   memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us),
   and the standalone loop behind it 1.77 us median over 20 alternated runs at a
   quiet moment, 2.1-3.9 us at a busy one.""",
+    "collectives": """\
+Issue 5's communicator (`bench/collectives_bench.cpp`, nccl-tests' algbw and busbw) on 2
+ranks, over shared memory (`--mca btl self,vader`: troupe's shared-memory path) and
+over TCP (`--mca btl self,tcp`: troupe's ring for allreduce and reduce_scatter of 1 MB
+and more, MPI's own calls otherwise), each call next to the same MPI call made directly
+in the same job, and PyTorch's gloo (`bench/torch_collectives.py`, Debian's
+python3-torch) in the same run. Each size: 5 rounds alternating troupe and MPI, about
+0.05 s of calls each (0.3 s from 64 MB); the round with the median ratio is shown.
+
+- The two vCPUs of these VMs sit either in one cache complex or in two, as the
+  hypervisor moves them every few seconds (a cache-line round trip of about 110 ns vs
+  530 ns, measured with two pinned threads). In the second placement a plain copy into
+  memory the other core has read runs 2-4 GB/s instead of 10-20, and before the slot
+  writer (`collectives/src/slot_writer.hpp`) every shared-memory allgather and
+  broadcast ran at 0.2-0.7x MPI while the placement lasted. The writer now switches to
+  streaming stores there; alternated with the old build across both placements, the
+  2 MB broadcast went from 0.33-0.41x to 1.2-2.2x MPI and the 8 MB allreduce from
+  0.61-0.63x to 1.6-2.2x (three slow-placement runs each), with no loss in the first
+  placement (twelve alternations).
+- Small calls (<= 4 KB) take 1.0-1.3x MPI's time: troupe's front end (argument
+  checks, the sequence number under a lock, the backend's dispatch, the watchdog's
+  two stores) adds 40-120 ns per call in these runs, on MPI calls of 0.10-0.48 us.
+- Over TCP the runs swing by up to 2x from one to the next (loopback TCP on two busy
+  cores: sys time is most of the CPU), so a single row there says little.""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
