@@ -46,7 +46,7 @@ TEST(SlotWriter, StreamingCopiesAreExactAtEveryAlignmentAndLength) {
   }
 }
 
-TEST(SlotWriter, EveryCopyIsExactWhileItSwitchesBetweenPlainAndStreamingStores) {
+TEST(SlotWriter, EveryCopyIsExactWhicheverKindOfStoresItPicks) {
   // Enough large copies that the writer measures both kinds and explores the one it
   // is not using several times; sizes either side of the timed threshold.
   SlotWriter writer;
