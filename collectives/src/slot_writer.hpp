@@ -33,8 +33,6 @@ class SlotWriter {
   static constexpr std::uint32_t kExploreEvery = 32;
   static constexpr double kStreamingMargin = 2.0;
 
-  bool streaming() const { return streaming_; }
-
  private:
   // Bytes per nanosecond, smoothed over recent copies; 0 until measured.
   double rate_[2] = {0, 0};  // [plain, streaming]
