@@ -40,13 +40,14 @@ void SlotWriter::copy(std::byte* slot, const std::byte* data, std::size_t bytes)
   if (stream) copy_streaming(slot, data, bytes);
   else std::memcpy(slot, data, bytes);
   const auto ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
-  // A copy interrupted by a context switch or a page fault would look slow for no
-  // reason of its own, so one sample moves the estimate only halfway.
+  // The estimate is the best recent rate, decaying: a copy can only be made slower
+  // by what is not its own doing (a context switch, a page fault, the compute thread
+  // of DDP beside it on the core), never faster, so the fastest copies tell the truth.
   const double rate = static_cast<double>(bytes) / std::max(ns, 1.0);
   double& estimate = rate_[stream];
-  estimate = estimate == 0 ? rate : (estimate + rate) / 2;
-  // Streaming must win clearly: its copies end in memory, so the peers read them from
-  // there instead of from cache, a cost the writer's clock does not see.
+  estimate = std::max(rate, estimate * kDecay);
+  // Streaming must win by a wide margin: its copies end in memory, so the peers read
+  // them from there instead of from cache, a cost the writer's clock does not see.
   streaming_ = rate_[1] > kStreamingMargin * rate_[0];
 }
 
