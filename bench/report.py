@@ -93,10 +93,13 @@ python3-torch) in the same run. Each size: 5 rounds alternating troupe and MPI, 
   memory the other core has read runs 2-4 GB/s instead of 10-20, and before the slot
   writer (`collectives/src/slot_writer.hpp`) every shared-memory allgather and
   broadcast ran at 0.2-0.7x MPI while the placement lasted. The writer now switches to
-  streaming stores there; alternated with the old build across both placements, the
-  2 MB broadcast went from 0.33-0.41x to 1.2-2.2x MPI and the 8 MB allreduce from
-  0.61-0.63x to 1.6-2.2x (three slow-placement runs each), with no loss in the first
-  placement (twelve alternations).
+  streaming stores there; alternated with the old build and the placement probed
+  before each run, in the second placement the 8 MB allreduce went from 0.56-0.66x
+  to 1.71-2.12x MPI and the 8 MB broadcast from 0.48-0.59x to 2.31-3.29x, with no
+  loss in the first (2 MB allgather 0.86-1.03x with the writer, 0.76-1.08x without,
+  8 alternations); DDP's gradient allreduces (`ddp_bench --model large`) took
+  11.2-12.4 ms with it and 11.2-12.0 ms without, and 18.8 vs 51.3 ms in the second
+  placement.
 - Small calls (<= 4 KB) take 1.0-1.3x MPI's time: troupe's front end (argument
   checks, the sequence number under a lock, the backend's dispatch, the watchdog's
   two stores) adds 40-120 ns per call in these runs, on MPI calls of 0.10-0.48 us.
