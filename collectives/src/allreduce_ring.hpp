@@ -82,7 +82,7 @@ class AllreduceRing : public Operation {
   MPI_Comm comm_;
   int rank_, size_, left_, right_, tag_;
   bool gather_half_;                // an allreduce's second half runs
-  int shift_;                       // 0 for an allreduce; -1 for either half alone
+  int shift_;                       // 0 for an allreduce; -1 for a reduce_scatter
   std::size_t element_bytes_;
   std::size_t segment_elements_;
   std::size_t segments_per_block_ = 0;  // m
