@@ -6,9 +6,9 @@
 // one cache complex that costs nothing (plain copies run 10-20 GB/s on our 2-core
 // EPYC VMs, and the peer then reads the slot from cache); when the hypervisor places
 // them in different complexes, each invalidation crosses the fabric and the same
-// copies fall to 2-4 GB/s (measured: cache-line round trip 110 ns vs 530 ns, the
-// placement changing every few seconds). Streaming stores skip the invalidation
-// round trips and write to memory at 8-11 GB/s in either placement, but the peer then
+// copies fall to 2-5 GB/s (bench/core_placement_probe: cache-line round trip 70-170 ns
+// vs about 530 ns, the placement changing every few seconds). Streaming stores skip the
+// invalidations and keep 9-25 GB/s in either placement, but the peer then
 // reads from memory rather than cache. Neither wins everywhere and the placement
 // changes under a running job, so the writer times its copies and uses streaming
 // stores only while they time kStreamingMargin times faster than plain ones, trying
