@@ -89,11 +89,10 @@ python3-torch) in the same run. Each size: 5 rounds alternating troupe and MPI, 
 
 - The two vCPUs of these VMs sit either in one cache complex or in two, as the
   hypervisor moves them every few seconds (a cache-line round trip of about 110 ns vs
-  530 ns; `build/bench/core_placement_probe` shows which, a line a second). In the second
-  placement a plain copy into memory the other core has read runs 2-5 GB/s instead of
-  10-20, and before the slot
-  writer (`collectives/src/slot_writer.hpp`) every shared-memory allgather and
-  broadcast ran at 0.2-0.7x MPI while the placement lasted. The writer now switches to
+  530 ns; `build/bench/core_placement_probe` shows which, a line a second). In the
+  second placement a plain copy into memory the other core has read runs 2-5 GB/s
+  instead of 10-20, and before the slot writer (`collectives/src/slot_writer.hpp`)
+  every shared-memory allgather and broadcast ran at 0.2-0.7x MPI while it lasted. The writer now switches to
   streaming stores there; alternated with the old build and the placement probed
   before each run, in the second placement the 8 MB allreduce went from 0.56-0.66x
   to 1.71-2.12x MPI and the 8 MB broadcast from 0.48-0.59x to 2.31-3.29x, with no
