@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -91,8 +92,11 @@ std::string host_name() {
 }  // namespace
 
 SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int world_size,
-                                   std::chrono::milliseconds timeout)
-    : address_(env.supervisor), interval_(env.heartbeat_interval) {
+                                   std::chrono::milliseconds timeout, LostHandler on_lost)
+    : address_(env.supervisor),
+      interval_(env.heartbeat_interval),
+      supervisor_timeout_(env.supervisor_timeout),
+      on_lost_(std::move(on_lost)) {
   TROUPE_CHECK(env.supervised(), "SupervisorClient: ", kEnvSupervisor, " is not set (not under troupe-run)");
   TROUPE_CHECK(rank >= 0 && rank < world_size, "SupervisorClient: rank ", rank, " not in a world of ",
                world_size);
@@ -133,6 +137,7 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
     TROUPE_THROW(Error, "supervisor client (", address_, "): ", failure);
   }
   uncaught_at_start_ = std::uncaught_exceptions();
+  last_answer_ = std::chrono::steady_clock::now();
   thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
@@ -185,15 +190,52 @@ void SupervisorClient::heartbeat_loop() {
     beat.has_sequence = sequence != kUnset;
     beat.step = beat.has_step ? step : 0;
     beat.sequence = beat.has_sequence ? sequence : 0;
-    if (!send_frame(encode(beat))) {
-      std::cerr << "troupe supervisor client: heartbeats to " << address_
-                << " stopped: " << std::strerror(errno) << "\n";
-      return;
+    std::string lost;
+    if (!send_frame(encode(beat)))
+      lost = std::string("heartbeats to troupe-run at ") + address_ + " failed: " + std::strerror(errno);
+    else
+      lost = check_answers();
+    if (!lost.empty()) {
+      lock.unlock();
+      return lose_supervisor(lost);
     }
     sent_.fetch_add(1, std::memory_order_relaxed);
     wake_.wait_for(lock, interval_, [this] { return stop_ || first_step_; });
     first_step_ = false;
   }
+}
+
+std::string SupervisorClient::check_answers() {
+  auto now = std::chrono::steady_clock::now();
+  std::uint8_t buffer[256];
+  for (;;) {  // only Alive frames come after Welcome: any byte means troupe-run hears us
+    ssize_t got = ::recv(fd_, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (got > 0) {
+      last_answer_ = now;
+      continue;
+    }
+    if (got == 0) return "troupe-run at " + address_ + " closed the connection";
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    return "the connection to troupe-run at " + address_ + " failed: " + std::strerror(errno);
+  }
+  if (supervisor_timeout_.count() > 0 && now - last_answer_ > supervisor_timeout_)
+    return "no answer from troupe-run at " + address_ + " for " +
+           std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_answer_).count()) +
+           " ms";
+  return {};
+}
+
+void SupervisorClient::lose_supervisor(const std::string& why) {
+  if (supervisor_timeout_.count() <= 0) {  // not asked to fence: the program goes on
+    std::cerr << "troupe supervisor client: heartbeats stopped: " << why << "\n";
+    return;
+  }
+  if (on_lost_) return on_lost_(why);
+  std::cerr << "troupe supervisor client: " << why << "; troupe-run has given this rank up (partitioned, or "
+            << "troupe-run is gone): stopping it so that the job is not left in two halves\n"
+            << std::flush;
+  ::kill(::getpid(), SIGKILL);
 }
 
 void SupervisorClient::wake_first_step() noexcept {

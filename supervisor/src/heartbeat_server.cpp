@@ -136,6 +136,9 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
         status.last_progress = status.last_heard;
         server_->listener_.on_progress(status);
       }
+      // The answer a rank fences itself without (client.hpp). At most one in flight: a
+      // partitioned rank's answers must not queue up here while its socket stays open.
+      if (!alive_in_flight_) send_alive();
     } else if (std::holds_alternative<Goodbye>(message)) {
       status.said_goodbye = true;
     } else {
@@ -175,6 +178,15 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     });
   }
 
+  void send_alive() {
+    static const std::vector<std::uint8_t> frame = encode(Alive{});
+    alive_in_flight_ = true;
+    auto self = shared_from_this();
+    asio::async_write(socket_, asio::buffer(frame), [self](boost::system::error_code, std::size_t) {
+      self->alive_in_flight_ = false;
+    });
+  }
+
   void close() {
     closed_ = true;
     hello_timer_.cancel();
@@ -189,6 +201,7 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
   std::string peer_;
   int rank_ = -1;  // registered rank, -1 before hello
   bool closed_ = false;
+  bool alive_in_flight_ = false;
   std::array<std::uint8_t, kFrameHeader> header_{};
   std::vector<std::uint8_t> payload_;
 };

@@ -99,8 +99,10 @@ std::vector<std::uint8_t> encode(const Message& message) {
           w.u64(m.step);
           w.u64(m.sequence);
           w.u8(static_cast<std::uint8_t>((m.has_step ? 1 : 0) | (m.has_sequence ? 2 : 0)));
-        } else {
+        } else if constexpr (std::is_same_v<M, Goodbye>) {
           w.u8(static_cast<std::uint8_t>(MessageKind::goodbye));
+        } else {
+          w.u8(static_cast<std::uint8_t>(MessageKind::alive));
         }
       },
       message);
@@ -159,12 +161,15 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
     case MessageKind::goodbye:
       r.finish("goodbye");
       return Goodbye{};
+    case MessageKind::alive:
+      r.finish("alive");
+      return Alive{};
   }
   TROUPE_THROW(FormatError, "supervisor protocol: unknown message kind ", int{kind});
 }
 
 std::string_view kind_name(const Message& message) {
-  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat", "goodbye"};
+  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat", "goodbye", "alive"};
   return names[message.index()];
 }
 

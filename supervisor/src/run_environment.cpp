@@ -36,6 +36,8 @@ RunEnvironment run_environment() {
     TROUPE_CHECK(ms > 0, kEnvHeartbeatInterval, "='", text, "' must be positive");
     env.heartbeat_interval = std::chrono::milliseconds(ms);
   }
+  if (auto text = variable(kEnvSupervisorTimeout); !text.empty())
+    env.supervisor_timeout = std::chrono::milliseconds(number(kEnvSupervisorTimeout, text, 86'400'000));
   TROUPE_CHECK(env.supervisor.empty() || !env.token.empty(), kEnvSupervisor, "='", env.supervisor,
                "' is set but ", kEnvRunToken, " is not: both come from troupe-run");
   return env;

@@ -92,6 +92,13 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       options.grace = parse_seconds(arg, value(arg), true);
     } else if (arg == "--bind") {
       parse_bind(value(arg), options);
+    } else if (arg == "--advertise") {
+      options.advertise = value(arg);
+      TROUPE_CHECK(!options.advertise.empty(), "--advertise: empty address");
+    } else if (arg == "--exclude-after") {
+      options.exclude_after = parse_int(arg, value(arg), 0);
+    } else if (arg == "--min-ranks") {
+      options.min_ranks = parse_int(arg, value(arg), 1);
     } else if (arg == "--events") {
       options.events_file = value(arg);
       TROUPE_CHECK(!options.events_file.empty(), "--events: empty path");
@@ -107,6 +114,7 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
     }
   }
   TROUPE_CHECK(options.np > 0, "-np N is required (the number of ranks)");
+  TROUPE_CHECK(options.min_ranks <= options.np, "--min-ranks ", options.min_ranks, " is above -np ", options.np);
   TROUPE_CHECK(separator && i < args.size(), "no program given: put it after '--', e.g. troupe-run -np ",
                options.np, " -- ./train");
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
@@ -125,10 +133,18 @@ options:
   --max-restarts K        relaunches before giving up (default 3)
   --checkpoint-dir DIR    exported to ranks as TROUPE_CHECKPOINT_DIR (created if missing)
   --hang-timeout S        no progress (step or collective) for S seconds is a hang (default 180)
-  --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 10)
+  --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 2); a rank
+                          that hears nothing from troupe-run for as long stops itself
   --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)
   --grace S               SIGTERM to SIGKILL when stopping the job (default 3)
-  --bind ADDR:PORT        heartbeat server address (default 127.0.0.1:0, a free port)
+  --bind ADDR:PORT        heartbeat server address (default: 127.0.0.1:0 when every rank
+                          is on this host, 0.0.0.0:0 when --hostfile, --host or a Slurm
+                          allocation names other hosts; port 0 picks a free one)
+  --advertise ADDR        the address ranks connect to (default: the bound one, or this
+                          host's address on the route to the job's other hosts)
+  --exclude-after K       leave out a host blamed for K failures (default 0: never)
+  --min-ranks M           relaunch with fewer ranks, down to M, when hosts were left out
+                          (default: -np, no shrink); the program resumes resharded
   --events FILE           JSONL events log (default DIR/troupe-run-events.jsonl)
 
 mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-by X,

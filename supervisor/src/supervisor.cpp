@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -23,6 +24,7 @@
 #include "troupe/supervisor/event_log.hpp"
 #include "troupe/supervisor/hang_report.hpp"
 #include "troupe/supervisor/heartbeat_server.hpp"
+#include "troupe/supervisor/host_pool.hpp"
 #include "troupe/supervisor/job.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/run_environment.hpp"
@@ -68,8 +70,50 @@ std::string this_host() {
   return name;
 }
 
+bool is_loopback_address(const std::string& host) {
+  boost::system::error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  return !ec && address.is_loopback();
+}
+
+// Where the heartbeat server listens and what ranks are told, from the job's hosts:
+// ranks on other hosts can reach neither a loopback address nor this host's name when
+// it resolves to one (as Debian's /etc/hosts makes it), so troupe-run listens on every
+// interface and hands out its address on the route to them. A loopback --bind with
+// remote ranks is a configuration error, said before anything is launched.
+void choose_heartbeat_address(RunOptions& options, const JobHosts& hosts) {
+  std::vector<std::string> remote;
+  for (const auto& host : hosts.hosts)
+    if (!is_this_host(host.name) && std::find(remote.begin(), remote.end(), host.name) == remote.end())
+      remote.push_back(host.name);
+  std::string names;
+  for (const auto& name : remote) names += (names.empty() ? "" : ", ") + name;
+  if (options.bind_host.empty()) options.bind_host = remote.empty() ? "127.0.0.1" : "0.0.0.0";
+  if (remote.empty()) return;
+  if (is_loopback_address(options.bind_host))
+    TROUPE_THROW(InvalidArgument, "--bind ", options.bind_host, " is a loopback address, but ", hosts.source,
+                 " puts ranks on ", names, ", which cannot reach it; leave --bind out (troupe-run then listens on "
+                 "every interface) or give an address those hosts reach");
+  // Every remote host must resolve, and have a route, before a launch is tried.
+  std::string route;
+  for (const auto& name : remote) {
+    try {
+      auto source = route_source_address(name);
+      if (route.empty()) route = source;
+    } catch (const InvalidArgument& e) {
+      TROUPE_THROW(InvalidArgument, hosts.source, ": ", e.what());
+    }
+  }
+  boost::system::error_code ec;
+  bool wildcard = asio::ip::make_address(options.bind_host, ec).is_unspecified();
+  if (options.advertise.empty() && wildcard) options.advertise = route;
+}
+
 
 }  // namespace
+
+// fail()'s host for "blame the host blamed last" (a name no host can have).
+const std::string kBlameLast = "\x01last";
 
 class Supervisor::Impl : public HeartbeatServer::Listener {
  public:
@@ -82,6 +126,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         tick_(io_),
         grace_timer_(io_),
         backoff_timer_(io_) {
+    auto hosts = job_hosts(options_);
+    choose_heartbeat_address(options_, hosts);
+    pool_ = std::make_unique<HostPool>(std::move(hosts), options_.np, options_.exclude_after, options_.min_ranks);
     if (!options_.checkpoint_dir.empty()) {
       std::error_code ec;
       fs::create_directories(options_.checkpoint_dir, ec);
@@ -91,15 +138,17 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     }
     events_ = std::make_unique<EventLog>(options_.events_file, run_id_);
     server_ = std::make_unique<HeartbeatServer>(io_, options_.bind_host, options_.bind_port, token_, run_id_, *this);
+    address_ = options_.advertise.empty() ? server_->address()
+                                          : options_.advertise + ":" + std::to_string(server_->port());
   }
 
   int run() {
     started_ = Clock::now();
-    say("run " + run_id_ + ": " + std::to_string(options_.np) + " ranks, heartbeat server on " + server_->address() +
+    say("run " + run_id_ + ": " + std::to_string(options_.np) + " ranks, heartbeat server on " + address_ +
         (options_.events_file.empty() ? "" : ", events in " + options_.events_file));
     std::string command;
     for (const auto& a : options_.program) command += (command.empty() ? "" : " ") + a;
-    events_->write("start", {{"np", options_.np}, {"program", command}, {"supervisor", server_->address()},
+    events_->write("start", {{"np", options_.np}, {"program", command}, {"supervisor", address_},
                              {"max_restarts", options_.max_restarts}, {"checkpoint_dir", options_.checkpoint_dir},
                              {"hang_timeout_s", options_.hang_timeout.count()},
                              {"heartbeat_timeout_s", options_.heartbeat_timeout.count()}});
@@ -114,6 +163,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   // ---- HeartbeatServer::Listener ----
   void on_rank_up(const RankStatus& rank) override {
     watch_rank_process(rank);
+    pool_->rank_registered(rank.rank, rank.host);
     events_->write("rank_up", {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host},
                                {"pid", static_cast<unsigned>(rank.pid)}, {"peer", rank.peer},
                                {"since_launch_s", seconds(Clock::now() - launched_)}});
@@ -122,7 +172,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   void on_rank_lost(const RankStatus& rank, const std::string& reason) override {
     fail("rank_lost", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
                           "): " + reason + at_step(rank),
-         {{"rank", rank.rank}});
+         {{"rank", rank.rank}}, rank.host);
   }
 
   void on_refused(const std::string& peer, const std::string& reason) override {
@@ -160,21 +210,26 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     state_ = State::running;
     resumed_ = false;
     furthest_step_.reset();  // steps redone count from this launch's progress
-    server_->begin_launch(static_cast<std::uint32_t>(restart_), options_.np);
+    int np = pool_->np();
+    server_->begin_launch(static_cast<std::uint32_t>(restart_), np);
+    pool_->begin_launch();
     rank_processes_.clear();
-    rank_processes_.resize(static_cast<std::size_t>(options_.np));
-    std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval};
+    rank_processes_.resize(static_cast<std::size_t>(np));
+    std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval,
+                                         kEnvSupervisorTimeout};
     // Five heartbeats per heartbeat timeout, and at most 0.1 s apart: progress is seen
     // when a heartbeat carries it, so this bounds how late a hang is reported and how
     // stale the step in a failure report is. A heartbeat costs a rank ~0.1 ms of CPU
     // here (bench/run supervisor), so 10 a second stay far below 1% of a core.
     double interval_s = std::min({options_.heartbeat_timeout.count() / 5, options_.hang_timeout.count() / 4, 0.1});
     auto interval_ms = std::max<long>(10, std::lround(interval_s * 1000));
-    Job::Environment env = {{kEnvSupervisor, server_->address()},
+    auto timeout_ms = std::lround(options_.heartbeat_timeout.count() * 1000);
+    Job::Environment env = {{kEnvSupervisor, address_},
                             {kEnvRunToken, token_},
                             {kEnvRunId, run_id_},
                             {kEnvRestart, std::to_string(restart_)},
-                            {kEnvHeartbeatInterval, std::to_string(interval_ms)}};
+                            {kEnvHeartbeatInterval, std::to_string(interval_ms)},
+                            {kEnvSupervisorTimeout, std::to_string(timeout_ms)}};
     if (!options_.checkpoint_dir.empty()) {
       env.emplace_back(kEnvCheckpointDir, options_.checkpoint_dir);
       exported.push_back(kEnvCheckpointDir);
@@ -184,7 +239,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
       env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     }
-    auto command = mpirun_command(options_, mpirun_, exported, std::max(1u, std::thread::hardware_concurrency()));
+    auto command = mpirun_command(launch_options(), mpirun_, exported, std::max(1u, std::thread::hardware_concurrency()));
     launched_ = Clock::now();
     try {
       job_ = std::make_unique<Job>(io_, command, env);
@@ -194,9 +249,39 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     }
     std::string line;
     for (const auto& a : command) line += (line.empty() ? "" : " ") + a;
-    events_->write("launch", {{"restart", restart_}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
+    events_->write("launch", {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
     job_->on_exit([this](int status) { job_exited(status); });
     schedule_tick();
+  }
+
+  // The options of this launch: -np and the hosts shrink when hosts were left out,
+  // and mpirun then gets a hostfile of the remaining ones instead of the user's.
+  RunOptions launch_options() {
+    RunOptions launch = options_;
+    launch.np = pool_->np();
+    if (!pool_->hosts_changed()) return launch;
+    std::vector<std::string> args;
+    static const std::vector<std::string> host_flags = {"--hostfile", "-hostfile", "--machinefile", "-machinefile",
+                                                        "--host", "-host", "-H"};
+    for (std::size_t i = 0; i < options_.mpirun_args.size(); ++i) {
+      if (std::find(host_flags.begin(), host_flags.end(), options_.mpirun_args[i]) != host_flags.end()) {
+        ++i;  // and its value
+        continue;
+      }
+      args.push_back(options_.mpirun_args[i]);
+    }
+    std::string path = (options_.checkpoint_dir.empty() ? fs::temp_directory_path().string() : options_.checkpoint_dir) +
+                       "/troupe-run-hosts-" + run_id_;
+    std::ofstream out(path, std::ios::trunc);
+    out << "# written by troupe-run: " << pool_->source() << " without the hosts left out\n";
+    for (const auto& host : pool_->remaining())
+      out << host.name << (host.slots > 0 ? " slots=" + std::to_string(host.slots) : "") << "\n";
+    out.close();
+    if (!out) TROUPE_THROW(Error, "troupe-run: cannot write the hostfile ", path);
+    args.push_back("--hostfile");
+    args.push_back(path);
+    launch.mpirun_args = std::move(args);
+    return launch;
   }
 
   // The watchdog: heartbeats and progress of every live rank, a few times per timeout.
@@ -226,7 +311,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       if (!missing.empty())
         return fail("hang", "rank(s) " + missing + " never registered within the hang timeout of " +
                                 fixed(options_.hang_timeout.count()) + " s after launch",
-                    {});
+                    {}, kBlameLast);
     }
     for (const auto& rank : ranks) {
       if (!rank.registered || !rank.connected || rank.said_goodbye) continue;
@@ -234,7 +319,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         return fail("heartbeat_timeout", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +
                                              " on " + rank.host + ") sent no heartbeat for " +
                                              fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
-                    {{"rank", rank.rank}});
+                    {{"rank", rank.rank}}, rank.host);
       if (now - rank.last_progress > hang_timeout && !stuck) stuck = &rank;
     }
     if (stuck) report_hang(now);
@@ -254,7 +339,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   void job_exited(int status) {
     if (state_ == State::running) {
       if (status == 0) return succeed();
-      fail("mpirun_exit", "mpirun " + describe_wait_status(status), {});
+      const auto& ranks = server_->ranks();
+      bool all = std::all_of(ranks.begin(), ranks.end(), [](const RankStatus& r) { return r.registered; });
+      fail("mpirun_exit", "mpirun " + describe_wait_status(status), {}, all ? "" : kBlameLast);
     }
     if (state_ != State::stopping) return;
     grace_timer_.cancel();
@@ -265,9 +352,15 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     after_stop();
   }
 
-  void fail(const std::string& cause, const std::string& detail, JsonFields fields) {
+  // `host`: the host the failure is blamed on (HostPool), kBlameLast for the one
+  // blamed last, empty for none.
+  void fail(const std::string& cause, const std::string& detail, JsonFields fields, const std::string& host = "") {
     if (state_ != State::running) return;  // the first cause is the cause
     state_ = State::stopping;
+    if (!host.empty()) {
+      auto blamed = pool_->blame(host == kBlameLast ? "" : host);
+      if (!blamed.empty()) fields.emplace_back("host", blamed);
+    }
     tick_.cancel();
     summary_.failed(cause, detail, furthest_step_, last_progress_.value_or(launched_), Clock::now());
     say("failure (" + cause + "): " + detail);
@@ -350,6 +443,17 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   void after_stop() {
     if (interrupted_) return finish(128 + interrupted_, "stopped by " + std::string(::strsignal(interrupted_)));
     if (restart_ >= options_.max_restarts) return finish(1, "gave up after " + std::to_string(restart_) + " restart(s)");
+    int before = pool_->np();
+    auto plan = pool_->plan_next_launch();
+    for (const auto& host : plan.excluded_now) {
+      say("leaving out host " + host + " after " + std::to_string(pool_->failures_of(host)) + " failure(s) blamed on it" +
+          (plan.refusal.empty() ? "; relaunching on " + std::to_string(plan.np) + " rank(s)" +
+                                      (plan.np < before ? " (was " + std::to_string(before) + ")" : "")
+                                : ""));
+      events_->write("exclude", {{"restart", restart_ + 1}, {"host", host}, {"failures", pool_->failures_of(host)},
+                                 {"np", plan.np}, {"np_before", before}});
+    }
+    if (!plan.refusal.empty()) return finish(1, "cannot relaunch: " + plan.refusal);
     ++restart_;
     double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, restart_ - 1));
     state_ = State::backing_off;
@@ -414,6 +518,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   asio::steady_timer tick_, grace_timer_, backoff_timer_;
   std::unique_ptr<EventLog> events_;
   std::unique_ptr<HeartbeatServer> server_;
+  std::unique_ptr<HostPool> pool_;
+  std::string address_;  // what ranks are told (TROUPE_SUPERVISOR)
   std::unique_ptr<Job> job_;
   std::vector<std::shared_ptr<RankProcess>> rank_processes_;  // by rank; null when not watched
 

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   try {
     Supervisor supervisor(std::move(options));
     return supervisor.run();
+  } catch (const troupe::InvalidArgument& e) {  // the hosts or addresses given cannot work
+    std::cerr << "troupe-run: error: " << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "troupe-run: error: " << e.what() << "\n";
     return 3;

@@ -102,6 +102,20 @@ TEST(RunOptions, ParsesOwnFlagsPassesMpirunOptionsAndKeepsTheProgram) {
   EXPECT_EQ(o.program, (std::vector<std::string>{"./train", "--epochs", "3", "--max-restarts"}));
 }
 
+TEST(RunOptions, ClusterFlagsAndTheirDefaults) {
+  auto d = parse({"-np", "3", "--", "x"});
+  EXPECT_EQ(d.bind_host, "");  // chosen from the job's hosts
+  EXPECT_DOUBLE_EQ(d.heartbeat_timeout.count(), 2);
+  EXPECT_EQ(d.exclude_after, 0);
+  EXPECT_EQ(d.min_ranks, 0);
+  auto o = parse({"-np", "3", "--exclude-after", "2", "--min-ranks", "2", "--advertise", "10.0.0.1", "--", "x"});
+  EXPECT_EQ(o.exclude_after, 2);
+  EXPECT_EQ(o.min_ranks, 2);
+  EXPECT_EQ(o.advertise, "10.0.0.1");
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--min-ranks", "3", "--", "x"}); }).find("--min-ranks 3 is above -np 2"),
+            std::string::npos);
+}
+
 TEST(RunOptions, BadFlagsAreNamedInTheError) {
   EXPECT_NE(error_of([] { parse({"-np", "2", "--frobnicate", "--", "x"}); }).find("unknown option '--frobnicate'"),
             std::string::npos);

@@ -211,3 +211,87 @@ TEST(SupervisorClient, FailsClearlyWhenNothingListens) {
         << err.what();
   }
 }
+
+// Fencing (client.hpp): a rank troupe-run no longer answers stops itself.
+namespace {
+
+struct LostRecord {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::string why;
+  sv::SupervisorClient::LostHandler handler() {
+    return [this](const std::string& w) {
+      std::lock_guard lock(mutex);
+      why = w;
+      changed.notify_all();
+    };
+  }
+  std::string wait(std::chrono::milliseconds limit) {
+    std::unique_lock lock(mutex);
+    changed.wait_for(lock, limit, [&] { return !why.empty(); });
+    return why;
+  }
+};
+
+}  // namespace
+
+TEST_F(ServerTest, AnAnsweredClientNeverFencesItself) {
+  auto e = env();
+  e.supervisor_timeout = 300ms;  // 15 heartbeat intervals
+  LostRecord lost;
+  sv::SupervisorClient client(e, 0, 2, 10s, lost.handler());
+  EXPECT_EQ(lost.wait(1500ms), "");
+  EXPECT_GT(client.heartbeats_sent(), 10u);
+}
+
+TEST_F(ServerTest, AClientWhoseConnectionTroupeRunClosedFencesItself) {
+  auto e = env();
+  e.supervisor_timeout = 5s;
+  LostRecord lost;
+  sv::SupervisorClient client(e, 0, 2, 10s, lost.handler());
+  ASSERT_TRUE(recorder_.wait_for("up 0"));
+  boost::asio::post(io_, [this] { server_->begin_launch(1, 2); });  // a relaunch forgets the old ranks
+  auto why = lost.wait(3s);  // "closed the connection", or a send that failed on the closed socket
+  EXPECT_NE(why.find("troupe-run at 127.0.0.1:"), std::string::npos) << why;
+}
+
+// A peer that welcomes the rank and then goes silent, as troupe-run behind a
+// partition does: the rank fences itself after the timeout, not before.
+TEST(SupervisorClientFencing, ARankThatHearsNothingStopsItselfAfterTheTimeout) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t length = sizeof addr;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length);
+  std::thread silent([listener] {
+    int fd = ::accept(listener, nullptr, nullptr);
+    std::uint8_t header[sv::kFrameHeader];
+    ASSERT_EQ(::recv(fd, header, sizeof header, MSG_WAITALL), static_cast<ssize_t>(sizeof header));
+    std::vector<std::uint8_t> hello(sv::decode_length(header));
+    ASSERT_EQ(::recv(fd, hello.data(), hello.size(), MSG_WAITALL), static_cast<ssize_t>(hello.size()));
+    auto welcome = sv::encode(sv::Welcome{});
+    ASSERT_EQ(::send(fd, welcome.data(), welcome.size(), 0), static_cast<ssize_t>(welcome.size()));
+    std::this_thread::sleep_for(2s);  // heartbeats pile up unread; no answer
+    ::close(fd);
+  });
+  sv::RunEnvironment e;
+  e.supervisor = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  e.token = "t";
+  e.run_id = "r";
+  e.heartbeat_interval = 20ms;
+  e.supervisor_timeout = 400ms;
+  LostRecord lost;
+  auto started = std::chrono::steady_clock::now();
+  {
+    sv::SupervisorClient client(e, 0, 1, 10s, lost.handler());
+    auto why = lost.wait(1800ms);
+    auto took = std::chrono::steady_clock::now() - started;
+    EXPECT_NE(why.find("no answer from troupe-run"), std::string::npos) << why;
+    EXPECT_GE(took, 400ms);
+  }
+  silent.join();
+  ::close(listener);
+}

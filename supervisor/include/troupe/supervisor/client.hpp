@@ -18,8 +18,14 @@
 // reported progress every heartbeat interval. report_* only store into atomics, so
 // they cost nothing next to a training step and may be called from any thread.
 //
-// If troupe-run goes away mid-run, heartbeats stop silently (one line on stderr) and
-// the program carries on: the supervisor is there to restart jobs, not to stop them.
+// Fencing. troupe-run answers every heartbeat. When it sets TROUPE_SUPERVISOR_TIMEOUT_MS
+// (it always does), a rank that hears nothing from it for that long, or whose
+// connection it closed, stops itself: troupe-run has declared it dead and restarted, or
+// will restart, the job without it -- the rank sits behind a partition, or troupe-run
+// itself is gone -- and a rank that carried on would be half of a split job, writing
+// checkpoints beside the new launch. The default action prints why and SIGKILLs the
+// process (what troupe-run would have done, could it reach it); `on_lost` replaces it.
+// Without the variable, lost heartbeats cost one line on stderr and the program goes on.
 //
 // Who creates it: the training program (train/ or an example), never actors/ or
 // collectives/, which stay ignorant of troupe-run (see docs/ARCHITECTURE.md).
@@ -29,6 +35,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,8 +50,11 @@ class SupervisorClient {
  public:
   // Connects to env.supervisor and registers as `rank` of `world_size`. Blocks until
   // troupe-run answers (at most `timeout`).
+  // `on_lost` runs on the heartbeat thread when the rank fences itself (see above),
+  // with the reason; null: print it and SIGKILL this process.
+  using LostHandler = std::function<void(const std::string& why)>;
   SupervisorClient(const RunEnvironment& env, int rank, int world_size,
-                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
+                   std::chrono::milliseconds timeout = std::chrono::seconds(10), LostHandler on_lost = nullptr);
   // A client when env.supervised(), else null: the same program runs with and without
   // troupe-run.
   static std::unique_ptr<SupervisorClient> connect_if_supervised(const RunEnvironment& env, int rank,
@@ -83,11 +93,17 @@ class SupervisorClient {
   static constexpr std::uint64_t kUnset = ~std::uint64_t{0};
   void heartbeat_loop();
   void wake_first_step() noexcept;
+  // Reads troupe-run's answers without blocking; empty while it is heard, else why not.
+  std::string check_answers();
+  void lose_supervisor(const std::string& why);
   bool send_frame(const std::vector<std::uint8_t>& frame) noexcept;
 
   std::string address_;
   int fd_ = -1;
   std::chrono::milliseconds interval_;
+  std::chrono::milliseconds supervisor_timeout_;
+  LostHandler on_lost_;
+  std::chrono::steady_clock::time_point last_answer_;
   std::atomic<std::uint64_t> step_{kUnset};
   std::atomic<std::uint64_t> sequence_{kUnset};
   std::atomic<std::uint64_t> sent_{0};

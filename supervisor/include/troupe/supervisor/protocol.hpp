@@ -5,7 +5,8 @@
 // speaks first (Hello, carrying the run's token); troupe-run answers Welcome or
 // Refused (with a reason) and closes on refusal. Then the rank sends Heartbeats with
 // its progress and, on a clean exit, Goodbye. A connection that closes without
-// Goodbye is a dead rank.
+// Goodbye is a dead rank. troupe-run answers each Heartbeat with Alive, so a rank
+// knows in turn whether troupe-run still hears it (SupervisorClient's fencing).
 //
 // Frames are tiny and bounded (kMaxPayload) so that a stray or hostile peer cannot
 // make the server allocate: a length prefix above the bound is refused before any
@@ -26,7 +27,7 @@ inline constexpr std::uint16_t kProtocolVersion = 1;
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
 
-enum class MessageKind : std::uint8_t { hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5 };
+enum class MessageKind : std::uint8_t { hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5, alive = 6 };
 
 struct Hello {
   std::string token;   // the run's random token (TROUPE_RUN_TOKEN)
@@ -55,7 +56,10 @@ struct Heartbeat {
 
 struct Goodbye {};
 
-using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye>;
+// troupe-run's answer to a Heartbeat: "I still hear you".
+struct Alive {};
+
+using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive>;
 
 // A whole frame (length prefix included) ready to send.
 std::vector<std::uint8_t> encode(const Message& message);

@@ -7,6 +7,8 @@
 //   TROUPE_RESTART                0 on the first launch, 1 after the first restart, ...
 //   TROUPE_CHECKPOINT_DIR         where the program saves and resumes (absolute path)
 //   TROUPE_HEARTBEAT_INTERVAL_MS  how often the rank should heartbeat
+//   TROUPE_SUPERVISOR_TIMEOUT_MS  a rank that hears nothing from troupe-run for this
+//                                 long stops itself (SupervisorClient's fencing); unset: never
 //
 // A program reads them once, at start, with run_environment(). Outside troupe-run
 // none is set and the defaults say so (supervised() is false).
@@ -24,6 +26,7 @@ inline constexpr const char* kEnvRunId = "TROUPE_RUN_ID";
 inline constexpr const char* kEnvRestart = "TROUPE_RESTART";
 inline constexpr const char* kEnvCheckpointDir = "TROUPE_CHECKPOINT_DIR";
 inline constexpr const char* kEnvHeartbeatInterval = "TROUPE_HEARTBEAT_INTERVAL_MS";
+inline constexpr const char* kEnvSupervisorTimeout = "TROUPE_SUPERVISOR_TIMEOUT_MS";
 inline constexpr const char* kEnvFault = "TROUPE_FAULT";
 
 struct RunEnvironment {
@@ -33,6 +36,7 @@ struct RunEnvironment {
   std::uint32_t restart = 0;
   std::string checkpoint_dir;  // empty when troupe-run was given none
   std::chrono::milliseconds heartbeat_interval{1000};
+  std::chrono::milliseconds supervisor_timeout{0};  // 0: never fence
 
   bool supervised() const { return !supervisor.empty(); }
 };

@@ -28,16 +28,29 @@ struct RunOptions {
   // hang is reported with every rank's position before that abort hides it.
   Seconds hang_timeout{180};
   // A connected rank not heard from for this long is dead even if its socket is open
-  // (a stopped process, a partitioned node). Ranks heartbeat 5 times per timeout.
-  Seconds heartbeat_timeout{10};
+  // (a stopped process, a partitioned node: no FIN ever comes). Ranks heartbeat every
+  // 0.1 s from a thread of their own, so 2 s is 20 missed beats, and a silent node is
+  // caught in 2 s instead of a TCP timeout's minutes. Ranks fence themselves after the
+  // same time without an answer (SupervisorClient).
+  Seconds heartbeat_timeout{2};
   // Wait before relaunch n: backoff * 2^(n-1), at most 60 s; lets a flaky node or port recover.
   Seconds backoff{1};
   // SIGTERM to SIGKILL when stopping the job: time for ranks to exit on their own.
   Seconds grace{3};
-  // Where the heartbeat server listens. Loopback by default: a single node needs no
-  // more, and a cluster names an address its nodes reach. Port 0: any free port.
-  std::string bind_host = "127.0.0.1";
+  // Where the heartbeat server listens; empty: chosen by troupe-run -- loopback when
+  // every rank runs on this host, every interface when the job names other hosts
+  // (job_hosts.hpp). Port 0: any free port.
+  std::string bind_host;
   unsigned short bind_port = 0;
+  // The address ranks are told to connect to; empty: the bind address, or, bound to
+  // every interface with ranks on other hosts, this host's address on the route to them.
+  std::string advertise;
+  // A host blamed for this many failures is left out of the next launches (0: never).
+  // The job then runs on the remaining hosts: with as many ranks as before when they
+  // have the slots, else with fewer, down to min_ranks (elastic shrink).
+  int exclude_after = 0;
+  // The fewest ranks a relaunch may have after hosts were left out; 0: -np (no shrink).
+  int min_ranks = 0;
   // JSONL events file; empty: <checkpoint-dir>/troupe-run-events.jsonl, or none
   // without a checkpoint directory.
   std::string events_file;

@@ -1,0 +1,128 @@
+// The job's hosts (job_hosts.hpp) and the pool that leaves failing ones out (host_pool.hpp).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+
+#include "troupe/error.hpp"
+#include "troupe/supervisor/host_pool.hpp"
+#include "troupe/supervisor/job_hosts.hpp"
+
+namespace sv = troupe::supervisor;
+
+namespace {
+
+sv::RunOptions with_args(std::vector<std::string> args) {
+  sv::RunOptions o;
+  o.np = 3;
+  o.mpirun_args = std::move(args);
+  return o;
+}
+
+const char* no_env(const char*) { return nullptr; }
+
+std::string write_file(const std::string& text) {
+  std::string path = ::testing::TempDir() + "/hostfile-" + std::to_string(std::rand());
+  std::ofstream(path) << text;
+  return path;
+}
+
+sv::JobHosts three_nodes() { return {{{"node1", 1}, {"node2", 1}, {"node3", 1}}, "--hostfile h"}; }
+
+}  // namespace
+
+TEST(JobHosts, AHostfileGivesNamesAndSlotsAndSkipsComments) {
+  auto path = write_file("# the cluster\nnode1 slots=2\n\n  node2 slots=1 max_slots=4 # spare\nnode3\n");
+  auto hosts = sv::job_hosts(with_args({"--hostfile", path}), no_env);
+  ASSERT_EQ(hosts.hosts.size(), 3u);
+  EXPECT_EQ(hosts.hosts[0].name, "node1");
+  EXPECT_EQ(hosts.hosts[0].slots, 2);
+  EXPECT_EQ(hosts.hosts[1].slots, 1);
+  EXPECT_EQ(hosts.hosts[2].slots, 0);
+  EXPECT_EQ(hosts.source, "--hostfile " + path);
+}
+
+TEST(JobHosts, AMalformedOrMissingHostfileIsNamedWithItsLine) {
+  auto bad = write_file("node1 slots=two\n");
+  try {
+    sv::job_hosts(with_args({"--hostfile", bad}), no_env);
+    FAIL() << "no error";
+  } catch (const troupe::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + ":1: slots 'two'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(sv::job_hosts(with_args({"--hostfile", "/nonexistent/hosts"}), no_env), troupe::InvalidArgument);
+  EXPECT_THROW(sv::job_hosts(with_args({"--hostfile", write_file("# nothing\n")}), no_env), troupe::InvalidArgument);
+}
+
+TEST(JobHosts, AHostListAndASlurmAllocationAreRead) {
+  auto listed = sv::job_hosts(with_args({"--host", "a,b:2,c"}), no_env);
+  ASSERT_EQ(listed.hosts.size(), 3u);
+  EXPECT_EQ(listed.hosts[1].name, "b");
+  EXPECT_EQ(listed.hosts[1].slots, 2);
+  auto slurm = sv::job_hosts(with_args({}), [](const char* name) -> const char* {
+    return std::string(name) == "SLURM_JOB_NODELIST" ? "node[1-3]" : nullptr;
+  });
+  ASSERT_EQ(slurm.hosts.size(), 3u);
+  EXPECT_EQ(slurm.hosts[2].name, "node3");
+  EXPECT_EQ(slurm.source, "the Slurm allocation");
+  EXPECT_TRUE(sv::job_hosts(with_args({"--oversubscribe"}), no_env).hosts.empty());
+}
+
+TEST(JobHosts, SlurmHostListsExpandAsScontrolDoes) {
+  EXPECT_EQ(sv::expand_hostlist("node[1-3,07],login"),
+            (std::vector<std::string>{"node1", "node2", "node3", "node07", "login"}));
+  EXPECT_EQ(sv::expand_hostlist("gpu[01-02]-ib,cpu5"), (std::vector<std::string>{"gpu01-ib", "gpu02-ib", "cpu5"}));
+  EXPECT_EQ(sv::expand_hostlist("solo"), (std::vector<std::string>{"solo"}));
+  EXPECT_THROW(sv::expand_hostlist("node[1-3"), troupe::InvalidArgument);
+  EXPECT_THROW(sv::expand_hostlist("node[3-1]"), troupe::InvalidArgument);
+}
+
+TEST(JobHosts, LoopbackNamesAreThisHostAndAnUnknownHostIsAnError) {
+  EXPECT_TRUE(sv::is_this_host("localhost"));
+  EXPECT_TRUE(sv::is_this_host("127.0.0.1"));
+  EXPECT_EQ(sv::route_source_address("127.0.0.1"), "127.0.0.1");
+  try {
+    sv::route_source_address("no-such-host.invalid");
+    FAIL() << "no error";
+  } catch (const troupe::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'no-such-host.invalid' does not resolve"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HostPool, AHostIsLeftOutAfterKFailuresAndTheJobShrinksToTheRest) {
+  sv::HostPool pool(three_nodes(), 3, /*exclude_after=*/2, /*min_ranks=*/2);
+  for (int r = 0; r < 3; ++r) pool.rank_registered(r, "node" + std::to_string(r + 1));
+  EXPECT_EQ(pool.blame("node3"), "node3");
+  auto first = pool.plan_next_launch();
+  EXPECT_TRUE(first.excluded_now.empty());
+  EXPECT_EQ(first.np, 3);
+  pool.begin_launch();
+  // The relaunch fails before any rank registers: blamed on node3 again.
+  EXPECT_EQ(pool.blame(""), "node3");
+  auto second = pool.plan_next_launch();
+  EXPECT_EQ(second.excluded_now, std::vector<std::string>{"node3"});
+  EXPECT_EQ(second.np, 2);
+  EXPECT_EQ(second.refusal, "");
+  auto left = pool.remaining();
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(left[1].name, "node2");
+}
+
+TEST(HostPool, ASpareHostKeepsTheRankCountAndMinRanksRefusesTooSmallAJob) {
+  sv::HostPool spare({{{"a", 1}, {"b", 1}, {"c", 1}}, "--host"}, 2, 1, 0);
+  spare.rank_registered(0, "a");
+  spare.rank_registered(1, "b");
+  spare.blame("b");
+  auto plan = spare.plan_next_launch();
+  EXPECT_EQ(plan.np, 2);  // a and c hold two slots
+  sv::HostPool tight(three_nodes(), 3, 1, 0);  // min_ranks 0: -np, no shrink
+  for (int r = 0; r < 3; ++r) tight.rank_registered(r, "node" + std::to_string(r + 1));
+  tight.blame("node2");
+  auto refused = tight.plan_next_launch();
+  EXPECT_NE(refused.refusal.find("below --min-ranks 3"), std::string::npos) << refused.refusal;
+  sv::HostPool never(three_nodes(), 3, 0, 0);  // exclude_after 0: never
+  never.blame("node1");
+  never.blame("node1");
+  EXPECT_TRUE(never.plan_next_launch().excluded_now.empty());
+}
