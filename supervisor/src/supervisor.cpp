@@ -217,12 +217,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     rank_processes_.resize(static_cast<std::size_t>(np));
     std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval,
                                          kEnvSupervisorTimeout};
-    // Five heartbeats per heartbeat timeout, and at most 0.1 s apart: progress is seen
-    // when a heartbeat carries it, so this bounds how late a hang is reported and how
-    // stale the step in a failure report is. A heartbeat costs a rank ~0.1 ms of CPU
-    // here (bench/run supervisor), so 10 a second stay far below 1% of a core.
-    double interval_s = std::min({options_.heartbeat_timeout.count() / 5, options_.hang_timeout.count() / 4, 0.1});
-    auto interval_ms = std::max<long>(10, std::lround(interval_s * 1000));
+    auto interval_ms = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()).count();
     auto timeout_ms = std::lround(options_.heartbeat_timeout.count() * 1000);
     Job::Environment env = {{kEnvSupervisor, address_},
                             {kEnvRunToken, token_},
@@ -325,6 +320,26 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (stuck) report_hang(now);
   }
 
+  // The connected rank silent the longest, if it has missed five heartbeats.
+  const RankStatus* silent_rank(Clock::time_point now) const {
+    auto threshold = 5 * heartbeat_interval();
+    const RankStatus* silent = nullptr;
+    for (const auto& rank : server_->ranks())
+      if (rank.registered && rank.connected && !rank.said_goodbye && now - rank.last_heard > threshold &&
+          (!silent || rank.last_heard < silent->last_heard))
+        silent = &rank;
+    return silent;
+  }
+
+  // Five heartbeats per heartbeat timeout, and at most 0.1 s apart: progress is seen
+  // when a heartbeat carries it, so this bounds how late a hang is reported and how
+  // stale the step in a failure report is. A heartbeat costs a rank ~0.1 ms of CPU
+  // here (bench/run supervisor), so 10 a second stay far below 1% of a core.
+  Clock::duration heartbeat_interval() const {
+    double interval_s = std::min({options_.heartbeat_timeout.count() / 5, options_.hang_timeout.count() / 4, 0.1});
+    return std::chrono::milliseconds(std::max<long>(10, std::lround(interval_s * 1000)));
+  }
+
   void report_hang(Clock::time_point now) {
     HangReport report = describe_hang(server_->ranks(), now, options_.hang_timeout);
     fail("hang", report.detail, {{"ranks", Json::raw(report.ranks_json)}});
@@ -354,9 +369,17 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
 
   // `host`: the host the failure is blamed on (HostPool), kBlameLast for the one
   // blamed last, empty for none.
-  void fail(const std::string& cause, const std::string& detail, JsonFields fields, const std::string& host = "") {
+  void fail(const std::string& cause, const std::string& given_detail, JsonFields fields, std::string host = "") {
     if (state_ != State::running) return;  // the first cause is the cause
     state_ = State::stopping;
+    std::string detail = given_detail;
+    // A rank that ends because a peer went silent (the actors' own liveness check
+    // aborts the job within a second) is not the culprit: the silent rank's host is.
+    if (const RankStatus* silent = silent_rank(Clock::now()); silent && !host.empty() && silent->host != host) {
+      detail += "; rank " + std::to_string(silent->rank) + " on " + silent->host + " had been silent for " +
+                fixed(seconds(Clock::now() - silent->last_heard)) + " s";
+      host = silent->host;
+    }
     if (!host.empty()) {
       auto blamed = pool_->blame(host == kBlameLast ? "" : host);
       if (!blamed.empty()) fields.emplace_back("host", blamed);
