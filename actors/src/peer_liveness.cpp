@@ -11,13 +11,22 @@
 #include "wire.hpp"
 
 namespace troupe::actors::detail {
+namespace {
+
+// The liveness communicator carries two kinds of message: heartbeats (a Header) and
+// loss notices (the lost rank, an int), told apart by tag.
+constexpr int kLostNoticeTag = kActorTag + 1;
+
+}  // namespace
 
 PeerLiveness::PeerLiveness(MPI_Comm comm, int rank, int size, std::chrono::milliseconds period,
                            std::chrono::milliseconds timeout,
                            std::function<void(int, const std::string&)> on_lost)
     : rank_(rank), size_(size), period_(period), timeout_(timeout), on_lost_(std::move(on_lost)),
       last_heard_(new std::atomic<Clock::rep>[static_cast<std::size_t>(size)]),
-      lost_(new std::atomic<bool>[static_cast<std::size_t>(size)]), heartbeat_(sizeof(Header), '\0') {
+      lost_(new std::atomic<bool>[static_cast<std::size_t>(size)]), rank_numbers_(static_cast<std::size_t>(size)),
+      heartbeat_(sizeof(Header), '\0') {
+  for (int r = 0; r < size; ++r) rank_numbers_[static_cast<std::size_t>(r)] = r;
   TROUPE_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
   Header h;
   h.kind = Kind::heartbeat;
@@ -52,12 +61,37 @@ PeerLiveness::~PeerLiveness() {
   if (!finalized) MPI_Comm_free(&comm_);
 }
 
-void PeerLiveness::declare_lost(int rank, const std::string& why) {
+void PeerLiveness::declare_lost(int rank, const std::string& why, bool tell_others) {
   bool expected = false;
-  if (lost_[static_cast<std::size_t>(rank)].compare_exchange_strong(expected, true)) {
-    any_lost_ = true;
-    on_lost_(rank, why);
+  if (!lost_[static_cast<std::size_t>(rank)].compare_exchange_strong(expected, true)) return;
+  any_lost_ = true;
+  if (tell_others) {
+    // The other ranks do not watch this one: tell each, once. The sends are never
+    // waited on (a dead peer must not stall this thread), so they send from
+    // rank_numbers_, which lives as long as this object.
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_ || lost(r)) continue;
+      MPI_Request request;
+      if (MPI_Isend(&rank_numbers_[static_cast<std::size_t>(rank)], 1, MPI_INT, r, kLostNoticeTag, comm_, &request) ==
+          MPI_SUCCESS) {
+        MPI_Request_free(&request);
+        sent_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
   }
+  on_lost_(rank, why);
+}
+
+int PeerLiveness::successor() const {
+  for (int k = 1; k < size_; ++k)
+    if (int r = (rank_ + k) % size_; !lost(r)) return r;
+  return -1;
+}
+
+int PeerLiveness::predecessor() const {
+  for (int k = 1; k < size_; ++k)
+    if (int r = (rank_ - k + size_) % size_; !lost(r)) return r;
+  return -1;
 }
 
 void PeerLiveness::start() {
@@ -121,19 +155,21 @@ void PeerLiveness::run() {
       for (const pollfd& p : fds)
         if (p.revents != 0)
           for (int r : pidfd_ranks_)
-            if (pidfds_[static_cast<std::size_t>(r)] == p.fd) declare_lost(r, "its process exited (seen on this host)");
+            if (pidfds_[static_cast<std::size_t>(r)] == p.fd)
+              declare_lost(r, "its process exited (seen on this host)", true);
     lock.lock();
   }
 }
 
 void PeerLiveness::beat() {
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || lost(r)) continue;
-    MPI_Request request;
-    // Non-blocking and never waited on: a dead peer must not stall this thread.
-    if (MPI_Isend(heartbeat_.data(), static_cast<int>(heartbeat_.size()), MPI_BYTE, r, kActorTag, comm_, &request) ==
-        MPI_SUCCESS)
-      MPI_Request_free(&request);
+  const int r = successor();
+  if (r < 0) return;
+  MPI_Request request;
+  // Non-blocking and never waited on: a dead peer must not stall this thread.
+  if (MPI_Isend(heartbeat_.data(), static_cast<int>(heartbeat_.size()), MPI_BYTE, r, kActorTag, comm_, &request) ==
+      MPI_SUCCESS) {
+    MPI_Request_free(&request);
+    sent_.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
@@ -142,20 +178,33 @@ void PeerLiveness::receive_beats() {
   for (;;) {
     int flag = 0;
     MPI_Status status;
-    if (MPI_Iprobe(MPI_ANY_SOURCE, kActorTag, comm_, &flag, &status) != MPI_SUCCESS || !flag) return;
-    MPI_Recv(buffer, sizeof buffer, MPI_BYTE, status.MPI_SOURCE, kActorTag, comm_, MPI_STATUS_IGNORE);
+    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &status) != MPI_SUCCESS || !flag) return;
+    if (status.MPI_TAG == kLostNoticeTag) {
+      int lost_rank = -1;
+      MPI_Recv(&lost_rank, 1, MPI_INT, status.MPI_SOURCE, kLostNoticeTag, comm_, MPI_STATUS_IGNORE);
+      if (lost_rank >= 0 && lost_rank < size_ && lost_rank != rank_)
+        declare_lost(lost_rank, "rank " + std::to_string(status.MPI_SOURCE) + ", which watches it, heard nothing from it for " +
+                                    std::to_string(timeout_.count()) + " ms or saw its process exit", false);
+      continue;
+    }
+    MPI_Recv(buffer, sizeof buffer, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
     heard(status.MPI_SOURCE);
   }
 }
 
 void PeerLiveness::check() {
   const auto now = Clock::now().time_since_epoch().count();
-  const auto limit = std::chrono::duration_cast<Clock::duration>(timeout_).count();
-  for (int r = 0; r < size_; ++r) {
-    if (r == rank_ || lost(r)) continue;
-    if (now - last_heard_[static_cast<std::size_t>(r)].load() <= limit) continue;
-    declare_lost(r, "nothing heard from it for " + std::to_string(timeout_.count()) + " ms (its process has probably died)");
+  const int r = predecessor();
+  if (r < 0) return;
+  if (r != watched_) {  // a new predecessor has beaten someone else until now: give it a timeout of grace
+    watched_ = r;
+    last_heard_[static_cast<std::size_t>(r)].store(now);
+    return;
   }
+  const auto limit = std::chrono::duration_cast<Clock::duration>(timeout_).count();
+  if (now - last_heard_[static_cast<std::size_t>(r)].load() <= limit) return;
+  declare_lost(r, "nothing heard from it for " + std::to_string(timeout_.count()) + " ms (its process has probably died)",
+               true);
 }
 
 }  // namespace troupe::actors::detail

@@ -131,6 +131,8 @@ void Runtime::set_liveness_hook(std::function<void()> hook, std::chrono::millise
   liveness_->set_hook(std::move(hook), period);
 }
 
+std::uint64_t Runtime::liveness_messages_sent() const { return liveness_ ? liveness_->messages_sent() : 0; }
+
 std::shared_ptr<detail::ActorCellBase> Runtime::local_actor(std::uint64_t id) const {
   std::shared_lock lock(actors_mutex_);
   auto it = actors_.find(id);

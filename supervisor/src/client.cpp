@@ -190,6 +190,7 @@ void SupervisorClient::heartbeat_loop() {
     beat.has_sequence = sequence != kUnset;
     beat.step = beat.has_step ? step : 0;
     beat.sequence = beat.has_sequence ? sequence : 0;
+    beat.phase = phase();
     std::string lost;
     if (!send_frame(encode(beat)))
       lost = std::string("heartbeats to troupe-run at ") + address_ + " failed: " + std::strerror(errno);

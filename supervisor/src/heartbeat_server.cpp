@@ -130,7 +130,8 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     if (const auto* beat = std::get_if<Heartbeat>(&message)) {
       const Heartbeat& old = status.progress;
       bool changed = beat->has_step != old.has_step || beat->step != old.step ||
-                     beat->has_sequence != old.has_sequence || beat->sequence != old.sequence;
+                     beat->has_sequence != old.has_sequence || beat->sequence != old.sequence ||
+                     beat->phase != old.phase;
       status.progress = *beat;
       if (changed) {
         status.last_progress = status.last_heard;

@@ -99,6 +99,7 @@ std::vector<std::uint8_t> encode(const Message& message) {
           w.u64(m.step);
           w.u64(m.sequence);
           w.u8(static_cast<std::uint8_t>((m.has_step ? 1 : 0) | (m.has_sequence ? 2 : 0)));
+          w.u8(static_cast<std::uint8_t>(m.phase));
         } else if constexpr (std::is_same_v<M, Goodbye>) {
           w.u8(static_cast<std::uint8_t>(MessageKind::goodbye));
         } else {
@@ -155,6 +156,9 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
       if (flags > 3) TROUPE_THROW(FormatError, "supervisor protocol: heartbeat flags ", int{flags}, " not in 0..3");
       b.has_step = flags & 1;
       b.has_sequence = flags & 2;
+      auto phase = r.u8("phase");
+      if (phase >= kPhases) TROUPE_THROW(FormatError, "supervisor protocol: heartbeat phase ", int{phase}, " not in 0..", kPhases - 1);
+      b.phase = static_cast<Phase>(phase);
       r.finish("heartbeat");
       return b;
     }
@@ -166,6 +170,25 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
       return Alive{};
   }
   TROUPE_THROW(FormatError, "supervisor protocol: unknown message kind ", int{kind});
+}
+
+namespace {
+constexpr std::string_view kPhaseNames[kPhases] = {"startup", "training", "evaluation", "checkpoint_save",
+                                                   "checkpoint_load", "data_loading"};
+}  // namespace
+
+std::string_view phase_name(Phase phase) {
+  auto i = static_cast<int>(phase);
+  return i >= 0 && i < kPhases ? kPhaseNames[i] : std::string_view("unknown");
+}
+
+Phase parse_phase(std::string_view name) {
+  std::string choices;
+  for (int i = 0; i < kPhases; ++i) {
+    if (kPhaseNames[i] == name) return static_cast<Phase>(i);
+    choices += (i ? ", " : "") + std::string(kPhaseNames[i]);
+  }
+  TROUPE_THROW(InvalidArgument, "unknown phase '", name, "' (phases: ", choices, ")");
 }
 
 std::string_view kind_name(const Message& message) {

@@ -1,5 +1,6 @@
 #include "troupe/supervisor/run_options.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -92,6 +93,12 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       options.grace = parse_seconds(arg, value(arg), true);
     } else if (arg == "--bind") {
       parse_bind(value(arg), options);
+    } else if (arg == "--phase-timeout") {
+      const std::string& text = value(arg);
+      auto equals = text.find('=');
+      TROUPE_CHECK(equals != std::string::npos, "--phase-timeout '", text, "': expected PHASE=SECONDS");
+      options.phase_timeouts[parse_phase(text.substr(0, equals))] =
+          parse_seconds("--phase-timeout " + text.substr(0, equals), text.substr(equals + 1), false);
     } else if (arg == "--advertise") {
       options.advertise = value(arg);
       TROUPE_CHECK(!options.advertise.empty(), "--advertise: empty address");
@@ -121,6 +128,20 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
   return options;
 }
 
+Seconds phase_timeout(const RunOptions& options, Phase phase) {
+  if (auto given = options.phase_timeouts.find(phase); given != options.phase_timeouts.end()) return given->second;
+  double fallback = 0;
+  switch (phase) {
+    case Phase::training: return options.hang_timeout;
+    case Phase::startup: fallback = 600; break;
+    case Phase::evaluation:
+    case Phase::data_loading: fallback = 1800; break;
+    case Phase::checkpoint_save:
+    case Phase::checkpoint_load: fallback = 3600; break;
+  }
+  return Seconds(std::max(fallback, options.hang_timeout.count()));
+}
+
 std::string usage() {
   return R"(usage: troupe-run -np N [options] [mpirun options] -- program [args...]
 
@@ -132,7 +153,10 @@ options:
   -np N                   ranks (required)
   --max-restarts K        relaunches before giving up (default 3)
   --checkpoint-dir DIR    exported to ranks as TROUPE_CHECKPOINT_DIR (created if missing)
-  --hang-timeout S        no progress (step or collective) for S seconds is a hang (default 180)
+  --hang-timeout S        no progress (step or collective) in training for S seconds is a
+                          hang (default 180)
+  --phase-timeout P=S     the deadline of phase P: startup (default 600), evaluation and
+                          data_loading (1800), checkpoint_save and checkpoint_load (3600)
   --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 2); a rank
                           that hears nothing from troupe-run for as long stops itself
   --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)

@@ -308,6 +308,14 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                                 fixed(options_.hang_timeout.count()) + " s after launch",
                     {}, kBlameLast);
     }
+    // One deadline for the whole job: the longest of the phases its ranks are in. A
+    // rank blocked in a collective while a peer writes a ten-minute checkpoint is
+    // waiting on that peer, not stuck; when every rank trains, the hang timeout rules.
+    Phase phase = Phase::training;
+    for (const auto& rank : ranks)
+      if (rank.registered && phase_timeout(options_, rank.progress.phase) > phase_timeout(options_, phase))
+        phase = rank.progress.phase;
+    auto deadline = std::chrono::duration_cast<Clock::duration>(phase_timeout(options_, phase));
     for (const auto& rank : ranks) {
       if (!rank.registered || !rank.connected || rank.said_goodbye) continue;
       if (now - rank.last_heard > heartbeat_timeout)
@@ -315,9 +323,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                                              " on " + rank.host + ") sent no heartbeat for " +
                                              fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
                     {{"rank", rank.rank}}, rank.host);
-      if (now - rank.last_progress > hang_timeout && !stuck) stuck = &rank;
+      if (now - rank.last_progress > deadline && !stuck) stuck = &rank;
     }
-    if (stuck) report_hang(now);
+    if (stuck) report_hang(now, phase);
   }
 
   // The connected rank silent the longest, if it has missed five heartbeats.
@@ -340,8 +348,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     return std::chrono::milliseconds(std::max<long>(10, std::lround(interval_s * 1000)));
   }
 
-  void report_hang(Clock::time_point now) {
-    HangReport report = describe_hang(server_->ranks(), now, options_.hang_timeout);
+  void report_hang(Clock::time_point now, Phase phase) {
+    HangReport report = describe_hang(server_->ranks(), now, phase_timeout(options_, phase), phase);
     fail("hang", report.detail, {{"ranks", Json::raw(report.ranks_json)}});
   }
 

@@ -2,9 +2,12 @@
 # kill -9 of one rank under mpirun: every waiting caller on the surviving ranks gets
 # an error within the liveness timeout (<= 2 s after the kill) instead of hanging,
 # and the job ends with a message naming the dead rank.
+#
+#   kill_rank_test.sh MPIRUN BINARY [mpirun options...]
 set -u
 mpirun=$1 binary=$2
-out=$("$mpirun" -np 3 --oversubscribe --bind-to none "$binary" 2>&1)
+shift 2
+out=$("$mpirun" -np 3 --oversubscribe --bind-to none "$@" "$binary" 2>&1)
 status=$?
 echo "$out"
 fail() { echo "kill_rank_test: FAILED: $*"; exit 1; }

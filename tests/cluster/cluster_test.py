@@ -135,6 +135,38 @@ def examples(s: Scenario) -> None:
     check(done.returncode == 0, f"parameter_server on {s.nodes} nodes learns: {(done.stdout + done.stderr)[-2000:]}")
 
 
+def kill_rank(s: Scenario) -> None:
+    # One rank per node; rank 2 (node3) is SIGKILLed while ranks 0 and 1 wait on it. No
+    # rank shares its host, so troupe sees the death only on the liveness ring (rank 0
+    # watches rank 2 and tells rank 1). Open MPI may get there first: it ends a rank
+    # whose TCP send to the dead peer fails (rank 1 heartbeats rank 2), and mpirun then
+    # tears the job down. Either way the job must end within seconds, not hang.
+    started = time.time()
+    done = run(["mpirun", "--hostfile", s.hostfile, "-np", "3", "--map-by", "node", "--bind-to", "none",
+                s.binary("tests/actors_kill_rank")], s.env, 60, s.work / "kill_rank.log")
+    took = time.time() - started
+    out = done.stdout + done.stderr
+    print(out[-3000:])
+    check(done.returncode != 0, "the job ended with an error after losing rank 2")
+    ours = re.search(r"rank 0: caller got rank_lost after (\d+) ms", out)
+    theirs = "mpirun noticed that process rank 2" in out
+    check(ours is not None or theirs, "rank 0's caller got rank_lost, or Open MPI tore the job down first")
+    if ours:
+        check(int(ours.group(1)) - 300 <= 2000, f"rank_lost {int(ours.group(1)) - 300} ms after the kill (<= 2 s)")
+    check(took < 10, f"the whole job ended {took:.1f} s after it started (the kill comes at 0.3 s)")
+
+
+def control_plane(s: Scenario) -> None:
+    for n in (16, 32, 64):
+        done = run(["mpirun", "--hostfile", s.hostfile, "-np", str(n), "--oversubscribe", "--map-by", "node",
+                    "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1", s.binary("tests/actors_scale")],
+                   s.env, 240, s.work / f"scale-{n}.log")
+        line = next((l for l in done.stdout.splitlines() if l.startswith("control plane:")), "")
+        print(f"figure: {line}")
+        check(done.returncode == 0 and "FAILED" not in done.stdout,
+              f"{n} ranks across {s.nodes} nodes: {line or (done.stdout + done.stderr)[-2000:]}")
+
+
 def digits_modes(s: Scenario) -> None:
     # Each sharding mode across the nodes, then the same on the head alone: the same
     # parameters bit for bit (the reduction order does not depend on the transport).
@@ -333,7 +365,7 @@ def slurm(s: Scenario) -> None:
         cluster("slurm", "down", timeout=120)
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, examples, digits_modes, node_kill, link_down, node_lost, bad_input, slurm)}
+SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, bad_input, slurm)}
 
 
 def main() -> None:

@@ -45,14 +45,43 @@ TEST(Protocol, HelloAndHeartbeatSurviveARoundTrip) {
   EXPECT_EQ(back.pid, 4242u);
   EXPECT_EQ(back.host, "node-7");
 
-  sv::Heartbeat beat{(1ull << 40) + 7, 99, true, false};
+  sv::Heartbeat beat{(1ull << 40) + 7, 99, true, false, sv::Phase::checkpoint_save};
   auto b = std::get<sv::Heartbeat>(round_trip(beat));
   EXPECT_EQ(b.step, beat.step);
   EXPECT_EQ(b.sequence, 99u);
   EXPECT_TRUE(b.has_step);
   EXPECT_FALSE(b.has_sequence);
+  EXPECT_EQ(b.phase, sv::Phase::checkpoint_save);
   EXPECT_EQ(std::get<sv::Refused>(round_trip(sv::Refused{"wrong token"})).reason, "wrong token");
   EXPECT_TRUE(std::holds_alternative<sv::Goodbye>(round_trip(sv::Goodbye{})));
+  EXPECT_TRUE(std::holds_alternative<sv::Alive>(round_trip(sv::Alive{})));
+}
+
+TEST(Protocol, PhasesHaveNamesAndAnUnknownOneIsRefused) {
+  for (int i = 0; i < sv::kPhases; ++i)
+    EXPECT_EQ(sv::parse_phase(sv::phase_name(static_cast<sv::Phase>(i))), static_cast<sv::Phase>(i));
+  EXPECT_NE(error_of([] { sv::parse_phase("saving"); }).find("unknown phase 'saving' (phases: startup, training"),
+            std::string::npos);
+  // A heartbeat whose phase byte is out of range is a format error, not a crash.
+  auto frame = sv::encode(sv::Heartbeat{});
+  frame.back() = 77;
+  EXPECT_NE(error_of([&] { sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader); })
+                .find("heartbeat phase 77"),
+            std::string::npos);
+}
+
+TEST(RunOptions, EachPhaseHasADeadlineAndTrainingTakesTheHangTimeout) {
+  auto o = parse({"-np", "2", "--hang-timeout", "30", "--phase-timeout", "checkpoint_save=7200", "--", "x"});
+  EXPECT_DOUBLE_EQ(sv::phase_timeout(o, sv::Phase::training).count(), 30);
+  EXPECT_DOUBLE_EQ(sv::phase_timeout(o, sv::Phase::checkpoint_save).count(), 7200);
+  EXPECT_DOUBLE_EQ(sv::phase_timeout(o, sv::Phase::evaluation).count(), 1800);
+  EXPECT_DOUBLE_EQ(sv::phase_timeout(o, sv::Phase::startup).count(), 600);
+  auto slow = parse({"-np", "2", "--hang-timeout", "5000", "--", "x"});  // never below the hang timeout
+  EXPECT_DOUBLE_EQ(sv::phase_timeout(slow, sv::Phase::checkpoint_load).count(), 5000);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--phase-timeout", "saving=3", "--", "x"}); }).find("unknown phase 'saving'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--phase-timeout", "evaluation", "--", "x"}); }).find("PHASE=SECONDS"),
+            std::string::npos);
 }
 
 TEST(Protocol, AHugeOrEmptyLengthPrefixIsRefusedBeforeAnyAllocation) {

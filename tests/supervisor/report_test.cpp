@@ -18,6 +18,7 @@ sv::RankStatus rank_at(int rank, std::uint64_t step, std::optional<std::uint64_t
   r.progress.step = step;
   r.progress.has_sequence = sequence.has_value();
   r.progress.sequence = sequence.value_or(0);
+  r.progress.phase = sv::Phase::training;
   r.last_progress = since;
   return r;
 }
@@ -30,7 +31,8 @@ TEST(HangReport, NamesTheRanksThatNeverEnteredTheCollectiveTheOthersWaitIn) {
                                        rank_at(2, 12, 24, now - 2s), rank_at(3, 12, 25, now - 2s)};
   auto report = sv::describe_hang(ranks, now, sv::Seconds(1.5));
   EXPECT_EQ(report.behind, (std::vector<int>{0, 2}));
-  EXPECT_NE(report.detail.find("no progress for 1.50 s: rank 0 at step 12 in collective 24 (still for 2.00 s);"),
+  EXPECT_NE(report.detail.find("no progress for 1.50 s in training: rank 0 at step 12 in collective 24 (training, "
+                               "still for 2.00 s);"),
             std::string::npos) << report.detail;
   EXPECT_NE(report.detail.find("behind: rank 0 rank 2 (never entered collective 25)"), std::string::npos)
       << report.detail;

@@ -199,7 +199,7 @@ def hostile(args, check: Check) -> None:
     def s16(b: bytes) -> bytes:
         return struct.pack("<H", len(b)) + b
     run_id = run.of("start")[0]["run_id"].encode()
-    hello = bytes([1]) + struct.pack("<H", 1) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
+    hello = bytes([1]) + struct.pack("<H", 2) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
     answer = send(frame(hello))
     check(b"wrong token" in answer, f"a hello with a guessed token is answered 'wrong token': {answer!r}")
     send(b"\xff\xff\xff\xff" + os.urandom(64))
@@ -331,8 +331,33 @@ def bad_flags(args, check: Check) -> None:
           f"a malformed TROUPE_FAULT is named by the ranks and the job fails (exit {p.returncode}): {p.stderr}")
 
 
+def slow_save(args, check: Check) -> None:
+    # Saves of 2 s on every rank against a 1 s hang timeout: a slow phase, not a hang.
+    steps = 12
+    run = Run(args, "slow_save", None, ["--backoff", "0", "--grace", "1", "--hang-timeout", "1", "--max-restarts", "0"],
+              steps=steps, program=[args.trainer, "--steps", str(steps), "--save-every", "5", "--step-ms", "20",
+                                    "--save-ms", "2000"])
+    check(run.code == 0 and not run.of("failure"), f"finished without a failure (exit {run.code}): {run.of('failure')}")
+    check(run.result() == expected_value(steps), f"final value {run.result()} == {expected_value(steps)}")
+
+
+def stuck_save(args, check: Check) -> None:
+    # The same saves past a 1.5 s checkpoint_save deadline: a hang, named with its phase.
+    run = Run(args, "stuck_save", None, ["--backoff", "0", "--grace", "1", "--hang-timeout", "1", "--max-restarts", "0",
+                                         "--phase-timeout", "checkpoint_save=1.5"],
+              steps=12, program=[args.trainer, "--steps", "12", "--save-every", "5", "--step-ms", "20",
+                                 "--save-ms", "4000"])
+    failures = run.of("failure")
+    check(run.code == 1 and len(failures) == 1 and failures[0]["cause"] == "hang", f"one failure, a hang: {failures}")
+    detail = failures[0]["detail"]
+    check("no progress for 1.50 s in checkpoint_save" in detail and "(checkpoint_save on " in detail,
+          f"the report names the phase and the host: {detail}")
+    check(all(r["phase"] == "checkpoint_save" and r["step"] == 4 for r in failures[0]["ranks"]),
+          f"every rank in checkpoint_save after step 4: {failures[0]['ranks']}")
+
+
 SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "unregistered": unregistered, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
-             "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
+             "slow_save": slow_save, "stuck_save": stuck_save, "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
 
 
 def main() -> None:

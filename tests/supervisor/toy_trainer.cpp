@@ -36,6 +36,7 @@ struct Args {
   std::int64_t save_every = 5;
   int step_ms = 10;
   int no_client_rank = -1;  // this rank does not register (tests the registration timeout)
+  int save_ms = 0;  // every save takes this long, on every rank, in the checkpoint_save phase
 };
 
 Args parse(int argc, char** argv) {
@@ -48,6 +49,7 @@ Args parse(int argc, char** argv) {
     else if (flag == "--save-every") args.save_every = value;
     else if (flag == "--step-ms") args.step_ms = static_cast<int>(value);
     else if (flag == "--no-client-rank") args.no_client_rank = static_cast<int>(value);
+    else if (flag == "--save-ms") args.save_ms = static_cast<int>(value);
     else TROUPE_CHECK(false, "toy_trainer: unknown flag ", flag);
   }
   TROUPE_CHECK(args.steps >= 0 && args.save_every > 0 && args.step_ms >= 0, "toy_trainer: bad arguments");
@@ -94,8 +96,11 @@ void train(const troupe::mpi::Environment& mpi, const Args& args, const sv::RunE
     if (client) client->report_collective(comm->next_sequence());
     comm->allreduce(coll::Buffer(&contribution, 1));
     state[1] = (state[1] * 31 + contribution) % 1000003;
-    if (rank == 0 && !run.checkpoint_dir.empty() && (step + 1) % args.save_every == 0)
-      save(run.checkpoint_dir, step + 1, state[1]);
+    if (!run.checkpoint_dir.empty() && (step + 1) % args.save_every == 0) {
+      sv::PhaseScope saving(client, sv::Phase::checkpoint_save);
+      std::this_thread::sleep_for(std::chrono::milliseconds(args.save_ms));  // a slow file system
+      if (rank == 0) save(run.checkpoint_dir, step + 1, state[1]);
+    }
   }
   comm->barrier();
   if (rank == 0) {

@@ -185,6 +185,9 @@ class Runtime {
   // Called from the runtime's heartbeat thread about every `period` while it runs, so
   // a supervisor can receive heartbeats. One hook; a new one replaces it.
   void set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period);
+  // Liveness messages (ring heartbeats and loss notices) this rank has sent: about one
+  // per heartbeat period, whatever the number of ranks.
+  std::uint64_t liveness_messages_sent() const;
 
   // ---- used by ActorRef and the templates above; not for application code ----
   void send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,

@@ -5,6 +5,7 @@
 //
 //   auto env = troupe::supervisor::run_environment();
 //   auto client = troupe::supervisor::SupervisorClient::connect_if_supervised(env, rank, size);
+//   { troupe::supervisor::PhaseScope loading(client.get(), Phase::checkpoint_load); resume(); }
 //   for (step...) {
 //     if (client) client->report_step(step);             // an atomic store, ~1 ns
 //     if (client) client->report_collective(comm.next_sequence());  // before a collective
@@ -42,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "troupe/supervisor/protocol.hpp"
 #include "troupe/supervisor/run_environment.hpp"
 
 namespace troupe::supervisor {
@@ -72,8 +74,16 @@ class SupervisorClient {
   void report_step(std::uint64_t step) noexcept {
     bool first = step_.load(std::memory_order_relaxed) == kUnset;
     step_.store(step, std::memory_order_relaxed);
-    if (first) wake_first_step();
+    if (first) {
+      if (phase() == Phase::startup) report_phase(Phase::training);
+      wake_first_step();
+    }
   }
+  // What the rank is doing (protocol.hpp): troupe-run holds each phase to its own
+  // deadline. A rank starts in `startup` and its first report_step moves it to
+  // `training`; PhaseScope marks the others.
+  void report_phase(Phase phase) noexcept { phase_.store(static_cast<std::uint8_t>(phase), std::memory_order_relaxed); }
+  Phase phase() const noexcept { return static_cast<Phase>(phase_.load(std::memory_order_relaxed)); }
   // The sequence number of the collective the rank is about to enter (call it before
   // the collective, so a rank stuck inside one reports the one it is stuck in).
   void report_collective(std::uint64_t sequence) noexcept {
@@ -107,12 +117,32 @@ class SupervisorClient {
   std::atomic<std::uint64_t> step_{kUnset};
   std::atomic<std::uint64_t> sequence_{kUnset};
   std::atomic<std::uint64_t> sent_{0};
+  std::atomic<std::uint8_t> phase_{static_cast<std::uint8_t>(Phase::startup)};
   std::mutex mutex_;  // guards stop_ and the socket's writes
   std::condition_variable wake_;
   bool stop_ = false;
   bool first_step_ = false;  // a first step was reported and not yet sent
   std::thread thread_;
   int uncaught_at_start_ = 0;  // std::uncaught_exceptions() when constructed
+};
+
+// Reports `phase` for as long as it lives, then the phase before it. A null client (not
+// under troupe-run) makes it do nothing, so callers need no `if`.
+class PhaseScope {
+ public:
+  PhaseScope(SupervisorClient* client, Phase phase) noexcept
+      : client_(client), before_(client ? client->phase() : Phase::startup) {
+    if (client_) client_->report_phase(phase);
+  }
+  ~PhaseScope() {
+    if (client_) client_->report_phase(before_);
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  SupervisorClient* client_;
+  Phase before_;
 };
 
 }  // namespace troupe::supervisor

@@ -14,15 +14,19 @@
 namespace troupe::supervisor {
 
 struct HangReport {
-  // "no progress for 1.50 s: rank 0 at step 12 in collective 12 (still for 1.52 s); rank 1
-  //  at step 12 in collective 13 (still for 1.52 s); behind: rank 0 (never entered collective 13)"
+  // "no progress for 1.50 s in training: rank 0 at step 12 in collective 12 (training on
+  //  node1, still for 1.52 s); rank 1 at step 12 in collective 13 (training on node2, still
+  //  for 1.52 s); behind: rank 0 (never entered collective 13)"
   std::string detail;
-  // [{"rank": 0, "step": 12, "collective": 12, "stalled_s": 1.52}, ...] for the events log
+  // [{"rank": 0, "step": 12, "collective": 12, "stalled_s": 1.52, "phase": "training",
+  //   "host": "node1"}, ...] for the events log
   std::string ranks_json;
   // Ranks at the lowest collective number, when the ranks disagree; empty otherwise.
   std::vector<int> behind;
 };
 
-HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout);
+// `timeout` is the deadline the stuck rank missed, the one of its `phase`.
+HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout,
+                         Phase phase = Phase::training);
 
 }  // namespace troupe::supervisor

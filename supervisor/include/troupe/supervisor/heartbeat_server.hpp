@@ -44,7 +44,7 @@ struct RankStatus {
   std::uint32_t pid = 0;
   std::string peer;  // the connection's remote address
   Clock::time_point last_heard{};
-  Clock::time_point last_progress{};  // when (has_step, step, has_sequence, sequence) last changed
+  Clock::time_point last_progress{};  // when (step, collective, phase) last changed
   Heartbeat progress;
 };
 

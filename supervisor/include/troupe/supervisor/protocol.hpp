@@ -22,7 +22,7 @@
 
 namespace troupe::supervisor {
 
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: heartbeats carry a phase
 // Largest payload either side accepts. A Hello with a 255-byte host name fits easily.
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
@@ -45,6 +45,22 @@ struct Refused {
   std::string reason;
 };
 
+// What a rank is doing. Each phase has its own deadline in troupe-run
+// (RunOptions::phase_timeouts): a ten-minute save is not a hang, a stuck collective in
+// the middle of training still is.
+enum class Phase : std::uint8_t {
+  startup = 0,          // connected, before its first step (MPI, data, model)
+  training = 1,         // steps; the hang timeout applies
+  evaluation = 2,
+  checkpoint_save = 3,
+  checkpoint_load = 4,  // resume
+  data_loading = 5,
+};
+inline constexpr int kPhases = 6;
+std::string_view phase_name(Phase phase);
+// "checkpoint_save" -> Phase::checkpoint_save; throws InvalidArgument naming the choices.
+Phase parse_phase(std::string_view name);
+
 // Progress as the rank last reported it. `step` and `sequence` are meaningful only
 // when their flag is set (a rank that has not reached its first step has none).
 struct Heartbeat {
@@ -52,6 +68,7 @@ struct Heartbeat {
   std::uint64_t sequence = 0;  // the last collective the rank entered
   bool has_step = false;
   bool has_sequence = false;
+  Phase phase = Phase::startup;
 };
 
 struct Goodbye {};

@@ -10,8 +10,11 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
+
+#include "troupe/supervisor/protocol.hpp"
 
 namespace troupe::supervisor {
 
@@ -27,6 +30,9 @@ struct RunOptions {
   // Below the collectives' own timeout (5 min, whose watchdog aborts the job), so a
   // hang is reported with every rank's position before that abort hides it.
   Seconds hang_timeout{180};
+  // Deadlines of the other phases (protocol.hpp), from --phase-timeout NAME=S; a phase
+  // not named gets phase_timeout()'s default.
+  std::map<Phase, Seconds> phase_timeouts;
   // A connected rank not heard from for this long is dead even if its socket is open
   // (a stopped process, a partitioned node: no FIN ever comes). Ranks heartbeat every
   // 0.1 s from a thread of their own, so 2 s is 20 missed beats, and a silent node is
@@ -60,6 +66,12 @@ struct RunOptions {
   std::vector<std::string> program;
   bool help = false;
 };
+
+// How long a rank may stay in `phase` without progress: --phase-timeout, else
+// --hang-timeout for training, else the longer of --hang-timeout and a default that
+// fits the phase (startup 600 s, evaluation and data loading 1800 s, checkpoint save
+// and load 3600 s).
+Seconds phase_timeout(const RunOptions& options, Phase phase);
 
 // Parses argv (argv[0] excluded). Throws InvalidArgument with a message naming the
 // flag and value; troupe-run prints it with usage() and exits with status 2.

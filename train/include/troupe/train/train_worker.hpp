@@ -228,6 +228,7 @@ class TrainWorker {
   // the state afterwards; step 0 when there was nothing to resume from.
   WorkerState resume() {
     begin_call("resume");
+    supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_load);
     if (checkpoint_) checkpoint_->resume();
     return state();
   }
@@ -238,6 +239,7 @@ class TrainWorker {
   void save_checkpoint() {
     begin_call("save_checkpoint");
     TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
+    supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
     checkpoint_->save(state_->step, state_->epoch);
   }
 
@@ -288,6 +290,7 @@ class TrainWorker {
   // This rank's strided share of the test set (no padding: every sample once overall).
   EvalResult evaluate() {
     begin_call("evaluate");
+    supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::evaluation);
     model_->eval();
     EvalResult result;
     std::vector<std::int64_t> mine;
@@ -435,6 +438,7 @@ class TrainWorker {
     }
     fault_.at_step(step);
     if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
+      supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
       checkpoint_->save(state_->step, state_->epoch);
     }
   }
