@@ -13,11 +13,26 @@ import sys
 from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
-AREA_ORDER = ["tensor", "train", "sharding", "gpu", "actors", "collectives", "checkpoint", "supervisor"]
+AREA_ORDER = ["tensor", "train", "sharding", "gpu", "actors", "collectives", "checkpoint", "supervisor", "cluster"]
 
 # What a reader needs to know to read an area's table: how work is counted and where
 # a target comes from. Kept here, beside the table, rather than in each program.
 AREA_NOTES = {
+    "cluster": """\
+Issue 21's figures, across the 3 nodes of the virtual cluster (`scripts/cluster`: a
+network + UTS namespace a node on one bridge, on this 2-core machine), from
+`bench/cluster_area.py`. The job is the toy of tests/supervisor (20 ms steps, an int64
+all-reduce a step, a save every 5 steps), one rank a node, and its PyTorch twin under
+torchrun; a node is killed with `scripts/cluster kill` once step 40 is saved, and
+"first resumed step" is the wall-clock time the relaunched rank 0 prints, minus the
+time of the kill. Median of 3 runs of each, troupe's and the baseline's one after the
+other in the same bench run. "Node killed" relaunches on the same 3 nodes (troupe-run,
+or a shell loop rerunning mpirun when it exits); "node lost for good" goes on with 2
+ranks (troupe-run `--exclude-after 1 --min-ranks 2`, torchrun `--nnodes 2:3` with a c10d
+rendezvous on node1 and an agent a node). "Link down" cuts node3's link (no FIN) and
+heals it once troupe-run reports the failure. The control plane rows run 64 ranks
+oversubscribed on the 2 cores (tests/actors/scale_main.cpp); the allreduce and
+allgather rows are one round (`collectives_bench --quick`) across the nodes.""",
     "gpu": """\
 Issue 11's figures on one NVIDIA GPU, from `scripts/gpu-check` on the GPU machine
 (not `bench/run`: this machine has no GPU), which runs `bench/gpu_bench.cpp` and its

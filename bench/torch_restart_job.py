@@ -31,7 +31,7 @@ def main() -> None:
     start, value = int(state[0]), int(state[1])
     for step in range(start, steps):
         if rank == 0 and step == start:
-            print(f"toy_trainer: first step {step} at t={time.time():.6f}", flush=True)
+            print(f"toy_trainer: first step {step} at t={time.time():.6f} ({dist.get_world_size()} ranks)", flush=True)
         if restart == 0 and rank == fault_rank and step == fault_step:
             print(f"troupe fault: crash on rank {rank} at step {step} (pid {os.getpid()}, t={time.time():.6f})",
                   flush=True)

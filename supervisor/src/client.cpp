@@ -209,10 +209,11 @@ void SupervisorClient::heartbeat_loop() {
 std::string SupervisorClient::check_answers() {
   auto now = std::chrono::steady_clock::now();
   std::uint8_t buffer[256];
-  for (;;) {  // only Alive frames come after Welcome: any byte means troupe-run hears us
+  for (;;) {  // Alive and Stop frames come after Welcome
     ssize_t got = ::recv(fd_, buffer, sizeof buffer, MSG_DONTWAIT);
     if (got > 0) {
       last_answer_ = now;
+      answers_.insert(answers_.end(), buffer, buffer + got);
       continue;
     }
     if (got == 0) return "troupe-run at " + address_ + " closed the connection";
@@ -220,10 +221,23 @@ std::string SupervisorClient::check_answers() {
     if (errno == EAGAIN || errno == EWOULDBLOCK) break;
     return "the connection to troupe-run at " + address_ + " failed: " + std::strerror(errno);
   }
+  while (answers_.size() >= kFrameHeader) {
+    std::size_t length = 0;
+    try {
+      length = decode_length(answers_.data());
+    } catch (const FormatError& e) {
+      return std::string("troupe-run at ") + address_ + " sent a malformed frame: " + e.what();
+    }
+    if (answers_.size() < kFrameHeader + length) break;
+    if (answers_[kFrameHeader] == static_cast<std::uint8_t>(MessageKind::stop))
+      return "troupe-run at " + address_ + " is stopping the job";
+    answers_.erase(answers_.begin(), answers_.begin() + static_cast<std::ptrdiff_t>(kFrameHeader + length));
+  }
   if (supervisor_timeout_.count() > 0 && now - last_answer_ > supervisor_timeout_)
     return "no answer from troupe-run at " + address_ + " for " +
            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - last_answer_).count()) +
-           " ms";
+           " ms: it has given this rank up (a partition) or is gone, and relaunches the job without it; ending "
+           "this rank so that the job is not left in two halves";
   return {};
 }
 
@@ -233,9 +247,7 @@ void SupervisorClient::lose_supervisor(const std::string& why) {
     return;
   }
   if (on_lost_) return on_lost_(why);
-  std::cerr << "troupe supervisor client: " << why << "; troupe-run has given this rank up (partitioned, or "
-            << "troupe-run is gone): stopping it so that the job is not left in two halves\n"
-            << std::flush;
+  std::cerr << "troupe supervisor client: " << why << "\n" << std::flush;
   ::kill(::getpid(), SIGKILL);
 }
 

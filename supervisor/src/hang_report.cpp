@@ -17,6 +17,14 @@ std::string fixed2(double v) {
 
 }  // namespace
 
+Phase deadline_phase(const std::vector<RankStatus>& ranks, const RunOptions& options) {
+  Phase phase = Phase::training;
+  for (const auto& rank : ranks)
+    if (rank.registered && phase_timeout(options, rank.progress.phase) > phase_timeout(options, phase))
+      phase = rank.progress.phase;
+  return phase;
+}
+
 HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout,
                          Phase phase) {
   HangReport report;

@@ -65,6 +65,10 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
 
   bool awaiting_hello() const { return rank_ < 0 && !closed_; }
 
+  void send_stop() {
+    if (rank_ >= 0 && !closed_) send(Stop{}, false);
+  }
+
   // Refuses before reading anything (too many connections waiting).
   void refuse_now(const std::string& reason) { refuse(reason); }
 
@@ -243,6 +247,11 @@ std::string HeartbeatServer::address() const {
 }
 
 unsigned short HeartbeatServer::port() const { return acceptor_.local_endpoint().port(); }
+
+void HeartbeatServer::stop_ranks() {
+  for (auto& weak : connections_)
+    if (auto c = weak.lock()) c->send_stop();
+}
 
 void HeartbeatServer::begin_launch(std::uint32_t restart, int world_size) {
   for (auto& weak : connections_)

@@ -1,6 +1,9 @@
 #include "troupe/supervisor/host_pool.hpp"
 
 #include <algorithm>
+#include <fstream>
+
+#include "troupe/error.hpp"
 
 namespace troupe::supervisor {
 
@@ -38,6 +41,15 @@ std::vector<JobHost> HostPool::remaining() const {
     left.push_back(h);
   }
   return left;
+}
+
+void HostPool::write_hostfile(const std::string& path) const {
+  std::ofstream out(path, std::ios::trunc);
+  out << "# written by troupe-run: " << hosts_.source << " without the hosts left out\n";
+  for (const auto& host : remaining())
+    out << host.name << (host.slots > 0 ? " slots=" + std::to_string(host.slots) : "") << "\n";
+  out.close();
+  if (!out) TROUPE_THROW(Error, "troupe-run: cannot write the hostfile ", path);
 }
 
 HostPool::Plan HostPool::plan_next_launch() {

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -66,6 +67,13 @@ bool is_loopback(const sockaddr* address) {
   if (address->sa_family == AF_INET6)
     return IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr);
   return false;
+}
+
+bool is_loopback_literal(const std::string& host) {
+  in6_addr v6{};
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 }  // namespace
@@ -160,6 +168,33 @@ std::string route_source_address(const std::string& host) {
   if (!error.empty()) TROUPE_THROW(InvalidArgument, "no route from this host to '", host, "' (", target, "): ", error);
   ::inet_ntop(AF_INET, &own.sin_addr, text, sizeof text);
   return text;
+}
+
+void choose_heartbeat_address(RunOptions& options, const JobHosts& hosts) {
+  std::vector<std::string> remote;
+  for (const auto& host : hosts.hosts)
+    if (!is_this_host(host.name) && std::find(remote.begin(), remote.end(), host.name) == remote.end())
+      remote.push_back(host.name);
+  std::string names;
+  for (const auto& name : remote) names += (names.empty() ? "" : ", ") + name;
+  if (options.bind_host.empty()) options.bind_host = remote.empty() ? "127.0.0.1" : "0.0.0.0";
+  if (remote.empty()) return;
+  if (is_loopback_literal(options.bind_host))
+    TROUPE_THROW(InvalidArgument, "--bind ", options.bind_host, " is a loopback address, but ", hosts.source,
+                 " puts ranks on ", names, ", which cannot reach it; leave --bind out (troupe-run then listens on "
+                 "every interface) or give an address those hosts reach");
+  // Every remote host must resolve, and have a route, before a launch is tried.
+  std::string route;
+  for (const auto& name : remote) {
+    try {
+      auto source = route_source_address(name);
+      if (route.empty()) route = source;
+    } catch (const InvalidArgument& e) {
+      TROUPE_THROW(InvalidArgument, hosts.source, ": ", e.what());
+    }
+  }
+  bool wildcard = options.bind_host == "0.0.0.0" || options.bind_host == "::";
+  if (options.advertise.empty() && wildcard) options.advertise = route;
 }
 
 }  // namespace troupe::supervisor

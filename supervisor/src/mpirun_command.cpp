@@ -24,4 +24,24 @@ std::vector<std::string> mpirun_command(const RunOptions& options, const std::st
   return command;
 }
 
+RunOptions launch_options(const RunOptions& options, const HostPool& pool, const std::string& hostfile) {
+  RunOptions launch = options;
+  launch.np = pool.np();
+  if (!pool.hosts_changed()) return launch;
+  static const std::vector<std::string> host_flags = {"--hostfile", "-hostfile", "--machinefile", "-machinefile",
+                                                      "--host", "-host", "-H"};
+  launch.mpirun_args.clear();
+  for (std::size_t i = 0; i < options.mpirun_args.size(); ++i) {
+    if (std::find(host_flags.begin(), host_flags.end(), options.mpirun_args[i]) != host_flags.end()) {
+      ++i;  // and its value
+      continue;
+    }
+    launch.mpirun_args.push_back(options.mpirun_args[i]);
+  }
+  pool.write_hostfile(hostfile);
+  launch.mpirun_args.push_back("--hostfile");
+  launch.mpirun_args.push_back(hostfile);
+  return launch;
+}
+
 }  // namespace troupe::supervisor

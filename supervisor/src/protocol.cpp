@@ -102,8 +102,10 @@ std::vector<std::uint8_t> encode(const Message& message) {
           w.u8(static_cast<std::uint8_t>(m.phase));
         } else if constexpr (std::is_same_v<M, Goodbye>) {
           w.u8(static_cast<std::uint8_t>(MessageKind::goodbye));
-        } else {
+        } else if constexpr (std::is_same_v<M, Alive>) {
           w.u8(static_cast<std::uint8_t>(MessageKind::alive));
+        } else {
+          w.u8(static_cast<std::uint8_t>(MessageKind::stop));
         }
       },
       message);
@@ -168,6 +170,9 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
     case MessageKind::alive:
       r.finish("alive");
       return Alive{};
+    case MessageKind::stop:
+      r.finish("stop");
+      return Stop{};
   }
   TROUPE_THROW(FormatError, "supervisor protocol: unknown message kind ", int{kind});
 }
@@ -192,7 +197,7 @@ Phase parse_phase(std::string_view name) {
 }
 
 std::string_view kind_name(const Message& message) {
-  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat", "goodbye", "alive"};
+  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat", "goodbye", "alive", "stop"};
   return names[message.index()];
 }
 

@@ -157,7 +157,7 @@ options:
                           hang (default 180)
   --phase-timeout P=S     the deadline of phase P: startup (default 600), evaluation and
                           data_loading (1800), checkpoint_save and checkpoint_load (3600)
-  --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 2); a rank
+  --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 1.5); a rank
                           that hears nothing from troupe-run for as long stops itself
   --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)
   --grace S               SIGTERM to SIGKILL when stopping the job (default 3)

@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -70,45 +69,6 @@ std::string this_host() {
   return name;
 }
 
-bool is_loopback_address(const std::string& host) {
-  boost::system::error_code ec;
-  auto address = asio::ip::make_address(host, ec);
-  return !ec && address.is_loopback();
-}
-
-// Where the heartbeat server listens and what ranks are told, from the job's hosts:
-// ranks on other hosts can reach neither a loopback address nor this host's name when
-// it resolves to one (as Debian's /etc/hosts makes it), so troupe-run listens on every
-// interface and hands out its address on the route to them. A loopback --bind with
-// remote ranks is a configuration error, said before anything is launched.
-void choose_heartbeat_address(RunOptions& options, const JobHosts& hosts) {
-  std::vector<std::string> remote;
-  for (const auto& host : hosts.hosts)
-    if (!is_this_host(host.name) && std::find(remote.begin(), remote.end(), host.name) == remote.end())
-      remote.push_back(host.name);
-  std::string names;
-  for (const auto& name : remote) names += (names.empty() ? "" : ", ") + name;
-  if (options.bind_host.empty()) options.bind_host = remote.empty() ? "127.0.0.1" : "0.0.0.0";
-  if (remote.empty()) return;
-  if (is_loopback_address(options.bind_host))
-    TROUPE_THROW(InvalidArgument, "--bind ", options.bind_host, " is a loopback address, but ", hosts.source,
-                 " puts ranks on ", names, ", which cannot reach it; leave --bind out (troupe-run then listens on "
-                 "every interface) or give an address those hosts reach");
-  // Every remote host must resolve, and have a route, before a launch is tried.
-  std::string route;
-  for (const auto& name : remote) {
-    try {
-      auto source = route_source_address(name);
-      if (route.empty()) route = source;
-    } catch (const InvalidArgument& e) {
-      TROUPE_THROW(InvalidArgument, hosts.source, ": ", e.what());
-    }
-  }
-  boost::system::error_code ec;
-  bool wildcard = asio::ip::make_address(options.bind_host, ec).is_unspecified();
-  if (options.advertise.empty() && wildcard) options.advertise = route;
-}
-
 
 }  // namespace
 
@@ -127,7 +87,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         grace_timer_(io_),
         backoff_timer_(io_) {
     auto hosts = job_hosts(options_);
-    choose_heartbeat_address(options_, hosts);
+    choose_heartbeat_address(options_, hosts);  // throws InvalidArgument for hosts that cannot work
     pool_ = std::make_unique<HostPool>(std::move(hosts), options_.np, options_.exclude_after, options_.min_ranks);
     if (!options_.checkpoint_dir.empty()) {
       std::error_code ec;
@@ -170,6 +130,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   }
 
   void on_rank_lost(const RankStatus& rank, const std::string& reason) override {
+    if (state_ == State::stopping) {
+      if (every_rank_gone()) ranks_exited();
+      return;
+    }
     fail("rank_lost", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
                           "): " + reason + at_step(rank),
          {{"rank", rank.rank}}, rank.host);
@@ -234,7 +198,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
       env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     }
-    auto command = mpirun_command(launch_options(), mpirun_, exported, std::max(1u, std::thread::hardware_concurrency()));
+    auto hostfile = (options_.checkpoint_dir.empty() ? fs::temp_directory_path().string() : options_.checkpoint_dir) +
+                    "/troupe-run-hosts-" + run_id_;
+    auto command = mpirun_command(launch_options(options_, *pool_, hostfile), mpirun_, exported,
+                                  std::max(1u, std::thread::hardware_concurrency()));
     launched_ = Clock::now();
     try {
       job_ = std::make_unique<Job>(io_, command, env);
@@ -247,36 +214,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     events_->write("launch", {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
     job_->on_exit([this](int status) { job_exited(status); });
     schedule_tick();
-  }
-
-  // The options of this launch: -np and the hosts shrink when hosts were left out,
-  // and mpirun then gets a hostfile of the remaining ones instead of the user's.
-  RunOptions launch_options() {
-    RunOptions launch = options_;
-    launch.np = pool_->np();
-    if (!pool_->hosts_changed()) return launch;
-    std::vector<std::string> args;
-    static const std::vector<std::string> host_flags = {"--hostfile", "-hostfile", "--machinefile", "-machinefile",
-                                                        "--host", "-host", "-H"};
-    for (std::size_t i = 0; i < options_.mpirun_args.size(); ++i) {
-      if (std::find(host_flags.begin(), host_flags.end(), options_.mpirun_args[i]) != host_flags.end()) {
-        ++i;  // and its value
-        continue;
-      }
-      args.push_back(options_.mpirun_args[i]);
-    }
-    std::string path = (options_.checkpoint_dir.empty() ? fs::temp_directory_path().string() : options_.checkpoint_dir) +
-                       "/troupe-run-hosts-" + run_id_;
-    std::ofstream out(path, std::ios::trunc);
-    out << "# written by troupe-run: " << pool_->source() << " without the hosts left out\n";
-    for (const auto& host : pool_->remaining())
-      out << host.name << (host.slots > 0 ? " slots=" + std::to_string(host.slots) : "") << "\n";
-    out.close();
-    if (!out) TROUPE_THROW(Error, "troupe-run: cannot write the hostfile ", path);
-    args.push_back("--hostfile");
-    args.push_back(path);
-    launch.mpirun_args = std::move(args);
-    return launch;
   }
 
   // The watchdog: heartbeats and progress of every live rank, a few times per timeout.
@@ -308,13 +245,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                                 fixed(options_.hang_timeout.count()) + " s after launch",
                     {}, kBlameLast);
     }
-    // One deadline for the whole job: the longest of the phases its ranks are in. A
-    // rank blocked in a collective while a peer writes a ten-minute checkpoint is
-    // waiting on that peer, not stuck; when every rank trains, the hang timeout rules.
-    Phase phase = Phase::training;
-    for (const auto& rank : ranks)
-      if (rank.registered && phase_timeout(options_, rank.progress.phase) > phase_timeout(options_, phase))
-        phase = rank.progress.phase;
+    const Phase phase = deadline_phase(ranks, options_);
     auto deadline = std::chrono::duration_cast<Clock::duration>(phase_timeout(options_, phase));
     for (const auto& rank : ranks) {
       if (!rank.registered || !rank.connected || rank.said_goodbye) continue;
@@ -414,6 +345,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     // mpirun takes over a second to act on a signal, so the ranks are told directly.
     signal_ranks(SIGTERM);
     job_->signal_group(SIGTERM);
+    server_->stop_ranks();  // ranks on other hosts too, at once
     grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.grace));
     grace_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || !job_) return;
@@ -457,6 +389,18 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   bool all_ranks_exited() const {
     return std::all_of(rank_processes_.begin(), rank_processes_.end(),
                        [](const auto& process) { return process && process->exited; });
+  }
+
+  // While stopping: every rank has closed its connection (it exited), or has been
+  // silent for the heartbeat timeout -- behind a partition, where it fences itself and
+  // where mpirun cannot reach its daemon, so that waiting for mpirun would only wait
+  // out --grace. This covers ranks on other hosts, which have no pidfd here.
+  bool every_rank_gone() const {
+    auto now = Clock::now();
+    auto silent_for = std::chrono::duration_cast<Clock::duration>(options_.heartbeat_timeout);
+    return std::all_of(server_->ranks().begin(), server_->ranks().end(), [&](const RankStatus& rank) {
+      return rank.registered && (!rank.connected || rank.said_goodbye || now - rank.last_heard > silent_for);
+    });
   }
 
   // Every rank of the job is gone: mpirun has nothing left to do but report, so it is

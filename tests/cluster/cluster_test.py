@@ -365,7 +365,35 @@ def slurm(s: Scenario) -> None:
         cluster("slurm", "down", timeout=120)
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, bad_input, slurm)}
+def slurm_node_lost(s: Scenario) -> None:
+    # The same job inside an allocation, and node3 killed (its slurmd too) mid-run: the
+    # relaunch inside the allocation leaves it out and goes on with 2 ranks.
+    cluster("slurm", "up", timeout=300)
+    s.env = cluster_env()
+    try:
+        work = s.work / "slurm"
+        work.mkdir()
+        env = dict(s.env, TROUPE_BUILD_DIR=str(s.build), TROUPE_CHECKPOINT_DIR=str(work / "ckpt"),
+                   TROUPE_RUN_FLAGS="--exclude-after 1 --min-ranks 2 --backoff 0 --heartbeat-timeout 1.5")
+        command = ["sbatch", "--wait", f"--nodes={s.nodes}", "--chdir", str(work), "--output", str(work / "job.out"),
+                   str(ROOT / "examples" / "troupe_run_slurm.sbatch"), *DIGITS, "--epochs", "12"]
+        print("$", " ".join(command))
+        process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for_checkpoint(work / "ckpt", 70, process)
+        cluster("kill", f"node{s.nodes}")
+        out_, err_ = process.communicate(timeout=240)
+        out = (work / "job.out").read_text() if (work / "job.out").exists() else ""
+        print(out[-3000:])
+        check(process.returncode == 0, f"sbatch --wait: status {process.returncode}: {err_.strip()}")
+        check(f"leaving out host node{s.nodes}" in out, f"troupe-run left node{s.nodes} out")
+        check(f"(360 steps, {s.nodes - 1} rank(s))" in out, f"it ended after 360 steps on {s.nodes - 1} ranks")
+        accuracy = float(re.search(r"final test accuracy ([0-9.]+)", out).group(1))
+        check(accuracy >= 0.95, f"final test accuracy {accuracy} >= 0.95")
+    finally:
+        cluster("slurm", "down", timeout=120)
+
+
+SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, bad_input, slurm, slurm_node_lost)}
 
 
 def main() -> None:

@@ -3,11 +3,13 @@
 
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 
 #include "troupe/error.hpp"
 #include "troupe/supervisor/host_pool.hpp"
 #include "troupe/supervisor/job_hosts.hpp"
+#include "troupe/supervisor/mpirun_command.hpp"
 
 namespace sv = troupe::supervisor;
 
@@ -125,4 +127,21 @@ TEST(HostPool, ASpareHostKeepsTheRankCountAndMinRanksRefusesTooSmallAJob) {
   never.blame("node1");
   never.blame("node1");
   EXPECT_TRUE(never.plan_next_launch().excluded_now.empty());
+}
+
+TEST(HostPool, TheNextLaunchGetsAHostfileOfTheRemainingHostsInPlaceOfTheUsers) {
+  sv::RunOptions options = with_args({"--hostfile", "/user/hosts", "--map-by", "node", "--host", "x"});
+  sv::HostPool pool(three_nodes(), 3, 1, 2);
+  for (int r = 0; r < 3; ++r) pool.rank_registered(r, "node" + std::to_string(r + 1));
+  std::string path = ::testing::TempDir() + "/troupe-run-hosts-test";
+  EXPECT_EQ(sv::launch_options(options, pool, path).mpirun_args, options.mpirun_args);  // nothing left out yet
+  pool.blame("node2");
+  ASSERT_EQ(pool.plan_next_launch().np, 2);
+  auto launch = sv::launch_options(options, pool, path);
+  EXPECT_EQ(launch.np, 2);
+  EXPECT_EQ(launch.mpirun_args, (std::vector<std::string>{"--map-by", "node", "--hostfile", path}));
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("node1 slots=1\nnode3 slots=1\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("node2"), std::string::npos) << text;
 }

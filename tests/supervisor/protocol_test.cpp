@@ -134,7 +134,7 @@ TEST(RunOptions, ParsesOwnFlagsPassesMpirunOptionsAndKeepsTheProgram) {
 TEST(RunOptions, ClusterFlagsAndTheirDefaults) {
   auto d = parse({"-np", "3", "--", "x"});
   EXPECT_EQ(d.bind_host, "");  // chosen from the job's hosts
-  EXPECT_DOUBLE_EQ(d.heartbeat_timeout.count(), 2);
+  EXPECT_DOUBLE_EQ(d.heartbeat_timeout.count(), 1.5);
   EXPECT_EQ(d.exclude_after, 0);
   EXPECT_EQ(d.min_ranks, 0);
   auto o = parse({"-np", "3", "--exclude-after", "2", "--min-ranks", "2", "--advertise", "10.0.0.1", "--", "x"});

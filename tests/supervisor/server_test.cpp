@@ -255,6 +255,17 @@ TEST_F(ServerTest, AClientWhoseConnectionTroupeRunClosedFencesItself) {
   EXPECT_NE(why.find("troupe-run at 127.0.0.1:"), std::string::npos) << why;
 }
 
+TEST_F(ServerTest, AClientTroupeRunTellsToStopEndsItself) {
+  auto e = env();
+  e.supervisor_timeout = 5s;
+  LostRecord lost;
+  sv::SupervisorClient client(e, 0, 2, 10s, lost.handler());
+  ASSERT_TRUE(recorder_.wait_for("up 0"));
+  boost::asio::post(io_, [this] { server_->stop_ranks(); });
+  auto why = lost.wait(3s);
+  EXPECT_NE(why.find("is stopping the job"), std::string::npos) << why;
+}
+
 // A peer that welcomes the rank and then goes silent, as troupe-run behind a
 // partition does: the rank fences itself after the timeout, not before.
 TEST(SupervisorClientFencing, ARankThatHearsNothingStopsItselfAfterTheTimeout) {

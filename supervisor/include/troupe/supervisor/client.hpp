@@ -26,6 +26,8 @@
 // itself is gone -- and a rank that carried on would be half of a split job, writing
 // checkpoints beside the new launch. The default action prints why and SIGKILLs the
 // process (what troupe-run would have done, could it reach it); `on_lost` replaces it.
+// The same happens when troupe-run sends Stop: that is how it stops ranks on other
+// hosts at once, where mpirun takes a second or more to pass a signal on.
 // Without the variable, lost heartbeats cost one line on stderr and the program goes on.
 //
 // Who creates it: the training program (train/ or an example), never actors/ or
@@ -114,6 +116,7 @@ class SupervisorClient {
   std::chrono::milliseconds supervisor_timeout_;
   LostHandler on_lost_;
   std::chrono::steady_clock::time_point last_answer_;
+  std::vector<std::uint8_t> answers_;  // troupe-run's frames, read but not yet whole
   std::atomic<std::uint64_t> step_{kUnset};
   std::atomic<std::uint64_t> sequence_{kUnset};
   std::atomic<std::uint64_t> sent_{0};

@@ -25,6 +25,11 @@ struct HangReport {
   std::vector<int> behind;
 };
 
+// The phase whose deadline the job is held to: the longest of the phases its ranks
+// are in. A rank blocked in a collective while a peer writes a ten-minute checkpoint
+// is waiting on that peer, not stuck; when every rank trains, the hang timeout rules.
+Phase deadline_phase(const std::vector<RankStatus>& ranks, const RunOptions& options);
+
 // `timeout` is the deadline the stuck rank missed, the one of its `phase`.
 HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout,
                          Phase phase = Phase::training);

@@ -78,6 +78,9 @@ class HeartbeatServer {
   // closed and no longer reported.
   void begin_launch(std::uint32_t restart, int world_size);
   const std::vector<RankStatus>& ranks() const { return ranks_; }
+  // Sends Stop to every registered rank of this launch; each ends itself (client.hpp)
+  // and its connection then closes, reported through on_rank_lost as usual.
+  void stop_ranks();
   std::uint32_t launch() const { return restart_; }
 
  private:

@@ -47,6 +47,8 @@ class HostPool {
   std::vector<JobHost> remaining() const;
   const std::vector<std::string>& excluded() const { return excluded_; }
   int failures_of(const std::string& host) const;
+  // Writes remaining() as an Open MPI hostfile. Throws troupe::Error when it cannot.
+  void write_hostfile(const std::string& path) const;
   // "--hostfile F" or the like, for messages.
   const std::string& source() const { return hosts_.source; }
 

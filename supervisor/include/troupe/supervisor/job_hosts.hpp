@@ -43,4 +43,13 @@ bool is_this_host(const std::string& name);
 // not resolve or no route leads to it.
 std::string route_source_address(const std::string& host);
 
+// Fills in where the heartbeat server listens and what ranks are told, from the job's
+// hosts. Ranks on other hosts can reach neither a loopback address nor this host's
+// name when it resolves to one (as Debian's /etc/hosts makes it), so with remote hosts
+// and no --bind troupe-run listens on every interface and advertises its address on
+// the route to them (unless --advertise says otherwise). Throws InvalidArgument, before anything is launched,
+// for a loopback --bind with remote ranks and for a host that does not resolve or has
+// no route.
+void choose_heartbeat_address(RunOptions& options, const JobHosts& hosts);
+
 }  // namespace troupe::supervisor

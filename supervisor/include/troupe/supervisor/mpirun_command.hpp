@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "troupe/supervisor/host_pool.hpp"
 #include "troupe/supervisor/run_options.hpp"
 
 namespace troupe::supervisor {
@@ -17,5 +18,10 @@ namespace troupe::supervisor {
 // their own: a single-node test or demo then runs instead of being refused.
 std::vector<std::string> mpirun_command(const RunOptions& options, const std::string& mpirun,
                                         const std::vector<std::string>& exported, unsigned cores);
+
+// The options of the next launch: -np from the pool, and, once hosts were left out, a
+// hostfile of the remaining ones (written to `hostfile`) in place of the user's
+// --hostfile/--host.
+RunOptions launch_options(const RunOptions& options, const HostPool& pool, const std::string& hostfile);
 
 }  // namespace troupe::supervisor

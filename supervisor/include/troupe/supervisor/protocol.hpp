@@ -6,7 +6,9 @@
 // Refused (with a reason) and closes on refusal. Then the rank sends Heartbeats with
 // its progress and, on a clean exit, Goodbye. A connection that closes without
 // Goodbye is a dead rank. troupe-run answers each Heartbeat with Alive, so a rank
-// knows in turn whether troupe-run still hears it (SupervisorClient's fencing).
+// knows in turn whether troupe-run still hears it (SupervisorClient's fencing), and
+// sends Stop when it stops the job: the rank ends itself at once, wherever it runs,
+// without waiting for mpirun to pass a signal on.
 //
 // Frames are tiny and bounded (kMaxPayload) so that a stray or hostile peer cannot
 // make the server allocate: a length prefix above the bound is refused before any
@@ -27,7 +29,7 @@ inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: heartbeats carry a p
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
 
-enum class MessageKind : std::uint8_t { hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5, alive = 6 };
+enum class MessageKind : std::uint8_t { hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5, alive = 6, stop = 7 };
 
 struct Hello {
   std::string token;   // the run's random token (TROUPE_RUN_TOKEN)
@@ -76,7 +78,10 @@ struct Goodbye {};
 // troupe-run's answer to a Heartbeat: "I still hear you".
 struct Alive {};
 
-using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive>;
+// troupe-run is stopping the job: end this rank now.
+struct Stop {};
+
+using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive, Stop>;
 
 // A whole frame (length prefix included) ready to send.
 std::vector<std::uint8_t> encode(const Message& message);

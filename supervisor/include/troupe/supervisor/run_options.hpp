@@ -35,10 +35,10 @@ struct RunOptions {
   std::map<Phase, Seconds> phase_timeouts;
   // A connected rank not heard from for this long is dead even if its socket is open
   // (a stopped process, a partitioned node: no FIN ever comes). Ranks heartbeat every
-  // 0.1 s from a thread of their own, so 2 s is 20 missed beats, and a silent node is
-  // caught in 2 s instead of a TCP timeout's minutes. Ranks fence themselves after the
-  // same time without an answer (SupervisorClient).
-  Seconds heartbeat_timeout{2};
+  // 0.1 s from a thread of their own, so 1.5 s is 15 missed beats, and a silent node is
+  // caught within 2 s instead of a TCP timeout's minutes. Ranks fence themselves after
+  // the same time without an answer (SupervisorClient).
+  Seconds heartbeat_timeout{1.5};
   // Wait before relaunch n: backoff * 2^(n-1), at most 60 s; lets a flaky node or port recover.
   Seconds backoff{1};
   // SIGTERM to SIGKILL when stopping the job: time for ranks to exit on their own.
