@@ -5,6 +5,7 @@
 #include <boost/asio/read.hpp>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "troupe/error.hpp"
@@ -28,6 +29,22 @@ std::string printable(std::string_view s, std::size_t max) {
   }
   if (s.size() > max) out += "...";
   return out;
+}
+
+const RankStatus* longest_silent(const std::vector<RankStatus>& ranks, Clock::time_point now,
+                                 Clock::duration threshold) {
+  const RankStatus* silent = nullptr;
+  for (const auto& rank : ranks)
+    if (rank.registered && rank.connected && !rank.said_goodbye && now - rank.last_heard > threshold &&
+        (!silent || rank.last_heard < silent->last_heard))
+      silent = &rank;
+  return silent;
+}
+
+bool every_rank_gone(const std::vector<RankStatus>& ranks, Clock::time_point now, Clock::duration silent_for) {
+  return std::all_of(ranks.begin(), ranks.end(), [&](const RankStatus& rank) {
+    return rank.registered && (!rank.connected || rank.said_goodbye || now - rank.last_heard > silent_for);
+  });
 }
 
 namespace {

@@ -131,7 +131,11 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
 
   void on_rank_lost(const RankStatus& rank, const std::string& reason) override {
     if (state_ == State::stopping) {
-      if (every_rank_gone()) ranks_exited();
+      // A rank behind a partition is silent rather than gone, fences itself, and its
+      // daemon is out of mpirun's reach: waiting for mpirun would only wait out --grace.
+      if (every_rank_gone(server_->ranks(), Clock::now(),
+                          std::chrono::duration_cast<Clock::duration>(options_.heartbeat_timeout)))
+        ranks_exited();
       return;
     }
     fail("rank_lost", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
@@ -259,16 +263,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (stuck) report_hang(now, phase);
   }
 
-  // The connected rank silent the longest, if it has missed five heartbeats.
-  const RankStatus* silent_rank(Clock::time_point now) const {
-    auto threshold = 5 * heartbeat_interval();
-    const RankStatus* silent = nullptr;
-    for (const auto& rank : server_->ranks())
-      if (rank.registered && rank.connected && !rank.said_goodbye && now - rank.last_heard > threshold &&
-          (!silent || rank.last_heard < silent->last_heard))
-        silent = &rank;
-    return silent;
-  }
 
   // Five heartbeats per heartbeat timeout, and at most 0.1 s apart: progress is seen
   // when a heartbeat carries it, so this bounds how late a hang is reported and how
@@ -314,7 +308,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     std::string detail = given_detail;
     // A rank that ends because a peer went silent (the actors' own liveness check
     // aborts the job within a second) is not the culprit: the silent rank's host is.
-    if (const RankStatus* silent = silent_rank(Clock::now()); silent && !host.empty() && silent->host != host) {
+    const RankStatus* silent = longest_silent(server_->ranks(), Clock::now(), 5 * heartbeat_interval());
+    if (silent && !host.empty() && silent->host != host) {
       detail += "; rank " + std::to_string(silent->rank) + " on " + silent->host + " had been silent for " +
                 fixed(seconds(Clock::now() - silent->last_heard)) + " s";
       host = silent->host;
@@ -391,17 +386,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                        [](const auto& process) { return process && process->exited; });
   }
 
-  // While stopping: every rank has closed its connection (it exited), or has been
-  // silent for the heartbeat timeout -- behind a partition, where it fences itself and
-  // where mpirun cannot reach its daemon, so that waiting for mpirun would only wait
-  // out --grace. This covers ranks on other hosts, which have no pidfd here.
-  bool every_rank_gone() const {
-    auto now = Clock::now();
-    auto silent_for = std::chrono::duration_cast<Clock::duration>(options_.heartbeat_timeout);
-    return std::all_of(server_->ranks().begin(), server_->ranks().end(), [&](const RankStatus& rank) {
-      return rank.registered && (!rank.connected || rank.said_goodbye || now - rank.last_heard > silent_for);
-    });
-  }
 
   // Every rank of the job is gone: mpirun has nothing left to do but report, so it is
   // killed and reaped now instead of being waited for.

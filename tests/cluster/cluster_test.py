@@ -189,9 +189,9 @@ def digits_modes(s: Scenario) -> None:
 # ---- troupe-run across the nodes, with real failures ----
 
 def reference(s: Scenario) -> str:
-    directory = s.work / "reference"
-    done = run(s.troupe_run(s.nodes, directory, s.digits()), s.env, 240, s.work / "reference.log")
-    check(done.returncode == 0, f"reference run under troupe-run on {s.nodes} nodes: {done.stderr[-2000:]}")
+    """The parameter hash of the 12-epoch job under troupe-run across the nodes, never failed."""
+    done = run(s.troupe_run(s.nodes, s.work / "ref12", s.digits("--epochs", "12")), s.env, 240, s.work / "ref12.log")
+    check(done.returncode == 0 and hash_of(done.stdout), f"reference run on {s.nodes} nodes: {done.stderr[-2000:]}")
     return hash_of(done.stdout)
 
 
@@ -228,8 +228,7 @@ def finish(process: subprocess.Popen, log: Path, limit: float = 180) -> tuple[in
 
 
 def node_kill(s: Scenario) -> None:
-    expected = hash_of(run(s.troupe_run(s.nodes, s.work / "ref12", s.digits("--epochs", "12")), s.env, 240,
-                           s.work / "ref12.log").stdout)
+    expected = reference(s)
     directory, process = under_troupe_run(s, "kill")
     wait_for_checkpoint(directory, 70, process)
     killed = time.time()
@@ -248,8 +247,7 @@ def node_kill(s: Scenario) -> None:
 
 
 def link_down(s: Scenario) -> None:
-    expected = hash_of(run(s.troupe_run(s.nodes, s.work / "ref12", s.digits("--epochs", "12")), s.env, 240,
-                           s.work / "ref12.log").stdout)
+    expected = reference(s)
     directory, process = under_troupe_run(s, "partition")
     wait_for_checkpoint(directory, 70, process)
     cut = time.time()
@@ -303,8 +301,7 @@ def lose_node_for_good(s: Scenario, name: str, hostfile: str) -> tuple[Path, str
 
 def node_lost(s: Scenario) -> None:
     node = f"node{s.nodes}"
-    expected = hash_of(run(s.troupe_run(s.nodes, s.work / "ref12", s.digits("--epochs", "12")), s.env, 240,
-                           s.work / "ref12.log").stdout)
+    expected = reference(s)
     # Two slots a node: the remaining nodes hold all 3 ranks, and the result is the
     # same bit for bit.
     directory, out, err, took = lose_node_for_good(s, "spare", s.hostfile)

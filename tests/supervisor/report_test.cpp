@@ -91,3 +91,20 @@ TEST(RunSummary, RelaunchesThatFailBeforeTheirFirstStepAreOneStretchOfDowntime) 
   auto totals = summary.close(t0 + 6s);
   EXPECT_DOUBLE_EQ(totals.lost_s, 3.0 + 2.0);  // t0..t0+3s, then t0+3s..t0+5s: counted once
 }
+
+TEST(RankStatus, TheLongestSilentRankIsFoundAndAStopEndsWhenEveryRankIsGoneOrSilent) {
+  auto now = sv::Clock::now();
+  std::vector<sv::RankStatus> ranks = {rank_at(0, 5, 9, now), rank_at(1, 5, 9, now), rank_at(2, 5, 9, now)};
+  ranks[0].last_heard = now - 100ms;
+  ranks[1].last_heard = now - 3s;
+  ranks[2].last_heard = now - 2s;
+  const sv::RankStatus* silent = sv::longest_silent(ranks, now, 500ms);
+  ASSERT_NE(silent, nullptr);
+  EXPECT_EQ(silent->rank, 1);
+  EXPECT_EQ(sv::longest_silent(ranks, now, 5s), nullptr);
+  EXPECT_FALSE(sv::every_rank_gone(ranks, now, 1500ms));  // rank 0 still talks
+  ranks[0].connected = false;                              // ... and now it exited
+  EXPECT_TRUE(sv::every_rank_gone(ranks, now, 1500ms));
+  ranks[2].registered = false;  // a rank that never registered may still be running
+  EXPECT_FALSE(sv::every_rank_gone(ranks, now, 1500ms));
+}

@@ -98,6 +98,17 @@ class HeartbeatServer {
   std::vector<std::weak_ptr<Connection>> connections_;
 };
 
+// The registered, connected rank silent the longest, if it has been silent for more
+// than `threshold`; null otherwise. A failure is blamed on it rather than on a rank
+// that ended because of it.
+const RankStatus* longest_silent(const std::vector<RankStatus>& ranks, Clock::time_point now,
+                                 Clock::duration threshold);
+
+// Every rank registered and has since closed its connection, said goodbye, or been
+// silent for `silent_for`: a job being stopped has nothing left running that
+// troupe-run could still reach, on this host or another.
+bool every_rank_gone(const std::vector<RankStatus>& ranks, Clock::time_point now, Clock::duration silent_for);
+
 // `s` with every byte outside printable ASCII written as \xNN: peers' strings go into
 // logs and JSON, and a hostile peer must not be able to forge lines there.
 std::string printable(std::string_view s, std::size_t max = 200);
