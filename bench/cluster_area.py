@@ -199,10 +199,11 @@ def control_plane(c: Cluster, build: Path) -> dict:
                         str(build / "tests" / "actors_scale")], env=c.env, capture_output=True, text=True, timeout=300)
     line = next((l for l in p.stdout.splitlines() if l.startswith("control plane:")), "")
     m = re.search(r"startup ([0-9.]+) s .* liveness (\d+) messages/s in all \(ring: (\d+), all-to-all would be (\d+)\), "
-                  r"CPU per rank idle ([0-9.]+)%", line)
+                  r"CPU per rank idle ([0-9.]+)% .* of which liveness ([0-9.]+)% \(highest ([0-9.]+)%\)", line)
     if p.returncode != 0 or not m:
         raise RuntimeError(f"actors_scale at 64 ranks failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return {"startup": float(m[1]), "messages": float(m[2]), "all_to_all": float(m[4]), "cpu": float(m[5])}
+    return {"startup": float(m[1]), "messages": float(m[2]), "all_to_all": float(m[4]), "cpu": float(m[5]),
+            "liveness_cpu": float(m[6]), "liveness_cpu_max": float(m[7])}
 
 
 def torch_missing() -> str | None:
@@ -262,8 +263,10 @@ def run(root: Path, build: Path, quick: bool, row) -> list[dict]:
     rows.append(row("liveness messages/s, all 64 ranks (ring)", "msg/s", "lower", scale["messages"],
                     "all-to-all heartbeats, N(N-1)/period", scale["all_to_all"], "~ O(N)",
                     scale["messages"] <= 1.5 * 640))
-    rows.append(row("idle CPU per rank, 64 ranks on 2 cores (whole runtime)", "% core", "lower", scale["cpu"], "none",
-                    None, "<= 1% (liveness alone)", scale["cpu"] <= 1.0))
+    rows.append(row("liveness CPU per rank, 64 ranks on 2 cores (highest rank)", "% core", "lower",
+                    scale["liveness_cpu_max"], "none", None, "<= 1%", scale["liveness_cpu_max"] <= 1.0))
+    rows.append(row("idle CPU per rank, 64 ranks on 2 cores (whole runtime, mean)", "% core", "lower", scale["cpu"],
+                    "none", None))
     rows.append(row("start-up of a 64-rank actor runtime (slowest rank)", "s", "lower", scale["startup"], "none", None))
     for r in swept:  # the off-node paths: the ring (allreduce), MPI's allgather
         if r["case"].startswith(("allreduce f32", "allgather f32")):

@@ -46,6 +46,8 @@ class PeerLiveness {
   bool any_lost() const { return any_lost_.load(); }
   // Heartbeats and loss notices this rank has sent (for the liveness-cost benchmark).
   std::uint64_t messages_sent() const { return sent_.load(std::memory_order_relaxed); }
+  // CPU time the liveness thread has used, as of its last wake-up (the same benchmark).
+  std::chrono::nanoseconds cpu_time() const { return std::chrono::nanoseconds(cpu_ns_.load(std::memory_order_relaxed)); }
   // Called from the heartbeat thread every `period` (the supervisor's heartbeat).
   void set_hook(std::function<void()> hook, std::chrono::milliseconds period);
 
@@ -66,6 +68,7 @@ class PeerLiveness {
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::atomic<bool> any_lost_{false};
   std::atomic<std::uint64_t> sent_{0};
+  std::atomic<std::int64_t> cpu_ns_{0};
   int watched_ = -1;  // the predecessor being watched; its grace restarts when it changes
   std::vector<int> rank_numbers_;  // 0..size-1: the payloads of loss notices
   std::string heartbeat_;  // sent as is, so it outlives every MPI_Isend of it

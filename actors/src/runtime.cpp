@@ -133,6 +133,10 @@ void Runtime::set_liveness_hook(std::function<void()> hook, std::chrono::millise
 
 std::uint64_t Runtime::liveness_messages_sent() const { return liveness_ ? liveness_->messages_sent() : 0; }
 
+std::chrono::nanoseconds Runtime::liveness_cpu_time() const {
+  return liveness_ ? liveness_->cpu_time() : std::chrono::nanoseconds(0);
+}
+
 std::shared_ptr<detail::ActorCellBase> Runtime::local_actor(std::uint64_t id) const {
   std::shared_lock lock(actors_mutex_);
   auto it = actors_.find(id);

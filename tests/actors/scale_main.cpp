@@ -53,24 +53,26 @@ int main(int argc, char** argv) {
   constexpr double kIdle = 2.0;
   const auto sent_before = rt.liveness_messages_sent();
   const double cpu_before = cpu_seconds();
+  const auto liveness_before = rt.liveness_cpu_time();
   const auto idle_from = std::chrono::steady_clock::now();
   std::this_thread::sleep_for(std::chrono::duration<double>(kIdle));
   const double idle = since(idle_from);
-  const double mine[2] = {static_cast<double>(rt.liveness_messages_sent() - sent_before) / idle,
-                          (cpu_seconds() - cpu_before) / idle};
-  double total[2] = {0, 0}, worst[3] = {0, 0, 0};
-  const double worst_mine[3] = {mine[0], mine[1], startup};
-  MPI_Reduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
-  MPI_Reduce(worst_mine, worst, 3, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+  const double liveness = std::chrono::duration<double>(rt.liveness_cpu_time() - liveness_before).count() / idle;
+  const double mine[3] = {static_cast<double>(rt.liveness_messages_sent() - sent_before) / idle,
+                          (cpu_seconds() - cpu_before) / idle, liveness};
+  double total[3] = {0, 0, 0}, worst[4] = {0, 0, 0, 0};
+  const double worst_mine[4] = {mine[0], mine[1], startup, liveness};
+  MPI_Reduce(mine, total, 3, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+  MPI_Reduce(worst_mine, worst, 4, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
   int status = 0;
   if (rt.rank() == 0) {
     const int n = rt.size();
     const double per_period = 1.0 / 0.1;  // RuntimeOptions::heartbeat_period, 100 ms
     std::printf("control plane: %d ranks, startup %.2f s (slowest rank), ask every rank %.1f ms, "
                 "liveness %.0f messages/s in all (ring: %.0f, all-to-all would be %.0f), "
-                "CPU per rank idle %.2f%% of a core (highest %.2f%%)\n",
+                "CPU per rank idle %.2f%% of a core (highest %.2f%%), of which liveness %.3f%% (highest %.3f%%)\n",
                 n, worst[2], ask_all * 1000, total[0], n * per_period, n * (n - 1) * per_period,
-                100 * total[1] / n, 100 * worst[1]);
+                100 * total[1] / n, 100 * worst[1], 100 * total[2] / n, 100 * worst[3]);
     if (wrong) {
       std::printf("control plane: FAILED: %d rank(s) answered with another rank's number\n", wrong);
       status = 1;

@@ -188,6 +188,8 @@ class Runtime {
   // Liveness messages (ring heartbeats and loss notices) this rank has sent: about one
   // per heartbeat period, whatever the number of ranks.
   std::uint64_t liveness_messages_sent() const;
+  // CPU time the liveness thread has used so far (its cost, for the same benchmark).
+  std::chrono::nanoseconds liveness_cpu_time() const;
 
   // ---- used by ActorRef and the templates above; not for application code ----
   void send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
