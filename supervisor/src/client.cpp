@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
+#include <poll.h>
 #include <sys/time.h>
 #include <signal.h>
 #include <unistd.h>
@@ -163,8 +164,26 @@ void SupervisorClient::abandon() noexcept {
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (fd_ >= 0) {
+    discard_answers(std::chrono::milliseconds(0));
     ::close(fd_);
     fd_ = -1;
+  }
+}
+
+// Reads and drops troupe-run's unread answers, for up to `linger` or until it closes.
+// Closing a socket with unread bytes sends RST instead of FIN, and an RST can make
+// troupe-run lose a Goodbye it has not read yet: a clean end would look like a crash.
+void SupervisorClient::discard_answers(std::chrono::milliseconds linger) noexcept {
+  const auto until = std::chrono::steady_clock::now() + linger;
+  std::uint8_t buffer[256];
+  for (;;) {
+    ssize_t got = ::recv(fd_, buffer, sizeof buffer, MSG_DONTWAIT);
+    if (got > 0) continue;
+    if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    pollfd p{fd_, POLLIN, 0};
+    ::poll(&p, 1, static_cast<int>(left.count()));
   }
 }
 
@@ -273,6 +292,7 @@ void SupervisorClient::close() noexcept {
     } catch (...) {
     }
     ::shutdown(fd_, SHUT_WR);
+    discard_answers(std::chrono::milliseconds(500));  // troupe-run closes once it has read the Goodbye
     ::close(fd_);
     fd_ = -1;
   }

@@ -108,6 +108,7 @@ class SupervisorClient {
   // Reads troupe-run's answers without blocking; empty while it is heard, else why not.
   std::string check_answers();
   void lose_supervisor(const std::string& why);
+  void discard_answers(std::chrono::milliseconds linger) noexcept;
   bool send_frame(const std::vector<std::uint8_t>& frame) noexcept;
 
   std::string address_;
