@@ -13,6 +13,7 @@ with a message naming what differed otherwise. Every wait is bounded.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -341,53 +342,57 @@ def bad_input(s: Scenario) -> None:
           f"a loopback --bind with remote ranks: status {done.returncode}, {done.stderr.strip()}")
 
 
-def slurm(s: Scenario) -> None:
-    cluster("slurm", "up", timeout=300)
-    s.env = cluster_env()
-    try:
-        work = s.work / "slurm"
-        work.mkdir()
-        script = ROOT / "examples" / "troupe_run_slurm.sbatch"
-        env = dict(s.env, TROUPE_BUILD_DIR=str(s.build), TROUPE_CHECKPOINT_DIR=str(work / "ckpt"))
-        done = run(["sbatch", "--wait", f"--nodes={s.nodes}", "--chdir", str(work), "--output", str(work / "job.out"),
-                    str(script), *DIGITS], env, 300, s.work / "sbatch.log")
-        out = (work / "job.out").read_text() if (work / "job.out").exists() else ""
-        print(out[-3000:])
-        check(done.returncode == 0, f"sbatch --wait: status {done.returncode}: {done.stderr.strip()}")
-        check("troupe-run: summary: finished" in out and hash_of(out), "troupe-run finished the job inside the allocation")
-        check(f"{s.nodes} rank(s))" in out, f"on {s.nodes} ranks, one per node")
-        hosts = sorted(e["host"] for e in events(work / "ckpt") if e["event"] == "rank_up")
-        check(hosts == [f"node{i}" for i in range(1, s.nodes + 1)], f"one rank registered from each node: {hosts}")
-    finally:
-        cluster("slurm", "down", timeout=120)
-
-
-def slurm_node_lost(s: Scenario) -> None:
-    # The same job inside an allocation, and node3 killed (its slurmd too) mid-run: the
-    # relaunch inside the allocation leaves it out and goes on with 2 ranks.
+@contextlib.contextmanager
+def slurm_job(s: Scenario, run_flags: str = ""):
+    """Slurm up for the scenario (down after); yields the job's folder, the environment
+    for sbatch, and the sbatch command line for examples/troupe_run_slurm.sbatch."""
     cluster("slurm", "up", timeout=300)
     s.env = cluster_env()
     try:
         work = s.work / "slurm"
         work.mkdir()
         env = dict(s.env, TROUPE_BUILD_DIR=str(s.build), TROUPE_CHECKPOINT_DIR=str(work / "ckpt"),
-                   TROUPE_RUN_FLAGS="--exclude-after 1 --min-ranks 2 --backoff 0 --heartbeat-timeout 1.5")
+                   TROUPE_RUN_FLAGS=run_flags)
         command = ["sbatch", "--wait", f"--nodes={s.nodes}", "--chdir", str(work), "--output", str(work / "job.out"),
-                   str(ROOT / "examples" / "troupe_run_slurm.sbatch"), *DIGITS, "--epochs", "12"]
+                   str(ROOT / "examples" / "troupe_run_slurm.sbatch"), *DIGITS]
+        yield work, env, command
+    finally:
+        cluster("slurm", "down", timeout=120)
+
+
+def job_output(work: Path) -> str:
+    out = (work / "job.out").read_text() if (work / "job.out").exists() else ""
+    print(out[-3000:])
+    return out
+
+
+def slurm(s: Scenario) -> None:
+    with slurm_job(s) as (work, env, command):
+        done = run(command, env, 300, s.work / "sbatch.log")
+        out = job_output(work)
+        check(done.returncode == 0, f"sbatch --wait: status {done.returncode}: {done.stderr.strip()}")
+        check("troupe-run: summary: finished" in out and hash_of(out), "troupe-run finished the job inside the allocation")
+        check(f"{s.nodes} rank(s))" in out, f"on {s.nodes} ranks, one per node")
+        hosts = sorted(e["host"] for e in events(work / "ckpt") if e["event"] == "rank_up")
+        check(hosts == [f"node{i}" for i in range(1, s.nodes + 1)], f"one rank registered from each node: {hosts}")
+
+
+def slurm_node_lost(s: Scenario) -> None:
+    # The same job inside an allocation, and node3 killed (its slurmd too) mid-run: the
+    # relaunch inside the allocation leaves it out and goes on with 2 ranks.
+    with slurm_job(s, "--exclude-after 1 --min-ranks 2 --backoff 0") as (work, env, command):
+        command += ["--epochs", "12"]
         print("$", " ".join(command))
         process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_for_checkpoint(work / "ckpt", 70, process)
         cluster("kill", f"node{s.nodes}")
-        out_, err_ = process.communicate(timeout=240)
-        out = (work / "job.out").read_text() if (work / "job.out").exists() else ""
-        print(out[-3000:])
-        check(process.returncode == 0, f"sbatch --wait: status {process.returncode}: {err_.strip()}")
+        _, err = process.communicate(timeout=240)
+        out = job_output(work)
+        check(process.returncode == 0, f"sbatch --wait: status {process.returncode}: {err.strip()}")
         check(f"leaving out host node{s.nodes}" in out, f"troupe-run left node{s.nodes} out")
         check(f"(360 steps, {s.nodes - 1} rank(s))" in out, f"it ended after 360 steps on {s.nodes - 1} ranks")
         accuracy = float(re.search(r"final test accuracy ([0-9.]+)", out).group(1))
         check(accuracy >= 0.95, f"final test accuracy {accuracy} >= 0.95")
-    finally:
-        cluster("slurm", "down", timeout=120)
 
 
 SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, bad_input, slurm, slurm_node_lost)}
