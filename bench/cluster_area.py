@@ -23,14 +23,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+from supervisor_restart import TORCH_PYTHON, median_of, torch_missing  # bench/, next to this file
+
 STEPS, SAVE_EVERY, STEP_MS, LOSE_AT = 400, 5, 20, 40
-TORCH_PYTHON = "/usr/bin/python3"
 
 
 class Cluster:
@@ -204,15 +204,6 @@ def control_plane(c: Cluster, build: Path) -> dict:
         raise RuntimeError(f"actors_scale at 64 ranks failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
     return {"startup": float(m[1]), "messages": float(m[2]), "all_to_all": float(m[4]), "cpu": float(m[5]),
             "liveness_cpu": float(m[6]), "liveness_cpu_max": float(m[7])}
-
-
-def torch_missing() -> str | None:
-    p = subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed.run"], capture_output=True, text=True)
-    return None if p.returncode == 0 else p.stderr.strip().splitlines()[-1]
-
-
-def median_of(runs: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 def run(root: Path, build: Path, quick: bool, row) -> list[dict]:

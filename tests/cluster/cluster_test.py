@@ -95,9 +95,9 @@ class Scenario:
             fail(f"{found} is not built")
         return str(found)
 
-    def mpirun(self, np: int, program: list[str], extra: list[str] = ()) -> list[str]:
-        return ["mpirun", "--hostfile", self.hostfile, "-np", str(np), "--map-by", "node", "--bind-to", "none",
-                *extra, *program]
+    def mpirun(self, np: int, program: list[str], map_by: str = "node") -> list[str]:
+        return ["mpirun", "--hostfile", self.hostfile, "-np", str(np), "--map-by", map_by, "--bind-to", "none",
+                *program]
 
     def troupe_run(self, np: int, directory: Path, program: list[str], extra: list[str] = ()) -> list[str]:
         return [self.binary("supervisor/troupe-run"), "-np", str(np), "--hostfile", self.hostfile, "--map-by", "node",
@@ -119,11 +119,8 @@ def collectives(s: Scenario) -> None:
     # Two ranks per node: shared memory inside a node, TCP between nodes (the ring,
     # MPI's allgather), the paths a single host never takes.
     test = s.binary("tests/collectives_test")
-    for np, extra in ((s.nodes, []), (2 * s.nodes, ["--map-by", "slot"])):
-        command = ["mpirun", "--hostfile", s.hostfile, "-np", str(np), "--bind-to", "none", *extra, test]
-        if not extra:
-            command[5:5] = ["--map-by", "node"]
-        done = run(command, s.env, 300, s.work / f"collectives-{np}.log")
+    for np, map_by in ((s.nodes, "node"), (2 * s.nodes, "slot")):
+        done = run(s.mpirun(np, [test], map_by), s.env, 300, s.work / f"collectives-{np}.log")
         tail = (done.stdout + done.stderr)[-3000:]
         check(done.returncode == 0 and "PASSED" in done.stdout, f"collectives_test on {np} ranks across the nodes\n{tail}")
 
@@ -208,9 +205,12 @@ def wait_for_checkpoint(directory: Path, step: int, process: subprocess.Popen, l
     fail(f"no checkpoint of step >= {step} within {limit} s")
 
 
-def under_troupe_run(s: Scenario, name: str, extra: list[str] = (), np: int | None = None):
+def under_troupe_run(s: Scenario, name: str, extra: list[str] = (), hostfile: str | None = None):
+    """The 12-epoch job under troupe-run across the nodes, started in the background."""
     directory = s.work / name
-    command = s.troupe_run(np or s.nodes, directory, s.digits("--epochs", "12"), extra)
+    command = s.troupe_run(s.nodes, directory, s.digits("--epochs", "12"), extra)
+    if hostfile:
+        command[command.index("--hostfile") + 1] = hostfile
     print("$", " ".join(command))
     process = subprocess.Popen(command, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return directory, process
@@ -279,12 +279,8 @@ def lose_node_for_good(s: Scenario, name: str, hostfile: str) -> tuple[Path, str
     # The node goes for good (link down, then its processes killed): detected by missed
     # heartbeats, the relaunch onto it fails (its daemon cannot be started) and is
     # blamed on it too, and after those two failures it is left out.
-    directory = s.work / name
-    command = s.troupe_run(s.nodes, directory, s.digits("--epochs", "12"),
-                           ["--exclude-after", "2", "--min-ranks", str(s.nodes - 1), "--max-restarts", "4"])
-    command[command.index("--hostfile") + 1] = hostfile
-    print("$", " ".join(command))
-    process = subprocess.Popen(command, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    directory, process = under_troupe_run(
+        s, name, ["--exclude-after", "2", "--min-ranks", str(s.nodes - 1), "--max-restarts", "4"], hostfile)
     wait_for_checkpoint(directory, 70, process)
     node = f"node{s.nodes}"
     cut = time.time()

@@ -45,7 +45,6 @@ class HostPool {
   // The hosts still in use, with slots: the ranks each held in the last launch where
   // every rank registered, else the slots given.
   std::vector<JobHost> remaining() const;
-  const std::vector<std::string>& excluded() const { return excluded_; }
   int failures_of(const std::string& host) const;
   // Writes remaining() as an Open MPI hostfile. Throws troupe::Error when it cannot.
   void write_hostfile(const std::string& path) const;
