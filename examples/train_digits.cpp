@@ -8,8 +8,9 @@
 // TrainWorker builds; then the driver, on rank 0 only, which runs the epochs by asking
 // all workers at once and reports. Gradients travel between the workers (DDP, one
 // all-reduce per bucket); the driver only ever sees per-epoch sums. --batch-size is
-// the global batch: N ranks take batch/N each, so the run's mathematics do not depend
-// on the number of ranks. The same flags (and world size) give bit-identical final
+// the global batch: N ranks take batch/N each (shares differing by one when N does not
+// divide it, gradients weighted by share), so the run's mathematics do not depend on
+// the number of ranks. The same flags (and world size) give bit-identical final
 // parameters: the run prints their hash. --sharding zero1|zero2|fsdp trains the same
 // model with sharded optimizer state, gradients or parameters (ZeRO-1/2/3); the
 // checkpoints are the same files, so a run may resume in another mode.
@@ -62,7 +63,7 @@ const char* kUsage =
     "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                    [--metrics FILE] [--best FILE]\n"
     "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
-    "  --batch-size is the global batch: each of N ranks takes batch/N per step.\n"
+    "  --batch-size is the global batch: each of N ranks takes about batch/N per step.\n"
     "  --sharding: ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded\n"
     "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
     "  --device cuda: the model, batches and gradients on this rank's GPU (its local rank's),\n"
@@ -209,8 +210,9 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
                       10LL * flags.hidden + 10;
   std::printf("model: %lld parameters; SGD lr %.3g momentum %.3g; batch %d\n", params, flags.lr, flags.momentum,
               flags.batch_size);
-  status.summary({{"world", std::to_string(world) + " rank(s), batch " + std::to_string(flags.batch_size / world) +
-                                " per rank x " + std::to_string(flags.accum_steps) + " micro-batch(es)"},
+  const auto micro = flags.batch_size / flags.accum_steps;
+  status.summary({{"world", std::to_string(world) + " rank(s), batch " + std::to_string(micro / world) +
+                                (micro % world ? "-" + std::to_string(micro / world + 1) : "") + " per rank x " + std::to_string(flags.accum_steps) + " micro-batch(es)"},
                   {"model", "MLP 64-" + std::to_string(flags.hidden) + "-" + std::to_string(flags.hidden) +
                                 "-10, " + std::to_string(params) + " parameters"},
                   {"optimizer", "SGD " + format("lr %g momentum %g", flags.lr, flags.momentum)},

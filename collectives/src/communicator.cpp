@@ -83,6 +83,8 @@ Communicator::~Communicator() {
 
 bool Communicator::failed() const { return engine_->failed(); }
 
+std::chrono::nanoseconds Communicator::wait_time() const { return engine_->waited(); }
+
 void Communicator::fail(const std::string& reason) { engine_->fail(reason); }
 
 bool Communicator::drain() noexcept { return engine_->drain(options_.timeout); }

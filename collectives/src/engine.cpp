@@ -119,14 +119,20 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
   WaiterScope waiting(waiters_, wake_);
   const bool forever = timeout == kNoTimeout;
   const auto deadline = forever ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
+  std::chrono::steady_clock::time_point began{};
   for (int polls = 0;; ++polls) {
+    if (polls == 1) began = std::chrono::steady_clock::now();
     // A long wait gives the core away now and then: with more ranks than cores (or a
     // compute thread beside us) the peer we wait for may need it, and shared-memory
     // rounds advance only when every rank runs (Open MPI's yield_when_idle, for us).
     if (polls >= 256 && (polls & 15) == 0) std::this_thread::yield();
     std::unique_lock lock(mutex_);
     progress_locked();
-    if (finished_locked(operation)) break;
+    if (finished_locked(operation)) {
+      if (polls > 0)
+        waited_ns_.fetch_add((std::chrono::steady_clock::now() - began).count(), std::memory_order_relaxed);
+      break;
+    }
     // Reading the clock costs ~20 ns; poll a few times between reads.
     if (forever || (polls & 7) != 7 || std::chrono::steady_clock::now() < deadline) continue;
     // Name the operation still running: ours, or an earlier one we wait behind.

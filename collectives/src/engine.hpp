@@ -53,6 +53,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void wait_all(std::chrono::milliseconds timeout);
   // Waits for everything in flight; false if the timeout passed first.
   bool drain(std::chrono::milliseconds timeout) noexcept;
+  // Time callers spent in wait() on operations not yet done when they came to it: on a
+  // healthy rank mostly waiting for slower peers. Only a wait that polls more than once
+  // reads the clock, so a collective that is already done costs nothing extra.
+  std::chrono::nanoseconds waited() const { return std::chrono::nanoseconds(waited_ns_.load(std::memory_order_relaxed)); }
 
   void fail(const std::string& reason);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -83,6 +87,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::vector<std::shared_ptr<Operation>> abandoned_;
   std::atomic<bool> failed_{false};
   std::string failure_;
+  std::atomic<std::int64_t> waited_ns_{0};
 
   std::atomic<int> waiters_{0};
   std::condition_variable wake_;

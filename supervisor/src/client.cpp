@@ -210,6 +210,8 @@ void SupervisorClient::heartbeat_loop() {
     beat.step = beat.has_step ? step : 0;
     beat.sequence = beat.has_sequence ? sequence : 0;
     beat.phase = phase();
+    beat.work_steps = work_steps_.load(std::memory_order_acquire);  // then the time: it covers those steps
+    beat.work_us = work_us_.load(std::memory_order_relaxed);
     std::string lost;
     if (!send_frame(encode(beat)))
       lost = std::string("heartbeats to troupe-run at ") + address_ + " failed: " + std::strerror(errno);

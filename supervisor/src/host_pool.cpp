@@ -8,7 +8,7 @@
 namespace troupe::supervisor {
 
 HostPool::HostPool(JobHosts hosts, int np, int exclude_after, int min_ranks)
-    : hosts_(std::move(hosts)), np_(np), exclude_after_(exclude_after), min_ranks_(min_ranks > 0 ? min_ranks : np) {}
+    : hosts_(std::move(hosts)), np_wanted_(np), np_(np), exclude_after_(exclude_after), min_ranks_(min_ranks > 0 ? min_ranks : np) {}
 
 void HostPool::begin_launch() { launch_ranks_.clear(); }
 
@@ -50,6 +50,20 @@ void HostPool::write_hostfile(const std::string& path) const {
     out << host.name << (host.slots > 0 ? " slots=" + std::to_string(host.slots) : "") << "\n";
   out.close();
   if (!out) TROUPE_THROW(Error, "troupe-run: cannot write the hostfile ", path);
+}
+
+int HostPool::readmit(const std::string& host) {
+  auto out = std::find(excluded_.begin(), excluded_.end(), host);
+  if (out == excluded_.end()) return np_;
+  excluded_.erase(out);
+  failures_.erase(host);
+  if (last_blamed_ == host) last_blamed_.clear();
+  const auto left = remaining();
+  const bool all_known = std::all_of(left.begin(), left.end(), [](const JobHost& h) { return h.slots > 0; });
+  int slots = 0;
+  for (const auto& h : left) slots += h.slots;
+  np_ = excluded_.empty() || !all_known ? np_wanted_ : std::min(np_wanted_, slots);
+  return np_;
 }
 
 HostPool::Plan HostPool::plan_next_launch() {

@@ -44,4 +44,21 @@ RunOptions launch_options(const RunOptions& options, const HostPool& pool, const
   return launch;
 }
 
+std::vector<std::string> probe_command(const RunOptions& options, const std::string& mpirun, const std::string& host) {
+  // Options that place ranks make no sense for one process on a named host.
+  static const std::vector<std::string> dropped = {"--hostfile", "-hostfile", "--machinefile", "-machinefile",
+                                                   "--host", "-host", "-H", "--map-by", "-map-by", "--rank-by",
+                                                   "--npernode", "-npernode", "-N", "--output-filename"};
+  std::vector<std::string> command = {mpirun, "--host", host + ":1", "-np", "1"};
+  for (std::size_t i = 0; i < options.mpirun_args.size(); ++i) {
+    if (std::find(dropped.begin(), dropped.end(), options.mpirun_args[i]) != dropped.end()) {
+      ++i;
+      continue;
+    }
+    command.push_back(options.mpirun_args[i]);
+  }
+  command.push_back("true");
+  return command;
+}
+
 }  // namespace troupe::supervisor

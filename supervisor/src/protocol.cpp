@@ -100,6 +100,8 @@ std::vector<std::uint8_t> encode(const Message& message) {
           w.u64(m.sequence);
           w.u8(static_cast<std::uint8_t>((m.has_step ? 1 : 0) | (m.has_sequence ? 2 : 0)));
           w.u8(static_cast<std::uint8_t>(m.phase));
+          w.u64(m.work_us);
+          w.u64(m.work_steps);
         } else if constexpr (std::is_same_v<M, Goodbye>) {
           w.u8(static_cast<std::uint8_t>(MessageKind::goodbye));
         } else if constexpr (std::is_same_v<M, Alive>) {
@@ -161,6 +163,8 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
       auto phase = r.u8("phase");
       if (phase >= kPhases) TROUPE_THROW(FormatError, "supervisor protocol: heartbeat phase ", int{phase}, " not in 0..", kPhases - 1);
       b.phase = static_cast<Phase>(phase);
+      b.work_us = r.u64("work_us");
+      b.work_steps = r.u64("work_steps");
       r.finish("heartbeat");
       return b;
     }

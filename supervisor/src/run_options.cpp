@@ -106,6 +106,18 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       options.exclude_after = parse_int(arg, value(arg), 0);
     } else if (arg == "--min-ranks") {
       options.min_ranks = parse_int(arg, value(arg), 1);
+    } else if (arg == "--regrow") {
+      options.regrow = true;
+    } else if (arg == "--probe-interval") {
+      options.probe_interval = parse_seconds(arg, value(arg), false);
+    } else if (arg == "--straggler-ratio") {
+      const std::string& text = value(arg);
+      double ratio = -1;
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), ratio);
+      TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() &&
+                       (ratio == 0 || (ratio > 1 && ratio <= 1000)),
+                   arg, " '", text, "': expected a ratio above 1 (e.g. 1.5), or 0 to turn the report off");
+      options.straggler_ratio = ratio;
     } else if (arg == "--events") {
       options.events_file = value(arg);
       TROUPE_CHECK(!options.events_file.empty(), "--events: empty path");
@@ -122,6 +134,10 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
   }
   TROUPE_CHECK(options.np > 0, "-np N is required (the number of ranks)");
   TROUPE_CHECK(options.min_ranks <= options.np, "--min-ranks ", options.min_ranks, " is above -np ", options.np);
+  TROUPE_CHECK(!options.regrow || !options.checkpoint_dir.empty(),
+               "--regrow needs --checkpoint-dir: the job grows back at its next checkpoint");
+  TROUPE_CHECK(!options.regrow || options.exclude_after > 0,
+               "--regrow needs --exclude-after K: only a host left out can come back");
   TROUPE_CHECK(separator && i < args.size(), "no program given: put it after '--', e.g. troupe-run -np ",
                options.np, " -- ./train");
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
@@ -169,6 +185,10 @@ options:
   --exclude-after K       leave out a host blamed for K failures (default 0: never)
   --min-ranks M           relaunch with fewer ranks, down to M, when hosts were left out
                           (default: -np, no shrink); the program resumes resharded
+  --regrow                grow back onto a host left out once it answers again (probed
+                          every --probe-interval S, default 5), at the next checkpoint
+  --straggler-ratio R     report a rank whose own work per step is R times the ranks'
+                          median as a straggler, without restarting (default 1.5; 0: off)
   --events FILE           JSONL events log (default DIR/troupe-run-events.jsonl)
 
 mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-by X,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -28,6 +29,7 @@
 #include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/run_environment.hpp"
 #include "troupe/supervisor/run_summary.hpp"
+#include "troupe/supervisor/straggler_watch.hpp"
 
 namespace troupe::supervisor {
 
@@ -69,6 +71,22 @@ std::string this_host() {
   return name;
 }
 
+// The step of the newest checkpoint in `dir` ("ckpt-<step>.h5", which the checkpoint
+// writer renames into place only once it is whole), or -1.
+long long newest_checkpoint_step(const std::string& dir) {
+  long long newest = -1;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() < 9 || name.rfind("ckpt-", 0) != 0 || name.substr(name.size() - 3) != ".h5") continue;
+    const std::string digits = name.substr(5, name.size() - 8);
+    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    newest = std::max(newest, std::stoll(digits));
+  }
+  return newest;
+}
+
 
 }  // namespace
 
@@ -85,7 +103,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         signals_(io_, SIGINT, SIGTERM),
         tick_(io_),
         grace_timer_(io_),
-        backoff_timer_(io_) {
+        backoff_timer_(io_),
+        probe_timer_(io_),
+        probe_deadline_(io_),
+        stragglers_(options_.straggler_ratio) {
     auto hosts = job_hosts(options_);
     choose_heartbeat_address(options_, hosts);  // throws InvalidArgument for hosts that cannot work
     pool_ = std::make_unique<HostPool>(std::move(hosts), options_.np, options_.exclude_after, options_.min_ranks);
@@ -181,6 +202,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     int np = pool_->np();
     server_->begin_launch(static_cast<std::uint32_t>(restart_), np);
     pool_->begin_launch();
+    stragglers_.begin_launch(np);
     rank_processes_.clear();
     rank_processes_.resize(static_cast<std::size_t>(np));
     std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval,
@@ -218,6 +240,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     events_->write("launch", {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
     job_->on_exit([this](int status) { job_exited(status); });
     schedule_tick();
+    if (options_.regrow && !pool_->excluded().empty() && regrow_host_.empty()) schedule_probe();
   }
 
   // The watchdog: heartbeats and progress of every live rank, a few times per timeout.
@@ -260,7 +283,83 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                     {{"rank", rank.rank}}, rank.host);
       if (now - rank.last_progress > deadline && !stuck) stuck = &rank;
     }
-    if (stuck) report_hang(now, phase);
+    if (stuck) return report_hang(now, phase);
+    report_stragglers(now);
+    if (!regrow_host_.empty() && newest_checkpoint_step(options_.checkpoint_dir) > regrow_after_step_) regrow();
+  }
+
+  // A slow rank is named, not restarted: the job is right, only slower (straggler_watch.hpp).
+  void report_stragglers(Clock::time_point now) {
+    for (const auto& change : stragglers_.update(server_->ranks(), now)) {
+      const std::string who = "rank " + std::to_string(change.rank) + " on " + change.host;
+      if (change.straggling)
+        say("straggler: " + who + " works " + fixed(change.work_ms) + " ms per step, " + fixed(change.slower, 1) +
+            "x the ranks' median of " + fixed(change.median_ms) + " ms (step " + std::to_string(change.step) +
+            "); every rank waits for it");
+      else
+        say(who + " is no longer a straggler (" + fixed(change.work_ms) + " ms per step, median " +
+            fixed(change.median_ms) + " ms)");
+      events_->write(change.straggling ? "straggler" : "straggler_over",
+                     {{"restart", restart_}, {"rank", change.rank}, {"host", change.host},
+                      {"work_ms", change.work_ms}, {"median_ms", change.median_ms}, {"slower", change.slower},
+                      {"step", static_cast<unsigned long>(change.step)}});
+    }
+  }
+
+  // ---- regrow: probe the hosts left out; take one back at the next checkpoint ----
+
+  void schedule_probe() {
+    probe_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.probe_interval));
+    probe_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || state_ != State::running || !regrow_host_.empty() || probe_) return;
+      const auto& out = pool_->excluded();
+      if (out.empty()) return;
+      start_probe(out[static_cast<std::size_t>(probes_++) % out.size()]);
+    });
+  }
+
+  void start_probe(const std::string& host) {
+    Job::Environment env;
+    if (::geteuid() == 0) env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
+    try {
+      probe_ = std::make_unique<Job>(io_, probe_command(options_, mpirun_, host), env);
+    } catch (const Error& e) {
+      say("cannot probe host " + host + ": " + e.what());
+      return schedule_probe();
+    }
+    // An unreachable host can keep mpirun (ssh) waiting; the probe is cut short.
+    probe_deadline_.expires_after(std::chrono::duration_cast<Clock::duration>(
+        std::max(Seconds(10), options_.probe_interval)));
+    probe_deadline_.async_wait([this](boost::system::error_code ec) {
+      if (!ec && probe_) probe_->signal_group(SIGKILL);
+    });
+    probe_->on_exit([this, host](int status) {
+      probe_deadline_.cancel();
+      asio::post(io_, [this] { probe_.reset(); });  // not from inside its own callback
+      if (status == 0 && state_ == State::running) return host_back(host);
+      if (state_ == State::running) schedule_probe();
+    });
+  }
+
+  void host_back(const std::string& host) {
+    regrow_host_ = host;
+    regrow_after_step_ = newest_checkpoint_step(options_.checkpoint_dir);
+    say("host " + host + " answers again; growing back onto it after the next checkpoint");
+    events_->write("host_back", {{"restart", restart_}, {"host", host},
+                                 {"checkpoint_step", static_cast<long>(regrow_after_step_)}});
+  }
+
+  // The checkpoint the relaunch resumes from is on disk: stop and relaunch with the host.
+  void regrow() {
+    if (state_ != State::running) return;
+    state_ = State::stopping;
+    regrowing_ = true;
+    tick_.cancel();
+    const long long step = newest_checkpoint_step(options_.checkpoint_dir);
+    say("checkpoint of step " + std::to_string(step) + " written; stopping to grow back onto " + regrow_host_);
+    events_->write("regrow", {{"restart", restart_}, {"host", regrow_host_}, {"checkpoint_step", static_cast<long>(step)},
+                              {"np_before", pool_->np()}});
+    stop_job();
   }
 
 
@@ -401,8 +500,24 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
 
   void after_stop() {
     if (interrupted_) return finish(128 + interrupted_, "stopped by " + std::string(::strsignal(interrupted_)));
-    if (restart_ >= options_.max_restarts) return finish(1, "gave up after " + std::to_string(restart_) + " restart(s)");
     int before = pool_->np();
+    if (!regrow_host_.empty()) {  // back for the relaunch, whatever stopped the job
+      const int np = pool_->readmit(regrow_host_);
+      say("relaunching on " + std::to_string(np) + " rank(s) with host " + regrow_host_ +
+          (np != before ? " (was " + std::to_string(before) + ")" : ""));
+      events_->write("readmit", {{"restart", restart_ + 1}, {"host", regrow_host_}, {"np", np}, {"np_before", before}});
+      regrow_host_.clear();
+      before = np;
+    }
+    if (regrowing_) {  // not a failure: no backoff, and not one of --max-restarts
+      regrowing_ = false;
+      ++restart_;
+      ++regrows_;
+      events_->write("restart", {{"restart", restart_}, {"backoff_s", 0.0}, {"cause", "regrow"}});
+      return launch();
+    }
+    if (restart_ - regrows_ >= options_.max_restarts)
+      return finish(1, "gave up after " + std::to_string(restart_ - regrows_) + " restart(s)");
     auto plan = pool_->plan_next_launch();
     for (const auto& host : plan.excluded_now) {
       say("leaving out host " + host + " after " + std::to_string(pool_->failures_of(host)) + " failure(s) blamed on it" +
@@ -464,6 +579,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     tick_.cancel();
     grace_timer_.cancel();
     backoff_timer_.cancel();
+    probe_timer_.cancel();
+    probe_deadline_.cancel();
+    probe_.reset();
     signals_.cancel();
     io_.stop();
   }
@@ -474,7 +592,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::string mpirun_;
   asio::io_context io_;
   asio::signal_set signals_;
-  asio::steady_timer tick_, grace_timer_, backoff_timer_;
+  asio::steady_timer tick_, grace_timer_, backoff_timer_, probe_timer_, probe_deadline_;
   std::unique_ptr<EventLog> events_;
   std::unique_ptr<HeartbeatServer> server_;
   std::unique_ptr<HostPool> pool_;
@@ -491,6 +609,15 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::optional<Clock::time_point> last_progress_;
   std::optional<std::uint64_t> furthest_step_;
   RunSummary summary_;
+  StragglerWatch stragglers_;
+  // --regrow: the probe running, how many were started, the host that answered and the
+  // newest checkpoint then (the job grows back after a newer one).
+  std::unique_ptr<Job> probe_;
+  int probes_ = 0;
+  std::string regrow_host_;
+  long long regrow_after_step_ = -1;
+  bool regrowing_ = false;  // the job is being stopped to grow back
+  int regrows_ = 0;         // relaunches that were regrowths, not failures
 };
 
 Supervisor::Supervisor(RunOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

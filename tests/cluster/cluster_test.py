@@ -323,6 +323,82 @@ def node_lost(s: Scenario) -> None:
     print(f"figure: node lost for good -> first resumed step on {s.nodes - 1} ranks {took:.2f} s")
 
 
+def straggler(s: Scenario) -> None:
+    # A node held to 10% of a core: named as a straggler (rank, node, how much slower)
+    # and not restarted; its result is the one the job has without the limit. Batches
+    # of 384 make a step mostly computation, which is what the limit slows.
+    job = s.digits("--epochs", "40", "--batch-size", "384", "--save-every", "50")
+    node = f"node{s.nodes}"
+    healthy = run(s.troupe_run(s.nodes, s.work / "healthy", job), s.env, 240, s.work / "healthy.log")
+    check(healthy.returncode == 0 and hash_of(healthy.stdout), f"the run without a slow node: {healthy.stderr[-2000:]}")
+    cluster("slow", node, "10")
+    try:
+        slow = run(s.troupe_run(s.nodes, s.work / "slow", job), s.env, 240, s.work / "slow.log")
+    finally:
+        cluster("slow", node, "off")
+    print(slow.stderr[-3000:], file=sys.stderr)
+    check(slow.returncode == 0, f"the run with {node} slowed finished (status {slow.returncode})")
+    log = events(s.work / "slow")
+    reports = [e for e in log if e["event"] == "straggler" and e["host"] == node]
+    check(bool(reports), f"{node} was reported as a straggler: {[e for e in log if 'straggler' in e['event']]}")
+    check(reports[0]["slower"] >= 1.5 and reports[0]["rank"] == s.nodes - 1,
+          f"the report names rank {s.nodes - 1} and how much slower it is: {reports[0]}")
+    check(f"straggler: rank {s.nodes - 1} on {node}" in slow.stderr, "and says so on stderr")
+    check(not [e for e in log if e["event"] in ("failure", "restart")], "the job was not restarted for it")
+    check(hash_of(slow.stdout) == hash_of(healthy.stdout),
+          f"parameters {hash_of(slow.stdout)} == without the slow node {hash_of(healthy.stdout)}")
+    print(f"figure: straggler reported {reports[0]['slower']:.1f}x slower")
+
+
+def regrow(s: Scenario) -> None:
+    # One slot a node: node3 is lost for good, the job shrinks to 2 ranks; the node
+    # comes back, troupe-run's probe finds it, and after the next checkpoint the job
+    # grows back to 3 ranks and finishes there, resumed resharded each time. A global
+    # batch of 64: uneven shares on 3 ranks (22, 21, 21), even ones on 2.
+    node = f"node{s.nodes}"
+    one_slot = s.work / "one-slot-hosts"
+    one_slot.write_text("".join(f"node{i} slots=1\n" for i in range(1, s.nodes + 1)))
+    directory = s.work / "regrow"
+    extra = ["--exclude-after", "2", "--min-ranks", str(s.nodes - 1), "--max-restarts", "4", "--regrow",
+             "--probe-interval", "1"]
+    command = s.troupe_run(s.nodes, directory, s.digits("--epochs", "30", "--batch-size", "64"), extra)
+    command[command.index("--hostfile") + 1] = str(one_slot)
+    print("$", " ".join(command))
+    process = subprocess.Popen(command, env=s.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_checkpoint(directory, 70, process)
+    cluster("partition", node)
+    cluster("kill", node)
+    try:
+        deadline = time.time() + 60
+        shrunk = False
+        while time.time() < deadline and process.poll() is None and not shrunk:
+            log = events(directory)
+            out = [e["restart"] for e in log if e["event"] == "exclude"]
+            shrunk = bool(out) and any(e["event"] == "resume" and e["restart"] >= out[0] for e in log)
+            time.sleep(0.05)
+        check(shrunk, f"the job shrank to {s.nodes - 1} ranks and resumed")
+    finally:
+        cluster("heal", node)
+    healed = time.time()
+    code, out, err = finish(process, s.work / "regrow.log")
+    check(code == 0, f"troupe-run finished (status {code})")
+    log = events(directory)
+    names = [e["event"] for e in log]
+    check("host_back" in names and "regrow" in names and "readmit" in names,
+          f"the probe found {node} back and the job grew back onto it: {names}")
+    readmit = [e for e in log if e["event"] == "readmit"][0]
+    check(readmit["host"] == node and readmit["np"] == s.nodes and readmit["np_before"] == s.nodes - 1,
+          f"{node} readmitted, {s.nodes - 1} -> {s.nodes} ranks: {readmit}")
+    regrow_event = [e for e in log if e["event"] == "regrow"][0]
+    check(f"(690 steps, {s.nodes} rank(s))" in out, f"it ended after the same 690 steps on {s.nodes} ranks again")
+    accuracy = float(re.search(r"final test accuracy ([0-9.]+)", out).group(1))
+    check(accuracy >= 0.95, f"final test accuracy {accuracy} >= 0.95")
+    grown = [e for e in log if e["event"] == "resume" and e["restart"] > regrow_event["restart"]]
+    check(bool(grown), "the grown job resumed")
+    print(f"figure: node healed -> regrown job's first step {grown[0]['time'] - healed:.2f} s "
+          f"(checkpoint wait included)")
+
+
 def bad_input(s: Scenario) -> None:
     bad = s.work / "bad-hosts"
     bad.write_text("node1 slots=1\nnode-that-does-not-exist slots=1\n")
@@ -391,7 +467,7 @@ def slurm_node_lost(s: Scenario) -> None:
         check(accuracy >= 0.95, f"final test accuracy {accuracy} >= 0.95")
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, bad_input, slurm, slurm_node_lost)}
+SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, straggler, regrow, bad_input, slurm, slurm_node_lost)}
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A checkpoint taken in the middle of an epoch resumes at another world size: a 2-rank
 # train_digits run, killed by a crash fault at step 40 (mid-epoch 2; its last
-# checkpoint is step 35), is resumed on 4 ranks with --sharding fsdp and, separately,
+# checkpoint is step 35), is resumed on 4 ranks with --sharding fsdp, on 3 ranks (the
+# global batch of 64 in uneven shares, 22/21/21, gradients weighted by share) and, separately,
 # in one process. Each resumed run re-splits the rest of epoch 2 over its ranks
 # (DistributedSampler: every sample not yet seen is seen once) and ends after the same
 # 69 steps as the uninterrupted 2-rank run -- the global batch is the same, so the step
@@ -22,7 +23,7 @@ echo "== reference: 2 ranks, no failure"
 run 2 --checkpoint-dir "$work/ref" > "$work/ref.log" 2>&1 || { cat "$work/ref.log"; exit 1; }
 grep -q '(69 steps, 2 rank(s))' "$work/ref.log" || { cat "$work/ref.log"; exit 1; }
 
-for target in "4 --sharding fsdp" "1"; do
+for target in "4 --sharding fsdp" "3" "1"; do
   set -- $target
   np=$1; shift
   dir="$work/np$np"

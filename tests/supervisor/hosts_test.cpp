@@ -10,6 +10,7 @@
 #include "troupe/supervisor/host_pool.hpp"
 #include "troupe/supervisor/job_hosts.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
+#include "troupe/supervisor/straggler_watch.hpp"
 
 namespace sv = troupe::supervisor;
 
@@ -144,4 +145,105 @@ TEST(HostPool, TheNextLaunchGetsAHostfileOfTheRemainingHostsInPlaceOfTheUsers) {
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("node1 slots=1\nnode3 slots=1\n"), std::string::npos) << text;
   EXPECT_EQ(text.find("node2"), std::string::npos) << text;
+}
+
+TEST(HostPool, AReturningHostIsReadmittedWithACleanRecordAndTheJobGrowsBack) {
+  sv::HostPool pool(three_nodes(), 3, /*exclude_after=*/1, /*min_ranks=*/2);
+  for (int r = 0; r < 3; ++r) pool.rank_registered(r, "node" + std::to_string(r + 1));
+  pool.blame("node3");
+  ASSERT_EQ(pool.plan_next_launch().np, 2);
+  EXPECT_EQ(pool.excluded(), std::vector<std::string>{"node3"});
+  EXPECT_TRUE(pool.hosts_changed());
+  EXPECT_EQ(pool.readmit("node3"), 3);
+  EXPECT_TRUE(pool.excluded().empty());
+  EXPECT_FALSE(pool.hosts_changed());  // the user's own host options again
+  EXPECT_EQ(pool.failures_of("node3"), 0);
+  EXPECT_EQ(pool.np(), 3);
+  EXPECT_EQ(pool.plan_next_launch().np, 3);  // one old failure does not exclude it again
+  EXPECT_EQ(pool.readmit("node9"), 3);       // a host never left out: nothing changes
+}
+
+TEST(MpirunCommand, TheProbeStartsOneTrueOnTheHostThroughTheJobsLauncherOptions) {
+  auto options = with_args({"--hostfile", "/h", "--mca", "plm_rsh_agent", "/x/rsh", "--map-by", "node", "--bind-to",
+                            "none", "-x", "FOO"});
+  EXPECT_EQ(sv::probe_command(options, "/usr/bin/mpirun", "node3"),
+            (std::vector<std::string>{"/usr/bin/mpirun", "--host", "node3:1", "-np", "1", "--mca", "plm_rsh_agent",
+                                      "/x/rsh", "--bind-to", "none", "-x", "FOO", "true"}));
+}
+
+namespace {
+// Ranks whose heartbeats report `work_ms` of their own work per step, `steps` more steps.
+void advance(std::vector<sv::RankStatus>& ranks, const std::vector<double>& work_ms, std::uint64_t steps) {
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    ranks[r].progress.work_steps += steps;
+    ranks[r].progress.work_us += static_cast<std::uint64_t>(work_ms[r] * 1000 * static_cast<double>(steps));
+    ranks[r].progress.step += steps;
+  }
+}
+}  // namespace
+
+TEST(StragglerWatch, ARankThatWorksLongerPerStepTwiceInARowIsNamedOnceAndClearedAfter) {
+  std::vector<sv::RankStatus> ranks(3);
+  for (int r = 0; r < 3; ++r) {
+    ranks[static_cast<std::size_t>(r)].rank = r;
+    ranks[static_cast<std::size_t>(r)].registered = ranks[static_cast<std::size_t>(r)].connected = true;
+    ranks[static_cast<std::size_t>(r)].host = "node" + std::to_string(r + 1);
+  }
+  sv::StragglerWatch watch(1.5, std::chrono::seconds(1), 3);
+  watch.begin_launch(3);
+  auto t = sv::Clock::time_point{} + std::chrono::hours(1);
+  EXPECT_TRUE(watch.update(ranks, t).empty());  // the first look only starts the windows
+  const std::vector<double> slow_third = {10, 11, 40};
+  advance(ranks, slow_third, 2);
+  EXPECT_TRUE(watch.update(ranks, t += std::chrono::seconds(2)).empty()) << "2 steps are too few for a window";
+  advance(ranks, slow_third, 20);
+  EXPECT_TRUE(watch.update(ranks, t += std::chrono::milliseconds(500)).empty()) << "one window above is not enough";
+  EXPECT_TRUE(watch.update(ranks, t += std::chrono::seconds(1)).empty()) << "no steps, no window";
+  advance(ranks, slow_third, 30);
+  auto changes = watch.update(ranks, t += std::chrono::seconds(1));
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_TRUE(changes[0].straggling);
+  EXPECT_EQ(changes[0].rank, 2);
+  EXPECT_EQ(changes[0].host, "node3");
+  EXPECT_NEAR(changes[0].work_ms, 40, 0.01);
+  EXPECT_NEAR(changes[0].median_ms, 11, 0.01);  // the median of 10, 11, 40
+  EXPECT_NEAR(changes[0].slower, 40.0 / 11, 0.01);
+  EXPECT_TRUE(watch.straggling(2));
+  advance(ranks, slow_third, 30);
+  EXPECT_TRUE(watch.update(ranks, t += std::chrono::seconds(1)).empty()) << "reported once, not every window";
+  const std::vector<double> even = {10, 11, 12};
+  for (int window = 0; window < 2; ++window) {
+    advance(ranks, even, 30);
+    changes = watch.update(ranks, t += std::chrono::seconds(1));
+  }
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_FALSE(changes[0].straggling);
+  EXPECT_FALSE(watch.straggling(2));
+  sv::StragglerWatch off(0);
+  off.begin_launch(3);
+  EXPECT_TRUE(off.update(ranks, t).empty());
+}
+
+TEST(RunOptions, RegrowNeedsACheckpointDirAndExclusionAndStragglerRatioIsChecked) {
+  auto parse = [](std::vector<std::string> args) { return sv::parse_run_options(args); };
+  auto o = parse({"-np", "3", "--checkpoint-dir", "/tmp/c", "--exclude-after", "2", "--regrow", "--probe-interval",
+                  "2.5", "--straggler-ratio", "2", "--", "x"});
+  EXPECT_TRUE(o.regrow);
+  EXPECT_DOUBLE_EQ(o.probe_interval.count(), 2.5);
+  EXPECT_DOUBLE_EQ(o.straggler_ratio, 2);
+  EXPECT_DOUBLE_EQ(parse({"-np", "3", "--", "x"}).straggler_ratio, 1.5);
+  auto message = [&](std::vector<std::string> args) {
+    try {
+      parse(args);
+    } catch (const troupe::InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message({"-np", "3", "--exclude-after", "1", "--regrow", "--", "x"}).find("--regrow needs --checkpoint-dir"),
+            std::string::npos);
+  EXPECT_NE(message({"-np", "3", "--checkpoint-dir", "/tmp/c", "--regrow", "--", "x"}).find("--regrow needs --exclude-after"),
+            std::string::npos);
+  EXPECT_NE(message({"-np", "3", "--straggler-ratio", "0.5", "--", "x"}).find("expected a ratio above 1"),
+            std::string::npos);
 }

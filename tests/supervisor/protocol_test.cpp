@@ -45,8 +45,10 @@ TEST(Protocol, HelloAndHeartbeatSurviveARoundTrip) {
   EXPECT_EQ(back.pid, 4242u);
   EXPECT_EQ(back.host, "node-7");
 
-  sv::Heartbeat beat{(1ull << 40) + 7, 99, true, false, sv::Phase::checkpoint_save};
+  sv::Heartbeat beat{(1ull << 40) + 7, 99, true, false, sv::Phase::checkpoint_save, (1ull << 35) + 3, 1234};
   auto b = std::get<sv::Heartbeat>(round_trip(beat));
+  EXPECT_EQ(b.work_us, beat.work_us);
+  EXPECT_EQ(b.work_steps, 1234u);
   EXPECT_EQ(b.step, beat.step);
   EXPECT_EQ(b.sequence, 99u);
   EXPECT_TRUE(b.has_step);
@@ -64,7 +66,7 @@ TEST(Protocol, PhasesHaveNamesAndAnUnknownOneIsRefused) {
             std::string::npos);
   // A heartbeat whose phase byte is out of range is a format error, not a crash.
   auto frame = sv::encode(sv::Heartbeat{});
-  frame.back() = 77;
+  frame[sv::kFrameHeader + 1 + 8 + 8 + 1] = 77;  // kind, step, sequence, flags, then the phase
   EXPECT_NE(error_of([&] { sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader); })
                 .find("heartbeat phase 77"),
             std::string::npos);

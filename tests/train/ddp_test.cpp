@@ -19,15 +19,15 @@ constexpr std::int64_t kGlobalBatch = 64;
 constexpr int kSteps = 20;
 constexpr std::uint64_t kDataSeed = 7, kModelSeed = 3, kShuffleSeed = 11;
 
-// One process, batch 64, no DDP: what every world size must reproduce.
-std::vector<double> reference_parameters(int steps) {
+// One process, batch 64 (or `batch`), no DDP: what every world size must reproduce.
+std::vector<double> reference_parameters(int steps, std::int64_t global_batch = kGlobalBatch) {
   auto model = testing::make_mlp(kModelSeed);
-  const TensorDataset data = testing::make_data(kGlobalBatch * steps, kDataSeed);
+  const TensorDataset data = testing::make_data(global_batch * steps, kDataSeed);
   nn::SGD sgd(model->named_parameters(), 0.1, 0.9);
   nn::CrossEntropyLoss loss_fn;
   DistributedSampler sampler(data.size(), 1, 0, {.shuffle = true, .seed = kShuffleSeed});
   for (int step = 0; step < steps; ++step) {
-    const TensorBatch batch = data.rows(sampler.take(kGlobalBatch));
+    const TensorBatch batch = data.rows(sampler.take(global_batch));
     sgd.zero_grad();
     loss_fn.forward(model->forward(batch.inputs), batch.targets);
     model->backward(loss_fn.backward());
@@ -86,6 +86,33 @@ TEST(DistributedDataParallel, AllRanksTogetherTrainLikeOneRankWithTheWholeBatch)
   }
   EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*model), want), 1e-5)
       << comm.size() << " ranks x batch " << local_batch << " vs 1 rank x batch 64";
+}
+
+// A global batch the ranks do not divide (63 over 2 or 4 ranks): shares differ by one,
+// and each rank's gradient weighted by its share makes the step the one-rank step.
+TEST(DistributedDataParallel, UnevenSharesWeightedByShareTrainLikeOneRank) {
+  auto& comm = world();
+  constexpr std::int64_t kBatch = 63;
+  const std::vector<double> want = reference_parameters(kSteps, kBatch);
+  const TensorDataset data = testing::make_data(kBatch * kSteps, kDataSeed);
+  auto model = testing::make_mlp(kModelSeed);
+  DistributedDataParallel ddp(*model, comm, {.bucket_bytes = 5000});
+  nn::SGD sgd(model->named_parameters(), 0.1, 0.9);
+  nn::CrossEntropyLoss loss_fn;
+  DistributedSampler sampler(data.size(), comm.size(), comm.rank(),
+                             {.shuffle = true, .seed = kShuffleSeed, .global_batch = kBatch});
+  for (int step = 0; step < kSteps; ++step) {
+    const std::int64_t position = sampler.position();
+    const TensorBatch batch = data.rows(sampler.take(sampler.local_batch()));
+    EXPECT_EQ(batch.size(), kBatch / comm.size() + (comm.rank() < kBatch % comm.size() ? 1 : 0));
+    sgd.zero_grad();
+    loss_fn.forward(ddp.forward(batch.inputs), batch.targets);
+    ddp.backward(loss_fn.backward(sampler.batch_weight(position, batch.size())));
+    sgd.step();
+  }
+  EXPECT_TRUE(testing::same_on_every_rank(testing::parameter_hash(*model)));
+  EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*model), want), 1e-5)
+      << comm.size() << " ranks with uneven shares of 63 vs 1 rank x batch 63";
 }
 
 // Issue 11: the model and its gradient buckets on the GPU, the all-reduce over NCCL on

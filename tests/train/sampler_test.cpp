@@ -185,6 +185,79 @@ TEST(DistributedSampler, MidEpochAtAnotherWorldSizeSplitsTheRestOfTheEpochAnew) 
   }
 }
 
+TEST(DistributedSampler, UnevenSharesCutEachGlobalBatchOfTheSingleRankOrder) {
+  // 64 over 3 ranks: 22, 21, 21 of every block of 64 positions; together each block is
+  // the single-rank batch of 64, and the weights R * count / 64 average to 1.
+  const std::int64_t n = 200, m = 64;
+  DistributedSampler one(n, 1, 0, {.seed = 9});
+  std::vector<DistributedSampler> ranks;
+  for (int r = 0; r < 3; ++r) ranks.emplace_back(n, 3, r, SamplerOptions{.seed = 9, .global_batch = m});
+  EXPECT_EQ(ranks[0].local_batch(), 22);
+  EXPECT_EQ(ranks[1].local_batch(), 21);
+  EXPECT_EQ(ranks[2].local_batch(), 21);
+  std::multiset<std::int64_t> all;
+  for (int block = 0; block < 4; ++block) {  // 201 positions after padding: 3 blocks of 64, one of 9
+    const auto want = one.take(m);
+    std::multiset<std::int64_t> got;
+    double weights = 0;
+    for (auto& s : ranks) {
+      const std::int64_t position = s.position();
+      const auto part = s.take(s.local_batch());
+      weights += s.batch_weight(position, static_cast<std::int64_t>(part.size()));
+      got.insert(part.begin(), part.end());
+    }
+    all.insert(got.begin(), got.end());
+    if (block < 3) {
+      EXPECT_EQ(got, std::multiset<std::int64_t>(want.begin(), want.end())) << "block " << block;
+    } else {
+      EXPECT_EQ(got.size(), 9u);  // the epoch's last block: 8 real positions and 1 of padding
+    }
+    EXPECT_NEAR(weights, 3.0, 1e-12) << "block " << block;
+  }
+  for (auto& s : ranks) EXPECT_TRUE(s.exhausted());
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_GE(all.count(i), 1u) << i;
+  // With shares that divide evenly the blocks are the plain strided split.
+  for (int r = 0; r < 4; ++r)
+    EXPECT_EQ(DistributedSampler(n, 4, r, {.seed = 9, .global_batch = 64}).indices(),
+              DistributedSampler(n, 4, r, {.seed = 9}).indices());
+}
+
+TEST(DistributedSampler, UnevenSharesResumeOnTheSameAndOnAnotherWorldSize) {
+  // 3 ranks, 64 a step, stopped after 2 steps: every rank's state says 128 positions
+  // are done. The same split goes on at each rank's own position; 2 ranks (32 each)
+  // go on from position 128 of the epoch, covering the rest once.
+  const std::int64_t n = 300, m = 64;
+  std::vector<nn::StateDict> states;
+  std::multiset<std::int64_t> seen;
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler s(n, 3, r, {.seed = 4, .global_batch = m});
+    s.set_epoch(1);
+    for (int step = 0; step < 2; ++step) {
+      const auto part = s.take(s.local_batch());
+      seen.insert(part.begin(), part.end());
+    }
+    states.push_back(s.state_dict());
+    EXPECT_EQ(states.back().at("consumed").to_vector<std::int64_t>().at(0), 128);
+  }
+  for (int r = 0; r < 3; ++r) {
+    DistributedSampler same(n, 3, r, {.seed = 4, .global_batch = m});
+    same.load_state_dict(states[0]);  // rank 0's state: every rank finds its own place
+    EXPECT_EQ(same.position(), 2 * same.local_batch());
+  }
+  std::multiset<std::int64_t> rest;
+  for (int r = 0; r < 2; ++r) {
+    DistributedSampler two(n, 2, r, {.seed = 4, .global_batch = m});
+    two.load_state_dict(states[static_cast<std::size_t>(r)]);
+    EXPECT_EQ(two.start(), 128);
+    const auto part = two.remaining();
+    rest.insert(part.begin(), part.end());
+  }
+  std::multiset<std::int64_t> all = seen;
+  all.insert(rest.begin(), rest.end());
+  EXPECT_EQ(all.size(), static_cast<std::size_t>(n));  // 128 + 172, no padding needed
+  for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(all.count(i), 1u) << i;
+}
+
 TEST(DistributedSampler, RefusesAStateForAnotherDataSet) {
   DistributedSampler a(50, 2, 0);
   a.take(7);

@@ -30,6 +30,9 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replic
   TROUPE_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", num_replicas);
   TROUPE_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: rank ", rank, " is outside [0, ", num_replicas,
                ")");
+  TROUPE_CHECK(options.global_batch == 0 || options.global_batch >= num_replicas, "DistributedSampler: a global batch of ",
+               options.global_batch, " leaves some of the ", num_replicas, " ranks without a sample");
+  TROUPE_CHECK(options.global_batch >= 0, "DistributedSampler: global_batch must be >= 0, got ", options.global_batch);
   build_indices();
 }
 
@@ -42,16 +45,40 @@ void DistributedSampler::build_indices() {
   if (options_.shuffle) order = epoch_permutation(dataset_size_, options_.seed, epoch_);
   else std::iota(order.begin(), order.end(), std::int64_t{0});
   order.erase(order.begin(), order.begin() + start_);
-  num_samples_ = samples_per_replica(static_cast<std::int64_t>(order.size()), num_replicas_, options_.drop_last);
-  const std::size_t total = static_cast<std::size_t>(total_size());
+  total_size_ = samples_per_replica(static_cast<std::int64_t>(order.size()), num_replicas_, options_.drop_last) *
+                num_replicas_;
+  const std::size_t total = static_cast<std::size_t>(total_size_);
   // Padding repeats the permutation from its start (several times over if the data
   // set is smaller than the number of replicas).
   for (std::size_t i = 0; order.size() < total && !order.empty(); ++i) order.push_back(order[i]);
   order.resize(total);
   indices_.clear();
-  indices_.reserve(static_cast<std::size_t>(num_samples_));
-  for (std::size_t i = static_cast<std::size_t>(rank_); i < total; i += static_cast<std::size_t>(num_replicas_))
-    indices_.push_back(order[i]);
+  // Blocks of global_batch positions (one block without it), strided inside each.
+  const std::size_t block = options_.global_batch > 0 ? static_cast<std::size_t>(options_.global_batch) : total;
+  const auto replicas = static_cast<std::size_t>(num_replicas_);
+  for (std::size_t begin = 0; begin < total; begin += block)
+    for (std::size_t i = begin + static_cast<std::size_t>(rank_); i < std::min(total, begin + block); i += replicas)
+      indices_.push_back(order[i]);
+  num_samples_ = static_cast<std::int64_t>(indices_.size());
+}
+
+std::int64_t DistributedSampler::local_batch() const {
+  TROUPE_CHECK(options_.global_batch > 0, "DistributedSampler::local_batch: no global_batch was given");
+  return options_.global_batch / num_replicas_ + (rank_ < options_.global_batch % num_replicas_ ? 1 : 0);
+}
+
+double DistributedSampler::batch_weight(std::int64_t position, std::int64_t count) const {
+  if (options_.global_batch == 0 || options_.global_batch % num_replicas_ == 0) return 1.0;
+  // Every block before the epoch's last is whole, so the block is position / share.
+  const std::int64_t block = position / local_batch();
+  const std::int64_t size = std::min(options_.global_batch, total_size_ - block * options_.global_batch);
+  return static_cast<double>(num_replicas_) * static_cast<double>(count) / static_cast<double>(size);
+}
+
+std::int64_t DistributedSampler::consumed(std::int64_t position) const {
+  if (position >= num_samples_) return total_size_;
+  if (options_.global_batch == 0) return position * num_replicas_;
+  return position / local_batch() * options_.global_batch;
 }
 
 void DistributedSampler::set_epoch(std::int64_t epoch) {
@@ -91,6 +118,8 @@ nn::StateDict DistributedSampler::state_dict() const {
   dict.insert("epoch", i64(epoch_));
   dict.insert("start", i64(start_));
   dict.insert("position", i64(position_));
+  dict.insert("consumed", i64(consumed(position_)));
+  dict.insert("global_batch", i64(options_.global_batch));
   dict.insert("dataset_size", i64(dataset_size_));
   dict.insert("num_replicas", i64(num_replicas_));
   dict.insert("drop_last", i64(options_.drop_last ? 1 : 0));
@@ -110,19 +139,28 @@ void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
                ", shuffle ", options_.shuffle, ")");
   TROUPE_CHECK(replicas >= 1 && start >= 0 && start <= size, "DistributedSampler::load_state_dict: num_replicas ",
                replicas, " / start ", start, " out of range for ", size, " samples");
-  const std::int64_t saved_samples = samples_per_replica(size - start, replicas, drop_last);
-  TROUPE_CHECK(epoch >= 0 && position >= 0 && position <= saved_samples,
-               "DistributedSampler::load_state_dict: epoch ", epoch, " / position ", position,
-               " out of range (", saved_samples, " samples per rank)");
+  const std::int64_t saved_total = samples_per_replica(size - start, replicas, drop_last) * replicas;
+  const std::int64_t global_batch = dict.contains("global_batch") ? get("global_batch") : 0;
+  // `consumed` is the same on every rank; a state from before it existed had equal
+  // shares, so position * replicas (or the whole epoch at its end) says the same.
+  const std::int64_t done = dict.contains("consumed") ? get("consumed")
+                            : position * replicas >= saved_total ? saved_total
+                                                                 : position * replicas;
+  TROUPE_CHECK(epoch >= 0 && position >= 0 && global_batch >= 0 && done >= 0 && done <= saved_total,
+               "DistributedSampler::load_state_dict: epoch ", epoch, " / position ", position, " / consumed ", done,
+               " out of range (", saved_total, " positions in the epoch)");
   options_.seed = static_cast<std::uint64_t>(get("seed"));
   epoch_ = epoch;
-  // The same world size goes on with the saved split. Another one: the first
-  // position * replicas places of the split are done (all of them once it reaches its
-  // padding), and the rest of the epoch is split anew from its start.
-  const bool same_split = replicas == num_replicas_;
-  start_ = same_split ? start : position == saved_samples ? size : std::min(size, start + position * replicas);
+  // The same split goes on where it was: this rank's position for `done`. Another
+  // one: the first `done` places of the epoch are done (all of them once it reaches
+  // its padding), and the rest is split anew from there.
+  const bool same_split = replicas == num_replicas_ && global_batch == options_.global_batch;
+  start_ = same_split ? start : done == saved_total ? size : std::min(size, start + done);
   build_indices();
-  position_ = same_split ? position : 0;
+  if (!same_split || done == 0) position_ = 0;
+  else if (done == total_size_) position_ = num_samples_;
+  else if (options_.global_batch == 0) position_ = done / num_replicas_;
+  else position_ = done / options_.global_batch * local_batch();
 }
 
 }  // namespace troupe::train

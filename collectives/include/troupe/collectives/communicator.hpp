@@ -27,6 +27,7 @@
 //   send/recv       point to point, matched by (peer, tag); not part of the sequence.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -63,6 +64,10 @@ class Communicator {
   bool failed() const;
   // The sequence number the next collective will get.
   std::uint64_t next_sequence() const { return sequence_; }
+  // How long callers have waited, in total, for collectives that were not done yet when
+  // they came to wait (Work::wait and the blocking forms). A step's time less this is
+  // the rank's own work in it: a straggler waits least (troupe-run's straggler report).
+  std::chrono::nanoseconds wait_time() const;
 
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
   // Collective over this communicator. A negative color returns null (no membership).

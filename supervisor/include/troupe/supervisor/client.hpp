@@ -92,6 +92,17 @@ class SupervisorClient {
     sequence_.store(sequence, std::memory_order_relaxed);
   }
 
+  // The rank's own work in the step just finished: its wall time less the time spent
+  // waiting for peers inside collectives (Communicator::wait_time). Heartbeats carry
+  // the running totals; troupe-run compares ranks' work per step to name a straggler.
+  // Call from one thread (the training loop's).
+  void report_step_work(std::chrono::nanoseconds work) noexcept {
+    const auto us = std::chrono::duration_cast<std::chrono::microseconds>(work).count();
+    work_us_.store(work_us_.load(std::memory_order_relaxed) + static_cast<std::uint64_t>(us > 0 ? us : 0),
+                   std::memory_order_relaxed);
+    work_steps_.store(work_steps_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
   // Stops heartbeating, sends Goodbye and closes: the rank is ending on purpose.
   // Idempotent; never throws.
   void close() noexcept;
@@ -121,6 +132,8 @@ class SupervisorClient {
   std::atomic<std::uint64_t> step_{kUnset};
   std::atomic<std::uint64_t> sequence_{kUnset};
   std::atomic<std::uint64_t> sent_{0};
+  std::atomic<std::uint64_t> work_us_{0};
+  std::atomic<std::uint64_t> work_steps_{0};
   std::atomic<std::uint8_t> phase_{static_cast<std::uint8_t>(Phase::startup)};
   std::mutex mutex_;  // guards stop_ and the socket's writes
   std::condition_variable wake_;

@@ -6,9 +6,10 @@
 // ran on. A launch that fails before all of its ranks registered names no one; it is
 // blamed on the host blamed last, if any: a node that just died is the likely reason
 // the relaunch onto it fails (mpirun cannot start its daemon there). After
-// `exclude_after` failures a host is left out for good (a returning node is not taken
-// back: regrowing is not done). The next launch keeps -np when the remaining hosts have
-// the slots, else shrinks to what they hold, and is refused below `min_ranks`.
+// `exclude_after` failures a host is left out. The next launch keeps -np when the
+// remaining hosts have the slots, else shrinks to what they hold, and is refused below
+// `min_ranks`. A host that comes back (troupe-run's --regrow probes it) is readmitted
+// with a clean record, and the job grows back towards -np.
 //
 // Only troupe-run's thread uses it; no locks.
 #pragma once
@@ -40,6 +41,11 @@ class HostPool {
   // Leaves out every host blamed exclude_after times, and says what the next launch is.
   Plan plan_next_launch();
 
+  // Takes a left-out host back: its failures are forgotten, and the next launch has as
+  // many ranks as the hosts in use hold, up to the -np asked for. Returns that number.
+  int readmit(const std::string& host);
+  const std::vector<std::string>& excluded() const { return excluded_; }
+
   int np() const { return np_; }
   bool hosts_changed() const { return !excluded_.empty(); }
   // The hosts still in use, with slots: the ranks each held in the last launch where
@@ -53,7 +59,8 @@ class HostPool {
 
  private:
   JobHosts hosts_;
-  int np_;
+  int np_wanted_;  // -np
+  int np_;         // the next launch's
   int exclude_after_;
   int min_ranks_;
   std::vector<std::string> excluded_;

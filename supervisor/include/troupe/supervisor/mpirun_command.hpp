@@ -24,4 +24,9 @@ std::vector<std::string> mpirun_command(const RunOptions& options, const std::st
 // --hostfile/--host.
 RunOptions launch_options(const RunOptions& options, const HostPool& pool, const std::string& hostfile);
 
+// `mpirun --host HOST -np 1 [the user's launcher options] true`: whether mpirun can
+// start a process on HOST again, through the same launcher and agent as the job
+// (--regrow's probe). Host and mapping options of the job are left out.
+std::vector<std::string> probe_command(const RunOptions& options, const std::string& mpirun, const std::string& host);
+
 }  // namespace troupe::supervisor

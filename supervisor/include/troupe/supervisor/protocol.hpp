@@ -24,7 +24,7 @@
 
 namespace troupe::supervisor {
 
-inline constexpr std::uint16_t kProtocolVersion = 2;  // 2: heartbeats carry a phase
+inline constexpr std::uint16_t kProtocolVersion = 3;  // 2: heartbeats carry a phase; 3: and work time
 // Largest payload either side accepts. A Hello with a 255-byte host name fits easily.
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
@@ -71,6 +71,11 @@ struct Heartbeat {
   bool has_step = false;
   bool has_sequence = false;
   Phase phase = Phase::startup;
+  // The rank's own work over its timed steps so far: step time less the time spent
+  // waiting for peers in collectives (SupervisorClient::report_step_work). troupe-run
+  // compares ranks' work per step over a window to name stragglers.
+  std::uint64_t work_us = 0;
+  std::uint64_t work_steps = 0;
 };
 
 struct Goodbye {};

@@ -57,6 +57,16 @@ struct RunOptions {
   int exclude_after = 0;
   // The fewest ranks a relaunch may have after hosts were left out; 0: -np (no shrink).
   int min_ranks = 0;
+  // Grow back onto a host that was left out once it answers again: troupe-run probes
+  // such hosts every probe_interval (`mpirun --host H -np 1 true`, through the same
+  // launcher), and after the next checkpoint that appears stops the job and relaunches
+  // it on every host with -np ranks; the program resumes resharded. Needs checkpoint_dir.
+  bool regrow = false;
+  Seconds probe_interval{5};
+  // A rank whose own work per step (its step time less its waits in collectives) is at
+  // least this many times the ranks' median is reported as a straggler (events log and
+  // stderr), without a restart. 0: off.
+  double straggler_ratio = 1.5;
   // JSONL events file; empty: <checkpoint-dir>/troupe-run-events.jsonl, or none
   // without a checkpoint directory.
   std::string events_file;

@@ -14,11 +14,15 @@
 // program runs unchanged (a single-rank communicator, no MPI traffic).
 //
 // WorkerOptions::sharding picks how the model is spread over the ranks: ddp (the
-// default: DDP and the recipe's optimizer), zero1 (DDP + OSS), zero2
-// (ShardedDataParallel + OSS) or fsdp (FullyShardedDataParallel), see sharded_model.hpp.
+// default: DDP and the recipe's optimizer), zero1 (DDP + OSS), zero2 (FSDP's
+// shard_grad_op) or fsdp (FullyShardedDataParallel), see sharded_model.hpp.
 // Accumulation, the sampler, Status, evaluation and checkpoints work alike in every
-// mode, and a checkpoint from one mode resumes in another. In fsdp mode state(),
-// evaluate() and offer_best() are collectives: ask every worker.
+// mode, and a checkpoint from one mode resumes in another. In zero2 and fsdp modes
+// state(), evaluate() and offer_best() are collectives: ask every worker.
+//
+// The global batch need not divide by the ranks: 64 over 3 is 22, 21, 21 per step,
+// each rank's gradient weighted by its share, so a step is the one-rank step (equal in
+// exact arithmetic; the sum runs in another order).
 //
 // The user supplies a Recipe -- plain factories, since actors are built from
 // serialised arguments on every rank:
@@ -177,10 +181,15 @@ class TrainWorker {
                  "ddp only, not ", options_.sharding);
     if (options_.precision == "bf16") model_->to(tensor::DType::bf16);
     if (device_.is_cuda()) model_->to(device_);  // before DDP and the optimizer hold the parameters
-    const std::int64_t per_step = static_cast<std::int64_t>(comm_->size()) * options_.accum_steps;
-    TROUPE_CHECK(options_.global_batch % per_step == 0, "TrainWorker: the global batch of ", options_.global_batch,
-                 " does not split evenly over ", comm_->size(), " ranks x ", options_.accum_steps,
-                 " micro-batches");
+    // Each micro-step takes global_batch / accum_steps samples over all ranks; when the
+    // ranks do not divide that, their shares differ by one and each rank's gradient is
+    // weighted by its share (DistributedSampler's "uneven shares").
+    TROUPE_CHECK(options_.global_batch % options_.accum_steps == 0, "TrainWorker: the global batch of ",
+                 options_.global_batch, " does not split into ", options_.accum_steps, " equal micro-batches");
+    const std::int64_t micro_batch = options_.global_batch / options_.accum_steps;
+    TROUPE_CHECK(micro_batch >= comm_->size(), "TrainWorker: a micro-batch of ", micro_batch, " samples (global batch ",
+                 options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ", comm_->size(),
+                 " ranks without a sample");
     if (sharding_ == Sharding::ddp) {
       ddp_ = std::make_unique<DistributedDataParallel>(*model_, *comm_,
                                                        DdpOptions{.bucket_bytes = options_.bucket_bytes});
@@ -194,10 +203,11 @@ class TrainWorker {
       sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_, optimizer_factory(),
                                                 options_.bucket_bytes, fsdp_options());
     }
-    sampler_ = std::make_unique<DistributedSampler>(train_.size(), comm_->size(), comm_->rank(),
-                                                    SamplerOptions{.shuffle = true, .seed = options_.seed});
+    sampler_ = std::make_unique<DistributedSampler>(
+        train_.size(), comm_->size(), comm_->rank(),
+        SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
     loader_ = std::make_unique<DataLoader<TensorBatch>>(
-        *sampler_, options_.global_batch / per_step,
+        *sampler_, sampler_->local_batch(),
         [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
     state_ = sharded_ ? std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_)
                       : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr,
@@ -254,6 +264,7 @@ class TrainWorker {
     state_->epoch = epoch;
     model_->train();
     const auto start = std::chrono::steady_clock::now();
+    mark_step_start();
     const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
     EpochResult result;
     result.epoch = epoch;
@@ -266,7 +277,9 @@ class TrainWorker {
       result.loss_sum += loss * static_cast<double>(n);
       result.correct += nn::accuracy(logits, batch->targets) * static_cast<double>(n);
       result.samples += n;
-      const auto output_grad = [this](double scale) { return loss_fn_.backward(scale); };
+      // This rank's share of the global batch (1 when the shares are equal).
+      const double weight = sampler_->batch_weight(sampler_->position() - n, n);
+      const auto output_grad = [this, weight](double scale) { return loss_fn_.backward(scale * weight); };
       const AccumulationStep step =
           sharded_ ? sharded_->optimizer_step_with_gradient_accumulation(output_grad, options_.accum_steps,
                                                                          micro_per_epoch, options_.max_grad_norm)
@@ -435,12 +448,21 @@ class TrainWorker {
     if (supervisor_) {
       supervisor_->report_step(step);
       supervisor_->report_collective(comm_->next_sequence());
+      const auto wall = std::chrono::steady_clock::now() - step_started_;
+      supervisor_->report_step_work(std::chrono::duration_cast<std::chrono::nanoseconds>(wall) -
+                                    (comm_->wait_time() - step_wait_started_));
     }
     fault_.at_step(step);
     if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
       supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
       checkpoint_->save(state_->step, state_->epoch);
     }
+    mark_step_start();  // a save is not a step's work
+  }
+
+  void mark_step_start() {
+    step_started_ = std::chrono::steady_clock::now();
+    step_wait_started_ = comm_->wait_time();
   }
 
   // Every method starts here: a stopped worker refuses, and a running one makes its GPU
@@ -471,6 +493,9 @@ class TrainWorker {
   supervisor::FaultInjector fault_;
   nn::CrossEntropyLoss loss_fn_;
   bool stopped_ = false;
+  // Where the current step began, and the communicator's wait time then (after_step).
+  std::chrono::steady_clock::time_point step_started_{};
+  std::chrono::nanoseconds step_wait_started_{};
 };
 
 }  // namespace troupe::train
