@@ -14,9 +14,14 @@ after a relaunch, so "loss -> first resumed step" is measured the same way for a
   rendezvous on node1, an agent a node), both going on with 2 ranks. The link stays up,
   so peers see their connections reset: with the link down as well, gloo would wait
   out its 30-minute timeout;
-- link down, healed once the failure is seen: troupe-run's detection and resume.
-Then the control plane at 64 ranks (tests/actors/scale_main.cpp) and the allreduce
-sweep across the nodes (collectives_bench, troupe vs MPI_Allreduce in one job).
+- link down, healed once the failure is seen: troupe-run's detection and resume;
+- regrow: node3 lost (link down, processes killed), the job shrinks to 2 ranks, then
+  the link heals: troupe-run's probe (--probe-interval 1) finds node3 and the job grows
+  back to 3 ranks after its next checkpoint;
+- a slow node: node3 held to 10% of a core under train_digits (batches of 384, so a
+  step is mostly computation): how long until troupe-run names it a straggler.
+Then the control plane at 16, 32 and 64 ranks (tests/actors/scale_main.cpp) and the
+allreduce sweep across the nodes (collectives_bench, troupe vs MPI_Allreduce in one job).
 """
 from __future__ import annotations
 
@@ -162,6 +167,66 @@ def troupe_link_down(c: Cluster, build: Path, work: Path) -> dict:
     return {"detection": failure["time"] - lost, "total": resumed_after(out, lost)}
 
 
+def troupe_regrow(c: Cluster, build: Path, work: Path) -> dict:
+    one_slot = work / "hosts"
+    work.mkdir(parents=True, exist_ok=True)
+    one_slot.write_text("node1 slots=1\nnode2 slots=1\nnode3 slots=1\n")
+    p = troupe_run(c, build, work, str(one_slot),
+                   ["--exclude-after", "1", "--min-ranks", "2", "--regrow", "--probe-interval", "1"])
+    wait_saved(work / "toy-step.txt", p)
+    c("partition", "node3")
+    c("kill", "node3")
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and p.poll() is None:
+            log = events(work)
+            out = [e["restart"] for e in log if e["event"] == "exclude"]
+            if out and any(e["event"] == "resume" and e["restart"] >= out[0] for e in log):
+                break
+            time.sleep(0.01)
+    finally:
+        c("heal", "node3")
+    healed = time.time()
+    out = finish(p, "troupe-run (regrow)")
+    log = events(work)
+    if not any(e["event"] == "readmit" and e["np"] == 3 for e in log):
+        raise RuntimeError("troupe-run did not grow back to 3 ranks")
+    back = next(e for e in log if e["event"] == "host_back")
+    return {"probe": back["time"] - healed, "total": resumed_after(out, healed)}
+
+
+def troupe_straggler(c: Cluster, build: Path, root: Path, work: Path) -> dict:
+    digits = [str(build / "examples" / "train_digits"), "--epochs", "60", "--batch-size", "384", "--save-every", "50",
+              "--data", str(root / "data" / "digits.csv.gz")]
+    p = subprocess.Popen([str(build / "supervisor" / "troupe-run"), "-np", "3", "--hostfile", c.hostfile, "--map-by",
+                          "node", "--bind-to", "none", "--checkpoint-dir", str(work), "--", *digits],
+                         env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(e["event"] == "first_step" for e in events_or_none(work)):
+            time.sleep(0.01)
+        c("slow", "node3", "10")
+        slowed = time.time()
+        deadline = time.time() + 60
+        report = None
+        while time.time() < deadline and p.poll() is None and report is None:
+            report = next((e for e in events_or_none(work) if e["event"] == "straggler" and e["host"] == "node3"), None)
+            time.sleep(0.01)
+    finally:
+        c("slow", "node3", "off")
+    finish(p, "troupe-run (slow node)")
+    if report is None:
+        raise RuntimeError("node3 was not reported as a straggler")
+    return {"seen": report["time"] - slowed, "slower": report["slower"]}
+
+
+def events_or_none(work: Path) -> list[dict]:
+    try:
+        return events(work)
+    except (OSError, ValueError):
+        return []
+
+
 def torchrun_node_lost(c: Cluster, root: Path, work: Path) -> dict:
     """torchrun's elastic answer to a lost node: an agent a node, c10d rendezvous on
     node1, --nnodes 2:3; the agents left re-rendezvous without node3 and restart."""
@@ -193,15 +258,15 @@ def torchrun_node_lost(c: Cluster, root: Path, work: Path) -> dict:
             a.communicate()
 
 
-def control_plane(c: Cluster, build: Path) -> dict:
-    p = subprocess.run(["mpirun", "--hostfile", c.hostfile, "-np", "64", "--oversubscribe", "--map-by", "node",
+def control_plane(c: Cluster, build: Path, ranks: int) -> dict:
+    p = subprocess.run(["mpirun", "--hostfile", c.hostfile, "-np", str(ranks), "--oversubscribe", "--map-by", "node",
                         "--bind-to", "none", "--mca", "mpi_yield_when_idle", "1",
                         str(build / "tests" / "actors_scale")], env=c.env, capture_output=True, text=True, timeout=300)
     line = next((l for l in p.stdout.splitlines() if l.startswith("control plane:")), "")
     m = re.search(r"startup ([0-9.]+) s .* liveness (\d+) messages/s in all \(ring: (\d+), all-to-all would be (\d+)\), "
                   r"CPU per rank idle ([0-9.]+)% .* of which liveness ([0-9.]+)% \(highest ([0-9.]+)%\)", line)
     if p.returncode != 0 or not m:
-        raise RuntimeError(f"actors_scale at 64 ranks failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+        raise RuntimeError(f"actors_scale at {ranks} ranks failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
     return {"startup": float(m[1]), "messages": float(m[2]), "all_to_all": float(m[4]), "cpu": float(m[5]),
             "liveness_cpu": float(m[6]), "liveness_cpu_max": float(m[7])}
 
@@ -227,7 +292,10 @@ def run(root: Path, build: Path, quick: bool, row) -> list[dict]:
                     torch = median_of([torchrun_node_lost(c, root, fresh("torch", i)) for i in range(repeats)])
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     missing = f"failed: {str(e).splitlines()[0][:120]}"
-            scale = control_plane(c, build)
+            regrown = median_of([troupe_regrow(c, build, fresh("regrow", i)) for i in range(repeats)])
+            slow = median_of([troupe_straggler(c, build, root, fresh("slow", i)) for i in range(repeats)])
+            scales = {n: control_plane(c, build, n) for n in (16, 32, 64)}
+            scale = scales[64]
             sweep = Path(tmp) / "sweep.json"
             # --quick always: 1 round of 5 sizes (8 B to 32 MB); the full sweep over TCP
             # between namespaces on 2 cores would take most of an hour.
@@ -251,11 +319,18 @@ def run(root: Path, build: Path, quick: bool, row) -> list[dict]:
                     None, "<= 2 s", link["detection"] <= 2.0))
     rows.append(row("link down -> first resumed step (healed when seen)", "s", "lower", link["total"], "none", None,
                     "<= 3 s", link["total"] <= 3.0))
-    rows.append(row("liveness messages/s, all 64 ranks (ring)", "msg/s", "lower", scale["messages"],
-                    "all-to-all heartbeats, N(N-1)/period", scale["all_to_all"], "~ O(N)",
-                    scale["messages"] <= 1.5 * 640))
-    rows.append(row("liveness CPU per rank, 64 ranks on 2 cores (highest rank)", "% core", "lower",
-                    scale["liveness_cpu_max"], "none", None, "<= 1%", scale["liveness_cpu_max"] <= 1.0))
+    rows.append(row("node back -> probe finds it (--probe-interval 1)", "s", "lower", regrown["probe"], "none", None))
+    rows.append(row("node back -> first step regrown 2 -> 3 nodes (next checkpoint)", "s", "lower", regrown["total"],
+                    "none", None))
+    rows.append(row("slow node (10% of a core) -> straggler reported", "s", "lower", slow["seen"],
+                    "none (DDP, torchrun: no report)", None))
+    rows.append(row("straggler's work per step vs the ranks' median", "x", "higher", slow["slower"], "none", None))
+    for n, figures in scales.items():  # O(N): ten messages a second per rank, whatever N
+        rows.append(row(f"liveness messages/s, all {n} ranks (ring)", "msg/s", "lower", figures["messages"],
+                        "all-to-all heartbeats, N(N-1)/period", figures["all_to_all"], "~ O(N)",
+                        figures["messages"] <= 1.5 * 10 * n))
+        rows.append(row(f"liveness CPU per rank, {n} ranks on 2 cores (highest rank)", "% core", "lower",
+                        figures["liveness_cpu_max"], "none", None, "<= 1%", figures["liveness_cpu_max"] <= 1.0))
     rows.append(row("idle CPU per rank, 64 ranks on 2 cores (whole runtime, mean)", "% core", "lower", scale["cpu"],
                     "none", None))
     rows.append(row("start-up of a 64-rank actor runtime (slowest rank)", "s", "lower", scale["startup"], "none", None))
