@@ -15,9 +15,10 @@ after a relaunch, so "loss -> first resumed step" is measured the same way for a
   so peers see their connections reset: with the link down as well, gloo would wait
   out its 30-minute timeout;
 - link down, healed once the failure is seen: troupe-run's detection and resume;
-- regrow: node3 lost (link down, processes killed), the job shrinks to 2 ranks, then
-  the link heals: troupe-run's probe (--probe-interval 1) finds node3 and the job grows
-  back to 3 ranks after its next checkpoint;
+- regrow: train_digits (which writes troupe's checkpoints, what troupe-run waits for),
+  node3 lost (link down, processes killed), the job shrinks to 2 ranks, then the link
+  heals: troupe-run's probe (--probe-interval 1) finds node3 and the job grows back to
+  3 ranks after its next checkpoint;
 - a slow node: node3 held to 10% of a core under train_digits (batches of 384, so a
   step is mostly computation): how long until troupe-run names it a straggler.
 Then the control plane at 16, 32 and 64 ranks (tests/actors/scale_main.cpp) and the
@@ -167,19 +168,28 @@ def troupe_link_down(c: Cluster, build: Path, work: Path) -> dict:
     return {"detection": failure["time"] - lost, "total": resumed_after(out, lost)}
 
 
-def troupe_regrow(c: Cluster, build: Path, work: Path) -> dict:
+def troupe_regrow(c: Cluster, build: Path, root: Path, work: Path) -> dict:
+    """train_digits, not the toy: troupe-run grows back after a checkpoint of troupe's
+    own (ckpt-<step>.h5), which the toy does not write."""
     one_slot = work / "hosts"
     work.mkdir(parents=True, exist_ok=True)
     one_slot.write_text("node1 slots=1\nnode2 slots=1\nnode3 slots=1\n")
-    p = troupe_run(c, build, work, str(one_slot),
-                   ["--exclude-after", "1", "--min-ranks", "2", "--regrow", "--probe-interval", "1"])
-    wait_saved(work / "toy-step.txt", p)
+    digits = [str(build / "examples" / "train_digits"), "--epochs", "30", "--save-every", "7",
+              "--data", str(root / "data" / "digits.csv.gz")]
+    p = subprocess.Popen([str(build / "supervisor" / "troupe-run"), "-np", "3", "--hostfile", str(one_slot),
+                          "--map-by", "node", "--bind-to", "none", "--checkpoint-dir", str(work), "--backoff", "0",
+                          "--grace", "1", "--max-restarts", "3", "--exclude-after", "1", "--min-ranks", "2",
+                          "--regrow", "--probe-interval", "1", "--", *digits],
+                         env=c.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(work.glob("ckpt-*.h5")):
+        time.sleep(0.01)
     c("partition", "node3")
     c("kill", "node3")
     try:
         deadline = time.time() + 60
         while time.time() < deadline and p.poll() is None:
-            log = events(work)
+            log = events_or_none(work)
             out = [e["restart"] for e in log if e["event"] == "exclude"]
             if out and any(e["event"] == "resume" and e["restart"] >= out[0] for e in log):
                 break
@@ -187,12 +197,14 @@ def troupe_regrow(c: Cluster, build: Path, work: Path) -> dict:
     finally:
         c("heal", "node3")
     healed = time.time()
-    out = finish(p, "troupe-run (regrow)")
+    finish(p, "troupe-run (regrow)")
     log = events(work)
-    if not any(e["event"] == "readmit" and e["np"] == 3 for e in log):
+    regrow = next((e for e in log if e["event"] == "regrow"), None)
+    if regrow is None or not any(e["event"] == "readmit" and e["np"] == 3 for e in log):
         raise RuntimeError("troupe-run did not grow back to 3 ranks")
     back = next(e for e in log if e["event"] == "host_back")
-    return {"probe": back["time"] - healed, "total": resumed_after(out, healed)}
+    grown = next(e for e in log if e["event"] == "resume" and e["restart"] > regrow["restart"])
+    return {"probe": back["time"] - healed, "total": grown["time"] - healed}
 
 
 def troupe_straggler(c: Cluster, build: Path, root: Path, work: Path) -> dict:
@@ -292,7 +304,7 @@ def run(root: Path, build: Path, quick: bool, row) -> list[dict]:
                     torch = median_of([torchrun_node_lost(c, root, fresh("torch", i)) for i in range(repeats)])
                 except (RuntimeError, subprocess.TimeoutExpired) as e:
                     missing = f"failed: {str(e).splitlines()[0][:120]}"
-            regrown = median_of([troupe_regrow(c, build, fresh("regrow", i)) for i in range(repeats)])
+            regrown = median_of([troupe_regrow(c, build, root, fresh("regrow", i)) for i in range(repeats)])
             slow = median_of([troupe_straggler(c, build, root, fresh("slow", i)) for i in range(repeats)])
             scales = {n: control_plane(c, build, n) for n in (16, 32, 64)}
             scale = scales[64]

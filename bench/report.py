@@ -30,8 +30,13 @@ other in the same bench run. "Node killed" relaunches on the same 3 nodes (troup
 or a shell loop rerunning mpirun when it exits); "node lost for good" goes on with 2
 ranks (troupe-run `--exclude-after 1 --min-ranks 2`, torchrun `--nnodes 2:3` with a c10d
 rendezvous on node1 and an agent a node). "Link down" cuts node3's link (no FIN) and
-heals it once troupe-run reports the failure. The control plane rows run 64 ranks
-oversubscribed on the 2 cores (tests/actors/scale_main.cpp); the allreduce and
+heals it once troupe-run reports the failure. "Node back" runs train_digits (troupe-run
+grows back after a checkpoint of troupe's own, which the toy does not write): node3 is
+lost, the job shrinks to 2 ranks, the link heals, and the times run from the heal to
+the probe's answer and to the first step on 3 ranks (`--regrow --probe-interval 1`).
+"Slow node" holds node3 to 10% of a core under train_digits with batches of 384 and
+times the straggler report from the throttle. The control plane rows run 16, 32 and 64
+ranks oversubscribed on the 2 cores (tests/actors/scale_main.cpp); the allreduce and
 allgather rows are one round (`collectives_bench --quick`) across the nodes.""",
     "gpu": """\
 Issue 11's figures on one NVIDIA GPU, from `scripts/gpu-check` on the GPU machine
