@@ -76,6 +76,9 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
     if (arg == "-h" || arg == "--help") {
       options.help = true;
       return options;
+    } else if (arg == "--version") {
+      options.version = true;
+      return options;
     } else if (arg == "-np" || arg == "-n" || arg == "--np") {
       options.np = parse_int(arg, value(arg), 1);
     } else if (arg == "--max-restarts") {
@@ -167,6 +170,7 @@ resumes from its latest checkpoint by itself (TROUPE_CHECKPOINT_DIR, TROUPE_REST
 
 options:
   -np N                   ranks (required)
+  --version               print troupe's version and exit
   --max-restarts K        relaunches before giving up (default 3)
   --checkpoint-dir DIR    exported to ranks as TROUPE_CHECKPOINT_DIR (created if missing)
   --hang-timeout S        no progress (step or collective) in training for S seconds is a

@@ -10,6 +10,7 @@
 #include "troupe/error.hpp"
 #include "troupe/supervisor/run_options.hpp"
 #include "troupe/supervisor/supervisor.hpp"
+#include "troupe/version.hpp"
 
 int main(int argc, char** argv) {
   using namespace troupe::supervisor;
@@ -22,6 +23,10 @@ int main(int argc, char** argv) {
   }
   if (options.help) {
     std::cout << usage();
+    return 0;
+  }
+  if (options.version) {
+    std::cout << "troupe-run (troupe) " << troupe::version() << "\n";
     return 0;
   }
   // A rank that vanishes mid-write must not kill troupe-run (Asio sends with

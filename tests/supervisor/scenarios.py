@@ -199,7 +199,7 @@ def hostile(args, check: Check) -> None:
     def s16(b: bytes) -> bytes:
         return struct.pack("<H", len(b)) + b
     run_id = run.of("start")[0]["run_id"].encode()
-    hello = bytes([1]) + struct.pack("<H", 2) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
+    hello = bytes([1]) + struct.pack("<H", 3) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
     answer = send(frame(hello))
     check(b"wrong token" in answer, f"a hello with a guessed token is answered 'wrong token': {answer!r}")
     send(b"\xff\xff\xff\xff" + os.urandom(64))

@@ -14,6 +14,7 @@
 
 #include "cli.hpp"
 #include "troupe/checkpoint/error.hpp"
+#include "troupe/version.hpp"
 
 using namespace troupe::ckpt_tool;
 
@@ -59,7 +60,7 @@ const Entry kCommands[] = {
 };
 
 void usage(std::ostream& out) {
-  out << "usage: troupe-ckpt COMMAND [ARGS] [--json] [--help]\n\ncommands:\n"
+  out << "usage: troupe-ckpt COMMAND [ARGS] [--json] [--help]  |  troupe-ckpt --version\n\ncommands:\n"
          "  ls FILE                 list tensors, dtypes, shapes and sizes\n"
          "  show FILE NAME          statistics and first values of one tensor\n"
          "  meta FILE               root attributes, config and small state\n"
@@ -80,6 +81,10 @@ int main(int argc, char** argv) {
   std::string command = argv[1];
   if (command == "--help" || command == "-h" || command == "help") {
     usage(std::cout);
+    return kOk;
+  }
+  if (command == "--version") {
+    std::cout << "troupe-ckpt (troupe) " << troupe::version() << "\n";
     return kOk;
   }
   for (const Entry& e : kCommands) {

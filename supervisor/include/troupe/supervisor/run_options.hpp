@@ -75,6 +75,7 @@ struct RunOptions {
   // The program and its arguments (after `--`).
   std::vector<std::string> program;
   bool help = false;
+  bool version = false;  // --version: print it and exit
 };
 
 // How long a rank may stay in `phase` without progress: --phase-timeout, else
