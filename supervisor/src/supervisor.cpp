@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -25,6 +24,7 @@
 #include "troupe/supervisor/hang_report.hpp"
 #include "troupe/supervisor/heartbeat_server.hpp"
 #include "troupe/supervisor/host_pool.hpp"
+#include "troupe/supervisor/host_probe.hpp"
 #include "troupe/supervisor/job.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/run_environment.hpp"
@@ -71,21 +71,6 @@ std::string this_host() {
   return name;
 }
 
-// The step of the newest checkpoint in `dir` ("ckpt-<step>.h5", which the checkpoint
-// writer renames into place only once it is whole), or -1.
-long long newest_checkpoint_step(const std::string& dir) {
-  long long newest = -1;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() < 9 || name.rfind("ckpt-", 0) != 0 || name.substr(name.size() - 3) != ".h5") continue;
-    const std::string digits = name.substr(5, name.size() - 8);
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    newest = std::max(newest, std::stoll(digits));
-  }
-  return newest;
-}
 
 
 }  // namespace
@@ -104,8 +89,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         tick_(io_),
         grace_timer_(io_),
         backoff_timer_(io_),
-        probe_timer_(io_),
-        probe_deadline_(io_),
         stragglers_(options_.straggler_ratio) {
     auto hosts = job_hosts(options_);
     choose_heartbeat_address(options_, hosts);  // throws InvalidArgument for hosts that cannot work
@@ -119,6 +102,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     }
     events_ = std::make_unique<EventLog>(options_.events_file, run_id_);
     server_ = std::make_unique<HeartbeatServer>(io_, options_.bind_host, options_.bind_port, token_, run_id_, *this);
+    probe_ = std::make_unique<HostProbe>(io_, options_, mpirun_, [this](const std::string& line) { say(line); });
     address_ = options_.advertise.empty() ? server_->address()
                                           : options_.advertise + ":" + std::to_string(server_->port());
   }
@@ -240,7 +224,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     events_->write("launch", {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
     job_->on_exit([this](int status) { job_exited(status); });
     schedule_tick();
-    if (options_.regrow && !pool_->excluded().empty() && regrow_host_.empty()) schedule_probe();
+    if (options_.regrow && !pool_->excluded().empty() && regrow_host_.empty())
+      probe_->start([this] { return pool_->excluded(); }, [this](const std::string& host) {
+        if (state_ == State::running) host_back(host);
+      });
   }
 
   // The watchdog: heartbeats and progress of every live rank, a few times per timeout.
@@ -307,39 +294,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   }
 
   // ---- regrow: probe the hosts left out; take one back at the next checkpoint ----
-
-  void schedule_probe() {
-    probe_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.probe_interval));
-    probe_timer_.async_wait([this](boost::system::error_code ec) {
-      if (ec || state_ != State::running || !regrow_host_.empty() || probe_) return;
-      const auto& out = pool_->excluded();
-      if (out.empty()) return;
-      start_probe(out[static_cast<std::size_t>(probes_++) % out.size()]);
-    });
-  }
-
-  void start_probe(const std::string& host) {
-    Job::Environment env;
-    if (::geteuid() == 0) env = {{"OMPI_ALLOW_RUN_AS_ROOT", "1"}, {"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1"}};
-    try {
-      probe_ = std::make_unique<Job>(io_, probe_command(options_, mpirun_, host), env);
-    } catch (const Error& e) {
-      say("cannot probe host " + host + ": " + e.what());
-      return schedule_probe();
-    }
-    // An unreachable host can keep mpirun (ssh) waiting; the probe is cut short.
-    probe_deadline_.expires_after(std::chrono::duration_cast<Clock::duration>(
-        std::max(Seconds(10), options_.probe_interval)));
-    probe_deadline_.async_wait([this](boost::system::error_code ec) {
-      if (!ec && probe_) probe_->signal_group(SIGKILL);
-    });
-    probe_->on_exit([this, host](int status) {
-      probe_deadline_.cancel();
-      asio::post(io_, [this] { probe_.reset(); });  // not from inside its own callback
-      if (status == 0 && state_ == State::running) return host_back(host);
-      if (state_ == State::running) schedule_probe();
-    });
-  }
 
   void host_back(const std::string& host) {
     regrow_host_ = host;
@@ -579,9 +533,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     tick_.cancel();
     grace_timer_.cancel();
     backoff_timer_.cancel();
-    probe_timer_.cancel();
-    probe_deadline_.cancel();
-    probe_.reset();
+    probe_->stop();
     signals_.cancel();
     io_.stop();
   }
@@ -592,7 +544,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::string mpirun_;
   asio::io_context io_;
   asio::signal_set signals_;
-  asio::steady_timer tick_, grace_timer_, backoff_timer_, probe_timer_, probe_deadline_;
+  asio::steady_timer tick_, grace_timer_, backoff_timer_;
   std::unique_ptr<EventLog> events_;
   std::unique_ptr<HeartbeatServer> server_;
   std::unique_ptr<HostPool> pool_;
@@ -610,10 +562,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::optional<std::uint64_t> furthest_step_;
   RunSummary summary_;
   StragglerWatch stragglers_;
-  // --regrow: the probe running, how many were started, the host that answered and the
-  // newest checkpoint then (the job grows back after a newer one).
-  std::unique_ptr<Job> probe_;
-  int probes_ = 0;
+  // --regrow: the probe of the hosts left out, the host that answered and the newest
+  // checkpoint then (the job grows back after a newer one).
+  std::unique_ptr<HostProbe> probe_;
   std::string regrow_host_;
   long long regrow_after_step_ = -1;
   bool regrowing_ = false;  // the job is being stopped to grow back
