@@ -77,19 +77,23 @@ def _run_size(build: Path, root: Path, mb: str, rounds: str, row) -> list[dict]:
         new_file = t["raw_write_fsync_new_file_MBps"]
         rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save,
                         "raw write+fsync to a new file, the previous kept (as a crash-safe save must)", new_file,
-                        ">= 0.8x raw write+fsync", save >= 0.8 * new_file))
+                        ">= 0.9x raw write+fsync of a new file", save >= 0.9 * new_file))
     if dd:
         rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, "dd conv=fsync", dd, "", None))
+    # The disk's write+fsync rate bounds every format, and h5py and torch.save write the
+    # same bytes to the same disk: the save is held to the raw new-file write above and
+    # to at least matching them, not to a fixed margin over them.
     for key, name in (("h5py_write_MBps", "h5py write+fsync"), ("torch_save_MBps", "torch.save+fsync")):
-        if key in b:
-            rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, name, b[key], f">= 1.4x {name}",
-                            save >= 1.4 * b[key]))
+        theirs = b.get(key)  # absent: that library is not installed
+        rows.append(row(f"save {size}, fsync'd", "MB/s", "higher", save, name if theirs else f"{name}: not installed",
+                        theirs, f">= 1.0x {name}", None if theirs is None else save >= theirs))
     rows.append(row(f"load {size}, cold cache, checksums verified", "MB/s", "higher", load, "raw read, cold",
                     t["raw_read_cold_MBps"], ">= 0.6x raw cold read", load >= 0.6 * t["raw_read_cold_MBps"]))
     for key, name in (("h5py_read_MBps", "h5py read, cold"), ("torch_load_MBps", "torch.load, cold")):
-        if key in b:
-            rows.append(row(f"load {size}, cold cache, checksums verified", "MB/s", "higher", load, name, b[key],
-                            f">= 2x {name}", load >= 2 * b[key]))
+        theirs = b.get(key)
+        rows.append(row(f"load {size}, cold cache, checksums verified", "MB/s", "higher", load,
+                        name if theirs else f"{name}: not installed", theirs, f">= 2x {name}",
+                        None if theirs is None else load >= 2 * theirs))
     verify_s, plain_s = t["bytes"] / 1e6 / load, t["bytes"] / 1e6 / t["troupe_load_noverify_cold_MBps"]
     rows.append(row(f"load {size} with checksum verification", "s", "lower", verify_s, "troupe load without",
                     plain_s, "<= 1.3x without", verify_s <= 1.3 * plain_s))

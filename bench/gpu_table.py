@@ -16,8 +16,12 @@ section), --raw both programs' own output. Exits 1 if an input is missing or bro
 import argparse
 import datetime
 import json
+import os
 import statistics
 import sys
+from pathlib import Path
+
+import report  # bench/report.py, next to this script
 
 
 def median(values):
@@ -59,7 +63,11 @@ def main():
 
     device = torch[0]["device"] if torch else "?"
     stamp = {"machine": f"{device}, PyTorch {torch[0]['torch']}" if torch else device,
-             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+             # The commit measured, for report.py's stale flag: git's, or where this tree was
+             # copied without its .git, TROUPE_BENCH_COMMIT as the caller sets it.
+             **(report.provenance(Path(__file__).resolve().parent.parent, "gpu")
+                or ({"commit": os.environ["TROUPE_BENCH_COMMIT"]} if os.environ.get("TROUPE_BENCH_COMMIT") else {}))}
     rows = []  # bench/results schema (DESIGN.md "Benchmarks")
 
     def add(case, unit, better, value, baseline, baseline_value, target, met):
