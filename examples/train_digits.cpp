@@ -330,7 +330,7 @@ int main(int argc, char** argv) {
       actors::when_all(workers.ask(&Worker::stop)).get();
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_digits: error: %s\n", e.what());
+    actors::print_error("train_digits", e, runtime.rank());
     status = 1;
   }
   runtime.shutdown();

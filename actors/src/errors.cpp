@@ -1,5 +1,6 @@
 #include "troupe/actors/errors.hpp"
 
+#include <cstdio>
 #include <typeinfo>
 
 #include "troupe/actors/methods.hpp"
@@ -36,6 +37,27 @@ std::string format(const ErrorInfo& info) {
 }  // namespace
 
 RemoteError::RemoteError(ErrorInfo info) : Error(format(info)), info_(std::move(info)) {}
+
+namespace {
+std::string format_collective(const ErrorInfo& info, const std::vector<int>& failed) {
+  std::string what = error_code_name(info.code);
+  what += failed.size() == 1 ? " on rank " : " on ranks ";
+  for (std::size_t i = 0; i < failed.size(); ++i) what += (i ? ", " : "") + std::to_string(failed[i]);
+  what += " [";
+  if (!info.actor.empty()) what += "actor " + info.actor + (info.method.empty() ? "" : ", ");
+  what += info.method + "]: " + info.message;
+  return what;
+}
+}  // namespace
+
+CollectiveError::CollectiveError(ErrorInfo info, std::vector<int> failed_ranks)
+    : RemoteError(info, format_collective(info, failed_ranks)), failed_(std::move(failed_ranks)) {}
+
+bool print_error(std::string_view program, const std::exception& e, int rank) {
+  if (dynamic_cast<const CollectiveError*>(&e) != nullptr && rank != 0) return false;
+  std::fprintf(stderr, "%.*s: error: %s\n", static_cast<int>(program.size()), program.data(), e.what());
+  return true;
+}
 
 void throw_remote(ErrorInfo info) {
   switch (info.code) {

@@ -52,8 +52,8 @@ namespace detail {
 // Factories for every actor type spawn() was instantiated with, keyed by type and
 // constructor argument types. Filled before main by SpawnKey's static members; a
 // function-local static so that it exists whatever the initialisation order.
-std::map<std::string, Factory>& factory_registry() {
-  static std::map<std::string, Factory> registry;
+std::map<std::string, FactoryEntry>& factory_registry() {
+  static std::map<std::string, FactoryEntry> registry;
   return registry;
 }
 
@@ -72,8 +72,8 @@ Runtime*& current_runtime() {
   return runtime;
 }
 
-std::string register_factory(std::string key, Factory factory) {
-  factory_registry().emplace(key, std::move(factory));
+std::string register_factory(std::string key, std::string actor, Factory factory) {
+  factory_registry().emplace(key, FactoryEntry{std::move(factory), std::move(actor)});
   return key;
 }
 }  // namespace detail

@@ -1,8 +1,11 @@
 // The runtime's own protocol: spawning, the name registry on rank 0, and the
 // collective start-up and shutdown steps.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <utility>
+#include <vector>
 
 #include "peer_liveness.hpp"
 #include "scheduler.hpp"
@@ -47,13 +50,14 @@ std::unique_ptr<detail::ActorCellBase> Runtime::build(const std::string& key, st
   if (it == registry.end())
     throw RemoteError({ErrorCode::spawn_failed, rank_, key, "constructor", "",
                        "this rank's binary has no factory for this type and argument list (is it the same binary?)"});
+  const std::string& actor = it->second.actor;
   detail::RuntimeScope scope(this);
   try {
-    return it->second(id, options, args);
+    return it->second.make(id, options, args);
   } catch (const detail::BadMessage& e) {
-    throw RemoteError({ErrorCode::bad_message, rank_, key, "constructor", "BadMessage", e.what()});
+    throw RemoteError({ErrorCode::bad_message, rank_, actor, "constructor", "BadMessage", e.what()});
   } catch (...) {
-    throw RemoteError(describe_current_exception(rank_, key, "constructor"));
+    throw RemoteError(describe_current_exception(rank_, actor, "constructor"));
   }
 }
 
@@ -65,32 +69,86 @@ std::uint64_t Runtime::spawn_local(const std::string& key, const SpawnOptions& o
   return id;
 }
 
+std::vector<std::string> Runtime::allgather_texts(const std::string& mine, const char* what) {
+  const int length = static_cast<int>(mine.size());
+  std::vector<int> lengths(static_cast<std::size_t>(size_));
+  MPI_Request request;
+  TROUPE_MPI_CHECK(MPI_Iallgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, as_comm(system_comm_), &request));
+  wait_collective(&request, what);
+  std::vector<int> offsets(lengths.size());
+  int total = 0;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    offsets[r] = total;
+    total += lengths[r];
+  }
+  std::string all(static_cast<std::size_t>(total), '\0');
+  TROUPE_MPI_CHECK(MPI_Iallgatherv(mine.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                                   as_comm(system_comm_), &request));
+  wait_collective(&request, what);
+  std::vector<std::string> texts;
+  for (std::size_t r = 0; r < lengths.size(); ++r)
+    texts.push_back(all.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r])));
+  return texts;
+}
+
+namespace {
+// "what rank 0 said; ranks 1, 2: what they said", or the one text when every failed
+// rank said the same.
+std::string group_failures(const std::vector<std::string>& texts) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;  // in order of first rank
+  for (std::size_t r = 0; r < texts.size(); ++r) {
+    if (texts[r].empty()) continue;
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == texts[r]; });
+    if (same == groups.end()) {
+      groups.push_back({texts[r], {static_cast<int>(r)}});
+    } else {
+      same->second.push_back(static_cast<int>(r));
+    }
+  }
+  if (groups.size() == 1) return groups.front().first;
+  std::string out;
+  for (const auto& [text, ranks] : groups) {
+    out += out.empty() ? "" : "; ";
+    out += ranks.size() == 1 ? "rank " : "ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+    out += ": " + text;
+  }
+  return out;
+}
+}  // namespace
+
 std::uint64_t Runtime::spawn_group_local(const std::string& key, const std::string& args) {
   const std::uint64_t id = kGroupIdBit | next_group_id_++;
   int ok = 1;
   std::string failure;
   try {
     install_actor(build(key, id, SpawnOptions{}, args));
+  } catch (const RemoteError& e) {
+    ok = 0;
+    failure = e.type().empty() ? e.info().message : e.type() + ": " + e.info().message;
   } catch (const std::exception& e) {
     ok = 0;
     failure = e.what();
   }
-  // Every rank learns which ranks failed, so all throw together instead of some
-  // going on to ask actors that do not exist.
+  // Every rank learns which ranks failed and why, so all throw the same error together
+  // instead of some going on to ask actors that do not exist.
   std::vector<int> oks(static_cast<std::size_t>(size_));
   MPI_Request request;
   TROUPE_MPI_CHECK(MPI_Iallgather(&ok, 1, MPI_INT, oks.data(), 1, MPI_INT, as_comm(system_comm_), &request));
   wait_collective(&request, "spawn_on_each");
-  std::string failed;
+  std::vector<int> failed;
   for (int r = 0; r < size_; ++r)
-    if (!oks[static_cast<std::size_t>(r)]) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  if (!failed.empty()) {
+    if (!oks[static_cast<std::size_t>(r)]) failed.push_back(r);
+  if (failed.empty()) return id;
+  {
     std::unique_lock lock(actors_mutex_);
     actors_.erase(id);
-    throw RemoteError({ErrorCode::spawn_failed, rank_, key, "constructor", "",
-                       "spawn_on_each failed on rank(s) " + failed + (failure.empty() ? "" : "; here: " + failure)});
   }
-  return id;
+  const auto texts = allgather_texts(ok ? std::string() : failure, "spawn_on_each");
+  auto entry = detail::factory_registry().find(key);
+  const std::string actor = entry == detail::factory_registry().end() ? key : entry->second.actor;
+  throw CollectiveError({ErrorCode::spawn_failed, -1, actor, "constructor", "", group_failures(texts)},
+                        std::move(failed));
 }
 
 void Runtime::register_name(const std::string& name, int rank, std::uint64_t id, const std::string& type) {

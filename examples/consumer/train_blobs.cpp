@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
       when_all(workers.ask(&Worker::stop)).get();
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_blobs: error: %s\n", e.what());
+    print_error("train_blobs", e, runtime.rank());
     status = 1;
   }
   runtime.shutdown();

@@ -1,6 +1,9 @@
 #include "actors_fixture.hpp"
 #include "troupe/actors/detail/serialization.hpp"
 
+#include <numeric>
+#include <stdexcept>
+
 using namespace troupe;
 using namespace troupe::test;
 
@@ -30,9 +33,12 @@ TEST(Errors, AMethodsExceptionArrivesWithTypeMessageRankActorAndMethod) {
     EXPECT_EQ(e.code(), actors::ErrorCode::remote_exception);
     EXPECT_EQ(e.rank(), last_rank());
     EXPECT_EQ(e.type(), "std::invalid_argument");
-    EXPECT_NE(e.actor().find("Counter"), std::string::npos);
-    EXPECT_EQ(e.method(), "troupe::test::Counter::fail");
-    EXPECT_NE(std::string(e.what()).find("bad input 42"), std::string::npos) << e.what();
+    EXPECT_EQ(e.actor().rfind("Counter #", 0), 0u) << e.actor();  // as written: no namespaces
+    EXPECT_EQ(e.method(), "fail");
+    const std::string what = e.what();
+    EXPECT_NE(what.find("bad input 42"), std::string::npos) << what;
+    EXPECT_NE(what.find("[rank " + std::to_string(last_rank()) + ", actor Counter #"), std::string::npos) << what;
+    EXPECT_EQ(what.find("troupe::test"), std::string::npos) << what;
     EXPECT_EQ(c.ask(&Counter::add, 1).get(), 1);  // the actor and its rank keep running
   }
   barrier();
@@ -51,6 +57,59 @@ TEST(Errors, AThrowingConstructorFailsTheSpawn) {
 TEST(Errors, SpawnOnEachFailsOnEveryRankWhenOneConstructorThrows) {
   EXPECT_THROW(runtime().spawn_on_each<Exploding>(3), RemoteError);
   barrier();
+}
+
+struct PickyOnOddRanks {
+  static constexpr std::string_view troupe_name = "Picky";
+  explicit PickyOnOddRanks(int code) {
+    if (runtime().rank() % 2 == 1) throw std::invalid_argument("odd rank, code " + std::to_string(code));
+  }
+  int never() { return 0; }
+  static constexpr auto troupe_methods = troupe::methods<&PickyOnOddRanks::never>;
+};
+
+TEST(Errors, SpawnOnEachThrowsOneCollectiveErrorNamingEveryFailedRankOnce) {
+  try {
+    runtime().spawn_on_each<Exploding>(5);
+    ADD_FAILURE() << "spawn_on_each<Exploding> did not throw";
+  } catch (const CollectiveError& e) {
+    std::vector<int> all(static_cast<std::size_t>(runtime().size()));
+    std::iota(all.begin(), all.end(), 0);
+    EXPECT_EQ(e.failed_ranks(), all);
+    const std::string what = e.what();
+    // Every rank threw the same: one text, its context once, the actor as written.
+    EXPECT_EQ(what.rfind(runtime().size() == 1 ? "spawn failed on rank 0 " : "spawn failed on ranks 0, 1", 0), 0u) << what;
+    EXPECT_NE(what.find("[actor Exploding, constructor]: std::runtime_error: boom 5"), std::string::npos) << what;
+    EXPECT_EQ(what.find("boom 5"), what.rfind("boom 5")) << what;
+    EXPECT_EQ(what.find("[rank"), std::string::npos) << what;
+  }
+  barrier();
+  if (runtime().size() < 2) return;
+  try {
+    runtime().spawn_on_each<PickyOnOddRanks>(9);
+    ADD_FAILURE() << "spawn_on_each<PickyOnOddRanks> did not throw";
+  } catch (const CollectiveError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.failed_ranks().front(), 1);
+    EXPECT_NE(what.find("[actor Picky, constructor]: std::invalid_argument: odd rank, code 9"), std::string::npos)
+        << what;
+    // Printed by rank 0 only.
+    EXPECT_EQ(print_error("errors_test", e, runtime().rank()), runtime().rank() == 0);
+  }
+  barrier();
+}
+
+TEST(Errors, ActorNamesAreWrittenAsTheProgramWroteThem) {
+  using actors::detail::readable_name;
+  EXPECT_EQ(readable_name("troupe::train::TrainWorker<(anonymous namespace)::DigitsRecipe>"),
+            "TrainWorker<DigitsRecipe>");
+  EXPECT_EQ(readable_name("a::Outer<int>::Inner"), "Inner");
+  EXPECT_EQ(readable_name("std::map<std::string, ns::V<2> >"), "map<string, V<2> >");
+  EXPECT_EQ(actors::detail::actor_name<Counter>(), "Counter");
+  EXPECT_EQ(actors::detail::actor_name<PickyOnOddRanks>(), "Picky");
+  EXPECT_EQ(actors::detail::unqualified("TrainWorker<A::B>::train_epoch"), "train_epoch");
+  // A non-collective error prints on whichever rank holds it.
+  EXPECT_TRUE(print_error("errors_test", std::runtime_error("local"), 1));
 }
 
 TEST(Errors, AnUnknownActorOrARankOutsideTheWorldIsAClearError) {

@@ -36,8 +36,8 @@ class ActorRef {
       auto cell = runtime().local_actor(id_);
       if (!cell) {
         state->set_error(std::make_exception_ptr(
-            RemoteError({ErrorCode::unknown_actor, rank_, detail::type_name<T>() + " #" + std::to_string(id_),
-                         method_name(index), "", "no such actor on this rank (never spawned, or stopped)"})));
+            RemoteError({ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
+                         detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"})));
         return Future<R>(state);
       }
       runtime().post_call(
@@ -78,8 +78,8 @@ class ActorRef {
       auto cell = runtime().local_actor(id_);
       if (!cell)
         return runtime().report_failed_tell(
-            rank_, {ErrorCode::unknown_actor, rank_, detail::type_name<T>() + " #" + std::to_string(id_),
-                    method_name(index), "", "no such actor on this rank (never spawned, or stopped)"});
+            rank_, {ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
+                    detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"});
       runtime().post_call(
           cell, detail::make_call(index, [cell = cell.get(), method, packed = std::move(packed)]() mutable {
             T& self = *static_cast<T*>(cell->object());
@@ -185,7 +185,7 @@ class ActorGroup {
 
 template <class T, class... A>
 ActorRef<T> Runtime::spawn_with(int rank, SpawnOptions options, A&&... args) {
-  TROUPE_CHECK(rank >= 0 && rank < size_, "spawn<", detail::type_name<T>(), ">: rank ", rank,
+  TROUPE_CHECK(rank >= 0 && rank < size_, "spawn<", detail::actor_name<T>(), ">: rank ", rank,
                " is outside the world of ", size_, " ranks");
   const std::string& key = detail::SpawnKey<T, std::decay_t<A>...>::key;
   std::string bytes;

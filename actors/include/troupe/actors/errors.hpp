@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "troupe/error.hpp"
 
@@ -67,6 +70,7 @@ class FatalError : public Error {
 class RemoteError : public Error {
  public:
   explicit RemoteError(ErrorInfo info);
+  RemoteError(ErrorInfo info, const std::string& what) : Error(what), info_(std::move(info)) {}
   const ErrorInfo& info() const { return info_; }
   ErrorCode code() const { return info_.code; }
   int rank() const { return info_.rank; }
@@ -88,6 +92,22 @@ class ActorRestarted : public RemoteError {
  public:
   using RemoteError::RemoteError;
 };
+
+// Thrown alike on every rank by a collective call that failed on some of them
+// (spawn_on_each): the message names each failed rank and what it said, so the one
+// copy rank 0 prints tells the whole story. rank() is -1: it is everyone's error.
+class CollectiveError : public RemoteError {
+ public:
+  CollectiveError(ErrorInfo info, std::vector<int> failed_ranks);
+  const std::vector<int>& failed_ranks() const { return failed_; }
+
+ private:
+  std::vector<int> failed_;
+};
+
+// Writes "program: error: <what>" to stderr -- unless `e` is a CollectiveError and
+// `rank` is not 0, since every rank holds the same one. Returns whether it wrote.
+bool print_error(std::string_view program, const std::exception& e, int rank);
 
 // Rethrows `info` as the most specific type for its code.
 [[noreturn]] void throw_remote(ErrorInfo info);

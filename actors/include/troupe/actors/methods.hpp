@@ -14,6 +14,7 @@
 // from the compiler's own spelling of the pointer.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -59,6 +60,9 @@ std::string demangle(const char* mangled);
 // "Counter::add" from the compiler's text for this instantiation.
 std::string member_name_from_signature(std::string_view pretty);
 
+// "add" from "Counter::add": how error contexts name a method next to its actor.
+std::string unqualified(std::string_view member);
+
 template <auto M>
 std::string member_name() {
   return member_name_from_signature(__PRETTY_FUNCTION__);
@@ -67,6 +71,26 @@ std::string member_name() {
 template <class T>
 std::string type_name() {
   return demangle(typeid(T).name());
+}
+
+// A demangled name as a program writes it: "TrainWorker<DigitsRecipe>" for
+// "troupe::train::TrainWorker<(anonymous namespace)::DigitsRecipe>" (namespaces and
+// enclosing classes dropped, template arguments kept).
+std::string readable_name(std::string_view demangled);
+
+template <class T>
+concept NamedActor = requires {
+  { T::troupe_name } -> std::convertible_to<std::string_view>;
+};
+
+// How errors and logs name actor type T: its `static constexpr std::string_view
+// troupe_name` if it has one, else readable_name of its type.
+template <class T>
+std::string actor_name() {
+  if constexpr (NamedActor<T>)
+    return std::string(std::string_view(T::troupe_name));
+  else
+    return readable_name(type_name<T>());
 }
 
 template <class T, auto... Ms>
@@ -97,8 +121,8 @@ std::uint32_t checked_method_index(M m) {
   static_assert(std::is_member_function_pointer_v<M>, "ask/tell take a pointer to a member function");
   static_assert(std::is_base_of_v<typename MemberTraits<M>::Class, T>, "the method belongs to another actor type");
   const auto index = method_index<T>(m);
-  TROUPE_CHECK(index != kNoMethod, "ask/tell: the method is not listed in ", type_name<T>(),
-               "::troupe_methods; add it there (troupe::methods<&", type_name<T>(), "::method, ...>)");
+  TROUPE_CHECK(index != kNoMethod, "ask/tell: the method is not listed in ", actor_name<T>(),
+               "::troupe_methods; add it there (troupe::methods<&", actor_name<T>(), "::method, ...>)");
   return index;
 }
 

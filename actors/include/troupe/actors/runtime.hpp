@@ -118,10 +118,14 @@ class TypedReply final : public ReplyHandler {
 
 using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, SpawnOptions options,
                                                              std::string args)>;
+struct FactoryEntry {
+  Factory make;
+  std::string actor;  // actor_name<T>(), for errors
+};
 // Registers how to build an actor type from serialized constructor arguments; the
 // key names the type and the argument types. Returns the key.
-std::string register_factory(std::string key, Factory factory);
-std::map<std::string, Factory>& factory_registry();
+std::string register_factory(std::string key, std::string actor, Factory factory);
+std::map<std::string, FactoryEntry>& factory_registry();
 
 template <class T, class... A>
 std::unique_ptr<T> make_from_bytes(std::string_view args_bytes) {
@@ -140,7 +144,7 @@ std::unique_ptr<ActorCellBase> construct_from_bytes(std::uint64_t id, SpawnOptio
 template <class T, class... A>
 struct SpawnKey {
   static inline const std::string key =
-      register_factory(type_name<T>() + "(" + ((type_name<A>() + ",") + ... + std::string()) + ")",
+      register_factory(type_name<T>() + "(" + ((type_name<A>() + ",") + ... + std::string()) + ")", actor_name<T>(),
                        &construct_from_bytes<T, A...>);
 };
 
@@ -169,7 +173,8 @@ class Runtime {
   ActorRef<T> spawn_with(int rank, SpawnOptions options, A&&... args);
 
   // Collective: every rank constructs one T(args...) locally. Returns when all have;
-  // if any constructor threw, every rank throws RemoteError naming the failed ranks.
+  // if any constructor threw, every rank throws the same CollectiveError naming the
+  // failed ranks and what each constructor threw.
   template <class T, class... A>
   ActorGroup<T> spawn_on_each(A&&... args);
 
@@ -226,6 +231,8 @@ class Runtime {
   // In the actor's call after `body` threw FatalError: re-create it or declare it dead.
   void restart_or_bury(detail::ActorCellBase& cell);
   std::uint64_t spawn_group_local(const std::string& key, const std::string& args);
+  // Collective: every rank's `mine`, in rank order.
+  std::vector<std::string> allgather_texts(const std::string& mine, const char* what);
   NameEntry lookup_entry(const std::string& name);
   void register_name(const std::string& name, int rank, std::uint64_t id, const std::string& type);
   void handle(detail::Message message);  // called by the transport, in arrival order
@@ -295,7 +302,9 @@ namespace troupe {
 using actors::ActorDead;
 using actors::ActorRestarted;
 using actors::FatalError;
+using actors::CollectiveError;
 using actors::RemoteError;
+using actors::print_error;
 using actors::ActorGroup;
 using actors::ActorRef;
 using actors::Runtime;

@@ -25,9 +25,9 @@ namespace troupe::actors::detail {
 class ActorCellBase {
  public:
   ActorCellBase(std::uint64_t id, SpawnOptions options, std::string constructor_args, std::string type,
-                std::vector<std::string> methods, std::vector<bool> idempotent)
+                std::string type_label, std::vector<std::string> methods, std::vector<bool> idempotent)
       : id_(id), options_(std::move(options)), constructor_args_(std::move(constructor_args)), type_(std::move(type)),
-        method_names_(std::move(methods)), idempotent_(std::move(idempotent)) {}
+        type_label_(std::move(type_label)), method_names_(std::move(methods)), idempotent_(std::move(idempotent)) {}
   virtual ~ActorCellBase() = default;
 
   // Deserializes the arguments of method `index` from `args`, calls it, and appends
@@ -46,10 +46,16 @@ class ActorCellBase {
   const std::string& type() const { return type_; }
   const SpawnOptions& options() const { return options_; }
   const std::string& constructor_args() const { return constructor_args_; }
-  // "Counter 'name'" or "Counter #3": how errors name this actor.
-  std::string label() const { return type_ + (name().empty() ? " #" + std::to_string(id_) : " '" + name() + "'"); }
+  // "Counter 'name'" or "Counter #3": how errors name this actor (actor_name<T>()).
+  // Ids of spawn_on_each groups have the top bit set; "(group 1)" reads better.
+  std::string label() const {
+    if (!name().empty()) return type_label_ + " '" + name() + "'";
+    if (id_ >> 63) return type_label_ + " (group " + std::to_string(id_ & ~(std::uint64_t{1} << 63)) + ")";
+    return type_label_ + " #" + std::to_string(id_);
+  }
+  // The bare name ("add"): errors name the actor beside it.
   std::string method_name(std::uint32_t index) const {
-    return index < method_names_.size() ? method_names_[index] : "method #" + std::to_string(index);
+    return index < method_names_.size() ? unqualified(method_names_[index]) : "method #" + std::to_string(index);
   }
   std::size_t method_count() const { return method_names_.size(); }
   bool idempotent(std::uint32_t index) const { return index < idempotent_.size() && idempotent_[index]; }
@@ -74,7 +80,8 @@ class ActorCellBase {
   std::uint64_t id_;
   SpawnOptions options_;
   std::string constructor_args_;
-  std::string type_;
+  std::string type_;  // the demangled C++ type: lookup() checks it
+  std::string type_label_;
   std::vector<std::string> method_names_;
   std::vector<bool> idempotent_;
   Mailbox mailbox_;
@@ -111,14 +118,14 @@ class ActorCell final : public ActorCellBase {
   using Make = std::unique_ptr<T> (*)(std::string_view constructor_args);
 
   ActorCell(std::uint64_t id, SpawnOptions options, std::string args, Make make)
-      : ActorCellBase(id, std::move(options), std::move(args), type_name<T>(), method_names<T>(method_table_t<T>{}),
-                      idempotent_mask<T>()),
+      : ActorCellBase(id, std::move(options), std::move(args), type_name<T>(), actor_name<T>(),
+                      method_names<T>(method_table_t<T>{}), idempotent_mask<T>()),
         make_(make),
         object_(make_(constructor_args())) {}
 
   void invoke(std::uint32_t index, std::string_view args, std::string& result) override {
     if (index >= kInvokers.size())
-      throw BadMessage(concat("method index ", index, " is not in ", type(), "'s table of ", kInvokers.size()));
+      throw BadMessage(concat("method index ", index, " is not in ", label(), "'s table of ", kInvokers.size()));
     kInvokers[index](*object_, args, result);
   }
   void* object() override { return object_.get(); }
