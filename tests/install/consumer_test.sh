@@ -3,7 +3,9 @@
 # examples/consumer -- a project of its own with find_package(troupe) -- built against
 # it, its programs run under mpirun -np 2, and train_blobs under the installed
 # troupe-run with a crash and a resume that ends with the same parameters. The actor
-# program is also built with nothing but `pkg-config troupe`.
+# program is also built with nothing but `pkg-config troupe`, and with troupe pulled in
+# by add_subdirectory (configured) and FetchContent from a source tarball (built, run),
+# and against this build's Debian package, unpacked.
 #
 #   consumer_test.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -70,6 +72,28 @@ else
   echo "(python3-torch missing: load_in_torch.py not run)"
 fi
 
+echo "== the Debian package of this build: its Depends resolve, and the consumer builds against it"
+# scripts/package builds the CPU-only release package; the same CPack rules package
+# this build in a second. Unpacked with dpkg -x rather than installed, to leave /usr alone.
+(cd "$work" && cpack -G DEB --config "$build/CPackConfig.cmake" -B "$work/deb" > "$work/cpack.log" 2>&1) \
+  || { cat "$work/cpack.log"; fail "cpack -G DEB"; }
+deb=$(ls "$work"/deb/troupe_*_amd64.deb)
+depends=$(dpkg-deb -f "$deb" Depends)
+for p in openmpi-bin libopenmpi-dev libhdf5-openmpi-dev libcereal-dev libboost-dev libopenblas-dev; do
+  grep -qw "$p" <<< "$depends" || fail "the package does not depend on $p: $depends"
+done
+if [ "$(id -u)" -eq 0 ]; then
+  apt-get install -s "$deb" > "$work/apt.log" 2>&1 || { cat "$work/apt.log"; fail "apt-get cannot resolve the package's Depends"; }
+fi
+dpkg -x "$deb" "$work/debroot"
+cmake -S "$source/examples/consumer" -B "$work/consumer-deb" -DCMAKE_PREFIX_PATH="$work/debroot/usr" \
+  -DCMAKE_BUILD_TYPE=Release > "$work/configure-deb.log" 2>&1 || { cat "$work/configure-deb.log"; fail "configuring against the .deb"; }
+cmake --build "$work/consumer-deb" --target hello_actors -j 2 > "$work/build-deb.log" 2>&1 \
+  || { cat "$work/build-deb.log"; fail "building against the .deb"; }
+grep -q "$work/debroot/usr/include" "$work/consumer-deb/CMakeFiles/hello_actors.dir/flags.make" \
+  || fail "the consumer did not take troupe's headers from the package"
+mpirun2 "$work/consumer-deb/hello_actors" | grep -q "10 + 5 on rank 1 = 15" || fail "the .deb build's answer"
+
 echo "== hello_actors with pkg-config only"
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists troupe || fail "pkg-config cannot find troupe"
 # shellcheck disable=SC2046
@@ -92,4 +116,25 @@ grep -qE "^(tests/|bench/|examples/)?[a-z_/]*(train_test|collectives_bench|ping_
   && fail "tests, benchmarks or examples are built for a project that includes troupe"
 ninja -C "$work/outer/build" -t commands hello | grep -q -- "-Wextra" && fail "troupe forced its warning flags on the outer project"
 grep -q "^CMAKE_BUILD_TYPE:STRING=$" "$work/outer/build/CMakeCache.txt" || fail "troupe forced a build type"
+
+echo "== troupe through FetchContent from a source tarball: hello_actors built and run"
+# The tarball holds what git tracks (as in the working tree), as a release would.
+(cd "$source" && git ls-files --cached --others --exclude-standard | while read -r f; do [ -f "$f" ] && echo "$f"; done) \
+  > "$work/files.txt"
+tar czf "$work/troupe-src.tar.gz" -C "$source" --transform 's,^,troupe/,' -T "$work/files.txt"
+mkdir -p "$work/fetch"
+cat > "$work/fetch/CMakeLists.txt" <<FETCH
+cmake_minimum_required(VERSION 3.25)
+project(fetch_user LANGUAGES CXX)
+include(FetchContent)
+FetchContent_Declare(troupe URL "file://$work/troupe-src.tar.gz")
+FetchContent_MakeAvailable(troupe)
+add_executable(hello "$source/examples/consumer/hello_actors.cpp")
+target_link_libraries(hello PRIVATE troupe::actors)
+FETCH
+cmake -S "$work/fetch" -B "$work/fetch/build" -G Ninja -DCMAKE_BUILD_TYPE=Release > "$work/fetch.log" 2>&1 \
+  || { cat "$work/fetch.log"; fail "FetchContent(troupe)"; }
+cmake --build "$work/fetch/build" --target hello -j 2 > "$work/fetch-build.log" 2>&1 \
+  || { tail -40 "$work/fetch-build.log"; fail "building hello with troupe from FetchContent"; }
+mpirun2 "$work/fetch/build/hello" | grep -q "10 + 5 on rank 1 = 15" || fail "the FetchContent build's answer"
 echo "PASS"
