@@ -55,6 +55,7 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   Tensor& exp_avg = *state.find("exp_avg");
   Tensor& exp_avg_sq = *state.find("exp_avg_sq");
+  const double weight_decay = !decays_ || decays_(name, param) ? weight_decay_ : 0.0;
   if (param.data.device().is_cuda()) {
     // Collected for finish_step(): one fused launch for every CUDA parameter
     // (tensor/fused_optim.hpp: these formulas, in f32). The moments live on the
@@ -65,7 +66,7 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
       if (moment->device() != param.data.device()) *moment = moment->to(param.data.device());
     pending_.push_back({&param.data, &param.grad, &exp_avg, &exp_avg_sq,
                         {.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
-                         .weight_decay = weight_decay_, .decoupled = decoupled_, .step = t}});
+                         .weight_decay = weight_decay, .decoupled = decoupled_, .step = t}});
     return;
   }
   tensor::dispatch_floating(param.data.dtype(), type_name() + ".step '" + name + "'", [&](auto tag) {
@@ -75,8 +76,8 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
     // 1 - beta in double, then rounded: in f32, 1 - float(0.999) would be off by 1e-5
     // relative. PyTorch also passes these weights from Python doubles.
     const C one_minus_beta1 = static_cast<C>(1 - betas_.beta1), one_minus_beta2 = static_cast<C>(1 - betas_.beta2);
-    const C wd = static_cast<C>(weight_decay_), eps = static_cast<C>(eps_);
-    const C decay = static_cast<C>(1 - lr() * weight_decay_);
+    const C wd = static_cast<C>(weight_decay), eps = static_cast<C>(eps_);
+    const C decay = static_cast<C>(1 - lr() * weight_decay);
     const C size = static_cast<C>(step_size), bc2_sqrt = static_cast<C>(bias_correction2_sqrt);
     T* p = param.data.data<T>();
     const T* g = param.grad.data<T>();

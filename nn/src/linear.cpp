@@ -31,6 +31,15 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, tensor::Gene
   if (bias) bias_ = &register_parameter("bias", tensor::uniform({out_}, -bound, bound, gen, dtype));
 }
 
+Linear::Linear(Parameter& tied_weight) {
+  TROUPE_CHECK(tied_weight.data.defined() && tied_weight.data.dim() == 2,
+               "Linear: a tied weight must be [out_features, in_features], got ",
+               tied_weight.data.defined() ? tensor::to_string(tied_weight.data.shape()) : std::string("undefined"));
+  out_ = tied_weight.data.size(0);
+  in_ = tied_weight.data.size(1);
+  weight_ = &register_shared_parameter("weight", tied_weight);
+}
+
 std::string Linear::type_name() const {
   return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
 }

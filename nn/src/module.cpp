@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <unordered_set>
 
 #include "troupe/error.hpp"
 
@@ -35,8 +36,17 @@ void Module::check_new_name(const std::string& name) const {
 Parameter& Module::register_parameter(std::string name, Tensor data) {
   check_new_name(name);
   data.check_defined("register_parameter");
-  parameters_.emplace_back(std::move(name), std::make_unique<Parameter>(Parameter{std::move(data), Tensor()}));
+  owned_.push_back(std::make_unique<Parameter>(Parameter{std::move(data), Tensor()}));
+  parameters_.emplace_back(std::move(name), owned_.back().get());
   return *parameters_.back().second;
+}
+
+Parameter& Module::register_shared_parameter(std::string name, Parameter& shared) {
+  check_new_name(name);
+  shared.data.check_defined("register_shared_parameter");
+  ++shared.uses;
+  parameters_.emplace_back(std::move(name), &shared);
+  return shared;
 }
 
 Tensor& Module::register_buffer(std::string name, Tensor value) {
@@ -55,8 +65,8 @@ Module& Module::register_module(std::string name, std::shared_ptr<Module> child)
   return *children_.back().second;
 }
 
-void Module::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) {
-  for (auto& [name, param] : parameters_) out.push_back({prefix + name, param.get()});
+void Module::collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const {
+  for (const auto& [name, param] : parameters_) out.push_back({prefix + name, param});
   for (auto& [name, child] : children_) child->collect_parameters(prefix + name + ".", out);
 }
 
@@ -73,8 +83,13 @@ void Module::collect_state(const std::string& prefix, StateDict& out) const {
 }
 
 std::vector<NamedParameter> Module::named_parameters() {
+  std::vector<NamedParameter> all;
+  collect_parameters("", all);
+  // A shared parameter once, under its first name (PyTorch's remove_duplicate).
   std::vector<NamedParameter> out;
-  collect_parameters("", out);
+  std::unordered_set<const Parameter*> seen;
+  for (auto& named : all)
+    if (seen.insert(named.param).second) out.push_back(std::move(named));
   return out;
 }
 
@@ -97,9 +112,12 @@ std::vector<NamedModule> Module::named_children() {
 }
 
 std::int64_t Module::parameter_count() const {
+  std::vector<NamedParameter> all;
+  collect_parameters("", all);
+  std::unordered_set<const Parameter*> seen;
   std::int64_t n = 0;
-  for (const auto& [name, param] : parameters_) n += param->data.numel();
-  for (const auto& [name, child] : children_) n += child->parameter_count();
+  for (const auto& named : all)
+    if (seen.insert(named.param).second) n += named.param->data.numel();
   return n;
 }
 
@@ -159,6 +177,7 @@ void Module::train(bool on) {
 
 void Module::zero_grad(bool set_to_none) {
   for (auto& [name, param] : parameters_) {
+    param->uses_done = 0;
     if (set_to_none) param->grad = Tensor();
     else if (param->grad.defined()) param->grad.zero_();
   }
@@ -176,9 +195,13 @@ void Module::install_hook(const SharedHook& hook, const std::string& prefix) {
 }
 
 void Module::grad_ready(Parameter& param) {
+  if (param.uses > 1) {
+    if (++param.uses_done < param.uses) return;
+    param.uses_done = 0;
+  }
   if (!hook_) return;
   for (auto& [name, mine] : parameters_)
-    if (mine.get() == &param) {
+    if (mine == &param) {
       (*hook_)(hook_prefix_ + name, param);
       return;
     }
@@ -187,7 +210,7 @@ void Module::grad_ready(Parameter& param) {
 
 void Module::to(DType dtype) {
   TROUPE_CHECK(tensor::is_floating(dtype), type_name(), ".to: needs a floating dtype, got ", dtype);
-  for (auto& [name, param] : parameters_) {
+  for (auto& param : owned_) {  // a shared one converts with its owner
     param->data = param->data.to(dtype);
     param->grad = Tensor();
   }
@@ -198,7 +221,7 @@ void Module::to(DType dtype) {
 
 void Module::to(Device device) {
   tensor::check_device_usable(device, (type_name() + ".to").c_str());
-  for (auto& [name, param] : parameters_) {
+  for (auto& param : owned_) {
     param->data = param->data.to(device);
     param->grad = Tensor();
   }

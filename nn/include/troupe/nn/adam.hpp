@@ -13,13 +13,13 @@
 // Slots: "step" (0-dim i64), "exp_avg" (m), "exp_avg_sq" (v); m and v start at 0.
 #pragma once
 
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "troupe/tensor/fused_optim.hpp"
-
-#include <utility>
-
 #include "troupe/nn/optimizer.hpp"
+#include "troupe/tensor/fused_optim.hpp"
 
 namespace troupe::nn {
 
@@ -27,6 +27,9 @@ struct Betas {
   double beta1 = 0.9;
   double beta2 = 0.999;
 };
+
+// Weight decay on weight matrices and embedding tables, not on biases or norms.
+inline bool decay_matrices_only(const std::string&, const Parameter& param) { return param.data.dim() >= 2; }
 
 class Adam : public Optimizer {
  public:
@@ -37,6 +40,10 @@ class Adam : public Optimizer {
   Betas betas() const { return betas_; }
   double eps() const { return eps_; }
   double weight_decay() const { return weight_decay_; }
+  // Which parameters weight decay applies to (all, by default): PyTorch's parameter
+  // groups for the common case, e.g. decay_matrices_only as nanoGPT configures AdamW.
+  using DecayFilter = std::function<bool(const std::string& name, const Parameter& param)>;
+  void set_weight_decay_filter(DecayFilter decays) { decays_ = std::move(decays); }
 
  protected:
   // For AdamW: decoupled = true applies weight decay to the parameter directly.
@@ -53,6 +60,7 @@ class Adam : public Optimizer {
 
   std::vector<tensor::AdamEntry> pending_;  // this step's CUDA updates, run by finish_step()
 
+  DecayFilter decays_;
   Betas betas_;
   double eps_, weight_decay_;
   bool decoupled_;

@@ -27,6 +27,10 @@ class Linear : public Module {
          DType dtype = DType::f32)
       : Linear(in_features, out_features, gen, bias, dtype) {}
 
+  // Without a bias, its weight another module's [out, in] parameter, shared (GPT's
+  // lm_head, tied to the token embedding's [vocab, embd] table).
+  explicit Linear(Parameter& tied_weight);
+
   Tensor forward(const Tensor& input) override;
   Tensor backward(const Tensor& grad_output) override;
   std::string type_name() const override;
@@ -38,7 +42,7 @@ class Linear : public Module {
   std::int64_t out_features() const { return out_; }
 
  private:
-  std::int64_t in_, out_;
+  std::int64_t in_ = 0, out_ = 0;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   Tensor input_;

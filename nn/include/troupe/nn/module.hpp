@@ -22,6 +22,12 @@
 // communication with the rest of the backward. Set the hook after the model is
 // built; children registered later inherit it from their parent.
 //
+// Shared parameters: register_shared_parameter() lists another module's parameter
+// under a name of this one (GPT's lm_head.weight is transformer.wte.weight). It is
+// one Parameter: each use adds into its one gradient, named_parameters() and
+// parameter_count() count it once under its first name (what an optimizer and DDP
+// see), and state_dict() lists it under every name, as torch.nn.Module does.
+//
 // Modules are neither copyable nor movable: optimizers and DDP hold parameters by
 // address, so parameters must stay where they were created.
 #pragma once
@@ -72,7 +78,7 @@ class Module {
   std::vector<NamedBuffer> named_buffers();
   // Direct children only.
   std::vector<NamedModule> named_children();
-  // Total number of parameter elements, recursively.
+  // Total number of parameter elements, recursively, a shared parameter once.
   std::int64_t parameter_count() const;
 
   // Parameters and buffers by full name. The values share storage with the module.
@@ -107,22 +113,35 @@ class Module {
   // Names are non-empty, without '.', and unique among a module's parameters,
   // buffers and children. The returned reference stays valid for the module's life.
   Parameter& register_parameter(std::string name, Tensor data);
+  // `shared` must outlive this module (usually: it belongs to a sibling under the
+  // same root).
+  Parameter& register_shared_parameter(std::string name, Parameter& shared);
   Tensor& register_buffer(std::string name, Tensor value);
   Module& register_module(std::string name, std::shared_ptr<Module> child);
+  // The same, returning the child as its own type.
+  template <class M>
+  M& register_module(std::string name, std::shared_ptr<M> child) {
+    M& ref = *child;
+    register_module(std::move(name), std::shared_ptr<Module>(std::move(child)));
+    return ref;
+  }
 
-  // A layer's backward calls this once `param`'s gradient is final.
+  // A layer's backward calls this once its own use of `param` is done; the hook fires
+  // when every module that registered it has called.
   void grad_ready(Parameter& param);
 
  private:
   using SharedHook = std::shared_ptr<const GradReadyHook>;
   void check_new_name(const std::string& name) const;
   void install_hook(const SharedHook& hook, const std::string& prefix);
-  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out);
+  void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
   void collect_buffers(const std::string& prefix, std::vector<NamedBuffer>& out);
   void collect_state(const std::string& prefix, StateDict& out) const;
 
+  // Own and shared parameters by name; the own ones live in owned_, behind
   // unique_ptr so that addresses survive later registrations.
-  std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> parameters_;
+  std::vector<std::pair<std::string, Parameter*>> parameters_;
+  std::vector<std::unique_ptr<Parameter>> owned_;
   std::vector<std::pair<std::string, std::unique_ptr<Tensor>>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;

@@ -19,6 +19,10 @@ using tensor::Tensor;
 struct Parameter {
   Tensor data;
   Tensor grad;
+  // Modules that registered it: more than one when tied (Module::register_shared_parameter).
+  // Its gradient is final after the last use's backward, so grad_ready fires then.
+  int uses = 1;
+  int uses_done = 0;  // in the current backward
 };
 
 // A parameter and its full PyTorch-style name ("layers.0.weight"). The pointer is

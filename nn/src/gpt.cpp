@@ -1,0 +1,158 @@
+#include "troupe/nn/gpt.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "troupe/error.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+
+namespace troupe::nn {
+
+namespace {
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+}  // namespace
+
+MLP::MLP(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype) {
+  c_fc_ = &register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, gen, c.bias, dtype));
+  gelu_ = &register_module("gelu", std::make_shared<GELU>(GeluApproximate::tanh));
+  c_proj_ = &register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, gen, c.bias, dtype));
+  dropout_ = &register_module("dropout", std::make_shared<Dropout>(c.dropout, dropout_seed));
+}
+
+Tensor MLP::forward(const Tensor& input) {
+  return dropout_->forward(c_proj_->forward(gelu_->forward(c_fc_->forward(input))));
+}
+
+Tensor MLP::backward(const Tensor& grad_output) {
+  return c_fc_->backward(gelu_->backward(c_proj_->backward(dropout_->backward(grad_output))));
+}
+
+Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype) {
+  ln_1_ = &register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype));
+  attn_ = &register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, gen, c.dropout, c.bias,
+                                                                         dropout_seed, dtype));
+  ln_2_ = &register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype));
+  mlp_ = &register_module("mlp", std::make_shared<MLP>(c, gen, dropout_seed + 2, dtype));
+}
+
+// Out of place: ln_2 keeps a handle to x for its backward.
+Tensor Block::forward(const Tensor& input) {
+  const Tensor x = tensor::add(input, attn_->forward(ln_1_->forward(input)));
+  return tensor::add(x, mlp_->forward(ln_2_->forward(x)));
+}
+
+// The residual's gradient passes through unchanged and adds to each branch's.
+Tensor Block::backward(const Tensor& grad_output) {
+  Tensor g = tensor::add(grad_output, ln_2_->backward(mlp_->backward(grad_output)));
+  tensor::add_(g, ln_1_->backward(attn_->backward(g)));
+  return g;
+}
+
+GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype) : config_(c) {
+  TROUPE_CHECK(c.block_size > 0 && c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
+               "GPT: block_size, vocab_size, n_layer, n_head and n_embd must be > 0");
+  TROUPE_CHECK(c.n_embd % c.n_head == 0, "GPT: n_head (", c.n_head, ") must divide n_embd (", c.n_embd, ")");
+  TROUPE_CHECK(c.dropout >= 0 && c.dropout < 1, "GPT: dropout must be in [0, 1), got ", c.dropout);
+  tensor::Generator gen(seed);
+  // Each Dropout its own stream: 3 per block, then transformer.drop.
+  std::uint64_t dropout_seed = seed * 1000003 + 17;
+  auto& transformer = register_module("transformer", std::make_shared<ModuleDict>());
+  wte_ = &transformer.add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, gen, dtype));
+  wpe_ = &transformer.add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, gen, dtype));
+  drop_ = &transformer.add("drop", std::make_shared<Dropout>(c.dropout, dropout_seed++));
+  h_ = &transformer.add("h", std::make_shared<ModuleList>());
+  for (std::int64_t i = 0; i < c.n_layer; ++i, dropout_seed += 3)
+    h_->add(std::make_shared<Block>(c, gen, dropout_seed, dtype));
+  ln_f_ = &transformer.add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype));
+  lm_head_ = &register_module("lm_head", std::make_shared<Linear>(wte_->weight()));
+
+  // GPT-2's initialisation, over the constructors' draws.
+  tensor::Generator init(seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  for (auto& [name, param] : named_parameters()) {
+    if (name.find(".ln_") != std::string::npos) continue;  // LayerNorms keep ones and zeros
+    if (ends_with(name, ".bias")) {
+      param->data.zero_();
+    } else if (ends_with(name, "c_proj.weight")) {
+      tensor::normal_(param->data, 0.0, residual_std, init);
+    } else {
+      tensor::normal_(param->data, 0.0, 0.02, init);
+    }
+  }
+}
+
+std::string GPT::type_name() const {
+  return "GPT(layers " + std::to_string(config_.n_layer) + ", heads " + std::to_string(config_.n_head) + ", embd " +
+         std::to_string(config_.n_embd) + ")";
+}
+
+std::int64_t GPT::non_embedding_parameter_count() const {
+  return parameter_count() - wpe_->num_embeddings() * wpe_->embedding_dim();
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  TROUPE_CHECK(idx.defined() && idx.dim() == 2, type_name(), ".forward: token ids must be [B, T], got ",
+               idx.defined() ? tensor::to_string(idx.shape()) : std::string("undefined"));
+  batch_ = idx.size(0);
+  time_ = idx.size(1);
+  TROUPE_CHECK(time_ >= 1 && time_ <= config_.block_size, type_name(), ".forward: a sequence of ", time_,
+               " tokens does not fit block_size ", config_.block_size);
+  const Tensor positions = Tensor::arange(0, static_cast<double>(time_), 1, DType::i64);
+  Tensor x = tensor::add(wte_->forward(idx), wpe_->forward(positions));
+  x = drop_->forward(x);
+  for (std::size_t i = 0; i < h_->size(); ++i) x = (*h_)[i].forward(x);
+  return lm_head_->forward(ln_f_->forward(x));
+}
+
+Tensor GPT::backward(const Tensor& grad_logits) {
+  TROUPE_CHECK(batch_ > 0, type_name(), ".backward: called before forward");
+  Tensor g = ln_f_->backward(lm_head_->backward(grad_logits));
+  for (std::size_t i = h_->size(); i-- > 0;) g = (*h_)[i].backward(g);
+  g = drop_->backward(g);
+  wpe_->backward(tensor::sum(g, 0));
+  wte_->backward(g);
+  return Tensor();
+}
+
+std::vector<std::int64_t> GPT::generate(std::vector<std::int64_t> ids, std::int64_t max_new_tokens,
+                                        double temperature, tensor::Generator& gen) {
+  TROUPE_CHECK(!ids.empty(), type_name(), ".generate: the prompt is empty");
+  TROUPE_CHECK(temperature >= 0, type_name(), ".generate: temperature must be >= 0, got ", temperature);
+  const bool was_training = is_training();
+  eval();
+  for (std::int64_t n = 0; n < max_new_tokens; ++n) {
+    const auto t = std::min<std::int64_t>(static_cast<std::int64_t>(ids.size()), config_.block_size);
+    const std::vector<std::int64_t> context(ids.end() - t, ids.end());
+    Tensor logits = forward(Tensor::from_vector(context, {1, t}));
+    if (logits.device().is_cuda()) logits = logits.to(tensor::Device::cpu());
+    const std::vector<double> last =
+        logits.to(DType::f64).reshape({t, config_.vocab_size}).select(t - 1).to_vector<double>();
+    std::int64_t next = 0;
+    if (temperature == 0) {
+      next = std::max_element(last.begin(), last.end()) - last.begin();
+    } else {
+      const double top = *std::max_element(last.begin(), last.end());
+      std::vector<double> weights(last.size());
+      double total = 0;
+      for (std::size_t v = 0; v < last.size(); ++v) total += weights[v] = std::exp((last[v] - top) / temperature);
+      double u = tensor::uniform({1}, 0.0, 1.0, gen, DType::f64).item() * total;
+      next = static_cast<std::int64_t>(weights.size()) - 1;
+      for (std::size_t v = 0; v < weights.size(); ++v) {
+        if (u < weights[v]) {
+          next = static_cast<std::int64_t>(v);
+          break;
+        }
+        u -= weights[v];
+      }
+    }
+    ids.push_back(next);
+  }
+  train(was_training);
+  return ids;
+}
+
+}  // namespace troupe::nn

@@ -1,0 +1,40 @@
+// Causal multi-head self-attention from a fused QKV projection: the core of a GPT
+// block, as one forward and one backward (torch's scaled_dot_product_attention with
+// is_causal=True, applied to nanoGPT's c_attn output).
+//
+// qkv is [B, T, 3C]: q, k and v side by side along the last dimension, head h in
+// columns [h*D, (h+1)*D) of each (D = C / n_head). The output is [B, T, C] with head
+// h in the same columns: nanoGPT's y.transpose(1, 2).view(B, T, C), ready for c_proj.
+//   S = q k^T / sqrt(D), masked above the diagonal; P = softmax(S); y = dropout(P) v
+//
+// The T x T matrix is never kept: the forward saves each row's log-sum-exp of S, and
+// the backward recomputes P from it (the flash-attention recipe), so memory between
+// forward and backward is O(B H T), not O(B H T^2). Attention dropout draws its mask
+// from Philox blocks reserved from a Generator, a pure function of (seed, offset,
+// position), so the backward regenerates the same mask instead of storing it.
+//
+// CPU: per (batch, head) two OpenBLAS gemms forward and four backward over one
+// reused T x T scratch. f32 and f64. CUDA: not implemented yet (an error says so).
+#pragma once
+
+#include <cstdint>
+
+#include "troupe/tensor/random.hpp"
+#include "troupe/tensor/tensor.hpp"
+
+namespace troupe::tensor {
+
+struct AttentionForward {
+  Tensor out;            // [B, T, C], qkv's dtype
+  Tensor log_sum_exp;    // f32/f64 [B, n_head, T]: each row's logsumexp of the scaled, masked scores
+  double dropout_p = 0;  // the probability the forward dropped with (0: none)
+  std::uint64_t seed = 0, offset = 0;  // where its dropout mask was drawn
+};
+
+// `dropout_p` in [0, 1); when > 0, blocks for the mask are reserved from `gen`.
+AttentionForward causal_attention_forward(const Tensor& qkv, std::int64_t n_head, double dropout_p, Generator& gen);
+// d loss / d qkv, [B, T, 3C], from d loss / d out and what the forward saved.
+Tensor causal_attention_backward(const Tensor& grad_out, const Tensor& qkv, const AttentionForward& forward,
+                                 std::int64_t n_head);
+
+}  // namespace troupe::tensor

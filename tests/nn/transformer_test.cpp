@@ -1,0 +1,193 @@
+// Transformer pieces: causal attention, module trees with a tied weight, GPT.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gradcheck.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/tensor/attention.hpp"
+
+using namespace troupe;
+using namespace troupe::nn;
+using tensor::DType;
+using tensor::Generator;
+
+namespace {
+
+GPTConfig tiny_config(double dropout = 0.0) {
+  return {.block_size = 6, .vocab_size = 7, .n_layer = 2, .n_head = 2, .n_embd = 8, .dropout = dropout};
+}
+
+Tensor token_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, std::uint64_t seed) {
+  Generator gen(seed);
+  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, DType::f64);
+  std::vector<std::int64_t> ids;
+  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
+  return Tensor::from_vector(ids, {batch, time});
+}
+
+}  // namespace
+
+TEST(CausalSelfAttention, BackwardMatchesFiniteDifferences) {
+  Generator gen(5);
+  CausalSelfAttention attn(8, 2, gen, 0.0, true, 0, DType::f64);
+  const Tensor x = tensor::normal({2, 5, 8}, 0, 1, gen, DType::f64);
+  gradcheck::expect_module_gradients(attn, x);
+}
+
+TEST(CausalSelfAttention, BackwardMatchesFiniteDifferencesWithAttentionDropout) {
+  Generator gen(6);
+  CausalSelfAttention attn(8, 2, gen, 0.3, true, 42, DType::f64);
+  auto* attn_dropout = static_cast<Dropout*>(attn.named_children()[2].module);
+  auto* resid_dropout = static_cast<Dropout*>(attn.named_children()[3].module);
+  const auto a = attn_dropout->generator(), r = resid_dropout->generator();
+  const Tensor x = tensor::normal({2, 4, 8}, 0, 1, gen, DType::f64);
+  gradcheck::GradCheck opt;
+  opt.before_forward = [&] {  // the same masks for every evaluation
+    attn_dropout->generator() = a;
+    resid_dropout->generator() = r;
+  };
+  gradcheck::expect_module_gradients(attn, x, opt);
+}
+
+TEST(CausalSelfAttention, APositionSeesOnlyItselfAndEarlierPositions) {
+  Generator gen(7);
+  CausalSelfAttention attn(8, 4, gen);
+  Tensor x = tensor::normal({1, 6, 8}, 0, 1, gen);
+  const std::vector<float> before = attn.forward(x).to_vector<float>();
+  x.data<float>()[4 * 8 + 3] += 1.0f;  // change position 4
+  const std::vector<float> after = attn.forward(x).to_vector<float>();
+  for (std::int64_t t = 0; t < 6; ++t) {
+    const bool same = std::equal(before.begin() + t * 8, before.begin() + (t + 1) * 8, after.begin() + t * 8);
+    EXPECT_EQ(same, t < 4) << "position " << t;
+  }
+}
+
+TEST(CausalSelfAttention, BadShapesAreNamed) {
+  Generator gen(8);
+  CausalSelfAttention attn(8, 2, gen);
+  EXPECT_THROW(attn.forward(Tensor::zeros({2, 8})), InvalidArgument);
+  EXPECT_THROW(attn.forward(Tensor::zeros({1, 2, 6})), InvalidArgument);
+  EXPECT_THROW(CausalSelfAttention(8, 3, gen), InvalidArgument);
+  Generator g2(1);
+  EXPECT_THROW(tensor::causal_attention_forward(Tensor::zeros({1, 2, 10}), 2, 0.0, g2), InvalidArgument);
+}
+
+TEST(GPT, HasNanoGPTsNamesWithTheHeadTiedToTheTokenTable) {
+  GPT model(tiny_config(), 1);
+  std::vector<std::string> names;
+  for (const auto& [name, param] : model.named_parameters()) names.push_back(name);
+  // The tied table once, under its first name; lm_head.weight only in the state dict.
+  EXPECT_EQ(names.front(), "transformer.wte.weight");
+  EXPECT_EQ(names[1], "transformer.wpe.weight");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.weight"), 0);
+  for (const char* name : {"transformer.h.0.ln_1.weight", "transformer.h.0.attn.c_attn.weight",
+                           "transformer.h.0.attn.c_proj.bias", "transformer.h.1.ln_2.bias",
+                           "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight",
+                           "transformer.ln_f.weight", "transformer.ln_f.bias"})
+    EXPECT_EQ(std::count(names.begin(), names.end(), name), 1) << name;
+  EXPECT_EQ(names.size(), 2u + 2 * 12 + 2);
+  const StateDict state = model.state_dict();
+  ASSERT_NE(state.find("lm_head.weight"), nullptr);
+  EXPECT_TRUE(state.find("lm_head.weight")->shares_storage_with(*state.find("transformer.wte.weight")));
+  EXPECT_EQ(state.size(), names.size() + 1);
+  // C=8, V=7, T=6: wte 56 + wpe 48 + 2 blocks of (2 LN 32 + c_attn 216 + c_proj 72 + c_fc 288 + c_proj 264) + ln_f 16
+  EXPECT_EQ(model.parameter_count(), 56 + 48 + 2 * (32 + 216 + 72 + 288 + 264) + 16);
+  EXPECT_EQ(model.non_embedding_parameter_count(), model.parameter_count() - 48);
+}
+
+TEST(GPT, InitialisesAsGPT2) {
+  GPTConfig config{.block_size = 64, .vocab_size = 50, .n_layer = 4, .n_head = 4, .n_embd = 64};
+  GPT model(config, 3);
+  for (const auto& [name, param] : model.named_parameters()) {
+    const std::vector<float> v = param->data.to_vector<float>();
+    double sum2 = 0;
+    for (float x : v) sum2 += static_cast<double>(x) * x;
+    const double rms = std::sqrt(sum2 / static_cast<double>(v.size()));
+    if (name.ends_with(".bias")) {
+      EXPECT_EQ(rms, 0.0) << name;
+    } else if (name.find(".ln_") != std::string::npos) {
+      EXPECT_EQ(rms, 1.0) << name;  // LayerNorm weight
+    } else if (name.ends_with("c_proj.weight")) {
+      EXPECT_NEAR(rms, 0.02 / std::sqrt(8.0), 0.002) << name;
+    } else {
+      EXPECT_NEAR(rms, 0.02, 0.002) << name;
+    }
+  }
+}
+
+TEST(GPT, BackwardMatchesFiniteDifferencesThroughTheTiedTable) {
+  GPT model(tiny_config(), 2, DType::f64);
+  gradcheck::expect_module_gradients(model, token_ids(2, 5, 7, 11));
+}
+
+TEST(GPT, TheTiedTableIsReportedReadyOnceAfterBothUses) {
+  GPT model(tiny_config(), 4);
+  std::vector<std::string> ready;
+  model.set_grad_ready_hook([&](const std::string& name, Parameter&) { ready.push_back(name); });
+  CrossEntropyLoss loss;
+  const Tensor ids = token_ids(2, 6, 7, 12);
+  for (int step = 0; step < 2; ++step) {
+    ready.clear();
+    loss.forward(model.forward(ids), token_ids(2, 6, 7, 13));
+    model.backward(loss.backward());
+    EXPECT_EQ(ready.size(), model.named_parameters().size());
+    EXPECT_EQ(std::set<std::string>(ready.begin(), ready.end()).size(), ready.size());
+    EXPECT_EQ(ready.back(), "transformer.wte.weight");  // its last use is the first layer
+  }
+}
+
+TEST(GPT, LearnsToPredictARepeatingSequence) {
+  GPTConfig config{.block_size = 8, .vocab_size = 5, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  GPT model(config, 5);
+  AdamW opt(model.named_parameters(), 3e-3, {0.9, 0.95}, 1e-8, 0.1);
+  opt.set_weight_decay_filter(decay_matrices_only);
+  std::vector<std::int64_t> seq, next;
+  for (int i = 0; i < 8; ++i) seq.push_back(i % 5), next.push_back((i + 1) % 5);
+  const Tensor x = Tensor::from_vector(seq, {1, 8}), y = Tensor::from_vector(next, {1, 8});
+  CrossEntropyLoss loss;
+  double first = 0, last = 0;
+  for (int step = 0; step < 150; ++step) {
+    const double l = loss.forward(model.forward(x), y).item();
+    if (step == 0) first = l;
+    last = l;
+    opt.zero_grad();
+    model.backward(loss.backward());
+    opt.step();
+  }
+  EXPECT_NEAR(first, std::log(5.0), 0.2);
+  EXPECT_LT(last, 0.05);
+  Generator gen(1);
+  // Within the one window it trained on (positions 0-7).
+  const auto text = model.generate({0, 1, 2}, 5, 0.0, gen);
+  EXPECT_EQ(text, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 0, 1, 2}));
+  EXPECT_TRUE(model.is_training());  // generate restores the mode
+}
+
+TEST(GPT, ASequenceLongerThanTheBlockIsAnError) {
+  GPT model(tiny_config(), 1);
+  EXPECT_THROW(model.forward(token_ids(1, 7, 7, 1)), InvalidArgument);
+  EXPECT_THROW(model.forward(Tensor::from_vector(std::vector<std::int64_t>{0, 7}, {1, 2})), InvalidArgument);
+}
+
+TEST(AdamW, ADecayFilterLeavesBiasesAndNormsUndecayed) {
+  GPT model(tiny_config(), 6);
+  AdamW opt(model.named_parameters(), 0.1, {}, 1e-8, 0.5);
+  opt.set_weight_decay_filter(decay_matrices_only);
+  for (auto& [name, param] : model.named_parameters()) param->grad = Tensor::zeros(param->data.shape());
+  const StateDict before = model.state_dict();
+  std::vector<Tensor> copies;
+  for (const auto& [name, t] : before) copies.push_back(t.clone());
+  opt.step();
+  std::size_t i = 0;
+  for (const auto& [name, t] : model.state_dict()) {
+    const bool matrix = t.dim() >= 2;
+    EXPECT_EQ(tensor::equal(t, copies[i++]), !matrix) << name;  // zero grad: only decay moves it
+  }
+}
