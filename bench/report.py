@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
-AREA_ORDER = ["tensor", "train", "sharding", "gpu", "actors", "collectives", "checkpoint", "supervisor", "cluster"]
+AREA_ORDER = ["tensor", "train", "gpt", "sharding", "gpu", "actors", "collectives", "checkpoint", "supervisor",
+              "cluster"]
 
 # The sources each area measures: its libraries, the ones they build on where the timed
 # path runs, and its bench programs and baseline scripts (not bench/run, report.py or
@@ -30,6 +31,7 @@ AREA_PATHS = {
     "tensor": ["include/", "tensor/", "bench/tensor_bench.cpp"],
     "train": [*_LIB, "nn/", "collectives/", "train/", "bench/train_bench.cpp", "bench/ddp_bench.cpp",
               "bench/torch_train_step.py", "bench/torch_ddp.py"],
+    "gpt": [*_LIB, "nn/", "bench/gpt_bench.cpp", "bench/torch_gpt_step.py", "tests/nn/gpt_parity_test.py"],
     "sharding": [*_LIB, "nn/", "collectives/", "train/", "checkpoint/", "bench/sharding_bench.cpp",
                  "bench/torch_zero.py"],
     "gpu": [*_LIB, "nn/", "collectives/", "train/", "bench/gpu_bench.cpp", "bench/torch_gpu_step.py"],
@@ -47,6 +49,24 @@ AREA_PATHS = {
 # What a reader needs to know to read an area's table: how work is counted and where
 # a target comes from. Kept here, beside the table, rather than in each program.
 AREA_NOTES = {
+    "gpt": """\
+One training step of troupe's GPT (`nn::GPT`, nanoGPT's shape: GELU tanh, tied
+lm_head, dropout 0) on the CPU: `zero_grad`, forward, cross-entropy over (B, T, V),
+backward, clipping at 1.0, AdamW (0.9/0.95, decay 0.1 on matrices), on 4 batches of
+random character ids (V = 65) cycled. `small` is nanoGPT's shakespeare_char model
+(6 layers, 6 heads, C = 384, T = 256) at batch 4; `tiny` is 2 layers, 4 heads,
+C = 128, T = 64 at batch 16. troupe's `bench/gpt_bench.cpp` against PyTorch eager
+running nanoGPT's own model code (`bench/torch_gpt_step.py`, the model of
+`tests/nn/gpt_parity_test.py`, which checks the two agree to 1e-6 per layer;
+Debian's torch 1.13 has no fused attention, so its attention is the explicit masked
+softmax).
+
+- One thread on both sides, as the train area. tokens/s = B × T × steps / process
+  CPU time, the median of 3 repeats of about 3 s after 4 warm-up steps. Separate
+  processes started by `bench/run` one after the other; each round runs both, taking
+  turns at going first, and the round with the median ratio is shown.
+- Target: issue 24's ">= 1.2x PyTorch eager at 1 rank". Rank scaling, the sharding
+  modes and the validation-loss targets come with `examples/train_gpt`.""",
     "cluster": """\
 Issue 21's figures, across the 3 nodes of the virtual cluster (`scripts/cluster`: a
 network + UTS namespace a node on one bridge, on this 2-core machine), from

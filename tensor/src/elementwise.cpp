@@ -223,9 +223,12 @@ Tensor relu(const Tensor& t) {
 Tensor gelu(const Tensor& t, bool tanh_approximation) {
   // nn's GELU formulas (nn/src/activation.cpp), in the compute type.
   if (tanh_approximation) {
+    // 0.5 (1 + tanh(u)) is sigmoid(2u): one exp instead of tanh, whose libm form
+    // (through expm1) costs three times as much. exp overflowing to inf gives 0, not NaN.
     return unary(t, "gelu", U::gelu_tanh, [](auto x) {
       using C = decltype(x);
-      return C(0.5) * x * (C(1) + std::tanh(C(0.7978845608028654) * (x + C(0.044715) * x * x * x)));
+      const C u = C(0.7978845608028654) * (x + C(0.044715) * x * x * x);
+      return x / (C(1) + std::exp(C(-2) * u));
     });
   }
   return unary(t, "gelu", U::gelu, [](auto x) {

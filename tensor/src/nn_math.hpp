@@ -32,10 +32,11 @@ TROUPE_HOST_DEVICE inline C activation_grad(ActivationGrad op, C saved, C gy) {
       return gy * (cdf + x * pdf);
     }
     case ActivationGrad::gelu_tanh: {
-      // d/dx [0.5 x (1 + t)] = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3c x^2), t = tanh(k (x + c x^3)).
-      const C t = tanh(kSqrt2OverPi * (x + kCubic * x * x * x));
-      const C dt = kSqrt2OverPi * (C(1) + C(3) * kCubic * x * x);
-      return gy * (C(0.5) * (C(1) + t) + C(0.5) * x * (C(1) - t * t) * dt);
+      // d/dx [0.5 x (1 + t)] = 0.5 (1 + t) + 0.5 x (1 - t^2) u', t = tanh(u), u = k (x + c x^3),
+      // with 0.5 (1 + t) = s = sigmoid(2u) and 0.5 (1 - t^2) = 2 s (1 - s): one exp, no tanh.
+      const C s = C(1) / (C(1) + exp(C(-2) * kSqrt2OverPi * (x + kCubic * x * x * x)));
+      const C du = kSqrt2OverPi * (C(1) + C(3) * kCubic * x * x);
+      return gy * (s + C(2) * x * s * (C(1) - s) * du);
     }
     case ActivationGrad::tanh:  // saved is the output y: d tanh = 1 - y^2
       return gy * (C(1) - x * x);

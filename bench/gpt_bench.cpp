@@ -1,0 +1,158 @@
+// gpt_bench: one training step of troupe's GPT on the CPU, in tokens/s.
+//
+//   build/bench/gpt_bench [--model small|tiny]... [--repeats N] [--min-time S]
+//
+// A step: zero_grad, forward, cross-entropy over (B, T, V), backward, gradient
+// clipping at 1.0, AdamW (betas 0.9/0.95, weight decay 0.1 on matrices). Models, both
+// character-level (V = 65, dropout 0, one thread):
+//   small  nanoGPT's shakespeare_char: 6 layers, 6 heads, C = 384, T = 256, batch 4
+//   tiny   2 layers, 4 heads, C = 128, T = 64, batch 16
+// The baseline is bench/torch_gpt_step.py: the same model (nanoGPT's torch.nn code),
+// step, batches and thread count in PyTorch eager, timed the same way and printing
+// the same JSON; bench/run pairs the two by model (train_bench.cpp says why these are
+// two programs). Timing: 4 batches of random ids made once and cycled; 4 warm-up
+// steps, the last 2 sizing a repeat to about --min-time (at least 2 steps); median of
+// --repeats repeats, each in process CPU time.
+//
+// Output, a JSON list, one object per model:
+//   {"model": "small", "params": N, "batch": B, "time": T, "tokens_per_s": ..., "step_ms": ...,
+//    "repeats": [tokens/s, ...], "steps_per_repeat": N, "loss": last loss}
+#include <time.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "troupe/error.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/clip.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+
+using namespace troupe;
+using tensor::Tensor;
+
+namespace {
+
+struct Model {
+  std::string name;
+  nn::GPTConfig config;
+  std::int64_t batch;
+};
+
+const std::vector<Model>& models() {
+  static const std::vector<Model> all{
+      {"small", {.block_size = 256, .vocab_size = 65, .n_layer = 6, .n_head = 6, .n_embd = 384}, 4},
+      {"tiny", {.block_size = 64, .vocab_size = 65, .n_layer = 2, .n_head = 4, .n_embd = 128}, 16}};
+  return all;
+}
+
+struct Flags {
+  std::vector<std::string> models;
+  int repeats = 5;
+  double min_time = 2.0;
+};
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    TROUPE_CHECK(i + 1 < argc, "gpt_bench: ", flag, " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--model") f.models.push_back(value);
+    else if (flag == "--repeats") f.repeats = std::stoi(value);
+    else if (flag == "--min-time") f.min_time = std::stod(value);
+    else throw InvalidArgument("gpt_bench: unknown flag " + flag);
+  }
+  if (f.models.empty()) f.models = {"tiny", "small"};
+  TROUPE_CHECK(f.repeats >= 1 && f.min_time > 0, "gpt_bench: --repeats must be >= 1 and --min-time > 0");
+  return f;
+}
+
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+Tensor random_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, tensor::Generator& gen) {
+  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, tensor::DType::f64);
+  std::vector<std::int64_t> ids;
+  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
+  return Tensor::from_vector(ids, {batch, time});
+}
+
+void time_model(const Model& m, const Flags& flags, bool first) {
+  nn::GPT model(m.config, 0);
+  nn::AdamW opt(model.named_parameters(), 6e-4, {0.9, 0.95}, 1e-8, 0.1);
+  opt.set_weight_decay_filter(nn::decay_matrices_only);
+  nn::CrossEntropyLoss loss_fn;
+  tensor::Generator gen(1);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int i = 0; i < 4; ++i) {
+    Tensor x = random_ids(m.batch, m.config.block_size, m.config.vocab_size, gen);
+    batches.emplace_back(x, random_ids(m.batch, m.config.block_size, m.config.vocab_size, gen));
+  }
+  std::size_t n = 0;
+  double loss = 0;
+  auto step = [&] {
+    const auto& [x, y] = batches[n++ % batches.size()];
+    opt.zero_grad();
+    loss = loss_fn.forward(model.forward(x), y).item();
+    model.backward(loss_fn.backward());
+    nn::clip_grad_norm(model.named_parameters(), 1.0);
+    opt.step();
+  };
+  for (int i = 0; i < 2; ++i) step();
+  const double sizing = cpu_seconds();
+  for (int i = 0; i < 2; ++i) step();
+  const double per_step = (cpu_seconds() - sizing) / 2;
+  const auto steps = std::max<std::int64_t>(2, static_cast<std::int64_t>(flags.min_time / std::max(per_step, 1e-9)));
+  const double tokens = static_cast<double>(m.batch * m.config.block_size * steps);
+  std::vector<double> repeats;
+  for (int r = 0; r < flags.repeats; ++r) {
+    const double start = cpu_seconds();
+    for (std::int64_t i = 0; i < steps; ++i) step();
+    repeats.push_back(tokens / (cpu_seconds() - start));
+  }
+  TROUPE_CHECK(std::isfinite(loss), "gpt_bench: the loss of ", m.name, " is not finite");
+  std::vector<double> sorted = repeats;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[(sorted.size() - 1) / 2];
+  std::printf("%s\n {\"model\": \"%s\", \"params\": %lld, \"batch\": %lld, \"time\": %lld, \"tokens_per_s\": %.1f, "
+              "\"step_ms\": %.2f, \"repeats\": [",
+              first ? "" : ",", m.name.c_str(), static_cast<long long>(model.parameter_count()),
+              static_cast<long long>(m.batch), static_cast<long long>(m.config.block_size), median,
+              1e3 * static_cast<double>(m.batch * m.config.block_size) / median);
+  for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.1f", i ? ", " : "", repeats[i]);
+  std::printf("], \"steps_per_repeat\": %lld, \"loss\": %.6g}", static_cast<long long>(steps), loss);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Flags flags = parse_flags(argc, argv);
+    tensor::set_num_threads(1);
+    std::printf("[");
+    for (std::size_t i = 0; i < flags.models.size(); ++i) {
+      const auto it = std::find_if(models().begin(), models().end(),
+                                   [&](const Model& m) { return m.name == flags.models[i]; });
+      TROUPE_CHECK(it != models().end(), "gpt_bench: unknown model '", flags.models[i], "' (small or tiny)");
+      time_model(*it, flags, i == 0);
+    }
+    std::printf("\n]\n");
+    return 0;
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_bench: error: %s\n", e.what());
+    return 1;
+  }
+}
