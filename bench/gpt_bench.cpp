@@ -17,14 +17,13 @@
 // Output, a JSON list, one object per model:
 //   {"model": "small", "params": N, "batch": B, "time": T, "tokens_per_s": ..., "step_ms": ...,
 //    "repeats": [tokens/s, ...], "steps_per_repeat": N, "loss": last loss}
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "bench_main.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/clip.hpp"
@@ -34,6 +33,7 @@
 #include "troupe/tensor/random.hpp"
 
 using namespace troupe;
+using bench::cpu_seconds;
 using tensor::Tensor;
 
 namespace {
@@ -71,12 +71,6 @@ Flags parse_flags(int argc, char** argv) {
   if (f.models.empty()) f.models = {"tiny", "small"};
   TROUPE_CHECK(f.repeats >= 1 && f.min_time > 0, "gpt_bench: --repeats must be >= 1 and --min-time > 0");
   return f;
-}
-
-double cpu_seconds() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 Tensor random_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, tensor::Generator& gen) {
@@ -120,9 +114,7 @@ void time_model(const Model& m, const Flags& flags, bool first) {
     repeats.push_back(tokens / (cpu_seconds() - start));
   }
   TROUPE_CHECK(std::isfinite(loss), "gpt_bench: the loss of ", m.name, " is not finite");
-  std::vector<double> sorted = repeats;
-  std::sort(sorted.begin(), sorted.end());
-  const double median = sorted[(sorted.size() - 1) / 2];
+  const double median = bench::lower_median(repeats);
   std::printf("%s\n {\"model\": \"%s\", \"params\": %lld, \"batch\": %lld, \"time\": %lld, \"tokens_per_s\": %.1f, "
               "\"step_ms\": %.2f, \"repeats\": [",
               first ? "" : ",", m.name.c_str(), static_cast<long long>(model.parameter_count()),
@@ -136,7 +128,7 @@ void time_model(const Model& m, const Flags& flags, bool first) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return bench::run_main("gpt_bench", [&] {
     const Flags flags = parse_flags(argc, argv);
     tensor::set_num_threads(1);
     std::printf("[");
@@ -148,11 +140,5 @@ int main(int argc, char** argv) {
     }
     std::printf("\n]\n");
     return 0;
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpt_bench: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

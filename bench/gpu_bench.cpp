@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.hpp"
 #include "troupe/collectives/mpi_communicator.hpp"
 #include "troupe/collectives/nccl_communicator.hpp"
 #include "troupe/error.hpp"
@@ -186,7 +187,7 @@ void print_adam_bandwidth() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return bench::run_main("gpu_bench", [&] {
     const Flags flags = parse_flags(argc, argv);
     mpi::Environment env(&argc, &argv);
     TROUPE_CHECK(tensor::cuda_available(), "gpu_bench: no CUDA device here");
@@ -212,11 +213,5 @@ int main(int argc, char** argv) {
     }
     std::printf("\n ]\n}\n");
     return 0;
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpu_bench: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

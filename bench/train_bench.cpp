@@ -24,8 +24,6 @@
 // Output, one JSON object per model on stdout, as a list:
 //   {"model": "64-256-256-10", "batch": 64, "samples_per_s": ..., "step_us": ...,
 //    "repeats": [samples/s, ...], "steps_per_repeat": N, "loss": last loss}
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_main.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/linear.hpp"
@@ -44,6 +43,7 @@
 #include "troupe/tensor/random.hpp"
 
 using namespace troupe;
+using bench::cpu_seconds;
 
 namespace {
 
@@ -80,13 +80,6 @@ Flags parse_flags(int argc, char** argv) {
   if (f.batch < 1 || f.repeats < 1 || !(f.min_time > 0))
     throw InvalidArgument("train_bench: --batch and --repeats must be >= 1 and --min-time > 0");
   return f;
-}
-
-// Seconds of CPU time used by this process, all threads.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
 struct Batch {
@@ -155,21 +148,16 @@ Result time_model(std::int64_t hidden, const Flags& flags) {
   return r;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];  // the lower median, as bench/run's statistics.median_low
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return bench::run_main("train_bench", [&] {
     const Flags flags = parse_flags(argc, argv);
     tensor::set_num_threads(1);
     std::printf("[");
     for (std::size_t m = 0; m < flags.hidden.size(); ++m) {
       const Result r = time_model(flags.hidden[m], flags);
-      const double samples_per_s = median(r.repeats);
+      const double samples_per_s = bench::lower_median(r.repeats);
       if (!std::isfinite(r.loss)) throw Error("train_bench: the loss of " + r.model + " is not finite");
       std::printf("%s\n {\"model\": \"%s\", \"batch\": %lld, \"samples_per_s\": %.1f, \"step_us\": %.2f, \"repeats\": [",
                   m ? "," : "", r.model.c_str(), static_cast<long long>(flags.batch), samples_per_s,
@@ -180,11 +168,5 @@ int main(int argc, char** argv) {
     }
     std::printf("\n]\n");
     return 0;
-  } catch (const InvalidArgument& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_bench: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }
