@@ -3,16 +3,16 @@
 
     /usr/bin/python3 bench/torch_gpt_step.py [--model small|tiny]... [--repeats N] [--min-time S]
 
-The same models (nanoGPT's torch.nn code, as tests/nn/gpt_parity_test.py, whose
-outputs match troupe's to 1e-6), step (zero_grad(set_to_none=True), forward,
-cross-entropy, backward, clip_grad_norm_ at 1.0, AdamW 0.9/0.95 with weight decay 0.1
-on matrices, foreach=False), random batches, one thread and timing as gpt_bench.cpp;
-the same JSON. Debian's torch 1.13 has no scaled_dot_product_attention: attention is
-nanoGPT's explicit masked softmax, which is what torch eager runs there.
+The same models (nanoGPT's torch.nn code in tools/torch_gpt.py, whose outputs
+tests/nn/gpt_parity_test.py checks against troupe's to 1e-6), step
+(zero_grad(set_to_none=True), forward, cross-entropy, backward, clip_grad_norm_ at 1.0,
+AdamW 0.9/0.95 with weight decay 0.1 on matrices, foreach=False), random batches, one
+thread and timing as gpt_bench.cpp; the same JSON. Debian's torch 1.13 has no
+scaled_dot_product_attention: attention is nanoGPT's explicit masked softmax, which is
+what torch eager runs there.
 Exits 3 when torch cannot be imported.
 """
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -28,11 +28,9 @@ except ImportError as e:
     print(f"torch_gpt_step.py: cannot import torch ({e}); on Debian: apt install python3-torch", file=sys.stderr)
     sys.exit(3)
 
-# The model classes of the parity test, so the baseline is the model proven equal.
-_spec = importlib.util.spec_from_file_location(
-    "gpt_parity_test", Path(__file__).resolve().parent.parent / "tests" / "nn" / "gpt_parity_test.py")
-_parity = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_parity)
+# The model the parity test checks, so the baseline is the model proven equal.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from torch_gpt import GPT  # noqa: E402
 
 MODELS = {
     "small": (dict(block_size=256, vocab_size=65, n_layer=6, n_head=6, n_embd=384), 4),
@@ -47,7 +45,7 @@ def cpu_seconds():
 def time_model(name, repeats, min_time):
     c, batch = MODELS[name]
     torch.manual_seed(0)
-    model = _parity.GPT(c)
+    model = GPT(c)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],

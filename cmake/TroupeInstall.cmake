@@ -25,6 +25,8 @@ endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/include/troupe/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe)
 install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/load_in_torch.py ${PROJECT_SOURCE_DIR}/tools/plot_metrics.py
         DESTINATION ${CMAKE_INSTALL_DATADIR}/troupe/tools)
+# load_in_torch.py --gpt-val-loss imports the model from beside itself.
+install(FILES ${PROJECT_SOURCE_DIR}/tools/torch_gpt.py DESTINATION ${CMAKE_INSTALL_DATADIR}/troupe/tools)
 
 set(config_dir ${CMAKE_INSTALL_LIBDIR}/cmake/troupe)
 install(EXPORT troupeTargets NAMESPACE troupe:: DESTINATION ${config_dir})

@@ -225,16 +225,12 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
   int first_epoch = 1;
   if (!flags.checkpoint_dir.empty()) {
     // Every rank restores the same newest valid checkpoint, if there is one.
-    const auto resumed = actors::when_all(workers.ask(&Worker::resume)).get();
-    for (const auto& r : resumed) {
-      if (r.step != resumed[0].step || r.parameter_hash != resumed[0].parameter_hash)
-        TROUPE_THROW(Error, "rank ", r.rank, " resumed at step ", r.step, ", rank 0 at step ", resumed[0].step);
-    }
-    if (resumed[0].step > 0) {
-      steps = resumed[0].step;
-      first_epoch = static_cast<int>(resumed[0].epoch_finished ? resumed[0].epoch + 1 : resumed[0].epoch);
+    const train::WorkerState resumed = train::resume_workers(workers);
+    if (resumed.step > 0) {
+      steps = resumed.step;
+      first_epoch = static_cast<int>(resumed.epoch_finished ? resumed.epoch + 1 : resumed.epoch);
       status.print("resumed from " + flags.checkpoint_dir + " at step " + std::to_string(steps) + " (epoch " +
-                   std::to_string(resumed[0].epoch) + (resumed[0].epoch_finished ? " done" : ", in progress") + ")");
+                   std::to_string(resumed.epoch) + (resumed.epoch_finished ? " done" : ", in progress") + ")");
     }
   }
   for (int epoch = first_epoch; epoch <= flags.epochs; ++epoch) {
@@ -251,7 +247,7 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
     steps += results[0].steps;
     for (const auto& e : evals) {
       test_loss += e.loss_sum;
-      correct += e.correct;
+      correct += e.metric("correct");
       test_samples += e.samples;
     }
     test_accuracy = correct / static_cast<double>(test_samples);
@@ -320,15 +316,7 @@ int main(int argc, char** argv) {
                                  .config_json = config_json(flags)};
     DigitsRecipe::Config config{flags.data, flags.hidden, flags.lr, flags.momentum, flags.seed};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
-    if (runtime.rank() == 0) {
-      try {
-        status = drive(flags, workers, runtime.size());
-      } catch (...) {
-        actors::when_all(workers.ask(&Worker::stop)).get();
-        throw;
-      }
-      actors::when_all(workers.ask(&Worker::stop)).get();
-    }
+    status = train::drive_then_stop(workers, runtime.rank(), [&] { return drive(flags, workers, runtime.size()); });
   } catch (const std::exception& e) {
     actors::print_error("train_digits", e, runtime.rank());
     status = 1;

@@ -1,5 +1,6 @@
 #include "troupe/checkpoint/checkpoint.hpp"
 
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -98,6 +99,7 @@ void Checkpoint::write_state(Sink& sink, std::int64_t step, std::int64_t epoch) 
   sink.set_attribute("/", "created_utc", utc_now_iso8601());
   sink.set_attribute("/", "run_id", run_.run_id);
   sink.set_attribute("/", "config", run_.config_json);
+  for (const auto& [name, value] : run_.attributes) sink.set_attribute("/", name, value);
   for (Registered& r : sources_) {
     SectionWriter section(sink, r.section);
     r.source.save(section);
@@ -167,6 +169,29 @@ Metadata Checkpoint::validate(const FileReader& file) const {
   return meta;
 }
 
+void Checkpoint::check_run_attributes(const FileReader& file) const {
+  const Attributes root = file.attributes("/");
+  for (const auto& [name, value] : run_.attributes) {
+    if (!root.contains(name)) continue;
+    const std::string& recorded = root.get_string(name);
+    if (recorded == value) continue;
+    // Short one-line values are shown; others (a vocabulary) by where they start to differ.
+    constexpr std::size_t kShown = 200;
+    const auto one_line = [](const std::string& v) {
+      return v.size() <= kShown && std::none_of(v.begin(), v.end(), [](char c) { return c == '\n' || c == '\r'; });
+    };
+    const auto at = std::mismatch(recorded.begin(), recorded.end(), value.begin(), value.end()).first - recorded.begin();
+    const std::string difference =
+        one_line(recorded) && one_line(value)
+            ? troupe::detail::concat("is '", recorded, "', this run's is '", value, "'")
+            : troupe::detail::concat("(", recorded.size(), " bytes) differs from this run's (", value.size(),
+                             " bytes) from byte ", at, " on");
+    TROUPE_THROW(CheckpointError, "checkpoint ", file.path(), " belongs to another run: its root attribute '", name,
+                 "' ", difference, "; move it away or use another checkpoint folder (nothing was loaded or ",
+                 "overwritten)");
+  }
+}
+
 void Checkpoint::restore(const FileReader& file) {
   for (Registered& r : sources_) {
     if (!file.has_group("/" + r.section)) continue;  // optional and absent
@@ -178,6 +203,7 @@ Metadata Checkpoint::load(const fs::path& path) {
   finish_in_flight();
   FileReader file(path.string());
   Metadata meta = validate(file);
+  check_run_attributes(file);
   restore(file);
   return meta;
 }
@@ -198,6 +224,7 @@ std::optional<Metadata> Checkpoint::load_latest() {
       warn_("skipping checkpoint " + candidate.string() + ": " + e.what());
       continue;
     }
+    check_run_attributes(*file);  // another run's file is the user's mistake, not damage: stop
     if (verify_ == Verify::before_restore) {
       restore(*file);
       return meta;

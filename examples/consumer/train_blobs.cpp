@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
         double correct = 0;
         std::int64_t samples = 0;
         for (const auto& e : when_all(workers.ask(&Worker::evaluate)).get()) {
-          correct += e.correct;
+          correct += e.metric("correct");
           samples += e.samples;
         }
         accuracy = correct / static_cast<double>(samples);

@@ -22,12 +22,12 @@ void check_forward_ran(const Tensor& saved, const char* op) {
 
 }  // namespace
 
-Tensor ReLU::forward(const Tensor& input) {
+Tensor ReLU::forward_impl(const Tensor& input) {
   input_ = checked(input, "ReLU.forward");
   return tensor::relu(input);
 }
 
-Tensor ReLU::backward(const Tensor& grad_output) {
+Tensor ReLU::backward_impl(const Tensor& grad_output) {
   check_forward_ran(input_, "ReLU.backward");
   return tensor::relu_backward(grad_output, input_);
 }
@@ -42,22 +42,22 @@ std::string GELU::type_name() const {
   return approximate_ == GeluApproximate::tanh ? "GELU(approximate='tanh')" : "GELU";
 }
 
-Tensor GELU::forward(const Tensor& input) {
+Tensor GELU::forward_impl(const Tensor& input) {
   input_ = checked(input, "GELU.forward");
   return tensor::gelu(input, approximate_ == GeluApproximate::tanh);
 }
 
-Tensor GELU::backward(const Tensor& grad_output) {
+Tensor GELU::backward_impl(const Tensor& grad_output) {
   check_forward_ran(input_, "GELU.backward");
   return tensor::gelu_backward(grad_output, input_, approximate_ == GeluApproximate::tanh);
 }
 
-Tensor Tanh::forward(const Tensor& input) {
+Tensor Tanh::forward_impl(const Tensor& input) {
   output_ = tensor::tanh(checked(input, "Tanh.forward"));
   return output_;
 }
 
-Tensor Tanh::backward(const Tensor& grad_output) {
+Tensor Tanh::backward_impl(const Tensor& grad_output) {
   check_forward_ran(output_, "Tanh.backward");
   return tensor::tanh_backward(grad_output, output_);
 }

@@ -21,7 +21,7 @@ std::string CausalSelfAttention::type_name() const {
   return "CausalSelfAttention(" + std::to_string(n_embd_) + ", heads " + std::to_string(n_head_) + ")";
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& input) {
+Tensor CausalSelfAttention::forward_impl(const Tensor& input) {
   TROUPE_CHECK(input.defined() && input.dim() == 3 && input.size(2) == n_embd_, type_name(),
                ".forward: input must be [B, T, ", n_embd_, "], got ",
                input.defined() ? tensor::to_string(input.shape()) : std::string("undefined"));
@@ -31,7 +31,7 @@ Tensor CausalSelfAttention::forward(const Tensor& input) {
   return resid_dropout_->forward(c_proj_->forward(saved_.out));
 }
 
-Tensor CausalSelfAttention::backward(const Tensor& grad_output) {
+Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output) {
   TROUPE_CHECK(qkv_.defined(), type_name(), ".backward: called before forward");
   const Tensor gy = c_proj_->backward(resid_dropout_->backward(grad_output));
   const Tensor gqkv = tensor::causal_attention_backward(gy, qkv_, saved_, n_head_);

@@ -11,9 +11,9 @@ namespace {
 }
 }  // namespace
 
-Tensor ModuleList::forward(const Tensor&) { no_computation(type_name(), "forward"); }
-Tensor ModuleList::backward(const Tensor&) { no_computation(type_name(), "backward"); }
-Tensor ModuleDict::forward(const Tensor&) { no_computation(type_name(), "forward"); }
-Tensor ModuleDict::backward(const Tensor&) { no_computation(type_name(), "backward"); }
+Tensor ModuleList::forward_impl(const Tensor&) { no_computation(type_name(), "forward"); }
+Tensor ModuleList::backward_impl(const Tensor&) { no_computation(type_name(), "backward"); }
+Tensor ModuleDict::forward_impl(const Tensor&) { no_computation(type_name(), "forward"); }
+Tensor ModuleDict::backward_impl(const Tensor&) { no_computation(type_name(), "backward"); }
 
 }  // namespace troupe::nn

@@ -18,7 +18,7 @@ std::string Dropout::type_name() const {
   return out.str();
 }
 
-Tensor Dropout::forward(const Tensor& input) {
+Tensor Dropout::forward_impl(const Tensor& input) {
   const std::string op = type_name() + ".forward";
   TROUPE_CHECK(input.defined(), op, ": input is undefined");
   TROUPE_CHECK(tensor::is_floating(input.dtype()), op, ": needs a floating dtype, got ", input.dtype());
@@ -48,7 +48,7 @@ Tensor Dropout::forward(const Tensor& input) {
   return tensor::mul(input, mask_);
 }
 
-Tensor Dropout::backward(const Tensor& grad_output) {
+Tensor Dropout::backward_impl(const Tensor& grad_output) {
   TROUPE_CHECK(forward_ran_, type_name(), ".backward: called before forward");
   if (!mask_.defined()) return grad_output;
   if (mask_.device().is_cuda()) {

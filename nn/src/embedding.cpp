@@ -17,7 +17,7 @@ std::string Embedding::type_name() const {
   return "Embedding(" + std::to_string(num_) + ", " + std::to_string(dim_) + ")";
 }
 
-Tensor Embedding::forward(const Tensor& indices) {
+Tensor Embedding::forward_impl(const Tensor& indices) {
   const std::string op = type_name() + ".forward";
   TROUPE_CHECK(indices.defined(), op, ": indices are undefined");
   TROUPE_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, op,
@@ -34,7 +34,7 @@ Tensor Embedding::forward(const Tensor& indices) {
   return tensor::gather_rows(weight_->data, idx.reshape({idx.numel()})).reshape(out_shape);
 }
 
-Tensor Embedding::backward(const Tensor& grad_output) {
+Tensor Embedding::backward_impl(const Tensor& grad_output) {
   const std::string op = type_name() + ".backward";
   TROUPE_CHECK(indices_.defined(), op, ": called before forward");
   Shape expected = indices_.shape();

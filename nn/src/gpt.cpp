@@ -23,11 +23,11 @@ MLP::MLP(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed,
   dropout_ = &register_module("dropout", std::make_shared<Dropout>(c.dropout, dropout_seed));
 }
 
-Tensor MLP::forward(const Tensor& input) {
+Tensor MLP::forward_impl(const Tensor& input) {
   return dropout_->forward(c_proj_->forward(gelu_->forward(c_fc_->forward(input))));
 }
 
-Tensor MLP::backward(const Tensor& grad_output) {
+Tensor MLP::backward_impl(const Tensor& grad_output) {
   return c_fc_->backward(gelu_->backward(c_proj_->backward(dropout_->backward(grad_output))));
 }
 
@@ -40,13 +40,13 @@ Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_s
 }
 
 // Out of place: ln_2 keeps a handle to x for its backward.
-Tensor Block::forward(const Tensor& input) {
+Tensor Block::forward_impl(const Tensor& input) {
   const Tensor x = tensor::add(input, attn_->forward(ln_1_->forward(input)));
   return tensor::add(x, mlp_->forward(ln_2_->forward(x)));
 }
 
 // The residual's gradient passes through unchanged and adds to each branch's.
-Tensor Block::backward(const Tensor& grad_output) {
+Tensor Block::backward_impl(const Tensor& grad_output) {
   Tensor g = tensor::add(grad_output, ln_2_->backward(mlp_->backward(grad_output)));
   tensor::add_(g, ln_1_->backward(attn_->backward(g)));
   return g;
@@ -94,7 +94,7 @@ std::int64_t GPT::non_embedding_parameter_count() const {
   return parameter_count() - wpe_->num_embeddings() * wpe_->embedding_dim();
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+Tensor GPT::forward_impl(const Tensor& idx) {
   TROUPE_CHECK(idx.defined() && idx.dim() == 2, type_name(), ".forward: token ids must be [B, T], got ",
                idx.defined() ? tensor::to_string(idx.shape()) : std::string("undefined"));
   batch_ = idx.size(0);
@@ -108,7 +108,7 @@ Tensor GPT::forward(const Tensor& idx) {
   return lm_head_->forward(ln_f_->forward(x));
 }
 
-Tensor GPT::backward(const Tensor& grad_logits) {
+Tensor GPT::backward_impl(const Tensor& grad_logits) {
   TROUPE_CHECK(batch_ > 0, type_name(), ".backward: called before forward");
   Tensor g = ln_f_->backward(lm_head_->backward(grad_logits));
   for (std::size_t i = h_->size(); i-- > 0;) g = (*h_)[i].backward(g);

@@ -26,7 +26,7 @@ std::string LayerNorm::type_name() const {
   return out.str();
 }
 
-Tensor LayerNorm::forward(const Tensor& input) {
+Tensor LayerNorm::forward_impl(const Tensor& input) {
   const std::string op = type_name() + ".forward";
   TROUPE_CHECK(input.defined() && tensor::is_floating(input.dtype()), op, ": needs a floating input");
   TROUPE_CHECK(input.dim() >= 1 && input.size(-1) == size_, op, ": input ", tensor::to_string(input.shape()),
@@ -72,7 +72,7 @@ Tensor LayerNorm::forward(const Tensor& input) {
   return out;
 }
 
-Tensor LayerNorm::backward(const Tensor& grad_output) {
+Tensor LayerNorm::backward_impl(const Tensor& grad_output) {
   const std::string op = type_name() + ".backward";
   TROUPE_CHECK(input_.defined(), op, ": called before forward");
   TROUPE_CHECK(grad_output.defined() && grad_output.shape() == input_.shape() &&

@@ -44,7 +44,7 @@ std::string Linear::type_name() const {
   return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
 }
 
-Tensor Linear::forward(const Tensor& input) {
+Tensor Linear::forward_impl(const Tensor& input) {
   const std::string op = type_name() + ".forward";
   TROUPE_CHECK(input.defined(), op, ": input is undefined");
   TROUPE_CHECK(input.dim() >= 1 && input.size(-1) == in_, op, ": input ", tensor::to_string(input.shape()),
@@ -60,7 +60,7 @@ Tensor Linear::forward(const Tensor& input) {
   return y.reshape(out_shape);
 }
 
-Tensor Linear::backward(const Tensor& grad_output) {
+Tensor Linear::backward_impl(const Tensor& grad_output) {
   const std::string op = type_name() + ".backward";
   TROUPE_CHECK(input_.defined(), op, ": called before forward");
   Shape expected = input_.shape();

@@ -170,6 +170,24 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
     }
 }
 
+Tensor Module::forward(const Tensor& input) {
+  if (!hooks_) return forward_impl(input);
+  const std::shared_ptr<const ModuleHooks> hooks = hooks_;  // a hook may replace hooks_
+  if (hooks->before_forward) hooks->before_forward();
+  Tensor output = forward_impl(input);
+  if (hooks->after_forward) hooks->after_forward();
+  return output;
+}
+
+Tensor Module::backward(const Tensor& grad_output) {
+  if (!hooks_) return backward_impl(grad_output);
+  const std::shared_ptr<const ModuleHooks> hooks = hooks_;
+  if (hooks->before_backward) hooks->before_backward();
+  Tensor grad_input = backward_impl(grad_output);
+  if (hooks->after_backward) hooks->after_backward();
+  return grad_input;
+}
+
 void Module::train(bool on) {
   training_ = on;
   for (auto& [name, child] : children_) child->train(on);

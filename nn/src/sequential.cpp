@@ -19,13 +19,13 @@ Module& Sequential::operator[](std::size_t i) const {
   return *layers_[i];
 }
 
-Tensor Sequential::forward(const Tensor& input) {
+Tensor Sequential::forward_impl(const Tensor& input) {
   Tensor x = input;
   for (Module* layer : layers_) x = layer->forward(x);
   return x;
 }
 
-Tensor Sequential::backward(const Tensor& grad_output) {
+Tensor Sequential::backward_impl(const Tensor& grad_output) {
   Tensor g = grad_output;
   for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) g = (*it)->backward(g);
   return g;

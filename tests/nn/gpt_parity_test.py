@@ -1,5 +1,5 @@
-"""PyTorch parity of troupe's GPT: the same model in torch.nn (nanoGPT's code shape),
-loaded from the HDF5 file gpt_parity wrote, fed the same batches.
+"""PyTorch parity of troupe's GPT: the same model in torch.nn (nanoGPT's code shape,
+tools/torch_gpt.py), loaded from the HDF5 file gpt_parity wrote, fed the same batches.
 
 Checks, all f32 on the CPU, dropout off (tolerances: max |troupe - torch| over
 max |torch| per tensor):
@@ -12,6 +12,7 @@ max |torch| per tensor):
 Exits 77 (skipped) when torch or h5py is missing.
 """
 import math
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,78 +20,13 @@ import tempfile
 try:
     import h5py
     import torch
-    import torch.nn as nn
     import torch.nn.functional as F
 except ImportError as e:  # python3-torch / python3-h5py not installed
     print(f"SKIP: {e}")
     sys.exit(77)
 
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c_attn = nn.Linear(c["n_embd"], 3 * c["n_embd"])
-        self.c_proj = nn.Linear(c["n_embd"], c["n_embd"])
-        self.attn_dropout = nn.Dropout(0.0)
-        self.resid_dropout = nn.Dropout(0.0)
-        self.n_head = c["n_head"]
-
-    def forward(self, x):
-        B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        # nanoGPT's path without scaled_dot_product_attention (Debian's torch is 1.13).
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).tril().logical_not(), float("-inf"))
-        y = F.softmax(att, dim=-1) @ v
-        return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
-
-
-class MLP(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c_fc = nn.Linear(c["n_embd"], 4 * c["n_embd"])
-        self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * c["n_embd"], c["n_embd"])
-        self.dropout = nn.Dropout(0.0)
-
-    def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
-
-
-class Block(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(c["n_embd"])
-        self.attn = CausalSelfAttention(c)
-        self.ln_2 = nn.LayerNorm(c["n_embd"])
-        self.mlp = MLP(c)
-
-    def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class GPT(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(c["vocab_size"], c["n_embd"]),
-            wpe=nn.Embedding(c["block_size"], c["n_embd"]),
-            drop=nn.Dropout(0.0),
-            h=nn.ModuleList([Block(c) for _ in range(c["n_layer"])]),
-            ln_f=nn.LayerNorm(c["n_embd"]),
-        ))
-        self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
-        self.transformer.wte.weight = self.lm_head.weight
-
-    def forward(self, idx):
-        pos = torch.arange(idx.size(1), dtype=torch.long)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
-        for block in self.transformer.h:
-            x = block(x)
-        return self.lm_head(self.transformer.ln_f(x))
-
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from torch_gpt import GPT  # noqa: E402
 
 failures = []
 

@@ -31,8 +31,8 @@ class Block : public Module {
     register_module("mlp", mlp);
     scale_ = &register_buffer("scale", Tensor::full({1}, 2.0));
   }
-  Tensor forward(const Tensor& x) override { return mlp_->forward(norm_->forward(x)); }
-  Tensor backward(const Tensor& g) override { return norm_->backward(mlp_->backward(g)); }
+  Tensor forward_impl(const Tensor& x) override { return mlp_->forward(norm_->forward(x)); }
+  Tensor backward_impl(const Tensor& g) override { return norm_->backward(mlp_->backward(g)); }
   std::string type_name() const override { return "Block"; }
   Tensor& scale() { return *scale_; }
 
@@ -276,8 +276,8 @@ TEST(Module, RejectsDuplicateAndDottedNames) {
       if (which == 0) register_parameter("w", Tensor::zeros({1}));
       if (which == 1) register_buffer("a.b", Tensor::zeros({1}));
     }
-    Tensor forward(const Tensor& x) override { return x; }
-    Tensor backward(const Tensor& g) override { return g; }
+    Tensor forward_impl(const Tensor& x) override { return x; }
+    Tensor backward_impl(const Tensor& g) override { return g; }
     std::string type_name() const override { return "Bad"; }
   };
   EXPECT_THROW(Bad(0), InvalidArgument);

@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "fsdp_harness.hpp"
+#include "troupe/nn/gpt.hpp"
 #include "troupe/nn/layer_norm.hpp"
 
 namespace troupe::train {
@@ -137,6 +138,49 @@ TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
     got.insert(got.end(), v.begin(), v.end());
   }
   EXPECT_LE(testing::max_relative_difference(got, testing::flat_parameters(*ddp_model)), 1e-5);
+}
+
+// A GPT runs its blocks itself: FSDP gathers each block from module hooks, keeps the
+// root unit (embeddings, ln_f and the tied lm_head) gathered through forward and
+// backward, and trains exactly as DDP does, in full_shard and in shard_grad_op. The
+// tied weight is one flat entry; the full state dict lists it under both names.
+TEST(FullyShardedDataParallel, GptBlocksAsUnitsTrainLikeDdpWithTheTiedHead) {
+  auto& comm = world();
+  const nn::GPTConfig config{.block_size = 8, .vocab_size = 12, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  for (const auto strategy : {FsdpOptions::ShardingStrategy::full_shard, FsdpOptions::ShardingStrategy::shard_grad_op}) {
+    nn::GPT ddp_model(config, kModelSeed), fsdp_model(config, kModelSeed);
+    DistributedDataParallel ddp(ddp_model, comm);
+    nn::AdamW opt(ddp_model.named_parameters(), 1e-2);
+    FullyShardedDataParallel fsdp(fsdp_model, comm, factory(Opt::adamw),
+                                  {.wrap = {"transformer.h.0", "transformer.h.1"}, .sharding_strategy = strategy});
+    EXPECT_EQ(fsdp.unit_paths(), (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
+    nn::CrossEntropyLoss l1, l2;
+    tensor::Generator data(17 + static_cast<std::uint64_t>(comm.rank()));
+    for (int s = 0; s < 5; ++s) {
+      std::vector<std::int64_t> inputs, targets;  // 3 windows of 9 tokens: 8 inputs, 8 next tokens
+      const auto tokens = tensor::uniform({3 * 9}, 0, 12, data).to_vector<float>();
+      for (std::size_t i = 0; i < tokens.size(); ++i) {
+        const auto id = std::min<std::int64_t>(11, static_cast<std::int64_t>(tokens[i]));
+        if (i % 9 != 8) inputs.push_back(id);
+        if (i % 9 != 0) targets.push_back(id);
+      }
+      const Tensor x = Tensor::from_vector(inputs, {3, 8}), y = Tensor::from_vector(targets, {3, 8});
+      l1.forward(ddp.forward(x), y);
+      ddp.backward(l1.backward());
+      opt.step();
+      opt.zero_grad();
+      l2.forward(fsdp.forward(x), y);
+      fsdp.backward(l2.backward());
+      fsdp.step();
+      fsdp.zero_grad();
+    }
+    const nn::StateDict full = fsdp.full_state_dict();
+    EXPECT_EQ(full.keys(), ddp_model.state_dict().keys());
+    EXPECT_EQ(full.at("lm_head.weight").to_vector<float>(), full.at("transformer.wte.weight").to_vector<float>());
+    for (const auto& [name, value] : ddp_model.state_dict())
+      EXPECT_LE(testing::max_relative_difference(full.at(name).to_vector<double>(), value.to_vector<double>()), 1e-5)
+          << name;
+  }
 }
 
 // A forward that throws (a wrongly shaped input, refused by the first unit's Linear

@@ -20,7 +20,10 @@ double seconds_since(Clock::time_point start) {
 }
 }  // namespace
 
-FullyShardedDataParallel::~FullyShardedDataParallel() { wait_all(); }
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  for (nn::Module* module : hooked_) module->set_hooks(nullptr);
+  wait_all();
+}
 
 void FullyShardedDataParallel::wait_all() noexcept {
   for (auto& unit : units_) {
@@ -192,6 +195,17 @@ void FullyShardedDataParallel::refresh_stale_parameters() {
   parameters_stale_ = false;
 }
 
+// A unit's gradients are complete: its parameters go, its gradient is reduce-scattered.
+void FullyShardedDataParallel::after_unit_backward(std::size_t u, bool post) {
+  release_parameters(u);
+  if (options_.prefetch && post) {
+    // The previous unit's gradient goes before the next unit's parameters come.
+    if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
+    prefetch_after(u, backward_order_);
+  }
+  if (sync_) launch_reduce_scatter(u);
+}
+
 Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   TROUPE_CHECK(!busy_, "FullyShardedDataParallel::forward: called from inside a forward or backward");
   refresh_stale_parameters();
@@ -200,6 +214,11 @@ Tensor FullyShardedDataParallel::forward(const Tensor& input) {
   stats_.peak_gathered_bytes = gathered_bytes_;
   Tensor x = input;
   try {
+    if (!hooked_.empty()) {
+      if (root_unit_ != kNoUnit) ensure_gathered(root_unit_, forward_order_, options_.prefetch);
+      x = module_.forward(x);  // the units' hooks gather and release them
+      if (root_unit_ != kNoUnit) release_parameters(root_unit_);
+    }
     for (std::size_t l = 0; l < leaves_.size(); ++l) {
       const std::size_t u = leaves_[l].unit;
       if (u != kNoUnit) ensure_gathered(u, forward_order_, options_.prefetch);
@@ -226,6 +245,14 @@ Tensor FullyShardedDataParallel::backward(const Tensor& grad_output) {
   Tensor g = grad_output;
   const bool post = options_.backward_prefetch == FsdpOptions::BackwardPrefetch::backward_post;
   try {
+    if (!hooked_.empty()) {
+      if (root_unit_ != kNoUnit) {
+        ensure_gathered(root_unit_, backward_order_, options_.prefetch && !post);
+        bind_gradients(root_unit_);
+      }
+      g = module_.backward(g);
+      if (root_unit_ != kNoUnit) after_unit_backward(root_unit_, false);
+    }
     for (std::size_t l = leaves_.size(); l-- > 0;) {
       const std::size_t u = leaves_[l].unit;
       if (u != kNoUnit && last_leaf_[u] == l) {  // the unit's first leaf in backward
@@ -233,15 +260,7 @@ Tensor FullyShardedDataParallel::backward(const Tensor& grad_output) {
         bind_gradients(u);
       }
       g = leaves_[l].module->backward(g);
-      if (u != kNoUnit && first_leaf_[u] == l) {
-        release_parameters(u);
-        if (options_.prefetch && post) {
-          // The previous unit's gradient goes before the next unit's parameters come.
-          if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
-          prefetch_after(u, backward_order_);
-        }
-        if (sync_) launch_reduce_scatter(u);
-      }
+      if (u != kNoUnit && first_leaf_[u] == l) after_unit_backward(u, post);
     }
     if (pending_reduce_ != kNoUnit) finish_reduce_scatter(pending_reduce_);
   } catch (...) {

@@ -73,7 +73,7 @@ std::vector<FullyShardedDataParallel::LocalSlice> FullyShardedDataParallel::loca
   std::vector<LocalSlice> out;
   const std::int64_t me = comm_.rank();
   for (const auto& key : state_keys_) {
-    if (buffers_.contains(key)) continue;
+    if (buffers_.contains(key) || aliases_.contains(key)) continue;
     const auto [u, f] = flat_of_.at(key);
     const Flat& flat = units_[u].flats[f];
     const Entry& entry = flat.entries[entry_of_.at(key)];
@@ -176,7 +176,7 @@ nn::StateDict FullyShardedDataParallel::full_optimizer_state_dict() {
     if (key.find('/') == std::string::npos) out.insert(key, value);
   std::vector<std::pair<std::string, std::pair<std::size_t, std::size_t>>> params;  // named order
   for (const auto& key : state_keys_)
-    if (!buffers_.contains(key)) params.push_back({key, flat_of_.at(key)});
+    if (!buffers_.contains(key) && !aliases_.contains(key)) params.push_back({key, flat_of_.at(key)});
   for (const auto& [name, where] : params) {
     const Flat& flat = units_[where.first].flats[where.second];
     const Entry& entry = flat.entries[entry_of_.at(name)];

@@ -85,7 +85,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
   if (options_.cpu_offload) pool_ = std::make_shared<HostPool>();
   state_keys_ = module_.state_dict().keys();
   for (const auto& [name, buffer] : module_.named_buffers()) buffers_[name] = buffer;
+  const auto aliases = shared_parameter_names();
   build_units(paths);
+  for (const auto& [alias, name] : aliases) {  // state dicts list them; the optimizer does not
+    flat_of_[alias] = flat_of_.at(name);
+    entry_of_[alias] = entry_of_.at(name);
+    aliases_.insert(alias);
+  }
   build_leaves();
   std::vector<nn::NamedParameter> shards;
   for (auto& unit : units_)
@@ -96,6 +102,23 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
   if (pool_)
     optimizer_->set_state_allocator(
         [pool = pool_](const tensor::Shape& shape, tensor::DType dtype) { return pool->empty(shape, dtype); });
+}
+
+// A shared parameter's other names (GPT's lm_head.weight is transformer.wte.weight):
+// state-dict keys that are neither a buffer nor a name of named_parameters(), each with
+// the name of the parameter whose tensor it is.
+std::vector<std::pair<std::string, std::string>> FullyShardedDataParallel::shared_parameter_names() {
+  const auto named = module_.named_parameters();
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, value] : module_.state_dict()) {
+    if (buffers_.contains(key)) continue;
+    if (std::any_of(named.begin(), named.end(), [&](const nn::NamedParameter& n) { return n.name == key; })) continue;
+    for (const auto& n : named)
+      if (n.param->data.shares_storage_with(value) && n.param->data.offset() == value.offset() &&
+          n.param->data.shape() == value.shape())
+        out.emplace_back(key, n.name);
+  }
+  return out;
 }
 
 // The manual paths (checked to exist) plus the policy's picks, deduplicated, sorted so
@@ -223,11 +246,11 @@ void FullyShardedDataParallel::build_leaves() {
     Leaf& leaf = leaves_[l];
     for (const auto& [name, where] : flat_of_) {
       if (!inside(name, leaf.path)) continue;
-      if (leaf.unit != kNoUnit && leaf.unit != where.first)
-        TROUPE_THROW(InvalidArgument, "FullyShardedDataParallel: module '", leaf.path, "' (", leaf.module->type_name(),
-                     ") holds parameters of units '", units_[leaf.unit].path, "' and '", units_[where.first].path,
-                     "'; FSDP runs the model leaf by leaf through Sequentials, so a wrapped module must be a ",
-                     "Sequential's element (at any depth) or lie wholly inside one");
+      if (leaf.unit != kNoUnit && leaf.unit != where.first) {  // a unit inside a leaf: the leaf runs its units itself
+        leaves_.clear();
+        install_hooks();
+        return;
+      }
       leaf.unit = where.first;
     }
     if (leaf.unit == kNoUnit) continue;
@@ -241,6 +264,41 @@ void FullyShardedDataParallel::build_leaves() {
     const std::size_t u = leaves_[l].unit;
     if (u != kNoUnit && std::find(backward_order_.begin(), backward_order_.end(), u) == backward_order_.end())
       backward_order_.push_back(u);
+  }
+}
+
+}  // namespace troupe::train
+
+namespace troupe::train {
+
+// A model whose units lie inside a module that runs them itself (a GPT's blocks): the
+// root runs whole, and hooks on each unit's module gather it just before it runs and
+// release it after, as PyTorch's FSDP does with module hooks. The root unit stays
+// gathered from the start of forward (backward) to its end. Units are used in the
+// order of their parameters (the model's order); prefetch follows that order.
+void FullyShardedDataParallel::install_hooks() {
+  forward_order_.clear();
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (units_[u].path.empty()) root_unit_ = u;
+  if (root_unit_ != kNoUnit) forward_order_.push_back(root_unit_);
+  for (std::size_t u = 0; u < units_.size(); ++u)
+    if (u != root_unit_) forward_order_.push_back(u);
+  backward_order_ = forward_order_;
+  std::reverse(backward_order_.begin() + (root_unit_ != kNoUnit ? 1 : 0), backward_order_.end());
+  const bool post = options_.backward_prefetch == FsdpOptions::BackwardPrefetch::backward_post;
+  for (std::size_t u = 0; u < units_.size(); ++u) {
+    if (u == root_unit_) continue;
+    nn::Module* module = find_module(module_, units_[u].path);
+    auto hooks = std::make_shared<nn::ModuleHooks>();
+    hooks->before_forward = [this, u] { ensure_gathered(u, forward_order_, options_.prefetch); };
+    hooks->after_forward = [this, u] { release_parameters(u); };
+    hooks->before_backward = [this, u, post] {
+      ensure_gathered(u, backward_order_, options_.prefetch && !post);
+      bind_gradients(u);
+    };
+    hooks->after_backward = [this, u, post] { after_unit_backward(u, post); };
+    module->set_hooks(std::move(hooks));
+    hooked_.push_back(module);
   }
 }
 

@@ -103,6 +103,7 @@ checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std:
   manifest.world_size = run_.world_size;
   manifest.run_id = run_.run_id;
   manifest.config_json = run_.config_json;
+  for (const auto& [name, value] : run_.attributes) manifest.attributes.push_back({"/", name, value});
   for (const std::string& name : state_.group_names()) manifest.groups.push_back("/" + name);
   std::vector<checkpoint::Slice> slices;
   const auto pieces = [&](const std::string& group, std::vector<StateSlice>& from) {

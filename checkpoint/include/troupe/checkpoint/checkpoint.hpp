@@ -42,6 +42,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,6 +60,10 @@ struct RunInfo {
   std::string run_id;
   std::string config_json = "{}";  // the run's configuration, as JSON text
   std::int64_t world_size = 1;
+  // More string attributes of the root, each naming what the run's data or model is
+  // (a tokenizer's vocabulary). A checkpoint that records one of them with another
+  // value belongs to another run: loading it is a CheckpointError, not a skip.
+  std::vector<std::pair<std::string, std::string>> attributes;
 };
 
 // The root attributes of a checkpoint file.
@@ -134,6 +139,8 @@ class Checkpoint {
   };
   // Checks a file fully (see above) and returns its metadata; throws when unusable.
   Metadata validate(const FileReader& file) const;
+  // Throws CheckpointError when the file records a RunInfo attribute with another value.
+  void check_run_attributes(const FileReader& file) const;
   void restore(const FileReader& file);
   // Root attributes, then every section, into `sink`.
   void write_state(Sink& sink, std::int64_t step, std::int64_t epoch);

@@ -12,9 +12,9 @@ namespace troupe::nn {
 
 class ReLU : public Module {
  public:
-  Tensor forward(const Tensor& input) override;
+  Tensor forward_impl(const Tensor& input) override;
   // Gradient 0 at x = 0, as PyTorch.
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "ReLU"; }
 
  private:
@@ -31,8 +31,8 @@ class GELU : public Module {
   // PyTorch's spelling: "none" or "tanh".
   explicit GELU(std::string_view approximate);
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
   GeluApproximate approximate() const { return approximate_; }
 
@@ -43,9 +43,9 @@ class GELU : public Module {
 
 class Tanh : public Module {
  public:
-  Tensor forward(const Tensor& input) override;
+  Tensor forward_impl(const Tensor& input) override;
   // 1 - tanh(x)^2 from the cached output, so no second tanh is evaluated.
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "Tanh"; }
 
  private:

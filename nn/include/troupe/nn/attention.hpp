@@ -26,8 +26,8 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, tensor::Generator& gen, double dropout = 0.0,
                       bool bias = true, std::uint64_t dropout_seed = 0, DType dtype = DType::f32);
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
 
   Linear& c_attn() { return *c_attn_; }

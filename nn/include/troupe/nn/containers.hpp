@@ -27,8 +27,8 @@ class ModuleList : public Module {
   std::size_t size() const { return items_.size(); }
   Module& operator[](std::size_t i) const { return *items_.at(i); }
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "ModuleList"; }
 
  private:
@@ -44,8 +44,8 @@ class ModuleDict : public Module {
     return ref;
   }
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "ModuleDict"; }
 };
 

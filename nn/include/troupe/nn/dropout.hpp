@@ -21,8 +21,8 @@ class Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5, std::uint64_t seed = 0);
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
 
   double p() const { return p_; }

@@ -22,8 +22,8 @@ class Embedding : public Module {
   Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, tensor::Generator& gen,
             DType dtype = DType::f32);
 
-  Tensor forward(const Tensor& indices) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& indices) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
 
   Parameter& weight() { return *weight_; }

@@ -50,8 +50,8 @@ struct GPTConfig {
 class MLP : public Module {
  public:
   MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype);
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "MLP"; }
 
  private:
@@ -64,8 +64,8 @@ class MLP : public Module {
 class Block : public Module {
  public:
   Block(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype);
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "Block"; }
   CausalSelfAttention& attn() { return *attn_; }
   MLP& mlp() { return *mlp_; }
@@ -81,8 +81,8 @@ class GPT : public Module {
  public:
   GPT(const GPTConfig& config, std::uint64_t seed, DType dtype = DType::f32);
 
-  Tensor forward(const Tensor& idx) override;
-  Tensor backward(const Tensor& grad_logits) override;
+  Tensor forward_impl(const Tensor& idx) override;
+  Tensor backward_impl(const Tensor& grad_logits) override;
   std::string type_name() const override;
 
   const GPTConfig& config() const { return config_; }

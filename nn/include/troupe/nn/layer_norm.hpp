@@ -20,8 +20,8 @@ class LayerNorm : public Module {
   explicit LayerNorm(std::int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true,
                      DType dtype = DType::f32);
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
 
   // Null when elementwise_affine is false.

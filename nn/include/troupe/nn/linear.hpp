@@ -31,8 +31,8 @@ class Linear : public Module {
   // lm_head, tied to the token embedding's [vocab, embd] table).
   explicit Linear(Parameter& tied_weight);
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
 
   Parameter& weight() { return *weight_; }

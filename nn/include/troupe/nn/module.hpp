@@ -53,6 +53,10 @@ using GradReadyHook = std::function<void(const std::string& name, Parameter& par
 
 class Module;
 
+struct ModuleHooks {
+  std::function<void()> before_forward, after_forward, before_backward, after_backward;
+};
+
 struct NamedModule {
   std::string name;
   Module* module = nullptr;
@@ -65,10 +69,12 @@ class Module {
   Module& operator=(const Module&) = delete;
   virtual ~Module() = default;
 
-  virtual Tensor forward(const Tensor& input) = 0;
+  // Runs forward_impl between the hooks a wrapper installed (set_hooks). Parents call
+  // their children through forward/backward, so hooks fire at any depth.
+  Tensor forward(const Tensor& input);
   // Returns the gradient with respect to forward's input (undefined when the input
   // has no gradient, e.g. Embedding's indices) and accumulates parameter gradients.
-  virtual Tensor backward(const Tensor& grad_output) = 0;
+  Tensor backward(const Tensor& grad_output);
   // "Linear(4 -> 8)", "Sequential": names the module in error messages.
   virtual std::string type_name() const = 0;
 
@@ -101,6 +107,11 @@ class Module {
   // Installs `hook` on this module and every submodule (an empty function removes it).
   void set_grad_ready_hook(GradReadyHook hook);
 
+  // Calls around this module's forward and backward (null removes them): how FSDP
+  // gathers a unit's parameters just before a module of any tree runs, as PyTorch's
+  // forward pre-hooks do. One set per module, not inherited by children.
+  void set_hooks(std::shared_ptr<const ModuleHooks> hooks) { hooks_ = std::move(hooks); }
+
   // Converts every parameter and buffer to `dtype` (e.g. f64 for finite-difference
   // checks). Gradients are dropped and views are not preserved: call it while
   // building the model, before an optimizer or DDP holds on to anything.
@@ -110,6 +121,10 @@ class Module {
   void to(Device device);
 
  protected:
+  // What a layer computes; see forward() and backward() above.
+  virtual Tensor forward_impl(const Tensor& input) = 0;
+  virtual Tensor backward_impl(const Tensor& grad_output) = 0;
+
   // Names are non-empty, without '.', and unique among a module's parameters,
   // buffers and children. The returned reference stays valid for the module's life.
   Parameter& register_parameter(std::string name, Tensor data);
@@ -145,6 +160,7 @@ class Module {
   std::vector<std::pair<std::string, std::unique_ptr<Tensor>>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  std::shared_ptr<const ModuleHooks> hooks_;
   SharedHook hook_;
   std::string hook_prefix_;
 };

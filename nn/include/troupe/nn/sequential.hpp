@@ -35,8 +35,8 @@ class Sequential : public Module {
   std::size_t size() const { return layers_.size(); }
   Module& operator[](std::size_t i) const;
 
-  Tensor forward(const Tensor& input) override;
-  Tensor backward(const Tensor& grad_output) override;
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "Sequential"; }
 
  private:

@@ -68,6 +68,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "troupe/collectives/communicator.hpp"
@@ -312,6 +313,8 @@ class FullyShardedDataParallel {
   std::vector<std::string> choose_unit_paths();
   void build_units(const std::vector<std::string>& paths);
   void build_leaves();
+  void install_hooks();
+  std::vector<std::pair<std::string, std::string>> shared_parameter_names();
 
   // Runtime (fsdp.cpp).
   void launch_gather(std::size_t u, bool ahead);
@@ -319,6 +322,7 @@ class FullyShardedDataParallel {
   void prefetch_after(std::size_t u, const std::vector<std::size_t>& order);
   void bind_gradients(std::size_t u);
   void release_parameters(std::size_t u);
+  void after_unit_backward(std::size_t u, bool post);
   void finish_reduce_scatter(std::size_t u);
   void launch_reduce_scatter(std::size_t u);
   void note_bytes(std::ptrdiff_t delta);
@@ -334,12 +338,15 @@ class FullyShardedDataParallel {
   FsdpOptions options_;
   std::vector<Unit> units_;
   std::vector<Leaf> leaves_;
+  std::vector<nn::Module*> hooked_;  // hook mode (install_hooks): the units' modules
+  std::size_t root_unit_ = kNoUnit;   // hook mode: the unit of the root's own parameters
   std::vector<std::size_t> forward_order_, backward_order_;  // units by first use
   std::vector<std::size_t> first_leaf_, last_leaf_;          // per unit, leaf indices
   std::vector<std::string> state_keys_;                      // module.state_dict() order
   std::unordered_map<std::string, std::pair<std::size_t, std::size_t>> flat_of_;  // param -> (unit, flat)
   std::unordered_map<std::string, std::size_t> entry_of_;                         // param -> entry index
   std::unordered_map<std::string, Tensor*> buffers_;
+  std::unordered_set<std::string> aliases_;  // a shared parameter's other names (flat_of_ has them too)
   std::shared_ptr<HostPool> pool_;  // before optimizer_: its state is allocated here
   std::unique_ptr<nn::Optimizer> optimizer_;
   bool keeps_parameters() const {

@@ -37,8 +37,16 @@
 //     static FsdpOptions fsdp_options(const Config&);
 //     static TensorDataset train_set(const Config&);  // every rank loads the same set
 //     static TensorDataset test_set(const Config&);
+//     // Optional: what to minimise and report (default: CrossEntropyObjective).
+//     static std::unique_ptr<Objective> make_objective(const Config&);
+//     // Optional: the learning rate as a function of the step (lr_at), set before every
+//     // step -- a pure function of the checkpointed step, so a resume is exact.
+//     static std::unique_ptr<nn::LRScheduler> make_scheduler(nn::Optimizer&, const Config&);
 //   };
-// The worker trains a classifier: cross-entropy on class-index targets, accuracy.
+// A data set is anything with size() and rows(indices) -> TensorBatch: TensorDataset
+// (rows of tensors) or TokenWindows (a token stream's (B, T+1) windows). The objective
+// turns the model's output and the batch's targets into the loss and metric sums, so a
+// classifier, a language model and a regression train in the same worker.
 //
 // The constructor is collective (it creates the world communicator and broadcasts
 // rank 0's parameters), as spawn_on_each already is. All of a worker's state that a
@@ -47,6 +55,8 @@
 
 #include <cereal/cereal.hpp>
 #include <cereal/types/string.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
 #include <algorithm>
 #include <chrono>
 #include <concepts>
@@ -55,19 +65,24 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "troupe/actors/actor_ref.hpp"
 #include "troupe/actors/methods.hpp"
+#include "troupe/actors/future.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/collectives/mpi_communicator.hpp"
 #include "troupe/collectives/nccl_communicator.hpp"
 #include "troupe/error.hpp"
-#include "troupe/nn/loss.hpp"
+#include "troupe/nn/lr_scheduler.hpp"
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/supervisor/client.hpp"
 #include "troupe/supervisor/fault.hpp"
 #include "troupe/supervisor/run_environment.hpp"
+#include "troupe/tensor/serialize.hpp"
 #include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/data_loader.hpp"
 #include "troupe/train/ddp.hpp"
@@ -76,104 +91,27 @@
 #include "troupe/train/master_weights.hpp"
 #include "troupe/train/sharded_model.hpp"
 #include "troupe/train/status.hpp"
+#include "troupe/train/objective.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
+#include "troupe/train/worker_options.hpp"
 
 namespace troupe::train {
-
-// What every worker needs besides the recipe's config; sent to every rank.
-struct WorkerOptions {
-  std::int64_t global_batch = 64;   // samples per optimizer step over all ranks
-  std::int32_t accum_steps = 1;     // micro-batches per step on each rank
-  std::uint64_t seed = 0;           // the sampler's shuffle seed
-  std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
-  // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
-  // construction with InvalidArgument).
-  std::string sharding = "ddp";
-  // "cpu", or "cuda": the model, batches and gradients on this rank's GPU (its local
-  // rank modulo the GPUs it sees), the gradients (and the sharded modes' gathers) over
-  // NCCL, host-side values (norms, state-dict metadata) over MPI beside it.
-  std::string device = "cpu";
-  // "f32", or "bf16": mixed precision -- a bf16 model (products and gradients in bf16,
-  // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
-  // checkpoints keep, so a resume is exact. ddp only.
-  std::string precision = "f32";
-  double max_grad_norm = 0;         // 0: no clipping
-  std::int32_t epochs = 1;          // for the progress bar only
-  bool progress = true;             // draw progress on rank 0
-  // How long a collective may wait for the other ranks. A worker that fails on one
-  // rank leaves the others waiting in an all-reduce: this bounds the wait, and the
-  // TimeoutError names the collective, instead of a silent hang.
-  double collective_timeout_s = 120;
-  // The best model by the driver's metric (offer_best), kept by rank 0's worker and
-  // written to `best_path` when set; `best_mode` is "min" or "max".
-  std::string best_metric = "test_accuracy";
-  std::string best_mode = "max";
-  std::string best_path;
-  // Checkpoints (training_checkpoint.hpp): the folder (empty: none), a save every
-  // `save_every` optimizer steps (0: only when the driver asks, save_checkpoint), how
-  // many to keep, and what the files' root attributes record.
-  std::string checkpoint_dir;
-  std::int64_t save_every = 0;
-  std::int32_t keep_last = 3;
-  std::string run_id;
-  std::string config_json = "{}";
-
-  template <class A>
-  void serialize(A& a) {
-    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
-      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
-      device, precision);
-  }
-};
-
-// One rank's sums over an epoch (the driver adds them up).
-struct EpochResult {
-  std::int64_t epoch = 0;
-  double loss_sum = 0;    // per-sample loss summed
-  double correct = 0;     // correctly classified samples
-  std::int64_t samples = 0;
-  std::int64_t steps = 0;  // optimizer steps taken in this call
-  double seconds = 0;
-  template <class A>
-  void serialize(A& a) {
-    a(epoch, loss_sum, correct, samples, steps, seconds);
-  }
-};
-
-struct EvalResult {
-  double loss_sum = 0;
-  double correct = 0;
-  std::int64_t samples = 0;
-  template <class A>
-  void serialize(A& a) {
-    a(loss_sum, correct, samples);
-  }
-};
-
-struct WorkerState {
-  std::int32_t rank = 0;
-  std::int64_t step = 0;
-  std::int64_t epoch = 0;
-  std::int64_t sampler_position = 0;
-  std::uint64_t parameter_hash = 0;  // FNV-1a of every parameter's bytes: equal on all ranks
-  bool epoch_finished = false;       // the sampler has handed out all of `epoch`
-  template <class A>
-  void serialize(A& a) {
-    a(rank, step, epoch, sampler_position, parameter_hash, epoch_finished);
-  }
-};
 
 template <class Recipe>
 class TrainWorker {
  public:
   using Config = typename Recipe::Config;
+  using Dataset = std::remove_cvref_t<decltype(Recipe::train_set(std::declval<const Config&>()))>;
 
   TrainWorker(WorkerOptions options, Config config)
       : options_(options), config_(std::move(config)), sharding_(parse_sharding(options_.sharding)),
         device_(worker_device(options_)), comm_(make_communicator(options, device_)),
-        model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)) {
+        model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)),
+        objective_(make_objective()) {
+    TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
+                 "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     TROUPE_CHECK(options_.precision == "f32" || options_.precision == "bf16",
                  "TrainWorker: precision must be f32 or bf16, got '", options_.precision, "'");
@@ -203,6 +141,7 @@ class TrainWorker {
       sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_, optimizer_factory(),
                                                 options_.bucket_bytes, fsdp_options());
     }
+    scheduler_ = make_scheduler();
     sampler_ = std::make_unique<DistributedSampler>(
         train_.size(), comm_->size(), comm_->rank(),
         SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
@@ -219,7 +158,7 @@ class TrainWorker {
       checkpoint_ = std::make_unique<TrainingCheckpoint>(
           options_.checkpoint_dir, *state_,
           checkpoint::RunInfo{.run_id = options_.run_id, .config_json = options_.config_json,
-                              .world_size = comm_->size()},
+                              .world_size = comm_->size(), .attributes = options_.checkpoint_attributes},
           comm_->rank() == 0, static_cast<std::size_t>(std::max(1, options_.keep_last)));
     }
     // Under troupe-run: heartbeats with this rank's progress, and TROUPE_FAULT.
@@ -256,64 +195,64 @@ class TrainWorker {
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
   EpochResult train_epoch(std::int64_t epoch) {
     begin_call("train_epoch");
-    if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) {
-      sampler_->set_epoch(epoch);
-      if (sharded_) sharded_->set_micro_step(0);
-      else ddp_->set_micro_step(0);
-    }
-    state_->epoch = epoch;
-    model_->train();
+    if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) start_epoch(epoch);
     const auto start = std::chrono::steady_clock::now();
-    mark_step_start();
     const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
     EpochResult result;
     result.epoch = epoch;
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
     while (auto batch = loader_->next()) {
-      const Tensor inputs = model_input(batch->inputs);  // the targets stay on the host: the loss copies them
-      const Tensor logits = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
-      const double loss = loss_fn_.forward(logits, batch->targets).item();
-      const auto n = batch->size();
-      result.loss_sum += loss * static_cast<double>(n);
-      result.correct += nn::accuracy(logits, batch->targets) * static_cast<double>(n);
-      result.samples += n;
-      // This rank's share of the global batch (1 when the shares are equal).
-      const double weight = sampler_->batch_weight(sampler_->position() - n, n);
-      const auto output_grad = [this, weight](double scale) { return loss_fn_.backward(scale * weight); };
-      const AccumulationStep step =
-          sharded_ ? sharded_->optimizer_step_with_gradient_accumulation(output_grad, options_.accum_steps,
-                                                                         micro_per_epoch, options_.max_grad_norm)
-                   : ddp_->optimizer_step_with_gradient_accumulation(
-                         *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
-                         AccumulationOptions{.max_grad_norm = options_.max_grad_norm, .master = master_.get()});
-      if (step.stepped) {
-        ++state_->step;
-        ++result.steps;
-        after_step();
-      }
+      train_batch(*batch, result);
       const std::int64_t micro = sharded_ ? sharded_->micro_step() : ddp_->micro_step();
-      status_->progress(micro == 0 ? micro_per_epoch : micro,
-                        result.samples * comm_->size(), {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
+      report_progress(micro == 0 ? micro_per_epoch : micro, result);
     }
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     status_->end_progress();
     return result;
   }
 
-  // This rank's strided share of the test set (no padding: every sample once overall).
+  // Trains `steps` more optimizer steps from where training stands, going on into the
+  // next epoch (reshuffled) whenever the sampler runs out: the step-counted loop of
+  // language-model trainers, with an evaluation every so many steps between calls.
+  // result.epoch is the epoch it ended in.
+  EpochResult train_steps(std::int64_t steps) {
+    begin_call("train_steps");
+    TROUPE_CHECK(steps >= 1, "TrainWorker::train_steps: steps must be >= 1, got ", steps);
+    const auto start = std::chrono::steady_clock::now();
+    EpochResult result;
+    status_->begin_epoch(state_->epoch, options_.epochs, steps * options_.accum_steps);
+    std::int64_t micro = 0;
+    while (result.steps < steps) {
+      if (sampler_->exhausted()) start_epoch(state_->epoch + 1);
+      auto batch = loader_->next();
+      if (!batch) continue;  // the epoch ended: the next turn starts another
+      train_batch(*batch, result);
+      report_progress(++micro, result);
+    }
+    result.epoch = state_->epoch;
+    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    status_->end_progress();
+    return result;
+  }
+
+  // This rank's strided share of the test set (no padding: every sample once overall),
+  // or of its first eval_samples.
   EvalResult evaluate() {
     begin_call("evaluate");
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::evaluation);
     model_->eval();
     EvalResult result;
+    const std::int64_t total =
+        options_.eval_samples > 0 ? std::min(options_.eval_samples, test_.size()) : test_.size();
     std::vector<std::int64_t> mine;
-    for (std::int64_t i = comm_->rank(); i < test_.size(); i += comm_->size()) mine.push_back(i);
-    constexpr std::size_t kBatch = 256;
+    for (std::int64_t i = comm_->rank(); i < total; i += comm_->size()) mine.push_back(i);
+    const auto kBatch = static_cast<std::size_t>(options_.eval_batch);
+    std::unique_ptr<Objective> objective = make_objective();
     // zero2's and fsdp's forward is a collective (it gathers), so every rank runs as many
     // batches as the largest share needs; a rank with no samples left forwards test
     // sample 0 and ignores the result.
     const bool collective = sharded_ && sharded_->forward_is_collective();
-    const auto largest_share = static_cast<std::size_t>((test_.size() + comm_->size() - 1) / comm_->size());
+    const auto largest_share = static_cast<std::size_t>((total + comm_->size() - 1) / comm_->size());
     for (std::size_t begin = 0; begin < (collective ? largest_share : mine.size()); begin += kBatch) {
       if (begin >= mine.size()) {
         sharded_->forward(model_input(test_.rows(std::vector<std::int64_t>{0}).inputs));
@@ -323,11 +262,9 @@ class TrainWorker {
                                           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
       const Tensor input = model_input(batch.inputs);
-      const Tensor logits = collective ? sharded_->forward(input) : model_->forward(input);
-      nn::CrossEntropyLoss eval_loss;
-      const auto n = static_cast<double>(batch.size());
-      result.loss_sum += eval_loss.forward(logits, batch.targets).item() * n;
-      result.correct += nn::accuracy(logits, batch.targets) * n;
+      const Tensor output = collective ? sharded_->forward(input) : model_->forward(input);
+      result.loss_sum += objective->forward(output, batch.targets) * static_cast<double>(batch.size());
+      objective->add_metrics(output, batch.targets, batch.size(), result.metrics);
       result.samples += batch.size();
     }
     model_->train();
@@ -352,6 +289,23 @@ class TrainWorker {
     }
     return keeper_->update({{options_.best_metric, value}}, master_ ? master_->state_dict(*model_) : model_->state_dict(),
                            step);
+  }
+
+  // The model's full state dict (the f32 master weights in bf16 mode), for the driver
+  // to sample from or export. In zero2 and fsdp modes it is gathered, a collective: ask
+  // every worker; rank 0's answer holds it, the others' are empty.
+  std::vector<std::pair<std::string, Tensor>> model_state() {
+    begin_call("model_state");
+    nn::StateDict dict;
+    if (sharded_ && sharded_->forward_is_collective()) {
+      dict = sharded_->model_state_dict();
+      if (comm_->rank() != 0) return {};
+    } else {
+      dict = master_ ? master_->state_dict(*model_) : model_->state_dict();
+    }
+    std::vector<std::pair<std::string, Tensor>> entries;
+    for (const auto& [name, value] : dict) entries.emplace_back(name, value.to(tensor::Device::cpu()).clone());
+    return entries;
   }
 
   // Releases the communicator and the model; later calls fail. Every worker must be
@@ -383,8 +337,8 @@ class TrainWorker {
   std::int64_t parameter_count() const { return model_->parameter_count(); }
 
   static constexpr auto troupe_methods =
-      actors::methods<&TrainWorker::train_epoch, &TrainWorker::evaluate, &TrainWorker::state,
-                      &TrainWorker::offer_best, &TrainWorker::stop, &TrainWorker::resume,
+      actors::methods<&TrainWorker::train_epoch, &TrainWorker::train_steps, &TrainWorker::evaluate, &TrainWorker::state,
+                      &TrainWorker::offer_best, &TrainWorker::model_state, &TrainWorker::stop, &TrainWorker::resume,
                       &TrainWorker::save_checkpoint>;
 
  private:
@@ -413,9 +367,19 @@ class TrainWorker {
       return {};
   }
 
-  // A batch's inputs as the model takes them: its dtype, on its device.
+  // A batch's inputs as the model takes them: its dtype (token ids stay i64), on its device.
   Tensor model_input(const Tensor& inputs) const {
-    return inputs.to(options_.precision == "bf16" ? tensor::DType::bf16 : inputs.dtype()).to(device_);
+    const bool to_bf16 = options_.precision == "bf16" && tensor::is_floating(inputs.dtype());
+    return inputs.to(to_bf16 ? tensor::DType::bf16 : inputs.dtype()).to(device_);
+  }
+
+  std::unique_ptr<Objective> make_objective() const {
+    if constexpr (requires(const Config& c) {
+                    { Recipe::make_objective(c) } -> std::convertible_to<std::unique_ptr<Objective>>;
+                  })
+      return Recipe::make_objective(config_);
+    else
+      return std::make_unique<CrossEntropyObjective>();
   }
 
   static tensor::Device worker_device(const WorkerOptions& options) {
@@ -439,6 +403,61 @@ class TrainWorker {
     if (device.is_cpu()) return collectives::world_communicator(comm_options);
     collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD, comm_options);
     return std::make_unique<collectives::NcclCommunicator>(bootstrap, device.index, comm_options);
+  }
+
+  void start_epoch(std::int64_t epoch) {
+    sampler_->set_epoch(epoch);
+    if (sharded_) sharded_->set_micro_step(0);
+    else ddp_->set_micro_step(0);
+    state_->epoch = epoch;
+  }
+
+  // One micro-batch: forward, the objective, backward, and the optimizer step when the
+  // accumulation window closes.
+  void train_batch(const TensorBatch& batch, EpochResult& result) {
+    if (result.samples == 0) {
+      model_->train();
+      mark_step_start();
+    }
+    if (scheduler_) optimizer().set_lr(scheduler_->lr_at(state_->step));  // a function of the step: resumes exactly
+    const Tensor inputs = model_input(batch.inputs);  // the targets stay on the host: the loss copies them
+    const Tensor output = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
+    const double loss = objective_->forward(output, batch.targets);
+    const auto n = batch.size();
+    result.loss_sum += loss * static_cast<double>(n);
+    objective_->add_metrics(output, batch.targets, n, result.metrics);
+    result.samples += n;
+    // This rank's share of the global batch (1 when the shares are equal).
+    const double weight = sampler_->batch_weight(sampler_->position() - n, n);
+    const auto output_grad = [this, weight](double scale) { return objective_->backward(scale * weight); };
+    const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
+    const AccumulationStep step =
+        sharded_ ? sharded_->optimizer_step_with_gradient_accumulation(output_grad, options_.accum_steps,
+                                                                       micro_per_epoch, options_.max_grad_norm)
+                 : ddp_->optimizer_step_with_gradient_accumulation(
+                       *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
+                       AccumulationOptions{.max_grad_norm = options_.max_grad_norm, .master = master_.get()});
+    if (step.stepped) {
+      ++state_->step;
+      ++result.steps;
+      after_step();
+    }
+  }
+
+  void report_progress(std::int64_t done, const EpochResult& result) {
+    status_->progress(done, result.samples * comm_->size(),
+                      {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
+  }
+
+  nn::Optimizer& optimizer() { return sharded_ ? sharded_->optimizer() : *optimizer_; }
+
+  std::unique_ptr<nn::LRScheduler> make_scheduler() {
+    if constexpr (requires(nn::Optimizer& o, const Config& c) {
+                    { Recipe::make_scheduler(o, c) } -> std::convertible_to<std::unique_ptr<nn::LRScheduler>>;
+                  })
+      return Recipe::make_scheduler(optimizer(), config_);
+    else
+      return nullptr;
   }
 
   // After every optimizer step: progress for troupe-run, the injected fault if this is
@@ -478,11 +497,13 @@ class TrainWorker {
   tensor::Device device_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::unique_ptr<nn::Module> model_;
-  TensorDataset train_, test_;
+  Dataset train_, test_;
+  std::unique_ptr<Objective> objective_;
   std::unique_ptr<DistributedDataParallel> ddp_;       // ddp
   std::unique_ptr<ShardedModel> sharded_;              // zero1, zero2, fsdp
   std::unique_ptr<MasterWeights> master_;  // precision bf16
   std::unique_ptr<nn::Optimizer> optimizer_;
+  std::unique_ptr<nn::LRScheduler> scheduler_;  // the recipe's, if any: sets the lr before each step
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<DataLoader<TensorBatch>> loader_;
   std::unique_ptr<TrainingState> state_;
@@ -491,11 +512,38 @@ class TrainWorker {
   std::unique_ptr<TrainingCheckpoint> checkpoint_;
   std::unique_ptr<supervisor::SupervisorClient> supervisor_;
   supervisor::FaultInjector fault_;
-  nn::CrossEntropyLoss loss_fn_;
   bool stopped_ = false;
   // Where the current step began, and the communicator's wait time then (after_step).
   std::chrono::steady_clock::time_point step_started_{};
   std::chrono::nanoseconds step_wait_started_{};
 };
+
+// For the driver: every worker restores the newest valid checkpoint, and all must agree
+// on the step and the parameters (a rank that read another file is an Error).
+template <class Worker>
+WorkerState resume_workers(const actors::ActorGroup<Worker>& workers) {
+  const auto resumed = actors::when_all(workers.ask(&Worker::resume)).get();
+  for (const auto& r : resumed)
+    if (r.step != resumed[0].step || r.parameter_hash != resumed[0].parameter_hash)
+      TROUPE_THROW(Error, "rank ", r.rank, " resumed at step ", r.step, ", rank 0 at step ", resumed[0].step);
+  return resumed[0];
+}
+
+// Runs `drive` (the driver, rank 0 only) and then stops every worker, also when it
+// throws, so no rank is left waiting in a collective. Returns drive's result (0 on
+// other ranks).
+template <class Worker, class Drive>
+int drive_then_stop(const actors::ActorGroup<Worker>& workers, int rank, Drive drive) {
+  if (rank != 0) return 0;
+  int status = 0;
+  try {
+    status = drive();
+  } catch (...) {
+    actors::when_all(workers.ask(&Worker::stop)).get();
+    throw;
+  }
+  actors::when_all(workers.ask(&Worker::stop)).get();
+  return status;
+}
 
 }  // namespace troupe::train

@@ -1,0 +1,433 @@
+// Trains a character-level GPT on Moby-Dick, data-parallel over the ranks of an MPI
+// job, or in one process:
+//
+//   build/examples/train_gpt --preset quick
+//   mpirun -np 2 build/examples/train_gpt --preset default --metrics gpt.jsonl --checkpoint-dir ckpt
+//
+// Reads top to bottom, as llm.c's train_gpt2.c does: flags; the data (the sorted set
+// of the file's characters is the vocabulary, the first 90% of the characters train,
+// the rest validate); the recipe every rank's TrainWorker builds (nanoGPT's model,
+// AdamW with decay on matrices only, warm-up and cosine decay); then the driver on
+// rank 0, which runs the steps in chunks of --eval-every, evaluates, checkpoints and
+// finally samples a passage. --batch-size is the global batch of (block_size + 1)-
+// character windows; the run's mathematics do not depend on the number of ranks, and
+// the same flags and world size give bit-identical parameters (the run prints their
+// hash), also across a kill -9 and a resume.
+//
+// Checkpoints record the vocabulary (root attribute `vocab`, UTF-8) and the model's
+// shape under nanoGPT's names (`model_args`), so any reader can decode the model; a
+// checkpoint folder holding another vocabulary or shape is refused before anything is
+// loaded or written.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include "char_corpus.hpp"
+#include "troupe/actors/runtime.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/lr_scheduler.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+#include "troupe/train/status.hpp"
+#include "troupe/train/token_windows.hpp"
+#include "troupe/train/train_worker.hpp"
+
+using namespace troupe;
+
+namespace {
+
+// ---------------------------------------------------------------------------- flags
+
+struct Flags {
+  std::string data = TROUPE_TEXT_PATH;  // the copy in the source tree's data/
+  std::string preset = "quick";
+  // The model (nanoGPT's names); -1: the preset's.
+  std::int64_t n_layer = -1, n_head = -1, n_embd = -1, block_size = -1;
+  double dropout = -1;
+  // Optimisation; -1: the preset's.
+  std::int64_t batch_size = -1, steps = -1, warmup_steps = -1, eval_every = -1, eval_samples = -1;
+  double lr = -1, min_lr = -1, weight_decay = 0.1, grad_clip = 1.0, beta2 = 0.99;
+  int accum_steps = 1;
+  std::uint64_t seed = 1337;
+  std::string sharding = "ddp", device = "cpu", precision = "f32";
+  std::string metrics, checkpoint_dir;
+  int save_every = 0, keep_last = 3;
+  std::int64_t sample_chars = 300;
+  double temperature = 0.8;
+  double require_val_loss = 0;  // exit status 3 if the final validation loss is higher (0: no check)
+};
+
+// quick: about a minute on two CPU cores; default: the quality target (<= 1.60 nats/char).
+void apply_preset(Flags& f) {
+  struct Preset {
+    std::int64_t n_layer, n_head, n_embd, block_size, batch_size, steps, warmup_steps, eval_every, eval_samples;
+    double dropout, lr, min_lr;
+  };
+  Preset p;
+  if (f.preset == "quick") p = {2, 4, 128, 64, 32, 800, 40, 100, 256, 0.0, 3e-3, 3e-4};
+  else if (f.preset == "default") p = {4, 4, 256, 128, 32, 3000, 100, 250, 512, 0.1, 2e-3, 2e-4};
+  else throw InvalidArgument("bad value '" + f.preset + "' for --preset: quick or default");
+  const auto pick = [](auto& value, auto preset) {
+    if (value < 0) value = preset;
+  };
+  pick(f.n_layer, p.n_layer), pick(f.n_head, p.n_head), pick(f.n_embd, p.n_embd), pick(f.block_size, p.block_size);
+  pick(f.batch_size, p.batch_size), pick(f.steps, p.steps), pick(f.warmup_steps, p.warmup_steps);
+  pick(f.eval_every, p.eval_every), pick(f.eval_samples, p.eval_samples);
+  pick(f.dropout, p.dropout), pick(f.lr, p.lr), pick(f.min_lr, p.min_lr);
+}
+
+const char* kUsage =
+    "usage: train_gpt [--data PATH] [--preset quick|default]\n"
+    "                 [--n-layer N] [--n-head N] [--n-embd N] [--block-size N] [--dropout X]\n"
+    "                 [--batch-size N] [--accum-steps N] [--steps N] [--lr X] [--min-lr X]\n"
+    "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
+    "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
+    "                 [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
+    "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
+    "                 [--require-val-loss X]\n"
+    "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
+    "  override the preset's values. --batch-size is the global batch of block_size + 1\n"
+    "  character windows. --eval-samples windows of the validation text are evaluated every\n"
+    "  --eval-every steps (0: all of them), and a checkpoint is saved then. --checkpoint-dir\n"
+    "  resumes from its latest valid checkpoint; under troupe-run it defaults to troupe-run's.\n";
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value\n" + kUsage);
+    const std::string value = argv[++i];
+    try {
+      std::size_t used = 0;
+      auto whole = [&](auto parsed) {
+        if (used != value.size()) throw std::invalid_argument(value);
+        return parsed;
+      };
+      auto integer = [&] { return whole(std::stoll(value, &used)); };
+      auto real = [&] { return whole(std::stod(value, &used)); };
+      if (flag == "--data") f.data = value;
+      else if (flag == "--preset") f.preset = value;
+      else if (flag == "--n-layer") f.n_layer = integer();
+      else if (flag == "--n-head") f.n_head = integer();
+      else if (flag == "--n-embd") f.n_embd = integer();
+      else if (flag == "--block-size") f.block_size = integer();
+      else if (flag == "--dropout") f.dropout = real();
+      else if (flag == "--batch-size") f.batch_size = integer();
+      else if (flag == "--accum-steps") f.accum_steps = static_cast<int>(integer());
+      else if (flag == "--steps") f.steps = integer();
+      else if (flag == "--lr") f.lr = real();
+      else if (flag == "--min-lr") f.min_lr = real();
+      else if (flag == "--warmup-steps") f.warmup_steps = integer();
+      else if (flag == "--weight-decay") f.weight_decay = real();
+      else if (flag == "--grad-clip") f.grad_clip = real();
+      else if (flag == "--beta2") f.beta2 = real();
+      else if (flag == "--seed") f.seed = whole(std::stoull(value, &used));
+      else if (flag == "--eval-every") f.eval_every = integer();
+      else if (flag == "--eval-samples") f.eval_samples = integer();
+      else if (flag == "--sample-chars") f.sample_chars = integer();
+      else if (flag == "--temperature") f.temperature = real();
+      else if (flag == "--sharding") f.sharding = value;
+      else if (flag == "--device") f.device = value;
+      else if (flag == "--precision") f.precision = value;
+      else if (flag == "--metrics") f.metrics = value;
+      else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
+      else if (flag == "--save-every") f.save_every = static_cast<int>(integer());
+      else if (flag == "--keep-last") f.keep_last = static_cast<int>(integer());
+      else if (flag == "--require-val-loss") f.require_val_loss = real();
+      else throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
+    } catch (const std::logic_error&) {  // stoll/stod: not a number, or out of range
+      throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + kUsage);
+    }
+  }
+  apply_preset(f);
+  const auto require = [](bool ok, const std::string& what) {
+    if (!ok) throw InvalidArgument(what + "\n" + kUsage);
+  };
+  require(f.n_layer >= 1 && f.n_head >= 1 && f.n_embd >= 1 && f.block_size >= 1,
+          "--n-layer, --n-head, --n-embd and --block-size must be >= 1");
+  require(f.n_embd % f.n_head == 0, "--n-embd " + std::to_string(f.n_embd) + " must be a multiple of --n-head " +
+                                        std::to_string(f.n_head));
+  require(f.dropout >= 0 && f.dropout < 1, "--dropout must be in [0, 1)");
+  require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
+          "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
+  require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,
+          "--warmup-steps, --eval-samples and --sample-chars must be >= 0");
+  require(f.warmup_steps < f.steps, "--warmup-steps " + std::to_string(f.warmup_steps) + " must be < --steps " +
+                                        std::to_string(f.steps));
+  require(f.lr > 0 && f.min_lr >= 0 && f.min_lr <= f.lr, "--lr must be > 0 and --min-lr in [0, lr]");
+  require(f.weight_decay >= 0 && f.grad_clip >= 0 && f.beta2 > 0 && f.beta2 < 1 && f.temperature >= 0,
+          "--weight-decay, --grad-clip and --temperature must be >= 0 and --beta2 in (0, 1)");
+  require(f.sharding == "ddp" || f.sharding == "zero1" || f.sharding == "zero2" || f.sharding == "fsdp",
+          "bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp");
+  require(f.device == "cpu" || f.device == "cuda", "bad value '" + f.device + "' for --device: cpu or cuda");
+  require(f.precision == "f32" || f.precision == "bf16", "bad value '" + f.precision + "' for --precision: f32 or bf16");
+  require(f.save_every >= 0 && f.keep_last >= 1, "--save-every must be >= 0 and --keep-last >= 1");
+  if (f.checkpoint_dir.empty()) {
+    if (const char* dir = std::getenv("TROUPE_CHECKPOINT_DIR")) f.checkpoint_dir = dir;
+  }
+  return f;
+}
+
+// ----------------------------------------------------------------------------- data
+
+// The whole file's characters; every rank reads it (1.2 MB) and splits it alike.
+const examples::CharCorpus& corpus(const std::string& path) {
+  static const examples::CharCorpus loaded = examples::load_char_corpus(path);
+  return loaded;
+}
+
+std::int64_t train_characters(const examples::CharCorpus& c) { return c.tokens.numel() * 9 / 10; }
+
+// The validation text must hold one window: a block size larger than it is the user's
+// mistake, named with the file, rather than an empty evaluation.
+train::TokenWindows windows(const std::string& path, const Tensor& tokens, std::int64_t block_size,
+                            const char* part) {
+  if (tokens.numel() < block_size + 1)
+    TROUPE_THROW(InvalidArgument, "--block-size ", block_size, " is too large for ", path, ": its ", part, " part has ",
+                 tokens.numel(), " characters, and one window needs ", block_size + 1);
+  return {tokens, block_size};
+}
+
+// --------------------------------------------------------------------------- recipe
+
+struct GptRecipe {
+  struct Config {
+    std::string data;
+    std::int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+    double dropout = 0;
+    std::uint64_t seed = 0;
+    double lr = 0, min_lr = 0, weight_decay = 0, beta2 = 0;
+    std::int64_t warmup_steps = 0, steps = 0;
+    template <class A>
+    void serialize(A& a) {
+      a(data, n_layer, n_head, n_embd, block_size, vocab_size, dropout, seed, lr, min_lr, weight_decay, beta2,
+        warmup_steps, steps);
+    }
+    nn::GPTConfig model() const {
+      return {.block_size = block_size, .vocab_size = vocab_size, .n_layer = n_layer, .n_head = n_head,
+              .n_embd = n_embd, .dropout = dropout};
+    }
+  };
+
+  static train::TokenWindows train_set(const Config& c) {
+    const auto& text = corpus(c.data);
+    return windows(c.data, text.tokens.slice(0, train_characters(text)), c.block_size, "training");
+  }
+  static train::TokenWindows test_set(const Config& c) {
+    const auto& text = corpus(c.data);
+    return windows(c.data, text.tokens.slice(train_characters(text), text.tokens.numel()), c.block_size,
+                   "validation");
+  }
+
+  // GPT-2's initialisation from the seed on every rank (DDP broadcasts rank 0's anyway).
+  static std::unique_ptr<nn::Module> make_model(const Config& c) { return std::make_unique<nn::GPT>(c.model(), c.seed); }
+  static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
+    return make_optimizer(model.named_parameters(), c);
+  }
+  // nanoGPT's AdamW: weight decay on matrices and embedding tables only.
+  static std::unique_ptr<nn::Optimizer> make_optimizer(std::vector<nn::NamedParameter> params, const Config& c) {
+    auto adamw = std::make_unique<nn::AdamW>(std::move(params), c.lr, nn::Betas{0.9, c.beta2}, 1e-8, c.weight_decay);
+    adamw->set_weight_decay_filter(nn::decay_matrices_only);
+    return adamw;
+  }
+  static std::unique_ptr<nn::LRScheduler> make_scheduler(nn::Optimizer& optimizer, const Config& c) {
+    return std::make_unique<nn::CosineWithWarmup>(optimizer, c.warmup_steps, c.steps, c.min_lr);
+  }
+  // FSDP's units: the transformer blocks (the embeddings, ln_f and the tied head stay
+  // in the root unit).
+  static train::FsdpOptions fsdp_options(const Config& c) {
+    train::FsdpOptions options;
+    for (std::int64_t i = 0; i < c.n_layer; ++i) options.wrap.push_back("transformer.h." + std::to_string(i));
+    return options;
+  }
+};
+
+using Worker = train::TrainWorker<GptRecipe>;
+
+// The model's shape under nanoGPT's names: checked against every checkpoint it resumes from.
+std::string model_args_json(const GptRecipe::Config& c) {
+  return "{\"n_layer\": " + std::to_string(c.n_layer) + ", \"n_head\": " + std::to_string(c.n_head) +
+         ", \"n_embd\": " + std::to_string(c.n_embd) + ", \"block_size\": " + std::to_string(c.block_size) +
+         ", \"vocab_size\": " + std::to_string(c.vocab_size) + "}";
+}
+
+// The run's settings as JSON, recorded in every checkpoint's root attributes.
+std::string config_json(const Flags& f, const GptRecipe::Config& c) {
+  char text[768];
+  std::snprintf(text, sizeof text,
+                "{\"example\": \"train_gpt\", \"n_layer\": %lld, \"n_head\": %lld, \"n_embd\": %lld, "
+                "\"block_size\": %lld, \"vocab_size\": %lld, \"dropout\": %.17g, \"bias\": true, "
+                "\"batch_size\": %lld, \"accum_steps\": %d, \"steps\": %lld, \"lr\": %.17g, \"min_lr\": %.17g, "
+                "\"warmup_steps\": %lld, \"weight_decay\": %.17g, \"grad_clip\": %.17g, \"beta2\": %.17g, "
+                "\"seed\": %llu, \"sharding\": \"%s\", \"train_fraction\": 0.9}",
+                static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head), static_cast<long long>(c.n_embd),
+                static_cast<long long>(c.block_size), static_cast<long long>(c.vocab_size), c.dropout,
+                static_cast<long long>(f.batch_size), f.accum_steps, static_cast<long long>(f.steps), f.lr, f.min_lr,
+                static_cast<long long>(f.warmup_steps), f.weight_decay, f.grad_clip, f.beta2,
+                static_cast<unsigned long long>(f.seed), f.sharding.c_str());
+  return text;
+}
+
+// --------------------------------------------------------------------------- driver
+
+std::string format(const char* fmt, double a, double b) {
+  char text[128];
+  std::snprintf(text, sizeof text, fmt, a, b);
+  return text;
+}
+
+void plot_metrics(const std::string& metrics) {
+  const std::string command = std::string("/usr/bin/python3 ") + TROUPE_PLOT_SCRIPT + " '" + metrics + "' 2>&1";
+  if (metrics.find('\'') != std::string::npos || std::system(command.c_str()) != 0)
+    std::fprintf(stderr, "train_gpt: no plot of %s (tools/plot_metrics.py failed; see above)\n", metrics.c_str());
+}
+
+// The mean validation loss over every worker's share.
+double validation_loss(const actors::ActorGroup<Worker>& workers) {
+  double loss = 0;
+  std::int64_t samples = 0;
+  for (const auto& e : actors::when_all(workers.ask(&Worker::evaluate)).get()) {
+    loss += e.loss_sum;
+    samples += e.samples;
+  }
+  return loss / static_cast<double>(samples);
+}
+
+// A passage from the trained model, drawn on the driver from a fixed seed.
+std::string sample(const actors::ActorGroup<Worker>& workers, const GptRecipe::Config& config, const Flags& flags) {
+  // zero2 and fsdp gather the parameters: every worker takes part, rank 0 answers.
+  const auto states = actors::when_all(workers.ask(&Worker::model_state)).get();
+  nn::StateDict state;
+  for (auto& [name, value] : states[0]) state.insert(name, value);
+  nn::GPT model(config.model(), config.seed);
+  model.load_state_dict(state);
+  const examples::CharCorpus& text = corpus(config.data);
+  const std::vector<std::int64_t> prompt{text.tokens.data<std::int64_t>()[0]};  // the book's first character
+  tensor::Generator gen(flags.seed);
+  return text.decode(model.generate(prompt, flags.sample_chars, flags.temperature, gen));
+}
+
+// Rank 0: runs the steps through the workers and reports. Returns the exit status.
+int drive(const Flags& flags, const GptRecipe::Config& config, const actors::ActorGroup<Worker>& workers, int world) {
+  train::Status status(true, {.metrics_path = flags.metrics});
+  const examples::CharCorpus& text = corpus(config.data);
+  const std::int64_t parameters = nn::GPT(config.model(), config.seed).parameter_count();
+  status.summary(
+      {{"data", config.data + ": " + std::to_string(text.tokens.numel()) + " characters, " +
+                    std::to_string(text.vocab_size()) + " distinct; first 90% train, the rest validate"},
+       {"model", "GPT " + model_args_json(config) + ", " + std::to_string(parameters) + " parameters"},
+       {"optimizer", format("AdamW lr %g -> %g", flags.lr, flags.min_lr) + " (warm-up " +
+                         std::to_string(flags.warmup_steps) + ", cosine), " +
+                         format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
+       {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) + " x " +
+                     std::to_string(config.block_size) + " characters, " + flags.sharding + ", " + flags.device +
+                     ", " + flags.precision},
+       {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
+
+  std::int64_t step = 0;
+  if (!flags.checkpoint_dir.empty()) {
+    step = train::resume_workers(workers).step;  // every rank restores the same newest valid checkpoint
+    if (step > 0) status.print("resumed from " + flags.checkpoint_dir + " at step " + std::to_string(step));
+  }
+  double val_loss = 0;
+  bool evaluated = false;
+  while (step < flags.steps) {
+    const std::int64_t chunk = std::min(flags.eval_every - step % flags.eval_every, flags.steps - step);
+    const auto results = actors::when_all(workers.ask(&Worker::train_steps, chunk)).get();
+    double loss = 0, seconds = 0;
+    std::int64_t samples = 0;
+    for (const auto& r : results) {
+      loss += r.loss_sum;
+      samples += r.samples;
+      seconds = std::max(seconds, r.seconds);
+    }
+    step += chunk;
+    val_loss = validation_loss(workers);
+    evaluated = true;
+    const double tokens_per_s = static_cast<double>(samples * config.block_size) / seconds;
+    char line[200];
+    std::snprintf(line, sizeof line, "step %5lld/%lld  train loss %.4f  val loss %.4f  %8.0f tokens/s",
+                  static_cast<long long>(step), static_cast<long long>(flags.steps),
+                  loss / static_cast<double>(samples), val_loss, tokens_per_s);
+    status.print(line);
+    if (!flags.checkpoint_dir.empty()) actors::when_all(workers.ask(&Worker::save_checkpoint)).get();
+    status.log(step, results[0].epoch,
+               {{"loss", loss / static_cast<double>(samples)}, {"val_loss", val_loss}, {"tokens_per_s", tokens_per_s}},
+               static_cast<double>(samples) / seconds);
+  }
+  if (!evaluated) val_loss = validation_loss(workers);  // resumed after the last step
+  // Every rank must hold the same parameters; the hash names them for reproducibility checks.
+  const auto states = actors::when_all(workers.ask(&Worker::state)).get();
+  for (const auto& s : states)
+    if (s.parameter_hash != states[0].parameter_hash)
+      TROUPE_THROW(Error, "rank ", s.rank, "'s parameters differ from rank 0's after training");
+  std::printf("final val loss %.6f after %lld steps (%.1f s)\n", val_loss, static_cast<long long>(step),
+              status.wall_seconds());
+  std::printf("parameters hash %016llx (%lld steps, %d rank(s))\n",
+              static_cast<unsigned long long>(states[0].parameter_hash), static_cast<long long>(step), world);
+  if (flags.sample_chars > 0)
+    std::printf("sample (temperature %.2f, seed %llu):\n%s\n", flags.temperature,
+                static_cast<unsigned long long>(flags.seed), sample(workers, config, flags).c_str());
+  std::fflush(stdout);
+  if (!flags.metrics.empty()) plot_metrics(flags.metrics);
+  if (flags.require_val_loss > 0 && !(val_loss <= flags.require_val_loss)) {
+    std::fprintf(stderr, "train_gpt: final val loss %.4f is above the required %.4f\n", val_loss,
+                 flags.require_val_loss);
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags;
+  try {
+    flags = parse_flags(argc, argv);
+  } catch (const InvalidArgument& e) {
+    std::fprintf(stderr, "train_gpt: %s\n", e.what());
+    return 2;
+  }
+  tensor::set_num_threads(1);  // one compute thread per rank
+  Runtime runtime(argc, argv);
+  int status = 0;
+  try {
+    const examples::CharCorpus& text = corpus(flags.data);  // a bad file stops every rank here, before any worker
+    const GptRecipe::Config config{.data = flags.data, .n_layer = flags.n_layer, .n_head = flags.n_head,
+                                   .n_embd = flags.n_embd, .block_size = flags.block_size,
+                                   .vocab_size = text.vocab_size(), .dropout = flags.dropout, .seed = flags.seed,
+                                   .lr = flags.lr, .min_lr = flags.min_lr, .weight_decay = flags.weight_decay,
+                                   .beta2 = flags.beta2, .warmup_steps = flags.warmup_steps, .steps = flags.steps};
+    train::WorkerOptions options{
+        .global_batch = flags.batch_size,
+        .accum_steps = flags.accum_steps,
+        .seed = flags.seed,
+        .sharding = flags.sharding,
+        .device = flags.device,
+        .precision = flags.precision,
+        .max_grad_norm = flags.grad_clip,
+        .checkpoint_dir = flags.checkpoint_dir,
+        .save_every = flags.save_every,
+        .keep_last = flags.keep_last,
+        .run_id = std::getenv("TROUPE_RUN_ID") ? std::getenv("TROUPE_RUN_ID") : "",
+        .config_json = config_json(flags, config),
+        .checkpoint_attributes = {{"vocab", text.vocab_utf8()}, {"model_args", model_args_json(config)}},
+        .eval_batch = 64,
+        .eval_samples = flags.eval_samples};
+    auto workers = runtime.spawn_on_each<Worker>(options, config);
+    status = train::drive_then_stop(workers, runtime.rank(),
+                                    [&] { return drive(flags, config, workers, runtime.size()); });
+  } catch (const std::exception& e) {
+    actors::print_error("train_gpt", e, runtime.rank());
+    status = 1;
+  }
+  runtime.shutdown();
+  return status;
+}

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# train_gpt end to end, on 2 ranks. One of three parts per call:
+#   quick   the quick preset reaches val loss <= 2.0; every evaluation prints "val loss",
+#           the end "final val loss" and a sample; the checkpoint's root records the
+#           vocabulary and nanoGPT's model_args; PyTorch (tools/load_in_torch.py) gets
+#           troupe's validation loss from that checkpoint to 1e-4.
+#   resume  in every sharding mode, rank 1 killed (a crash fault, as kill -9) under
+#           troupe-run, relaunched and resumed: the same parameters as a run that never
+#           failed (hash, and troupe-ckpt diff of the final checkpoints).
+#   bad     bad input is refused with a message naming the file and the mismatch, and
+#           no checkpoint is written over.
+#
+#   train_gpt_test.sh quick|resume|bad TRAIN_GPT TROUPE_RUN TROUPE_CKPT SOURCE_DIR
+set -euo pipefail
+part=$1 train=$2 troupe_run=$3 ckpt=$4 source=$5
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpi=(mpirun -np 2 --oversubscribe --bind-to none)
+hash_of() { grep -o 'parameters hash [0-9a-f]*' "$1"; }
+last() { ls "$1"/ckpt-*.h5 | sort | tail -1; }
+fail() { echo "FAIL: $*"; exit 1; }
+short=(--steps 60 --warmup-steps 5 --eval-every 20 --eval-samples 64 --save-every 10 --sample-chars 0)
+
+case "$part" in
+quick)
+  "${mpi[@]}" "$train" --preset quick --checkpoint-dir "$work/ckpt" --metrics "$work/gpt.jsonl" \
+    --require-val-loss 2.0 > "$work/quick.log" 2>&1 || { cat "$work/quick.log"; fail "the quick preset"; }
+  grep -E 'step|final|hash' "$work/quick.log"
+  [[ $(grep -c ' val loss [0-9]' "$work/quick.log") -ge 8 ]] || fail "not a val loss line per evaluation"
+  loss=$(grep -o 'final val loss [0-9.]*' "$work/quick.log" | awk '{print $4}')
+  grep -A3 '^sample (temperature' "$work/quick.log" | tail -n +2 | grep -q '[a-z]' || fail "no sample passage"
+  [[ $(wc -l < "$work/gpt.jsonl") -eq 8 ]] || fail "expected 8 JSONL records"
+  /usr/bin/python3 - "$(last "$work/ckpt")" "$source/data/moby_dick.txt.gz" <<'PY' || fail "checkpoint attributes"
+import gzip, json, sys
+import h5py
+f = h5py.File(sys.argv[1], "r")
+vocab = f.attrs["vocab"]
+text = gzip.open(sys.argv[2], "rt", encoding="utf-8").read()
+assert vocab == "".join(sorted(set(text))), "vocab is not the sorted set of the file's characters"
+args = json.loads(f.attrs["model_args"])
+assert args == {"n_layer": 2, "n_head": 4, "n_embd": 128, "block_size": 64, "vocab_size": len(vocab)}, args
+config = json.loads(f.attrs["config"])
+assert all(config[k] == v for k, v in args.items()), config
+print(f"checkpoint root: vocab of {len(vocab)} characters, model_args {args}")
+PY
+  torch=$(/usr/bin/python3 "$source/tools/load_in_torch.py" "$(last "$work/ckpt")" \
+          --gpt-val-loss "$source/data/moby_dick.txt.gz" --eval-samples 256 | awk '{print $3}')
+  echo "troupe final val loss $loss, PyTorch on the same checkpoint $torch"
+  awk -v a="$loss" -v b="$torch" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' \
+    || fail "PyTorch's validation loss $torch differs from troupe's $loss by more than 1e-4"
+  ;;
+resume)
+  for mode in ddp zero1 zero2 fsdp; do
+    echo "== $mode"
+    "$troupe_run" -np 2 --checkpoint-dir "$work/$mode-ref" --backoff 0 -- "$train" "${short[@]}" \
+      --sharding "$mode" > "$work/$mode-ref.log" 2>&1 || { cat "$work/$mode-ref.log"; fail "$mode reference"; }
+    TROUPE_FAULT=rank=1,step=35,kind=crash,restart=0 \
+      "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/$mode-crash" --backoff 0 -- "$train" \
+      "${short[@]}" --sharding "$mode" > "$work/$mode-crash.log" 2>&1 \
+      || { cat "$work/$mode-crash.log"; fail "$mode after the crash"; }
+    grep -E 'resumed|hash' "$work/$mode-crash.log"
+    grep -Eq 'resumed from .* at step (20|30)' "$work/$mode-crash.log" \
+      || { cat "$work/$mode-crash.log"; fail "$mode did not resume from a checkpoint"; }
+    [[ "$(hash_of "$work/$mode-crash.log")" == "$(hash_of "$work/$mode-ref.log")" ]] \
+      || fail "$mode: $(hash_of "$work/$mode-crash.log") after the crash, $(hash_of "$work/$mode-ref.log") without"
+    "$ckpt" diff "$(last "$work/$mode-ref")" "$(last "$work/$mode-crash")" > /dev/null \
+      || fail "$mode: the final checkpoints differ"
+  done
+  echo "PASS: every mode resumed bit for bit"
+  ;;
+bad)
+  expect() {  # exit status, message pattern, command...
+    local status=$1 pattern=$2
+    shift 2
+    set +e
+    "$@" > "$work/bad.log" 2>&1
+    local got=$?
+    set -e
+    grep -Eq -- "$pattern" "$work/bad.log" && [[ $got -eq $status ]] \
+      || { cat "$work/bad.log"; fail "expected exit $status and /$pattern/ from: $*"; }
+    grep -E -- "$pattern" "$work/bad.log" | head -1
+  }
+  : > "$work/empty.txt"
+  expect 1 "empty.txt: the file holds no text" "${mpi[@]}" "$train" --data "$work/empty.txt"
+  head -c 20000 "$source/data/moby_dick.txt.gz" > "$work/cut.txt.gz"
+  expect 1 "cut.txt.gz: compressed data is corrupt or truncated" "${mpi[@]}" "$train" --data "$work/cut.txt.gz"
+  printf 'Call me Ishmael.\xff\n' > "$work/latin1.txt"
+  expect 1 "latin1.txt: byte 16 .* does not start a UTF-8 character" "${mpi[@]}" "$train" --data "$work/latin1.txt"
+  head -c 600 < <(gzip -dc "$source/data/moby_dick.txt.gz") > "$work/short.txt"
+  expect 1 "--block-size 64 is too large for .*short.txt: its validation part has 60 characters" \
+    "${mpi[@]}" "$train" --data "$work/short.txt"
+  expect 2 "bad value 'tp' for --sharding" "$train" --sharding tp
+  expect 2 "--n-embd 100 must be a multiple of --n-head 3" "$train" --n-embd 100 --n-head 3
+  # A checkpoint folder of one run, then runs whose vocabulary or model differ.
+  "${mpi[@]}" "$train" --steps 10 --warmup-steps 2 --eval-every 10 --eval-samples 16 --sample-chars 0 \
+    --checkpoint-dir "$work/ckpt" > "$work/first.log" 2>&1 || { cat "$work/first.log"; fail "the first run"; }
+  before=$(sha256sum "$work"/ckpt/* | sort)
+  gzip -dc "$source/data/moby_dick.txt.gz" | tr 'z' 'Z' > "$work/noz.txt"
+  expect 1 "ckpt-000000010.h5 belongs to another run: its root attribute 'vocab' \(.* bytes\) differs" \
+    "${mpi[@]}" "$train" --data "$work/noz.txt" --steps 20 --warmup-steps 2 --checkpoint-dir "$work/ckpt"
+  expect 1 "root attribute 'model_args' is '\{\"n_layer\": 2, .*this run's is '\{\"n_layer\": 3" \
+    "${mpi[@]}" "$train" --n-layer 3 --steps 20 --warmup-steps 2 --checkpoint-dir "$work/ckpt"
+  [[ "$(sha256sum "$work"/ckpt/* | sort)" == "$before" ]] || fail "a refused run changed the checkpoint folder"
+  echo "PASS: bad input refused, the checkpoints untouched"
+  ;;
+*) fail "unknown part $part" ;;
+esac

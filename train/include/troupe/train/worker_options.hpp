@@ -1,0 +1,110 @@
+// What a TrainWorker is given (WorkerOptions, sent to every rank) and what it answers
+// (EpochResult, EvalResult, WorkerState): plain serialisable values, see train_worker.hpp.
+#pragma once
+
+#include <cereal/types/map.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/vector.hpp>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "troupe/train/objective.hpp"
+
+namespace troupe::train {
+
+// What every worker needs besides the recipe's config; sent to every rank.
+struct WorkerOptions {
+  std::int64_t global_batch = 64;   // samples per optimizer step over all ranks
+  std::int32_t accum_steps = 1;     // micro-batches per step on each rank
+  std::uint64_t seed = 0;           // the sampler's shuffle seed
+  std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
+  // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
+  // construction with InvalidArgument).
+  std::string sharding = "ddp";
+  // "cpu", or "cuda": the model, batches and gradients on this rank's GPU (its local
+  // rank modulo the GPUs it sees), the gradients (and the sharded modes' gathers) over
+  // NCCL, host-side values (norms, state-dict metadata) over MPI beside it.
+  std::string device = "cpu";
+  // "f32", or "bf16": mixed precision -- a bf16 model (products and gradients in bf16,
+  // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
+  // checkpoints keep, so a resume is exact. ddp only.
+  std::string precision = "f32";
+  double max_grad_norm = 0;         // 0: no clipping
+  std::int32_t epochs = 1;          // for the progress bar only
+  bool progress = true;             // draw progress on rank 0
+  // How long a collective may wait for the other ranks. A worker that fails on one
+  // rank leaves the others waiting in an all-reduce: this bounds the wait, and the
+  // TimeoutError names the collective, instead of a silent hang.
+  double collective_timeout_s = 120;
+  // The best model by the driver's metric (offer_best), kept by rank 0's worker and
+  // written to `best_path` when set; `best_mode` is "min" or "max".
+  std::string best_metric = "test_accuracy";
+  std::string best_mode = "max";
+  std::string best_path;
+  // Checkpoints (training_checkpoint.hpp): the folder (empty: none), a save every
+  // `save_every` optimizer steps (0: only when the driver asks, save_checkpoint), how
+  // many to keep, and what the files' root attributes record.
+  std::string checkpoint_dir;
+  std::int64_t save_every = 0;
+  std::int32_t keep_last = 3;
+  std::string run_id;
+  std::string config_json = "{}";
+  // More string attributes for every checkpoint's root (a tokenizer's vocabulary):
+  // a checkpoint that records one of them with another value is refused at resume.
+  std::vector<std::pair<std::string, std::string>> checkpoint_attributes;
+  // Evaluation: samples per forward, and at most this many test samples (0: all),
+  // the same first ones every time (nanoGPT's eval_iters).
+  std::int64_t eval_batch = 256;
+  std::int64_t eval_samples = 0;
+
+  template <class A>
+  void serialize(A& a) {
+    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
+      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
+      device, precision, checkpoint_attributes, eval_batch, eval_samples);
+  }
+};
+
+// One rank's sums over an epoch (the driver adds them up).
+struct EpochResult {
+  std::int64_t epoch = 0;
+  double loss_sum = 0;    // per-sample loss summed
+  MetricSums metrics;     // the objective's sums over samples ("correct", ...)
+  std::int64_t samples = 0;
+  std::int64_t steps = 0;  // optimizer steps taken in this call
+  double seconds = 0;
+  double metric(const std::string& name) const { return metrics.contains(name) ? metrics.at(name) : 0.0; }
+  template <class A>
+  void serialize(A& a) {
+    a(epoch, loss_sum, metrics, samples, steps, seconds);
+  }
+};
+
+struct EvalResult {
+  double loss_sum = 0;
+  MetricSums metrics;
+  std::int64_t samples = 0;
+  double metric(const std::string& name) const { return metrics.contains(name) ? metrics.at(name) : 0.0; }
+  template <class A>
+  void serialize(A& a) {
+    a(loss_sum, metrics, samples);
+  }
+};
+
+struct WorkerState {
+  std::int32_t rank = 0;
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::int64_t sampler_position = 0;
+  std::uint64_t parameter_hash = 0;  // FNV-1a of every parameter's bytes: equal on all ranks
+  bool epoch_finished = false;       // the sampler has handed out all of `epoch`
+  template <class A>
+  void serialize(A& a) {
+    a(rank, step, epoch, sampler_position, parameter_hash, epoch_finished);
+  }
+};
+
+}  // namespace troupe::train
