@@ -98,6 +98,20 @@ TEST(FullyShardedDataParallel, AWrapPolicyThatWrapsNothingIsAClearError) {
 // Embedding (index input, no input gradient) and LayerNorm (gradients written through
 // raw pointers) also accumulate into the flat gradient views: Embedding(40, 16),
 // LayerNorm(16), Linear(16, 4), each a unit, trains like DDP with AdamW.
+// One cross-entropy step of the same batch through DDP (with its optimizer) and FSDP.
+void step_both(DistributedDataParallel& ddp, nn::Optimizer& opt, FullyShardedDataParallel& fsdp, const Tensor& x,
+               const Tensor& y) {
+  nn::CrossEntropyLoss l1, l2;
+  l1.forward(ddp.forward(x), y);
+  ddp.backward(l1.backward());
+  opt.step();
+  opt.zero_grad();
+  l2.forward(fsdp.forward(x), y);
+  fsdp.backward(l2.backward());
+  fsdp.step();
+  fsdp.zero_grad();
+}
+
 TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
   auto& comm = world();
   auto build = [&] {
@@ -114,7 +128,6 @@ TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
   FullyShardedDataParallel fsdp(*fsdp_model, comm, factory(Opt::adamw),
                                 {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Embedding, nn::LayerNorm, nn::Linear>()});
   EXPECT_EQ(fsdp.unit_paths(), (std::vector<std::string>{"0", "1", "2"}));
-  nn::CrossEntropyLoss l1, l2;
   tensor::Generator data(17 + static_cast<std::uint64_t>(comm.rank()));
   for (int s = 0; s < 10; ++s) {
     std::vector<std::int64_t> ids, labels;
@@ -122,15 +135,7 @@ TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
       ids.push_back(std::min<std::int64_t>(39, static_cast<std::int64_t>(v)));
       labels.push_back(ids.back() % 4);
     }
-    const Tensor x = Tensor::from_vector(ids), y = Tensor::from_vector(labels);
-    l1.forward(ddp.forward(x), y);
-    ddp.backward(l1.backward());
-    opt.step();
-    opt.zero_grad();
-    l2.forward(fsdp.forward(x), y);
-    fsdp.backward(l2.backward());
-    fsdp.step();
-    fsdp.zero_grad();
+    step_both(ddp, opt, fsdp, Tensor::from_vector(ids), Tensor::from_vector(labels));
   }
   std::vector<double> got;
   for (const auto& [name, value] : fsdp.full_state_dict()) {
@@ -154,7 +159,6 @@ TEST(FullyShardedDataParallel, GptBlocksAsUnitsTrainLikeDdpWithTheTiedHead) {
     FullyShardedDataParallel fsdp(fsdp_model, comm, factory(Opt::adamw),
                                   {.wrap = {"transformer.h.0", "transformer.h.1"}, .sharding_strategy = strategy});
     EXPECT_EQ(fsdp.unit_paths(), (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
-    nn::CrossEntropyLoss l1, l2;
     tensor::Generator data(17 + static_cast<std::uint64_t>(comm.rank()));
     for (int s = 0; s < 5; ++s) {
       std::vector<std::int64_t> inputs, targets;  // 3 windows of 9 tokens: 8 inputs, 8 next tokens
@@ -164,15 +168,7 @@ TEST(FullyShardedDataParallel, GptBlocksAsUnitsTrainLikeDdpWithTheTiedHead) {
         if (i % 9 != 8) inputs.push_back(id);
         if (i % 9 != 0) targets.push_back(id);
       }
-      const Tensor x = Tensor::from_vector(inputs, {3, 8}), y = Tensor::from_vector(targets, {3, 8});
-      l1.forward(ddp.forward(x), y);
-      ddp.backward(l1.backward());
-      opt.step();
-      opt.zero_grad();
-      l2.forward(fsdp.forward(x), y);
-      fsdp.backward(l2.backward());
-      fsdp.step();
-      fsdp.zero_grad();
+      step_both(ddp, opt, fsdp, Tensor::from_vector(inputs, {3, 8}), Tensor::from_vector(targets, {3, 8}));
     }
     const nn::StateDict full = fsdp.full_state_dict();
     EXPECT_EQ(full.keys(), ddp_model.state_dict().keys());

@@ -218,6 +218,8 @@ class TrainWorker {
   EpochResult train_steps(std::int64_t steps) {
     begin_call("train_steps");
     TROUPE_CHECK(steps >= 1, "TrainWorker::train_steps: steps must be >= 1, got ", steps);
+    TROUPE_CHECK(loader_->batches_per_epoch() > 0, "TrainWorker::train_steps: the training set of ", train_.size(),
+                 " samples gives no batch");
     const auto start = std::chrono::steady_clock::now();
     EpochResult result;
     status_->begin_epoch(state_->epoch, options_.epochs, steps * options_.accum_steps);
