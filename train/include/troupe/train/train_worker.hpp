@@ -1,56 +1,20 @@
 // TrainWorker: one actor per rank that trains its share of every batch (the Ray Train
-// shape). A driver on rank 0 runs the epochs by asking all workers at once:
+// shape). A driver on rank 0 asks all workers at once -- train_epoch(e) or
+// train_steps(n), then evaluate() -- and sees per-call sums only; gradients flow
+// between the workers over their own communicator. examples/train_digits.cpp and
+// examples/train_gpt.cpp are drivers; worker_driver.hpp has their common steps. One
+// rank runs the same program unchanged (a single-rank communicator).
 //
-//   auto workers = runtime.spawn_on_each<TrainWorker<MyRecipe>>(options, config);
-//   if (runtime.rank() == 0)
-//     for (int e = 0; e < epochs; ++e) {
-//       auto results = when_all(workers.ask(&TrainWorker<MyRecipe>::train_epoch, e)).get();
-//       auto eval = when_all(workers.ask(&TrainWorker<MyRecipe>::evaluate)).get();
-//     }
-//   workers.ask(&TrainWorker<MyRecipe>::stop) ...; runtime.shutdown();
+// WorkerOptions::sharding picks ddp, zero1 (DDP + OSS), zero2 (FSDP's shard_grad_op)
+// or fsdp (sharded_model.hpp). Accumulation, the sampler, Status, evaluation and
+// checkpoints work alike in every mode, and a checkpoint of one mode resumes in
+// another. In zero2 and fsdp, state(), evaluate(), offer_best() and model_state() are
+// collectives: ask every worker. The global batch need not divide by the ranks (64
+// over 3 is 22, 21, 21, each gradient weighted by its share).
 //
-// Gradients flow between the workers through their own communicator (DDP), never
-// through the driver; the driver only sees per-epoch sums. With one rank the same
-// program runs unchanged (a single-rank communicator, no MPI traffic).
-//
-// WorkerOptions::sharding picks how the model is spread over the ranks: ddp (the
-// default: DDP and the recipe's optimizer), zero1 (DDP + OSS), zero2 (FSDP's
-// shard_grad_op) or fsdp (FullyShardedDataParallel), see sharded_model.hpp.
-// Accumulation, the sampler, Status, evaluation and checkpoints work alike in every
-// mode, and a checkpoint from one mode resumes in another. In zero2 and fsdp modes
-// state(), evaluate() and offer_best() are collectives: ask every worker.
-//
-// The global batch need not divide by the ranks: 64 over 3 is 22, 21, 21 per step,
-// each rank's gradient weighted by its share, so a step is the one-rank step (equal in
-// exact arithmetic; the sum runs in another order).
-//
-// The user supplies a Recipe -- plain factories, since actors are built from
-// serialised arguments on every rank:
-//   struct Recipe {
-//     struct Config { ...; template <class A> void serialize(A&); };  // sent to every rank
-//     static std::unique_ptr<nn::Module> make_model(const Config&);
-//     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
-//     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,
-//     // FSDP's flat shards) -- an OptimizerFactory. Optional for ddp.
-//     static std::unique_ptr<nn::Optimizer> make_optimizer(std::vector<nn::NamedParameter>, const Config&);
-//     // Optional: FSDP's units (default: every parameterised leaf module).
-//     static FsdpOptions fsdp_options(const Config&);
-//     static TensorDataset train_set(const Config&);  // every rank loads the same set
-//     static TensorDataset test_set(const Config&);
-//     // Optional: what to minimise and report (default: CrossEntropyObjective).
-//     static std::unique_ptr<Objective> make_objective(const Config&);
-//     // Optional: the learning rate as a function of the step (lr_at), set before every
-//     // step -- a pure function of the checkpointed step, so a resume is exact.
-//     static std::unique_ptr<nn::LRScheduler> make_scheduler(nn::Optimizer&, const Config&);
-//   };
-// A data set is anything with size() and rows(indices) -> TensorBatch: TensorDataset
-// (rows of tensors) or TokenWindows (a token stream's (B, T+1) windows). The objective
-// turns the model's output and the batch's targets into the loss and metric sums, so a
-// classifier, a language model and a regression train in the same worker.
-//
-// The constructor is collective (it creates the world communicator and broadcasts
-// rank 0's parameters), as spawn_on_each already is. All of a worker's state that a
-// checkpoint needs is in training_state().
+// The user supplies a Recipe (recipe.hpp). The constructor is collective (it creates
+// the world communicator and broadcasts rank 0's parameters), as spawn_on_each is.
+// All of a worker's state that a checkpoint needs is in training_state().
 #pragma once
 
 #include <cereal/cereal.hpp>
@@ -59,7 +23,6 @@
 #include <cereal/types/vector.hpp>
 #include <algorithm>
 #include <chrono>
-#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -69,14 +32,9 @@
 #include <utility>
 #include <vector>
 
-#include "troupe/actors/actor_ref.hpp"
 #include "troupe/actors/methods.hpp"
-#include "troupe/actors/future.hpp"
 #include "troupe/collectives/communicator.hpp"
-#include "troupe/collectives/mpi_communicator.hpp"
-#include "troupe/collectives/nccl_communicator.hpp"
 #include "troupe/error.hpp"
-#include "troupe/nn/lr_scheduler.hpp"
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/supervisor/client.hpp"
@@ -91,11 +49,13 @@
 #include "troupe/train/master_weights.hpp"
 #include "troupe/train/sharded_model.hpp"
 #include "troupe/train/status.hpp"
-#include "troupe/train/objective.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
+#include "troupe/train/recipe.hpp"
+#include "troupe/train/worker_driver.hpp"
 #include "troupe/train/worker_options.hpp"
+#include "troupe/train/worker_setup.hpp"
 
 namespace troupe::train {
 
@@ -107,9 +67,9 @@ class TrainWorker {
 
   TrainWorker(WorkerOptions options, Config config)
       : options_(options), config_(std::move(config)), sharding_(parse_sharding(options_.sharding)),
-        device_(worker_device(options_)), comm_(make_communicator(options, device_)),
+        device_(worker_device(options_)), comm_(worker_communicator(options, device_)),
         model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)),
-        objective_(make_objective()) {
+        objective_(recipe_objective<Recipe>(config_)) {
     TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
@@ -133,15 +93,16 @@ class TrainWorker {
                                                        DdpOptions{.bucket_bytes = options_.bucket_bytes});
       if (options_.precision == "bf16") {  // after DDP's broadcast, so every rank's masters are rank 0's
         master_ = std::make_unique<MasterWeights>(*model_);
-        optimizer_ = optimizer_factory()(master_->named_parameters());
+        optimizer_ = recipe_optimizer_factory<Recipe>(config_, options_.sharding)(master_->named_parameters());
       } else {
         optimizer_ = Recipe::make_optimizer(*model_, config_);
       }
     } else {
-      sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_, optimizer_factory(),
-                                                options_.bucket_bytes, fsdp_options());
+      sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_,
+                                                recipe_optimizer_factory<Recipe>(config_, options_.sharding),
+                                                options_.bucket_bytes, recipe_fsdp_options<Recipe>(config_));
     }
-    scheduler_ = make_scheduler();
+    scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
     sampler_ = std::make_unique<DistributedSampler>(
         train_.size(), comm_->size(), comm_->rank(),
         SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
@@ -249,7 +210,7 @@ class TrainWorker {
     std::vector<std::int64_t> mine;
     for (std::int64_t i = comm_->rank(); i < total; i += comm_->size()) mine.push_back(i);
     const auto kBatch = static_cast<std::size_t>(options_.eval_batch);
-    std::unique_ptr<Objective> objective = make_objective();
+    std::unique_ptr<Objective> objective = recipe_objective<Recipe>(config_);
     // zero2's and fsdp's forward is a collective (it gathers), so every rank runs as many
     // batches as the largest share needs; a rank with no samples left forwards test
     // sample 0 and ignores the result.
@@ -344,67 +305,10 @@ class TrainWorker {
                       &TrainWorker::save_checkpoint>;
 
  private:
-  // The recipe's optimizer over any parameters, for OSS's partition or FSDP's shards.
-  OptimizerFactory optimizer_factory() const {
-    if constexpr (requires(std::vector<nn::NamedParameter> params, const Config& c) {
-                    {
-                      Recipe::make_optimizer(std::move(params), c)
-                    } -> std::convertible_to<std::unique_ptr<nn::Optimizer>>;
-                  }) {
-      return [config = config_](std::vector<nn::NamedParameter> params) {
-        return Recipe::make_optimizer(std::move(params), config);
-      };
-    } else {
-      TROUPE_THROW(InvalidArgument, "TrainWorker: sharding ", options_.sharding,
-                   " needs the recipe's make_optimizer(std::vector<nn::NamedParameter>, const Config&), "
-                   "an optimizer over any parameters");
-    }
-  }
-  FsdpOptions fsdp_options() const {
-    if constexpr (requires(const Config& c) {
-                    { Recipe::fsdp_options(c) } -> std::convertible_to<FsdpOptions>;
-                  })
-      return Recipe::fsdp_options(config_);
-    else
-      return {};
-  }
-
   // A batch's inputs as the model takes them: its dtype (token ids stay i64), on its device.
   Tensor model_input(const Tensor& inputs) const {
     const bool to_bf16 = options_.precision == "bf16" && tensor::is_floating(inputs.dtype());
     return inputs.to(to_bf16 ? tensor::DType::bf16 : inputs.dtype()).to(device_);
-  }
-
-  std::unique_ptr<Objective> make_objective() const {
-    if constexpr (requires(const Config& c) {
-                    { Recipe::make_objective(c) } -> std::convertible_to<std::unique_ptr<Objective>>;
-                  })
-      return Recipe::make_objective(config_);
-    else
-      return std::make_unique<CrossEntropyObjective>();
-  }
-
-  static tensor::Device worker_device(const WorkerOptions& options) {
-    TROUPE_CHECK(options.device == "cpu" || options.device == "cuda", "TrainWorker: device must be cpu or cuda, got '",
-                 options.device, "'");
-    if (options.device == "cpu") return tensor::Device::cpu();
-    tensor::check_device_usable(tensor::Device::cuda(), "TrainWorker");
-    // One GPU per rank of a node, as torchrun assigns them (and as NcclCommunicator picks).
-    const tensor::Device device = tensor::Device::cuda(device_for_local_rank(tensor::cuda_device_count()));
-    tensor::cuda_set_device(device);  // the constructor's own thread, before the model moves
-    return device;
-  }
-
-  // The world, over MPI (CPU tensors) or NCCL (CUDA tensors; MPI carries its id).
-  static std::unique_ptr<collectives::Communicator> make_communicator(const WorkerOptions& options,
-                                                                     tensor::Device device) {
-    TROUPE_CHECK(options.collective_timeout_s > 0, "TrainWorker: collective_timeout_s must be > 0, got ",
-                 options.collective_timeout_s);
-    collectives::Options comm_options = collectives::options_from_environment();
-    comm_options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
-    if (device.is_cpu()) return collectives::world_communicator(comm_options);
-    collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD, comm_options);
-    return std::make_unique<collectives::NcclCommunicator>(bootstrap, device.index, comm_options);
   }
 
   void start_epoch(std::int64_t epoch) {
@@ -452,15 +356,6 @@ class TrainWorker {
   }
 
   nn::Optimizer& optimizer() { return sharded_ ? sharded_->optimizer() : *optimizer_; }
-
-  std::unique_ptr<nn::LRScheduler> make_scheduler() {
-    if constexpr (requires(nn::Optimizer& o, const Config& c) {
-                    { Recipe::make_scheduler(o, c) } -> std::convertible_to<std::unique_ptr<nn::LRScheduler>>;
-                  })
-      return Recipe::make_scheduler(optimizer(), config_);
-    else
-      return nullptr;
-  }
 
   // After every optimizer step: progress for troupe-run, the injected fault if this is
   // its step, and the periodic checkpoint (every rank calls it; see save_checkpoint).
@@ -519,33 +414,5 @@ class TrainWorker {
   std::chrono::steady_clock::time_point step_started_{};
   std::chrono::nanoseconds step_wait_started_{};
 };
-
-// For the driver: every worker restores the newest valid checkpoint, and all must agree
-// on the step and the parameters (a rank that read another file is an Error).
-template <class Worker>
-WorkerState resume_workers(const actors::ActorGroup<Worker>& workers) {
-  const auto resumed = actors::when_all(workers.ask(&Worker::resume)).get();
-  for (const auto& r : resumed)
-    if (r.step != resumed[0].step || r.parameter_hash != resumed[0].parameter_hash)
-      TROUPE_THROW(Error, "rank ", r.rank, " resumed at step ", r.step, ", rank 0 at step ", resumed[0].step);
-  return resumed[0];
-}
-
-// Runs `drive` (the driver, rank 0 only) and then stops every worker, also when it
-// throws, so no rank is left waiting in a collective. Returns drive's result (0 on
-// other ranks).
-template <class Worker, class Drive>
-int drive_then_stop(const actors::ActorGroup<Worker>& workers, int rank, Drive drive) {
-  if (rank != 0) return 0;
-  int status = 0;
-  try {
-    status = drive();
-  } catch (...) {
-    actors::when_all(workers.ask(&Worker::stop)).get();
-    throw;
-  }
-  actors::when_all(workers.ask(&Worker::stop)).get();
-  return status;
-}
 
 }  // namespace troupe::train

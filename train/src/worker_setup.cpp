@@ -1,0 +1,34 @@
+#include "troupe/train/worker_setup.hpp"
+
+#include <chrono>
+#include <cstdint>
+
+#include "troupe/collectives/mpi_communicator.hpp"
+#include "troupe/collectives/nccl_communicator.hpp"
+#include "troupe/error.hpp"
+#include "troupe/tensor/device.hpp"
+#include "troupe/train/distributed.hpp"
+
+namespace troupe::train {
+
+tensor::Device worker_device(const WorkerOptions& options) {
+  TROUPE_CHECK(options.device == "cpu" || options.device == "cuda", "TrainWorker: device must be cpu or cuda, got '",
+               options.device, "'");
+  if (options.device == "cpu") return tensor::Device::cpu();
+  tensor::check_device_usable(tensor::Device::cuda(), "TrainWorker");
+  const tensor::Device device = tensor::Device::cuda(device_for_local_rank(tensor::cuda_device_count()));
+  tensor::cuda_set_device(device);  // the constructor's own thread, before the model moves
+  return device;
+}
+
+std::unique_ptr<collectives::Communicator> worker_communicator(const WorkerOptions& options, tensor::Device device) {
+  TROUPE_CHECK(options.collective_timeout_s > 0, "TrainWorker: collective_timeout_s must be > 0, got ",
+               options.collective_timeout_s);
+  collectives::Options comm_options = collectives::options_from_environment();
+  comm_options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
+  if (device.is_cpu()) return collectives::world_communicator(comm_options);
+  collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD, comm_options);
+  return std::make_unique<collectives::NcclCommunicator>(bootstrap, device.index, comm_options);
+}
+
+}  // namespace troupe::train
