@@ -55,7 +55,7 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   Tensor& exp_avg = *state.find("exp_avg");
   Tensor& exp_avg_sq = *state.find("exp_avg_sq");
-  const double weight_decay = !decays_ || decays_(name, param) ? weight_decay_ : 0.0;
+  const std::vector<DecayRun> runs = decay_runs(name, param);
   if (param.data.device().is_cuda()) {
     // Collected for finish_step(): one fused launch for every CUDA parameter
     // (tensor/fused_optim.hpp: these formulas, in f32). The moments live on the
@@ -64,9 +64,18 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
                  "(keep f32 master weights for bf16/f16 models), got ", param.data.dtype());
     for (Tensor* moment : {&exp_avg, &exp_avg_sq})
       if (moment->device() != param.data.device()) *moment = moment->to(param.data.device());
-    pending_.push_back({&param.data, &param.grad, &exp_avg, &exp_avg_sq,
-                        {.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
-                         .weight_decay = weight_decay, .decoupled = decoupled_, .step = t}});
+    for (const DecayRun& run : runs) {
+      const tensor::AdamStep step{.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
+                                  .weight_decay = run.weight_decay, .decoupled = decoupled_, .step = t};
+      if (runs.size() == 1) {
+        pending_.push_back({&param.data, &param.grad, &exp_avg, &exp_avg_sq, step});
+        continue;
+      }
+      Tensor* views[4];
+      for (int k = 0; const Tensor* whole : {&param.data, &param.grad, &exp_avg, &exp_avg_sq})
+        views[k++] = &pending_views_.emplace_back(whole->slice(run.begin, run.end));
+      pending_.push_back({views[0], views[1], views[2], views[3], step});
+    }
     return;
   }
   tensor::dispatch_floating(param.data.dtype(), type_name() + ".step '" + name + "'", [&](auto tag) {
@@ -76,32 +85,63 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
     // 1 - beta in double, then rounded: in f32, 1 - float(0.999) would be off by 1e-5
     // relative. PyTorch also passes these weights from Python doubles.
     const C one_minus_beta1 = static_cast<C>(1 - betas_.beta1), one_minus_beta2 = static_cast<C>(1 - betas_.beta2);
-    const C wd = static_cast<C>(weight_decay), eps = static_cast<C>(eps_);
-    const C decay = static_cast<C>(1 - lr() * weight_decay);
+    const C eps = static_cast<C>(eps_);
     const C size = static_cast<C>(step_size), bc2_sqrt = static_cast<C>(bias_correction2_sqrt);
     T* p = param.data.data<T>();
     const T* g = param.grad.data<T>();
     T* m = exp_avg.data<T>();
     T* v = exp_avg_sq.data<T>();
-    for (std::int64_t i = 0; i < param.data.numel(); ++i) {
-      C pi = static_cast<C>(p[i]);
-      C gi = static_cast<C>(g[i]);
-      if (decoupled_) pi = pi * decay;
-      else if (wd != 0) gi = gi + wd * pi;
-      const C mi = beta1 * static_cast<C>(m[i]) + one_minus_beta1 * gi;
-      const C vi = beta2 * static_cast<C>(v[i]) + one_minus_beta2 * gi * gi;
-      m[i] = T(mi);
-      v[i] = T(vi);
-      const C denom = std::sqrt(vi) / bc2_sqrt + eps;
-      p[i] = T(pi - size * mi / denom);
+    for (const DecayRun& run : runs) {
+      const C wd = static_cast<C>(run.weight_decay);
+      const C decay = static_cast<C>(1 - lr() * run.weight_decay);
+      for (std::int64_t i = run.begin; i < run.end; ++i) {
+        C pi = static_cast<C>(p[i]);
+        C gi = static_cast<C>(g[i]);
+        if (decoupled_) pi = pi * decay;
+        else if (wd != 0) gi = gi + wd * pi;
+        const C mi = beta1 * static_cast<C>(m[i]) + one_minus_beta1 * gi;
+        const C vi = beta2 * static_cast<C>(v[i]) + one_minus_beta2 * gi * gi;
+        m[i] = T(mi);
+        v[i] = T(vi);
+        const C denom = std::sqrt(vi) / bc2_sqrt + eps;
+        p[i] = T(pi - size * mi / denom);
+      }
     }
   });
+}
+
+// One run for a model's own parameter; for a flat shard, one per stretch of segments
+// the filter treats alike. Padding past the last segment holds zeros: decay or not,
+// it stays zero.
+std::vector<Adam::DecayRun> Adam::decay_runs(const std::string& name, const Parameter& param) const {
+  const std::int64_t n = param.data.numel();
+  if (!decays_ || weight_decay_ == 0) return {{0, n, weight_decay_}};
+  if (param.segments.empty()) return {{0, n, decays_(name, param.data.shape()) ? weight_decay_ : 0.0}};
+  std::vector<DecayRun> runs;
+  const auto add = [&](std::int64_t begin, std::int64_t end, double weight_decay) {
+    if (begin == end) return;
+    if (!runs.empty() && runs.back().weight_decay == weight_decay) runs.back().end = end;
+    else runs.push_back({begin, end, weight_decay});
+  };
+  std::int64_t at = 0;
+  for (const ParameterSegment& segment : param.segments) {
+    TROUPE_CHECK(segment.begin >= at && segment.begin <= segment.end && segment.end <= n, type_name(), ".step '",
+                 name, "': segment '", segment.name, "' [", segment.begin, ", ", segment.end,
+                 ") is out of order or outside the ", n, " elements");
+    add(at, segment.begin, runs.empty() ? 0.0 : runs.back().weight_decay);
+    add(segment.begin, segment.end, decays_(segment.name, segment.shape) ? weight_decay_ : 0.0);
+    at = segment.end;
+  }
+  add(at, n, runs.empty() ? 0.0 : runs.back().weight_decay);
+  return runs;
 }
 
 void Adam::finish_step(bool completed) {
   // Cleared whatever happens, so no stale pointers reach the next step.
   const std::vector<tensor::AdamEntry> entries = std::move(pending_);
   pending_.clear();
+  const std::deque<Tensor> views = std::move(pending_views_);  // alive through the launch
+  pending_views_.clear();
   if (completed) tensor::fused_adam_steps_(entries);
 }
 

@@ -117,6 +117,40 @@ TEST(AdamW, F32ParametersStayF32AndAgreeToSinglePrecision) {
   expect_values(p, {0.8945710493731245, -1.8524454524361382, 0.2982463861799443}, 1e-6);
 }
 
+// A flat shard packing part of a matrix, a bias and one padding element: the filter
+// is asked per packed parameter, so the matrix's part decays and the bias does not,
+// each exactly as if it were stepped on its own.
+TEST(AdamW, DecayFilterAppliesToTheParametersAFlatShardPacks) {
+  Parameter flat{Tensor::from_vector<double>({1.0, -2.0, 0.5, 1.0, -2.0, 0.5, 0.0}), Tensor()};
+  flat.segments = {{"w", {3, 2}, 0, 3}, {"b", {3}, 3, 6}};
+  AdamW opt({{"_fsdp.root.flat_param", &flat}}, 0.1, {0.9, 0.999}, 1e-8, 0.1);
+  opt.set_weight_decay_filter(decay_matrices_only);
+  Parameter bias = start();
+  AdamW plain({{"b", &bias}}, 0.1, {0.9, 0.999}, 1e-8, 0.0);
+  for (const auto& g : kGrads) {
+    flat.grad = Tensor::from_vector<double>({g[0], g[1], g[2], g[0], g[1], g[2], 0.0});
+    bias.grad = Tensor::from_vector(g);
+    opt.step();
+    plain.step();
+  }
+  const auto got = flat.data.to_vector<double>();
+  const std::vector<double> decayed = {0.8945710493731245, -1.8524454524361382, 0.2982463861799443};
+  const auto undecayed = bias.data.to_vector<double>();
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_NEAR(got[i], decayed[i], 1e-14) << "matrix element " << i;
+    EXPECT_EQ(got[3 + i], undecayed[i]) << "bias element " << i;
+  }
+  EXPECT_EQ(got[6], 0.0);  // padding
+  flat.segments = {{"b", {3}, 3, 6}, {"w", {3, 2}, 0, 3}};  // out of order: refused, naming both
+  flat.grad = Tensor::zeros({7}, DType::f64);
+  try {
+    opt.step();
+    ADD_FAILURE() << "segments out of order were accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("segment 'w' [0, 3)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Optimizer, SkipsParametersWithoutAGradAndKeepsTheirAdamStepCount) {
   Parameter a = start(), b = start();
   Adam opt({{"a", &a}, {"b", &b}}, 0.1);

@@ -149,14 +149,23 @@ TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
 // root unit (embeddings, ln_f and the tied lm_head) gathered through forward and
 // backward, and trains exactly as DDP does, in full_shard and in shard_grad_op. The
 // tied weight is one flat entry; the full state dict lists it under both names.
+// AdamW decays the matrices only, as nanoGPT configures it: the flat shards tell it
+// which of their elements belong to a matrix (Parameter::segments), so the norms'
+// weights, which start at 1 and would shrink by 2% under decay, stay as DDP's.
 TEST(FullyShardedDataParallel, GptBlocksAsUnitsTrainLikeDdpWithTheTiedHead) {
   auto& comm = world();
   const nn::GPTConfig config{.block_size = 8, .vocab_size = 12, .n_layer = 2, .n_head = 2, .n_embd = 16};
+  const auto adamw = [](std::vector<nn::NamedParameter> params) {
+    auto opt = std::make_unique<nn::AdamW>(std::move(params), 1e-2, nn::Betas{}, 1e-8, 0.5);
+    opt->set_weight_decay_filter(nn::decay_matrices_only);
+    return opt;
+  };
   for (const auto strategy : {FsdpOptions::ShardingStrategy::full_shard, FsdpOptions::ShardingStrategy::shard_grad_op}) {
     nn::GPT ddp_model(config, kModelSeed), fsdp_model(config, kModelSeed);
     DistributedDataParallel ddp(ddp_model, comm);
-    nn::AdamW opt(ddp_model.named_parameters(), 1e-2);
-    FullyShardedDataParallel fsdp(fsdp_model, comm, factory(Opt::adamw),
+    const auto opt_owner = adamw(ddp_model.named_parameters());
+    nn::Optimizer& opt = *opt_owner;
+    FullyShardedDataParallel fsdp(fsdp_model, comm, adamw,
                                   {.wrap = {"transformer.h.0", "transformer.h.1"}, .sharding_strategy = strategy});
     EXPECT_EQ(fsdp.unit_paths(), (std::vector<std::string>{"", "transformer.h.0", "transformer.h.1"}));
     tensor::Generator data(17 + static_cast<std::uint64_t>(comm.rank()));

@@ -225,6 +225,10 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
         entry.param->grad = Tensor();
       }
       flat.shard = std::make_unique<nn::Parameter>(nn::Parameter{std::move(shard), Tensor()});
+      for (const auto& entry : flat.entries) {  // for per-parameter optimizer options
+        const std::int64_t a = std::max(lo, entry.offset), b = std::min(hi, entry.offset + entry.numel);
+        if (a < b) flat.shard->segments.push_back({entry.name, entry.shape, a - lo, b - lo});
+      }
     }
   }
 }

@@ -63,7 +63,7 @@ struct RunInfo {
   // More string attributes of the root, each naming what the run's data or model is
   // (a tokenizer's vocabulary). A checkpoint that records one of them with another
   // value belongs to another run: loading it is a CheckpointError, not a skip.
-  std::vector<std::pair<std::string, std::string>> attributes;
+  std::vector<std::pair<std::string, std::string>> attributes{};
 };
 
 // The root attributes of a checkpoint file.

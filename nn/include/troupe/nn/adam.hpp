@@ -13,6 +13,7 @@
 // Slots: "step" (0-dim i64), "exp_avg" (m), "exp_avg_sq" (v); m and v start at 0.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <utility>
@@ -29,7 +30,7 @@ struct Betas {
 };
 
 // Weight decay on weight matrices and embedding tables, not on biases or norms.
-inline bool decay_matrices_only(const std::string&, const Parameter& param) { return param.data.dim() >= 2; }
+inline bool decay_matrices_only(const std::string&, const tensor::Shape& shape) { return shape.size() >= 2; }
 
 class Adam : public Optimizer {
  public:
@@ -42,7 +43,10 @@ class Adam : public Optimizer {
   double weight_decay() const { return weight_decay_; }
   // Which parameters weight decay applies to (all, by default): PyTorch's parameter
   // groups for the common case, e.g. decay_matrices_only as nanoGPT configures AdamW.
-  using DecayFilter = std::function<bool(const std::string& name, const Parameter& param)>;
+  // It is asked with each model parameter's name and full shape, also for the parts
+  // of them that a flat shard packs (Parameter::segments), so FSDP and ZeRO-2 decay
+  // exactly what DDP decays.
+  using DecayFilter = std::function<bool(const std::string& name, const tensor::Shape& shape)>;
   void set_weight_decay_filter(DecayFilter decays) { decays_ = std::move(decays); }
 
  protected:
@@ -58,7 +62,15 @@ class Adam : public Optimizer {
  private:
   void check() const;
 
+  // Elements [begin, end) of a parameter that share one weight decay.
+  struct DecayRun {
+    std::int64_t begin, end;
+    double weight_decay;
+  };
+  std::vector<DecayRun> decay_runs(const std::string& name, const Parameter& param) const;
+
   std::vector<tensor::AdamEntry> pending_;  // this step's CUDA updates, run by finish_step()
+  std::deque<Tensor> pending_views_;        // their slices of flat shards (stable addresses)
 
   DecayFilter decays_;
   Betas betas_;

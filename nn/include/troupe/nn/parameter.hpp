@@ -7,6 +7,7 @@
 // is the one place that drops a gradient, as in PyTorch.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,14 @@ namespace troupe::nn {
 
 using tensor::Tensor;
 
+// Part of a model parameter held by a flat shard (FSDP, ZeRO-2): its name and full
+// shape, and which of the shard's elements, [begin, end), hold some of it.
+struct ParameterSegment {
+  std::string name;
+  tensor::Shape shape;
+  std::int64_t begin = 0, end = 0;
+};
+
 struct Parameter {
   Tensor data;
   Tensor grad;
@@ -23,6 +32,9 @@ struct Parameter {
   // Its gradient is final after the last use's backward, so grad_ready fires then.
   int uses = 1;
   int uses_done = 0;  // in the current backward
+  // Empty for a model's own parameter. For a flat shard, the parameters it packs, so
+  // options chosen per parameter (weight decay on matrices only) still apply to it.
+  std::vector<ParameterSegment> segments{};
 };
 
 // A parameter and its full PyTorch-style name ("layers.0.weight"). The pointer is

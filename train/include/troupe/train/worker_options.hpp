@@ -43,7 +43,7 @@ struct WorkerOptions {
   // written to `best_path` when set; `best_mode` is "min" or "max".
   std::string best_metric = "test_accuracy";
   std::string best_mode = "max";
-  std::string best_path;
+  std::string best_path{};
   // Checkpoints (training_checkpoint.hpp): the folder (empty: none), a save every
   // `save_every` optimizer steps (0: only when the driver asks, save_checkpoint), how
   // many to keep, and what the files' root attributes record.
@@ -54,7 +54,7 @@ struct WorkerOptions {
   std::string config_json = "{}";
   // More string attributes for every checkpoint's root (a tokenizer's vocabulary):
   // a checkpoint that records one of them with another value is refused at resume.
-  std::vector<std::pair<std::string, std::string>> checkpoint_attributes;
+  std::vector<std::pair<std::string, std::string>> checkpoint_attributes{};
   // Evaluation: samples per forward, and at most this many test samples (0: all),
   // the same first ones every time (nanoGPT's eval_iters).
   std::int64_t eval_batch = 256;
