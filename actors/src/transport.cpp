@@ -197,7 +197,7 @@ bool dropped(const Message& message, const std::string& why) {
 }
 }  // namespace
 
-bool Transport::split_attached(Message& message, const Bytes& whole) {
+bool split_attached(Message& message, const Bytes& whole) {
   Header h;
   std::memcpy(&h, whole.data(), sizeof h);
   const std::size_t table = (h.attachments + std::size_t{1}) * sizeof(std::uint64_t);

@@ -36,6 +36,11 @@ struct Message {
   std::vector<Bytes> attachments;   // received beside it, in order
 };
 
+// Splits a message that carries its attachments within it (`whole`, received into a
+// pooled buffer the attachments go on sharing); false (with a log line) when its size
+// table does not describe it. Free of MPI, so tests/fuzz feeds it arbitrary bytes.
+bool split_attached(Message& message, const Bytes& whole);
+
 // Receive buffers for attachments, reused by size class so that a steady stream of
 // large messages neither zero-fills nor first-touches fresh memory each time.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
@@ -104,10 +109,6 @@ class Transport final : public Progress {
   // Receives the attachments announced by `message`'s header; false (with a log line)
   // when they are malformed or do not arrive.
   bool receive_attachments(Message& message);
-  // Splits a message that carries its attachments within it (`whole`, received
-  // into a pooled buffer the attachments go on sharing); false (with a log line)
-  // when its size table does not describe it.
-  bool split_attached(Message& message, const Bytes& whole);
 
   MPI_Comm comm_;
   Deliver deliver_;

@@ -5,6 +5,7 @@
 
 #include "reduce_kernels.hpp"
 #include "mpi_types.hpp"
+#include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 
 namespace troupe::collectives::detail {
@@ -48,8 +49,8 @@ AllreduceRing::~AllreduceRing() {
   // Abandoned after a failure with messages still posted: MPI may yet write into the
   // slots or read the scratch blocks, so they are leaked rather than freed under it.
   if (!recvs_.empty() || !sends_.empty()) {
-    (void)slots_.release();
-    (void)scratch_.release();
+    troupe::detail::keep_until_exit(slots_.release());
+    troupe::detail::keep_until_exit(scratch_.release());
   }
 }
 

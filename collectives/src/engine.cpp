@@ -2,6 +2,7 @@
 
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/error.hpp"
+#include "troupe/keep_until_exit.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -193,6 +194,7 @@ void Engine::fail_locked(const std::string& reason) {
     finish(*op, std::make_exception_ptr(CommunicatorFailed(troupe::detail::concat(
                     op->collective().describe(), ": abandoned because the communicator failed: ", failure_))));
     abandoned_.push_back(std::move(op));
+    troupe::detail::keep_until_exit(this);  // with the abandoned operations and their buffers
   }
   in_flight_.clear();
   in_flight_count_.store(0, std::memory_order_release);

@@ -13,6 +13,7 @@
 #include "signature_check.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/single_rank_communicator.hpp"
+#include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 
 namespace troupe::collectives {
@@ -77,7 +78,7 @@ MpiCommunicator::~MpiCommunicator() {
   // A collective abandoned after a timeout may still be matched by a late peer; freeing
   // its communicator under it would be undefined, so a failed communicator is leaked.
   // The same holds for the shared segments an abandoned collective may still read.
-  if (engine().has_abandoned()) (void)shm_.release();
+  if (engine().has_abandoned()) troupe::detail::keep_until_exit(shm_.release());
   if (!mpi_usable() || engine().has_abandoned()) return;
   for (MPI_Comm* comm : {&debug_comm_, &p2p_comm_, &comm_}) {
     if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);

@@ -8,6 +8,7 @@
 
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/options.hpp"
+#include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 
 namespace troupe::collectives::detail {
@@ -47,8 +48,8 @@ void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int
   for (int flag = 0, polls = 0; !flag; ++polls) {
     TROUPE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
     if (!flag && timeout != kNoTimeout && (polls & 7) == 7 && std::chrono::steady_clock::now() >= deadline) {
-      (void)mine.release();
-      (void)all.release();
+      troupe::detail::keep_until_exit(mine.release());
+      troupe::detail::keep_until_exit(all.release());
       TROUPE_THROW(TimeoutError, "debug check of ", collective.describe(), " on rank ", rank,
                    ": not every rank reached it within ", timeout.count(), " ms");
     }

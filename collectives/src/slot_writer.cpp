@@ -9,6 +9,7 @@
 namespace troupe::collectives::detail {
 
 void copy_streaming(std::byte* dst, const std::byte* src, std::size_t bytes) {
+  if (bytes == 0) return;  // an empty tensor's pointer may be null, which memcpy may not take
   // Streaming stores need 16-byte aligned destinations: plain copies for the ends.
   const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
   std::memcpy(dst, src, head);

@@ -151,6 +151,17 @@ TEST(Errors, MalformedAndTruncatedMessagesAreReportedAndTheRankKeepsRunning) {
     EXPECT_NE(std::string(e.what()).find("unexpected bytes"), std::string::npos) << e.what();
     e = remote_error_of([&] { ask_with(1000, good).get(); });
     EXPECT_EQ(e.code(), actors::ErrorCode::unknown_method) << e.what();
+    // A length prefix announcing far more than arrived (echo's string, count's vector):
+    // refused before anything is allocated, where 2^60 bytes would be a bad_alloc.
+    std::string forged;
+    actors::detail::append_serialized(forged, std::uint64_t{1} << 60);
+    forged += "abcd";
+    for (std::uint32_t method : {3u, 4u}) {  // echo(std::string), count(std::vector<std::string>)
+      e = remote_error_of([&] { ask_with(method, forged).get(); });
+      EXPECT_EQ(e.code(), actors::ErrorCode::bad_message) << e.what();
+      EXPECT_NE(std::string(e.what()).find("a length of 1152921504606846976 with 4 bytes remaining"),
+                std::string::npos) << e.what();
+    }
     EXPECT_EQ(c.ask(&Counter::get).get(), 8);  // nothing was applied twice or half
   }
   barrier();

@@ -2,6 +2,8 @@
 // and handles dropped before completion.
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "test_world.hpp"
@@ -56,6 +58,25 @@ TEST(AsyncCollectives, ADroppedHandleStillCompletesAndTheCommunicatorGoesOn) {
   }  // no terminate, no cancel
   world().barrier();  // waiting drives everything in flight, in order
   EXPECT_EQ(compare(data, [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::i32, world().size(), i); }), "");
+}
+
+// A tensor dropped while its allreduce runs: the collective holds the storage until it
+// completes (the ASan run would report the write into freed memory otherwise), then
+// lets it go.
+TEST(AsyncCollectives, ATensorDroppedMidFlightLivesUntilItsCollectiveCompletes) {
+  Communicator& comm = world();
+  tensor::Tensor t = tensor::Tensor::ones({1 << 16}, DType::f32);
+  const std::weak_ptr<tensor::Storage> storage = t.storage();
+  // The last rank joins late, so on the others the allreduce is still in flight.
+  if (comm.rank() == comm.size() - 1 && comm.size() > 1) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  Work work = comm.allreduce_async(Buffer(t));
+  t = tensor::Tensor();
+  EXPECT_FALSE(storage.expired());
+  work.wait();
+  EXPECT_TRUE(work.is_success());
+  work = Work();
+  comm.barrier();  // the engine has let go of the finished operation by now
+  EXPECT_TRUE(storage.expired());
 }
 
 TEST(AsyncCollectives, ADefaultWorkIsAlreadyComplete) {

@@ -31,13 +31,14 @@ TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
   if (world().size() < 2) GTEST_SKIP() << "needs a rank that does not come";
   auto comm = communicator_with_timeout(std::chrono::milliseconds(400));
   const bool late = comm->rank() == comm->size() - 1;
-  // Never freed: after a timeout MPI may still write into an abandoned collective's buffer.
-  auto* data = new std::vector<float>(1000, 1.0f);
+  // Static, so alive until exit: after a timeout MPI may still write into an abandoned
+  // collective's buffer (and LeakSanitizer sees it reachable).
+  static std::vector<float> data(1000, 1.0f);
   if (!late) {
     const auto start = Clock::now();
     std::string message;
     try {
-      comm->allreduce(Buffer(*data));
+      comm->allreduce(Buffer(data));
     } catch (const TimeoutError& e) {
       message = e.what();
     }
@@ -52,7 +53,7 @@ TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
     EXPECT_LT(Clock::now() - again, std::chrono::milliseconds(100));
   }
   world().barrier();
-  if (late) comm->allreduce(Buffer(*data));  // completes the others' abandoned allreduce
+  if (late) comm->allreduce(Buffer(data));  // completes the others' abandoned allreduce
   world().barrier();
 }
 
@@ -60,9 +61,9 @@ TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
   if (world().size() < 2) GTEST_SKIP() << "needs a rank that does not come";
   auto comm = communicator_with_timeout(std::chrono::seconds(60));
   const bool late = comm->rank() == 0;
-  auto* data = new std::vector<std::int64_t>(10, 1);
+  static std::vector<std::int64_t> data(10, 1);  // alive until exit, as above
   if (!late) {
-    Work work = comm->allreduce_async(Buffer(*data));
+    Work work = comm->allreduce_async(Buffer(data));
     const auto start = Clock::now();
     EXPECT_FALSE(work.test());
     try {
@@ -77,7 +78,7 @@ TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
     EXPECT_FALSE(work.is_success());
   }
   world().barrier();
-  if (late) comm->allreduce(Buffer(*data));
+  if (late) comm->allreduce(Buffer(data));
   world().barrier();
 }
 
@@ -87,11 +88,11 @@ TEST(Timeout, InSharedMemoryNamesTheMissingRankAndTheLateRankIsToldToo) {
   if (!comm->shared_memory()) GTEST_SKIP() << "the ranks do not share memory here";
   const int late_rank = comm->size() - 1;
   const bool late = comm->rank() == late_rank;
-  // Never freed: a peer may still read an abandoned collective's slot.
-  auto* data = new std::vector<float>(1000, 1.0f);
+  // Static, so alive until exit: a peer may still read an abandoned collective's slot.
+  static std::vector<float> data(1000, 1.0f);
   if (!late) {
     try {
-      comm->allreduce(Buffer(*data));
+      comm->allreduce(Buffer(data));
       ADD_FAILURE() << "allreduce returned although rank " << late_rank << " never joined";
     } catch (const TimeoutError& e) {
       EXPECT_TRUE(contains(e.what(), "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms"))
@@ -104,7 +105,7 @@ TEST(Timeout, InSharedMemoryNamesTheMissingRankAndTheLateRankIsToldToo) {
   // Its peers gave up, so nobody will ever reduce its data: it hears so within its
   // own timeout instead of hanging.
   if (late) {
-    EXPECT_THROW(comm->allreduce(Buffer(*data)), TimeoutError);
+    EXPECT_THROW(comm->allreduce(Buffer(data)), TimeoutError);
   }
   world().barrier();
 }

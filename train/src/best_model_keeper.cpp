@@ -9,8 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
+#include "troupe/actors/detail/serialization.hpp"
 #include "troupe/error.hpp"
 #include "troupe/tensor/serialize.hpp"
 
@@ -78,9 +80,12 @@ void BestModelKeeper::write_file() const {
 BestModelFile BestModelKeeper::load_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TROUPE_CHECK(in.good(), "BestModelKeeper::load_file: cannot open '", path, "': ", std::strerror(errno));
+  // Read whole and parsed with every length bounded by the file's size, so a corrupt
+  // length prefix is a FormatError rather than a huge allocation.
+  const std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   BestModelFile file;
   try {
-    cereal::BinaryInputArchive archive(in);
+    actors::detail::SpanInputArchive archive(bytes);
     std::string magic;
     std::uint32_t version = 0;
     archive(magic);

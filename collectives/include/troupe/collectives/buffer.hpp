@@ -1,12 +1,16 @@
 // Buffer: how collectives see a tensor — a pointer, an element count, a dtype and the
-// device the memory lives on. It is a view: the caller owns the memory and keeps it
-// alive until the collective that uses it has completed (its Work finished).
+// device the memory lives on. A Buffer made from a Tensor shares its storage, and an
+// async collective holds its buffers until it completes, so a tensor dropped while
+// its collective runs stays valid (as PyTorch's Work keeps its tensors). A Buffer of
+// a raw pointer, vector or span is a plain view: its owner keeps the memory alive
+// until the Work completes.
 //
 // Collectives never look at shapes; a Tensor converts to a Buffer of all its elements.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,6 +28,7 @@ struct Buffer {
   std::size_t count = 0;  // elements, not bytes
   DType dtype = DType::f32;
   Device device = Device::cpu();
+  std::shared_ptr<const void> owner;  // a tensor's storage; null for a plain view
 
   Buffer() = default;
   Buffer(void* data, std::size_t count, DType dtype, Device device = Device::cpu())
@@ -42,7 +47,9 @@ struct Buffer {
   std::byte* bytes() const { return static_cast<std::byte*>(data); }
   // Elements [offset, offset + n) of this buffer.
   Buffer slice(std::size_t offset, std::size_t n) const {
-    return Buffer(bytes() + offset * tensor::element_size(dtype), n, dtype, device);
+    Buffer part(bytes() + offset * tensor::element_size(dtype), n, dtype, device);
+    part.owner = owner;
+    return part;
   }
 };
 

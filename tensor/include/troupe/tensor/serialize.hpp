@@ -8,6 +8,7 @@
 #include <cereal/cereal.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
+#include <cstdint>
 #include <string>
 
 #include "troupe/tensor/tensor.hpp"
@@ -27,9 +28,10 @@ void save(Archive& archive, const Tensor& t) {
 
 template <class Archive>
 void load(Archive& archive, Tensor& t) {
-  bool defined = false;
+  std::uint8_t defined = 0;  // written as a bool; read as a byte, since any byte may arrive
   archive(defined);
-  if (!defined) {
+  if (defined > 1) TROUPE_THROW(FormatError, "tensor deserialization: a defined flag of ", int{defined});
+  if (defined == 0) {
     t = Tensor();
     return;
   }

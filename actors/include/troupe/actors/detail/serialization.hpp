@@ -1,6 +1,6 @@
-// Byte streams for cereal's binary archives that write into and read from plain
-// buffers, so a message is serialized once, straight behind its header, and parsed
-// in place without copying into a std::stringstream.
+// cereal's binary archives over plain buffers: a message is serialized once,
+// straight behind its header, and parsed in place, every length bounded by the
+// bytes that arrived.
 #pragma once
 
 #include <cereal/archives/binary.hpp>
@@ -10,10 +10,14 @@
 #include <cereal/types/unordered_map.hpp>
 #include <cereal/types/utility.hpp>
 #include <cereal/types/vector.hpp>
+#include <cstdint>
+#include <cstring>
+#include <memory>
 #include <optional>
 #include <streambuf>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include "troupe/error.hpp"
 
@@ -40,16 +44,57 @@ class StringSink : public std::streambuf {
   std::string& out_;
 };
 
-// Reads from a fixed span of bytes; a read past the end comes back short, which
-// cereal reports as an exception (a truncated message), never as a crash.
-class SpanSource : public std::streambuf {
+// cereal's binary format, read straight from a message's bytes, with every length
+// checked before anything is allocated: a container, string or tensor announcing
+// more elements than bytes remain is refused (each element takes at least one byte
+// on the wire), so a forged length prefix costs an exception, not gigabytes.
+class SpanInputArchive : public cereal::InputArchive<SpanInputArchive, cereal::AllowEmptyClassElision> {
  public:
-  explicit SpanSource(std::string_view bytes) {
-    char* begin = const_cast<char*>(bytes.data());  // get area is read-only in practice
-    setg(begin, begin, begin + bytes.size());
+  explicit SpanInputArchive(std::string_view bytes)
+      : InputArchive(this), at_(bytes.data()), end_(bytes.data() + bytes.size()) {}
+
+  void loadBinary(void* data, std::size_t size) {
+    if (size > remaining())
+      throw cereal::Exception(concat("wants ", size, " more bytes, ", remaining(), " remain"));
+    if (size > 0) std::memcpy(data, at_, size);
+    at_ += size;
   }
-  std::size_t remaining() const { return static_cast<std::size_t>(egptr() - gptr()); }
+  void check_length(std::uint64_t elements) const {
+    if (elements > remaining())
+      throw cereal::Exception(concat("a length of ", elements, " with ", remaining(), " bytes remaining"));
+  }
+  std::size_t remaining() const { return static_cast<std::size_t>(end_ - at_); }
+
+ private:
+  const char* at_;
+  const char* end_;
 };
+
+template <class T>
+std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>> CEREAL_LOAD_FUNCTION_NAME(
+    SpanInputArchive& archive, T& value) {
+  archive.loadBinary(std::addressof(value), sizeof value);
+}
+// A byte other than 0 or 1 is not a bool (reading it as one is undefined behaviour).
+inline void CEREAL_LOAD_FUNCTION_NAME(SpanInputArchive& archive, bool& value) {
+  std::uint8_t byte = 0;
+  archive.loadBinary(&byte, 1);
+  if (byte > 1) throw cereal::Exception(concat("a bool of value ", int{byte}));
+  value = byte == 1;
+}
+template <class T>
+void CEREAL_SERIALIZE_FUNCTION_NAME(SpanInputArchive& archive, cereal::NameValuePair<T>& pair) {
+  archive(pair.value);
+}
+template <class T>
+void CEREAL_SERIALIZE_FUNCTION_NAME(SpanInputArchive& archive, cereal::SizeTag<T>& tag) {
+  archive(tag.size);
+  archive.check_length(static_cast<std::uint64_t>(tag.size));
+}
+template <class T>
+void CEREAL_LOAD_FUNCTION_NAME(SpanInputArchive& archive, cereal::BinaryData<T>& data) {
+  archive.loadBinary(data.data, static_cast<std::size_t>(data.size));
+}
 
 // A message whose bytes do not parse as what they should be.
 class BadMessage : public Error {
@@ -109,17 +154,23 @@ void append_serialized(std::string& out, const T&... values) {
 // Parses `values` from all of `bytes`; BadMessage if they are short or too long.
 template <class... T>
 void parse_exactly(std::string_view bytes, const char* what, T&... values) {
-  SpanSource source(bytes);
-  ReusedStream<std::istream> reused(&source);
-  std::istream& stream = reused.get();
+  SpanInputArchive archive(bytes);
   try {
-    cereal::BinaryInputArchive archive(stream);
     if constexpr (sizeof...(T) > 0) archive(values...);
   } catch (const std::exception& e) {
     throw BadMessage(concat(what, ": ", bytes.size(), " bytes do not deserialize (", e.what(), ")"));
   }
-  if (source.remaining() != 0)
-    throw BadMessage(concat(what, ": ", source.remaining(), " unexpected bytes after the arguments"));
+  if (archive.remaining() != 0)
+    throw BadMessage(concat(what, ": ", archive.remaining(), " unexpected bytes after the arguments"));
 }
 
 }  // namespace troupe::actors::detail
+
+// Types with load_minimal find the output archive that matches this input archive.
+namespace cereal::traits::detail {
+template <>
+struct get_output_from_input<troupe::actors::detail::SpanInputArchive> {
+  using type = cereal::BinaryOutputArchive;
+};
+}  // namespace cereal::traits::detail
+CEREAL_REGISTER_ARCHIVE(troupe::actors::detail::SpanInputArchive)
