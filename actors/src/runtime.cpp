@@ -104,7 +104,8 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
                                                      options_.liveness_timeout,
       [this](int r, const std::string& why) { on_rank_lost(r, why); });
   transport_ = std::make_unique<detail::Transport>(
-      actors, [this](detail::Message m) { handle(std::move(m)); }, *scheduler_, liveness_.get(), options_.threads == 0);
+      actors, [this](detail::Message m) { handle(std::move(m)); }, *scheduler_, liveness_.get(), options_.threads == 0,
+      options_.attachment_timeout);
   scheduler_->start();
   transport_->start();
   liveness_->start();

@@ -31,9 +31,9 @@ thread_local bool t_receiving = false;
 }  // namespace
 
 Transport::Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
-                     bool runs_actor_calls)
+                     bool runs_actor_calls, std::chrono::milliseconds attachment_timeout)
     : comm_(comm), deliver_(std::move(deliver)), scheduler_(scheduler), runs_actor_calls_(runs_actor_calls),
-      liveness_(liveness) {}
+      liveness_(liveness), attachment_timeout_(attachment_timeout) {}
 
 void Transport::wake() {
   // Taking the lock orders this wake after a sleeper's check of its condition, so
@@ -50,7 +50,10 @@ void Transport::idle_wait(Clock::duration period, const std::function<bool()>& d
   idle_cv_.wait_for(lock, period, [&] { return done() || (runs_actor_calls_ && scheduler_.has_ready()); });
 }
 
-Transport::~Transport() { stop(); }
+Transport::~Transport() {
+  stop();
+  cancel_held();
+}
 
 void Transport::start() {
   thread_ = std::thread([this] {
@@ -71,9 +74,6 @@ void Transport::stop() {
 }
 
 namespace {
-std::size_t align_attached(std::size_t offset) {
-  return (offset + kAttachedAlignment - 1) / kAttachedAlignment * kAttachedAlignment;
-}
 
 // Sends `message` and `attachments` as one MPI message, each piece straight from its
 // own buffer (an hindexed datatype over absolute addresses), attachments padded to
@@ -166,115 +166,6 @@ void Transport::send(int destination, std::string& message, const std::vector<By
   sent_.fetch_add(1, std::memory_order_relaxed);
 }
 
-Bytes BufferPool::acquire(std::size_t size) {
-  // Class c holds buffers of 2^c bytes; small ones are not worth pooling.
-  constexpr std::size_t kMinClass = 16, kMaxKept = 4;
-  std::size_t cls = kMinClass;
-  while ((std::size_t{1} << cls) < size) ++cls;
-  std::unique_ptr<std::byte[]> buffer;
-  {
-    std::lock_guard lock(mutex_);
-    if (free_.size() <= cls) free_.resize(cls + 1);
-    if (!free_[cls].empty()) {
-      buffer = std::move(free_[cls].back());
-      free_[cls].pop_back();
-    }
-  }
-  if (!buffer) buffer.reset(new std::byte[std::size_t{1} << cls]);  // uninitialised on purpose
-  std::byte* data = buffer.get();
-  std::shared_ptr<const void> owner(buffer.release(), [pool = shared_from_this(), cls](const void* p) {
-    std::unique_ptr<std::byte[]> back(static_cast<std::byte*>(const_cast<void*>(p)));
-    std::lock_guard lock(pool->mutex_);
-    if (pool->free_[cls].size() < kMaxKept) pool->free_[cls].push_back(std::move(back));
-  });
-  return Bytes(std::move(owner), data, size);
-}
-
-namespace {
-bool dropped(const Message& message, const std::string& why) {
-  std::fprintf(stderr, "troupe: dropped a message with attachments from rank %d: %s\n", message.source, why.c_str());
-  return false;
-}
-}  // namespace
-
-bool split_attached(Message& message, const Bytes& whole) {
-  Header h;
-  std::memcpy(&h, whole.data(), sizeof h);
-  const std::size_t table = (h.attachments + std::size_t{1}) * sizeof(std::uint64_t);
-  if (whole.size() < sizeof h + table) return dropped(message, "its size table is cut short");
-  std::uint64_t end = 0;
-  std::memcpy(&end, whole.data() + sizeof h + h.attachments * sizeof end, sizeof end);
-  if (end < sizeof h + table || end > whole.size())
-    return dropped(message, "its payload claims to end at byte " + std::to_string(end) + " of " +
-                                std::to_string(whole.size()));
-  std::size_t offset = static_cast<std::size_t>(end);
-  for (std::size_t i = 0; i < h.attachments; ++i) {
-    std::uint64_t size = 0;
-    std::memcpy(&size, whole.data() + sizeof h + i * sizeof size, sizeof size);
-    offset = align_attached(offset);
-    if (offset > whole.size() || size > whole.size() - offset)
-      return dropped(message, "attachment " + std::to_string(i) + " of " + std::to_string(size) + " bytes at byte " +
-                                  std::to_string(offset) + " runs past the message's " + std::to_string(whole.size()));
-    message.attachments.push_back(whole.slice(offset, static_cast<std::size_t>(size)));
-    offset += static_cast<std::size_t>(size);
-  }
-  if (offset != whole.size())
-    return dropped(message, std::to_string(whole.size() - offset) + " bytes follow its last attachment");
-  const auto* bytes = reinterpret_cast<const char*>(whole.data());
-  message.bytes.reserve(static_cast<std::size_t>(end) - table);
-  message.bytes.assign(bytes, sizeof h);
-  message.bytes.append(bytes + sizeof h + table, static_cast<std::size_t>(end) - sizeof h - table);
-  return true;
-}
-
-bool Transport::receive_attachments(Message& message) {
-  Header h;
-  std::memcpy(&h, message.bytes.data(), sizeof h);
-  const std::size_t table = h.attachments * sizeof(std::uint64_t);
-  auto drop = [&](const std::string& why) { return dropped(message, why); };
-  if (message.bytes.size() < sizeof h + table) return drop("its size table is cut short");
-  if (h.attachment_tag < static_cast<std::uint32_t>(kFirstAttachmentTag) ||
-      h.attachment_tag >= static_cast<std::uint32_t>(kFirstAttachmentTag + kAttachmentTags))
-    return drop("attachment tag " + std::to_string(h.attachment_tag) + " is out of range");
-  const int tag = static_cast<int>(h.attachment_tag);
-  // The sender sends attachments right after the message; a sender that never does
-  // must not stall this rank's receiving for ever.
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  for (std::size_t i = 0; i < h.attachments; ++i) {
-    std::uint64_t size = 0;
-    std::memcpy(&size, message.bytes.data() + sizeof h + i * sizeof size, sizeof size);
-    if (size > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
-      return drop("attachment " + std::to_string(i) + " claims " + std::to_string(size) + " bytes");
-    // A receive posted with the announced size (rather than probe + matched receive)
-    // lets Open MPI's shared-memory transport copy once, straight from the sender's
-    // buffer: a 16 MB round trip took 2.8x raw MPI with Improbe/Mrecv.
-    Bytes buffer = pool_->acquire(static_cast<std::size_t>(size));
-    MPI_Request request;
-    MPI_Status status;
-    TROUPE_MPI_CHECK(MPI_Irecv(const_cast<std::byte*>(buffer.data()), static_cast<int>(size), MPI_BYTE,
-                               message.source, tag, comm_, &request));
-    for (int flag = 0; !flag;) {
-      if (MPI_Test(&request, &flag, &status) != MPI_SUCCESS) {
-        return drop("attachment " + std::to_string(i) + " does not fit the " + std::to_string(size) +
-                    " bytes its table announced");
-      }
-      if (!flag && Clock::now() > deadline) {
-        MPI_Cancel(&request);
-        MPI_Request_free(&request);
-        return drop("attachment " + std::to_string(i) + " never arrived");
-      }
-    }
-    int count = 0;
-    TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &count));
-    if (static_cast<std::uint64_t>(count) != size)
-      return drop("attachment " + std::to_string(i) + " has " + std::to_string(count) + " bytes, the table says " +
-                  std::to_string(size));
-    message.attachments.push_back(std::move(buffer));
-  }
-  message.bytes.erase(sizeof h, table);
-  return true;
-}
-
 bool Transport::receive_some() {
   std::unique_lock lock(receive_mutex_, std::try_to_lock);
   if (!lock) return false;
@@ -310,15 +201,25 @@ bool Transport::receive_some() {
                                                 : std::string_view(reinterpret_cast<const char*>(whole.data()), whole.size());
     Header h;
     if (view.size() >= sizeof h) std::memcpy(&h, view.data(), sizeof h);
+    any = true;
     if (view.size() >= sizeof h && h.magic == kMagic && h.attachments > 0 && h.attachment_tag == kAttachedTag) {
       if (!split_attached(message, whole.empty() ? Bytes::copy_of(view.data(), view.size()) : whole)) continue;
     } else {
       if (!whole.empty()) message.bytes.assign(view);
-      if (view.size() >= sizeof h && h.magic == kMagic && h.attachments > 0 && !receive_attachments(message)) continue;
+      if (view.size() >= sizeof h && h.magic == kMagic && h.attachments > 0) {
+        hold(std::move(message));
+        continue;
+      }
+    }
+    if (const auto queue = held_.find(message.source); queue != held_.end()) {
+      queue->second.push_back(Held{std::move(message)});  // behind its sender's held message
+      continue;
     }
     deliver_(std::move(message));
-    any = true;
   }
+  // Held messages keep the caller polling (the progress thread hot), as a receive
+  // would have while it waited.
+  if (!held_.empty()) any = advance_held() || any;
   return any;
 }
 

@@ -17,7 +17,9 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -59,8 +61,9 @@ class Transport final : public Progress {
   // its sender alive, even one that kept the heartbeats waiting.
   // `runs_actor_calls`: there are no pool threads, so the progress thread runs every
   // actor call itself (RuntimeOptions::threads == 0).
+  // `attachment_timeout`: RuntimeOptions::attachment_timeout.
   Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
-            bool runs_actor_calls = false);
+            bool runs_actor_calls = false, std::chrono::milliseconds attachment_timeout = std::chrono::seconds(10));
   ~Transport() override;
 
   void start();
@@ -106,9 +109,27 @@ class Transport final : public Progress {
   // actor call instead if one is posted meanwhile.
   void idle_wait(Clock::duration period, const std::function<bool()>& done);
   bool receive_some();
-  // Receives the attachments announced by `message`'s header; false (with a log line)
-  // when they are malformed or do not arrive.
-  bool receive_attachments(Message& message);
+
+  // A message waiting for its attachments (separate MPI messages), or held behind one
+  // from the same sender that is: per-sender order holds, and the receiving thread
+  // never waits on a sender. Touched only by the receiving thread.
+  struct Held {
+    Message message;
+    std::vector<std::uint64_t> sizes{};  // its attachments' sizes (empty: complete)
+    int tag = 0;
+    std::size_t next = 0;  // the attachment being received
+    MPI_Request request = MPI_REQUEST_NULL;
+    Bytes buffer{};
+    Clock::time_point deadline{};  // for the next attachment to begin arriving
+  };
+  enum class HeldState { ready, waiting, dropped };
+  // Reads `message`'s size table and holds it; false (with a log line) if malformed.
+  bool hold(Message message);
+  // Posts, tests and checks the next attachments of `held` without blocking.
+  HeldState advance(Held& held);
+  // Delivers what is complete, in order per sender; true while anything is held.
+  bool advance_held();
+  void cancel_held();
 
   MPI_Comm comm_;
   Deliver deliver_;
@@ -128,6 +149,8 @@ class Transport final : public Progress {
   PeerLiveness* liveness_;
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
   std::atomic<std::uint32_t> next_attachment_tag_{0};
+  const std::chrono::milliseconds attachment_timeout_;
+  std::map<int, std::deque<Held>> held_;  // by sender
   // wait_request(): one waiter at a time; the request the progress thread tests.
   std::mutex request_waiter_mutex_;
   std::mutex watch_mutex_;

@@ -54,6 +54,11 @@ inline constexpr std::uint32_t kAttachedTag = 0;
 inline constexpr std::size_t kAttachedAlignment = 64;
 inline constexpr std::size_t kAttachedLimit = 256 * 1024;
 
+// Where an attachment within a message starts: the next multiple of kAttachedAlignment.
+inline std::size_t align_attached(std::size_t offset) {
+  return (offset + kAttachedAlignment - 1) / kAttachedAlignment * kAttachedAlignment;
+}
+
 // Parses the header of `bytes`; returns an explanation when it is not one of ours.
 inline std::string read_header(std::string_view bytes, Header& h) {
   if (bytes.size() < sizeof(Header)) return "message of " + std::to_string(bytes.size()) + " bytes is shorter than a header";

@@ -1,4 +1,6 @@
+#include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "actors_fixture.hpp"
 #include "../../actors/src/wire.hpp"
@@ -117,6 +119,39 @@ TEST(Bytes, AMessageCarryingAttachmentsItDoesNotHoldIsDroppedAndTheRankGoesOn) {
     };
     for (const std::string& forged : cases) runtime().send_raw(last_rank(), forged);
     EXPECT_TRUE(store.ask(&Store::echo, pattern(100000, 1)).get() == pattern(100000, 1));
+  }
+  barrier();
+}
+
+// A message announcing an attachment (an MPI message of its own) that never comes: the
+// receiving rank goes on receiving from other ranks, drops it after
+// RuntimeOptions::attachment_timeout (3 s in these tests, main.cpp), and its sender's
+// later messages, held behind it to keep their order, arrive then.
+TEST(Bytes, AMessageWhoseAttachmentNeverArrivesIsDroppedWithoutStallingOtherSenders) {
+  using namespace std::chrono_literals;
+  if (runtime().size() < 2) GTEST_SKIP() << "needs a sender and a receiver";
+  if (runtime().rank() == 0) runtime().spawn_with<Store>(last_rank(), {"awaits-attachments"});
+  barrier();
+  auto store = runtime().lookup<Store>("awaits-attachments");
+  barrier();
+  const auto start = std::chrono::steady_clock::now();
+  if (runtime().rank() == 0) {
+    std::string forged = Runtime::new_message();
+    actors::detail::Header h;
+    h.kind = actors::detail::Kind::tell;
+    h.attachments = 1;
+    h.attachment_tag = actors::detail::kFirstAttachmentTag + actors::detail::kAttachmentTags - 1;
+    actors::detail::write_header(forged, h);
+    const std::uint64_t size = 1 << 20;
+    forged.append(reinterpret_cast<const char*>(&size), sizeof size);
+    runtime().send_raw(last_rank(), forged);
+    EXPECT_EQ(store.ask(&Store::kept_size).get(), 0u);  // waited behind the dropped message
+    EXPECT_GE(std::chrono::steady_clock::now() - start, 2500ms);
+  } else if (runtime().rank() != last_rank()) {
+    std::this_thread::sleep_for(200ms);  // rank 0's message is held by now
+    const auto asked = std::chrono::steady_clock::now();
+    EXPECT_EQ(store.ask(&Store::kept_size).get(), 0u);
+    EXPECT_LT(std::chrono::steady_clock::now() - asked, 2000ms) << "another sender's message was held up";
   }
   barrier();
 }

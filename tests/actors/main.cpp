@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
   // --threads N: the same tests with RuntimeOptions::threads = N (0: no pool threads,
   // methods run on the progress thread).
   troupe::RuntimeOptions options;
+  options.attachment_timeout = std::chrono::seconds(3);  // bytes_test drops a message after it
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--threads") options.threads = std::stoi(argv[i + 1]);
   }

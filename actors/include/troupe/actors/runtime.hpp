@@ -64,6 +64,11 @@ struct RuntimeOptions {
   // One second beats mpirun, which tears a job down 1.5-2.6 s after a rank dies.
   std::chrono::milliseconds heartbeat_period{100};
   std::chrono::milliseconds liveness_timeout{1000};
+  // A message whose attachments travel as MPI messages of their own (above 256 KB) is
+  // dropped, with a log line, when the next of them has not begun to arrive within
+  // this long. Meanwhile the rank goes on receiving from other ranks; its sender's
+  // later messages wait behind it, keeping per-sender order.
+  std::chrono::milliseconds attachment_timeout{10000};
 };
 
 
