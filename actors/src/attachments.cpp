@@ -107,14 +107,14 @@ Transport::HeldState Transport::advance(Held& held) {
   const int source = held.message.source;
   while (held.next < held.sizes.size()) {
     const std::uint64_t size = held.sizes[held.next];
-    const std::string which = "attachment " + std::to_string(held.next);
+    const auto which = [&] { return "attachment " + std::to_string(held.next); };
     if (held.request == MPI_REQUEST_NULL) {
       int arrived = 0;
       MPI_Status status;
       TROUPE_MPI_CHECK(MPI_Iprobe(source, held.tag, comm_, &arrived, &status));
       if (!arrived) {
         if (Clock::now() < held.deadline) return HeldState::waiting;
-        dropped(held.message, which + " did not arrive within " + std::to_string(attachment_timeout_.count()) + " ms");
+        dropped(held.message, which() + " did not arrive within " + std::to_string(attachment_timeout_.count()) + " ms");
         return HeldState::dropped;
       }
       int count = 0;
@@ -127,7 +127,7 @@ Transport::HeldState Transport::advance(Held& held) {
           std::vector<std::byte> discard(static_cast<std::size_t>(count));
           TROUPE_MPI_CHECK(MPI_Mrecv(discard.data(), count, MPI_BYTE, &handle, &status));
         }
-        dropped(held.message, which + " has " + std::to_string(count) + " bytes, the table says " + std::to_string(size));
+        dropped(held.message, which() + " has " + std::to_string(count) + " bytes, the table says " + std::to_string(size));
         return HeldState::dropped;
       }
       held.buffer = pool_->acquire(static_cast<std::size_t>(size));
