@@ -103,9 +103,9 @@ class BadMessage : public Error {
 };
 
 // A stream object for this thread, pointed at a new buffer for each message:
-// constructing a std::ostream/istream (its locale) costs about 80 ns, four times per
-// round trip. A nested use on the same thread (a type whose serialization serializes
-// another message) gets a fresh one.
+// constructing a std::ostream (its locale) costs about 80 ns, twice per round trip
+// (reading needs no stream: SpanInputArchive). A nested use on the same thread (a
+// type whose serialization serializes another message) gets a fresh one.
 template <class Stream>
 class ReusedStream {
  public:
