@@ -7,12 +7,15 @@
 #include <limits>
 #include <vector>
 
+#include "cuda/cuda_backend.hpp"
 #include "philox.hpp"
 #include "troupe/error.hpp"
 
 namespace troupe::tensor {
 
 namespace {
+
+constexpr std::int64_t kMaxCudaHeadDim = 128;
 
 struct Dims {
   std::int64_t batch, time, channels, heads, head_dim;
@@ -21,15 +24,21 @@ struct Dims {
 Dims check_qkv(const Tensor& qkv, std::int64_t n_head, const char* op) {
   TROUPE_CHECK(qkv.defined() && qkv.dim() == 3, op, ": qkv must be [B, T, 3C], got ",
                qkv.defined() ? to_string(qkv.shape()) : std::string("an undefined tensor"));
-  TROUPE_CHECK(qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64, op, ": qkv must be f32 or f64, got ",
-               qkv.dtype());
-  TROUPE_CHECK(!qkv.device().is_cuda(), op, ": attention on CUDA is not implemented yet (CPU only)");
+  TROUPE_CHECK(qkv.dtype() == DType::f32 || qkv.dtype() == DType::f64 || qkv.dtype() == DType::bf16, op,
+               ": qkv must be f32, f64 or bf16, got ", qkv.dtype());
   const std::int64_t three_c = qkv.size(2);
   TROUPE_CHECK(three_c % 3 == 0, op, ": qkv's last dimension (", three_c, ") is not 3C");
   const std::int64_t c = three_c / 3;
   TROUPE_CHECK(n_head > 0 && c % n_head == 0, op, ": n_head ", n_head, " does not divide the embedding size ", c);
+  TROUPE_CHECK(qkv.device().is_cpu() || c / n_head <= kMaxCudaHeadDim, op, ": head size ", c / n_head,
+               " (n_embd ", c, " / n_head ", n_head, ") is above the ", kMaxCudaHeadDim, " the CUDA kernels hold");
   return {qkv.size(0), qkv.size(1), c, n_head, c / n_head};
 }
+
+// The statistics' dtype: f64 for f64 tensors, f32 for the others.
+DType statistics_dtype(DType dtype) { return dtype == DType::f64 ? DType::f64 : DType::f32; }
+
+cuda_backend::AttentionShape shape_of(const Dims& d) { return {d.batch, d.time, d.channels, d.heads, d.head_dim}; }
 
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, double beta, float* c, std::int64_t ldc) {
@@ -65,17 +74,22 @@ struct DropoutMask {
   }
 };
 
+// One Philox word per score of the full T x T square of every head.
+void reserve_dropout(AttentionForward& f, const Dims& d, double dropout_p, Generator& gen) {
+  f.dropout_p = dropout_p;
+  if (dropout_p > 0) {
+    f.seed = gen.seed();
+    f.offset = gen.reserve(static_cast<std::uint64_t>((d.batch * d.heads * d.time * d.time + 3) / 4));
+  }
+}
+
 template <class T>
 AttentionForward forward_cpu(const Tensor& qkv, const Dims& d, double dropout_p, Generator& gen) {
   const std::int64_t B = d.batch, L = d.time, C = d.channels, H = d.heads, D = d.head_dim;
   AttentionForward f;
   f.out = Tensor::empty({B, L, C}, qkv.dtype());
   f.log_sum_exp = Tensor::empty({B, H, L}, qkv.dtype());
-  f.dropout_p = dropout_p;
-  if (dropout_p > 0) {
-    f.seed = gen.seed();
-    f.offset = gen.reserve(static_cast<std::uint64_t>((B * H * L * L + 3) / 4));
-  }
+  reserve_dropout(f, d, dropout_p, gen);
   const DropoutMask<T> mask{dropout_p, f.seed, f.offset, L};
   const T* base = qkv.data<T>();
   T* out = f.out.data<T>();
@@ -179,8 +193,22 @@ AttentionForward causal_attention_forward(const Tensor& qkv, std::int64_t n_head
   const Dims d = check_qkv(qkv, n_head, "causal_attention_forward");
   TROUPE_CHECK(dropout_p >= 0 && dropout_p < 1, "causal_attention_forward: dropout must be in [0, 1), got ",
                dropout_p);
+  if (qkv.device().is_cuda()) {
+    AttentionForward f;
+    f.out = Tensor::empty({d.batch, d.time, d.channels}, qkv.dtype(), qkv.device());
+    f.log_sum_exp = Tensor::empty({d.batch, d.heads, d.time}, statistics_dtype(qkv.dtype()), qkv.device());
+    reserve_dropout(f, d, dropout_p, gen);
+    if (qkv.numel() > 0)
+      cuda_backend::attention_forward(qkv.dtype(), qkv.raw_data(), shape_of(d), {f.dropout_p, f.seed, f.offset},
+                                      f.out.raw_data(), f.log_sum_exp.raw_data());
+    return f;
+  }
   if (qkv.dtype() == DType::f64) return forward_cpu<double>(qkv, d, dropout_p, gen);
-  return forward_cpu<float>(qkv, d, dropout_p, gen);
+  if (qkv.dtype() == DType::f32) return forward_cpu<float>(qkv, d, dropout_p, gen);
+  // bf16 on the CPU: computed in f32, the output rounded back (as the CUDA kernels do).
+  AttentionForward f = forward_cpu<float>(qkv.to(DType::f32), d, dropout_p, gen);
+  f.out = f.out.to(qkv.dtype());
+  return f;
 }
 
 Tensor causal_attention_backward(const Tensor& grad_out, const Tensor& qkv, const AttentionForward& forward,
@@ -191,11 +219,28 @@ Tensor causal_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
                "causal_attention_backward: grad_out must be ", qkv.dtype(), " ",
                to_string(Shape({d.batch, d.time, d.channels})), ", got ",
                grad_out.defined() ? to_string(grad_out.shape()) : std::string("an undefined tensor"));
-  TROUPE_CHECK(forward.log_sum_exp.defined() && forward.log_sum_exp.shape() == Shape({d.batch, d.heads, d.time}),
+  TROUPE_CHECK(forward.log_sum_exp.defined() && forward.log_sum_exp.shape() == Shape({d.batch, d.heads, d.time}) &&
+                   forward.log_sum_exp.dtype() == statistics_dtype(qkv.dtype()),
                "causal_attention_backward: the forward's saved statistics do not match qkv ",
-               to_string(qkv.shape()));
+               to_string(qkv.shape()), " ", qkv.dtype());
+  TROUPE_CHECK(grad_out.device() == qkv.device() && forward.log_sum_exp.device() == qkv.device(),
+               "causal_attention_backward: qkv is on ", qkv.device(), ", grad_out on ", grad_out.device(),
+               ", the forward's statistics on ", forward.log_sum_exp.device());
+  if (qkv.device().is_cuda()) {
+    TROUPE_CHECK(forward.out.defined() && forward.out.shape() == grad_out.shape() && forward.out.device() == qkv.device(),
+                 "causal_attention_backward: the forward's output is missing (CUDA's backward reads it)");
+    Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
+    Tensor delta = Tensor::empty({d.batch, d.heads, d.time}, statistics_dtype(qkv.dtype()), qkv.device());
+    if (qkv.numel() > 0)
+      cuda_backend::attention_backward(qkv.dtype(), qkv.raw_data(), forward.out.raw_data(), grad_out.raw_data(),
+                                       forward.log_sum_exp.raw_data(), shape_of(d),
+                                       {forward.dropout_p, forward.seed, forward.offset}, delta.raw_data(),
+                                       dqkv.raw_data());
+    return dqkv;
+  }
   if (qkv.dtype() == DType::f64) return backward_cpu<double>(grad_out, qkv, forward, d);
-  return backward_cpu<float>(grad_out, qkv, forward, d);
+  if (qkv.dtype() == DType::f32) return backward_cpu<float>(grad_out, qkv, forward, d);
+  return backward_cpu<float>(grad_out.to(DType::f32), qkv.to(DType::f32), forward, d).to(qkv.dtype());
 }
 
 }  // namespace troupe::tensor

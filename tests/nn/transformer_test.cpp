@@ -79,6 +79,20 @@ TEST(CausalSelfAttention, BadShapesAreNamed) {
   EXPECT_THROW(tensor::causal_attention_forward(Tensor::zeros({1, 2, 10}), 2, 0.0, g2), InvalidArgument);
 }
 
+// bf16 (the GPT's --precision bf16) runs in f32 on the CPU and rounds the results.
+TEST(CausalSelfAttention, Bf16IsComputedInF32AndRounded) {
+  Generator gen(9), g1(1), g2(1);
+  const Tensor qkv = tensor::normal({2, 9, 24}, 0, 1, gen, DType::bf16);
+  const Tensor gy = tensor::normal({2, 9, 8}, 0, 1, gen, DType::bf16);
+  const auto low = tensor::causal_attention_forward(qkv, 2, 0.0, g1);
+  const auto wide = tensor::causal_attention_forward(qkv.to(DType::f32), 2, 0.0, g2);
+  EXPECT_EQ(low.out.dtype(), DType::bf16);
+  EXPECT_TRUE(tensor::equal(low.out, wide.out.to(DType::bf16)));
+  const Tensor d_low = tensor::causal_attention_backward(gy, qkv, low, 2);
+  const Tensor d_wide = tensor::causal_attention_backward(gy.to(DType::f32), qkv.to(DType::f32), wide, 2);
+  EXPECT_TRUE(tensor::equal(d_low, d_wide.to(DType::bf16)));
+}
+
 TEST(GPT, HasNanoGPTsNamesWithTheHeadTiedToTheTokenTable) {
   GPT model(tiny_config(), 1);
   std::vector<std::string> names;

@@ -54,6 +54,13 @@ void scatter_add_rows(DType, void*, const std::int64_t*, const std::int64_t*, co
                       std::int64_t, const void*) {
   absent("cuda scatter_add_rows");
 }
+void attention_forward(DType, const void*, const AttentionShape&, const AttentionDropout&, void*, void*) {
+  absent("cuda causal attention");
+}
+void attention_backward(DType, const void*, const void*, const void*, const void*, const AttentionShape&,
+                        const AttentionDropout&, void*, void*) {
+  absent("cuda causal attention backward");
+}
 void adam_steps(const AdamList&) { absent("cuda fused Adam"); }
 void sgd_steps(const SgdList&) { absent("cuda fused SGD"); }
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,

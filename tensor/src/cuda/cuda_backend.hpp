@@ -122,6 +122,21 @@ void gather_rows(DType dtype, const void* table, const std::int64_t* idx, std::i
 void scatter_add_rows(DType dtype, void* dst, const std::int64_t* rows, const std::int64_t* offsets,
                       const std::int64_t* positions, std::int64_t distinct, std::int64_t dim, const void* src);
 
+// ---- causal self-attention (cuda_attention.cu; tensor/attention.hpp's contract) ----
+struct AttentionShape {
+  std::int64_t batch, time, channels, heads, head_dim;  // head_dim <= 128
+};
+struct AttentionDropout {
+  double p = 0;  // 0: none
+  std::uint64_t seed = 0, offset = 0;
+};
+// qkv [B, T, 3C] -> out [B, T, C] and lse [B, H, T] (f64 for f64 tensors, else f32).
+void attention_forward(DType dtype, const void* qkv, const AttentionShape& shape, const AttentionDropout& dropout,
+                       void* out, void* lse);
+// grad_qkv [B, T, 3C] from grad_out [B, T, C]; delta is [B, H, T] of lse's type, scratch.
+void attention_backward(DType dtype, const void* qkv, const void* out, const void* grad_out, const void* lse,
+                        const AttentionShape& shape, const AttentionDropout& dropout, void* delta, void* grad_qkv);
+
 // ---- memory (cuda_memory.cpp) ----
 CachingAllocator::Stats memory_stats(int device);
 void empty_cache();

@@ -14,7 +14,11 @@
 // position), so the backward regenerates the same mask instead of storing it.
 //
 // CPU: per (batch, head) two OpenBLAS gemms forward and four backward over one
-// reused T x T scratch. f32 and f64. CUDA: not implemented yet (an error says so).
+// reused T x T scratch; f32 and f64, bf16 computed in f32. CUDA (cuda_attention.cu):
+// one fused kernel forward (online softmax) and two backward (dq, then dk and dv,
+// so that no gradient is summed with atomics and every run gives the same bits); f32,
+// f64, bf16 (f32 accumulation); head size up to 128. Both devices draw the same
+// dropout mask.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +30,7 @@ namespace troupe::tensor {
 
 struct AttentionForward {
   Tensor out;            // [B, T, C], qkv's dtype
-  Tensor log_sum_exp;    // f32/f64 [B, n_head, T]: each row's logsumexp of the scaled, masked scores
+  Tensor log_sum_exp;    // [B, n_head, T], f64 for f64 qkv, else f32: each row's logsumexp of the scaled, masked scores
   double dropout_p = 0;  // the probability the forward dropped with (0: none)
   std::uint64_t seed = 0, offset = 0;  // where its dropout mask was drawn
 };

@@ -1,0 +1,190 @@
+// gpu_gpt_bench: issue 24's GPU figures, on one CUDA device.
+//
+//   build/bench/gpu_gpt_bench [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N]
+//
+// 1. Causal attention, forward + backward (tensor/attention.hpp's fused kernels) on
+//    GPT-2 small's shapes: batch 8, T = 1024, 12 heads of 64, qkv [B, T, 3C] as
+//    c_attn writes it. The baseline is torch's scaled_dot_product_attention
+//    (bench/torch_gpu_gpt.py: its flash backend in bf16; f32, which flash does not
+//    take, gets its memory-efficient backend).
+// 2. A GPT-2-small-shaped training step: 12 layers, 12 heads, C = 768, T = 1024,
+//    V = 50257 (124M parameters, lm_head tied), dropout 0; zero_grad, forward,
+//    cross-entropy over (B, T, V), backward, clipping at 1.0, AdamW (0.9/0.95, decay
+//    0.1 on matrices), on 2 resident batches of random ids. bf16 is troupe's mixed
+//    precision (a bf16 model stepping f32 master weights) against torch's autocast.
+//
+// Timing: --steps calls between two device synchronisations, after 3 warm-up calls;
+// the median of --repeats. Output: a JSON list, one object per case.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_main.hpp"
+#include "troupe/error.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/clip.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/tensor/attention.hpp"
+#include "troupe/tensor/cuda_memory.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+#include "troupe/train/master_weights.hpp"
+
+using namespace troupe;
+using tensor::Device;
+using tensor::DType;
+using tensor::Tensor;
+
+namespace {
+
+struct Flags {
+  std::vector<std::string> precisions;
+  std::int64_t batch = 8;
+  int repeats = 5, steps = 5;
+};
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw InvalidArgument("gpu_gpt_bench: " + flag + " needs a value");
+    const std::string value = argv[++i];
+    try {
+      if (flag == "--precision") f.precisions.push_back(value);
+      else if (flag == "--batch") f.batch = std::stoll(value);
+      else if (flag == "--repeats") f.repeats = std::stoi(value);
+      else if (flag == "--steps") f.steps = std::stoi(value);
+      else throw InvalidArgument("gpu_gpt_bench: unknown flag " + flag);
+    } catch (const std::logic_error&) {
+      throw InvalidArgument("gpu_gpt_bench: bad value '" + value + "' for " + flag);
+    }
+  }
+  if (f.precisions.empty()) f.precisions = {"f32", "bf16"};
+  for (const auto& p : f.precisions)
+    if (p != "f32" && p != "bf16") throw InvalidArgument("gpu_gpt_bench: --precision is f32 or bf16, got " + p);
+  if (f.batch < 1 || f.repeats < 1 || f.steps < 1)
+    throw InvalidArgument("gpu_gpt_bench: --batch, --repeats and --steps must be >= 1");
+  return f;
+}
+
+// The median of `repeats` timings of `steps` calls of f, in milliseconds per call.
+double median_ms_per_call(const std::function<void()>& f, int repeats, int steps) {
+  for (int i = 0; i < 3; ++i) f();
+  tensor::cuda_synchronize();
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) f();
+    tensor::cuda_synchronize();
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps);
+  }
+  std::sort(times.begin(), times.end());
+  return times[(times.size() - 1) / 2];  // the lower median, as the baseline's median_low
+}
+
+const nn::GPTConfig kGpt2Small{.block_size = 1024, .vocab_size = 50257, .n_layer = 12, .n_head = 12, .n_embd = 768};
+
+double time_attention(DType dtype, const Flags& flags) {
+  const std::int64_t B = flags.batch, T = kGpt2Small.block_size, H = kGpt2Small.n_head, C = kGpt2Small.n_embd;
+  tensor::Generator gen(0);
+  const Tensor qkv = tensor::normal({B, T, 3 * C}, 0, 1, gen, dtype, Device::cuda());
+  const Tensor gy = tensor::normal({B, T, C}, 0, 1, gen, dtype, Device::cuda());
+  return median_ms_per_call(
+      [&] {
+        const auto f = tensor::causal_attention_forward(qkv, H, 0.0, gen);
+        tensor::causal_attention_backward(gy, qkv, f, H);
+      },
+      flags.repeats, flags.steps);
+}
+
+Tensor random_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, std::mt19937_64& rng) {
+  Tensor ids = Tensor::empty({batch, time}, DType::i64);
+  for (std::int64_t i = 0; i < batch * time; ++i)
+    ids.data<std::int64_t>()[i] = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(vocab));
+  return ids;
+}
+
+struct StepResult {
+  double step_ms = 0, loss = 0;
+  std::int64_t params = 0;
+};
+
+StepResult time_step(DType dtype, const Flags& flags) {
+  nn::GPT model(kGpt2Small, 0);
+  if (dtype == DType::bf16) model.to(DType::bf16);
+  model.to(Device::cuda());
+  std::unique_ptr<train::MasterWeights> master =
+      dtype == DType::bf16 ? std::make_unique<train::MasterWeights>(model) : nullptr;
+  nn::AdamW opt(master ? master->named_parameters() : model.named_parameters(), 6e-4, {0.9, 0.95}, 1e-8, 0.1);
+  opt.set_weight_decay_filter(nn::decay_matrices_only);
+  nn::CrossEntropyLoss loss_fn;
+  std::mt19937_64 rng(1);
+  std::vector<std::pair<Tensor, Tensor>> batches;
+  for (int i = 0; i < 2; ++i) {
+    Tensor x = random_ids(flags.batch, kGpt2Small.block_size, kGpt2Small.vocab_size, rng);
+    batches.emplace_back(x, random_ids(flags.batch, kGpt2Small.block_size, kGpt2Small.vocab_size, rng).to(Device::cuda()));
+  }
+  std::size_t n = 0;
+  Tensor loss;
+  auto step = [&] {
+    const auto& [x, y] = batches[n++ % batches.size()];
+    model.zero_grad();
+    loss = loss_fn.forward(model.forward(x), y);
+    model.backward(loss_fn.backward());
+    if (master) master->copy_gradients_to_master();
+    nn::clip_grad_norm(master ? master->named_parameters() : model.named_parameters(), 1.0);
+    opt.step();
+    if (master) master->copy_master_to_model();
+  };
+  StepResult r;
+  r.step_ms = median_ms_per_call(step, flags.repeats, flags.steps);
+  r.loss = loss.item();
+  r.params = model.parameter_count();
+  TROUPE_CHECK(std::isfinite(r.loss), "gpu_gpt_bench: the ", tensor::dtype_name(dtype), " GPT's loss is not finite");
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return bench::run_main("gpu_gpt_bench", [&] {
+    const Flags flags = parse_flags(argc, argv);
+    TROUPE_CHECK(tensor::cuda_available(), "gpu_gpt_bench: no CUDA device here");
+    std::printf("[");
+    bool first = true;
+    const auto print = [&](const char* text) {
+      std::printf("%s\n %s", first ? "" : ",", text);
+      std::fflush(stdout);
+      first = false;
+    };
+    char line[512];
+    for (const auto& p : flags.precisions) {
+      const DType dtype = p == "bf16" ? DType::bf16 : DType::f32;
+      std::snprintf(line, sizeof line,
+                    "{\"case\": \"attention\", \"precision\": \"%s\", \"batch\": %lld, \"time\": 1024, \"heads\": 12, "
+                    "\"head_dim\": 64, \"ms\": %.4f}",
+                    p.c_str(), static_cast<long long>(flags.batch), time_attention(dtype, flags));
+      print(line);
+      tensor::cuda_empty_cache();
+    }
+    for (const auto& p : flags.precisions) {
+      const StepResult r = time_step(p == "bf16" ? DType::bf16 : DType::f32, flags);
+      std::snprintf(line, sizeof line,
+                    "{\"case\": \"gpt2-small step\", \"precision\": \"%s\", \"batch\": %lld, \"time\": 1024, "
+                    "\"params\": %lld, \"ms\": %.4f, \"loss\": %.6g}",
+                    p.c_str(), static_cast<long long>(flags.batch), static_cast<long long>(r.params), r.step_ms,
+                    r.loss);
+      print(line);
+      tensor::cuda_empty_cache();
+    }
+    std::printf("\n]\n");
+    return 0;
+  });
+}

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""PyTorch eager baseline for bench/gpu_gpt_bench.cpp, on one CUDA device.
+
+    python3 bench/torch_gpu_gpt.py [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N]
+
+The same cases, shapes and timing as gpu_gpt_bench.cpp, printing the same JSON:
+- attention: F.scaled_dot_product_attention(q, k, v, is_causal=True) forward and
+  backward on q, k, v split from one [B, T, 3C] tensor as nanoGPT does; bf16 pinned to
+  the flash backend (the issue's baseline), f32 on the backend torch picks (flash takes
+  no f32; it picks the memory-efficient one);
+- gpt2-small step: nanoGPT's model (tools/torch_gpt.py's, with nanoGPT's
+  scaled_dot_product_attention path, which torch >= 2 takes), AdamW with decay on
+  matrices (torch's default foreach implementation), clip_grad_norm_ at 1.0; bf16 is
+  torch.autocast(dtype=bfloat16) over f32 weights. TF32 off, as troupe's f32 products.
+Timing with CUDA events around --steps calls after 3 warm-up calls; the median of
+--repeats. Exits 3 when torch or a CUDA device is missing.
+"""
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:
+    print(f"torch_gpu_gpt.py: cannot import torch ({e})", file=sys.stderr)
+    sys.exit(3)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import torch_gpt  # noqa: E402
+
+GPT2_SMALL = dict(block_size=1024, vocab_size=50257, n_layer=12, n_head=12, n_embd=768)
+
+
+def attention_forward(self, x):  # nanoGPT's flash path
+    B, T, C = x.size()
+    q, k, v = self.c_attn(x).split(C, dim=2)
+    q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C)))
+
+
+def gpt_forward(self, idx):  # positions on the ids' device
+    pos = torch.arange(idx.size(1), dtype=torch.long, device=idx.device)
+    x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+    for block in self.transformer.h:
+        x = block(x)
+    return self.lm_head(self.transformer.ln_f(x))
+
+
+def median_ms(f, repeats, steps):
+    for _ in range(3):
+        f()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            f()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / steps)
+    return statistics.median_low(times)
+
+
+def time_attention(precision, batch, repeats, steps):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    B, T, H, C = batch, GPT2_SMALL["block_size"], GPT2_SMALL["n_head"], GPT2_SMALL["n_embd"]
+    qkv = torch.randn(B, T, 3 * C, device="cuda", dtype=dtype, requires_grad=True)
+    gy = torch.randn(B, H, T, C // H, device="cuda", dtype=dtype)
+    backend = "default"
+    if precision == "bf16" and hasattr(torch.nn, "attention"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        ctx, backend = (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)), "flash"
+    else:
+        import contextlib
+        ctx = contextlib.nullcontext
+
+    def call():
+        with ctx():
+            q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in qkv.split(C, dim=2))
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y.backward(gy)
+        qkv.grad = None
+
+    return {"case": "attention", "precision": precision, "batch": B, "time": T, "heads": H, "head_dim": C // H,
+            "ms": round(median_ms(call, repeats, steps), 4), "backend": backend}
+
+
+def time_step(precision, batch, repeats, steps):
+    torch.manual_seed(0)
+    model = torch_gpt.GPT(GPT2_SMALL).cuda()
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=6e-4, betas=(0.9, 0.95), eps=1e-8)
+    g = torch.Generator().manual_seed(1)
+    V, T = GPT2_SMALL["vocab_size"], GPT2_SMALL["block_size"]
+    batches = [(torch.randint(0, V, (batch, T), generator=g).cuda(), torch.randint(0, V, (batch, T), generator=g).cuda())
+               for _ in range(2)]
+    state = {"n": 0, "loss": None}
+
+    def step():
+        x, y = batches[state["n"] % 2]
+        state["n"] += 1
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            logits = model(x)
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        state["loss"] = loss
+
+    ms = median_ms(step, repeats, steps)
+    return {"case": "gpt2-small step", "precision": precision, "batch": batch, "time": T,
+            "params": sum(p.numel() for p in model.parameters()), "ms": round(ms, 4),
+            "loss": float(state["loss"].item())}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--precision", action="append", choices=["f32", "bf16"])
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("torch_gpu_gpt.py: no CUDA device", file=sys.stderr)
+        return 3
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch_gpt.CausalSelfAttention.forward = attention_forward
+    torch_gpt.GPT.forward = gpt_forward
+    precisions = args.precision or ["f32", "bf16"]
+    device = torch.cuda.get_device_name()
+    out = []
+    for p in precisions:
+        out.append(time_attention(p, args.batch, args.repeats, args.steps))
+        torch.cuda.empty_cache()
+    for p in precisions:
+        out.append(time_step(p, args.batch, args.repeats, args.steps))
+        torch.cuda.empty_cache()
+    for row in out:
+        row.update(device=device, torch=torch.__version__)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
