@@ -1,6 +1,6 @@
 // gpu_gpt_bench: issue 24's GPU figures, on one CUDA device.
 //
-//   build/bench/gpu_gpt_bench [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N]
+//   build/bench/gpu_gpt_bench [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N] [--breakdown]
 //
 // 1. Causal attention, forward + backward (tensor/attention.hpp's fused kernels) on
 //    GPT-2 small's shapes: batch 8, T = 1024, 12 heads of 64, qkv [B, T, 3C] as
@@ -14,7 +14,9 @@
 //    precision (a bf16 model stepping f32 master weights) against torch's autocast.
 //
 // Timing: --steps calls between two device synchronisations, after 3 warm-up calls;
-// the median of --repeats. Output: a JSON list, one object per case.
+// the median of --repeats. Output: a JSON list, one object per case. --breakdown
+// times each phase of the step instead (a synchronisation after each), to show where
+// a step's time goes.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -48,12 +50,17 @@ struct Flags {
   std::vector<std::string> precisions;
   std::int64_t batch = 8;
   int repeats = 5, steps = 5;
+  bool breakdown = false;  // time each phase of the step instead
 };
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--breakdown") {
+      f.breakdown = true;
+      continue;
+    }
     if (i + 1 >= argc) throw InvalidArgument("gpu_gpt_bench: " + flag + " needs a value");
     const std::string value = argv[++i];
     try {
@@ -133,16 +140,41 @@ StepResult time_step(DType dtype, const Flags& flags) {
   }
   std::size_t n = 0;
   Tensor loss;
+  // With a phase timer, each phase ends with a synchronisation and adds its time.
+  std::vector<std::pair<const char*, double>> phases;
+  const auto phase = [&](std::size_t i, const char* name, const auto& f) {
+    if (!flags.breakdown) return f();
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    tensor::cuda_synchronize();
+    if (phases.size() <= i) phases.emplace_back(name, 0.0);
+    phases[i].second += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
   auto step = [&] {
     const auto& [x, y] = batches[n++ % batches.size()];
-    model.zero_grad();
-    loss = loss_fn.forward(model.forward(x), y);
-    model.backward(loss_fn.backward());
-    if (master) master->copy_gradients_to_master();
-    nn::clip_grad_norm(master ? master->named_parameters() : model.named_parameters(), 1.0);
-    opt.step();
-    if (master) master->copy_master_to_model();
+    Tensor logits;
+    phase(0, "zero_grad", [&] { model.zero_grad(); });
+    phase(1, "forward", [&] { logits = model.forward(x); });
+    phase(2, "loss forward", [&] { loss = loss_fn.forward(logits, y); });
+    phase(3, "loss backward", [&] { logits = loss_fn.backward(); });
+    phase(4, "model backward", [&] { model.backward(logits); });
+    phase(5, "gradients to f32 masters", [&] { if (master) master->copy_gradients_to_master(); });
+    phase(6, "clip_grad_norm", [&] {
+      nn::clip_grad_norm(master ? master->named_parameters() : model.named_parameters(), 1.0);
+    });
+    phase(7, "AdamW step", [&] { opt.step(); });
+    phase(8, "masters to the bf16 model", [&] { if (master) master->copy_master_to_model(); });
   };
+  if (flags.breakdown) {
+    for (int i = 0; i < 3; ++i) step();
+    phases.clear();
+    for (int i = 0; i < flags.steps; ++i) step();
+    std::printf("{\"breakdown\": \"%s\", \"ms_per_step\": {", tensor::dtype_name(dtype).data());
+    for (std::size_t i = 0; i < phases.size(); ++i)
+      std::printf("%s\"%s\": %.3f", i ? ", " : "", phases[i].first, phases[i].second / flags.steps);
+    std::printf("}}\n");
+    return {};
+  }
   StepResult r;
   r.step_ms = median_ms_per_call(step, flags.repeats, flags.steps);
   r.loss = loss.item();
@@ -157,6 +189,10 @@ int main(int argc, char** argv) {
   return bench::run_main("gpu_gpt_bench", [&] {
     const Flags flags = parse_flags(argc, argv);
     TROUPE_CHECK(tensor::cuda_available(), "gpu_gpt_bench: no CUDA device here");
+    if (flags.breakdown) {
+      for (const auto& p : flags.precisions) time_step(p == "bf16" ? DType::bf16 : DType::f32, flags);
+      return 0;
+    }
     std::printf("[");
     bool first = true;
     const auto print = [&](const char* text) {

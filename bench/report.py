@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
-AREA_ORDER = ["tensor", "train", "gpt", "sharding", "gpu", "actors", "collectives", "checkpoint", "supervisor",
+AREA_ORDER = ["tensor", "train", "gpt", "sharding", "gpu", "gpu-gpt", "actors", "collectives", "checkpoint", "supervisor",
               "cluster"]
 
 # The sources each area measures: its libraries, the ones they build on where the timed
@@ -37,6 +37,7 @@ AREA_PATHS = {
     "sharding": [*_LIB, "nn/", "collectives/", "train/", "checkpoint/", "bench/sharding_bench.cpp",
                  "bench/torch_zero.py"],
     "gpu": [*_LIB, "nn/", "collectives/", "train/", "bench/gpu_bench.cpp", "bench/torch_gpu_step.py"],
+    "gpu-gpt": [*_LIB, "nn/", "train/", "bench/gpu_gpt_bench.cpp", "bench/torch_gpu_gpt.py", "tools/torch_gpt.py"],
     "actors": ["include/", "mpi/", "actors/", "bench/actors_bench.cpp", "bench/caf_bench.cpp"],
     "collectives": [*_LIB, "collectives/", "bench/collectives_bench.cpp", "bench/torch_collectives.py"],
     "checkpoint": [*_LIB, "actors/", "checkpoint/", "bench/checkpoint_bench.cpp", "bench/checkpoint_parallel_bench.cpp",
@@ -127,6 +128,24 @@ each figure, troupe's and PyTorch's alike, is the median of its own 3 rounds.
   and the likely difference is the rest of the step: PyTorch fuses each Linear's bias
   into cuBLAS's epilogue, where troupe adds it in a kernel of its own, and sums the
   bias gradient and zero-fills fresh gradients in separate kernels too.""",
+    "gpu-gpt": """\
+Issue 24's GPU figures, from `scripts/gpu-check` on the GPU machine: `bench/gpu_gpt_bench.cpp`
+and its baseline `bench/torch_gpu_gpt.py` run as separate processes, alternately, and
+`bench/gpu_gpt_table.py` pairs them; each figure is the median of its own rounds.
+
+- Attention: causal self-attention forward + backward on GPT-2 small's shapes (batch 8,
+  T = 1024, 12 heads of 64) from one [B, T, 3C] qkv tensor. troupe's fused kernels
+  (`tensor/src/cuda/cuda_attention.cu`: f32 arithmetic on CUDA cores, bf16 loaded and
+  stored as bf16) against torch's `scaled_dot_product_attention`: its flash backend in
+  bf16 (tensor cores), and in f32, which flash does not take, the backend torch picks.
+- Step: a GPT-2-small-shaped model (12 layers, 12 heads, C = 768, T = 1024, V = 50257,
+  124M parameters, tied head, dropout 0) at batch 8: zero_grad, forward,
+  cross-entropy, backward, clipping at 1.0, AdamW (decay on matrices), 2 resident
+  batches of random ids. f32 on both sides with TF32 off; bf16 is troupe's bf16 model
+  with f32 master weights against torch's autocast. Each timing is 3 calls between
+  device synchronisations after 3 warm-up calls, the median of 3.
+- `gpu_gpt_bench --breakdown` times each phase of troupe's step, for finding where the
+  time goes.""",
     "actors": """\
 Issue 4's runtime (`bench/actors_bench.cpp`) on 2 ranks, one `mpirun` job over shared
 memory (`--mca btl self,vader`) and one over TCP (`--mca btl self,tcp`), each case next

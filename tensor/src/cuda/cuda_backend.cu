@@ -195,16 +195,21 @@ __global__ void reduce_rows_kernel(ReduceOp op, const T* in, std::int64_t rows, 
   }
 }
 
-// inner > 1: one thread per output (i, j) walks k; neighbouring threads read
-// neighbouring j, so the loads coalesce.
+// inner > 1: thread (p, o) walks part p of output o's column k = [p * chunk, ...);
+// neighbouring threads take neighbouring outputs, so the loads coalesce. Splitting
+// the columns into parts keeps the GPU busy when outputs are few (a bias gradient
+// sums 8192 rows into 768 outputs: one thread per output was 3 blocks).
 template <class T, class A>
 __global__ void reduce_columns_kernel(ReduceOp op, const T* in, std::int64_t outer, std::int64_t n, std::int64_t inner,
-                                      Partial<A>* partials) {
-  TROUPE_GRID_LOOP(o, outer * inner) {
+                                      std::int64_t parts, Partial<A>* partials) {
+  const std::int64_t outputs = outer * inner, chunk = (n + parts - 1) / parts;
+  TROUPE_GRID_LOOP(t, outputs * parts) {
+    const std::int64_t o = t % outputs, p = t / outputs;
     const T* column = in + (o / inner) * n * inner + o % inner;
+    const std::int64_t begin = p * chunk, end = begin + chunk < n ? begin + chunk : n;
     Partial<A> acc{A{}, -1};
-    for (std::int64_t k = 0; k < n; ++k) acc = combine(op, acc, element<A>(op, column[k * inner], k));
-    partials[o] = acc;
+    for (std::int64_t k = begin; k < end; ++k) acc = combine(op, acc, element<A>(op, column[k * inner], k));
+    partials[o * parts + p] = acc;
   }
 }
 
@@ -315,9 +320,11 @@ void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* 
             std::int64_t n, std::int64_t inner) {
   const std::int64_t outputs = outer * inner;
   if (outputs == 0) return;
-  // Rows split into parts of >= 8192 elements until about 2048 blocks are in flight.
+  // Rows split into parts of >= 8192 elements until about 2048 blocks are in flight;
+  // columns into parts of >= 64 elements until about 2048 blocks of threads are.
   const std::int64_t parts =
-      inner == 1 ? std::max<std::int64_t>(1, std::min<std::int64_t>((n + 8191) / 8192, 2048 / outer)) : 1;
+      inner == 1 ? std::max<std::int64_t>(1, std::min<std::int64_t>((n + 8191) / 8192, 2048 / outer))
+                 : std::max<std::int64_t>(1, std::min<std::int64_t>((n + 63) / 64, 2048 * kThreads / outputs));
   dispatch(in_dtype, [&](auto tag) {
     using T = decltype(tag);
     using A = typename AccumulatorOf<T>::type;
@@ -330,7 +337,7 @@ void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* 
       const int blocks = static_cast<int>(std::min<std::int64_t>(outputs * parts, 65535));
       reduce_rows_kernel<<<blocks, kThreads>>>(op, input, outer, n, parts, partials);
     } else {
-      reduce_columns_kernel<<<blocks_for(outputs), kThreads>>>(op, input, outer, n, inner, partials);
+      reduce_columns_kernel<<<blocks_for(outputs * parts), kThreads>>>(op, input, outer, n, inner, parts, partials);
     }
     const auto launch_finish = [&](auto* o) {
       reduce_finish_kernel<<<blocks_for(outputs), kThreads>>>(op, partials, parts, outputs, n, o);
