@@ -1,4 +1,4 @@
-// Activation gradients and softmax cross-entropy: the host loop or the CUDA kernel,
+// Activation gradients, softmax cross-entropy and LayerNorm: the host loop or the CUDA kernel,
 // over the same formulas (nn_math.hpp; the cross-entropy's in double on the host,
 // in the compute type on the device).
 #include "troupe/tensor/nn_ops.hpp"
@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -165,6 +166,145 @@ Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f
     }
   });
   return grad;
+}
+
+namespace {
+
+struct Rows {
+  std::int64_t rows, n;
+};
+
+// x's rows, and each of `params` that is defined checked to be [n] of x's dtype and device.
+Rows layer_norm_rows(const Tensor& x, std::initializer_list<const Tensor*> params, const char* op) {
+  TROUPE_CHECK(x.defined() && is_floating(x.dtype()) && x.dim() >= 1, op, ": x must be a floating tensor");
+  const std::int64_t n = x.size(-1);
+  for (const Tensor* t : params)
+    if (t->defined())
+      TROUPE_CHECK(t->dim() == 1 && t->size(0) == n && t->dtype() == x.dtype() && t->device() == x.device(), op,
+                   ": weight and bias must be ", x.dtype(), " [", n, "] on ", x.device(), ", got ", t->dtype(), " ",
+                   to_string(t->shape()), " on ", t->device());
+  return {n > 0 ? x.numel() / n : 0, n};
+}
+
+}  // namespace
+
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  TROUPE_CHECK(weight.defined() == bias.defined(), op, ": weight and bias must be given together");
+  const auto [rows, n] = layer_norm_rows(x, {&weight, &bias}, op);
+  TROUPE_CHECK(n > 0 && eps >= 0, op, ": needs rows of at least one element and eps >= 0");
+  LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, DType::f64, x.device()),
+                     Tensor::empty({rows}, DType::f64, x.device())};
+  if (rows == 0) return f;
+  if (x.device().is_cuda()) {
+    cuda_backend::layer_norm_forward(x.dtype(), x.raw_data(), weight.defined() ? weight.raw_data() : nullptr,
+                                     bias.defined() ? bias.raw_data() : nullptr, rows, n, eps, f.out.raw_data(),
+                                     static_cast<double*>(f.mean.raw_data()), static_cast<double*>(f.rstd.raw_data()));
+    return f;
+  }
+  double* means = f.mean.data<double>();
+  double* rstds = f.rstd.data<double>();
+  dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    const T* xs = x.data<T>();
+    const T* w = weight.defined() ? weight.data<T>() : nullptr;
+    const T* b = bias.defined() ? bias.data<T>() : nullptr;
+    T* y = f.out.data<T>();
+    const double count = static_cast<double>(n);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* xr = xs + r * n;
+      T* yr = y + r * n;
+      double sum = 0;
+      for (std::int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]);
+      const double mean = sum / count;
+      double var = 0;  // two passes: no cancellation when |mean| >> std
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double d = static_cast<double>(xr[i]) - mean;
+        var += d * d;
+      }
+      const double rstd = 1.0 / std::sqrt(var / count + eps);
+      means[r] = mean;
+      rstds[r] = rstd;
+      for (std::int64_t i = 0; i < n; ++i) {
+        double v = (static_cast<double>(xr[i]) - mean) * rstd;
+        if (w) v = v * static_cast<double>(w[i]) + static_cast<double>(b[i]);
+        yr[i] = T(static_cast<compute_t<T>>(v));
+      }
+    }
+  });
+  return f;
+}
+
+Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerNormForward& forward,
+                           const Tensor& weight, Tensor* grad_weight, Tensor* grad_bias) {
+  const char* op = "layer_norm backward";
+  const auto [rows, n] = layer_norm_rows(x, {&weight}, op);
+  TROUPE_CHECK(grad_out.defined() && grad_out.shape() == x.shape() && grad_out.dtype() == x.dtype() &&
+                   grad_out.device() == x.device(),
+               op, ": grad_out must be ", x.dtype(), " ", to_string(x.shape()), " on ", x.device());
+  TROUPE_CHECK(forward.mean.defined() && forward.mean.numel() == rows && forward.rstd.numel() == rows &&
+                   forward.mean.device() == x.device(),
+               op, ": the forward's statistics do not match x ", to_string(x.shape()));
+  const bool affine = weight.defined();
+  if (affine)
+    for (Tensor* g : {grad_weight, grad_bias})
+      TROUPE_CHECK(g && g->defined() && g->shape() == weight.shape() && g->dtype() == x.dtype() &&
+                       g->device() == x.device(),
+                   op, ": with a weight, grad_weight and grad_bias must be ", x.dtype(), " [", n, "]");
+  Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (rows == 0) return gx;
+  if (x.device().is_cuda()) {
+    cuda_backend::layer_norm_backward(x.dtype(), x.raw_data(), grad_out.raw_data(),
+                                      affine ? weight.raw_data() : nullptr,
+                                      static_cast<const double*>(forward.mean.raw_data()),
+                                      static_cast<const double*>(forward.rstd.raw_data()), rows, n, gx.raw_data(),
+                                      affine ? grad_weight->raw_data() : nullptr,
+                                      affine ? grad_bias->raw_data() : nullptr);
+    return gx;
+  }
+  const auto size = static_cast<std::size_t>(n);
+  std::vector<double> dweight(affine ? size : 0, 0.0), dbias(affine ? size : 0, 0.0), xhat(size), dnorm(size);
+  const double* means = forward.mean.data<double>();
+  const double* rstds = forward.rstd.data<double>();
+  dispatch_floating(x.dtype(), op, [&](auto tag) {
+    using T = decltype(tag);
+    using C = compute_t<T>;
+    const T* xs = x.data<T>();
+    const T* gy = grad_out.data<T>();
+    const T* w = affine ? weight.data<T>() : nullptr;
+    T* g_x = gx.data<T>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const double mean = means[r], rstd = rstds[r];
+      const T* xr = xs + r * n;
+      const T* gyr = gy + r * n;
+      double mean_dnorm = 0, mean_dnorm_xhat = 0;
+      for (std::size_t i = 0; i < size; ++i) {
+        xhat[i] = (static_cast<double>(xr[i]) - mean) * rstd;
+        const double g = static_cast<double>(gyr[i]);
+        dnorm[i] = w ? g * static_cast<double>(w[i]) : g;
+        mean_dnorm += dnorm[i];
+        mean_dnorm_xhat += dnorm[i] * xhat[i];
+        if (w) {
+          dweight[i] += g * xhat[i];
+          dbias[i] += g;
+        }
+      }
+      mean_dnorm /= static_cast<double>(n);
+      mean_dnorm_xhat /= static_cast<double>(n);
+      T* gxr = g_x + r * n;
+      for (std::size_t i = 0; i < size; ++i)
+        gxr[i] = T(static_cast<C>(rstd * (dnorm[i] - mean_dnorm - xhat[i] * mean_dnorm_xhat)));
+    }
+    if (affine) {  // both gradients are final only after the last row
+      T* gb = grad_bias->data<T>();
+      T* gw = grad_weight->data<T>();
+      for (std::size_t i = 0; i < size; ++i) {
+        gb[i] = T(static_cast<C>(static_cast<double>(gb[i]) + dbias[i]));
+        gw[i] = T(static_cast<C>(static_cast<double>(gw[i]) + dweight[i]));
+      }
+    }
+  });
+  return gx;
 }
 
 namespace {

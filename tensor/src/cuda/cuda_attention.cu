@@ -63,6 +63,18 @@ __device__ inline void load_rows(const T* head, const Geometry& g, std::int64_t 
   }
 }
 
+// a . b over DMAX elements in kChains interleaved partial sums: one running sum would
+// be a chain of DMAX dependent FMAs, and with the few warps these register-heavy
+// kernels fit on an SM, nothing would hide its latency.
+constexpr int kChains = 4;
+template <int DMAX, class A, class B>
+__device__ __forceinline__ A dot(const A* a, const B& b) {
+  A part[kChains] = {};
+#pragma unroll
+  for (int d = 0; d < DMAX; ++d) part[d % kChains] += a[d] * b[d];
+  return (part[0] + part[1]) + (part[2] + part[3]);
+}
+
 template <class T, int DMAX, bool kDropout>
 __global__ void __launch_bounds__(kTile<T>) forward_kernel(const T* qkv, Geometry g, T* out, Acc<T>* lse) {
   using A = Acc<T>;
@@ -91,10 +103,7 @@ __global__ void __launch_bounds__(kTile<T>) forward_kernel(const T* qkv, Geometr
     __syncthreads();
     const std::int64_t n = active ? lesser(kRows, i - k0 + 1) : 0;
     for (int r = 0; r < n; ++r) {
-      A s = 0;
-#pragma unroll
-      for (int d = 0; d < DMAX; ++d) s += q[d] * ks[r * DMAX + d];
-      s *= scale;
+      A s = dot<DMAX>(ks + r * DMAX, q) * scale;
       if (s > m) {  // a new row maximum: rescale what was summed against the old one
         const A c = exp(m - s);
         l *= c;
@@ -155,12 +164,8 @@ __global__ void __launch_bounds__(kTile<T>) backward_dq_kernel(const T* qkv, con
     __syncthreads();
     const std::int64_t n = active ? lesser(kRows, i - k0 + 1) : 0;
     for (int r = 0; r < n; ++r) {
-      A s = 0, dp = 0;
-#pragma unroll
-      for (int d = 0; d < DMAX; ++d) {
-        s += q[d] * ks[r * DMAX + d];
-        dp += dy[d] * vs[r * DMAX + d];
-      }
+      const A s = dot<DMAX>(ks + r * DMAX, q);
+      A dp = dot<DMAX>(vs + r * DMAX, dy);
       const A p = exp(s * scale - row_lse);
       if (kDropout) dp *= dropout_factor<A>(g, bh, i, k0 + r);
       const A ds = p * (dp - row_delta);
@@ -224,12 +229,8 @@ __global__ void __launch_bounds__(kTile<T>) backward_dkdv_kernel(const T* qkv, c
     for (std::int64_t r = begin; r < end; ++r) {
       const A* qr = qs + r * DMAX;
       const A* dyr = dys + r * DMAX;
-      A s = 0, dp = 0;
-#pragma unroll
-      for (int d = 0; d < DMAX; ++d) {
-        s += qr[d] * k[d];
-        dp += dyr[d] * v[d];
-      }
+      const A s = dot<DMAX>(qr, k);
+      A dp = dot<DMAX>(dyr, v);
       const A p = exp(s * scale - lse_s[r]);
       A weight = p;
       if constexpr (kDropout) {

@@ -115,6 +115,15 @@ void cross_entropy_grad(DType dtype, const void* logits, const std::int64_t* tar
                         std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps,
                         double factor, void* grad);
 
+// LayerNorm (tensor/nn_ops.hpp's contract) over rows of n: a block per row.
+// weight/bias may be null (both).
+void layer_norm_forward(DType dtype, const void* x, const void* weight, const void* bias, std::int64_t rows,
+                        std::int64_t n, double eps, void* y, double* mean, double* rstd);
+// grad_x; with a weight, grad_weight[c] += sum_r gy * xhat and grad_bias[c] += sum_r gy.
+void layer_norm_backward(DType dtype, const void* x, const void* gy, const void* weight, const double* mean,
+                         const double* rstd, std::int64_t rows, std::int64_t n, void* gx, void* grad_weight,
+                         void* grad_bias);
+
 // out[i, :] = table[idx[i], :] for n rows of `dim` elements.
 void gather_rows(DType dtype, const void* table, const std::int64_t* idx, std::int64_t n, std::int64_t dim, void* out);
 // For each of `distinct` touched rows k: dst[rows[k], :] += src[positions[p], :] for p in

@@ -2,16 +2,15 @@
 //
 // y = (x - mean) / sqrt(var + eps) * weight + bias, with the biased variance of
 // each row of `normalized_size` elements. weight starts at ones and bias at zeros;
-// elementwise_affine=false has neither. Row statistics are computed in double and
-// the per-row mean and 1/std are kept for backward, which is llm.c's
-// layernorm_backward:  dx = rstd (dnorm - mean(dnorm) - xhat mean(dnorm xhat)),
-// with dnorm = gy * weight and xhat the normalised input.
+// elementwise_affine=false has neither. The arithmetic is tensor/nn_ops.hpp's
+// layer_norm_forward/backward (double row statistics, a block per row on CUDA); the
+// per-row mean and 1/std are kept for the backward, llm.c's layernorm_backward.
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "troupe/nn/module.hpp"
+#include "troupe/tensor/nn_ops.hpp"
 
 namespace troupe::nn {
 
@@ -31,16 +30,12 @@ class LayerNorm : public Module {
   double eps() const { return eps_; }
 
  private:
-  Tensor forward_on_device(const Tensor& input, std::int64_t rows);
-  Tensor backward_on_device(const Tensor& grad_output, std::int64_t rows);
-
   std::int64_t size_;
   double eps_;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   Tensor input_;
-  std::vector<double> mean_, rstd_;
-  Tensor xhat_, std_;  // on CUDA: the normalised input and each row's std, f64
+  tensor::LayerNormForward saved_;  // each row's mean and 1/std (the output is handed on)
 };
 
 }  // namespace troupe::nn

@@ -33,6 +33,22 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& forward, std::int64_t ignore_index,
                               double label_smoothing, double scale);
 
+// LayerNorm over the last dimension of x, seen as [rows, n] (torch's layer_norm):
+// y = (x - mean) / sqrt(var + eps) * weight + bias, each row's statistics in double
+// (a two-pass variance) on either device, every result rounded once to x's dtype.
+// weight and bias are [n] of x's dtype and device, both given or both undefined.
+struct LayerNormForward {
+  Tensor out;         // x's shape and dtype
+  Tensor mean, rstd;  // f64 [rows] on x's device: 1 / sqrt(var + eps)
+};
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// d loss / d x, llm.c's layernorm_backward: rstd (dnorm - mean(dnorm) - xhat
+// mean(dnorm xhat)), dnorm = grad_out * weight. With a weight, grad_weight and
+// grad_bias (x's dtype, [n]) get the column sums of grad_out * xhat and grad_out
+// added: summed in double, rounded once.
+Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerNormForward& forward,
+                           const Tensor& weight, Tensor* grad_weight, Tensor* grad_bias);
+
 // Embedding's lookup and its gradient. `indices` are i64 on the host (the caller has
 // range-checked them), one row index per row of the result / of `src`.
 // gather_rows: out[i] = table[indices[i]], [n, dim] on the table's device.
