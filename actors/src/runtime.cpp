@@ -150,8 +150,17 @@ void Runtime::install_actor(std::shared_ptr<detail::ActorCellBase> cell) {
 }
 
 void Runtime::report_failed_tell(int source, const ErrorInfo& info) const {
+  if (info.code == ErrorCode::overloaded) {  // a flood refused is not a flood of lines: 1st, 2nd, 4th...
+    const std::uint64_t n = refused_tells_.fetch_add(1, std::memory_order_relaxed) + 1;
+    if ((n & (n - 1)) != 0) return;
+    std::fprintf(stderr, "troupe: rank %d: tell from rank %d refused (%llu so far): %s\n", rank_, source,
+                 static_cast<unsigned long long>(n), RemoteError(info).what());
+    return;
+  }
   std::fprintf(stderr, "troupe: rank %d: tell from rank %d failed: %s\n", rank_, source, RemoteError(info).what());
 }
+
+std::uint64_t Runtime::refused_tells() const { return refused_tells_.load(std::memory_order_relaxed); }
 
 // ---- sending ----
 

@@ -33,7 +33,14 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
   // queue_deadline); an actor that cannot restart is spared the clock read.
   const bool may_restart = cell->options().max_restarts > 0;
   call->stamp(cell->epoch(), may_restart ? Clock::now().time_since_epoch().count() : 0);
-  cell->queued_.fetch_add(1, std::memory_order_relaxed);
+  // Counted in before the check, so that concurrent senders cannot overfill it.
+  const std::size_t queued = cell->queued_.fetch_add(1, std::memory_order_relaxed);
+  if (const std::size_t capacity = cell->options().mailbox_capacity; capacity > 0 && queued >= capacity) {
+    cell->queued_.fetch_sub(1, std::memory_order_relaxed);
+    return call->fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
+                                 detail::concat("the mailbox is full (", capacity,
+                                                " calls wait: SpawnOptions::mailbox_capacity)")));
+  }
   queued_calls_.fetch_add(1, std::memory_order_relaxed);
   scheduler_->post(cell, std::move(call));
 }

@@ -191,7 +191,8 @@ Rows layer_norm_rows(const Tensor& x, std::initializer_list<const Tensor*> param
 LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
   TROUPE_CHECK(weight.defined() == bias.defined(), op, ": weight and bias must be given together");
-  const auto [rows, n] = layer_norm_rows(x, {&weight, &bias}, op);
+  const Rows shape = layer_norm_rows(x, {&weight, &bias}, op);
+  const std::int64_t rows = shape.rows, n = shape.n;  // not a structured binding: lambdas capture these
   TROUPE_CHECK(n > 0 && eps >= 0, op, ": needs rows of at least one element and eps >= 0");
   LayerNormForward f{Tensor::empty(x.shape(), x.dtype(), x.device()), Tensor::empty({rows}, DType::f64, x.device()),
                      Tensor::empty({rows}, DType::f64, x.device())};
@@ -238,7 +239,8 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
 Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerNormForward& forward,
                            const Tensor& weight, Tensor* grad_weight, Tensor* grad_bias) {
   const char* op = "layer_norm backward";
-  const auto [rows, n] = layer_norm_rows(x, {&weight}, op);
+  const Rows shape = layer_norm_rows(x, {&weight}, op);
+  const std::int64_t rows = shape.rows, n = shape.n;
   TROUPE_CHECK(grad_out.defined() && grad_out.shape() == x.shape() && grad_out.dtype() == x.dtype() &&
                    grad_out.device() == x.device(),
                op, ": grad_out must be ", x.dtype(), " ", to_string(x.shape()), " on ", x.device());

@@ -200,6 +200,9 @@ class Runtime {
   std::uint64_t liveness_messages_sent() const;
   // CPU time the liveness thread has used so far (its cost, for the same benchmark).
   std::chrono::nanoseconds liveness_cpu_time() const;
+  // Tells refused so far by this rank's actors, their mailbox being full
+  // (SpawnOptions::mailbox_capacity), whichever rank sent them.
+  std::uint64_t refused_tells() const;
 
   // ---- used by ActorRef and the templates above; not for application code ----
   void send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
@@ -280,6 +283,7 @@ class Runtime {
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::atomic<std::uint64_t> next_request_id_{1};
   std::atomic<std::int64_t> queued_calls_{0};
+  mutable std::atomic<std::uint64_t> refused_tells_{0};  // counted where they are reported
   // Counts a queued call or spawn down; wakes shutdown's drain at zero.
   void call_finished();
   std::mutex drain_mutex_;
