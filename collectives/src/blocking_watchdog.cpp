@@ -50,6 +50,16 @@ void BlockingWatchdog::watch() {
       first_seen = now;
     }
     if (!current) seen = nullptr;
+    // From the second look at the same call: the first may come just as it starts.
+    if (current && probe_ && now > first_seen) {
+      const std::string mismatch = probe_(*current);
+      if (!mismatch.empty()) {
+        std::fprintf(stderr, "troupe: aborting the job from a blocking MPI call, which cannot be interrupted: %s\n",
+                     mismatch.c_str());
+        std::fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+    }
     if (current && now - first_seen >= timeout_) {
       std::fprintf(stderr,
                    "troupe: %s did not complete within %lld ms on rank %d of %d (a blocking MPI call, which cannot "

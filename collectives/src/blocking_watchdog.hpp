@@ -11,12 +11,19 @@
 // exception can report, so it prints the collective, its sequence number and size
 // and the rank to stderr and aborts the job (MPI_Abort), for mpirun and troupe-run to
 // see — the same choice PyTorch's NCCL watchdog makes.
+//
+// With a mismatch probe (the signature board, signature_check.hpp), each look also
+// asks whether the peers published other calls at this sequence number: two ranks
+// in different blocking calls may wait on each other inside MPI for ever, so from the
+// second look on such a call aborts at once, with the mismatch's message.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "troupe/collectives/collective.hpp"
@@ -33,6 +40,9 @@ class BlockingWatchdog {
   // `collective` must stay alive until end().
   void begin(const Collective& collective);
   void end();
+  // Before the first begin(): returns the mismatch's message, or empty. Called on the
+  // watchdog's thread while the caller is inside a blocking call.
+  void set_mismatch_probe(std::function<std::string(const Collective&)> probe) { probe_ = std::move(probe); }
 
  private:
   void watch();
@@ -45,6 +55,7 @@ class BlockingWatchdog {
   std::once_flag started_thread_;
   std::atomic<const Collective*> current_{nullptr};
   std::atomic<bool> reading_{false};  // the watchdog looks at current_
+  std::function<std::string(const Collective&)> probe_;
   std::thread thread_;
 };
 

@@ -60,8 +60,9 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, Options options, Adopt)
 }
 
 void MpiCommunicator::set_up() {
+  start_order_ = std::make_shared<detail::StartOrder>();
   p2p_comm_ = dup(comm_);
-  debug_comm_ = dup(comm_);
+  check_comm_ = dup(comm_);
   int* tag_ub = nullptr;
   int flag = 0;
   TROUPE_MPI_CHECK(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag));
@@ -70,6 +71,10 @@ void MpiCommunicator::set_up() {
     watchdog_ = std::make_unique<detail::BlockingWatchdog>(options().timeout, rank(), size());
   }
   if (options().shared_memory) shm_ = detail::ShmChannel::create(comm_, options().shm_slot_bytes, options().shm_slots);
+  if (watchdog_ && shm_ && options().check_signatures)
+    watchdog_->set_mismatch_probe([board = shm_.get()](const Collective& c) {
+      return detail::board_verdict(*board, c).value_or(std::string());
+    });
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -80,7 +85,7 @@ MpiCommunicator::~MpiCommunicator() {
   // The same holds for the shared segments an abandoned collective may still read.
   if (engine().has_abandoned()) troupe::detail::keep_until_exit(shm_.release());
   if (!mpi_usable() || engine().has_abandoned()) return;
-  for (MPI_Comm* comm : {&debug_comm_, &p2p_comm_, &comm_}) {
+  for (MPI_Comm* comm : {&check_comm_, &p2p_comm_, &comm_}) {
     if (*comm != MPI_COMM_NULL) MPI_Comm_free(comm);
   }
 }
@@ -111,7 +116,7 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
     TROUPE_CHECK(c.tag <= tag_limit_, c.describe(), ": tag ", c.tag, " exceeds MPI_TAG_UB ", tag_limit_);
   } else if (options().debug) {
     try {
-      detail::verify_signature(debug_comm_, c, rank(), size(), options().timeout);
+      detail::verify_signature(check_comm_, c, rank(), size(), options().timeout);
     } catch (const Error& e) {
       // The ranks are out of step (or one is missing); nothing after this can be trusted.
       fail(e.what());
@@ -119,9 +124,26 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
     }
   }
   if (try_direct(c, blocking)) return Work();
-  if (shm_ && detail::ShmCollective::supports(c)) {
-    return launch(std::make_shared<detail::ShmCollective>(c, *shm_), blocking);
+  try {
+    return launch(signed_operation(c), blocking);
+  } catch (const CollectiveMismatch& e) {  // found as the call started: the ranks are out of step
+    fail(e.what());
+    throw;
   }
+}
+
+std::shared_ptr<Operation> MpiCommunicator::signed_operation(const Collective& c) {
+  std::shared_ptr<Operation> op = operation_for(c);
+  if (!options().check_signatures || c.is_point_to_point()) return op;
+  // MPI's own non-blocking collectives start only once the signatures agree (see
+  // with_signature_check); shared memory and the ring, troupe's own, start at once.
+  const bool mpi_collective = dynamic_cast<detail::MpiRequestOperation*>(op.get()) != nullptr;
+  return detail::with_signature_check(std::move(op), shm_.get(), check_comm_, rank(), size(), options().timeout,
+                                      mpi_collective ? start_order_ : nullptr);
+}
+
+std::shared_ptr<Operation> MpiCommunicator::operation_for(const Collective& c) {
+  if (shm_ && detail::ShmCollective::supports(c)) return std::make_shared<detail::ShmCollective>(c, *shm_);
   // Off one node: the pipelined ring for large allreduces and reduce_scatters (an
   // allreduce needs an element per rank for its blocks); MPI's own non-blocking call
   // for the rest (allgather: see allreduce_ring.hpp for why not the ring).
@@ -130,12 +152,10 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
                     std::max(c.input.nbytes(), c.output.nbytes()) >= options().ring_threshold_bytes;
   if (ring) {
     const int tag = static_cast<int>(c.sequence % (static_cast<std::uint64_t>(tag_limit_) + 1));
-    return launch(std::make_shared<detail::AllreduceRing>(c, comm_, rank(), size(), options().segment_bytes,
-                                                          options().ring_window, tag),
-                  blocking);
+    return std::make_shared<detail::AllreduceRing>(c, comm_, rank(), size(), options().segment_bytes,
+                                                   options().ring_window, tag);
   }
-  return launch(std::make_shared<detail::MpiRequestOperation>(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()}),
-                blocking);
+  return std::make_shared<detail::MpiRequestOperation>(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()});
 }
 
 bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
@@ -149,11 +169,35 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
   // call, so each finishes it first, then all take the blocking call.
   engine().wait_all(options().timeout);
   if (watchdog_) watchdog_->begin(c);
+  // The signature is checked after the call (before it, every small call would wait
+  // for the slowest rank twice): on one node on the board, published first; across
+  // nodes in a non-blocking all-reduce started first, which MPI matches with the same
+  // exchange of a call that took the engine's path, and which completes during the
+  // blocking call.
+  std::unique_ptr<detail::SignatureExchange> exchange;
   try {
-    detail::run_mpi_blocking(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()});
-  } catch (...) {
+    if (options().check_signatures) {
+      if (shm_) {
+        detail::publish_signature(*shm_, c, options().timeout);
+      } else {
+        exchange = std::make_unique<detail::SignatureExchange>(c);
+        exchange->start(check_comm_);
+      }
+    }
+    try {
+      detail::run_mpi_blocking(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()});
+    } catch (...) {
+      // Calls of different sizes can fail inside MPI: name the mismatch if that is it.
+      if (exchange) detail::throw_if_mismatched(*exchange, check_comm_, c, rank(), size(), options().timeout);
+      if (shm_ && options().check_signatures) detail::board_agrees(*shm_, c);
+      throw;
+    }
+    if (exchange) detail::finish_signature_check(*exchange, check_comm_, c, rank(), size(), options().timeout);
+    else if (shm_ && options().check_signatures) detail::wait_for_board(*shm_, c, options().timeout);
+  } catch (const std::exception& e) {
     if (watchdog_) watchdog_->end();
-    fail(c.describe() + " failed");
+    troupe::detail::keep_until_exit(exchange.release());  // MPI may still write to it
+    fail(c.describe() + " failed: " + e.what());
     throw;
   }
   if (watchdog_) watchdog_->end();

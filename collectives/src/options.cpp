@@ -19,6 +19,7 @@ bool mpi_allows_shared_memory(std::string_view btl) {
 Options options_from_environment() {
   Options options;
   if (const char* value = std::getenv("TROUPE_DEBUG_COLLECTIVES")) options.debug = truthy(value);
+  if (const char* value = std::getenv("TROUPE_CHECK_COLLECTIVES")) options.check_signatures = truthy(value);
   if (const char* btl = std::getenv("OMPI_MCA_btl")) options.shared_memory = mpi_allows_shared_memory(btl);
   if (const char* value = std::getenv("TROUPE_COLLECTIVES_SHM")) options.shared_memory = truthy(value);
   return options;

@@ -9,7 +9,10 @@
 // the buffer crosses main memory about twice (in and out), as a memcpy does.
 //
 // Layout: each rank maps a POSIX shared-memory segment of its own, and every peer's:
-//   [ three counters, each on its own cache line ][ `slots` slots of `slot_bytes` ]
+//   [ three counters, each on its own cache line ][ the signature board: a `checked`
+//     counter and kBoardEntries lines ][ `slots` slots of `slot_bytes` ]
+// The board is where each rank publishes every collective's signature, whatever path
+// the collective takes, for its peers to compare (signature_check.hpp).
 // The counters are monotonic round numbers, written only by the segment's owner and
 // read by everyone: how many rounds it has `posted` (its data is in the slot), has
 // `reduced` (its share of the result is in the slot) and has `consumed` (it read what
@@ -87,9 +90,34 @@ class ShmChannel {
   // How this rank copies into its slots (plain or streaming stores).
   SlotWriter writer;
 
+  // ---- the signature board ----
+  // Entry sequence % kBoardEntries of a rank: its call `sequence`'s signature, valid
+  // while `sequence_plus_one` reads sequence + 1 (0: never written). The owner writes
+  // the fields, then publishes sequence_plus_one (release).
+  static constexpr std::uint64_t kBoardEntries = 256;
+  static constexpr int kSignatureFields = 6;
+  struct BoardEntry {
+    std::uint64_t sequence_plus_one;
+    std::int64_t fields[kSignatureFields];
+  };
+  BoardEntry& board_entry(int rank, std::uint64_t sequence) const {
+    return *reinterpret_cast<BoardEntry*>(bases_[static_cast<std::size_t>(rank)] + kBoardOffset + kLine +
+                                          (sequence % kBoardEntries) * kLine);
+  }
+  // This rank's last reading of the least of its peers' `checked` (not shared).
+  std::uint64_t board_floor = 0;
+  // How many of `rank`'s first collectives it has checked against every peer: the
+  // entries before that may be overwritten.
+  std::atomic_ref<std::uint64_t> checked(int rank) const {
+    return std::atomic_ref<std::uint64_t>(
+        *reinterpret_cast<std::uint64_t*>(bases_[static_cast<std::size_t>(rank)] + kBoardOffset));
+  }
+
  private:
   static constexpr std::size_t kLine = 64;
-  static constexpr std::size_t kHeaderBytes = 3 * kLine;
+  static constexpr std::size_t kBoardOffset = 3 * kLine;
+  static constexpr std::size_t kHeaderBytes = kBoardOffset + (1 + kBoardEntries) * kLine;
+  static_assert(sizeof(BoardEntry) <= kLine);
 
   ShmChannel() = default;
   std::atomic_ref<std::uint64_t> counter(int rank, Stage stage) const {

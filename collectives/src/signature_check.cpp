@@ -1,15 +1,21 @@
 #include "signature_check.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "shm_channel.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/options.hpp"
 #include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
+#include "troupe/error.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -17,6 +23,7 @@ namespace {
 
 constexpr int kFields = 6;
 using Signature = std::array<std::int64_t, kFields>;
+using Clock = std::chrono::steady_clock;
 
 Signature signature_of(const Collective& c) {
   return {static_cast<std::int64_t>(c.sequence), static_cast<std::int64_t>(c.kind),
@@ -35,7 +42,107 @@ std::string describe(const Signature& s) {
   return c.describe();
 }
 
+// Every rank's call, grouped: the message every detector of a mismatch gives.
+std::string mismatch_message(const Collective& collective, int rank, int size,
+                             const std::map<Signature, std::vector<int>>& ranks_by_call) {
+  std::string calls;
+  for (const auto& [sig, ranks] : ranks_by_call) {
+    calls += ranks.size() == 1 ? "\n  rank " : "\n  ranks ";
+    for (std::size_t i = 0; i < ranks.size(); ++i) calls += troupe::detail::concat(i ? "," : "", ranks[i]);
+    calls += ": " + describe(sig);
+  }
+  return troupe::detail::concat("collective mismatch at sequence #", collective.sequence, " (seen on rank ", rank,
+                                " of ", size, "); the ranks issued different calls:", calls);
+}
+
+[[noreturn]] void throw_mismatch(const Collective& collective, int rank, int size,
+                                 const std::map<Signature, std::vector<int>>& ranks_by_call) {
+  TROUPE_THROW(CollectiveMismatch, mismatch_message(collective, rank, size, ranks_by_call));
+}
+
+// Polls `done` until it returns true; TimeoutError naming `what` after `timeout`.
+// Yields now and then: the rank it waits for may need this core.
+template <class Done>
+void poll_until(Done done, std::chrono::milliseconds timeout, const Collective& collective, int rank,
+                const char* what) {
+  const auto deadline = Clock::now() + timeout;
+  for (std::uint64_t polls = 0; !done(); ++polls) {
+    if ((polls & 63) != 63) continue;
+    if (timeout != kNoTimeout && Clock::now() >= deadline)
+      TROUPE_THROW(TimeoutError, what, " of ", collective.describe(), " on rank ", rank, ": not every rank issued "
+                   "this call within ", timeout.count(), " ms");
+    std::this_thread::yield();
+  }
+}
+
 }  // namespace
+
+// ---- the board ----
+
+void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
+  const std::uint64_t sequence = collective.sequence;
+  if (sequence >= ShmChannel::kBoardEntries) {
+    // The entry is reused from call (sequence - kBoardEntries): every peer must have
+    // checked that one. The floor is cached, so the peers' counters are read rarely.
+    const std::uint64_t needed = sequence - ShmChannel::kBoardEntries + 1;
+    if (board.board_floor < needed) {
+      poll_until(
+          [&] {
+            std::uint64_t floor = UINT64_MAX;
+            for (int r = 0; r < board.size(); ++r)
+              if (r != board.rank()) floor = std::min(floor, board.checked(r).load(std::memory_order_acquire));
+            board.board_floor = floor;
+            return floor >= needed;
+          },
+          timeout, collective, board.rank(), "publishing the signature");
+    }
+  }
+  ShmChannel::BoardEntry& entry = board.board_entry(board.rank(), sequence);
+  const Signature s = signature_of(collective);
+  for (int i = 0; i < kFields; ++i)
+    std::atomic_ref<std::int64_t>(entry.fields[i]).store(s[static_cast<std::size_t>(i)], std::memory_order_relaxed);
+  std::atomic_ref<std::uint64_t>(entry.sequence_plus_one).store(sequence + 1, std::memory_order_release);
+}
+
+std::optional<std::string> board_verdict(const ShmChannel& board, const Collective& collective) {
+  const std::uint64_t sequence = collective.sequence;
+  const Signature mine = signature_of(collective);
+  bool differs = false;
+  for (int r = 0; r < board.size(); ++r) {
+    if (r == board.rank()) continue;
+    ShmChannel::BoardEntry& entry = board.board_entry(r, sequence);
+    if (std::atomic_ref<std::uint64_t>(entry.sequence_plus_one).load(std::memory_order_acquire) != sequence + 1)
+      return std::nullopt;  // not published yet
+    for (int i = 0; i < kFields && !differs; ++i)
+      differs = std::atomic_ref<std::int64_t>(entry.fields[i]).load(std::memory_order_relaxed) !=
+                mine[static_cast<std::size_t>(i)];
+  }
+  if (!differs) return std::string();
+  std::map<Signature, std::vector<int>> ranks_by_call;
+  for (int r = 0; r < board.size(); ++r) {
+    ShmChannel::BoardEntry& entry = board.board_entry(r, sequence);
+    Signature s{};
+    for (int i = 0; i < kFields; ++i)
+      s[static_cast<std::size_t>(i)] = std::atomic_ref<std::int64_t>(entry.fields[i]).load(std::memory_order_relaxed);
+    ranks_by_call[r == board.rank() ? mine : s].push_back(r);
+  }
+  return mismatch_message(collective, board.rank(), board.size(), ranks_by_call);
+}
+
+bool board_agrees(ShmChannel& board, const Collective& collective) {
+  const std::optional<std::string> verdict = board_verdict(board, collective);
+  if (!verdict) return false;
+  if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
+  std::atomic_ref<std::uint64_t> checked = board.checked(board.rank());
+  if (checked.load(std::memory_order_relaxed) < collective.sequence + 1)
+    checked.store(collective.sequence + 1, std::memory_order_release);
+  return true;
+}
+
+void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
+  poll_until([&] { return board_agrees(board, collective); }, timeout, collective, board.rank(),
+             "the signature check");
+}
 
 void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int size,
                       std::chrono::milliseconds timeout) {
@@ -57,14 +164,157 @@ void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int
   std::map<Signature, std::vector<int>> ranks_by_call;
   for (int r = 0; r < size; ++r) ranks_by_call[(*all)[r]].push_back(r);
   if (ranks_by_call.size() == 1) return;
-  std::string calls;
-  for (const auto& [sig, ranks] : ranks_by_call) {
-    calls += ranks.size() == 1 ? "\n  rank " : "\n  ranks ";
-    for (std::size_t i = 0; i < ranks.size(); ++i) calls += troupe::detail::concat(i ? "," : "", ranks[i]);
-    calls += ": " + describe(sig);
+  throw_mismatch(collective, rank, size, ranks_by_call);
+}
+
+SignatureExchange::SignatureExchange(const Collective& collective) {
+  const Signature s = signature_of(collective);
+  for (int i = 0; i < kFields; ++i) {
+    send_[static_cast<std::size_t>(i)] = s[static_cast<std::size_t>(i)];
+    send_[static_cast<std::size_t>(kFields + i)] = -s[static_cast<std::size_t>(i)];
   }
-  TROUPE_THROW(CollectiveMismatch, "collective mismatch at sequence #", collective.sequence, " (seen on rank ", rank,
-               " of ", size, "); the ranks issued different calls:", calls);
+}
+
+void SignatureExchange::start(MPI_Comm comm) {
+  TROUPE_MPI_CHECK(MPI_Iallreduce(send_.data(), received_.data(), 2 * kFields, MPI_INT64_T, MPI_MIN, comm, &request_));
+}
+
+bool SignatureExchange::test() {
+  if (request_ == MPI_REQUEST_NULL) return true;
+  int flag = 0;
+  TROUPE_MPI_CHECK(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+  return flag != 0;
+}
+
+bool SignatureExchange::agreed() const {
+  for (std::size_t i = 0; i < kFields; ++i)  // min == max, the max read back from min(-s)
+    if (received_[i] != -received_[kFields + i]) return false;
+  return true;
+}
+
+namespace {
+
+[[noreturn]] void name_the_mismatch(MPI_Comm comm, const Collective& collective, int rank, int size,
+                                    std::chrono::milliseconds timeout) {
+  verify_signature(comm, collective, rank, size, timeout);  // throws: the signatures differ
+  TROUPE_THROW(CollectiveMismatch, "collective mismatch at ", collective.describe(), " (seen on rank ", rank, " of ",
+               size, "): the ranks' signatures differ");
+}
+
+}  // namespace
+
+void throw_if_mismatched(SignatureExchange& exchange, MPI_Comm comm, const Collective& collective, int rank, int size,
+                         std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(5));
+  bool done = false;
+  while (!(done = exchange.test()) && Clock::now() < deadline) {
+  }
+  if (done && !exchange.agreed()) name_the_mismatch(comm, collective, rank, size, timeout);
+}
+
+namespace {
+
+// An operation with its signature checked beside it, on the board or by an exchange.
+class SignedOperation final : public Operation {
+ public:
+  SignedOperation(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm, int rank, int size,
+                  std::chrono::milliseconds timeout, std::shared_ptr<StartOrder> order)
+      : Operation(inner->collective()), inner_(std::move(inner)), board_(board), exchange_(inner_->collective()),
+        comm_(comm), rank_(rank), size_(size), timeout_(timeout), order_(std::move(order)),
+        ticket_(order_ ? order_->issued++ : 0) {}
+
+  void start() override {
+    if (board_) publish_signature(*board_, collective(), timeout_);
+    else exchange_.start(comm_);
+    if (!order_) start_inner();
+  }
+
+  bool progress() override {
+    if (!signed_) signed_ = signature_agrees();
+    if (!inner_started_) {
+      if (!signed_ || order_->started != ticket_) return false;
+      start_inner();
+      ++order_->started;
+    }
+    if (!inner_done_) {
+      try {
+        inner_done_ = inner_->progress();
+      } catch (...) {
+        inner_failed();
+        throw;
+      }
+    }
+    return signed_ && inner_done_;
+  }
+
+  std::string waiting_on() const override {
+    return inner_done_ || !inner_started_ ? "its signature check (a rank has not issued this call)"
+                                          : inner_->waiting_on();
+  }
+
+ private:
+  void start_inner() {
+    try {
+      inner_->start();  // the ring's start already moves data, and can fail as progress can
+    } catch (...) {
+      inner_failed();
+      throw;
+    }
+    inner_started_ = true;
+  }
+  // Calls of different sizes can fail inside MPI before their signatures meet: wait a
+  // moment for them, so that the error names the mismatch (signature_agrees throws it).
+  void inner_failed() {
+    keep_inner();
+    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout_, std::chrono::seconds(5));
+    while (!signed_ && Clock::now() < deadline) signed_ = signature_agrees();
+  }
+  // True once every rank's signature is in and equal; throws on a mismatch.
+  bool signature_agrees() {
+    try {
+      if (board_) return board_agrees(*board_, collective());
+      if (!exchange_.test()) return false;
+      if (!exchange_.agreed()) name_the_mismatch(comm_, collective(), rank_, size_, timeout_);
+      return true;
+    } catch (...) {
+      keep_inner();
+      throw;
+    }
+  }
+  // The data part may still be in flight on some rank after a mismatch: never freed.
+  void keep_inner() {
+    if (!kept_) troupe::detail::keep_until_exit(new std::shared_ptr<Operation>(inner_));
+    kept_ = true;
+  }
+
+  std::shared_ptr<Operation> inner_;
+  ShmChannel* board_;
+  SignatureExchange exchange_;
+  MPI_Comm comm_;
+  int rank_, size_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<StartOrder> order_;  // null: `inner` starts with the check
+  std::uint64_t ticket_;
+  bool signed_ = false, inner_started_ = false, inner_done_ = false, kept_ = false;
+};
+
+}  // namespace
+
+void finish_signature_check(SignatureExchange& exchange, MPI_Comm comm, const Collective& collective, int rank,
+                            int size, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (int polls = 0; !exchange.test(); ++polls) {
+    if (timeout != kNoTimeout && (polls & 63) == 63 && Clock::now() >= deadline)
+      TROUPE_THROW(TimeoutError, "the signature exchange of ", collective.describe(), " on rank ", rank,
+                   ": not every rank issued this call within ", timeout.count(), " ms");
+  }
+  if (!exchange.agreed()) name_the_mismatch(comm, collective, rank, size, timeout);
+}
+
+std::shared_ptr<Operation> with_signature_check(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm,
+                                                int rank, int size, std::chrono::milliseconds timeout,
+                                                std::shared_ptr<StartOrder> order) {
+  return std::make_shared<SignedOperation>(std::move(inner), board, comm, rank, size, timeout, std::move(order));
 }
 
 }  // namespace troupe::collectives::detail

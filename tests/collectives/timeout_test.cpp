@@ -1,6 +1,6 @@
 // Timeouts: a collective one rank never joins fails on the others with TimeoutError
 // within the timeout, naming the collective, its sequence number and size, and fails
-// the communicator. Afterwards the late rank joins, so the abandoned collective
+// the communicator. Afterwards the late rank joins, so what the others left in flight
 // completes inside MPI and the test ends cleanly.
 #include <chrono>
 #include <memory>
@@ -53,7 +53,9 @@ TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
     EXPECT_LT(Clock::now() - again, std::chrono::milliseconds(100));
   }
   world().barrier();
-  if (late) comm->allreduce(Buffer(data));  // completes the others' abandoned allreduce
+  // The late rank completes the others' signature exchange; their allreduce itself
+  // never started (MPI's collectives wait for the check), so its own times out too.
+  if (late) EXPECT_THROW(comm->allreduce(Buffer(data)), TimeoutError);
   world().barrier();
 }
 
@@ -78,7 +80,9 @@ TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
     EXPECT_FALSE(work.is_success());
   }
   world().barrier();
-  if (late) comm->allreduce(Buffer(data));
+  // The others' allreduce never started (it waited for its signature check), so the
+  // late rank's times out as well; its signature exchange completes theirs.
+  if (late) EXPECT_THROW(comm->allreduce_async(Buffer(data)).wait(std::chrono::milliseconds(200)), TimeoutError);
   world().barrier();
 }
 

@@ -30,6 +30,7 @@ namespace troupe::collectives {
 namespace detail {
 class BlockingWatchdog;
 class ShmChannel;
+struct StartOrder;
 }
 
 class MpiCommunicator : public Communicator {
@@ -62,12 +63,17 @@ class MpiCommunicator : public Communicator {
 
   // Runs `collective` as one blocking MPI call if the fast path applies.
   bool try_direct(const Collective& collective, bool blocking);
+  // The operation that runs `collective` (shared memory, the ring or an MPI request),
+  // wrapped with its signature check unless that is off.
+  std::shared_ptr<Operation> signed_operation(const Collective& collective);
+  std::shared_ptr<Operation> operation_for(const Collective& collective);
 
   MPI_Comm comm_ = MPI_COMM_NULL;        // collectives and the ring's messages
   MPI_Comm p2p_comm_ = MPI_COMM_NULL;    // user send/recv, so user tags cannot meet ring tags
-  MPI_Comm debug_comm_ = MPI_COMM_NULL;  // debug-mode signature exchange
+  MPI_Comm check_comm_ = MPI_COMM_NULL;  // signature exchanges (signature_check.hpp)
   int tag_limit_ = 32767;                // MPI_TAG_UB
   std::unique_ptr<detail::BlockingWatchdog> watchdog_;  // null without a timeout
+  std::shared_ptr<detail::StartOrder> start_order_;     // of MPI's collectives that wait for their check
   std::unique_ptr<detail::ShmChannel> shm_;  // null unless Options::shared_memory and one node
 };
 

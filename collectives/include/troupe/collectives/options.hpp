@@ -16,9 +16,17 @@ struct Options {
   // straight to MPI aborts instead: see direct_blocking_bytes). kNoTimeout waits forever.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
 
-  // Verify at every collective that all ranks issued the same (kind, count, dtype, op,
-  // root). Costs one small allgather per call, so it is off unless asked for; the
-  // environment variable TROUPE_DEBUG_COLLECTIVES=1 turns it on for every communicator.
+  // Check at every collective that all ranks issued the same call (sequence, kind,
+  // count, dtype, op, root): the signatures are reduced beside the data, one small
+  // all-reduce per call, and a call is complete only once they agree; a mismatch fails
+  // every rank with CollectiveMismatch naming the ranks and their calls. On by default;
+  // TROUPE_CHECK_COLLECTIVES=0 turns it off (what it costs: docs/BENCHMARKS.md).
+  bool check_signatures = true;
+
+  // Verify before every collective, with an allgather of the signatures, that all ranks
+  // issued the same call, and send nothing otherwise. Costs one small allgather per
+  // call, so it is off unless asked for; the environment variable
+  // TROUPE_DEBUG_COLLECTIVES=1 turns it on for every communicator.
   bool debug = false;
 
   // Allreduces and reduce_scatters of at least this many bytes (the larger buffer)
@@ -75,7 +83,8 @@ struct Options {
   std::size_t direct_blocking_bytes = std::size_t{64} << 10;
 };
 
-// Options with `debug` taken from TROUPE_DEBUG_COLLECTIVES (1/true/on).
+// Options with `debug` taken from TROUPE_DEBUG_COLLECTIVES (1/true/on) and
+// `check_signatures` from TROUPE_CHECK_COLLECTIVES.
 Options options_from_environment();
 
 }  // namespace troupe::collectives

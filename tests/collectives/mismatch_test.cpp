@@ -1,0 +1,150 @@
+// The always-on signature check (Options::check_signatures): the last rank issues a
+// different call -- another op, count, dtype or root, or it skipped a call -- on each
+// path a collective can take, and every rank must throw CollectiveMismatch naming the
+// sequence number and the deviating rank's call. (A blocking call that MPI itself
+// leaves hanging is the watchdog's: collectives_watchdog_names_a_mismatch_2ranks.)
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test_world.hpp"
+#include "troupe/collectives/collective_error.hpp"
+
+namespace troupe::collectives::testing {
+namespace {
+
+struct Path {
+  std::string name;
+  Options options;
+  std::size_t count;  // elements per call on this path
+  bool direct;        // a blocking MPI call, which a mismatch of sizes could leave hanging
+};
+
+std::vector<Path> paths() {
+  Options shm = test_options(), engine_shm = test_options(), mpi = test_options(), engine_mpi = test_options(),
+          ring = test_options();
+  engine_shm.direct_blocking_bytes = 0;
+  mpi.shared_memory = engine_mpi.shared_memory = ring.shared_memory = false;
+  engine_mpi.direct_blocking_bytes = ring.direct_blocking_bytes = 0;
+  ring.ring_threshold_bytes = 0;
+  ring.segment_bytes = 64;
+  return {{"direct MPI call, board", shm, 8, true},
+          {"shared memory, board", engine_shm, 8, false},
+          {"direct MPI call, all-reduced signature", mpi, 8, true},
+          {"non-blocking MPI, all-reduced signature", engine_mpi, 8, false},
+          {"ring, all-reduced signature", ring, 64, false}};
+}
+
+// Runs `call(comm, deviate)` on a fresh communicator, the last rank deviating, and
+// checks that every rank's first call threw CollectiveMismatch naming the deviation.
+void expect_mismatch(const Path& path, const std::string& what,
+                     const std::function<void(Communicator&, bool)>& call, const std::string& deviant_call) {
+  MpiCommunicator comm(MPI_COMM_WORLD, path.options);
+  const int last = comm.size() - 1;
+  std::string message;
+  try {
+    call(comm, comm.rank() == last);
+  } catch (const CollectiveMismatch& e) {
+    message = e.what();
+  }
+  SCOPED_TRACE(path.name + ", " + what + ", rank " + std::to_string(comm.rank()));
+  ASSERT_FALSE(message.empty()) << "no CollectiveMismatch";
+  EXPECT_NE(message.find("collective mismatch at sequence #0"), std::string::npos) << message;
+  EXPECT_NE(message.find("rank " + std::to_string(last) + ": " + deviant_call), std::string::npos) << message;
+  EXPECT_TRUE(comm.failed());
+  EXPECT_THROW(comm.barrier(), CommunicatorFailed);
+}
+
+class SignatureCheck : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  }
+  Path path() const { return paths()[static_cast<std::size_t>(GetParam())]; }
+};
+
+TEST_P(SignatureCheck, CatchesAnotherOp) {
+  const Path p = path();
+  expect_mismatch(
+      p, "op",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> data(p.count, 1.0f);
+        comm.allreduce(Buffer(data), deviate ? ReduceOp::max : ReduceOp::sum);
+      },
+      "allreduce #0 (max");
+}
+
+TEST_P(SignatureCheck, CatchesAnotherDtypeOfTheSameSize) {
+  const Path p = path();
+  expect_mismatch(
+      p, "dtype",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> f(p.count, 1.0f);
+        std::vector<std::int32_t> i(p.count, 1);
+        if (deviate) comm.allreduce(Buffer(i));
+        else comm.allreduce(Buffer(f));
+      },
+      "allreduce #0 (sum, " + std::to_string(p.count) + " x i32");
+}
+
+// The rest change sizes or matching, which MPI may answer by waiting for ever inside a
+// blocking call: on the engine's paths the check runs beside the call and still ends it.
+TEST_P(SignatureCheck, CatchesAnotherCount) {
+  const Path p = path();
+  if (p.direct) GTEST_SKIP() << "a blocking call of another size may hang inside MPI (the watchdog's case)";
+  expect_mismatch(
+      p, "count",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> data(p.count + (deviate ? 1 : 0), 1.0f);
+        comm.allreduce(Buffer(data));
+      },
+      "allreduce #0 (sum, " + std::to_string(p.count + 1) + " x f32");
+}
+
+TEST_P(SignatureCheck, CatchesAnotherRoot) {
+  const Path p = path();
+  if (p.direct) GTEST_SKIP() << "a blocking call with another root may hang inside MPI (the watchdog's case)";
+  expect_mismatch(
+      p, "root",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> data(p.count, 1.0f);
+        comm.broadcast(Buffer(data), deviate ? 1 : 0);
+      },
+      "broadcast #0 (root 1");
+}
+
+TEST_P(SignatureCheck, CatchesASkippedCall) {
+  const Path p = path();
+  if (p.direct) GTEST_SKIP() << "another collective in a blocking call may hang inside MPI (the watchdog's case)";
+  expect_mismatch(
+      p, "skipped call",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> data(p.count, 1.0f);
+        if (!deviate) comm.allreduce(Buffer(data));  // the last rank skips it
+        comm.broadcast(Buffer(data), 0);
+      },
+      "broadcast #0 (root 0");
+}
+
+TEST_P(SignatureCheck, LetsMatchingCallsThrough) {
+  const Path p = path();
+  MpiCommunicator comm(MPI_COMM_WORLD, p.options);
+  std::vector<float> data(p.count, 1.0f);
+  for (int i = 0; i < 300; ++i) comm.allreduce(Buffer(data), ReduceOp::max);  // past the board's 256 entries
+  comm.broadcast(Buffer(data), comm.size() - 1);
+  comm.barrier();
+  EXPECT_EQ(data[0], 1.0f);
+  EXPECT_FALSE(comm.failed());
+}
+
+std::string path_name(const ::testing::TestParamInfo<int>& info) {
+  static const char* const names[] = {"DirectBoard", "SharedMemory", "DirectAllreduced", "NonBlockingMpi", "Ring"};
+  return names[info.param];
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, SignatureCheck, ::testing::Range(0, 5), path_name);
+
+}  // namespace
+}  // namespace troupe::collectives::testing
