@@ -93,7 +93,9 @@ void fail(const std::string& what) {
 }
 
 // One collective at one size: buffers, the troupe call, the MPI call and a check.
-Result measure(tc::Communicator& comm, const std::string& collective, DType dtype, std::size_t bytes, int rounds) {
+// With `twin`, the baseline is the same call on that communicator instead of MPI's.
+Result measure(tc::Communicator& comm, const std::string& collective, DType dtype, std::size_t bytes, int rounds,
+               tc::Communicator* twin = nullptr) {
   const int n = g_size;
   const std::size_t es = troupe::tensor::element_size(dtype);
   const MPI_Datatype type = dtype == DType::f32 ? MPI_FLOAT : MPI_UINT16_T;
@@ -123,6 +125,13 @@ Result measure(tc::Communicator& comm, const std::string& collective, DType dtyp
   } else {
     ours = [&] { comm.broadcast(out, 0); };
     theirs = [&] { MPI_Bcast(out.data, static_cast<int>(c), type, 0, g_bench); };
+  }
+  if (twin) {
+    tc::Communicator& other = *twin;
+    if (collective == "allreduce") theirs = [&] { other.allreduce(in, out); };
+    else if (gathers) theirs = [&] { other.allgather(in, out); };
+    else if (scatters) theirs = [&] { other.reduce_scatter(in, out); };
+    else theirs = [&] { other.broadcast(out, 0); };
   }
   // Verify troupe's result once (nccl-tests' rule: a fast wrong answer is no answer).
   ours();
@@ -243,6 +252,28 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // What the always-on signature check costs: the same calls on a communicator with
+  // it off, alternately (Options::check_signatures; target: small calls <= 1.05x).
+  std::vector<Result> check_costs;
+  {
+    tc::Options on = tc::options_from_environment(), off = on;
+    on.check_signatures = true;
+    off.check_signatures = false;
+    tc::MpiCommunicator checked(MPI_COMM_WORLD, on), unchecked(MPI_COMM_WORLD, off);
+    const int rounds = args.quick ? 1 : 5;
+    if (g_rank == 0) std::printf("# the signature check: the same call with it on and off\n");
+    const std::vector<std::pair<const char*, std::size_t>> cases = {
+        {"allreduce", 8}, {"allreduce", 4096}, {"allreduce", 64 << 10}, {"allreduce", 1 << 20},
+        {"broadcast", 8}, {"allgather", 8}, {"allreduce", 8 << 20}};
+    for (const auto& [collective, bytes] : cases) {
+      Result r = measure(checked, collective, DType::f32, bytes, rounds, &unchecked);
+      r.collective += " check";
+      check_costs.push_back(r);
+      if (g_rank == 0)
+        std::printf("%-15s %5s %10s   checked %9.2f us, unchecked %9.2f us, ratio %.3f\n", collective, "f32",
+                    human(r.bytes).c_str(), r.troupe_us, r.mpi_us, r.troupe_us / r.mpi_us);
+    }
+  }
   if (g_rank == 0 && !args.json.empty()) {
     char date[64];
     const std::time_t t = std::time(nullptr);
@@ -273,6 +304,14 @@ int main(int argc, char** argv) {
       }
       out << (first ? "" : ",\n") << row;
       first = false;
+    }
+    for (const Result& r : check_costs) {
+      const bool small = r.bytes <= 4096;
+      out << ",\n"
+          << json_row("signature check, " + r.collective.substr(0, r.collective.find(' ')) + " f32 " + human(r.bytes) +
+                          " " + args.transport,
+                      "us", "lower", r.troupe_us, "the same call with the check off (check_signatures = false)",
+                      r.mpi_us, small ? "<= 1.05x unchecked" : "", small ? r.troupe_us <= 1.05 * r.mpi_us : -1, date);
     }
     out << "\n]\n";
   }

@@ -200,7 +200,12 @@ against troupe's shared-memory figure from the first job.
   checks, the sequence number under a lock, the backend's dispatch, the watchdog's
   two stores) adds 40-120 ns per call in these runs, on MPI calls of 0.10-0.48 us.
 - Over TCP the runs swing by up to 2x from one to the next (loopback TCP on two busy
-  cores: sys time is most of the CPU), so a single row there says little.""",
+  cores: sys time is most of the CPU), so a single row there says little.
+- "signature check" rows: the same call on two communicators, one with
+  `check_signatures` on (the default) and one with it off, alternating in rounds as
+  above. Over shared memory the check is the signature board (a store before the call,
+  a read of each peer's line after it); over TCP, a non-blocking all-reduce beside the
+  call, which costs a second round trip on small calls (docs/COLLECTIVES.md).""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,

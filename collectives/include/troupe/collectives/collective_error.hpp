@@ -2,8 +2,9 @@
 //
 //   TimeoutError (troupe's own): a wait ran past its timeout. The message names the
 //     collective, its sequence number, its size and, when known, the peer not heard from.
-//   CollectiveMismatch: in debug mode (TROUPE_DEBUG_COLLECTIVES=1), ranks issued
-//     different calls at the same sequence number; the message lists every rank's call.
+//   CollectiveMismatch: ranks issued different calls at the same sequence number
+//     (another op, count, dtype or root, or a skipped call), found by the signature
+//     check every call carries; the message lists every rank's call.
 //   CommunicatorFailed: an earlier collective timed out or failed, so this communicator
 //     refuses new work instead of hanging on a peer that may never come (gloo's rule).
 //   NcclError: NCCL or CUDA reported an error; the message carries its own string.
