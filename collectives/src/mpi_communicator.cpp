@@ -8,6 +8,7 @@
 #include "blocking_watchdog.hpp"
 #include "engine.hpp"
 #include "mpi_request_operation.hpp"
+#include "packed_call.hpp"
 #include "shm_channel.hpp"
 #include "shm_collective.hpp"
 #include "signature_check.hpp"
@@ -171,11 +172,16 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
   if (watchdog_) watchdog_->begin(c);
   // The signature is checked after the call (before it, every small call would wait
   // for the slowest rank twice): on one node on the board, published first; across
-  // nodes in a non-blocking all-reduce started first, which MPI matches with the same
-  // exchange of a call that took the engine's path, and which completes during the
-  // blocking call.
+  // nodes inside the call's own message where packed_call.hpp can, else in a
+  // non-blocking all-reduce started first, which MPI matches with the same exchange of
+  // a call that took the engine's path, and which completes during the blocking call.
   std::unique_ptr<detail::SignatureExchange> exchange;
   try {
+    if (options().check_signatures && !shm_ && detail::can_pack(c)) {
+      detail::run_packed(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()}, check_comm_, options().timeout);
+      if (watchdog_) watchdog_->end();
+      return true;
+    }
     if (options().check_signatures) {
       if (shm_) {
         detail::publish_signature(*shm_, c, options().timeout);

@@ -19,17 +19,16 @@
 
 namespace troupe::collectives::detail {
 
-namespace {
-
-constexpr int kFields = 6;
-using Signature = std::array<std::int64_t, kFields>;
-using Clock = std::chrono::steady_clock;
-
 Signature signature_of(const Collective& c) {
   return {static_cast<std::int64_t>(c.sequence), static_cast<std::int64_t>(c.kind),
           static_cast<std::int64_t>(c.count),    static_cast<std::int64_t>(c.dtype),
           c.has_op() ? static_cast<std::int64_t>(c.op) : -1, c.has_root() ? c.root : -1};
 }
+
+namespace {
+
+constexpr int kFields = kSignatureFields;
+using Clock = std::chrono::steady_clock;
 
 std::string describe(const Signature& s) {
   Collective c;
@@ -55,10 +54,6 @@ std::string mismatch_message(const Collective& collective, int rank, int size,
                                 " of ", size, "); the ranks issued different calls:", calls);
 }
 
-[[noreturn]] void throw_mismatch(const Collective& collective, int rank, int size,
-                                 const std::map<Signature, std::vector<int>>& ranks_by_call) {
-  TROUPE_THROW(CollectiveMismatch, mismatch_message(collective, rank, size, ranks_by_call));
-}
 
 // Polls `done` until it returns true; TimeoutError naming `what` after `timeout`.
 // Yields now and then: the rank it waits for may need this core.
@@ -76,6 +71,11 @@ void poll_until(Done done, std::chrono::milliseconds timeout, const Collective& 
 }
 
 }  // namespace
+
+void throw_mismatch(const Collective& collective, int rank, int size,
+                    const std::map<Signature, std::vector<int>>& ranks_by_call) {
+  TROUPE_THROW(CollectiveMismatch, mismatch_message(collective, rank, size, ranks_by_call));
+}
 
 // ---- the board ----
 

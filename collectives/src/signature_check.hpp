@@ -25,9 +25,11 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "troupe/collectives/collective.hpp"
 #include "troupe/collectives/operation.hpp"
@@ -35,6 +37,14 @@
 namespace troupe::collectives::detail {
 
 class ShmChannel;
+
+constexpr int kSignatureFields = 6;
+// (sequence, kind, count, dtype, op or -1, root or -1).
+using Signature = std::array<std::int64_t, kSignatureFields>;
+Signature signature_of(const Collective& collective);
+// CollectiveMismatch listing which ranks issued which call.
+[[noreturn]] void throw_mismatch(const Collective& collective, int rank, int size,
+                                 const std::map<Signature, std::vector<int>>& ranks_by_call);
 
 // ---- on one node: the board ----
 // Writes `collective`'s signature into this rank's entry. Waits (bounded by `timeout`)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "test_world.hpp"
+#include "troupe/tensor/half.hpp"
 #include "troupe/collectives/collective_error.hpp"
 
 namespace troupe::collectives::testing {
@@ -136,6 +137,62 @@ TEST_P(SignatureCheck, LetsMatchingCallsThrough) {
   comm.broadcast(Buffer(data), comm.size() - 1);
   comm.barrier();
   EXPECT_EQ(data[0], 1.0f);
+  EXPECT_FALSE(comm.failed());
+}
+
+// Across nodes a small blocking allgather or broadcast carries its signature in its
+// own message (packed_call.hpp), as the allreduces above do.
+TEST(PackedSignature, AnAllgatherOfAnotherDtypeFailsEveryRank) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  expect_mismatch(
+      paths()[2], "allgather dtype",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> f(3, 1.0f), fs(3 * static_cast<std::size_t>(comm.size()));
+        std::vector<std::int32_t> i(3, 1), is(fs.size());
+        if (deviate) comm.allgather(Buffer(i), Buffer(is));
+        else comm.allgather(Buffer(f), Buffer(fs));
+      },
+      "allgather #0 (3 x i32");
+}
+
+// A broadcast's ranks compare the root's signature with their own: the rank that
+// differs fails, naming both calls; the others got the root's data as sent.
+TEST(PackedSignature, ABroadcastOfAnotherDtypeFailsTheRankThatDiffers) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  MpiCommunicator comm(MPI_COMM_WORLD, paths()[2].options);
+  const bool deviate = comm.rank() == comm.size() - 1;
+  std::vector<float> f(5, comm.rank() == 0 ? 7.0f : 0.0f);
+  std::vector<std::int32_t> i(5, 0);
+  if (!deviate) {
+    comm.broadcast(Buffer(f), 0);
+    EXPECT_EQ(f[4], 7.0f);
+    return;
+  }
+  try {
+    comm.broadcast(Buffer(i), 0);
+    ADD_FAILURE() << "no CollectiveMismatch";
+  } catch (const CollectiveMismatch& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("rank 0: broadcast #0 (root 0, 5 x f32"), std::string::npos) << message;
+    EXPECT_NE(message.find(": broadcast #0 (root 0, 5 x i32"), std::string::npos) << message;
+  }
+  EXPECT_TRUE(comm.failed());
+}
+
+TEST(PackedSignature, SmallCallsGiveTheirResults) {
+  MpiCommunicator comm(MPI_COMM_WORLD, paths()[2].options);
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<double> sum(6, 1.5), avg(6, static_cast<double>(comm.rank())), mine(2, comm.rank() + 0.5), all(2 * n);
+  std::vector<std::uint16_t> half(4, tensor::float_to_bf16_bits(1.0f));
+  comm.allreduce(Buffer(sum));
+  comm.allreduce(Buffer(avg), ReduceOp::avg);
+  comm.allreduce(Buffer(half.data(), half.size(), DType::bf16));
+  comm.allgather(Buffer(mine), Buffer(all));
+  comm.barrier();
+  EXPECT_EQ(sum[5], 1.5 * static_cast<double>(n));
+  EXPECT_EQ(avg[0], (static_cast<double>(n) - 1) / 2);
+  EXPECT_EQ(tensor::bf16_bits_to_float(half[3]), static_cast<float>(n));
+  for (std::size_t r = 0; r < n; ++r) EXPECT_EQ(all[2 * r + 1], static_cast<double>(r) + 0.5) << r;
   EXPECT_FALSE(comm.failed());
 }
 
