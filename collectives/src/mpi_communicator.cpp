@@ -170,13 +170,16 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
   // call, so each finishes it first, then all take the blocking call.
   engine().wait_all(options().timeout);
   if (watchdog_) watchdog_->begin(c);
-  // The signature is checked after the call (before it, every small call would wait
-  // for the slowest rank twice): on one node on the board, published first; across
-  // nodes inside the call's own message where packed_call.hpp can, else in a
-  // non-blocking all-reduce started first, which MPI matches with the same exchange of
-  // a call that took the engine's path, and which completes during the blocking call.
+  // The signature is checked with the call, not before it (every small call would wait
+  // for the slowest rank twice): on one node on the board, published first and read
+  // after; across nodes inside the call's own message where packed_call.hpp can, else
+  // in a non-blocking all-reduce started first, which MPI matches with the same
+  // exchange of a call that took the engine's path, and which completes during the
+  // blocking call.
   std::unique_ptr<detail::SignatureExchange> exchange;
   try {
+    // (On one node the board is cheaper: MPI's shared-memory allreduce of a derived
+    // datatype with a user-defined op took 2x as long at 4 KB.)
     if (options().check_signatures && !shm_ && detail::can_pack(c)) {
       detail::run_packed(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()}, check_comm_, options().timeout);
       if (watchdog_) watchdog_->end();
@@ -198,8 +201,14 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
       if (shm_ && options().check_signatures) detail::board_agrees(*shm_, c);
       throw;
     }
-    if (exchange) detail::finish_signature_check(*exchange, check_comm_, c, rank(), size(), options().timeout);
-    else if (shm_ && options().check_signatures) detail::wait_for_board(*shm_, c, options().timeout);
+    if (exchange) {
+      detail::finish_signature_check(*exchange, check_comm_, c, rank(), size(), options().timeout);
+    } else if (shm_ && options().check_signatures) {
+      // Every rank waits for every peer's entry, a broadcast's root too: were a rank
+      // that only sends to skip it, two ranks that each took themselves for the root
+      // would both return, and nobody would have been told.
+      detail::wait_for_board(*shm_, c, options().timeout);
+    }
   } catch (const std::exception& e) {
     if (watchdog_) watchdog_->end();
     troupe::detail::keep_until_exit(exchange.release());  // MPI may still write to it

@@ -84,6 +84,9 @@ MPI_Op combine_op() {
 // A committed contiguous datatype of `bytes`, one per size, kept for the process (as
 // MPI's own ops are); creating one per call would cost more than the call.
 MPI_Datatype record_type(std::size_t bytes) {
+  thread_local std::size_t last_bytes = 0;  // a loop of one size skips the lock
+  thread_local MPI_Datatype last_type = MPI_DATATYPE_NULL;
+  if (bytes == last_bytes && last_type != MPI_DATATYPE_NULL) return last_type;
   static std::mutex mutex;
   static std::map<std::size_t, MPI_Datatype> types;
   std::lock_guard lock(mutex);
@@ -92,6 +95,8 @@ MPI_Datatype record_type(std::size_t bytes) {
     TROUPE_MPI_CHECK(MPI_Type_contiguous(static_cast<int>(bytes), MPI_BYTE, &it->second));
     TROUPE_MPI_CHECK(MPI_Type_commit(&it->second));
   }
+  last_bytes = bytes;
+  last_type = it->second;
   return it->second;
 }
 

@@ -133,10 +133,14 @@ bool board_agrees(ShmChannel& board, const Collective& collective) {
   const std::optional<std::string> verdict = board_verdict(board, collective);
   if (!verdict) return false;
   if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
+  mark_checked(board, collective);
+  return true;
+}
+
+void mark_checked(ShmChannel& board, const Collective& collective) {
   std::atomic_ref<std::uint64_t> checked = board.checked(board.rank());
   if (checked.load(std::memory_order_relaxed) < collective.sequence + 1)
     checked.store(collective.sequence + 1, std::memory_order_release);
-  return true;
 }
 
 void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {

@@ -54,6 +54,8 @@ void publish_signature(ShmChannel& board, const Collective& collective, std::chr
 // Whether every rank's entry holds this call's signature yet (false: a rank has not
 // published it); throws CollectiveMismatch if one differs. Never blocks.
 bool board_agrees(ShmChannel& board, const Collective& collective);
+// The call was checked another way (packed_call.hpp): its entry may be reused.
+void mark_checked(ShmChannel& board, const Collective& collective);
 // Without throwing: nullopt while a rank has not published the call, "" when all
 // agree, else the mismatch's message (for the watchdog of a blocking call).
 std::optional<std::string> board_verdict(const ShmChannel& board, const Collective& collective);
