@@ -127,7 +127,9 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
   if (try_direct(c, blocking)) return Work();
   try {
     return launch(signed_operation(c), blocking);
-  } catch (const CollectiveMismatch& e) {  // found as the call started: the ranks are out of step
+  } catch (const std::exception& e) {
+    // A mismatch found as the call started, or a failure after its signature went out:
+    // either way the ranks are out of step now.
     fail(e.what());
     throw;
   }

@@ -54,7 +54,6 @@ std::string mismatch_message(const Collective& collective, int rank, int size,
                                 " of ", size, "); the ranks issued different calls:", calls);
 }
 
-
 // Polls `done` until it returns true; TimeoutError naming `what` after `timeout`.
 // Yields now and then: the rank it waits for may need this core.
 template <class Done>
@@ -161,7 +160,7 @@ void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int
     if (!flag && timeout != kNoTimeout && (polls & 7) == 7 && std::chrono::steady_clock::now() >= deadline) {
       troupe::detail::keep_until_exit(mine.release());
       troupe::detail::keep_until_exit(all.release());
-      TROUPE_THROW(TimeoutError, "debug check of ", collective.describe(), " on rank ", rank,
+      TROUPE_THROW(TimeoutError, "the signature check of ", collective.describe(), " on rank ", rank,
                    ": not every rank reached it within ", timeout.count(), " ms");
     }
   }
