@@ -45,7 +45,8 @@ Tensor LayerNorm::backward_impl(const Tensor& grad_output) {
   TROUPE_CHECK(grad_output.defined() && grad_output.shape() == input_.shape() &&
                    grad_output.dtype() == input_.dtype() && grad_output.device() == input_.device(),
                op, ": grad_output must be ", input_.dtype(), " ", tensor::to_string(input_.shape()), " on ",
-               input_.device());
+               input_.device(), ", got ", grad_output.dtype(), " ", tensor::to_string(grad_output.shape()), " on ",
+               grad_output.device());
   if (!weight_) return tensor::layer_norm_backward(grad_output, input_, saved_, Tensor(), nullptr, nullptr);
   Tensor& gb = grad_for_accumulation(*bias_, op.c_str(), "bias");
   Tensor& gw = grad_for_accumulation(*weight_, op.c_str(), "weight");
