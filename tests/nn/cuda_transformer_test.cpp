@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../tensor/gpu_compare.hpp"
+#include "token_ids.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/gpt.hpp"
@@ -16,6 +17,7 @@
 #include "troupe/tensor/random.hpp"
 
 using namespace troupe;
+using nn::testing::token_ids;
 using tensor::DType;
 using tensor::Generator;
 
@@ -37,13 +39,6 @@ double relative_error(const Tensor& a, const Tensor& b) {
 
 double bound_for(DType t) { return t == DType::f64 ? 1e-12 : t == DType::f32 ? 1e-5 : 2e-2; }
 
-Tensor token_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, std::uint64_t seed) {
-  Generator gen(seed);
-  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, DType::f64);
-  std::vector<std::int64_t> ids;
-  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
-  return Tensor::from_vector(ids, {batch, time});
-}
 
 }  // namespace
 

@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "gradcheck.hpp"
+#include "token_ids.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/tensor/attention.hpp"
 
 using namespace troupe;
+using nn::testing::token_ids;
 using namespace troupe::nn;
 using tensor::DType;
 using tensor::Generator;
@@ -24,13 +26,6 @@ GPTConfig tiny_config(double dropout = 0.0) {
   return {.block_size = 6, .vocab_size = 7, .n_layer = 2, .n_head = 2, .n_embd = 8, .dropout = dropout};
 }
 
-Tensor token_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, std::uint64_t seed) {
-  Generator gen(seed);
-  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, DType::f64);
-  std::vector<std::int64_t> ids;
-  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
-  return Tensor::from_vector(ids, {batch, time});
-}
 
 }  // namespace
 
