@@ -86,7 +86,7 @@ void measure(Runtime& rt, SaveManifest& manifest, const std::vector<Slice>& slic
           std::vector<actors::Future<void>> sent;
           for (std::size_t t = 0; t < slices.size(); ++t)
             if (slices[t].data.numel() > 0)
-              sent.push_back(send_piece(actor, manifest.step, static_cast<std::int64_t>(t), slices[t].begin, slices[t].data));
+              sent.push_back(send_piece(actor, manifest.step, static_cast<std::int64_t>(t), slices[t].begin, slices[t].data, rank));
           for (auto& f : sent) f.get();
           MPI_Barrier(MPI_COMM_WORLD);
           if (rank == 0) actor.ask(&CheckpointActor::commit, manifest.step).get();

@@ -1,5 +1,7 @@
 #include "troupe/checkpoint/checkpoint_actor.hpp"
 
+#include <iterator>
+
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/error.hpp"
 
@@ -41,7 +43,7 @@ void CheckpointActor::begin(SaveManifest manifest) {
   for (const std::string& g : manifest.groups) f.ensure_group(g);
   for (const TensorSpec& t : manifest.tensors) f.create_dataset(t.path, tensor::dtype_from_name(t.dtype), t.shape);
   for (const AttributeSpec& a : manifest.attributes) f.set_attribute(a.group, a.name, a.value);
-  open.received.assign(manifest.tensors.size(), 0);
+  open.written.assign(manifest.tensors.size(), {});
   open.manifest = std::move(manifest);
   open_ = std::move(open);
 }
@@ -54,28 +56,81 @@ CheckpointActor::Open& CheckpointActor::open_for(std::int64_t step, const char* 
   return *open_;
 }
 
-void CheckpointActor::piece(std::int64_t step, std::int64_t index, std::int64_t byte_offset, actors::Bytes data) {
+void CheckpointActor::piece(std::int64_t step, std::int64_t index, std::int64_t byte_offset, std::int64_t from_rank,
+                            actors::Bytes data) {
   Open& open = open_for(step, "piece");
-  TROUPE_CHECK(index >= 0 && index < static_cast<std::int64_t>(open.manifest.tensors.size()),
-               "checkpoint actor: piece for tensor index ", index, " of ", open.manifest.tensors.size());
+  const auto refuse = [&](const std::string& why) {
+    const std::string message = "checkpoint actor, " + open.temp.string() + ": step " + std::to_string(step) +
+                                ", a piece from rank " + std::to_string(from_rank) + " " + why +
+                                "; the save is abandoned, the previous checkpoint stays latest";
+    if (open.refused.empty()) open.refused = message;
+    TROUPE_THROW(CheckpointError, message);
+  };
+  if (!open.refused.empty()) refuse("arrived after an earlier piece was refused");
+  if (index < 0 || index >= static_cast<std::int64_t>(open.manifest.tensors.size()))
+    refuse("names tensor index " + std::to_string(index) + " of " + std::to_string(open.manifest.tensors.size()));
   const TensorSpec& spec = open.manifest.tensors[static_cast<std::size_t>(index)];
-  open.file->write_range(spec.path, static_cast<std::size_t>(byte_offset), data.data(), data.size());
-  open.received[static_cast<std::size_t>(index)] += static_cast<std::int64_t>(data.size());
+  const auto element = static_cast<std::int64_t>(tensor::element_size(tensor::dtype_from_name(spec.dtype)));
+  const std::int64_t total = tensor::shape_numel(spec.shape) * element;
+  const std::int64_t begin = byte_offset, end = byte_offset + static_cast<std::int64_t>(data.size());
+  const std::string range = "bytes [" + std::to_string(begin) + ", " + std::to_string(end) + ") of tensor " + spec.path;
+  if (begin < 0) refuse("starts at a negative offset: " + range);
+  if (end > total) refuse("runs past the tensor's " + std::to_string(total) + " bytes: " + range);
+  if (begin % element != 0 || (end - begin) % element != 0)
+    refuse("is not whole " + std::to_string(element) + "-byte elements: " + range);
+  auto& written = open.written[static_cast<std::size_t>(index)];
+  // The first written range ending after `begin` is the only one that can overlap it.
+  auto next = written.upper_bound(begin);
+  if (next != written.begin() && std::prev(next)->second > begin) next = std::prev(next);
+  if (next != written.end() && next->first < end)
+    refuse("overlaps bytes [" + std::to_string(next->first) + ", " + std::to_string(next->second) +
+           ") already written (a piece sent twice?): " + range);
+  if (begin == end) return;
+  open.file->write_range(spec.path, static_cast<std::size_t>(begin), data.data(), data.size());
+  // Merged with its neighbours, so a complete tensor is one range.
+  std::int64_t lo = begin, hi = end;
+  if (auto after = written.find(end); after != written.end()) {
+    hi = after->second;
+    written.erase(after);
+  }
+  if (auto before = written.lower_bound(begin); before != written.begin() && std::prev(before)->second == begin) {
+    lo = std::prev(before)->first;
+    written.erase(std::prev(before));
+  }
+  written[lo] = hi;
 }
 
 std::string CheckpointActor::commit(std::int64_t step) {
   Open& open = open_for(step, "commit");
+  if (!open.refused.empty()) {
+    const std::string why = open.refused;
+    drop_open();
+    TROUPE_THROW(CheckpointError, why);
+  }
   for (std::size_t i = 0; i < open.manifest.tensors.size(); ++i) {
     const TensorSpec& spec = open.manifest.tensors[i];
-    std::int64_t expected = tensor::shape_numel(spec.shape) *
-                            static_cast<std::int64_t>(tensor::element_size(tensor::dtype_from_name(spec.dtype)));
-    if (open.received[i] != expected) {
-      std::int64_t got = open.received[i];
-      std::string path = spec.path;  // drop_open() destroys the manifest
-      drop_open();
-      TROUPE_THROW(CheckpointError, "checkpoint actor: step ", step, " tensor ", path, " received ", got,
-                   " of ", expected, " bytes (a piece is missing or sent twice); the save is abandoned");
+    const std::int64_t total = tensor::shape_numel(spec.shape) *
+                               static_cast<std::int64_t>(tensor::element_size(tensor::dtype_from_name(spec.dtype)));
+    const auto& written = open.written[i];
+    if (total == 0 || (written.size() == 1 && written.begin()->first == 0 && written.begin()->second == total))
+      continue;
+    // The first gap: before the first range, or after the first range that stops short.
+    std::int64_t gap = 0, gap_end = total;
+    if (!written.empty() && written.begin()->first == 0) {
+      gap = written.begin()->second;
+      gap_end = std::next(written.begin()) != written.end() ? std::next(written.begin())->first : total;
+    } else if (!written.empty()) {
+      gap_end = written.begin()->first;
     }
+    std::int64_t covered = 0;
+    for (const auto& [b, e] : written) covered += e - b;
+    const std::string message = "checkpoint actor, " + open.temp.string() + ": step " + std::to_string(step) +
+                                ", tensor " + spec.path + " has " + std::to_string(covered) + " of " +
+                                std::to_string(total) + " bytes written; bytes [" + std::to_string(gap) + ", " +
+                                std::to_string(gap_end) +
+                                ") were never sent (a rank's piece is missing); the save is abandoned";
+    drop_open();  // destroys the manifest
+    TROUPE_THROW(CheckpointError, message);
   }
   try {
     for (const TensorSpec& spec : open.manifest.tensors) open.file->finish_dataset(spec.path);
@@ -94,13 +149,14 @@ void CheckpointActor::discard(std::int64_t step) {
 }
 
 actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step,
-                                std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece) {
+                                std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece,
+                                std::int64_t from_rank) {
   tensor::Tensor host = piece.device().is_cpu() ? piece : piece.to(tensor::Device::cpu());
   // A view of the tensor's own storage: the attachment is sent from it without a copy.
   actors::Bytes bytes(std::shared_ptr<const void>(host.storage(), host.raw_data()),
                       static_cast<const std::byte*>(host.raw_data()), host.nbytes());
   return actor.ask(&CheckpointActor::piece, step, index,
-                   elem_offset * static_cast<std::int64_t>(host.element_bytes()), bytes);
+                   elem_offset * static_cast<std::int64_t>(host.element_bytes()), from_rank, bytes);
 }
 
 }  // namespace troupe::checkpoint

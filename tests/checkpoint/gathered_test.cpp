@@ -2,6 +2,10 @@
 // which writes them into one full-state-dict file; and loads into other world sizes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "gathered_world.hpp"
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/checkpoint_actor.hpp"
@@ -49,7 +53,7 @@ void send_my_pieces(const actors::ActorRef<CheckpointActor>& actor, std::int64_t
     auto [b, e] = shard_range(flat.numel(), runtime().rank(), runtime().size());
     if (b == e) continue;
     keep.push_back(flat.slice(b, e));
-    sent.push_back(send_piece(actor, step, static_cast<std::int64_t>(i), b, keep.back()));
+    sent.push_back(send_piece(actor, step, static_cast<std::int64_t>(i), b, keep.back(), runtime().rank()));
   }
   for (auto& f : sent) f.get();
 }
@@ -122,11 +126,70 @@ TEST(GatheredSave, AMissingPieceFailsTheCommitNamingTheTensorAndLeavesNoFile) {
       actor.ask(&CheckpointActor::commit, std::int64_t{9}).get();
       ADD_FAILURE() << "commit with a missing piece succeeded";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("/model/a.weight received"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("tensor /model/a.weight has"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("were never sent"), std::string::npos) << e.what();
     }
     for (const auto& entry : fs::directory_iterator(dir.path())) ADD_FAILURE() << "left behind: " << entry.path();
   }
   barrier();
+}
+
+// Coverage, not a byte count: a piece sent twice and a piece never sent, of the same
+// size, used to pass; so did a negative offset. Each bad piece is refused naming the
+// file, tensor, rank and bytes, and fails the save; the last checkpoint stays latest.
+TEST(GatheredSave, BadPiecesAreRefusedAndTheLastCheckpointStays) {
+  testing::SharedDir dir;
+  auto actor = testing::spawn_checkpoint_actor(dir.path(), "ckpt-coverage");
+  send_my_pieces(actor, 3);
+  barrier();
+  if (runtime().rank() == 0) actor.ask(&CheckpointActor::commit, std::int64_t{3}).get();
+  barrier();
+  struct Bad {
+    const char* what;
+    std::int64_t elem_offset;
+    std::int64_t elements;
+    bool repeat;  // the same piece sent again
+    const char* says;
+  };
+  const Bad cases[] = {{"duplicate plus missing", 0, 4, true, "overlaps bytes [0, 16) already written"},
+                       {"negative offset", -2, 4, false, "negative offset"},
+                       {"past the end", 5, 4, false, "runs past the tensor's 28 bytes"},
+                       {"partial overlap", 1, 2, false, "overlaps bytes [0, 16)"}};
+  std::int64_t step = 4;
+  for (const Bad& bad : cases) {
+    if (runtime().rank() == 0) {
+      actor.ask(&CheckpointActor::begin, manifest(step)).get();
+      const Tensor a = full_tensor(0).reshape({-1});  // /model/a.weight: 7 f32 = 28 bytes
+      const Tensor first = a.slice(0, 4);
+      send_piece(actor, step, 0, 0, first, 0).get();
+      if (bad.repeat || bad.elem_offset != 0) {
+        // A negative offset cannot slice the tensor: any 4 elements carry the bytes.
+        const Tensor bytes = bad.elem_offset < 0 ? first : a.slice(0, bad.elements);
+        try {
+          send_piece(actor, step, 0, bad.elem_offset, bytes, 0).get();
+          ADD_FAILURE() << bad.what << ": the actor took the piece";
+        } catch (const Error& e) {
+          const std::string what = e.what();
+          EXPECT_NE(what.find(bad.says), std::string::npos) << bad.what << ": " << what;
+          EXPECT_NE(what.find("/model/a.weight"), std::string::npos) << what;
+          EXPECT_NE(what.find("from rank 0"), std::string::npos) << what;
+          EXPECT_NE(what.find(".tmp"), std::string::npos) << "names the file: " << what;
+        }
+      }
+      // The rest of every tensor arrives, but the save was failed by the refusal.
+      for (std::size_t i = 1; i < std::size(kCases); ++i) {
+        const Tensor flat = full_tensor(i).reshape({-1});
+        if (flat.numel() > 0) EXPECT_THROW(send_piece(actor, step, static_cast<std::int64_t>(i), 0, flat, 0).get(), Error);
+      }
+      EXPECT_THROW(actor.ask(&CheckpointActor::commit, step).get(), Error) << bad.what;
+      std::vector<std::string> left;
+      for (const auto& entry : fs::directory_iterator(dir.path())) left.push_back(entry.path().filename().string());
+      std::sort(left.begin(), left.end());
+      EXPECT_EQ(left, (std::vector<std::string>{"ckpt-000000003.h5", "latest"})) << bad.what;
+    }
+    ++step;
+    barrier();
+  }
 }
 
 TEST(GatheredSave, RanksThatDisagreeOnTheManifestAreTold) {

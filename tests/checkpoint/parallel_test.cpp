@@ -141,7 +141,7 @@ TEST(ParallelSave, EqualsTheGatheredSaveOfTheSameSlicesTensorForTensor) {
   std::vector<actors::Future<void>> sent;
   for (std::size_t i = 0; i < slices.size(); ++i)
     if (slices[i].data.defined() && slices[i].data.numel() > 0)
-      sent.push_back(send_piece(actor, 8, static_cast<std::int64_t>(i), slices[i].begin, slices[i].data));
+      sent.push_back(send_piece(actor, 8, static_cast<std::int64_t>(i), slices[i].begin, slices[i].data, runtime().rank()));
   for (auto& f : sent) f.get();
   barrier();
   fs::path gathered = gathered_dir.path() / "ckpt-000000008.h5";

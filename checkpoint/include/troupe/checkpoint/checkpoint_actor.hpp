@@ -5,13 +5,19 @@
 // Protocol for one save (every rank, same manifest, same step):
 //   1. actor.ask(&CheckpointActor::begin, manifest)      the first begin creates the
 //      temporary file and every dataset (full shapes); later ones must match it.
-//   2. send_piece(actor, step, index, elem_offset, t)    for each piece this rank holds:
-//      elements [elem_offset, elem_offset + t.numel()) of tensor `index` in manifest
-//      order, flat C order. The bytes travel as a troupe::Bytes attachment viewing t's
-//      storage (no copy): do not change t until the returned future is ready.
+//   2. send_piece(actor, step, index, elem_offset, t, rank)  for each piece this rank
+//      holds: elements [elem_offset, elem_offset + t.numel()) of tensor `index` in
+//      manifest order, flat C order. The bytes travel as a troupe::Bytes attachment
+//      viewing t's storage (no copy): do not change t until the returned future is ready.
 //   3. after every rank's pieces are acknowledged (their futures ready, then a barrier),
 //      one rank asks commit(step): completeness is checked, checksums computed, the
 //      file made durable and renamed (CheckpointDirectory), its path returned.
+// Completeness is coverage, not a byte count: the actor keeps each tensor's written
+// byte ranges, refuses a piece that starts before 0, runs past the tensor's end, is not
+// whole elements, or overlaps bytes already written (each error naming the file,
+// tensor, sending rank and ranges), and commit() requires every byte of every tensor
+// written exactly once. A refused piece fails the whole save: commit() then throws with
+// the first refusal and removes the temporary file; the last checkpoint stays latest.
 // Memory on the actor's rank: one piece at a time plus a fixed 4 MB read-back buffer
 // for the checksums -- pieces are pwritten at their offsets as they arrive, in any order.
 // The file is the same format as Checkpoint::save writes (docs/CHECKPOINT_FORMAT.md).
@@ -23,6 +29,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -45,7 +52,8 @@ class CheckpointActor {
   ~CheckpointActor();
 
   void begin(SaveManifest manifest);
-  void piece(std::int64_t step, std::int64_t index, std::int64_t byte_offset, actors::Bytes data);
+  void piece(std::int64_t step, std::int64_t index, std::int64_t byte_offset, std::int64_t from_rank,
+             actors::Bytes data);
   std::string commit(std::int64_t step);
   // Abandons the open save of `step` (its temporary file is removed); the last
   // committed checkpoint stays latest.
@@ -59,7 +67,8 @@ class CheckpointActor {
     SaveManifest manifest;
     std::filesystem::path temp;
     std::unique_ptr<FileWriter> file;
-    std::vector<std::int64_t> received;  // bytes per tensor
+    std::vector<std::map<std::int64_t, std::int64_t>> written;  // per tensor: disjoint byte ranges, begin -> end
+    std::string refused;                                         // the first refused piece, if any
   };
   Open& open_for(std::int64_t step, const char* what);
   void drop_open();
@@ -68,8 +77,9 @@ class CheckpointActor {
   std::optional<Open> open_;
 };
 
-// Step 2 of the protocol above, for one piece held by this rank.
+// Step 2 of the protocol above, for one piece held by rank `from_rank` (named in errors).
 actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step,
-                                std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece);
+                                std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece,
+                                std::int64_t from_rank);
 
 }  // namespace troupe::checkpoint
