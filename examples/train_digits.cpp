@@ -164,14 +164,16 @@ struct DigitsRecipe {
 
   // 64-H-H-10 with ReLU, PyTorch's default initialisation. Every rank draws it from
   // the seed; DDP then broadcasts rank 0's anyway.
-  static std::unique_ptr<nn::Module> make_model(const Config& c) {
+  static std::unique_ptr<nn::Module> make_model(const Config& c) { return make_model(c, tensor::Device::cpu()); }
+  // On the meta device in the sharded modes: each rank materialises only its shards.
+  static std::unique_ptr<nn::Module> make_model(const Config& c, tensor::Device device) {
     tensor::Generator gen(c.seed);
     auto model = std::make_unique<nn::Sequential>();
-    model->emplace<nn::Linear>(64, c.hidden, gen);
+    model->emplace<nn::Linear>(64, c.hidden, gen, true, tensor::DType::f32, device);
     model->emplace<nn::ReLU>();
-    model->emplace<nn::Linear>(c.hidden, c.hidden, gen);
+    model->emplace<nn::Linear>(c.hidden, c.hidden, gen, true, tensor::DType::f32, device);
     model->emplace<nn::ReLU>();
-    model->emplace<nn::Linear>(c.hidden, 10, gen);
+    model->emplace<nn::Linear>(c.hidden, 10, gen, true, tensor::DType::f32, device);
     return model;
   }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {

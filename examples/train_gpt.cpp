@@ -228,7 +228,11 @@ struct GptRecipe {
   }
 
   // GPT-2's initialisation from the seed on every rank (DDP broadcasts rank 0's anyway).
-  static std::unique_ptr<nn::Module> make_model(const Config& c) { return std::make_unique<nn::GPT>(c.model(), c.seed); }
+  static std::unique_ptr<nn::Module> make_model(const Config& c) { return make_model(c, tensor::Device::cpu()); }
+  // On the meta device in the sharded modes: each rank materialises only its shards.
+  static std::unique_ptr<nn::Module> make_model(const Config& c, tensor::Device device) {
+    return std::make_unique<nn::GPT>(c.model(), c.seed, tensor::DType::f32, device);
+  }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
     return make_optimizer(model.named_parameters(), c);
   }

@@ -165,7 +165,7 @@ Metadata Checkpoint::validate(const FileReader& file) const {
     if (r.source.required && !file.has_group("/" + r.section))
       TROUPE_THROW(FormatError, "checkpoint ", file.path(), ": no section /", r.section,
                    " (registered as required)");
-  if (verify_ == Verify::before_restore) file.verify_all();
+  if (verify_ == Verify::before_restore) file.verify_share(share_.part, share_.parts);
   return meta;
 }
 
@@ -202,7 +202,15 @@ void Checkpoint::restore(const FileReader& file) {
 Metadata Checkpoint::load(const fs::path& path) {
   finish_in_flight();
   FileReader file(path.string());
-  Metadata meta = validate(file);
+  Metadata meta;
+  std::string unusable;
+  try {
+    meta = validate(file);
+  } catch (const Error& e) {
+    if (!share_.agree) throw;
+    unusable = e.what();
+  }
+  if (share_.agree && !(unusable = share_.agree(unusable)).empty()) TROUPE_THROW(FormatError, unusable);
   check_run_attributes(file);
   restore(file);
   return meta;
@@ -217,11 +225,16 @@ std::optional<Metadata> Checkpoint::load_latest() {
   for (const fs::path& candidate : dir_.load_candidates()) {
     std::optional<FileReader> file;
     Metadata meta;
+    std::string unusable;
     try {
       file.emplace(candidate.string());
       meta = validate(*file);
     } catch (const Error& e) {  // FormatError or CheckpointError: this file is unusable
-      warn_("skipping checkpoint " + candidate.string() + ": " + e.what());
+      unusable = e.what();
+    }
+    if (share_.agree) unusable = share_.agree(unusable);  // one verdict on every rank
+    if (!unusable.empty()) {
+      warn_("skipping checkpoint " + candidate.string() + ": " + unusable);
       continue;
     }
     check_run_attributes(*file);  // another run's file is the user's mistake, not damage: stop

@@ -306,12 +306,23 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
 tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin, std::int64_t end) const {
   auto lock = detail::h5_lock();
   TensorInfo meta = info(path);
+  TROUPE_CHECK(begin <= end, "checkpoint ", path_, ":", meta.path, ": range [", begin, ", ", end, ") is reversed");
+  tensor::Tensor out = tensor::Tensor::empty({end - begin}, meta.dtype);
+  read_range_into(path, begin, out);
+  return out;
+}
+
+void FileReader::read_range_into(std::string_view path, std::int64_t begin, const tensor::Tensor& out) const {
+  auto lock = detail::h5_lock();
+  TensorInfo meta = info(path);
   std::string where = path_ + ":" + meta.path;
   std::int64_t numel = tensor::shape_numel(meta.shape);
-  TROUPE_CHECK(0 <= begin && begin <= end && end <= numel, "checkpoint ", where, ": range [", begin, ", ",
-               end, ") is outside its ", numel, " elements");
-  tensor::Tensor out = tensor::Tensor::empty({end - begin}, meta.dtype);
-  if (end == begin) return out;
+  const std::int64_t end = begin + out.numel();
+  TROUPE_CHECK(0 <= begin && end <= numel, "checkpoint ", where, ": range [", begin, ", ", end,
+               ") is outside its ", numel, " elements");
+  TROUPE_CHECK(out.device().is_cpu() && out.dtype() == meta.dtype, "checkpoint ", where, ": read_range_into needs a ",
+               tensor::dtype_name(meta.dtype), " CPU tensor, got ", tensor::dtype_name(out.dtype()), " on ", out.device());
+  if (end == begin) return;
   Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT), "H5Dopen " + where,
                        Failure::format),
               H5Dclose);
@@ -320,11 +331,10 @@ tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin,
     // Chunked or byte-swapped (a file from elsewhere): read it whole, keep the slice.
     tensor::Tensor all = read(path, false);
     std::memcpy(out.raw_data(), static_cast<const char*>(all.raw_data()) + begin * all.element_bytes(), out.nbytes());
-    return out;
+    return;
   }
   read_raw(path_, offset + static_cast<haddr_t>(begin) * out.element_bytes(), static_cast<std::byte*>(out.raw_data()),
            out.nbytes(), false, troupe::detail::concat(where, ": cannot read elements [", begin, ", ", end, ")"));
-  return out;
 }
 
 namespace {
@@ -375,9 +385,28 @@ std::string hash_extents(const std::string& file, const std::vector<RawExtent>& 
 
 }  // namespace
 
-void FileReader::verify_all() const {
+void FileReader::verify_all() const { verify_share(0, 1); }
+
+void FileReader::verify_share(int part, int parts) const {
+  TROUPE_CHECK(parts >= 1 && part >= 0 && part < parts, "checkpoint ", path_, ": verify_share(", part, ", ", parts,
+               ") names no part");
   auto lock = detail::h5_lock();
-  const std::vector<TensorInfo> all = tensors("/");
+  std::vector<TensorInfo> all = tensors("/");
+  if (parts > 1) {  // this part's run of about total/parts bytes: a dataset goes where it starts
+    std::size_t total = 0;
+    for (const TensorInfo& t : all) total += t.nbytes();
+    std::vector<TensorInfo> mine;
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      // Empty datasets are spread by index so that each is still checked once.
+      const std::size_t owner = total == 0 ? i % static_cast<std::size_t>(parts)
+                                           : std::min<std::size_t>(at * static_cast<std::size_t>(parts) / total,
+                                                                   static_cast<std::size_t>(parts) - 1);
+      if (owner == static_cast<std::size_t>(part)) mine.push_back(all[i]);
+      at += all[i].nbytes();
+    }
+    all = std::move(mine);
+  }
   // Contiguous datasets in native order (all of troupe's) are hashed from the file on
   // two threads, each taking about half the bytes; the rest (a file from elsewhere:
   // chunked, compressed, byte-swapped) through HDF5 into one reused buffer.

@@ -54,6 +54,23 @@ void SectionReader::read_into(std::string_view name, const tensor::Tensor& dst) 
   file_.read_into(group_ + "/" + std::string(name), dst);
 }
 
+TensorInfo SectionReader::info(std::string_view name) const { return file_.info(checked_path(name)); }
+
+tensor::Tensor SectionReader::read_range(std::string_view name, std::int64_t begin, std::int64_t end) const {
+  return file_.read_range(checked_path(name), begin, end);
+}
+
+void SectionReader::read_range_into(std::string_view name, std::int64_t begin, const tensor::Tensor& dst) const {
+  file_.read_range_into(checked_path(name), begin, dst);
+}
+
+std::string SectionReader::checked_path(std::string_view name) const {
+  if (!has_tensor(name))
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '",
+                 name, "' (it has ", names_.size(), ")");
+  return group_ + "/" + std::string(name);
+}
+
 namespace detail {
 
 bool is_attribute_scalar(std::string_view name, const tensor::Tensor& t) {

@@ -7,12 +7,13 @@
 namespace troupe::nn {
 
 CausalSelfAttention::CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, tensor::Generator& gen,
-                                         double dropout, bool bias, std::uint64_t dropout_seed, DType dtype)
+                                         double dropout, bool bias, std::uint64_t dropout_seed, DType dtype,
+                                         tensor::Device device)
     : n_embd_(n_embd), n_head_(n_head) {
   TROUPE_CHECK(n_embd > 0 && n_head > 0 && n_embd % n_head == 0, "CausalSelfAttention: n_head (", n_head,
                ") must divide n_embd (", n_embd, ")");
-  c_attn_ = &register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, gen, bias, dtype));
-  c_proj_ = &register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, gen, bias, dtype));
+  c_attn_ = &register_module("c_attn", std::make_shared<Linear>(n_embd, 3 * n_embd, gen, bias, dtype, device));
+  c_proj_ = &register_module("c_proj", std::make_shared<Linear>(n_embd, n_embd, gen, bias, dtype, device));
   attn_dropout_ = &register_module("attn_dropout", std::make_shared<Dropout>(dropout, dropout_seed));
   resid_dropout_ = &register_module("resid_dropout", std::make_shared<Dropout>(dropout, dropout_seed + 1));
 }

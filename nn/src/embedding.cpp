@@ -5,12 +5,13 @@
 
 namespace troupe::nn {
 
-Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, tensor::Generator& gen, DType dtype)
+Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, tensor::Generator& gen, DType dtype,
+                     tensor::Device device)
     : num_(num_embeddings), dim_(embedding_dim) {
   TROUPE_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes must be > 0, got ", num_embeddings,
                " x ", embedding_dim);
   TROUPE_CHECK(tensor::is_floating(dtype), "Embedding: needs a floating dtype, got ", dtype);
-  weight_ = &register_parameter("weight", tensor::normal({num_, dim_}, 0.0, 1.0, gen, dtype));
+  weight_ = &register_parameter("weight", tensor::normal({num_, dim_}, 0.0, 1.0, gen, dtype, device));
 }
 
 std::string Embedding::type_name() const {

@@ -16,10 +16,10 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 }  // namespace
 
-MLP::MLP(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype) {
-  c_fc_ = &register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, gen, c.bias, dtype));
+MLP::MLP(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device) {
+  c_fc_ = &register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, gen, c.bias, dtype, device));
   gelu_ = &register_module("gelu", std::make_shared<GELU>(GeluApproximate::tanh));
-  c_proj_ = &register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, gen, c.bias, dtype));
+  c_proj_ = &register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, gen, c.bias, dtype, device));
   dropout_ = &register_module("dropout", std::make_shared<Dropout>(c.dropout, dropout_seed));
 }
 
@@ -31,12 +31,13 @@ Tensor MLP::backward_impl(const Tensor& grad_output) {
   return c_fc_->backward(gelu_->backward(c_proj_->backward(dropout_->backward(grad_output))));
 }
 
-Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype) {
-  ln_1_ = &register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype));
+Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype,
+             tensor::Device device) {
+  ln_1_ = &register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype, device));
   attn_ = &register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, gen, c.dropout, c.bias,
-                                                                         dropout_seed, dtype));
-  ln_2_ = &register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype));
-  mlp_ = &register_module("mlp", std::make_shared<MLP>(c, gen, dropout_seed + 2, dtype));
+                                                                         dropout_seed, dtype, device));
+  ln_2_ = &register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype, device));
+  mlp_ = &register_module("mlp", std::make_shared<MLP>(c, gen, dropout_seed + 2, dtype, device));
 }
 
 // Out of place: ln_2 keeps a handle to x for its backward.
@@ -52,7 +53,7 @@ Tensor Block::backward_impl(const Tensor& grad_output) {
   return g;
 }
 
-GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype) : config_(c) {
+GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype, tensor::Device device) : config_(c) {
   TROUPE_CHECK(c.block_size > 0 && c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
                "GPT: block_size, vocab_size, n_layer, n_head and n_embd must be > 0");
   TROUPE_CHECK(c.n_embd % c.n_head == 0, "GPT: n_head (", c.n_head, ") must divide n_embd (", c.n_embd, ")");
@@ -61,13 +62,13 @@ GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype) : config_(c) {
   // Each Dropout its own stream: 3 per block, then transformer.drop.
   std::uint64_t dropout_seed = seed * 1000003 + 17;
   auto& transformer = register_module("transformer", std::make_shared<ModuleDict>());
-  wte_ = &transformer.add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, gen, dtype));
-  wpe_ = &transformer.add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, gen, dtype));
+  wte_ = &transformer.add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, gen, dtype, device));
+  wpe_ = &transformer.add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, gen, dtype, device));
   drop_ = &transformer.add("drop", std::make_shared<Dropout>(c.dropout, dropout_seed++));
   h_ = &transformer.add("h", std::make_shared<ModuleList>());
   for (std::int64_t i = 0; i < c.n_layer; ++i, dropout_seed += 3)
-    h_->add(std::make_shared<Block>(c, gen, dropout_seed, dtype));
-  ln_f_ = &transformer.add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype));
+    h_->add(std::make_shared<Block>(c, gen, dropout_seed, dtype, device));
+  ln_f_ = &transformer.add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype, device));
   lm_head_ = &register_module("lm_head", std::make_shared<Linear>(wte_->weight()));
 
   // GPT-2's initialisation, over the constructors' draws.

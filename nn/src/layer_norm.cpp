@@ -8,14 +8,15 @@
 
 namespace troupe::nn {
 
-LayerNorm::LayerNorm(std::int64_t normalized_size, double eps, bool elementwise_affine, DType dtype)
+LayerNorm::LayerNorm(std::int64_t normalized_size, double eps, bool elementwise_affine, DType dtype,
+                     tensor::Device device)
     : size_(normalized_size), eps_(eps) {
   TROUPE_CHECK(normalized_size > 0, "LayerNorm: normalized_size must be > 0, got ", normalized_size);
   TROUPE_CHECK(eps >= 0, "LayerNorm: eps must be >= 0, got ", eps);
   TROUPE_CHECK(tensor::is_floating(dtype), "LayerNorm: needs a floating dtype, got ", dtype);
   if (elementwise_affine) {
-    weight_ = &register_parameter("weight", Tensor::ones({size_}, dtype));
-    bias_ = &register_parameter("bias", Tensor::zeros({size_}, dtype));
+    weight_ = &register_parameter("weight", Tensor::ones({size_}, dtype, device));
+    bias_ = &register_parameter("bias", Tensor::zeros({size_}, dtype, device));
   }
 }
 

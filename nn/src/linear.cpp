@@ -20,15 +20,16 @@ std::int64_t leading_rows(const Tensor& t) {
 
 }  // namespace
 
-Linear::Linear(std::int64_t in_features, std::int64_t out_features, tensor::Generator& gen, bool bias, DType dtype)
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, tensor::Generator& gen, bool bias, DType dtype,
+               tensor::Device device)
     : in_(in_features), out_(out_features) {
   TROUPE_CHECK(in_features >= 0 && out_features >= 0, "Linear: feature counts must be >= 0, got in ", in_features,
                ", out ", out_features);
   TROUPE_CHECK(tensor::is_floating(dtype), "Linear: needs a floating dtype, got ", dtype);
   // kaiming_uniform_(a=sqrt(5)): gain sqrt(2/(1+5)), bound = gain*sqrt(3/fan_in) = 1/sqrt(fan_in).
   const double bound = in_features > 0 ? 1.0 / std::sqrt(static_cast<double>(in_features)) : 0.0;
-  weight_ = &register_parameter("weight", tensor::uniform({out_, in_}, -bound, bound, gen, dtype));
-  if (bias) bias_ = &register_parameter("bias", tensor::uniform({out_}, -bound, bound, gen, dtype));
+  weight_ = &register_parameter("weight", tensor::uniform({out_, in_}, -bound, bound, gen, dtype, device));
+  if (bias) bias_ = &register_parameter("bias", tensor::uniform({out_}, -bound, bound, gen, dtype, device));
 }
 
 Linear::Linear(Parameter& tied_weight) {

@@ -77,7 +77,11 @@ StateDict Optimizer::state_dict() const {
   return out;
 }
 
-void Optimizer::load_state_dict(const StateDict& dict) {
+void Optimizer::load_state_dict(const StateDict& dict) { load(dict, false); }
+
+void Optimizer::adopt_state_dict(StateDict dict) { load(dict, true); }
+
+void Optimizer::load(const StateDict& dict, bool adopt) {
   std::vector<std::string> problems;
   const auto scalar = [&](const std::string& key, DType dtype) -> const Tensor* {
     const Tensor* t = dict.find(key);
@@ -141,7 +145,7 @@ void Optimizer::load_state_dict(const StateDict& dict) {
     for (const Slot& s : known)
       if (const Tensor* t = dict.find(params_[i].name + "/" + s.name)) {
         if (!allocate_ || s.scalar) {
-          state_[i].insert(s.name, t->clone());
+          state_[i].insert(s.name, adopt ? *t : t->clone());
         } else {
           Tensor copy = allocate_state(t->shape(), t->dtype());
           copy.copy_(*t);

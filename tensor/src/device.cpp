@@ -8,6 +8,7 @@
 namespace troupe::tensor {
 
 std::string to_string(Device d) {
+  if (d.is_meta()) return "meta";
   return d.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(d.index);
 }
 
@@ -16,12 +17,13 @@ std::ostream& operator<<(std::ostream& out, Device d) { return out << to_string(
 Device device_from_string(const std::string& text) {
   if (text == "cpu") return Device::cpu();
   if (text == "cuda") return Device::cuda(0);
+  if (text == "meta") return Device::meta();
   if (text.rfind("cuda:", 0) == 0) {
     const std::string index = text.substr(5);
     if (!index.empty() && index.find_first_not_of("0123456789") == std::string::npos)
       return Device::cuda(std::stoi(index));
   }
-  TROUPE_THROW(InvalidArgument, "unknown device '", text, "'; expected cpu, cuda or cuda:N");
+  TROUPE_THROW(InvalidArgument, "unknown device '", text, "'; expected cpu, cuda, cuda:N or meta");
 }
 
 bool cuda_built() {
@@ -50,7 +52,7 @@ void cuda_synchronize() {
 }
 
 void check_device_usable(Device d, const char* op) {
-  if (d.is_cpu()) return;
+  if (d.is_cpu() || d.is_meta()) return;
   if (!cuda_built())
     TROUPE_THROW(InvalidArgument, op, ": ", to_string(d),
                  " requested, but troupe was built without CUDA (configure with -DTROUPE_CUDA=ON)");

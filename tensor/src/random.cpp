@@ -3,6 +3,7 @@
 #include "convert.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "philox.hpp"
+#include "troupe/tensor/meta.hpp"
 
 namespace troupe::tensor {
 
@@ -16,6 +17,12 @@ void draw(Tensor& t, Distribution dist, double a, double b, Generator& gen, cons
   const auto n = static_cast<std::uint64_t>(t.numel());
   // Every draw claims whole blocks, so the next draw never reuses a word.
   const std::uint64_t offset = gen.reserve((n + 3) / 4);
+  if (t.device().is_meta()) {  // described, to be materialised later with the same words
+    detail::describe_meta_fill(
+        t, {dist == Distribution::uniform ? MetaFill::Kind::uniform : MetaFill::Kind::normal, a, b, gen.seed(), offset},
+        op);
+    return;
+  }
   if (t.device().is_cuda()) {
     if (dist == Distribution::uniform) cuda_backend::random_uniform(t.dtype(), t.raw_data(), t.numel(), gen.seed(), offset, a, b);
     else cuda_backend::random_normal(t.dtype(), t.raw_data(), t.numel(), gen.seed(), offset, a, b);

@@ -8,6 +8,7 @@
 
 #include "convert.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "troupe/tensor/meta.hpp"
 
 namespace troupe::tensor {
 
@@ -94,6 +95,9 @@ std::int64_t Tensor::size(std::int64_t d) const {
 
 void* Tensor::raw_data() const {
   check_defined("raw_data");
+  if (storage_->device().is_meta())
+    TROUPE_THROW(InvalidArgument, "a ", dtype_name(dtype_), " ", to_string(shape_),
+                 " tensor on the meta device has no data: materialise it first (tensor::materialize)");
   return static_cast<char*>(storage_->data()) + offset_ * static_cast<std::int64_t>(element_size(dtype_));
 }
 
@@ -121,6 +125,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
                " elements, source ", to_string(src.shape_), " has ", src.numel_);
   if (numel_ == 0 || (storage_ == src.storage_ && offset_ == src.offset_ && dtype_ == src.dtype_)) return *this;
   const Device from = src.device(), to = device();
+  TROUPE_CHECK(!from.is_meta() && !to.is_meta(), "copy_: a ", to_string(src.shape_), " tensor from ", from, " to ", to,
+               ": the meta device holds no data (tensor::materialize_into computes a meta tensor's values)");
   using cuda_backend::CopyKind;
   if (from.is_cpu() && to.is_cpu()) {
     if (dtype_ == src.dtype_) std::memmove(raw_data(), src.raw_data(), nbytes());
@@ -146,6 +152,7 @@ Tensor& Tensor::copy_(const Tensor& src) {
 Tensor Tensor::to(Device target) const {
   check_defined("to");
   if (target == device()) return *this;
+  if (device().is_meta()) return materialize(*this, target);  // the described values
   Tensor out = empty(shape_, dtype_, target);
   return out.copy_(*this);
 }
@@ -204,6 +211,10 @@ Tensor Tensor::select(std::int64_t i) const {
 
 Tensor& Tensor::fill_(double value) {
   check_defined("fill_");
+  if (device().is_meta()) {
+    detail::describe_meta_fill(*this, {MetaFill::Kind::constant, value, 0, 0, 0}, "fill_");
+    return *this;
+  }
   if (numel_ == 0) return *this;
   if (device().is_cuda()) {
     cuda_backend::fill(raw_data(), dtype_, numel_, value);

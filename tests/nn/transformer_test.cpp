@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/tensor/attention.hpp"
+#include "troupe/tensor/host_memory.hpp"
+#include "troupe/tensor/meta.hpp"
 
 using namespace troupe;
 using nn::testing::token_ids;
@@ -129,6 +132,27 @@ TEST(GPT, InitialisesAsGPT2) {
       EXPECT_NEAR(rms, 0.02, 0.002) << name;
     }
   }
+}
+
+// Described on the meta device, then materialised: the model a CPU build holds, bit
+// for bit, with the tied head still one tensor -- what sharded construction relies on.
+TEST(GPT, BuiltOnTheMetaDeviceMaterialisesToTheCpuBuild) {
+  GPTConfig config{.block_size = 32, .vocab_size = 40, .n_layer = 3, .n_head = 2, .n_embd = 32};
+  GPT cpu(config, 5);
+  GPT meta(config, 5, DType::f32, tensor::Device::meta());
+  const auto live = tensor::host_memory_stats().live_bytes;
+  for (const auto& [name, param] : meta.named_parameters()) EXPECT_TRUE(tensor::is_meta(param->data)) << name;
+  EXPECT_EQ(meta.parameter_count(), cpu.parameter_count());
+  EXPECT_EQ(tensor::host_memory_stats().live_bytes, live);
+  meta.to(tensor::Device::cpu());
+  const nn::StateDict a = cpu.state_dict(), b = meta.state_dict();
+  ASSERT_EQ(a.keys(), b.keys());
+  for (const auto& [key, value] : a) {
+    const Tensor& other = b.at(key);
+    ASSERT_EQ(value.shape(), other.shape()) << key;
+    EXPECT_EQ(std::memcmp(value.raw_data(), other.raw_data(), value.nbytes()), 0) << key;
+  }
+  EXPECT_TRUE(b.at("lm_head.weight").shares_storage_with(b.at("transformer.wte.weight")));
 }
 
 TEST(GPT, BackwardMatchesFiniteDifferencesThroughTheTiedTable) {

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "train_world.hpp"
@@ -22,6 +24,7 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sgd.hpp"
+#include "troupe/tensor/host_memory.hpp"
 #include "troupe/tensor/random.hpp"
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/sharded_model.hpp"
@@ -165,8 +168,8 @@ void check_mode(Sharding mode) {
                             {.run_id = "sharded-checkpoint-test", .world_size = world().size()}, world().rank() == 0);
     ASSERT_TRUE(ckpt.parallel());
     checkpoint::SaveHandle handle = ckpt.save(run.state->step, run.state->epoch);
-    ASSERT_TRUE(handle.test());  // synchronous: committed when save() returns, on every rank
-    file = handle.get();
+    file = handle.get();  // asynchronous: committed on every rank once the handle is ready
+    EXPECT_TRUE(handle.test());
     ckpt.wait();
   }
   EXPECT_TRUE(fs::exists(file));
@@ -196,9 +199,10 @@ TEST(ShardedCheckpoint, FsdpParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainM
 TEST(ShardedCheckpoint, Zero1ParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) { check_mode(Sharding::zero1); }
 TEST(ShardedCheckpoint, Zero2ParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) { check_mode(Sharding::zero2); }
 
-// The save resumes in the sharded mode itself, at the same world size, bit for bit.
-TEST(ShardedCheckpoint, FsdpResumesFromItsParallelSave) {
-  ShardedRun run(Sharding::fsdp);
+// The save resumes in the sharded mode itself, at the same world size, bit for bit
+// (zero2 and fsdp: the sharded resume, each rank reading only its slices).
+void check_resume(Sharding mode) {
+  ShardedRun run(mode);
   run.train_epoch();
   SharedFolder dir("sharded_ckpt_resume");
   TrainingCheckpoint ckpt(dir.path, *run.state, {.run_id = "r", .world_size = world().size()}, world().rank() == 0);
@@ -210,6 +214,149 @@ TEST(ShardedCheckpoint, FsdpResumesFromItsParallelSave) {
   const StateGroups restored = run.state->state_dicts();
   for (const char* group : {"model", "optimizer", "sampler", "status"})
     expect_same_dict(group_of(restored, group), group_of(saved, group), group);
+}
+
+TEST(ShardedCheckpoint, FsdpResumesFromItsParallelSave) { check_resume(Sharding::fsdp); }
+TEST(ShardedCheckpoint, Zero2ResumesFromItsParallelSave) { check_resume(Sharding::zero2); }
+TEST(ShardedCheckpoint, Zero1ResumesFromItsParallelSave) { check_resume(Sharding::zero1); }
+
+// A file another mode wrote at another world size (the gathered save: one writer, DDP's
+// layout) resumes a fresh sharded run, each rank reading its slices of it.
+TEST(ShardedCheckpoint, AShardedResumeReadsAFileOfAnotherModeAndWorldSize) {
+  ShardedRun run(Sharding::fsdp);
+  run.train_epoch();
+  const StateGroups gathered = clone(run.state->state_dicts());
+  SharedFolder dir("sharded_ckpt_foreign");
+  if (world().rank() == 0) gathered_save(dir.path, gathered, run.state->step, run.state->epoch);
+  world().barrier();
+  for (Sharding mode : {Sharding::fsdp, Sharding::zero2}) {
+    ShardedRun fresh(mode);
+    TrainingCheckpoint ckpt(dir.path, *fresh.state, {.run_id = "foreign", .world_size = world().size()},
+                            world().rank() == 0);
+    ASSERT_TRUE(ckpt.resume().has_value()) << sharding_name(mode);
+    const StateGroups restored = fresh.state->state_dicts();
+    for (const char* group : {"model", "optimizer", "status"})
+      expect_same_dict(group_of(restored, group), group_of(gathered, group), std::string(sharding_name(mode)) + " " + group);
+  }
+}
+
+// A damaged tensor in the newest file is found by whichever rank verifies its share,
+// and every rank skips the file together and resumes from the one before.
+TEST(ShardedCheckpoint, ADamagedNewestFileIsSkippedByEveryRank) {
+  ShardedRun run(Sharding::fsdp);
+  run.train_epoch();
+  SharedFolder dir("sharded_ckpt_damaged");
+  const StateGroups first = clone(run.state->state_dicts());
+  fs::path newest;
+  {
+    TrainingCheckpoint ckpt(dir.path, *run.state, {.run_id = "d", .world_size = world().size()}, world().rank() == 0);
+    ckpt.save(run.state->step, run.state->epoch);
+    run.sampler.set_epoch(++run.state->epoch);
+    run.train_epoch();
+    newest = ckpt.save(run.state->step, run.state->epoch).get();
+  }
+  const StateGroups second = clone(run.state->state_dicts());
+  if (world().rank() == 0) {  // flip one byte inside the largest optimizer tensor
+    const nn::StateDict& optimizer = group_of(second, "optimizer");
+    Tensor last;
+    for (const auto& [key, value] : optimizer)
+      if (!last.defined() || value.nbytes() > last.nbytes()) last = value;
+    EXPECT_GE(last.nbytes(), 64u);
+    std::ifstream in(newest, std::ios::binary);
+    std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    in.close();
+    const char* needle = static_cast<const char*>(last.raw_data());
+    auto at = std::search(bytes.begin(), bytes.end(), needle, needle + 64);
+    EXPECT_NE(at, bytes.end());
+    if (at != bytes.end()) at[8] ^= 0x10;
+    std::ofstream(newest, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  }
+  world().barrier();
+  ShardedRun fresh(Sharding::fsdp);
+  TrainingCheckpoint ckpt(dir.path, *fresh.state, {.run_id = "d", .world_size = world().size()}, world().rank() == 0);
+  const auto meta = ckpt.resume();
+  ASSERT_TRUE(meta.has_value());
+  EXPECT_NE(meta->path, newest);
+  const StateGroups restored = fresh.state->state_dicts();
+  for (const char* group : {"model", "optimizer", "status"})
+    expect_same_dict(group_of(restored, group), group_of(first, group), group);
+}
+
+// A file whose model does not fit (another architecture) is refused on every rank,
+// naming the file and the tensor; nothing is loaded.
+TEST(ShardedCheckpoint, AShardedResumeOfAnotherModelNamesTheFileAndTensor) {
+  ShardedRun run(Sharding::fsdp);
+  run.train_epoch();
+  SharedFolder dir("sharded_ckpt_other_model");
+  {
+    TrainingCheckpoint ckpt(dir.path, *run.state, {.run_id = "o", .world_size = world().size()}, world().rank() == 0);
+    ckpt.save(run.state->step, run.state->epoch);
+  }
+  tensor::Generator gen(4);
+  auto other = std::make_unique<nn::Sequential>();
+  other->emplace<nn::Linear>(16, 9, gen);
+  DistributedSampler sampler(run.data.size(), world().size(), world().rank(), SamplerOptions{.seed = 3});
+  ShardedModel sharded(Sharding::fsdp, *other, world(), adamw, std::size_t{2000});
+  TrainingState state(*other, sharded.optimizer(), sampler, sharded);
+  TrainingCheckpoint ckpt(dir.path, state, {.run_id = "o", .world_size = world().size()}, world().rank() == 0);
+  try {
+    ckpt.resume();
+    ADD_FAILURE() << "a file of another model resumed";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(".h5:/model"), std::string::npos) << what;
+    EXPECT_NE(what.find("'0.weight' is f32"), std::string::npos) << what;
+  }
+}
+
+// Issue 25's resume bound, from the host allocator's counters: a sharded run built on
+// the meta device and resumed holds at its peak no more than 1.2x its steady-state
+// model state (16N/W with AdamW) + one unit. The old path (every rank loading the full
+// model and optimizer groups) held 12N on top of its shards.
+TEST(ShardedCheckpoint, AShardedResumePeaksBelowItsSteadyStatePlusOneUnit) {
+  auto& comm = world();
+  constexpr int kLayers = 8;
+  constexpr std::int64_t kWidth = 1024;
+  const auto build = [&](tensor::Device device) {
+    tensor::Generator gen(13);
+    auto model = std::make_unique<nn::Sequential>();
+    for (int i = 0; i < kLayers; ++i) model->emplace<nn::Linear>(kWidth, kWidth, gen, true, DType::f32, device);
+    return model;
+  };
+  SharedFolder dir("sharded_ckpt_resume_memory");
+  double steady = 0, unit = 0;
+  {
+    auto model = build(tensor::Device::cpu());
+    ShardedModel sharded(Sharding::fsdp, *model, comm, adamw, std::size_t{1} << 20);
+    DistributedSampler sampler(64, comm.size(), comm.rank(), SamplerOptions{.seed = 1});
+    TrainingState state(*model, sharded.optimizer(), sampler, sharded);
+    tensor::Generator data_gen(comm.rank() + 1);
+    nn::MSELoss loss;
+    loss.forward(sharded.forward(tensor::normal({2, kWidth}, 0.0, 1.0, data_gen)), Tensor::zeros({2, kWidth}));
+    sharded.optimizer_step_with_gradient_accumulation([&](double s) { return loss.backward(s); }, 1, 1000);
+    state.step = 1;
+    TrainingCheckpoint ckpt(dir.path, state, {.run_id = "mem", .world_size = comm.size()}, comm.rank() == 0);
+    ckpt.save(1, 0);
+    const auto local = state.local_state_slices();
+    for (const StateSlice& piece : local->model)
+      if (piece.data.defined()) steady += 16.0 * static_cast<double>(piece.data.numel());  // params, grads, 2 moments
+    unit = 4.0 * static_cast<double>(kWidth * kWidth + kWidth);
+  }
+  const auto live = tensor::host_memory_stats().live_bytes;
+  tensor::reset_host_memory_peak();
+  auto model = build(tensor::Device::meta());
+  ShardedModel sharded(Sharding::fsdp, *model, comm, adamw, std::size_t{1} << 20);
+  DistributedSampler sampler(64, comm.size(), comm.rank(), SamplerOptions{.seed = 1});
+  TrainingState state(*model, sharded.optimizer(), sampler, sharded);
+  TrainingCheckpoint ckpt(dir.path, state, {.run_id = "mem", .world_size = comm.size()}, comm.rank() == 0);
+  ASSERT_TRUE(ckpt.resume().has_value());
+  EXPECT_EQ(state.step, 1);
+  const double peak = static_cast<double>(tensor::host_memory_stats().peak_bytes - live);
+  EXPECT_LE(peak, 1.2 * steady + unit) << "rank " << comm.rank();
+  if (comm.rank() == 0)
+    std::printf("fsdp resume of %.1f MB of parameters at %d ranks: peak %.1f MB from construction to the end of "
+                "resume; steady state 16N/W = %.1f MB, one unit %.1f MB\n",
+                4.0 * kLayers * kWidth * kWidth / 1e6, comm.size(), peak / 1e6, steady / 1e6, unit / 1e6);
 }
 
 std::int64_t max_over_ranks(std::int64_t v) {

@@ -10,6 +10,7 @@
 
 #include "troupe/error.hpp"
 #include "troupe/train/fsdp.hpp"
+#include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
 
@@ -33,6 +34,13 @@ Tensor FullyShardedDataParallel::gather_range(const Flat& flat, const Tensor& lo
     if (comm_.size() > 1) comm_.broadcast(collectives::Buffer(piece), r);
   }
   return out;
+}
+
+std::pair<tensor::Shape, tensor::DType> FullyShardedDataParallel::full_tensor_type(const std::string& key) const {
+  if (const auto it = buffers_.find(key); it != buffers_.end()) return {it->second->shape(), it->second->dtype()};
+  const auto [u, f] = flat_of_.at(key);
+  const Flat& flat = units_[u].flats[f];
+  return {flat.entries[entry_of_.at(key)].shape, flat.dtype};
 }
 
 // Every rank learns whether any rank failed, so all throw together or none does.
@@ -126,16 +134,7 @@ void FullyShardedDataParallel::load_full_state_dict(const nn::StateDict& dict) {
   std::ostringstream why;
   for (const auto& key : state_keys_) {
     const Tensor* source = dict.find(key);
-    tensor::Shape shape;
-    tensor::DType dtype = tensor::DType::f32;
-    if (const auto it = buffers_.find(key); it != buffers_.end()) {
-      shape = it->second->shape();
-      dtype = it->second->dtype();
-    } else {
-      const auto [u, f] = flat_of_.at(key);
-      shape = units_[u].flats[f].entries[entry_of_.at(key)].shape;
-      dtype = units_[u].flats[f].dtype;
-    }
+    const auto [shape, dtype] = full_tensor_type(key);
     if (source == nullptr || !source->defined()) why << "missing '" << key << "'; ";
     else if (source->shape() != shape || source->dtype() != dtype)
       why << "'" << key << "' is " << tensor::dtype_name(dtype) << " " << tensor::to_string(shape)
@@ -244,6 +243,108 @@ void FullyShardedDataParallel::load_full_optimizer_state_dict(const nn::StateDic
       error = e.what();
     }
   }
+  agree_or_throw(error, op);
+}
+
+void FullyShardedDataParallel::load_local_slices(const StateSliceSource& model, const StateSliceSource& optimizer) {
+  const char* op = "FullyShardedDataParallel::load_local_slices";
+  TROUPE_CHECK(!busy_, op, ": called inside a forward or backward");
+  const std::int64_t me = comm_.rank();
+  const auto range = [&](const Flat& flat, const Entry& entry) {
+    return std::pair{std::max(me * flat.shard_numel, entry.offset),
+                     std::min((me + 1) * flat.shard_numel, entry.offset + entry.numel)};
+  };
+  std::ostringstream why;
+  for (const auto& key : state_keys_) {
+    const auto [shape, dtype] = full_tensor_type(key);
+    if (!model.contains(key)) why << "missing '" << key << "'; ";
+    else if (model.shape(key) != shape || model.dtype(key) != dtype)
+      why << "'" << key << "' is " << tensor::dtype_name(dtype) << " " << tensor::to_string(shape)
+          << " in the model but " << tensor::dtype_name(model.dtype(key)) << " " << tensor::to_string(model.shape(key))
+          << " in the file; ";
+  }
+  for (const auto& key : model.names())
+    if (std::find(state_keys_.begin(), state_keys_.end(), key) == state_keys_.end()) why << "unexpected '" << key << "'; ";
+  if (const std::string error = why.str(); !error.empty()) why.str(model.where() + ": " + error);
+  agree_or_throw(why.str(), op);
+
+  std::string error;
+  try {
+    for (const auto& key : state_keys_) {
+      if (aliases_.contains(key)) continue;  // the tensor it names is read under its own name
+      if (const auto it = buffers_.find(key); it != buffers_.end()) {
+        model.read(key, 0, *it->second);
+        continue;
+      }
+      const auto [u, f] = flat_of_.at(key);
+      Flat& flat = units_[u].flats[f];
+      const Entry& entry = flat.entries[entry_of_.at(key)];
+      const auto [lo, hi] = range(flat, entry);
+      if (lo < hi)
+        model.read(key, lo - entry.offset,
+                   flat.shard->data.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel));
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  agree_or_throw(error, op);
+  mark_parameters_stale();
+
+  // The optimizer: its scalars, then one block per slot of each flat, its entries'
+  // ranges read in place, handed to the optimizer without a copy.
+  nn::StateDict shard = optimizer.scalars();
+  why.str("");
+  for (const auto& name : optimizer.names()) {
+    const std::size_t slash = name.find('/');
+    if (slash == std::string::npos || !flat_of_.contains(name.substr(0, slash)))
+      why << "unknown parameter in '" << name << "'; ";
+  }
+  try {
+    for (auto& unit : units_)
+      for (auto& flat : unit.flats) {
+        const std::string first = flat.entries.front().name + "/";
+        for (const auto& name : optimizer.names()) {
+          if (name.compare(0, first.size(), first) != 0) continue;
+          const std::string slot = name.substr(first.size());
+          const tensor::DType dtype = optimizer.dtype(name);
+          if (optimizer.shape(name).empty()) {
+            Tensor value = Tensor::empty({}, dtype);
+            optimizer.read(name, 0, value);
+            shard.insert(flat.name + "/" + slot, value);
+            continue;
+          }
+          Tensor block = Tensor::zeros({flat.shard_numel}, dtype, flat.device);
+          for (const auto& entry : flat.entries) {
+            const std::string source = entry.name + "/" + slot;
+            if (!optimizer.contains(source) || optimizer.shape(source) != entry.shape ||
+                optimizer.dtype(source) != dtype) {
+              why << "'" << source << "' is "
+                  << (optimizer.contains(source) ? std::string(tensor::dtype_name(optimizer.dtype(source))) + " " +
+                                                       tensor::to_string(optimizer.shape(source))
+                                                 : std::string("missing"))
+                  << ", expected " << tensor::dtype_name(dtype) << " " << tensor::to_string(entry.shape) << "; ";
+              continue;
+            }
+            const auto [lo, hi] = range(flat, entry);
+            if (lo < hi)
+              optimizer.read(source, lo - entry.offset,
+                             block.slice(lo - me * flat.shard_numel, hi - me * flat.shard_numel));
+          }
+          shard.insert(flat.name + "/" + slot, std::move(block));
+        }
+      }
+  } catch (const Error& e) {
+    why << e.what() << "; ";
+  }
+  error = why.str();
+  if (error.empty()) {
+    try {
+      optimizer_->adopt_state_dict(std::move(shard));
+    } catch (const InvalidArgument& e) {
+      error = e.what();
+    }
+  }
+  if (!error.empty()) error = optimizer.where() + " (rank " + std::to_string(me) + "): " + error;
   agree_or_throw(error, op);
 }
 

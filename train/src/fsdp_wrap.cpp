@@ -5,6 +5,7 @@
 
 #include "troupe/error.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/tensor/meta.hpp"
 #include "troupe/train/fsdp.hpp"
 
 namespace troupe::train {
@@ -76,9 +77,16 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
   TROUPE_CHECK(factory != nullptr, "FullyShardedDataParallel: the optimizer factory is empty");
   TROUPE_CHECK(!options_.master_dtype || tensor::is_floating(*options_.master_dtype),
                "FullyShardedDataParallel: master_dtype must be floating, got ", *options_.master_dtype);
+  TROUPE_CHECK(!options_.device.is_meta(), "FullyShardedDataParallel: options.device is where a meta module is ",
+               "materialised; it cannot be the meta device itself");
   const std::vector<std::string> paths = choose_unit_paths();
+  // A meta module's values are computed from their descriptions, the same on every
+  // rank, so they are not broadcast; its (small) buffers are materialised whole.
+  for (const auto& [name, buffer] : module_.named_buffers())
+    if (tensor::is_meta(*buffer)) *buffer = buffer->to(options_.device);
   if (options_.broadcast_from_rank0 && comm_.size() > 1) {
-    for (const auto& [name, param] : module_.named_parameters()) comm_.broadcast(collectives::Buffer(param->data), 0);
+    for (const auto& [name, param] : module_.named_parameters())
+      if (!tensor::is_meta(param->data)) comm_.broadcast(collectives::Buffer(param->data), 0);
     for (const auto& [name, buffer] : module_.named_buffers())
       if (buffer->defined() && buffer->numel() > 0) comm_.broadcast(collectives::Buffer(*buffer), 0);
   }
@@ -169,14 +177,15 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
     }
     Unit& unit = units_[unit_of_path[owner[i]]];
     const Tensor& data = named[i].param->data;
+    const tensor::Device device = tensor::is_meta(data) ? options_.device : data.device();
     auto flat = std::find_if(unit.flats.begin(), unit.flats.end(), [&](const Flat& f) {
-      return f.dtype == data.dtype() && f.device == data.device();
+      return f.dtype == data.dtype() && f.device == device;
     });
     if (flat == unit.flats.end()) {
       unit.flats.emplace_back();
       flat = unit.flats.end() - 1;
       flat->dtype = data.dtype();
-      flat->device = data.device();
+      flat->device = device;
     }
     flat->entries.push_back(Entry{named[i].param, named[i].name, data.shape(), flat->numel, data.numel()});
     flat->numel += data.numel();
@@ -202,7 +211,8 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
         note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
         for (auto& entry : flat.entries) {
           Tensor view = flat.full.slice(entry.offset, entry.offset + entry.numel);
-          view.copy_(entry.param->data.flatten());
+          if (tensor::is_meta(entry.param->data)) tensor::materialize_into(view, entry.param->data, 0);
+          else view.copy_(entry.param->data.flatten());
           entry.param->data = view.reshape(entry.shape);
         }
       }
@@ -213,7 +223,10 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
         shard = pool_ ? pool_->zeros({flat.shard_numel}, master) : Tensor::zeros({flat.shard_numel}, master, flat.device);
         for (const auto& entry : flat.entries) {
           const std::int64_t a = std::max(lo, entry.offset), b = std::min(hi, entry.offset + entry.numel);
-          if (a < b)
+          if (a >= b) continue;
+          if (tensor::is_meta(entry.param->data))  // only this rank's elements are ever computed
+            tensor::materialize_into(shard.slice(a - lo, b - lo), entry.param->data, a - entry.offset);
+          else
             shard.slice(a - lo, b - lo).copy_(entry.param->data.flatten().slice(a - entry.offset, b - entry.offset));
         }
       }

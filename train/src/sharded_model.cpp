@@ -1,5 +1,7 @@
 #include "troupe/train/sharded_model.hpp"
 
+#include "troupe/tensor/meta.hpp"
+
 #include <algorithm>
 #include <unordered_map>
 #include <utility>
@@ -38,6 +40,13 @@ ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Commun
     : mode_(mode), model_(model), comm_(comm) {
   switch (mode) {
     case Sharding::zero1:
+      // ZeRO-1 keeps the whole model on every rank: a meta model is materialised whole,
+      // the same everywhere, before DDP's broadcast.
+      for (const auto& named : model.named_parameters())
+        if (tensor::is_meta(named.param->data)) {
+          model.to(fsdp.device);
+          break;
+        }
       ddp_ = std::make_unique<DistributedDataParallel>(model, comm, DdpOptions{.bucket_bytes = bucket_bytes});
       oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory,
                                    OssOptions{.sync_bucket_bytes = bucket_bytes});
@@ -175,6 +184,11 @@ std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
   out.optimizer_scalars = std::move(optimizer.optimizer_scalars);
   out.optimizer = std::move(optimizer.optimizer);
   return out;
+}
+
+void ShardedModel::load_local_state_slices(const StateSliceSource& model, const StateSliceSource& optimizer) {
+  TROUPE_CHECK(fsdp_ != nullptr, "ShardedModel::load_local_state_slices: zero1 loads the full state dicts");
+  fsdp_->load_local_slices(model, optimizer);
 }
 
 void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {

@@ -2,6 +2,7 @@
 
 #include <cereal/archives/binary.hpp>
 #include <future>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -40,20 +41,97 @@ void broadcast_from_rank_0(std::vector<checkpoint::AttributeSpec>& attributes, M
   archive(attributes);
 }
 
+// The first non-empty verdict of any rank (the lowest rank's), on every rank.
+std::string first_verdict(const std::string& verdict, MPI_Comm comm) {
+  int rank = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  int mine = verdict.empty() ? std::numeric_limits<int>::max() : rank, first = 0;
+  TROUPE_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == std::numeric_limits<int>::max()) return {};
+  long long size = rank == first ? static_cast<long long>(verdict.size()) : 0;
+  TROUPE_MPI_CHECK(MPI_Bcast(&size, 1, MPI_LONG_LONG, first, comm));
+  std::string text = rank == first ? verdict : std::string(static_cast<std::size_t>(size), '\0');
+  TROUPE_MPI_CHECK(MPI_Bcast(text.data(), static_cast<int>(size), MPI_CHAR, first, comm));
+  return text + " (found by rank " + std::to_string(first) + ")";
+}
+
 }  // namespace
+
+const std::vector<std::string>& SectionSlices::names() const { return section_.tensor_names(); }
+bool SectionSlices::contains(const std::string& name) const { return section_.has_tensor(name); }
+tensor::DType SectionSlices::dtype(const std::string& name) const { return section_.info(name).dtype; }
+tensor::Shape SectionSlices::shape(const std::string& name) const { return section_.info(name).shape; }
+
+void SectionSlices::read(const std::string& name, std::int64_t begin, const tensor::Tensor& dst) const {
+  if (dst.device().is_cpu() && dst.dtype() == section_.info(name).dtype) section_.read_range_into(name, begin, dst);
+  else tensor::Tensor(dst).copy_(section_.read_range(name, begin, begin + dst.numel()));  // a handle: same storage
+}
+
+nn::StateDict SectionSlices::scalars() const {
+  nn::StateDict out;
+  for (const auto& [name, value] : section_.attributes())
+    if (tensor::Tensor t = checkpoint::detail::scalar_tensor(value); t.defined()) out.insert(name, t);
+  return out;
+}
+
+std::string SectionSlices::where() const { return section_.file_path() + ":" + section_.group(); }
 
 TrainingCheckpoint::TrainingCheckpoint(std::filesystem::path folder, TrainingState& state, checkpoint::RunInfo run,
                                        bool writer, std::size_t keep_last, MPI_Comm comm)
     : folder_(std::move(folder)), state_(state), writer_(writer), source_{&state, {}}, checkpoint_(folder_, keep_last),
       run_(run) {
   checkpoint_.set_run_info(std::move(run));
-  // One section per group of the state (fixed by how it was built: a scaler or not).
-  checkpoint::register_state_groups(checkpoint_, source_, state_.group_names());
   int mpi = 0;
   MPI_Initialized(&mpi);
   if (mpi && state_.has_local_state_slices()) {
     parallel_ = std::make_unique<checkpoint::ParallelCheckpoint>(folder_, keep_last, comm);
     TROUPE_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  }
+  if (parallel_ && state_.loads_local_state_slices()) {
+    register_sliced_groups();
+    return;
+  }
+  // One section per group of the state (fixed by how it was built: a scaler or not).
+  checkpoint::register_state_groups(checkpoint_, source_, state_.group_names());
+}
+
+// The sharded resume: each rank verifies its share of the checksums (the ranks agree
+// on every verdict, so all skip or use the same file), reads the small groups whole
+// and only its own slices of the model and optimizer groups. Saves are the parallel
+// save, so these sections' save functions never run.
+void TrainingCheckpoint::register_sliced_groups() {
+  int rank = 0, size = 1;
+  TROUPE_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  TROUPE_MPI_CHECK(MPI_Comm_size(comm_, &size));
+  checkpoint_.set_verify_share(
+      {rank, size, [comm = comm_](const std::string& verdict) { return first_verdict(verdict, comm); }});
+  const std::vector<std::string> names = state_.group_names();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const std::string name = names[i];
+    const bool last = i + 1 == names.size();
+    checkpoint_.register_state(
+        name, {.save = [name](checkpoint::SectionWriter&) {
+                 TROUPE_THROW(InvalidArgument, "TrainingCheckpoint: section ", name, " of a sharded state is written by ",
+                              "the parallel save only");
+               },
+               .load = [this, name, last](const checkpoint::SectionReader& r) {
+                 if (name == "model" || name == "optimizer") (name == "model" ? model_section_ : optimizer_section_).emplace(r);
+                 else small_.emplace_back(name, checkpoint::read_state_dict<nn::StateDict>(r, checkpoint::scalars_for_group(name)));
+                 if (!last) return;
+                 StateGroups small = std::move(small_);
+                 small_.clear();
+                 TROUPE_CHECK(model_section_ && optimizer_section_, "TrainingCheckpoint: the file lacks a model or optimizer section");
+                 const SectionSlices model(*model_section_), optimizer(*optimizer_section_);
+                 try {
+                   state_.load_state_slices(small, model, optimizer);
+                 } catch (...) {
+                   model_section_.reset();
+                   optimizer_section_.reset();
+                   throw;
+                 }
+                 model_section_.reset();
+                 optimizer_section_.reset();
+               }});
   }
 }
 
@@ -64,7 +142,10 @@ TrainingCheckpoint::~TrainingCheckpoint() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-std::optional<checkpoint::Metadata> TrainingCheckpoint::resume() { return checkpoint_.load_latest(); }
+std::optional<checkpoint::Metadata> TrainingCheckpoint::resume() {
+  if (parallel_) parallel_->wait();  // the save in flight may be the latest
+  return checkpoint_.load_latest();
+}
 
 checkpoint::SaveHandle TrainingCheckpoint::save(std::int64_t step, std::int64_t epoch) {
   if (!writer_ && !state_.collective()) return {};
@@ -130,14 +211,14 @@ checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std:
   for (const auto& [group, dict] : state_.small_state_dicts()) whole("/" + group, dict, true);
   broadcast_from_rank_0(manifest.attributes, comm_);
 
-  parallel_->save(manifest, slices);  // collective; throws on every rank, keeping the previous checkpoint
-  std::promise<std::filesystem::path> done;
-  done.set_value(parallel_->directory().final_path(step));
-  return checkpoint::SaveHandle(step, done.get_future().share());
+  // Collective: snapshots the pieces and writes the file on the checkpoint's thread; an
+  // error reaches every rank through the handle, and the previous checkpoint stays.
+  return parallel_->save_async(std::move(manifest), std::move(slices));
 }
 
 void TrainingCheckpoint::wait() {
   if (!last_.skipped()) last_.get();
+  if (parallel_) parallel_->wait();
 }
 
 }  // namespace troupe::train

@@ -118,10 +118,7 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
   // Look everything up first, so a missing group changes nothing.
   const nn::StateDict& model = group(groups, "model");
   const nn::StateDict& optimizer = group(groups, "optimizer");
-  const nn::StateDict& sampler = group(groups, "sampler");
-  const nn::StateDict* scaler = scaler_ != nullptr ? &group(groups, "scaler") : nullptr;
-  const nn::StateDict& rng = group(groups, "rng");
-  const nn::StateDict& status = group(groups, "status");
+  check_small_groups(groups);
   if (sharded_ != nullptr) {
     sharded_->load_model_state_dict(model);
     sharded_->load_optimizer_state_dict(optimizer);
@@ -130,6 +127,29 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
     else model_.load_state_dict(model, /*strict=*/true);
     optimizer_.load_state_dict(optimizer);
   }
+  load_small_groups(groups);
+}
+
+void TrainingState::load_state_slices(const StateGroups& small, const StateSliceSource& model,
+                                      const StateSliceSource& optimizer) {
+  TROUPE_CHECK(loads_local_state_slices(), "TrainingState::load_state_slices: the state cannot load its own slices");
+  check_small_groups(small);
+  sharded_->load_local_state_slices(model, optimizer);
+  load_small_groups(small);
+}
+
+void TrainingState::check_small_groups(const StateGroups& groups) const {
+  (void)group(groups, "sampler");
+  if (scaler_ != nullptr) (void)group(groups, "scaler");
+  (void)group(groups, "rng");
+  (void)group(groups, "status");
+}
+
+void TrainingState::load_small_groups(const StateGroups& groups) {
+  const nn::StateDict& sampler = group(groups, "sampler");
+  const nn::StateDict* scaler = scaler_ != nullptr ? &group(groups, "scaler") : nullptr;
+  const nn::StateDict& rng = group(groups, "rng");
+  const nn::StateDict& status = group(groups, "status");
   sampler_.load_state_dict(sampler);
   if (scaler != nullptr) scaler_->load_state_dict(*scaler);
   std::vector<std::pair<std::string, nn::Dropout*>> dropouts;

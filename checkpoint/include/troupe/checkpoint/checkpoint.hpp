@@ -98,6 +98,17 @@ struct SaveOptions {
   IfBusy if_busy = IfBusy::wait;
 };
 
+// A load that several ranks make together, each restoring its own slices of one file
+// (a sharded resume): each rank verifies checksum share `part` of `parts`
+// (FileReader::verify_share), and `agree` -- a collective every rank calls once per
+// candidate file with its verdict ("" or why the file is unusable here) -- returns the
+// first non-empty verdict of any rank, so that all ranks skip or use the same file.
+struct VerifyShare {
+  int part = 0;
+  int parts = 1;
+  std::function<std::string(const std::string& verdict)> agree;
+};
+
 class Checkpoint {
  public:
   using WarningHandler = std::function<void(const std::string&)>;
@@ -115,6 +126,8 @@ class Checkpoint {
   // Where skip warnings go; by default, a line on stderr.
   void set_warning_handler(WarningHandler handler) { warn_ = std::move(handler); }
   void set_verify(Verify verify) { verify_ = verify; }
+  // See VerifyShare (with Verify::before_restore).
+  void set_verify_share(VerifyShare share) { share_ = std::move(share); }
   // Set it before saving: the writer thread reads it without a lock.
   void set_write_observer(WriteObserver observer) { observe_ = std::move(observer); }
   // `section` is a plain name ("model", "optimizer", "scaler", "sampler", "rng", "status",
@@ -153,6 +166,7 @@ class Checkpoint {
   RunInfo run_;
   WarningHandler warn_;
   Verify verify_ = Verify::before_restore;
+  VerifyShare share_;
   WriteObserver observe_;
   std::vector<Registered> sources_;
   std::shared_future<std::filesystem::path> in_flight_;

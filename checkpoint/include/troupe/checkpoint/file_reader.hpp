@@ -54,11 +54,19 @@ class FileReader {
   // slice cannot be checked against the whole tensor's checksum: verify the file once
   // (verify_all, or Checkpoint::load_latest) before trusting slices.
   tensor::Tensor read_range(std::string_view path, std::int64_t begin, std::int64_t end) const;
+  // The same range, elements [begin, begin + dst.numel()), straight into `dst` (CPU, the
+  // dataset's dtype): a sharded resume reads into its shards with no buffer of its own.
+  void read_range_into(std::string_view path, std::int64_t begin, const tensor::Tensor& dst) const;
   // Checks every dataset's checksum and throws FormatError naming the first that does
   // not match (or cannot be read). Contiguous datasets (all that troupe writes) are
   // hashed straight from the file by two threads, through small cache-resident
   // buffers; any other dataset is read through HDF5 into one reused buffer.
   void verify_all() const;
+  // verify_all's share `part` of `parts` (0 <= part < parts): the datasets in file order
+  // cut into `parts` runs of about equal bytes, so that ranks verifying one part each
+  // check every checksum once between them (a sharded resume) instead of each reading
+  // the whole file.
+  void verify_share(int part, int parts) const;
 
  private:
   struct Impl;

@@ -30,12 +30,17 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <future>
 #include <memory>
 #include <span>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "troupe/checkpoint/checkpoint_directory.hpp"
 #include "troupe/checkpoint/parallel_writer.hpp"
+#include "troupe/checkpoint/save_handle.hpp"
+#include "troupe/tensor/storage.hpp"
 #include "troupe/checkpoint/save_manifest.hpp"
 
 namespace troupe::checkpoint {
@@ -48,11 +53,21 @@ class ParallelCheckpoint {
                      ParallelOptions options = {});
   ParallelCheckpoint(const ParallelCheckpoint&) = delete;
   ParallelCheckpoint& operator=(const ParallelCheckpoint&) = delete;
-  ~ParallelCheckpoint();  // collective (frees the communicator's duplicate)
+  ~ParallelCheckpoint();  // collective (waits for the save in flight, frees the communicator's duplicate)
 
   // Collective. `slices[i]` is this rank's slice of manifest.tensors[i] (Slice{} for
   // none). Returns the committed file's path on every rank, or throws on every rank.
   std::filesystem::path save(const SaveManifest& manifest, std::span<const Slice> slices);
+  // Collective, the save in the background: waits for the save in flight (one at a
+  // time), copies this rank's slices to host memory (the snapshot: the only time the
+  // caller is blocked, so training may change its shards once it returns), then a
+  // thread of this object runs save() -- the same file, the same crash safety, errors
+  // thrown on every rank through the handle. Every rank calls it at the same steps.
+  // Memory: the snapshot, one host buffer of this rank's slices, kept for the next
+  // save (first-touch page faults would otherwise make the copy slower than the write).
+  SaveHandle save_async(SaveManifest manifest, std::vector<Slice> slices);
+  // Waits for the save in flight, if any (its error stays with its handle).
+  void wait();
 
   const CheckpointDirectory& directory() const { return dir_; }
 
@@ -63,9 +78,12 @@ class ParallelCheckpoint {
 
  private:
   CheckpointDirectory dir_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // used by one thread at a time: the caller's, or the writer's
   ParallelOptions options_;
   WriteObserver observe_;
+  std::shared_future<std::filesystem::path> in_flight_;
+  std::thread writer_;
+  std::shared_ptr<tensor::Storage> snapshot_;  // save_async's host buffer
 };
 
 }  // namespace troupe::checkpoint

@@ -53,10 +53,22 @@ class SectionReader {
   tensor::Tensor tensor(std::string_view name) const;
   // Reads one tensor straight into `dst` (a live parameter: no allocation), verified.
   void read_into(std::string_view name, const tensor::Tensor& dst) const;
+  // A tensor's dtype and shape, read from the file's metadata only.
+  TensorInfo info(std::string_view name) const;
+  // Elements [begin, end) of a tensor in flat C order (FileReader::read_range: only those
+  // bytes are read, and not checked on their own -- a sharded resume verifies the
+  // file first, each rank its share of the checksums).
+  tensor::Tensor read_range(std::string_view name, std::int64_t begin, std::int64_t end) const;
+  // The range [begin, begin + dst.numel()) into `dst` (FileReader::read_range_into).
+  void read_range_into(std::string_view name, std::int64_t begin, const tensor::Tensor& dst) const;
+  const std::string& file_path() const { return file_.path(); }
   const Attributes& attributes() const { return attributes_; }
   const std::string& group() const { return group_; }
 
  private:
+  // "/<section>/<name>", or FormatError naming the file when the section lacks it.
+  std::string checked_path(std::string_view name) const;
+
   const FileReader& file_;
   std::string group_;
   std::vector<std::string> names_;

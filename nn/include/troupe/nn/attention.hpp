@@ -24,7 +24,8 @@ class CausalSelfAttention : public Module {
  public:
   // Dropout seeds: attn_dropout uses `dropout_seed`, resid_dropout `dropout_seed + 1`.
   CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, tensor::Generator& gen, double dropout = 0.0,
-                      bool bias = true, std::uint64_t dropout_seed = 0, DType dtype = DType::f32);
+                      bool bias = true, std::uint64_t dropout_seed = 0, DType dtype = DType::f32,
+                      tensor::Device device = tensor::Device::cpu());
 
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;

@@ -49,7 +49,8 @@ struct GPTConfig {
 
 class MLP : public Module {
  public:
-  MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype);
+  MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype,
+      tensor::Device device);
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "MLP"; }
@@ -63,7 +64,8 @@ class MLP : public Module {
 
 class Block : public Module {
  public:
-  Block(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype);
+  Block(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype,
+        tensor::Device device);
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "Block"; }
@@ -79,7 +81,9 @@ class Block : public Module {
 
 class GPT : public Module {
  public:
-  GPT(const GPTConfig& config, std::uint64_t seed, DType dtype = DType::f32);
+  // On Device::meta() the model is described, not computed: FSDP then materialises
+  // each rank's shards alone, bit for bit what a CPU build would hold (tensor/meta.hpp).
+  GPT(const GPTConfig& config, std::uint64_t seed, DType dtype = DType::f32, tensor::Device device = tensor::Device::cpu());
 
   Tensor forward_impl(const Tensor& idx) override;
   Tensor backward_impl(const Tensor& grad_logits) override;

@@ -17,7 +17,7 @@ namespace troupe::nn {
 class LayerNorm : public Module {
  public:
   explicit LayerNorm(std::int64_t normalized_size, double eps = 1e-5, bool elementwise_affine = true,
-                     DType dtype = DType::f32);
+                     DType dtype = DType::f32, tensor::Device device = tensor::Device::cpu());
 
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;

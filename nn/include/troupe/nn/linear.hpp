@@ -20,12 +20,13 @@ namespace troupe::nn {
 
 class Linear : public Module {
  public:
+  // On Device::meta() the parameters are described, not computed (tensor/meta.hpp).
   Linear(std::int64_t in_features, std::int64_t out_features, tensor::Generator& gen, bool bias = true,
-         DType dtype = DType::f32);
+         DType dtype = DType::f32, tensor::Device device = tensor::Device::cpu());
   // PyTorch's argument order, Linear(in, out, bias, ...).
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias, tensor::Generator& gen,
-         DType dtype = DType::f32)
-      : Linear(in_features, out_features, gen, bias, dtype) {}
+         DType dtype = DType::f32, tensor::Device device = tensor::Device::cpu())
+      : Linear(in_features, out_features, gen, bias, dtype, device) {}
 
   // Without a bias, its weight another module's [out, in] parameter, shared (GPT's
   // lm_head, tied to the token embedding's [vocab, embd] table).

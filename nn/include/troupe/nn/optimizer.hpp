@@ -43,6 +43,10 @@ class Optimizer {
 
   StateDict state_dict() const;
   void load_state_dict(const StateDict& dict);
+  // load_state_dict keeping the dict's slot tensors themselves rather than copies (unless
+  // a state allocator places the state elsewhere): a sharded resume builds the slots
+  // fresh, so the state is never held twice.
+  void adopt_state_dict(StateDict dict);
 
   // Allocates the per-parameter state tensors (momentum, Adam's moments), contents
   // undefined; by default Tensor::empty on the CPU. FSDP's CPU offload points it at a
@@ -79,6 +83,7 @@ class Optimizer {
   virtual void set_hyper_parameter(const std::string& key, double value) = 0;
 
  private:
+  void load(const StateDict& dict, bool adopt);
   std::vector<NamedParameter> params_;
   std::vector<StateDict> state_;  // parallel to params_
   StateAllocator allocate_;

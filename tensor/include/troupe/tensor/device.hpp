@@ -1,6 +1,9 @@
 // Where a tensor's bytes live: host memory, or one CUDA device when troupe was built
 // with the CUDA toolkit (TROUPE_CUDA). Asking for CUDA in a build without it, or on a
 // machine without a GPU, fails with a message that says which of the two it is.
+// The meta device holds no bytes at all: a tensor there has a shape, a dtype and a
+// description of its values (meta.hpp), so a model too large for one rank can be
+// described whole and each rank materialise only its shards.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +12,7 @@
 
 namespace troupe::tensor {
 
-enum class DeviceKind : std::uint8_t { cpu, cuda };
+enum class DeviceKind : std::uint8_t { cpu, cuda, meta };
 
 struct Device {
   DeviceKind kind = DeviceKind::cpu;
@@ -17,15 +20,17 @@ struct Device {
 
   static constexpr Device cpu() { return {DeviceKind::cpu, 0}; }
   static constexpr Device cuda(int index = 0) { return {DeviceKind::cuda, index}; }
+  static constexpr Device meta() { return {DeviceKind::meta, 0}; }
   constexpr bool is_cpu() const { return kind == DeviceKind::cpu; }
   constexpr bool is_cuda() const { return kind == DeviceKind::cuda; }
+  constexpr bool is_meta() const { return kind == DeviceKind::meta; }
   friend constexpr bool operator==(Device, Device) = default;
 };
 
-// "cpu" or "cuda:0".
+// "cpu", "cuda:0" or "meta".
 std::string to_string(Device d);
 std::ostream& operator<<(std::ostream& out, Device d);
-// Parses "cpu", "cuda", "cuda:N".
+// Parses "cpu", "cuda", "cuda:N", "meta".
 Device device_from_string(const std::string& text);
 
 // True when this build has CUDA support compiled in.

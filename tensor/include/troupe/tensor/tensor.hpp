@@ -79,6 +79,7 @@ class Tensor {
   // Copies src's elements into this tensor, converting dtype and crossing devices as
   // needed; element counts must match (shapes may differ, as with a flat buffer).
   Tensor& copy_(const Tensor& src);
+  // From the meta device: the described values, computed (tensor/meta.hpp).
   Tensor to(Device device) const;
   Tensor to(DType dtype) const;
 

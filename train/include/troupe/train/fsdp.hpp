@@ -69,6 +69,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "troupe/collectives/communicator.hpp"
@@ -81,6 +82,7 @@
 namespace troupe::train {
 
 class GradScaler;
+class StateSliceSource;
 
 // Decides whether `module` (at `path`, e.g. "3" or "1.0") becomes a unit. Called
 // bottom-up on every module but the root, children before parents, with the number
@@ -158,6 +160,13 @@ struct FsdpOptions {
   // low-precision) and the reduced low-precision gradients are widened into the shard
   // gradients, where GradScaler and clipping see them. Unset: the model's own dtype.
   std::optional<tensor::DType> master_dtype{};
+  // Sharded construction (PyTorch's meta-device init + FSDP's device_id): a module
+  // built on Device::meta() holds descriptions, not values; each rank materialises on
+  // `device` only the elements of its own shards (full_shard) or its units' flat
+  // buffers (shard_grad_op), computed from the same Philox streams as a CPU build, so
+  // the result equals building the whole model and broadcasting it, bit for bit, and
+  // nothing is broadcast. A module with real tensors ignores it.
+  tensor::Device device = tensor::Device::cpu();
 };
 
 // Counters over the last forward + backward (reset by forward()).
@@ -274,6 +283,13 @@ class FullyShardedDataParallel {
   // hyper-parameters and step count are optimizer().state_dict()'s, the same on every
   // rank).
   std::vector<LocalSlice> local_optimizer_slices();
+  // The sharded resume, the inverse of the two above: each rank reads only its own
+  // range of every tensor of a full-state-dict file's model and optimizer groups
+  // (training_state.hpp's StateSliceSource: hyperslab reads), from a file of any mode
+  // or world size, into its shards and a fresh optimizer state it adopts -- no full
+  // tensor and no second copy of the state is ever held. Checked like the full loads;
+  // when any rank's group is bad every rank throws, naming the file.
+  void load_local_slices(const StateSliceSource& model, const StateSliceSource& optimizer);
 
  private:
   struct Entry {
@@ -331,6 +347,8 @@ class FullyShardedDataParallel {
 
   // State dicts (fsdp_state_dict.cpp).
   Tensor gather_range(const Flat& flat, const Tensor& local, std::int64_t offset, std::int64_t numel);
+  // A state-dict key's full shape and dtype (a buffer's, or a parameter's in its flat).
+  std::pair<tensor::Shape, tensor::DType> full_tensor_type(const std::string& key) const;
   void agree_or_throw(const std::string& local_error, const char* op);
 
   nn::Module& module_;

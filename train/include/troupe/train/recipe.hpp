@@ -4,6 +4,9 @@
 //   struct Recipe {
 //     struct Config { ...; template <class A> void serialize(A&); };  // sent to every rank
 //     static std::unique_ptr<nn::Module> make_model(const Config&);
+//     // Optional: the model built on `device`. With it, zero1/zero2/fsdp build the model
+//     // on the meta device and each rank materialises only its part (sharded_model.hpp).
+//     static std::unique_ptr<nn::Module> make_model(const Config&, tensor::Device);
 //     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
 //     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,
 //     // FSDP's flat shards) -- an OptimizerFactory. Optional for ddp.
@@ -35,6 +38,7 @@
 #include "troupe/error.hpp"
 #include "troupe/nn/lr_scheduler.hpp"
 #include "troupe/nn/optimizer.hpp"
+#include "troupe/tensor/device.hpp"
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/objective.hpp"
 #include "troupe/train/oss.hpp"
@@ -55,6 +59,22 @@ OptimizerFactory recipe_optimizer_factory(const typename Recipe::Config& config,
                  " needs the recipe's make_optimizer(std::vector<nn::NamedParameter>, const Config&), "
                  "an optimizer over any parameters");
   }
+}
+
+template <class Recipe>
+constexpr bool recipe_builds_on_device = requires(const typename Recipe::Config& c) {
+  { Recipe::make_model(c, tensor::Device::meta()) } -> std::convertible_to<std::unique_ptr<nn::Module>>;
+};
+
+// The recipe's model: in a sharded mode, described on the meta device when the recipe
+// can build it there (no rank then ever holds it whole, unless the mode keeps it
+// whole); otherwise built on the CPU as make_model(config) builds it.
+template <class Recipe>
+std::unique_ptr<nn::Module> recipe_model(const typename Recipe::Config& config, bool sharded) {
+  if constexpr (recipe_builds_on_device<Recipe>) {
+    if (sharded) return Recipe::make_model(config, tensor::Device::meta());
+  }
+  return Recipe::make_model(config);
 }
 
 template <class Recipe>

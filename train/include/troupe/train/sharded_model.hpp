@@ -67,7 +67,9 @@ class ShardedModel final : public ShardedStateDicts {
   // `mode` is zero1, zero2 or fsdp. `factory` builds the base optimizer over the
   // parameters (or the flat shards) it is given; `fsdp` is used in zero2 and fsdp mode
   // (its sharding_strategy is the mode's).
-  // Broadcasts rank 0's parameters, as DDP does.
+  // Broadcasts rank 0's parameters, as DDP does. A model built on the meta device is
+  // materialised on fsdp.device instead (nothing broadcast): whole in zero1, which
+  // keeps it whole; only each rank's shards in zero2 and fsdp (FsdpOptions::device).
   ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm, const OptimizerFactory& factory,
                std::size_t bucket_bytes, FsdpOptions fsdp = {});
   ShardedModel(const ShardedModel&) = delete;
@@ -107,6 +109,11 @@ class ShardedModel final : public ShardedStateDicts {
   // parameter's optimizer state whole on its owner (OSS::local_state_slices).
   bool has_local_state_slices() const override { return true; }
   std::optional<LocalStateSlices> local_state_slices() override;
+  // The sharded resume (zero2, fsdp): each rank reads only its slices
+  // (FullyShardedDataParallel::load_local_slices). zero1 keeps the whole model and loads
+  // the full dicts.
+  bool loads_local_state_slices() const override { return fsdp_ != nullptr; }
+  void load_local_state_slices(const StateSliceSource& model, const StateSliceSource& optimizer) override;
   std::int64_t micro_step() const override { return micro_step_; }
   void set_micro_step(std::int64_t step) override;
 

@@ -40,6 +40,7 @@
 #include "troupe/supervisor/client.hpp"
 #include "troupe/supervisor/fault.hpp"
 #include "troupe/supervisor/run_environment.hpp"
+#include "troupe/tensor/meta.hpp"
 #include "troupe/tensor/serialize.hpp"
 #include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/data_loader.hpp"
@@ -52,6 +53,7 @@
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
+#include "troupe/tensor/meta.hpp"
 #include "troupe/train/recipe.hpp"
 #include "troupe/train/worker_driver.hpp"
 #include "troupe/train/worker_options.hpp"
@@ -68,7 +70,7 @@ class TrainWorker {
   TrainWorker(WorkerOptions options, Config config)
       : options_(options), config_(std::move(config)), sharding_(parse_sharding(options_.sharding)),
         device_(worker_device(options_)), comm_(worker_communicator(options, device_)),
-        model_(Recipe::make_model(config_)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)),
+        model_(recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)),
         objective_(recipe_objective<Recipe>(config_)) {
     TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
@@ -78,7 +80,9 @@ class TrainWorker {
     TROUPE_CHECK(options_.precision == "f32" || sharding_ == Sharding::ddp, "TrainWorker: precision bf16 is built for ",
                  "ddp only, not ", options_.sharding);
     if (options_.precision == "bf16") model_->to(tensor::DType::bf16);
-    if (device_.is_cuda()) model_->to(device_);  // before DDP and the optimizer hold the parameters
+    // Before DDP and the optimizer hold the parameters. A meta model stays described:
+    // ShardedModel materialises each rank's part on device_.
+    if (device_.is_cuda() && !is_meta_model()) model_->to(device_);
     // Each micro-step takes global_batch / accum_steps samples over all ranks; when the
     // ranks do not divide that, their shares differ by one and each rank's gradient is
     // weighted by its share (DistributedSampler's "uneven shares").
@@ -100,7 +104,7 @@ class TrainWorker {
     } else {
       sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_,
                                                 recipe_optimizer_factory<Recipe>(config_, options_.sharding),
-                                                options_.bucket_bytes, recipe_fsdp_options<Recipe>(config_));
+                                                options_.bucket_bytes, fsdp_options());
     }
     scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
     sampler_ = std::make_unique<DistributedSampler>(
@@ -383,6 +387,16 @@ class TrainWorker {
 
   // Every method starts here: a stopped worker refuses, and a running one makes its GPU
   // the current device of the pool thread that runs this call (CUDA's is per thread).
+  bool is_meta_model() const {
+    const auto named = model_->named_parameters();
+    return !named.empty() && tensor::is_meta(named.front().param->data);
+  }
+  FsdpOptions fsdp_options() const {
+    FsdpOptions fsdp = recipe_fsdp_options<Recipe>(config_);
+    fsdp.device = device_;  // where a meta model's shards are materialised
+    return fsdp;
+  }
+
   void begin_call(const char* what) const {
     TROUPE_CHECK(!stopped_, "TrainWorker::", what, ": the worker was stopped");
     tensor::cuda_set_device(device_);

@@ -29,13 +29,18 @@
 // tensor names, dtypes, attributes and checksums, DDP's layout -- so it resumes in any
 // mode at any world size. No rank holds more than its pieces plus the writer's small
 // buffers (fsdp: plus a copy of its optimizer shard, from Optimizer::state_dict).
-// The sharded save is synchronous, like PyTorch's sharded FSDP save without
-// async_save: save() returns once the file is committed (the handle is already
-// complete), so training waits for the disk. The write observer is called on every
-// rank after each tensor. Without MPI, or for a ShardedStateDicts without pieces, the
+// The sharded save is asynchronous, like PyTorch's async_save of a sharded state dict:
+// save() copies this rank's pieces to host memory (the snapshot, the only stall) and a
+// thread writes the file while training goes on (ParallelCheckpoint::save_async); the
+// handle says when it is committed, a save waits for the one before it, and resume()
+// and wait() wait for the one in flight. The write observer is called on every rank
+// after each tensor, on that thread. Without MPI, or for a ShardedStateDicts without pieces, the
 // groups are gathered onto every rank (state_dicts()) and the writer saves them
-// asynchronously, as under DDP. resume() is collective as before (every rank reads the
-// file and loads its part).
+// asynchronously, as under DDP. resume() is collective. In zero2 and fsdp it is the
+// sharded resume: each rank verifies a share of the checksums (the ranks agree on
+// every file's verdict, so all skip a damaged file together) and reads only its own
+// slices of the model and optimizer groups (hyperslab reads), whatever the mode and
+// world size that wrote the file; zero1 and unsharded states read the whole groups.
 #pragma once
 
 #include <mpi.h>
@@ -44,13 +49,33 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/parallel_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
+
+// One section of an open checkpoint file as a StateSliceSource: what the sharded resume
+// reads the model and optimizer groups through (hyperslab reads, FileReader::read_range).
+// The section's file must stay open while it is used.
+class SectionSlices final : public StateSliceSource {
+ public:
+  explicit SectionSlices(const checkpoint::SectionReader& section) : section_(section) {}
+  const std::vector<std::string>& names() const override;
+  bool contains(const std::string& name) const override;
+  tensor::DType dtype(const std::string& name) const override;
+  tensor::Shape shape(const std::string& name) const override;
+  void read(const std::string& name, std::int64_t begin, const tensor::Tensor& dst) const override;
+  nn::StateDict scalars() const override;
+  std::string where() const override;
+
+ private:
+  const checkpoint::SectionReader& section_;
+};
 
 class TrainingCheckpoint {
  public:
@@ -99,6 +124,10 @@ class TrainingCheckpoint {
   std::unique_ptr<checkpoint::ParallelCheckpoint> parallel_;  // sharded states: see above
   MPI_Comm comm_ = MPI_COMM_NULL;                              // its duplicate, for rank 0's attributes
   checkpoint::SaveHandle save_parallel(std::int64_t step, std::int64_t epoch);
+  void register_sliced_groups();
+  // The sharded resume's sections while a file is restored (see register_sliced_groups).
+  std::optional<checkpoint::SectionReader> model_section_, optimizer_section_;
+  StateGroups small_;
   checkpoint::SaveHandle last_;
   std::int64_t last_step_ = -1;  // on every rank: a repeated save of one step is skipped everywhere
 };

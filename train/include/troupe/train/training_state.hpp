@@ -58,6 +58,24 @@ struct LocalStateSlices {
   std::vector<StateSlice> optimizer;   // its "<param>/<slot>" entries, in its order
 };
 
+// One group of a checkpoint file (model or optimizer) read by ranges: a sharded resume
+// reads only the slices each rank keeps. Reads convert to dst's dtype as copy_ does.
+class StateSliceSource {
+ public:
+  virtual ~StateSliceSource() = default;
+  // The group's tensor names ("fc.weight", "fc.weight/exp_avg"), in file order.
+  virtual const std::vector<std::string>& names() const = 0;
+  virtual bool contains(const std::string& name) const = 0;
+  virtual tensor::DType dtype(const std::string& name) const = 0;
+  virtual tensor::Shape shape(const std::string& name) const = 0;
+  // Elements [begin, begin + dst.numel()) of tensor `name`, flattened, into dst.
+  virtual void read(const std::string& name, std::int64_t begin, const tensor::Tensor& dst) const = 0;
+  // The group's scalar attributes (an optimizer's lr and hyper-parameters) as 0-dim tensors.
+  virtual nn::StateDict scalars() const = 0;
+  // The file and group, for error messages.
+  virtual std::string where() const = 0;
+};
+
 // The model and optimizer groups of a model whose state is sharded over the ranks, and
 // its accumulation position (DDP's micro_step). Each method may be a collective.
 class ShardedStateDicts {
@@ -68,6 +86,12 @@ class ShardedStateDicts {
   // The groups as this rank's pieces (may be a collective that moves names, never
   // tensors); nullopt when has_local_state_slices() is false.
   virtual std::optional<LocalStateSlices> local_state_slices() { return std::nullopt; }
+  // Whether load_local_state_slices() is available (no communication).
+  virtual bool loads_local_state_slices() const { return false; }
+  // Collective: loads the model and optimizer groups reading only this rank's slices of
+  // each tensor, from a file of any mode or world size; a bad group makes every rank
+  // throw, naming the file, tensor and rank.
+  virtual void load_local_state_slices(const StateSliceSource& /*model*/, const StateSliceSource& /*optimizer*/) {}
   virtual nn::StateDict model_state_dict() = 0;      // the unwrapped model's state_dict()
   virtual nn::StateDict optimizer_state_dict() = 0;  // the unsharded optimizer's
   virtual void load_model_state_dict(const nn::StateDict& dict) = 0;
@@ -108,12 +132,20 @@ class TrainingState {
   // Every group state_dicts() would return must be present (checked, naming what is
   // missing); the model and optimizer are loaded strictly.
   void load_state_dicts(const StateGroups& groups);
+  // A sharded resume: whether the sharded state can load its own slices, and the load
+  // itself -- the small groups whole (as small_state_dicts() returns them), the model
+  // and optimizer through their sources. Collective.
+  bool loads_local_state_slices() const { return sharded_ != nullptr && sharded_->loads_local_state_slices(); }
+  void load_state_slices(const StateGroups& small, const StateSliceSource& model, const StateSliceSource& optimizer);
 
   nn::Module& model() const { return model_; }
   nn::Optimizer& optimizer() const { return optimizer_; }
   DistributedSampler& sampler() const { return sampler_; }
 
  private:
+  void check_small_groups(const StateGroups& groups) const;  // throws naming a missing group
+  void load_small_groups(const StateGroups& groups);         // sampler, scaler, rng, status
+
   nn::Module& model_;
   nn::Optimizer& optimizer_;
   DistributedSampler& sampler_;
