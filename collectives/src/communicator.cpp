@@ -85,6 +85,8 @@ bool Communicator::failed() const { return engine_->failed(); }
 
 std::chrono::nanoseconds Communicator::wait_time() const { return engine_->waited(); }
 
+std::uint64_t Communicator::host_waits() const { return engine_->blocked_waits(); }
+
 void Communicator::fail(const std::string& reason) { engine_->fail(reason); }
 
 bool Communicator::drain() noexcept { return engine_->drain(options_.timeout); }

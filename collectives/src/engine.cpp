@@ -130,8 +130,10 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
     std::unique_lock lock(mutex_);
     progress_locked();
     if (finished_locked(operation)) {
-      if (polls > 0)
+      if (polls > 0) {
         waited_ns_.fetch_add((std::chrono::steady_clock::now() - began).count(), std::memory_order_relaxed);
+        blocked_waits_.fetch_add(1, std::memory_order_relaxed);
+      }
       break;
     }
     // Reading the clock costs ~20 ns; poll a few times between reads.

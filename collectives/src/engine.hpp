@@ -57,6 +57,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // healthy rank mostly waiting for slower peers. Only a wait that polls more than once
   // reads the clock, so a collective that is already done costs nothing extra.
   std::chrono::nanoseconds waited() const { return std::chrono::nanoseconds(waited_ns_.load(std::memory_order_relaxed)); }
+  // How many of those waits there were: the host blocked on an unfinished collective.
+  std::uint64_t blocked_waits() const { return blocked_waits_.load(std::memory_order_relaxed); }
 
   void fail(const std::string& reason);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
@@ -88,6 +90,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::atomic<bool> failed_{false};
   std::string failure_;
   std::atomic<std::int64_t> waited_ns_{0};
+  std::atomic<std::uint64_t> blocked_waits_{0};
 
   std::atomic<int> waiters_{0};
   std::condition_variable wake_;

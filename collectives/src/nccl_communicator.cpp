@@ -98,6 +98,13 @@ class NcclOperation : public Operation {
     check_cuda(cudaEventRecord(finished_, s.stream), "cudaEventRecord", what);
   }
 
+  bool queue_device_wait() override {
+    const std::string what = collective().describe();
+    check_cuda(cudaSetDevice(state_->device), "cudaSetDevice", what);
+    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, finished_, 0), "cudaStreamWaitEvent", what);
+    return true;
+  }
+
   bool progress() override {
     const std::string_view name = collective_name(collective().kind);
     ncclResult_t async = ncclSuccess;

@@ -31,6 +31,15 @@ void Work::wait(std::chrono::milliseconds timeout) {
   }
 }
 
+bool Work::wait_on_device() {
+  if (!operation_) return true;
+  if (operation_->done()) {
+    if (auto error = operation_->error()) std::rethrow_exception(error);
+    return true;
+  }
+  return operation_->queue_device_wait();
+}
+
 std::uint64_t Work::sequence() const { return operation_ ? operation_->collective().sequence : 0; }
 
 std::string Work::describe() const { return operation_ ? operation_->collective().describe() : "no collective"; }

@@ -79,6 +79,21 @@ TEST(AsyncCollectives, ATensorDroppedMidFlightLivesUntilItsCollectiveCompletes) 
   EXPECT_TRUE(storage.expired());
 }
 
+// A host collective has no device stream to wait on: wait_on_device() says so and
+// leaves it to wait(), which blocks only while it is unfinished (host_waits counts that).
+TEST(AsyncCollectives, AHostCollectiveCannotBeWaitedOnByADevice) {
+  Communicator& comm = world();
+  Data big = input_of(Pattern::mixed, DType::f32, comm.rank(), 300000);
+  Work work = comm.allreduce_async(big.buffer());
+  const std::uint64_t before = comm.host_waits();
+  const bool done_early = work.is_completed();
+  if (!done_early) EXPECT_FALSE(work.wait_on_device());
+  work.wait();
+  EXPECT_TRUE(work.wait_on_device()) << "nothing left to wait for once it is done";
+  EXPECT_LE(comm.host_waits() - before, 1u);
+  EXPECT_TRUE(Work().wait_on_device());
+}
+
 TEST(AsyncCollectives, ADefaultWorkIsAlreadyComplete) {
   Work none;
   EXPECT_TRUE(none.test());

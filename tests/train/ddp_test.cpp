@@ -137,7 +137,10 @@ TEST(DistributedDataParallel, OnCudaOverNcclTrainsLikeTheCpuReference) {
     const TensorBatch batch = data.rows(sampler.take(kGlobalBatch));
     sgd.zero_grad();
     loss_fn.forward(ddp.forward(batch.inputs.to(gpu)), batch.targets);
+    const std::uint64_t host_waits = nccl.host_waits();
     ddp.backward(loss_fn.backward());
+    // Issue 25: the default stream waits for each all-reduce, not the host.
+    EXPECT_EQ(nccl.host_waits(), host_waits) << "step " << step << ": DDP's backward blocked the host on NCCL";
     EXPECT_GT(ddp.last_sync_stats().buckets, 1);
     EXPECT_EQ(model->named_parameters().front().param->grad.device(), gpu);
     sgd.step();

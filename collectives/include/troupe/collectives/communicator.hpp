@@ -68,6 +68,9 @@ class Communicator {
   // they came to wait (Work::wait and the blocking forms). A step's time less this is
   // the rank's own work in it: a straggler waits least (troupe-run's straggler report).
   std::chrono::nanoseconds wait_time() const;
+  // How many times a caller blocked on a collective not yet done (the waits wait_time
+  // sums): what Work::wait_on_device spares the host on a GPU.
+  std::uint64_t host_waits() const;
 
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
   // Collective over this communicator. A negative color returns null (no membership).

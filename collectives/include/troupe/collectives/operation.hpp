@@ -35,6 +35,10 @@ class Operation {
   virtual void start() = 0;
   // Advances without blocking; true once the result is in the output buffer.
   virtual bool progress() = 0;
+  // Makes the CUDA stream troupe's kernels run on (the legacy default stream) wait for
+  // this operation's device work, without blocking the host; false when it has none (a
+  // host collective), so the caller must wait on the host. Called after start().
+  virtual bool queue_device_wait() { return false; }
   // Who this operation is waiting for, for timeout messages ("rank 3"); empty if unknown.
   virtual std::string waiting_on() const { return {}; }
 

@@ -9,6 +9,12 @@
 //                   and the peer not heard from when known, and fails the communicator
 //                   so that every later call fails fast instead of hanging.
 //   wait()          the same with the communicator's Options::timeout.
+//   wait_on_device()  for a collective on a CUDA stream (NCCL): makes the stream
+//                   troupe's kernels run on wait for it, and returns at once, as
+//                   PyTorch's work.wait() does for NCCL -- the host goes on queueing
+//                   work (the optimizer step) that the GPU runs after the collective.
+//                   Returns false, doing nothing, for a host collective (MPI, shared
+//                   memory): wait() it. Errors then surface at a later wait or call.
 //
 // Waiting polls MPI (or CUDA) on the waiting thread, no sleeping: a thread wake-up costs
 // more than a small collective.
@@ -48,6 +54,9 @@ class Work {
 
   void wait();
   void wait(std::chrono::milliseconds timeout);
+  // See above: true when nothing is left for the host to wait for (the device waits, or
+  // the collective is already done; its error, if any, is rethrown).
+  bool wait_on_device();
 
   // The collective's sequence number on its communicator (0 for a default Work).
   std::uint64_t sequence() const;
