@@ -8,6 +8,7 @@
 //   mpirun -np 4 --oversubscribe build/bench/sharding_bench --model mlp25m|deep67m
 //          --mode ddp|zero1|zero2|fsdp [--steps N] [--warmup N] [--save DIR]
 //          [--backward-prefetch pre|post]   (zero2, fsdp: FsdpOptions::backward_prefetch)
+//          [--init cpu|meta] [--resume FILE]
 //
 // Models (ReLU between layers, cross-entropy over the last width, batch 32 per rank,
 // one compute thread per rank, AdamW lr 1e-3, 25 MB buckets):
@@ -45,12 +46,32 @@
 // the full model and optimizer state dicts (FullyShardedDataParallel::
 // local_model_slices / local_optimizer_slices: views, no gathering) to
 // checkpoint::ParallelCheckpoint; the peak RSS growth during save() is VmHWM (reset
-// just before) minus VmRSS before, against the bound: the rank's shard (the
-// bytes of its slices) + the largest tensor + 64 MB.
+// just before) minus VmRSS before, over three saves whose median time is reported,
+// against the bound: the rank's shard (the
+// bytes of its slices) + the largest tensor + 64 MB. Then the same save through
+// ParallelCheckpoint::save_async, three times: the median time the caller is blocked
+// (the snapshot of its slices, the worst rank; the first save's too, which allocates
+// the snapshot buffer) and until the file is committed.
+//
+// Construction (every run): the peak of live tensor bytes (tensor::host_memory_stats)
+// and the VmHWM growth from before the model is built until the wrapper is, with the
+// model built on the CPU (--init cpu, every rank holds it whole) or described on the
+// meta device (--init meta: zero2/fsdp materialise only what the rank keeps; ddp and
+// zero1 materialise it whole).
+//
+// Resume (--resume FILE, fsdp), a process of its own as a restart is: the model is
+// described on the meta device, wrapped, and loaded from FILE (a --save run's) by the
+// sharded resume (each rank verifies its share of the checksums and reads only its
+// slices: FullyShardedDataParallel::load_local_slices through train::SectionSlices);
+// its peak live tensor bytes and VmHWM growth from before construction to the end of
+// the load, and a hash of the loaded model and optimizer state, which equals the
+// saving run's "state_hash" when the resume is exact. No training is timed. The
+// issue's bound for both construction and resume: 1.2 x 16N/W + the largest unit.
 //
 // Output (rank 0): one JSON object; byte counts and RSS are the largest over ranks.
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -62,7 +83,11 @@
 
 #include <mpi.h>
 
+#include "troupe/checkpoint/file_reader.hpp"
 #include "troupe/checkpoint/parallel_checkpoint.hpp"
+#include "troupe/checkpoint/section.hpp"
+#include "troupe/tensor/host_memory.hpp"
+#include "troupe/train/training_checkpoint.hpp"
 #include "troupe/peak_rss.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/error.hpp"
@@ -94,6 +119,8 @@ struct Flags {
   int steps = 5;
   int warmup = 2;
   std::string save_dir;  // empty: no save
+  bool init_meta = false;
+  std::string resume_file;  // --resume: load it instead of training
   train::FsdpOptions::BackwardPrefetch backward_prefetch = train::FsdpOptions{}.backward_prefetch;
 };
 
@@ -108,6 +135,9 @@ Flags parse_flags(int argc, char** argv) {
     else if (flag == "--steps") f.steps = std::stoi(value);
     else if (flag == "--warmup") f.warmup = std::stoi(value);
     else if (flag == "--save") f.save_dir = value;
+    else if (flag == "--resume") f.resume_file = value;
+    else if (flag == "--init" && (value == "cpu" || value == "meta")) f.init_meta = value == "meta";
+    else if (flag == "--init") throw InvalidArgument("sharding_bench: --init is cpu or meta, got " + value);
     else if (flag == "--backward-prefetch" && (value == "pre" || value == "post"))
       f.backward_prefetch = value == "pre" ? train::FsdpOptions::BackwardPrefetch::backward_pre
                                            : train::FsdpOptions::BackwardPrefetch::backward_post;
@@ -118,6 +148,8 @@ Flags parse_flags(int argc, char** argv) {
   if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
   if (!f.save_dir.empty() && f.mode != train::Sharding::fsdp)
     throw InvalidArgument("sharding_bench: --save is the fsdp full-state-dict save; use --mode fsdp");
+  if (!f.resume_file.empty() && f.mode != train::Sharding::fsdp)
+    throw InvalidArgument("sharding_bench: --resume is the fsdp sharded resume; use --mode fsdp");
   return f;
 }
 
@@ -256,9 +288,13 @@ const char* formula_text(train::Sharding mode) {
 
 // The fsdp save: returns the JSON fields, e.g. "\"save\": {...}".
 std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::Communicator& comm,
-                            const std::string& dir) {
+                            const std::string& dir, std::filesystem::path& file) {
   checkpoint::SaveManifest manifest;
   manifest.world_size = comm.size();
+  manifest.groups = {"/model", "/optimizer"};
+  for (const auto& [key, value] : fsdp.optimizer().state_dict())  // lr, step, hyper-parameters
+    if (key.find('/') == std::string::npos)
+      manifest.attributes.push_back({"/optimizer", key, checkpoint::detail::scalar_value(value)});
   std::vector<checkpoint::Slice> slices;
   std::int64_t shard = 0, largest = 0, total = 0;
   for (const auto& group : {std::pair{std::string("/model/"), fsdp.local_model_slices()},
@@ -274,43 +310,144 @@ std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::
       if (piece.data.defined()) shard += static_cast<std::int64_t>(piece.data.nbytes());
     }
   std::int64_t growth = 0, before = 0;
-  double seconds = 0;
+  double seconds = 0, stall = 0, first_stall = 0, async_total = 0;
   {
     checkpoint::ParallelCheckpoint ckpt(dir, 1, MPI_COMM_WORLD);
     comm.barrier();
     troupe::reset_peak_rss();
     before = troupe::proc_status_bytes("VmRSS:");
-    const auto start = Clock::now();
-    ckpt.save(manifest, slices);
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::vector<double> sync;
+    for (std::int64_t step = 0; step < 3; ++step) {  // the median of three, as below
+      manifest.step = step;
+      comm.barrier();
+      const auto start = Clock::now();
+      file = ckpt.save(manifest, slices);
+      sync.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    seconds = median(sync);
     growth = troupe::proc_status_bytes("VmHWM:") - before;
+    // The same save in the background, three times as a run saves periodically (the
+    // first also allocates the snapshot buffer): the caller is blocked for the snapshot.
+    std::vector<double> stalls, totals;
+    for (std::int64_t step = 3; step < 6; ++step) {
+      manifest.step = step;
+      comm.barrier();
+      const auto async_start = Clock::now();
+      const checkpoint::SaveHandle handle = ckpt.save_async(manifest, slices);
+      const double blocked = std::chrono::duration<double>(Clock::now() - async_start).count();
+      file = handle.get();
+      const double done = std::chrono::duration<double>(Clock::now() - async_start).count();
+      stalls.push_back(static_cast<double>(max_over_ranks(comm, static_cast<std::int64_t>(blocked * 1e6))) / 1e6);
+      totals.push_back(static_cast<double>(max_over_ranks(comm, static_cast<std::int64_t>(done * 1e6))) / 1e6);
+    }
+    first_stall = stalls.front();
+    stall = median(stalls);
+    async_total = median(totals);
   }
   // Each rank against its own bound; the worst margin decides.
   const std::int64_t over = max_over_ranks(comm, growth - (shard + largest + (std::int64_t{64} << 20)));
   const std::int64_t worst_growth = max_over_ranks(comm, growth);
   const std::int64_t worst_shard = max_over_ranks(comm, shard);
-  char text[512];
+  char text[1024];
   std::snprintf(text, sizeof text,
                 "\"save\": {\"file_bytes\": %lld, \"seconds\": %.3f, \"growth_bytes\": %lld, \"shard_bytes\": %lld, "
-                "\"largest_tensor_bytes\": %lld, \"bound_bytes\": %lld, \"within_bound\": %s}",
+                "\"largest_tensor_bytes\": %lld, \"bound_bytes\": %lld, \"within_bound\": %s, "
+                "\"async_stall_s\": %.4f, \"async_first_stall_s\": %.4f, \"async_total_s\": %.3f}",
                 static_cast<long long>(total), seconds, static_cast<long long>(worst_growth),
                 static_cast<long long>(worst_shard), static_cast<long long>(largest),
-                static_cast<long long>(worst_shard + largest + (std::int64_t{64} << 20)), over < 0 ? "true" : "false");
+                static_cast<long long>(worst_shard + largest + (std::int64_t{64} << 20)), over < 0 ? "true" : "false",
+                stall, first_stall, async_total);
+  return text;
+}
+
+struct Peak {
+  std::int64_t live_before = 0, rss_before = 0;
+  static Peak start() {
+    Peak p;
+    p.live_before = static_cast<std::int64_t>(tensor::host_memory_stats().live_bytes);
+    tensor::reset_host_memory_peak();
+    troupe::reset_peak_rss();
+    p.rss_before = troupe::proc_status_bytes("VmRSS:");
+    return p;
+  }
+  // The most live tensor bytes and the VmHWM growth since start().
+  std::pair<std::int64_t, std::int64_t> since() const {
+    return {static_cast<std::int64_t>(tensor::host_memory_stats().peak_bytes) - live_before,
+            troupe::proc_status_bytes("VmHWM:") - rss_before};
+  }
+};
+
+std::unique_ptr<nn::Sequential> build_model(const std::vector<std::int64_t>& widths, tensor::Device device) {
+  tensor::Generator gen(0);
+  auto model = std::make_unique<nn::Sequential>();
+  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
+    model->emplace<nn::Linear>(widths[l], widths[l + 1], gen, true, DType::f32, device);
+    if (l + 2 < widths.size()) model->emplace<nn::ReLU>();
+  }
+  return model;
+}
+
+// FNV-1a over the full model and optimizer state (gathered a tensor at a time), the
+// same on every rank: equal for two runs exactly when their states are.
+std::uint64_t state_hash(train::FullyShardedDataParallel& fsdp) {
+  std::uint64_t h = 1469598103934665603ull;
+  const auto mix = [&](const Tensor& t) {
+    const Tensor host = t.to(tensor::Device::cpu());
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  };
+  fsdp.for_each_full_tensor([&](const std::string&, const Tensor& value) { mix(value); });
+  for (const auto& [key, value] : fsdp.full_optimizer_state_dict()) mix(value);
+  return h;
+}
+
+// --resume: the sharded resume of `flags.resume_file` into a model described on the
+// meta device, in a fresh process.
+std::string run_resume(const Flags& flags, collectives::Communicator& comm) {
+  comm.barrier();
+  const Peak peak = Peak::start();
+  const auto start = Clock::now();
+  const auto model = build_model(widths_of(flags.model), tensor::Device::meta());
+  std::int64_t n = 0;
+  for (const auto& [name, p] : model->named_parameters()) n += p->data.numel();
+  Trainer t(train::Sharding::fsdp, *model, comm, flags.backward_prefetch);
+  {
+    checkpoint::FileReader reader(flags.resume_file);
+    reader.verify_share(comm.rank(), comm.size());
+    const checkpoint::SectionReader model_section(reader, "model"), optimizer_section(reader, "optimizer");
+    t.fsdp->load_local_slices(train::SectionSlices(model_section), train::SectionSlices(optimizer_section));
+  }
+  comm.barrier();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const auto [live, rss] = peak.since();
+  std::int64_t unit = 0;
+  for (const auto& path : t.fsdp->unit_paths()) unit = std::max(unit, t.fsdp->unit_padded_numel(path) * 4);
+  char text[1024];
+  std::snprintf(text, sizeof text,
+                "{\"model\": \"%s\", \"mode\": \"fsdp\", \"ranks\": %d, \"parameters\": %lld, "
+                "\"formula_bytes\": %.0f, \"unit_bytes\": %lld, \"resume\": {\"seconds\": %.3f, "
+                "\"peak_live_bytes\": %lld, \"rss_growth_bytes\": %lld, \"state_hash\": \"%016llx\"}}",
+                flags.model.c_str(), comm.size(), static_cast<long long>(n),
+                formula_bytes(train::Sharding::fsdp, static_cast<double>(n), comm.size()),
+                static_cast<long long>(unit), seconds, static_cast<long long>(max_over_ranks(comm, live)),
+                static_cast<long long>(max_over_ranks(comm, rss)),
+                static_cast<unsigned long long>(state_hash(*t.fsdp)));
   return text;
 }
 
 std::string run(const Flags& flags, collectives::Communicator& comm) {
   const auto widths = widths_of(flags.model);
-  tensor::Generator gen(0);
-  nn::Sequential model;
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
-    model.emplace<nn::Linear>(widths[l], widths[l + 1], gen);
-    if (l + 2 < widths.size()) model.emplace<nn::ReLU>();
-  }
+  comm.barrier();
+  const Peak construction = Peak::start();
+  const auto built = build_model(widths, flags.init_meta ? tensor::Device::meta() : tensor::Device::cpu());
+  nn::Sequential& model = *built;
   std::int64_t n = 0;
   for (const auto& [name, p] : model.named_parameters()) n += p->data.numel();
-
+  // ddp and zero1 keep the whole model: materialised at once (ShardedModel does the same).
+  if (flags.init_meta && (flags.mode == train::Sharding::ddp || flags.mode == train::Sharding::zero1))
+    model.to(tensor::Device::cpu());
   Trainer t(flags.mode, model, comm, flags.backward_prefetch);
+  const auto [construct_live, construct_rss] = construction.since();
   nn::CrossEntropyLoss loss_fn;
 
   // Each rank its own data (as from a sampler): 4 random batches, cycled.
@@ -366,7 +503,14 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   t.step_and_zero();
 
   std::string save = "\"save\": null";
-  if (!flags.save_dir.empty()) save = save_full_state(*t.fsdp, comm, flags.save_dir);
+  if (!flags.save_dir.empty()) {
+    std::filesystem::path file;
+    save = save_full_state(*t.fsdp, comm, flags.save_dir, file);
+    char fields[512];
+    std::snprintf(fields, sizeof fields, ", \"file\": \"%s\", \"state_hash\": \"%016llx\"", file.c_str(),
+                  static_cast<unsigned long long>(state_hash(*t.fsdp)));
+    save += fields;
+  }
 
   const double step = median(step_seconds);
   char text[2048];
@@ -377,14 +521,16 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
       "\"gradient_bytes\": %lld, \"optimizer_bytes\": %lld, \"formula\": \"%s\", "
       "\"formula_bytes\": %.0f, "
       "\"peak_gathered_bytes\": %lld, \"unit_bytes\": %lld, \"peak_rss_bytes\": %lld, \"rss_start_bytes\": %lld, "
+      "\"init\": \"%s\", \"construct_peak_live_bytes\": %lld, \"construct_rss_growth_bytes\": %lld, "
       "\"loss\": %.6g, %s, \"steps\": [",
       flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(kBatch),
       static_cast<long long>(n), static_cast<double>(kBatch * comm.size()) / step, step,
       static_cast<long long>(worst_state), static_cast<long long>(worst_params), static_cast<long long>(worst_grads),
       static_cast<long long>(worst_optim), formula_text(flags.mode),
       formula_bytes(flags.mode, static_cast<double>(n), comm.size()), static_cast<long long>(worst_gathered),
-      static_cast<long long>(unit), static_cast<long long>(peak_rss), static_cast<long long>(rss_start), loss,
-      save.c_str());
+      static_cast<long long>(unit), static_cast<long long>(peak_rss), static_cast<long long>(rss_start),
+      flags.init_meta ? "meta" : "cpu", static_cast<long long>(max_over_ranks(comm, construct_live)),
+      static_cast<long long>(max_over_ranks(comm, construct_rss)), loss, save.c_str());
   std::string out = text;
   for (std::size_t i = 0; i < step_seconds.size(); ++i) out += (i ? ", " : "") + std::to_string(step_seconds[i]);
   return out + "]}";
@@ -399,7 +545,7 @@ int main(int argc, char** argv) {
     const Flags flags = parse_flags(argc, argv);
     tensor::set_num_threads(1);
     auto comm = collectives::world_communicator();
-    const std::string json = run(flags, *comm);
+    const std::string json = flags.resume_file.empty() ? run(flags, *comm) : run_resume(flags, *comm);
     if (comm->rank() == 0) std::printf("%s\n", json.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sharding_bench: error: %s\n", e.what());
