@@ -229,7 +229,7 @@ TEST(ShardedCheckpoint, AShardedResumeReadsAFileOfAnotherModeAndWorldSize) {
   SharedFolder dir("sharded_ckpt_foreign");
   if (world().rank() == 0) gathered_save(dir.path, gathered, run.state->step, run.state->epoch);
   world().barrier();
-  for (Sharding mode : {Sharding::fsdp, Sharding::zero2}) {
+  for (Sharding mode : {Sharding::fsdp, Sharding::zero2, Sharding::zero1}) {
     ShardedRun fresh(mode);
     TrainingCheckpoint ckpt(dir.path, *fresh.state, {.run_id = "foreign", .world_size = world().size()},
                             world().rank() == 0);

@@ -3,7 +3,9 @@
 #include "troupe/tensor/meta.hpp"
 
 #include <algorithm>
+#include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "troupe/checkpoint/save_manifest.hpp"
@@ -187,8 +189,50 @@ std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
 }
 
 void ShardedModel::load_local_state_slices(const StateSliceSource& model, const StateSliceSource& optimizer) {
-  TROUPE_CHECK(fsdp_ != nullptr, "ShardedModel::load_local_state_slices: zero1 loads the full state dicts");
-  fsdp_->load_local_slices(model, optimizer);
+  if (fsdp_) {
+    fsdp_->load_local_slices(model, optimizer);
+    return;
+  }
+  // zero1 keeps the whole model: each tensor is read straight into it (the same file
+  // on every rank gives the same model); of the optimizer, only the slots of the
+  // parameters this rank owns.
+  const char* op = "ShardedModel::load_local_state_slices";
+  const nn::StateDict live = model_.state_dict();  // the module's own tensors
+  std::ostringstream why;
+  for (const auto& [key, value] : live) {
+    if (!model.contains(key)) why << "missing '" << key << "'; ";
+    else if (model.shape(key) != value.shape() || model.dtype(key) != value.dtype())
+      why << "'" << key << "' is " << tensor::dtype_name(value.dtype()) << " " << tensor::to_string(value.shape())
+          << " in the model but " << tensor::dtype_name(model.dtype(key)) << " " << tensor::to_string(model.shape(key))
+          << " in the file; ";
+  }
+  for (const auto& key : model.names())
+    if (live.find(key) == nullptr) why << "unexpected '" << key << "'; ";
+  std::string error = why.str();
+  if (!error.empty()) error = model.where() + ": " + error;
+  if (error.empty()) {
+    try {
+      for (const auto& [key, value] : live) model.read(key, 0, value);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  std::int32_t failed = error.empty() ? -1 : comm_.rank();
+  if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(&failed, 1), collectives::ReduceOp::max);
+  if (!error.empty()) TROUPE_THROW(InvalidArgument, op, ": ", error);
+  if (failed >= 0) TROUPE_THROW(InvalidArgument, op, ": rank ", failed, " rejected the model group (see its error)");
+
+  std::unordered_set<std::string> owned;
+  for (const auto& named : oss_->partition(comm_.rank())) owned.insert(named.name);
+  nn::StateDict mine = optimizer.scalars();
+  for (const auto& name : optimizer.names()) {
+    const std::size_t slash = name.rfind('/');
+    if (slash == std::string::npos || !owned.contains(name.substr(0, slash))) continue;
+    Tensor value = Tensor::empty(optimizer.shape(name), optimizer.dtype(name));
+    optimizer.read(name, 0, value);
+    mine.insert(name, std::move(value));
+  }
+  oss_->load_state_dict(mine);  // collective; keeps the partition's entries, agrees on the verdict
 }
 
 void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {

@@ -109,10 +109,10 @@ class ShardedModel final : public ShardedStateDicts {
   // parameter's optimizer state whole on its owner (OSS::local_state_slices).
   bool has_local_state_slices() const override { return true; }
   std::optional<LocalStateSlices> local_state_slices() override;
-  // The sharded resume (zero2, fsdp): each rank reads only its slices
-  // (FullyShardedDataParallel::load_local_slices). zero1 keeps the whole model and loads
-  // the full dicts.
-  bool loads_local_state_slices() const override { return fsdp_ != nullptr; }
+  // The sharded resume: zero2 and fsdp read only their slices
+  // (FullyShardedDataParallel::load_local_slices); zero1 reads the model straight into
+  // the module (it keeps it whole) and only its own parameters' optimizer slots.
+  bool loads_local_state_slices() const override { return true; }
   void load_local_state_slices(const StateSliceSource& model, const StateSliceSource& optimizer) override;
   std::int64_t micro_step() const override { return micro_step_; }
   void set_micro_step(std::int64_t step) override;

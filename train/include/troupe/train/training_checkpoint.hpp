@@ -36,11 +36,12 @@
 // and wait() wait for the one in flight. The write observer is called on every rank
 // after each tensor, on that thread. Without MPI, or for a ShardedStateDicts without pieces, the
 // groups are gathered onto every rank (state_dicts()) and the writer saves them
-// asynchronously, as under DDP. resume() is collective. In zero2 and fsdp it is the
+// asynchronously, as under DDP. resume() is collective. In a sharded mode it is the
 // sharded resume: each rank verifies a share of the checksums (the ranks agree on
 // every file's verdict, so all skip a damaged file together) and reads only its own
 // slices of the model and optimizer groups (hyperslab reads), whatever the mode and
-// world size that wrote the file; zero1 and unsharded states read the whole groups.
+// world size that wrote the file (zero1: the whole model, straight into the module,
+// and its own parameters' optimizer slots); unsharded states read the whole groups.
 #pragma once
 
 #include <mpi.h>
