@@ -14,6 +14,8 @@
 // one compute thread per rank, AdamW lr 1e-3, 25 MB buckets):
 //   mlp25m   1024-4096-4096-1024       (25.2M parameters)
 //   deep67m  16 x Linear(2048, 2048)   (67.1M parameters)
+//   gpt124m  GPT-2 small (nn::GPT: 12 x 768, vocabulary 50257, context 1024; 124.4M
+//            parameters), batch 1 x 128 tokens per rank, a unit per Block
 // zero2 and fsdp wrap each Linear as a unit (the worker group's default policy) and
 // differ in FsdpOptions::sharding_strategy (shard_grad_op, full_shard), as the worker
 // group's modes do.
@@ -46,8 +48,8 @@
 // the full model and optimizer state dicts (FullyShardedDataParallel::
 // local_model_slices / local_optimizer_slices: views, no gathering) to
 // checkpoint::ParallelCheckpoint; the peak RSS growth during save() is VmHWM (reset
-// just before) minus VmRSS before, over three saves whose median time is reported,
-// against the bound: the rank's shard (the
+// just before) minus VmRSS before, over the first of three saves whose median time is
+// reported, against the bound: the rank's shard (the
 // bytes of its slices) + the largest tensor + 64 MB. Then the same save through
 // ParallelCheckpoint::save_async, three times: the median time the caller is blocked
 // (the snapshot of its slices, the worst rank; the first save's too, which allocates
@@ -94,6 +96,7 @@
 #include "troupe/mpi/environment.hpp"
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/adamw.hpp"
+#include "troupe/nn/gpt.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
@@ -153,10 +156,18 @@ Flags parse_flags(int argc, char** argv) {
   return f;
 }
 
+constexpr std::int64_t kGptTokens = 128;  // per rank and step, one sequence
+
+bool is_gpt(const std::string& model) { return model == "gpt124m"; }
+
+nn::GPTConfig gpt_config() {
+  return {.block_size = 1024, .vocab_size = 50257, .n_layer = 12, .n_head = 12, .n_embd = 768};
+}
+
 std::vector<std::int64_t> widths_of(const std::string& model) {
   if (model == "mlp25m") return {1024, 4096, 4096, 1024};
   if (model == "deep67m") return std::vector<std::int64_t>(17, 2048);
-  throw InvalidArgument("sharding_bench: unknown model " + model + " (mlp25m, deep67m)");
+  throw InvalidArgument("sharding_bench: unknown model " + model + " (mlp25m, deep67m, gpt124m)");
 }
 
 std::int64_t max_over_ranks(collectives::Communicator& comm, std::int64_t v) {
@@ -179,13 +190,13 @@ double median(std::vector<double> v) {
 // The mode's wrapper and optimizer, behind one step and one byte count.
 struct Trainer {
   train::Sharding mode;
-  nn::Sequential& model;
+  nn::Module& model;
   std::unique_ptr<train::DistributedDataParallel> ddp;   // ddp, zero1
   std::unique_ptr<nn::Optimizer> plain;                  // ddp
   std::unique_ptr<train::OSS> oss;                       // zero1
   std::unique_ptr<train::FullyShardedDataParallel> fsdp; // zero2 (shard_grad_op), fsdp (full_shard)
 
-  Trainer(train::Sharding m, nn::Sequential& mdl, collectives::Communicator& comm,
+  Trainer(train::Sharding m, nn::Module& mdl, collectives::Communicator& comm,
           train::FsdpOptions::BackwardPrefetch backward_prefetch)
       : mode(m), model(mdl) {
     const train::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
@@ -202,10 +213,13 @@ struct Trainer {
         break;
       case train::Sharding::zero2:
       case train::Sharding::fsdp:
-        // As the worker group's ShardedModel builds them: one unit per Linear.
+        // As the worker group's ShardedModel builds them: one unit per Linear (an MLP) or
+        // per Block (a GPT, as train_gpt wraps it).
         fsdp = std::make_unique<train::FullyShardedDataParallel>(
             model, comm, adamw,
-            train::FsdpOptions{.auto_wrap_policy = train::parameterised_leaf_auto_wrap_policy(),
+            train::FsdpOptions{.auto_wrap_policy = dynamic_cast<nn::GPT*>(&model) != nullptr
+                                                       ? train::module_type_auto_wrap_policy<nn::Block>()
+                                                       : train::parameterised_leaf_auto_wrap_policy(),
                                .sharding_strategy = mode == train::Sharding::zero2
                                                         ? train::FsdpOptions::ShardingStrategy::shard_grad_op
                                                         : train::FsdpOptions::ShardingStrategy::full_shard,
@@ -221,14 +235,12 @@ struct Trainer {
 
   // Returns the loss.
   double forward_backward(nn::CrossEntropyLoss& loss_fn, const Tensor& x, const Tensor& y) {
-    double loss = 0;
-    if (fsdp) {
-      loss = loss_fn.forward(fsdp->forward(x), y).item();
-      fsdp->backward(loss_fn.backward());
-    } else {
-      loss = loss_fn.forward(ddp->forward(x), y).item();
-      ddp->backward(loss_fn.backward());
-    }
+    const Tensor out = fsdp ? fsdp->forward(x) : ddp->forward(x);
+    const bool tokens = out.dim() == 3;  // a GPT's [B, T, V] logits
+    const double loss = loss_fn.forward(tokens ? out.reshape({-1, out.size(-1)}) : out, y).item();
+    const Tensor grad = tokens ? loss_fn.backward().reshape(out.shape()) : loss_fn.backward();
+    if (fsdp) fsdp->backward(grad);
+    else ddp->backward(grad);
     return loss;
   }
   void step_and_zero() {
@@ -316,30 +328,29 @@ std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::
     comm.barrier();
     troupe::reset_peak_rss();
     before = troupe::proc_status_bytes("VmRSS:");
-    std::vector<double> sync;
-    for (std::int64_t step = 0; step < 3; ++step) {  // the median of three, as below
+    // Three synchronous saves and three through save_async, in turns, so both see the
+    // same writeback of the saves before them (later saves of a run wait on the disk);
+    // the RSS growth is the first synchronous save's alone.
+    std::vector<double> sync, stalls, totals;
+    for (std::int64_t step = 0; step < 6; ++step) {
       manifest.step = step;
       comm.barrier();
       const auto start = Clock::now();
-      file = ckpt.save(manifest, slices);
-      sync.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-    }
-    seconds = median(sync);
-    growth = troupe::proc_status_bytes("VmHWM:") - before;
-    // The same save in the background, three times as a run saves periodically (the
-    // first also allocates the snapshot buffer): the caller is blocked for the snapshot.
-    std::vector<double> stalls, totals;
-    for (std::int64_t step = 3; step < 6; ++step) {
-      manifest.step = step;
-      comm.barrier();
-      const auto async_start = Clock::now();
+      if (step % 2 == 0) {
+        file = ckpt.save(manifest, slices);
+        sync.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+        if (step == 0) growth = troupe::proc_status_bytes("VmHWM:") - before;
+        continue;
+      }
       const checkpoint::SaveHandle handle = ckpt.save_async(manifest, slices);
-      const double blocked = std::chrono::duration<double>(Clock::now() - async_start).count();
+      const double blocked = std::chrono::duration<double>(Clock::now() - start).count();
       file = handle.get();
-      const double done = std::chrono::duration<double>(Clock::now() - async_start).count();
+      const double done = std::chrono::duration<double>(Clock::now() - start).count();
       stalls.push_back(static_cast<double>(max_over_ranks(comm, static_cast<std::int64_t>(blocked * 1e6))) / 1e6);
       totals.push_back(static_cast<double>(max_over_ranks(comm, static_cast<std::int64_t>(done * 1e6))) / 1e6);
     }
+    for (double& t : sync) t = static_cast<double>(max_over_ranks(comm, static_cast<std::int64_t>(t * 1e6))) / 1e6;
+    seconds = median(sync);
     first_stall = stalls.front();
     stall = median(stalls);
     async_total = median(totals);
@@ -377,7 +388,9 @@ struct Peak {
   }
 };
 
-std::unique_ptr<nn::Sequential> build_model(const std::vector<std::int64_t>& widths, tensor::Device device) {
+std::unique_ptr<nn::Module> build_model(const std::string& name, tensor::Device device) {
+  if (is_gpt(name)) return std::make_unique<nn::GPT>(gpt_config(), 0, DType::f32, device);
+  const auto widths = widths_of(name);
   tensor::Generator gen(0);
   auto model = std::make_unique<nn::Sequential>();
   for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
@@ -407,7 +420,7 @@ std::string run_resume(const Flags& flags, collectives::Communicator& comm) {
   comm.barrier();
   const Peak peak = Peak::start();
   const auto start = Clock::now();
-  const auto model = build_model(widths_of(flags.model), tensor::Device::meta());
+  const auto model = build_model(flags.model, tensor::Device::meta());
   std::int64_t n = 0;
   for (const auto& [name, p] : model->named_parameters()) n += p->data.numel();
   Trainer t(train::Sharding::fsdp, *model, comm, flags.backward_prefetch);
@@ -436,11 +449,10 @@ std::string run_resume(const Flags& flags, collectives::Communicator& comm) {
 }
 
 std::string run(const Flags& flags, collectives::Communicator& comm) {
-  const auto widths = widths_of(flags.model);
   comm.barrier();
   const Peak construction = Peak::start();
-  const auto built = build_model(widths, flags.init_meta ? tensor::Device::meta() : tensor::Device::cpu());
-  nn::Sequential& model = *built;
+  const auto built = build_model(flags.model, flags.init_meta ? tensor::Device::meta() : tensor::Device::cpu());
+  nn::Module& model = *built;
   std::int64_t n = 0;
   for (const auto& [name, p] : model.named_parameters()) n += p->data.numel();
   // ddp and zero1 keep the whole model: materialised at once (ShardedModel does the same).
@@ -454,11 +466,18 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   tensor::Generator data_gen(100 + static_cast<std::uint64_t>(comm.rank()));
   std::mt19937_64 label_rng(7 + static_cast<std::uint64_t>(comm.rank()));
   std::vector<std::pair<Tensor, Tensor>> batches;
+  const bool gpt = is_gpt(flags.model);
+  const std::int64_t classes = gpt ? gpt_config().vocab_size : widths_of(flags.model).back();
+  const std::int64_t batch_size = gpt ? 1 : kBatch;
+  const auto random_ids = [&](std::int64_t n) {
+    Tensor ids = Tensor::empty({n}, DType::i64);
+    for (std::int64_t i = 0; i < n; ++i)
+      ids.data<std::int64_t>()[i] = static_cast<std::int64_t>(label_rng() % static_cast<std::uint64_t>(classes));
+    return ids;
+  };
   for (int b = 0; b < 4; ++b) {
-    Tensor labels = Tensor::empty({kBatch}, DType::i64);
-    for (std::int64_t i = 0; i < kBatch; ++i)
-      labels.data<std::int64_t>()[i] = static_cast<std::int64_t>(label_rng() % static_cast<std::uint64_t>(widths.back()));
-    batches.emplace_back(tensor::uniform({kBatch, widths.front()}, 0, 1, data_gen), labels);
+    if (gpt) batches.emplace_back(random_ids(kGptTokens).reshape({1, kGptTokens}), random_ids(kGptTokens));
+    else batches.emplace_back(tensor::uniform({kBatch, widths_of(flags.model).front()}, 0, 1, data_gen), random_ids(kBatch));
   }
   std::size_t next = 0;
   auto batch = [&]() -> const std::pair<Tensor, Tensor>& { return batches[next++ % batches.size()]; };
@@ -523,8 +542,8 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
       "\"peak_gathered_bytes\": %lld, \"unit_bytes\": %lld, \"peak_rss_bytes\": %lld, \"rss_start_bytes\": %lld, "
       "\"init\": \"%s\", \"construct_peak_live_bytes\": %lld, \"construct_rss_growth_bytes\": %lld, "
       "\"loss\": %.6g, %s, \"steps\": [",
-      flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(kBatch),
-      static_cast<long long>(n), static_cast<double>(kBatch * comm.size()) / step, step,
+      flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(batch_size),
+      static_cast<long long>(n), static_cast<double>(batch_size * comm.size()) / step, step,
       static_cast<long long>(worst_state), static_cast<long long>(worst_params), static_cast<long long>(worst_grads),
       static_cast<long long>(worst_optim), formula_text(flags.mode),
       formula_bytes(flags.mode, static_cast<double>(n), comm.size()), static_cast<long long>(worst_gathered),
