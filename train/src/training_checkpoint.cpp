@@ -114,7 +114,12 @@ void TrainingCheckpoint::register_sliced_groups() {
                  TROUPE_THROW(InvalidArgument, "TrainingCheckpoint: section ", name, " of a sharded state is written by ",
                               "the parallel save only");
                },
-               .load = [this, name, last](const checkpoint::SectionReader& r) {
+               .load = [this, name, first = i == 0, last](const checkpoint::SectionReader& r) {
+                 if (first) {  // nothing left over from a file whose restore failed part way
+                   small_.clear();
+                   model_section_.reset();
+                   optimizer_section_.reset();
+                 }
                  if (name == "model" || name == "optimizer") (name == "model" ? model_section_ : optimizer_section_).emplace(r);
                  else small_.emplace_back(name, checkpoint::read_state_dict<nn::StateDict>(r, checkpoint::scalars_for_group(name)));
                  if (!last) return;
