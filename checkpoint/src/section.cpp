@@ -32,7 +32,8 @@ SectionReader::SectionReader(const FileReader& file, std::string section)
     : file_(file), group_(std::string("/").append(section)) {
   if (!file_.has_group(group_))
     TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": no section ", group_);
-  for (const TensorInfo& info : file_.tensors(group_)) names_.push_back(info.path.substr(group_.size() + 1));
+  infos_ = file_.tensors(group_);
+  for (const TensorInfo& info : infos_) names_.push_back(info.path.substr(group_.size() + 1));
   attributes_ = file_.attributes(group_);
 }
 
@@ -54,7 +55,10 @@ void SectionReader::read_into(std::string_view name, const tensor::Tensor& dst) 
   file_.read_into(group_ + "/" + std::string(name), dst);
 }
 
-TensorInfo SectionReader::info(std::string_view name) const { return file_.info(checked_path(name)); }
+const TensorInfo& SectionReader::info(std::string_view name) const {
+  checked_path(name);  // throws naming the file when absent
+  return infos_[static_cast<std::size_t>(std::find(names_.begin(), names_.end(), name) - names_.begin())];
+}
 
 tensor::Tensor SectionReader::read_range(std::string_view name, std::int64_t begin, std::int64_t end) const {
   return file_.read_range(checked_path(name), begin, end);

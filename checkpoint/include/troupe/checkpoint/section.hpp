@@ -53,8 +53,8 @@ class SectionReader {
   tensor::Tensor tensor(std::string_view name) const;
   // Reads one tensor straight into `dst` (a live parameter: no allocation), verified.
   void read_into(std::string_view name, const tensor::Tensor& dst) const;
-  // A tensor's dtype and shape, read from the file's metadata only.
-  TensorInfo info(std::string_view name) const;
+  // A tensor's dtype, shape and checksum, as listed when the section was opened.
+  const TensorInfo& info(std::string_view name) const;
   // Elements [begin, end) of a tensor in flat C order (FileReader::read_range: only those
   // bytes are read, and not checked on their own -- a sharded resume verifies the
   // file first, each rank its share of the checksums).
@@ -72,6 +72,7 @@ class SectionReader {
   const FileReader& file_;
   std::string group_;
   std::vector<std::string> names_;
+  std::vector<TensorInfo> infos_;  // names_[i]'s
   Attributes attributes_;
 };
 
