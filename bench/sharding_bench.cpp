@@ -106,15 +106,15 @@
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/oss.hpp"
 #include "troupe/train/sharded_model.hpp"
+#include "sharding_trainer.hpp"
 
 using namespace troupe;
 using Clock = std::chrono::steady_clock;
+using namespace troupe::sharding_bench;
 
 namespace {
 
 constexpr std::int64_t kBatch = 32;  // per rank
-constexpr double kLr = 1e-3;
-constexpr std::size_t kBucketBytes = std::size_t{25} << 20;
 
 struct Flags {
   std::string model = "mlp25m";
@@ -154,148 +154,6 @@ Flags parse_flags(int argc, char** argv) {
   if (!f.resume_file.empty() && f.mode != train::Sharding::fsdp)
     throw InvalidArgument("sharding_bench: --resume is the fsdp sharded resume; use --mode fsdp");
   return f;
-}
-
-constexpr std::int64_t kGptTokens = 128;  // per rank and step, one sequence
-
-bool is_gpt(const std::string& model) { return model == "gpt124m"; }
-
-nn::GPTConfig gpt_config() {
-  return {.block_size = 1024, .vocab_size = 50257, .n_layer = 12, .n_head = 12, .n_embd = 768};
-}
-
-std::vector<std::int64_t> widths_of(const std::string& model) {
-  if (model == "mlp25m") return {1024, 4096, 4096, 1024};
-  if (model == "deep67m") return std::vector<std::int64_t>(17, 2048);
-  throw InvalidArgument("sharding_bench: unknown model " + model + " (mlp25m, deep67m, gpt124m)");
-}
-
-std::int64_t max_over_ranks(collectives::Communicator& comm, std::int64_t v) {
-  if (comm.size() > 1) comm.allreduce(collectives::Buffer(&v, 1), collectives::ReduceOp::max);
-  return v;
-}
-
-std::size_t slot_bytes(const nn::StateDict& dict) {
-  std::size_t n = 0;
-  for (const auto& [key, value] : dict)
-    if (key.find('/') != std::string::npos) n += value.nbytes();
-  return n;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[(v.size() - 1) / 2];
-}
-
-// The mode's wrapper and optimizer, behind one step and one byte count.
-struct Trainer {
-  train::Sharding mode;
-  nn::Module& model;
-  std::unique_ptr<train::DistributedDataParallel> ddp;   // ddp, zero1
-  std::unique_ptr<nn::Optimizer> plain;                  // ddp
-  std::unique_ptr<train::OSS> oss;                       // zero1
-  std::unique_ptr<train::FullyShardedDataParallel> fsdp; // zero2 (shard_grad_op), fsdp (full_shard)
-
-  Trainer(train::Sharding m, nn::Module& mdl, collectives::Communicator& comm,
-          train::FsdpOptions::BackwardPrefetch backward_prefetch)
-      : mode(m), model(mdl) {
-    const train::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
-      return std::make_unique<nn::AdamW>(std::move(params), kLr);
-    };
-    switch (mode) {
-      case train::Sharding::ddp:
-        ddp = std::make_unique<train::DistributedDataParallel>(model, comm, train::DdpOptions{.bucket_bytes = kBucketBytes});
-        plain = adamw(model.named_parameters());
-        break;
-      case train::Sharding::zero1:
-        ddp = std::make_unique<train::DistributedDataParallel>(model, comm, train::DdpOptions{.bucket_bytes = kBucketBytes});
-        oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
-        break;
-      case train::Sharding::zero2:
-      case train::Sharding::fsdp:
-        // As the worker group's ShardedModel builds them: one unit per Linear (an MLP) or
-        // per Block (a GPT, as train_gpt wraps it).
-        fsdp = std::make_unique<train::FullyShardedDataParallel>(
-            model, comm, adamw,
-            train::FsdpOptions{.auto_wrap_policy = dynamic_cast<nn::GPT*>(&model) != nullptr
-                                                       ? train::module_type_auto_wrap_policy<nn::Block>()
-                                                       : train::parameterised_leaf_auto_wrap_policy(),
-                               .sharding_strategy = mode == train::Sharding::zero2
-                                                        ? train::FsdpOptions::ShardingStrategy::shard_grad_op
-                                                        : train::FsdpOptions::ShardingStrategy::full_shard,
-                               .backward_prefetch = backward_prefetch});
-        break;
-    }
-  }
-  // The wrappers before the OSS they refer to.
-  ~Trainer() {
-    ddp.reset();
-    fsdp.reset();
-  }
-
-  // Returns the loss.
-  double forward_backward(nn::CrossEntropyLoss& loss_fn, const Tensor& x, const Tensor& y) {
-    const Tensor out = fsdp ? fsdp->forward(x) : ddp->forward(x);
-    const bool tokens = out.dim() == 3;  // a GPT's [B, T, V] logits
-    const double loss = loss_fn.forward(tokens ? out.reshape({-1, out.size(-1)}) : out, y).item();
-    const Tensor grad = tokens ? loss_fn.backward().reshape(out.shape()) : loss_fn.backward();
-    if (fsdp) fsdp->backward(grad);
-    else ddp->backward(grad);
-    return loss;
-  }
-  void step_and_zero() {
-    if (fsdp) {
-      fsdp->step();
-      fsdp->zero_grad(true);
-    } else if (oss) {
-      oss->step();  // steps the owned partition, then shares the parameters
-      oss->zero_grad(true);
-    } else {
-      plain->step();
-      plain->zero_grad(true);
-    }
-  }
-
-  struct Bytes {
-    std::size_t parameters = 0, gradients = 0, optimizer = 0;
-  };
-  // After a backward: see the header comment for what each mode counts.
-  Bytes bytes() const {
-    Bytes b;
-    if (fsdp) {
-      b.parameters = fsdp->parameter_bytes();
-      b.gradients = fsdp->shard_gradient_bytes() + fsdp->local_full_gradient_bytes();
-      b.optimizer = fsdp->optimizer_state_bytes();
-      return b;
-    }
-    for (const auto& [name, p] : model.named_parameters()) {
-      b.parameters += p->data.nbytes();
-      if (p->grad.defined()) b.gradients += p->grad.nbytes();
-    }
-    b.optimizer = oss ? oss->local_state_bytes() : slot_bytes(plain->state_dict());
-    return b;
-  }
-};
-
-// The ZeRO formula for Adam in f32 (bytes per rank): N parameters, W ranks.
-double formula_bytes(train::Sharding mode, double n, double w) {
-  switch (mode) {
-    case train::Sharding::ddp: return 16 * n;
-    case train::Sharding::zero1: return 8 * n + 8 * n / w;
-    case train::Sharding::zero2: return 4 * n + 12 * n / w;
-    case train::Sharding::fsdp: return 16 * n / w;
-  }
-  return 0;
-}
-
-const char* formula_text(train::Sharding mode) {
-  switch (mode) {
-    case train::Sharding::ddp: return "16N";
-    case train::Sharding::zero1: return "8N + 8N/W";
-    case train::Sharding::zero2: return "4N + 12N/W";
-    case train::Sharding::fsdp: return "16N/W";
-  }
-  return "?";
 }
 
 // The fsdp save: returns the JSON fields, e.g. "\"save\": {...}".
@@ -388,17 +246,6 @@ struct Peak {
   }
 };
 
-std::unique_ptr<nn::Module> build_model(const std::string& name, tensor::Device device) {
-  if (is_gpt(name)) return std::make_unique<nn::GPT>(gpt_config(), 0, DType::f32, device);
-  const auto widths = widths_of(name);
-  tensor::Generator gen(0);
-  auto model = std::make_unique<nn::Sequential>();
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
-    model->emplace<nn::Linear>(widths[l], widths[l + 1], gen, true, DType::f32, device);
-    if (l + 2 < widths.size()) model->emplace<nn::ReLU>();
-  }
-  return model;
-}
 
 // FNV-1a over the full model and optimizer state (gathered a tensor at a time), the
 // same on every rank: equal for two runs exactly when their states are.
