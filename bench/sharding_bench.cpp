@@ -6,7 +6,7 @@
 // ZeroRedundancyOptimizer on the same model).
 //
 //   mpirun -np 4 --oversubscribe build/bench/sharding_bench --model mlp25m|deep67m
-//          --mode ddp|zero1|zero2|fsdp [--steps N] [--warmup N] [--save DIR]
+//          --mode ddp|zero1|zero2|fsdp [--steps N] [--warmup N] [--save DIR [--save-rounds N]]
 //          [--backward-prefetch pre|post]   (zero2, fsdp: FsdpOptions::backward_prefetch)
 //          [--init cpu|meta] [--resume FILE]
 //
@@ -47,13 +47,13 @@
 // Save (--save DIR, fsdp only): after training, every rank hands its local slices of
 // the full model and optimizer state dicts (FullyShardedDataParallel::
 // local_model_slices / local_optimizer_slices: views, no gathering) to
-// checkpoint::ParallelCheckpoint; the peak RSS growth during save() is VmHWM (reset
-// just before) minus VmRSS before, over the first of three saves whose median time is
-// reported, against the bound: the rank's shard (the
-// bytes of its slices) + the largest tensor + 64 MB. Then the same save through
-// ParallelCheckpoint::save_async, three times: the median time the caller is blocked
-// (the snapshot of its slices, the worst rank; the first save's too, which allocates
-// the snapshot buffer) and until the file is committed.
+// checkpoint::ParallelCheckpoint; the peak RSS growth during a first save() is VmHWM
+// (reset just before) minus VmRSS before, against the bound: the rank's shard
+// (the bytes of its slices) + the largest tensor + 64 MB. Then --save-rounds (5) more
+// synchronous saves (the median time is reported) and as many through
+// ParallelCheckpoint::save_async, interleaved: the median time the caller is blocked (the snapshot of its slices, the
+// worst rank; the first save's too, which allocates the snapshot buffer) and until the
+// file is committed.
 //
 // Construction (every run): the peak of live tensor bytes (tensor::host_memory_stats)
 // and the VmHWM growth from before the model is built until the wrapper is, with the
@@ -122,6 +122,7 @@ struct Flags {
   int steps = 5;
   int warmup = 2;
   std::string save_dir;  // empty: no save
+  int save_rounds = 5;    // timed saves of each kind (synchronous, background)
   bool init_meta = false;
   std::string resume_file;  // --resume: load it instead of training
   train::FsdpOptions::BackwardPrefetch backward_prefetch = train::FsdpOptions{}.backward_prefetch;
@@ -138,6 +139,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (flag == "--steps") f.steps = std::stoi(value);
     else if (flag == "--warmup") f.warmup = std::stoi(value);
     else if (flag == "--save") f.save_dir = value;
+    else if (flag == "--save-rounds") f.save_rounds = std::stoi(value);
     else if (flag == "--resume") f.resume_file = value;
     else if (flag == "--init" && (value == "cpu" || value == "meta")) f.init_meta = value == "meta";
     else if (flag == "--init") throw InvalidArgument("sharding_bench: --init is cpu or meta, got " + value);
@@ -149,6 +151,7 @@ Flags parse_flags(int argc, char** argv) {
     else throw InvalidArgument("sharding_bench: unknown flag " + flag);
   }
   if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
+  if (f.save_rounds < 1) throw InvalidArgument("sharding_bench: --save-rounds must be >= 1");
   if (!f.save_dir.empty() && f.mode != train::Sharding::fsdp)
     throw InvalidArgument("sharding_bench: --save is the fsdp full-state-dict save; use --mode fsdp");
   if (!f.resume_file.empty() && f.mode != train::Sharding::fsdp)
@@ -158,7 +161,7 @@ Flags parse_flags(int argc, char** argv) {
 
 // The fsdp save: returns the JSON fields, e.g. "\"save\": {...}".
 std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::Communicator& comm,
-                            const std::string& dir, std::filesystem::path& file) {
+                            const std::string& dir, int rounds, std::filesystem::path& file) {
   checkpoint::SaveManifest manifest;
   manifest.world_size = comm.size();
   manifest.groups = {"/model", "/optimizer"};
@@ -186,18 +189,25 @@ std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::
     comm.barrier();
     troupe::reset_peak_rss();
     before = troupe::proc_status_bytes("VmRSS:");
-    // Three synchronous saves and three through save_async, in turns, so both see the
-    // same writeback of the saves before them (later saves of a run wait on the disk);
-    // the RSS growth is the first synchronous save's alone.
+    // A first synchronous save (its RSS growth is the row's; its time is not counted:
+    // a run's first files cost more), then `rounds` synchronous saves and as many
+    // through save_async in the order S A A S S A A S ..., so neither kind gets the
+    // later (or earlier) places of the run. One save's time varies 2-3x from the one
+    // before on this disk; the medians are what the ratios compare.
     std::vector<double> sync, stalls, totals;
-    for (std::int64_t step = 0; step < 6; ++step) {
+    std::string order = "S";
+    for (int i = 0; i < 2 * rounds; ++i) order += (i + 1) % 4 < 2 ? 'S' : 'A';
+    for (std::int64_t step = 0; step < static_cast<std::int64_t>(order.size()); ++step) {
       manifest.step = step;
       comm.barrier();
       const auto start = Clock::now();
-      if (step % 2 == 0) {
+      if (order[static_cast<std::size_t>(step)] == 'S') {
         file = ckpt.save(manifest, slices);
+        if (step == 0) {
+          growth = troupe::proc_status_bytes("VmHWM:") - before;
+          continue;
+        }
         sync.push_back(std::chrono::duration<double>(Clock::now() - start).count());
-        if (step == 0) growth = troupe::proc_status_bytes("VmHWM:") - before;
         continue;
       }
       const checkpoint::SaveHandle handle = ckpt.save_async(manifest, slices);
@@ -221,11 +231,11 @@ std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::
   std::snprintf(text, sizeof text,
                 "\"save\": {\"file_bytes\": %lld, \"seconds\": %.3f, \"growth_bytes\": %lld, \"shard_bytes\": %lld, "
                 "\"largest_tensor_bytes\": %lld, \"bound_bytes\": %lld, \"within_bound\": %s, "
-                "\"async_stall_s\": %.4f, \"async_first_stall_s\": %.4f, \"async_total_s\": %.3f}",
+                "\"async_stall_s\": %.4f, \"async_first_stall_s\": %.4f, \"async_total_s\": %.3f, \"rounds\": %d}",
                 static_cast<long long>(total), seconds, static_cast<long long>(worst_growth),
                 static_cast<long long>(worst_shard), static_cast<long long>(largest),
                 static_cast<long long>(worst_shard + largest + (std::int64_t{64} << 20)), over < 0 ? "true" : "false",
-                stall, first_stall, async_total);
+                stall, first_stall, async_total, rounds);
   return text;
 }
 
@@ -371,7 +381,7 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   std::string save = "\"save\": null";
   if (!flags.save_dir.empty()) {
     std::filesystem::path file;
-    save = save_full_state(*t.fsdp, comm, flags.save_dir, file);
+    save = save_full_state(*t.fsdp, comm, flags.save_dir, flags.save_rounds, file);
     char fields[512];
     std::snprintf(fields, sizeof fields, ", \"file\": \"%s\", \"state_hash\": \"%016llx\"", file.c_str(),
                   static_cast<unsigned long long>(state_hash(*t.fsdp)));

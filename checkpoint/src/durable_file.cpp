@@ -18,33 +18,42 @@ namespace {
                std::strerror(err));
 }
 
-class Fd {
- public:
-  Fd(const fs::path& path, int flags, mode_t mode = 0644) : path_(path) {
-    fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
-    if (fd_ < 0) os_fail("open", path, errno);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  void close() {
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) os_fail("close", path_, errno);
-  }
-
- private:
-  fs::path path_;
-  int fd_;
-};
 }  // namespace
 
+PosixFile::PosixFile(const fs::path& path, int flags, mode_t mode) : path_(path) {
+  fd_ = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  if (fd_ < 0) os_fail("open", path, errno);
+}
+
+PosixFile::~PosixFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void PosixFile::write_at(std::int64_t offset, const void* data, std::size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::pwrite(fd_, p, bytes, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) os_fail("pwrite", path_.string() + " at byte " + std::to_string(offset), errno);
+    p += n;
+    offset += n;
+    bytes -= static_cast<std::size_t>(n);
+  }
+}
+
+void PosixFile::sync() {
+  if (::fsync(fd_) != 0) os_fail("fsync", path_, errno);
+}
+
+void PosixFile::close() {
+  int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) os_fail("close", path_, errno);
+}
+
 void fsync_path(const fs::path& path) {
-  Fd fd(path, O_RDONLY);
-  if (::fsync(fd.get()) != 0) os_fail("fsync", path, errno);
+  PosixFile fd(path, O_RDONLY);
+  fd.sync();
   fd.close();
 }
 
@@ -58,17 +67,9 @@ void write_text_durably(const fs::path& path, const std::string& text) {
   fs::path temp = path;
   temp += ".tmp-" + std::to_string(::getpid());
   {
-    Fd fd(temp, O_WRONLY | O_CREAT | O_TRUNC);
-    const char* p = text.data();
-    std::size_t left = text.size();
-    while (left > 0) {
-      ssize_t n = ::write(fd.get(), p, left);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) os_fail("write", temp, errno);
-      p += n;
-      left -= static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0) os_fail("fsync", temp, errno);
+    PosixFile fd(temp, O_WRONLY | O_CREAT | O_TRUNC);
+    fd.write_at(0, text.data(), text.size());
+    fd.sync();
     fd.close();
   }
   durable_rename(temp, path);

@@ -9,6 +9,7 @@
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/error.hpp"
 #include "troupe/mpi/mpi_error.hpp"
+#include "troupe/tensor/cuda_memory.hpp"
 
 namespace troupe::checkpoint {
 
@@ -60,13 +61,24 @@ SaveHandle ParallelCheckpoint::save_async(SaveManifest manifest, std::vector<Sli
   // The snapshot: every slice copied into one host buffer, kept for the next save --
   // fresh memory costs a page fault per page on first touch, which made a 400 MB
   // snapshot take longer than the write it was meant to hide.
+  // Slices on a GPU are copied into page-locked memory, by DMA.
   constexpr std::size_t kAlign = 64;  // a multiple of every element size
   std::size_t total = 0;
+  bool from_device = false;
   for (const Slice& slice : slices)
-    if (slice.data.defined()) total += (slice.data.nbytes() + kAlign - 1) / kAlign * kAlign;
-  if (!snapshot_ || snapshot_->nbytes() < total) {
+    if (slice.data.defined()) {
+      total += (slice.data.nbytes() + kAlign - 1) / kAlign * kAlign;
+      from_device = from_device || !slice.data.device().is_cpu();
+    }
+  if (!snapshot_ || snapshot_->nbytes() < total || (from_device && !snapshot_pinned_)) {
     snapshot_.reset();  // the old buffer goes before the new one is allocated
-    snapshot_ = tensor::Storage::allocate(total, tensor::Device::cpu());
+    if (from_device && total > 0) {
+      snapshot_ = tensor::pinned_empty({static_cast<std::int64_t>(total)}, tensor::DType::u8).storage();
+      snapshot_pinned_ = true;
+    } else {
+      snapshot_ = tensor::Storage::allocate(total, tensor::Device::cpu());
+      snapshot_pinned_ = false;
+    }
   }
   std::size_t at = 0;
   for (Slice& slice : slices) {
@@ -116,10 +128,9 @@ fs::path ParallelCheckpoint::save(const SaveManifest& manifest, std::span<const 
     file.set_attribute("/", "run_id", manifest.run_id);
     file.set_attribute("/", "config", manifest.config_json);
     for (const std::string& group : manifest.groups) file.ensure_group(group);
-    for (std::size_t i = 0; i < manifest.tensors.size(); ++i) {
-      file.write(manifest.tensors[i], slices[i]);
+    file.write_all(manifest.tensors, slices, [&](std::size_t i) {
       if (observe_) observe_(manifest.step, manifest.tensors[i].path);
-    }
+    });
     for (const AttributeSpec& a : manifest.attributes) file.set_attribute(a.group, a.name, a.value);
     file.close();
   } catch (...) {

@@ -2,9 +2,14 @@
 // write of each rank's slice, and the checksum chained across ranks (see the header).
 #include "troupe/checkpoint/parallel_writer.hpp"
 
+#include <fcntl.h>
+
 #include <algorithm>
+#include <functional>
+#include <span>
 #include <vector>
 
+#include "durable_file.hpp"
 #include "h5_call.hpp"
 #include "h5_layout.hpp"
 #include "h5_types.hpp"
@@ -140,8 +145,11 @@ struct ParallelWriter::Impl {
   Handle file;
   Handle group_plist;
   Handle dataset_plist;
-  Handle dxpl;  // collective transfers
+  Handle dxpl;  // collective transfers (collective buffering only)
   std::unique_ptr<detail::GroupMaker> groups;
+  // This rank's own descriptor of the file, for its raw data (see write()); null with
+  // collective buffering, where MPI-IO carries the bytes.
+  std::unique_ptr<detail::PosixFile> data;
 };
 
 ParallelWriter::ParallelWriter(std::string path, MPI_Comm comm, ParallelOptions options)
@@ -162,12 +170,15 @@ ParallelWriter::ParallelWriter(std::string path, MPI_Comm comm, ParallelOptions 
                     H5Fclose);
     m.group_plist = detail::checkpoint_group_create_plist();
     m.dataset_plist = detail::checkpoint_dataset_create_plist();
-    m.dxpl = Handle(h5_check(H5Pcreate(H5P_DATASET_XFER), "H5Pcreate"), H5Pclose);
-    h5_check(H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio");
-    h5_check(H5Pset_dxpl_mpio_collective_opt(m.dxpl.get(), options.collective_buffering ? H5FD_MPIO_COLLECTIVE_IO
-                                                                                       : H5FD_MPIO_INDIVIDUAL_IO),
-             "H5Pset_dxpl_mpio_collective_opt");
     m.groups = std::make_unique<detail::GroupMaker>(path_);
+    if (options.collective_buffering) {
+      m.dxpl = Handle(h5_check(H5Pcreate(H5P_DATASET_XFER), "H5Pcreate"), H5Pclose);
+      h5_check(H5Pset_dxpl_mpio(m.dxpl.get(), H5FD_MPIO_COLLECTIVE), "H5Pset_dxpl_mpio");
+      h5_check(H5Pset_dxpl_mpio_collective_opt(m.dxpl.get(), H5FD_MPIO_COLLECTIVE_IO),
+               "H5Pset_dxpl_mpio_collective_opt");
+    } else {
+      m.data = std::make_unique<detail::PosixFile>(path_, O_WRONLY);
+    }
   });
   set_attribute("/", kAttrFormat, std::string(kFormatName));
   set_attribute("/", kAttrFormatVersion, std::string(kFormatVersion));
@@ -218,97 +229,173 @@ void ParallelWriter::ensure_group(std::string_view group) {
 }
 
 void ParallelWriter::write(const TensorSpec& spec, const Slice& slice) {
+  write_all(std::span<const TensorSpec>(&spec, 1), std::span<const Slice>(&slice, 1));
+}
+
+void ParallelWriter::write_all(std::span<const TensorSpec> specs, std::span<const Slice> slices,
+                               const std::function<void(std::size_t)>& written) {
   auto lock = detail::h5_lock();
   Impl& m = *impl_;
-  const std::string where = path_ + ":" + spec.path;
-  const std::string what = "tensor " + describe(spec);
+  const std::size_t n = specs.size();
 
-  // 1. This rank's own arguments, then agreement with every other rank.
+  // 1. This rank's own arguments, then agreement with every other rank, for all the
+  //    tensors at once.
+  std::vector<std::string> call{"write " + std::to_string(n) + " tensors"};
+  for (const TensorSpec& spec : specs) call.push_back("write " + describe(spec));
   std::string problem;
-  tensor::DType dtype = tensor::DType::f32;
-  std::int64_t numel = 0;
-  tensor::Tensor host;
-  Range mine;
+  std::vector<tensor::DType> dtypes(n, tensor::DType::f32);
+  std::vector<std::int64_t> numels(n, 0);
+  std::vector<Range> mine(n);
   try {
     TROUPE_CHECK(m.file.valid(), "write after close()");
-    detail::check_path(spec.path, path_);
-    dtype = tensor::dtype_from_name(spec.dtype);
-    for (std::int64_t d : spec.shape) TROUPE_CHECK(d >= 0, what, ": negative dimension");
-    numel = tensor::shape_numel(spec.shape);
-    if (slice.data.defined()) {
-      TROUPE_CHECK(slice.data.dtype() == dtype, what, ": the slice is ", tensor::dtype_name(slice.data.dtype()),
+    TROUPE_CHECK(slices.size() == n, "write: ", slices.size(), " slices for ", n,
+                 " tensors (pass Slice{} for a tensor this rank holds none of)");
+    for (std::size_t i = 0; i < n; ++i) {
+      const TensorSpec& spec = specs[i];
+      const std::string what = "tensor " + describe(spec);
+      detail::check_path(spec.path, path_);
+      dtypes[i] = tensor::dtype_from_name(spec.dtype);
+      for (std::int64_t d : spec.shape) TROUPE_CHECK(d >= 0, what, ": negative dimension");
+      numels[i] = tensor::shape_numel(spec.shape);
+      const tensor::Tensor& data = slices[i].data;
+      if (!data.defined()) continue;
+      TROUPE_CHECK(data.dtype() == dtypes[i], what, ": the slice is ", tensor::dtype_name(data.dtype()),
                    ", the tensor ", spec.dtype);
-      mine = {slice.begin, slice.begin + slice.data.numel()};
-      TROUPE_CHECK(mine.begin >= 0 && mine.end <= numel, what, ": slice [", mine.begin, ", ", mine.end,
-                   ") is outside the tensor's ", numel, " elements");
-      host = slice.data.device().is_cpu() ? slice.data : slice.data.to(tensor::Device::cpu());
+      mine[i] = {slices[i].begin, slices[i].begin + data.numel()};
+      TROUPE_CHECK(mine[i].begin >= 0 && mine[i].end <= numels[i], what, ": slice [", mine[i].begin, ", ",
+                   mine[i].end, ") is outside the tensor's ", numels[i], " elements");
     }
   } catch (const Error& e) {
     problem = e.what();
   }
-  std::vector<Range> ranges = m.agreement.agree({"write " + describe(spec)}, problem, mine);
-  std::vector<int> chain = check_tiling(ranges, numel, what, m.agreement);
+  std::vector<std::vector<Range>> ranges = m.agreement.agree(call, problem, mine);
+  std::vector<std::vector<int>> chains(n);
+  for (std::size_t i = 0; i < n; ++i)
+    chains[i] = check_tiling(ranges[i], numels[i], "tensor " + describe(specs[i]), m.agreement);
+  auto have = [&](std::size_t i) { return mine[i].end > mine[i].begin; };
+  auto host = [&](std::size_t i) {
+    const tensor::Tensor& data = slices[i].data;
+    return data.device().is_cpu() ? data : data.to(tensor::Device::cpu());
+  };
+  auto where = [&](std::size_t i) { return path_ + ":" + specs[i].path; };
 
-  // 2. The dataset, with its bytes allocated at once (parallel HDF5 always does) and
-  //    never filled, and its dtype attribute: metadata, so every rank makes the calls.
-  Handle dset;
+  // 2. The datasets, their bytes allocated at once (parallel HDF5 always does) and never
+  //    filled, and their dtype attributes: metadata, so every rank makes the calls.
+  std::vector<Handle> dsets(n);
   m.agreement.all_or_none([&] {
-    m.groups->ensure(m.file.get(), m.group_plist.get(), detail::parent_of(spec.path));
-    Handle space = detail::dataspace_of(spec.shape, where);
-    dset = Handle(h5_check(H5Dcreate2(m.file.get(), spec.path.c_str(), detail::h5_type_of(dtype), space.get(),
-                                      H5P_DEFAULT, m.dataset_plist.get(), H5P_DEFAULT),
-                           "checkpoint: cannot create dataset " + where),
-                  H5Dclose);
-    detail::write_attribute(dset.get(), kAttrDType, spec.dtype, where);
+    for (std::size_t i = 0; i < n; ++i) {
+      m.groups->ensure(m.file.get(), m.group_plist.get(), detail::parent_of(specs[i].path));
+      Handle space = detail::dataspace_of(specs[i].shape, where(i));
+      dsets[i] = Handle(h5_check(H5Dcreate2(m.file.get(), specs[i].path.c_str(), detail::h5_type_of(dtypes[i]),
+                                            space.get(), H5P_DEFAULT, m.dataset_plist.get(), H5P_DEFAULT),
+                                 "checkpoint: cannot create dataset " + where(i)),
+                        H5Dclose);
+      detail::write_attribute(dsets[i].get(), kAttrDType, specs[i].dtype, where(i));
+    }
   });
 
-  // 3. Every rank's hyperslab in one collective write; memory type == file type, so
-  //    HDF5 converts nothing. An empty tensor has no bytes (and no address) to write to.
-  const bool have = mine.end > mine.begin;
-  if (numel > 0) m.agreement.all_or_none([&] {
-    Handle file_space(h5_check(H5Dget_space(dset.get()), "H5Dget_space " + where), H5Sclose);
-    hsize_t count = have ? static_cast<hsize_t>(mine.end - mine.begin) : 1;
-    Handle memory_space(h5_check(H5Screate_simple(1, &count, nullptr), "H5Screate_simple " + where), H5Sclose);
-    if (!have) {
-      // A rank without a slice still takes part in the collective write, selecting nothing.
-      h5_check(H5Sselect_none(file_space.get()), "H5Sselect_none " + where);
-      h5_check(H5Sselect_none(memory_space.get()), "H5Sselect_none " + where);
-    } else if (!spec.shape.empty()) {
-      std::vector<hsize_t> dims(spec.shape.begin(), spec.shape.end()), prefix;
-      bool first = true;
-      select_range(file_space.get(), dims, prefix, static_cast<hsize_t>(mine.begin), static_cast<hsize_t>(mine.end),
-                   first, where);
-    }  // else: the one element of a 0-dim tensor, selected whole
-    static const char nothing = 0;
-    const void* data = have ? host.raw_data() : &nothing;
-    h5_check(H5Dwrite(dset.get(), detail::h5_type_of(dtype), memory_space.get(), file_space.get(), m.dxpl.get(), data),
-             "checkpoint: cannot write " + where + " (rank " + std::to_string(rank()) + "'s slice [" +
-                 std::to_string(mine.begin) + ", " + std::to_string(mine.end) + "))");
-  });
-  if (have) bytes_written_ += host.nbytes();
-
-  // 4. The checksum, chained through the slices in order of offset (see the header).
-  std::uint64_t digest = 0;
-  if (chain.empty()) {
-    digest = xxh64(nullptr, 0);
-  } else {
-    auto at = std::find(chain.begin(), chain.end(), rank());
-    if (at != chain.end()) {
+  // 3. The checksums. A dataset's XXH64 covers all its bytes, which no rank has: each
+  //    tensor's chain of slice holders (in order of offset) passes the hash state along.
+  //    Every rank takes the tensors in order and only its predecessor's state can hold
+  //    it up, so the chains run as a pipeline; the last holder of each tensor has its
+  //    digest, and one allreduce tells every rank all of them.
+  std::vector<std::uint64_t> digests(n, 0);
+  {
+    std::exception_ptr failure;
+    std::vector<Xxh64::State> outgoing(n);  // alive until their sends complete
+    std::vector<MPI_Request> sends;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::vector<int>& chain = chains[i];
+      if (chain.empty()) {
+        digests[i] = xxh64(nullptr, 0);  // the same on every rank: OR-ing leaves it
+        continue;
+      }
+      auto at = std::find(chain.begin(), chain.end(), rank());
+      if (at == chain.end()) continue;
       Xxh64 hash;
       if (at != chain.begin()) {
         Xxh64::State state;
-        TROUPE_MPI_CHECK(MPI_Recv(&state, static_cast<int>(sizeof state), MPI_BYTE, *(at - 1), kHashTag, m.comm, MPI_STATUS_IGNORE));
+        TROUPE_MPI_CHECK(MPI_Recv(&state, static_cast<int>(sizeof state), MPI_BYTE, *(at - 1), kHashTag, m.comm,
+                                  MPI_STATUS_IGNORE));
         hash = Xxh64(state);
       }
-      hash.update(host.raw_data(), host.nbytes());
-      if (at + 1 != chain.end())
-        TROUPE_MPI_CHECK(MPI_Send(&hash.state(), static_cast<int>(sizeof(Xxh64::State)), MPI_BYTE, *(at + 1), kHashTag, m.comm));
-      else
-        digest = hash.digest();
+      try {  // (a failed device copy must not leave the chain waiting: the state goes on)
+        const tensor::Tensor bytes = host(i);
+        hash.update(bytes.raw_data(), bytes.nbytes());
+      } catch (...) {
+        if (!failure) failure = std::current_exception();
+      }
+      if (at + 1 == chain.end()) {
+        digests[i] = hash.digest();
+        continue;
+      }
+      outgoing[i] = hash.state();
+      sends.emplace_back();
+      TROUPE_MPI_CHECK(MPI_Isend(&outgoing[i], static_cast<int>(sizeof(Xxh64::State)), MPI_BYTE, *(at + 1),
+                                 kHashTag, m.comm, &sends.back()));
     }
-    TROUPE_MPI_CHECK(MPI_Bcast(&digest, 1, MPI_UINT64_T, chain.back(), m.comm));
+    TROUPE_MPI_CHECK(MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE));
+    TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, digests.data(), static_cast<int>(n), MPI_UINT64_T, MPI_BOR, m.comm));
+    m.agreement.settle(failure);
   }
-  m.agreement.all_or_none([&] { detail::write_u64_attribute(dset.get(), kAttrChecksum, digest, where); });
+
+  // 4. The bytes. Without collective buffering each rank pwrite()s its slices at their
+  //    datasets' addresses (contiguous, allocated, never filled: HDF5 writes nothing
+  //    there itself), with no message between ranks until all are written. H5Dwrite
+  //    over MPI-IO would be a collective per tensor (ompio's MPI_File_set_view is an
+  //    allreduce), and ranks waiting in one spin on the cores the others write with.
+  //    With collective buffering: one collective hyperslab write per tensor through
+  //    MPI-IO's aggregators. Memory type == file type, so HDF5 converts nothing.
+  if (m.data) {
+    m.agreement.all_or_none([&] {
+      for (std::size_t i = 0; i < n; ++i) {
+        if (have(i)) {
+          const haddr_t address = H5Dget_offset(dsets[i].get());
+          if (address == HADDR_UNDEF)
+            detail::h5_fail(detail::Failure::io, "checkpoint: " + where(i) + " has no contiguous storage to write to");
+          const tensor::Tensor bytes = host(i);
+          m.data->write_at(static_cast<std::int64_t>(address) +
+                               mine[i].begin * static_cast<std::int64_t>(tensor::element_size(dtypes[i])),
+                           bytes.raw_data(), bytes.nbytes());
+          bytes_written_ += bytes.nbytes();
+        }
+        if (written) written(i);
+      }
+    });
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (numels[i] > 0) m.agreement.all_or_none([&] {  // an empty tensor has no bytes (nor address)
+        Handle file_space(h5_check(H5Dget_space(dsets[i].get()), "H5Dget_space " + where(i)), H5Sclose);
+        hsize_t count = have(i) ? static_cast<hsize_t>(mine[i].end - mine[i].begin) : 1;
+        Handle memory_space(h5_check(H5Screate_simple(1, &count, nullptr), "H5Screate_simple " + where(i)),
+                            H5Sclose);
+        if (!have(i)) {
+          // A rank without a slice still takes part in the collective write, selecting nothing.
+          h5_check(H5Sselect_none(file_space.get()), "H5Sselect_none " + where(i));
+          h5_check(H5Sselect_none(memory_space.get()), "H5Sselect_none " + where(i));
+        } else if (!specs[i].shape.empty()) {
+          std::vector<hsize_t> dims(specs[i].shape.begin(), specs[i].shape.end()), prefix;
+          bool first = true;
+          select_range(file_space.get(), dims, prefix, static_cast<hsize_t>(mine[i].begin),
+                       static_cast<hsize_t>(mine[i].end), first, where(i));
+        }  // else: the one element of a 0-dim tensor, selected whole
+        static const char nothing = 0;
+        const tensor::Tensor bytes = have(i) ? host(i) : tensor::Tensor();
+        const void* data = have(i) ? bytes.raw_data() : &nothing;
+        h5_check(H5Dwrite(dsets[i].get(), detail::h5_type_of(dtypes[i]), memory_space.get(), file_space.get(),
+                          m.dxpl.get(), data),
+                 "checkpoint: cannot write " + where(i) + " (rank " + std::to_string(rank()) + "'s slice [" +
+                     std::to_string(mine[i].begin) + ", " + std::to_string(mine[i].end) + "))");
+        if (have(i)) bytes_written_ += bytes.nbytes();
+      });
+      if (written) written(i);
+    }
+  }
+
+  // 5. The checksum attributes.
+  m.agreement.all_or_none([&] {
+    for (std::size_t i = 0; i < n; ++i) detail::write_u64_attribute(dsets[i].get(), kAttrChecksum, digests[i], where(i));
+  });
 }
 
 void ParallelWriter::close() {
@@ -319,6 +406,11 @@ void ParallelWriter::close() {
   m.agreement.all_or_none([&] {
     m.dataset_plist.reset();
     m.group_plist.reset();
+    if (m.data) {  // this rank's raw data first, then HDF5's own writes
+      m.data->sync();
+      m.data->close();
+      m.data.reset();
+    }
     // In the MPI-IO driver a flush is MPI_File_sync on every rank (a close is not).
     h5_check(H5Fflush(m.file.get(), H5F_SCOPE_GLOBAL), "checkpoint: cannot flush " + path_);
     if (m.file.reset() < 0) detail::h5_fail(detail::Failure::io, "checkpoint: cannot close " + path_);

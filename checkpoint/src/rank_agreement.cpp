@@ -88,24 +88,32 @@ void RankAgreement::settle(std::exception_ptr local) {
                           " failed: " + failed_message);
 }
 
-std::vector<RankAgreement::Range> RankAgreement::agree(const std::vector<std::string>& call,
-                                                       const std::string& problem, Range range) {
+void RankAgreement::agree(const std::vector<std::string>& call, const std::string& problem) {
+  agree(call, problem, std::vector<Range>{});
+}
+
+std::vector<std::vector<RankAgreement::Range>> RankAgreement::agree(const std::vector<std::string>& call,
+                                                                    const std::string& problem,
+                                                                    const std::vector<Range>& ranges) {
+  // First, per rank: the call's digest, "I have a problem", the number of ranges. The
+  // ranges follow in a second allgather, once every rank is known to send as many.
   std::string text = joined(call);
-  std::int64_t mine[4] = {static_cast<std::int64_t>(xxh64(text.data(), text.size())), problem.empty() ? 0 : 1,
-                          range.begin, range.end};
-  std::vector<std::int64_t> all(4 * static_cast<std::size_t>(size_));
-  TROUPE_MPI_CHECK(MPI_Allgather(mine, 4, MPI_INT64_T, all.data(), 4, MPI_INT64_T, comm_));
+  const std::int64_t mine[3] = {static_cast<std::int64_t>(xxh64(text.data(), text.size())), problem.empty() ? 0 : 1,
+                                static_cast<std::int64_t>(ranges.size())};
+  std::vector<std::int64_t> all(3 * static_cast<std::size_t>(size_));
+  TROUPE_MPI_CHECK(MPI_Allgather(mine, 3, MPI_INT64_T, all.data(), 3, MPI_INT64_T, comm_));
+  auto at = [&](int r, std::size_t k) { return all[3 * static_cast<std::size_t>(r) + k]; };
 
   // 1. A rank's own arguments are wrong: its message, on every rank.
   for (int r = 0; r < size_; ++r)
-    if (all[4 * static_cast<std::size_t>(r) + 1]) {
+    if (at(r, 1)) {
       std::string message = broadcast(problem, r);
       fail(kInvalidArgument, "rank " + std::to_string(r) + " of " + std::to_string(size_) + ": " + message);
     }
 
   // 2. Ranks disagree on the call: quote the first line where one differs from rank 0.
   bool same = true;
-  for (int r = 1; r < size_; ++r) same = same && all[4 * static_cast<std::size_t>(r)] == all[0];
+  for (int r = 1; r < size_; ++r) same = same && at(r, 0) == at(0, 0) && at(r, 2) == at(0, 2);
   if (!same) {
     std::vector<std::string> theirs = split_lines(broadcast(text, 0));
     std::string difference;
@@ -127,11 +135,17 @@ std::vector<RankAgreement::Range> RankAgreement::agree(const std::vector<std::st
                                "; every rank must make the same calls with the same arguments");
   }
 
-  std::vector<Range> ranges(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r)
-    ranges[static_cast<std::size_t>(r)] = {all[4 * static_cast<std::size_t>(r) + 2],
-                                           all[4 * static_cast<std::size_t>(r) + 3]};
-  return ranges;
+  const std::size_t width = 2 * ranges.size();
+  std::vector<std::int64_t> flat, every(width * static_cast<std::size_t>(size_));
+  for (const Range& r : ranges) flat.insert(flat.end(), {r.begin, r.end});
+  if (width > 0)
+    TROUPE_MPI_CHECK(MPI_Allgather(flat.data(), static_cast<int>(width), MPI_INT64_T, every.data(),
+                                   static_cast<int>(width), MPI_INT64_T, comm_));
+  std::vector<std::vector<Range>> out(ranges.size(), std::vector<Range>(static_cast<std::size_t>(size_)));
+  for (std::size_t t = 0; t < ranges.size(); ++t)
+    for (std::size_t r = 0; r < static_cast<std::size_t>(size_); ++r)
+      out[t][r] = {every[width * r + 2 * t], every[width * r + 2 * t + 1]};
+  return out;
 }
 
 }  // namespace troupe::checkpoint::detail

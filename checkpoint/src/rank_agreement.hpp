@@ -3,8 +3,8 @@
 // Parallel HDF5 needs every rank to make the same calls with the same arguments; a rank
 // that throws on its own while the others go on into a collective leaves them hanging.
 // So nothing in the parallel writer throws alone. Each call starts with agree(): one
-// allgather of (digest of the call's description, "I have a problem", slice range). If
-// any rank found a problem with its own arguments, or the descriptions differ, every
+// allgather of (digest of the call's description, "I have a problem"), then, for a
+// write, one of every rank's slice ranges. If any rank found a problem with its own arguments, or the descriptions differ, every
 // rank throws the same InvalidArgument -- the first problem, or the first line where a
 // rank's description differs from rank 0's, both versions quoted. Each step that calls
 // HDF5 then runs under all_or_none(): a failure on any rank is learnt by all (an
@@ -38,9 +38,13 @@ class RankAgreement {
 
   using Range = ElementRange;
   // Collective. `call` describes what this rank is about to do, one line per item;
-  // `problem` is what is wrong with its own arguments ("" if nothing). Returns every
-  // rank's `range`, indexed by rank, once all agree; throws on every rank otherwise.
-  std::vector<Range> agree(const std::vector<std::string>& call, const std::string& problem, Range range = {});
+  // `problem` is what is wrong with its own arguments ("" if nothing). Returns once all
+  // agree; throws on every rank otherwise.
+  void agree(const std::vector<std::string>& call, const std::string& problem);
+  // The same for a call on tensors, with this rank's range of each (ranks may pass
+  // different ranges, not different counts). Returns ranges[tensor][rank].
+  std::vector<std::vector<Range>> agree(const std::vector<std::string>& call, const std::string& problem,
+                                        const std::vector<Range>& ranges);
 
   // Collective. Runs `step`; if it threw on any rank, every rank throws the error of the
   // lowest such rank (InvalidArgument and FormatError keep their type, anything else

@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "troupe/tensor/cuda_memory.hpp"
+
 namespace troupe::checkpoint {
 
 Snapshot::Snapshot(std::vector<tensor::Tensor> spare) {
@@ -32,12 +34,20 @@ void Snapshot::write_tensor(std::string_view path, const tensor::Tensor& t) {
   if (t.storage() && scratch_.count(t.storage().get())) {
     copy = t;  // built in our own scratch buffer: nobody else holds it
     scratch_.erase(t.storage().get());
-  } else if (auto it = spare_.find(t.nbytes()); it != spare_.end() && t.device().is_cpu() && t.nbytes() > 0) {
+  } else if (auto it = spare_.find(t.nbytes()); it != spare_.end() && t.nbytes() > 0) {
     copy = tensor::Tensor::from_storage(it->second.storage(), t.shape(), t.dtype());
     spare_.erase(it);
-    std::memcpy(copy.raw_data(), t.raw_data(), t.nbytes());
+    if (t.device().is_cpu())
+      std::memcpy(copy.raw_data(), t.raw_data(), t.nbytes());
+    else
+      copy.copy_(t);
+  } else if (t.device().is_cpu()) {
+    copy = t.clone();
   } else {
-    copy = t.device().is_cpu() ? t.clone() : t.to(tensor::Device::cpu());
+    // Page-locked, so the device copies by DMA rather than through a bounce buffer; a
+    // spare for the next snapshot all the same.
+    copy = tensor::pinned_empty(t.shape(), t.dtype());
+    copy.copy_(t);
   }
   bytes_ += copy.nbytes();
   ops_.push_back({Op::Kind::tensor, std::string(path), {}, {}, std::move(copy)});

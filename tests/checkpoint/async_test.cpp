@@ -5,6 +5,8 @@
 
 #include "test_util.hpp"
 #include "troupe/checkpoint/checkpoint.hpp"
+#include "troupe/checkpoint/snapshot.hpp"
+#include "troupe/tensor/cuda_memory.hpp"
 
 namespace troupe::checkpoint {
 namespace {
@@ -95,6 +97,26 @@ TEST(CheckpointAsync, DestroyingTheCheckpointWaitsForADroppedHandlesSave) {
   }
   FileReader file((dir / "ckpt-000000005.h5").string());
   EXPECT_NO_THROW(file.verify_all());
+}
+
+// Issue 25: a GPU tensor's snapshot lands in page-locked memory (the device copies by
+// DMA, not through a bounce buffer), and the next snapshot copies into the same buffer.
+TEST(CheckpointAsync, SnapshotsOfGpuTensorsArePinnedAndReused) {
+  if (!tensor::cuda_available()) GTEST_SKIP() << "no CUDA device (or built without CUDA)";
+  Tensor weight = Tensor::full({1 << 16}, 3.0, DType::f32).to(tensor::Device::cuda());
+  Snapshot first;
+  first.write_tensor("/model/w", weight);
+  std::vector<Tensor> spare = first.release_buffers();
+  ASSERT_EQ(spare.size(), 1u);
+  EXPECT_TRUE(tensor::is_pinned(spare[0]));
+  const void* buffer = spare[0].raw_data();
+  weight.fill_(5.0);
+  Snapshot second(std::move(spare));
+  second.write_tensor("/model/w", weight);
+  std::vector<Tensor> again = second.release_buffers();
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].raw_data(), buffer);
+  EXPECT_EQ(again[0].to_vector<float>()[123], 5.0f);
 }
 
 TEST(CheckpointAsync, TheStallIsTheSnapshotNotTheWrite) {

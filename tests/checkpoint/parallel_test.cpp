@@ -115,6 +115,22 @@ TEST(ParallelSave, WritesEveryRanksRowsIntoOneFileThatVerifies) {
   barrier();
 }
 
+// The default writes each rank's bytes with pwrite at the dataset's address; collective
+// buffering sends them through MPI-IO's aggregators instead. Same file either way.
+TEST(ParallelSave, CollectiveBufferingWritesTheSameTensors) {
+  testing::SharedDir direct_dir, buffered_dir;
+  std::vector<Slice> slices = my_slices(Split::flat);
+  ParallelCheckpoint direct(direct_dir.path(), 1, MPI_COMM_WORLD);
+  ParallelCheckpoint buffered(buffered_dir.path(), 1, MPI_COMM_WORLD, ParallelOptions{.collective_buffering = true});
+  fs::path a = direct.save(manifest(6), slices), b = buffered.save(manifest(6), slices);
+  expect_whole_file(a, 6);
+  expect_whole_file(b, 6);
+  if (runtime().rank() == 0) {
+    EXPECT_EQ(run(std::string(TROUPE_CKPT_BINARY) + " diff " + a.string() + " " + b.string() + " > /dev/null"), 0);
+  }
+  barrier();
+}
+
 TEST(ParallelSave, KeepsTheLastNCheckpointsAndRemovesOlderOnesAfterCommitting) {
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);

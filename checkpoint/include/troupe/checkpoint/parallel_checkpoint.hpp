@@ -84,6 +84,7 @@ class ParallelCheckpoint {
   std::shared_future<std::filesystem::path> in_flight_;
   std::thread writer_;
   std::shared_ptr<tensor::Storage> snapshot_;  // save_async's host buffer
+  bool snapshot_pinned_ = false;               // page-locked (cudaHostAlloc)
 };
 
 }  // namespace troupe::checkpoint

@@ -1,31 +1,41 @@
 // ParallelWriter: one checkpoint file written by every rank of a communicator at once,
 // through parallel HDF5 (its MPI-IO driver). Each rank writes its own slice of each
-// tensor with a collective hyperslab write -- no tensor is gathered on one rank, and a
-// rank holds only its slices. The file is the format of FileWriter and of the gathered
-// save (docs/CHECKPOINT_FORMAT.md): same names, dtypes, attributes and checksums, bit for
-// bit in every tensor; only where HDF5 puts its metadata in the file may differ.
+// tensor -- no tensor is gathered on one rank, and a rank holds only its slices. The
+// file is the format of FileWriter and of the gathered save (docs/CHECKPOINT_FORMAT.md):
+// same names, dtypes, attributes and checksums, bit for bit in every tensor; only where
+// HDF5 puts its metadata in the file may differ.
 //
 // Contract (parallel HDF5's, and checked): every method is collective. All ranks call
 // them in the same order with the same arguments -- same path, dtype and full shape,
 // same attribute values -- and only the slices differ. The slices of a tensor must tile
 // it: no overlap, no gap, in any order of ranks; a rank may hold none. Each call first
-// compares the ranks' arguments (one small allgather), so disagreeing ranks and bad
-// slices get an InvalidArgument on *every* rank, naming the tensor and both versions,
-// before HDF5 is touched. An HDF5 or I/O failure on any rank is likewise made known to
-// all and thrown on every rank with the failing rank's message. Exceptions therefore
-// leave the ranks in step, and their destructors close the file together.
+// compares the ranks' arguments (small allgathers), so disagreeing ranks and bad slices
+// get an InvalidArgument on *every* rank, naming the tensor and both versions, before
+// HDF5 is touched. An HDF5 or I/O failure on any rank is likewise made known to all and
+// thrown on every rank with the failing rank's message. Exceptions therefore leave the
+// ranks in step, and their destructors close the file together.
+//
+// The bytes: HDF5 creates each dataset (collective metadata), contiguous and allocated
+// at once; by default each rank then pwrite()s its slices at the dataset's address on
+// its own descriptor, exchanging no message until all its tensors are written. (Through
+// H5Dwrite every tensor would be a collective: ompio's MPI_File_set_view is an
+// allreduce, and ranks that wait in one spin on the cores the others are writing with.)
+// ParallelOptions::collective_buffering sends them through MPI-IO's aggregators instead.
+// write_all() takes a whole state dict in one call -- one agreement, one pass -- and is
+// what ParallelCheckpoint uses; write() is write_all() of one tensor.
 //
 // Checksums: a dataset's XXH64 covers all its bytes, which no rank has. A slice is a
 // contiguous byte range; in order of offset, the rank with the first range hashes it and
 // sends the hash state (Xxh64::State, ~100 bytes) to the rank with the next range, which
-// continues from it, and so on; the last one finishes the digest and broadcasts it, and
-// every rank writes the attribute (attribute writes are collective). The hashing is thus
-// serial across ranks, but it is memory-speed work next to the disk write.
+// continues from it, and so on; the last one finishes the digest. write_all() runs these
+// chains for all its tensors as one pipeline and shares the digests in one allreduce;
+// every rank then writes the attributes (attribute writes are collective).
 //
-// Durability: close() writes "complete", then H5Fflush -- in the MPI-IO driver that is
-// MPI_File_sync on every rank, so each rank's own writes reach storage (on a parallel
-// file system, from each node) -- then closes. Making the file a checkpoint (fsync,
-// rename, `latest`) is ParallelCheckpoint's job (parallel_checkpoint.hpp).
+// Durability: close() fsyncs each rank's descriptor, writes "complete", then H5Fflush --
+// in the MPI-IO driver that is MPI_File_sync on every rank, so each rank's own writes
+// reach storage (on a parallel file system, from each node) -- then closes. Making the
+// file a checkpoint (fsync, rename, `latest`) is ParallelCheckpoint's job
+// (parallel_checkpoint.hpp).
 //
 // MPI: the communicator is duplicated for the writer's own messages (MPI-IO gets another
 // duplicate from HDF5). Everything runs on the caller's thread, under the checkpoint
@@ -35,7 +45,9 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -57,13 +69,13 @@ struct Slice {
 };
 
 struct ParallelOptions {
-  // How MPI-IO carries the collective write. false (the default): each rank writes its
-  // own bytes at its own offsets (a collective HDF5 call over independent MPI-IO,
-  // H5FD_MPIO_INDIVIDUAL_IO), because a checkpoint slice is one long contiguous run
+  // How the bytes travel. false (the default): each rank pwrite()s its own bytes at
+  // their offsets in the file, because a checkpoint slice is one long contiguous run
   // that needs no reshuffling, and two-phase I/O would funnel the bytes of a node
-  // through one aggregator rank -- what this mode exists to avoid. true: MPI-IO's
-  // collective buffering, where aggregator ranks gather and write; kept settable for
-  // many small or interleaved slices on a parallel file system, and for the benchmark.
+  // through one aggregator rank -- what this mode exists to avoid. true: a collective
+  // H5Dwrite per tensor with MPI-IO's collective buffering, where aggregator ranks
+  // gather and write; kept settable for many small or interleaved slices on a parallel
+  // file system, and for the benchmark.
   bool collective_buffering = false;
 };
 
@@ -86,6 +98,11 @@ class ParallelWriter {
   // Collective: creates the dataset `spec` (full shape, contiguous) and writes this
   // rank's slice into it, then its dtype and xxh64 attributes.
   void write(const TensorSpec& spec, const Slice& slice);
+  // Collective: write() for every tensor of `specs`, slices[i] being this rank's piece of
+  // specs[i], in one agreement and one pass. `written(i)`, if given, runs once this
+  // rank's bytes of tensor i are handed to the file.
+  void write_all(std::span<const TensorSpec> specs, std::span<const Slice> slices,
+                 const std::function<void(std::size_t)>& written = {});
   // Collective: marks the file complete, syncs every rank's writes and closes it.
   void close();
 
