@@ -83,7 +83,9 @@ void FullyShardedDataParallel::ensure_gathered(std::size_t u, const std::vector<
   Unit& unit = units_[u];
   if (unit.state == UnitState::gathered) return;
   if (unit.state == UnitState::sharded) launch_gather(u, false);
-  for (auto& work : unit.gathers) work.wait();
+  // On NCCL the compute stream waits for the gather, not the host (issue 25).
+  for (auto& work : unit.gathers)
+    if (!work.wait_on_device()) work.wait();
   unit.gathers.clear();
   for (auto& flat : unit.flats)
     for (auto& entry : flat.entries)
@@ -150,7 +152,10 @@ void FullyShardedDataParallel::launch_reduce_scatter(std::size_t u) {
 // DDP's rule for the shard: a defined gradient is added to, an undefined one is set.
 void FullyShardedDataParallel::finish_reduce_scatter(std::size_t u) {
   Unit& unit = units_[u];
-  for (auto& work : unit.reduce_scatters) work.wait();
+  // A device wait suffices even with offload: the copy to the host pool below is a
+  // cudaMemcpy, which waits for the stream (and so for the reduce-scatter) itself.
+  for (auto& work : unit.reduce_scatters)
+    if (!work.wait_on_device()) work.wait();
   unit.reduce_scatters.clear();
   for (auto& flat : unit.flats) {
     Tensor& grad = flat.shard->grad;

@@ -90,7 +90,15 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
     for (const auto& [name, buffer] : module_.named_buffers())
       if (buffer->defined() && buffer->numel() > 0) comm_.broadcast(collectives::Buffer(*buffer), 0);
   }
-  if (options_.cpu_offload) pool_ = std::make_shared<HostPool>();
+  if (options_.cpu_offload) {  // pinned for a GPU's DMA when the model computes there
+    tensor::Device compute = options_.device;
+    for (const auto& [name, param] : module_.named_parameters())
+      if (!tensor::is_meta(param->data)) {
+        compute = param->data.device();
+        break;
+      }
+    pool_ = std::make_shared<HostPool>(compute);
+  }
   state_keys_ = module_.state_dict().keys();
   for (const auto& [name, buffer] : module_.named_buffers()) buffers_[name] = buffer;
   const auto aliases = shared_parameter_names();

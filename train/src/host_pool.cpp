@@ -10,52 +10,73 @@
 #include <set>
 
 #include "troupe/error.hpp"
+#include "troupe/tensor/cuda_memory.hpp"
 #include "troupe/tensor/storage.hpp"
 
 namespace troupe::train {
 
 struct HostPool::Counters {
+  // One allocation: its requested and mapped bytes, and whether they are page-locked.
+  struct Block {
+    const void* data;
+    std::size_t nbytes, mapped;
+    bool locked;
+  };
+  void add(const Block& b) {
+    std::lock_guard lock(mutex);
+    bytes += b.nbytes;
+    mapped += b.mapped;
+    if (b.locked) pinned += b.mapped;
+    peak = std::max(peak, bytes);
+    live.insert(b.data);
+  }
+  void remove(const Block& b) {
+    std::lock_guard lock(mutex);
+    bytes -= b.nbytes;
+    mapped -= b.mapped;
+    if (b.locked) pinned -= b.mapped;
+    live.erase(b.data);
+  }
+
   mutable std::mutex mutex;
   std::size_t bytes = 0, mapped = 0, pinned = 0, peak = 0;
   std::set<const void*> live;
 };
 
-HostPool::HostPool() : counters_(std::make_shared<Counters>()) {}
+HostPool::HostPool(tensor::Device compute) : counters_(std::make_shared<Counters>()), compute_(compute) {}
 
 tensor::Tensor HostPool::empty(const tensor::Shape& shape, tensor::DType dtype) {
   const std::size_t nbytes = static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
   static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t mapped = std::max<std::size_t>(page, (nbytes + page - 1) / page * page);
-  void* data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (data == MAP_FAILED)
-    TROUPE_THROW(Error, "HostPool: mmap of ", mapped, " bytes failed: ", std::strerror(errno));
-  // Locking is best effort: RLIMIT_MEMLOCK is often small in containers.
-  const bool locked = mlock(data, mapped) == 0;
-  {
-    std::lock_guard lock(counters_->mutex);
-    counters_->bytes += nbytes;
-    counters_->mapped += mapped;
-    if (locked) counters_->pinned += mapped;
-    counters_->peak = std::max(counters_->peak, counters_->bytes);
-    counters_->live.insert(data);
+  std::shared_ptr<tensor::Storage> storage;
+  if (compute_.is_cuda()) {
+    // The block keeps cudaHostAlloc's memory; the pool's storage lends it out, counted,
+    // and the memory goes when the deleter (which holds the block) does.
+    tensor::Tensor block = tensor::pinned_empty({static_cast<std::int64_t>(mapped)}, tensor::DType::u8);
+    const Counters::Block b{block.raw_data(), nbytes, mapped, tensor::is_pinned(block)};
+    counters_->add(b);
+    storage = tensor::Storage::adopt(block.raw_data(), nbytes, tensor::Device::cpu(),
+                                     [counters = counters_, b, block](void*) { counters->remove(b); });
+  } else {
+    void* data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED)
+      TROUPE_THROW(Error, "HostPool: mmap of ", mapped, " bytes failed: ", std::strerror(errno));
+    // Locking is best effort: RLIMIT_MEMLOCK is often small in containers.
+    const Counters::Block b{data, nbytes, mapped, mlock(data, mapped) == 0};
+    counters_->add(b);
+    storage = tensor::Storage::adopt(data, nbytes, tensor::Device::cpu(), [counters = counters_, b](void* p) {
+      counters->remove(b);
+      if (b.locked) munlock(p, b.mapped);
+      munmap(p, b.mapped);
+    });
   }
-  auto storage = tensor::Storage::adopt(
-      data, nbytes, tensor::Device::cpu(), [counters = counters_, nbytes, mapped, locked](void* p) {
-        {
-          std::lock_guard lock(counters->mutex);
-          counters->bytes -= nbytes;
-          counters->mapped -= mapped;
-          if (locked) counters->pinned -= mapped;
-          counters->live.erase(p);
-        }
-        if (locked) munlock(p, mapped);
-        munmap(p, mapped);
-      });
   return tensor::Tensor::from_storage(std::move(storage), shape, dtype);
 }
 
 tensor::Tensor HostPool::zeros(const tensor::Shape& shape, tensor::DType dtype) {
-  tensor::Tensor t = empty(shape, dtype);  // fresh anonymous pages are zero already
+  tensor::Tensor t = empty(shape, dtype);
+  if (compute_.is_cuda()) t.zero_();  // fresh anonymous pages are zero already; cudaHostAlloc's are not
   return t;
 }
 

@@ -212,7 +212,8 @@ void OSS::share_by_broadcast() {
   works.reserve(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i)
     works.push_back(comm_.broadcast_async(collectives::Buffer(params_[i].param->data), owners_[i]));
-  for (auto& work : works) work.wait();
+  for (auto& work : works)
+    if (!work.wait_on_device()) work.wait();  // NCCL: the next forward's stream waits
 }
 
 void OSS::zero_grad(bool set_to_none) {

@@ -3,11 +3,12 @@
 // step runs here; only gathered parameters and full gradients live on the compute
 // device).
 //
-// Each allocation is its own anonymous mmap (page-aligned, outside the malloc heap)
-// and is mlock'ed when the process may lock that much (RLIMIT_MEMLOCK): pinned pages,
-// which a GPU build can copy to and from without a staging copy and the kernel never
-// swaps. When locking is refused the memory is still the pool's, just not pinned;
-// pinned_bytes() says which. Tensors allocated here free their pages when the last
+// For a GPU's offload (the compute device is CUDA) each allocation is page-locked
+// memory from cudaHostAlloc, which the GPU copies to and from by DMA, without staging
+// through a bounce buffer. Otherwise each is its own anonymous mmap (page-aligned,
+// outside the malloc heap), mlock'ed when the process may lock that much
+// (RLIMIT_MEMLOCK) so the kernel never swaps it. When locking is refused the memory is
+// still the pool's, just not pinned; pinned_bytes() says which. Tensors allocated here free their pages when the last
 // handle goes away, also after the pool object itself is gone (the counters are shared).
 //
 // Thread-safe: allocation and release take a mutex.
@@ -22,7 +23,8 @@ namespace troupe::train {
 
 class HostPool {
  public:
-  HostPool();
+  // `compute`: the device the pool's tensors are copied to and from.
+  explicit HostPool(tensor::Device compute = tensor::Device::cpu());
 
   tensor::Tensor empty(const tensor::Shape& shape, tensor::DType dtype);
   tensor::Tensor zeros(const tensor::Shape& shape, tensor::DType dtype);
@@ -40,6 +42,7 @@ class HostPool {
 
  private:
   std::shared_ptr<Counters> counters_;
+  tensor::Device compute_;
 };
 
 }  // namespace troupe::train
