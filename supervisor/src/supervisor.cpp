@@ -1,12 +1,10 @@
 #include "troupe/supervisor/supervisor.hpp"
 
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <cmath>
@@ -26,6 +24,7 @@
 #include "troupe/supervisor/host_pool.hpp"
 #include "troupe/supervisor/host_probe.hpp"
 #include "troupe/supervisor/job.hpp"
+#include "troupe/supervisor/local_ranks.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/run_environment.hpp"
 #include "troupe/supervisor/run_summary.hpp"
@@ -65,11 +64,6 @@ std::string fixed(double v, int digits = 2) {
   return buffer;
 }
 
-std::string this_host() {
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  return name;
-}
 
 
 
@@ -127,7 +121,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
 
   // ---- HeartbeatServer::Listener ----
   void on_rank_up(const RankStatus& rank) override {
-    watch_rank_process(rank);
+    local_.watch(rank, [this] {
+      if (state_ == State::stopping && local_.all_exited()) ranks_exited();
+    });
     pool_->rank_registered(rank.rank, rank.host);
     events_->write("rank_up", {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host},
                                {"pid", static_cast<unsigned>(rank.pid)}, {"peer", rank.peer},
@@ -187,8 +183,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     server_->begin_launch(static_cast<std::uint32_t>(restart_), np);
     pool_->begin_launch();
     stragglers_.begin_launch(np);
-    rank_processes_.clear();
-    rank_processes_.resize(static_cast<std::size_t>(np));
+    local_.begin_launch(np);
     std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval,
                                          kEnvSupervisorTimeout};
     auto interval_ms = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()).count();
@@ -331,12 +326,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     fail("hang", report.detail, {{"ranks", Json::raw(report.ranks_json)}});
   }
 
-  struct RankProcess {
-    explicit RankProcess(asio::io_context& io) : fd(io) {}
-    asio::posix::stream_descriptor fd;
-    bool exited = false;
-  };
-
   void job_exited(int status) {
     if (state_ == State::running) {
       if (status == 0) return succeed();
@@ -391,7 +380,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     }
     // Ranks first: Open MPI puts each local rank in a process group of its own, and
     // mpirun takes over a second to act on a signal, so the ranks are told directly.
-    signal_ranks(SIGTERM);
+    local_.signal(SIGTERM);
     job_->signal_group(SIGTERM);
     server_->stop_ranks();  // ranks on other hosts too, at once
     grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.grace));
@@ -406,39 +395,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   // that left the group (some launchers setsid) must not outlive its job.
   void kill_leftovers() {
     if (job_) job_->signal_group(SIGKILL);
-    signal_ranks(SIGKILL);
+    local_.signal(SIGKILL);
   }
-
-  // Through the pidfds opened at registration: a pid number could have been reused.
-  void signal_ranks(int signal) {
-    for (auto& process : rank_processes_)
-      if (process && !process->exited) ::syscall(SYS_pidfd_send_signal, process->fd.native_handle(), signal, nullptr, 0);
-  }
-
-  // A rank on this host is watched through a pidfd, so that stopping the job can be
-  // over as soon as every rank has exited, without waiting for mpirun, which needs
-  // over a second after a signal to notice (measured: ~1.2 s on Open MPI 4.1). Ranks
-  // on other hosts are not watched; then the stop waits for mpirun's exit.
-  void watch_rank_process(const RankStatus& rank) {
-    static const std::string host = this_host();
-    if (rank.host != host || rank.pid <= 1) return;
-    int fd = static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(rank.pid), 0));
-    if (fd < 0) return;
-    auto process = std::make_shared<RankProcess>(io_);
-    process->fd.assign(fd);
-    rank_processes_[static_cast<std::size_t>(rank.rank)] = process;
-    process->fd.async_wait(asio::posix::stream_descriptor::wait_read, [this, process](boost::system::error_code ec) {
-      if (ec) return;
-      process->exited = true;
-      if (state_ == State::stopping && all_ranks_exited()) ranks_exited();
-    });
-  }
-
-  bool all_ranks_exited() const {
-    return std::all_of(rank_processes_.begin(), rank_processes_.end(),
-                       [](const auto& process) { return process && process->exited; });
-  }
-
 
   // Every rank of the job is gone: mpirun has nothing left to do but report, so it is
   // killed and reaped now instead of being waited for.
@@ -550,7 +508,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::unique_ptr<HostPool> pool_;
   std::string address_;  // what ranks are told (TROUPE_SUPERVISOR)
   std::unique_ptr<Job> job_;
-  std::vector<std::shared_ptr<RankProcess>> rank_processes_;  // by rank; null when not watched
+  LocalRanks local_{io_};  // this host's ranks, through pidfds
 
   State state_ = State::running;
   int restart_ = 0;

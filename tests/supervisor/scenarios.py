@@ -119,6 +119,11 @@ def crash(args, check: Check, extra: list[str] = []) -> None:
           f"one failure, rank 1 lost: {failures}")
     detection = failures[0]["time"] - run.fault_time()
     check(0 <= detection < 1.0, f"rank 1's death detected {detection:.3f} s after the crash (< 1 s)")
+    # One host: every rank is watched through a pidfd (LocalRanks), so the stop ends when
+    # they have exited, not when mpirun notices (over a second later).
+    stopped = run.of("stopped")
+    check(len(stopped) == 1 and stopped[0].get("mpirun") == "killed once every rank had exited",
+          f"the stop ended once the ranks' pidfds said they had exited: {stopped}")
     finished_like_a_clean_run(run, check, restarts=1, resumed_at=15)
 
 
