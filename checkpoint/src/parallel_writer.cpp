@@ -1,5 +1,6 @@
-// The parallel writer: argument agreement, collective dataset creation, the hyperslab
-// write of each rank's slice, and the checksum chained across ranks (see the header).
+// The parallel writer: argument agreement, collective dataset creation, each rank's
+// pwrite of its slices (or a collective hyperslab write), and the checksums chained
+// across ranks (see the header).
 #include "troupe/checkpoint/parallel_writer.hpp"
 
 #include <fcntl.h>
