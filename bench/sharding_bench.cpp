@@ -51,9 +51,9 @@
 // (reset just before) minus VmRSS before, against the bound: the rank's shard
 // (the bytes of its slices) + the largest tensor + 64 MB. Then --save-rounds (5) more
 // synchronous saves (the median time is reported) and as many through
-// ParallelCheckpoint::save_async, interleaved: the median time the caller is blocked (the snapshot of its slices, the
-// worst rank; the first save's too, which allocates the snapshot buffer) and until the
-// file is committed.
+// ParallelCheckpoint::save_async, interleaved: the median time the caller is blocked
+// (the snapshot of its slices, the worst rank; the first save's too, which allocates
+// the snapshot buffer) and until the file is committed.
 //
 // Construction (every run): the peak of live tensor bytes (tensor::host_memory_stats)
 // and the VmHWM growth from before the model is built until the wrapper is, with the
@@ -203,11 +203,11 @@ std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::
       const auto start = Clock::now();
       if (order[static_cast<std::size_t>(step)] == 'S') {
         file = ckpt.save(manifest, slices);
-        if (step == 0) {
+        const double took = std::chrono::duration<double>(Clock::now() - start).count();
+        if (step == 0)
           growth = troupe::proc_status_bytes("VmHWM:") - before;
-          continue;
-        }
-        sync.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+        else
+          sync.push_back(took);
         continue;
       }
       const checkpoint::SaveHandle handle = ckpt.save_async(manifest, slices);
