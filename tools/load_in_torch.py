@@ -29,6 +29,11 @@ import h5py
 import numpy as np
 
 
+def _text(value) -> str:
+    """Format 2 stores strings fixed-length, which h5py returns as bytes; 1.x as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _children(group: h5py.Group) -> list[str]:
     """Link names in creation order (troupe tracks it), else in name order."""
     names: list[str] = []
@@ -43,7 +48,7 @@ def read_arrays(path: str, section: str = "model") -> "OrderedDict[str, tuple[np
     """name -> (numpy array, troupe dtype name); bf16 stays as its uint16 words."""
     out: "OrderedDict[str, tuple[np.ndarray, str]]" = OrderedDict()
     with h5py.File(path, "r") as f:
-        if f.attrs.get("format") != "troupe-checkpoint":
+        if _text(f.attrs.get("format")) != "troupe-checkpoint":
             raise ValueError(f"{path}: not a troupe checkpoint (format={f.attrs.get('format')!r})")
 
         def walk(group: h5py.Group, prefix: str) -> None:
@@ -52,7 +57,7 @@ def read_arrays(path: str, section: str = "model") -> "OrderedDict[str, tuple[np
                 if isinstance(item, h5py.Group):
                     walk(item, prefix + name + "/")
                 else:
-                    dtype = item.attrs.get("dtype", str(item.dtype))
+                    dtype = _text(item.attrs.get("dtype", str(item.dtype)))
                     out[prefix + name] = (item[()], dtype)
 
         walk(f[section], "")

@@ -87,17 +87,13 @@ class GPT(nn.Module):
         return self.lm_head(self.transformer.ln_f(x))
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def gpt_from_checkpoint(path: str) -> "tuple[GPT, str, dict]":
     """(model in eval mode, vocab, model_args) from a train_gpt checkpoint. The vocab's
     i-th character has id i. ValueError when the file is not a GPT checkpoint."""
     import h5py
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from load_in_torch import load_state_dict  # beside this file; needs h5py, so only here
+    from load_in_torch import _text, load_state_dict  # beside this file; needs h5py, so only here
 
     with h5py.File(path, "r") as f:
         if "model_args" not in f.attrs or "vocab" not in f.attrs:

@@ -26,6 +26,7 @@ using detail::h5_check;
 
 struct FileReader::Impl {
   Handle file;
+  detail::StringStorage strings = detail::StringStorage::fixed;
 };
 
 std::size_t TensorInfo::nbytes() const {
@@ -118,19 +119,22 @@ herr_t collect_link(hid_t group, const char* name, const H5L_info_t*, void* data
 }
 
 // The links of a group in creation order (name order for files that do not track it).
+// Which one is the group's own property: falling back to name order when the creation
+// order fails would list a damaged group's surviving links as if they were all.
 LinkList list_links(hid_t file, const std::string& group, const std::string& where) {
   Handle g(h5_check(H5Gopen2(file, group.c_str(), H5P_DEFAULT), "H5Gopen " + where,
                     Failure::format),
            H5Gclose);
+  Handle gcpl(h5_check(H5Gget_create_plist(g.get()), "H5Gget_create_plist " + where, Failure::format),
+              H5Pclose);
+  unsigned order = 0;
+  h5_check(H5Pget_link_creation_order(gcpl.get(), &order), "H5Pget_link_creation_order " + where,
+           Failure::format);
   LinkList out;
   hsize_t idx = 0;
-  if (H5Literate(g.get(), H5_INDEX_CRT_ORDER, H5_ITER_INC, &idx, collect_link, &out) < 0) {
-    H5Eclear2(H5E_DEFAULT);
-    out.links.clear();
-    idx = 0;
-    h5_check(H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_INC, &idx, collect_link, &out),
-             "H5Literate " + where, Failure::format);
-  }
+  h5_check(H5Literate(g.get(), (order & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME,
+                      H5_ITER_INC, &idx, collect_link, &out),
+           "checkpoint " + where + ": cannot list the group's links (damaged?)", Failure::format);
   return out;
 }
 
@@ -160,6 +164,12 @@ FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path
                                 "checkpoint " + path_ + ": cannot open (truncated or damaged?)",
                                 Failure::format),
                        H5Fclose);
+  {
+    Handle root(h5_check(H5Oopen(impl_->file.get(), "/", H5P_DEFAULT), "H5Oopen " + path_ + ":/",
+                         Failure::format),
+                H5Oclose);
+    impl_->strings = detail::string_storage_of(root.get(), path_ + ":/");
+  }
   Attributes root = attributes("/");
   const AttrValue* format = root.find(kAttrFormat);
   if (!format || !std::holds_alternative<std::string>(*format) ||
@@ -169,10 +179,16 @@ FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path
                  ", expected \"", kFormatName, "\")");
   const AttrValue* version = root.find(kAttrFormatVersion);
   const std::string* v = version ? std::get_if<std::string>(version) : nullptr;
-  if (!v || std::atoi(v->c_str()) != kFormatMajor)
+  int major = v ? std::atoi(v->c_str()) : 0;
+  if (major < kOldestFormatMajor || major > kFormatMajor)
     TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ",
                  version ? to_string(*version) : std::string("missing"),
-                 " is not readable by this troupe (reads major version ", kFormatMajor, ")");
+                 " is not readable by this troupe (reads major versions ", kOldestFormatMajor,
+                 " to ", kFormatMajor, ")");
+  if ((impl_->strings == detail::StringStorage::variable) != (major == 1))
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ", *v, " is stored as a ",
+                 impl_->strings == detail::StringStorage::variable ? "variable" : "fixed",
+                 "-length string, which no troupe writer of that version wrote");
   if (!root.contains(kAttrComplete))
     TROUPE_THROW(FormatError, "checkpoint ", path_,
                  ": no 'complete' marker, the writer stopped before finishing");
@@ -190,7 +206,7 @@ Attributes FileReader::attributes(std::string_view group) const {
   Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), H5P_DEFAULT), "H5Oopen " + where,
                          Failure::format),
                 H5Oclose);
-  return detail::read_attributes(object.get(), where);
+  return detail::read_attributes(object.get(), where, impl_->strings);
 }
 
 bool FileReader::has_group(std::string_view group) const {
@@ -246,7 +262,7 @@ TensorInfo FileReader::info(std::string_view path) const {
   Handle dset(h5_check(H5Dopen2(impl_->file.get(), out.path.c_str(), H5P_DEFAULT),
                        "checkpoint " + where + ": no such dataset", Failure::format),
               H5Dclose);
-  out.dtype = detail::dtype_of_dataset(dset.get(), where);
+  out.dtype = detail::dtype_of_dataset(dset.get(), where, impl_->strings);
   Handle space(h5_check(H5Dget_space(dset.get()), "H5Dget_space " + where, Failure::format),
                H5Sclose);
   int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims " + where,
@@ -254,7 +270,7 @@ TensorInfo FileReader::info(std::string_view path) const {
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
   if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
   out.shape.assign(dims.begin(), dims.end());
-  std::optional<std::uint64_t> sum = detail::read_u64_attribute(dset.get(), kAttrChecksum, where);
+  std::optional<std::uint64_t> sum = detail::read_u64_attribute(dset.get(), kAttrChecksum, where, impl_->strings);
   if (!sum) TROUPE_THROW(FormatError, "checkpoint ", where, ": no ", kAttrChecksum, " attribute");
   out.checksum = *sum;
   return out;

@@ -1,5 +1,6 @@
 #include "h5_types.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -23,10 +24,12 @@ hid_t make_half_type() {
   return t;
 }
 
-hid_t utf8_string_type() {
+// `size` bytes, or H5T_VARIABLE.
+hid_t utf8_string_type(size_t size) {
   hid_t t = h5_check(H5Tcopy(H5T_C_S1), "H5Tcopy(string)");
-  h5_check(H5Tset_size(t, H5T_VARIABLE), "H5Tset_size(string)");
+  h5_check(H5Tset_size(t, size), "H5Tset_size(string)");
   h5_check(H5Tset_cset(t, H5T_CSET_UTF8), "H5Tset_cset(string)");
+  if (size != H5T_VARIABLE) h5_check(H5Tset_strpad(t, H5T_STR_NULLPAD), "H5Tset_strpad(string)");
   return t;
 }
 
@@ -66,10 +69,10 @@ hid_t h5_type_of(DType dtype) {
   TROUPE_THROW(InvalidArgument, "checkpoint: corrupt dtype value ", static_cast<int>(dtype));
 }
 
-DType dtype_of_dataset(hid_t dataset, const std::string& where) {
+DType dtype_of_dataset(hid_t dataset, const std::string& where, StringStorage strings) {
   Handle type(h5_check(H5Dget_type(dataset), "H5Dget_type " + where, Failure::format), H5Tclose);
   std::optional<DType> inferred = infer(type.get());
-  std::optional<AttrValue> attr = read_attribute(dataset, kAttrDType, where);
+  std::optional<AttrValue> attr = read_attribute(dataset, kAttrDType, where, strings);
   if (!attr) {
     if (!inferred || *inferred == DType::bf16)
       TROUPE_THROW(FormatError, where, ": HDF5 type (class ", H5Tget_class(type.get()), ", ",
@@ -109,12 +112,14 @@ void write_attribute(hid_t object, std::string_view name, const AttrValue& value
                                  H5P_DEFAULT), "H5Acreate2 " + what), H5Aclose);
     h5_check(H5Awrite(a.get(), H5T_NATIVE_DOUBLE, d), "H5Awrite " + what);
   } else {
+    // Fixed-length (format 2): a variable-length string lives in the global heap, which
+    // libhdf5 1.10 reads without bounds checks (docs/CHECKPOINT_FORMAT.md).
     const std::string& s = std::get<std::string>(value);
-    Handle type(utf8_string_type(), H5Tclose);
+    Handle type(utf8_string_type(std::max<size_t>(s.size(), 1)), H5Tclose);
     Handle a(h5_check(H5Acreate2(object, key.c_str(), type.get(), space.get(), H5P_DEFAULT,
                                  H5P_DEFAULT), "H5Acreate2 " + what), H5Aclose);
-    const char* p = s.c_str();
-    h5_check(H5Awrite(a.get(), type.get(), &p), "H5Awrite " + what);
+    std::string padded = s.empty() ? std::string(1, '\0') : s;
+    h5_check(H5Awrite(a.get(), type.get(), padded.data()), "H5Awrite " + what);
   }
 }
 
@@ -130,7 +135,8 @@ void write_u64_attribute(hid_t object, std::string_view name, std::uint64_t valu
 
 namespace {
 
-std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what) {
+std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what,
+                                            StringStorage strings) {
   Handle space(h5_check(H5Aget_space(a), "H5Aget_space " + what, Failure::format), H5Sclose);
   if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR) return std::nullopt;
   Handle type(h5_check(H5Aget_type(a), "H5Aget_type " + what, Failure::format), H5Tclose);
@@ -153,7 +159,12 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what) {
     }
     case H5T_STRING: {
       if (H5Tis_variable_str(type.get()) > 0) {
-        Handle mem(utf8_string_type(), H5Tclose);
+        if (strings != StringStorage::variable)
+          TROUPE_THROW(FormatError, what, " is a variable-length string, which a format ",
+                       kFormatMajor, " file never holds: the file is damaged, or it was added "
+                       "by another tool (store it fixed-length, e.g. h5py's "
+                       "attrs.create(name, numpy.bytes_(text)))");
+        Handle mem(utf8_string_type(H5T_VARIABLE), H5Tclose);
         char* p = nullptr;
         h5_check(H5Aread(a, mem.get(), &p), "H5Aread " + what, Failure::format);
         std::string s = p ? p : "";
@@ -161,6 +172,9 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what) {
         return AttrValue(s);
       }
       size_t size = H5Tget_size(type.get());
+      if (size == 0 || size > H5Aget_storage_size(a))
+        TROUPE_THROW(FormatError, what, ": a string of ", size, " bytes in ",
+                     H5Aget_storage_size(a), " bytes of storage");
       std::string s(size, '\0');
       h5_check(H5Aread(a, type.get(), s.data()), "H5Aread " + what, Failure::format);
       s.resize(std::strlen(s.c_str()));  // fixed-length strings are NUL padded
@@ -173,19 +187,19 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what) {
 }  // namespace
 
 std::optional<AttrValue> read_attribute(hid_t object, std::string_view name,
-                                        const std::string& where) {
+                                        const std::string& where, StringStorage strings) {
   std::string key(name);
   std::string what = "attribute '" + key + "' on " + where;
   if (h5_check(H5Aexists(object, key.c_str()), "H5Aexists " + what, Failure::format) <= 0)
     return std::nullopt;
   Handle a(h5_check(H5Aopen(object, key.c_str(), H5P_DEFAULT), "H5Aopen " + what,
                     Failure::format), H5Aclose);
-  return read_open_attribute(a.get(), what);
+  return read_open_attribute(a.get(), what, strings);
 }
 
 std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view name,
-                                                const std::string& where) {
-  std::optional<AttrValue> v = read_attribute(object, name, where);
+                                                const std::string& where, StringStorage strings) {
+  std::optional<AttrValue> v = read_attribute(object, name, where, strings);
   if (!v) return std::nullopt;
   const auto* i = std::get_if<std::int64_t>(&*v);
   if (!i) TROUPE_THROW(FormatError, where, ": attribute '", name, "' is not an integer");
@@ -194,22 +208,24 @@ std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view n
   return u;
 }
 
-Attributes read_attributes(hid_t object, const std::string& where) {
+Attributes read_attributes(hid_t object, const std::string& where, StringStorage strings) {
   H5O_info_t info;
   h5_check(H5Oget_info2(object, &info, H5O_INFO_NUM_ATTRS), "H5Oget_info " + where,
            Failure::format);
   Attributes out;
   if (info.num_attrs == 0) return out;
-  // Creation order when the file tracks it (ours does), name order otherwise.
-  H5_index_t index = H5_INDEX_CRT_ORDER;
-  {
-    hid_t probe = H5Aopen_by_idx(object, ".", index, H5_ITER_INC, 0, H5P_DEFAULT, H5P_DEFAULT);
-    if (probe < 0) {
-      H5Eclear2(H5E_DEFAULT);
-      index = H5_INDEX_NAME;
-    } else {
-      H5Aclose(probe);
-    }
+  // Creation order when the object tracks it (ours do), name order otherwise -- its
+  // own property, not a guess from whether the first lookup works on a damaged file.
+  H5_index_t index = H5_INDEX_NAME;
+  const H5I_type_t kind = H5Iget_type(object);
+  if (kind == H5I_GROUP || kind == H5I_DATASET) {
+    Handle plist(h5_check(kind == H5I_GROUP ? H5Gget_create_plist(object) : H5Dget_create_plist(object),
+                          "the creation properties of " + where, Failure::format),
+                 H5Pclose);
+    unsigned order = 0;
+    h5_check(H5Pget_attr_creation_order(plist.get(), &order), "H5Pget_attr_creation_order " + where,
+             Failure::format);
+    if (order & H5P_CRT_ORDER_TRACKED) index = H5_INDEX_CRT_ORDER;
   }
   for (hsize_t i = 0; i < info.num_attrs; ++i) {
     Handle a(h5_check(H5Aopen_by_idx(object, ".", index, H5_ITER_INC, i, H5P_DEFAULT,
@@ -218,10 +234,23 @@ Attributes read_attributes(hid_t object, const std::string& where) {
     ssize_t len = H5Aget_name(a.get(), 0, nullptr);
     std::string name(static_cast<size_t>(len > 0 ? len : 0), '\0');
     H5Aget_name(a.get(), name.size() + 1, name.data());
-    if (auto v = read_open_attribute(a.get(), "attribute '" + name + "' on " + where))
+    if (auto v = read_open_attribute(a.get(), "attribute '" + name + "' on " + where, strings))
       out.set(name, std::move(*v));
   }
   return out;
+}
+
+StringStorage string_storage_of(hid_t root, const std::string& where) {
+  std::string key(kAttrFormatVersion);
+  std::string what = "attribute '" + key + "' on " + where;
+  if (h5_check(H5Aexists(root, key.c_str()), "H5Aexists " + what, Failure::format) <= 0)
+    return StringStorage::fixed;
+  Handle a(h5_check(H5Aopen(root, key.c_str(), H5P_DEFAULT), "H5Aopen " + what, Failure::format),
+           H5Aclose);
+  Handle type(h5_check(H5Aget_type(a.get()), "H5Aget_type " + what, Failure::format), H5Tclose);
+  return H5Tget_class(type.get()) == H5T_STRING && H5Tis_variable_str(type.get()) > 0
+             ? StringStorage::variable
+             : StringStorage::fixed;
 }
 
 }  // namespace troupe::checkpoint::detail

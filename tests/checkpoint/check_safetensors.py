@@ -27,6 +27,6 @@ with h5py.File(ckpt, "r") as h:
         arr = np.frombuffer(data[b:x], dtype=DT[e["dtype"]]).reshape(e["shape"])
         ref = h["model"][name][()]
         assert arr.tobytes() == ref.tobytes(), name
-    assert h["model"]["fc.bias"].attrs["dtype"] == "bf16" and header["fc.bias"]["dtype"] == "BF16"
+    assert h["model"]["fc.bias"].attrs["dtype"] == b"bf16" and header["fc.bias"]["dtype"] == "BF16"
 assert end == len(data), (end, len(data))
 print("safetensors OK")

@@ -36,7 +36,7 @@ quick)
 import gzip, json, sys
 import h5py
 f = h5py.File(sys.argv[1], "r")
-vocab = f.attrs["vocab"]
+vocab = f.attrs["vocab"].decode()  # fixed-length strings come back as bytes
 text = gzip.open(sys.argv[2], "rt", encoding="utf-8").read()
 assert vocab == "".join(sorted(set(text))), "vocab is not the sorted set of the file's characters"
 args = json.loads(f.attrs["model_args"])

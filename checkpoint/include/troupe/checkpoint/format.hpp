@@ -9,9 +9,11 @@
 namespace troupe::checkpoint {
 
 inline constexpr std::string_view kFormatName = "troupe-checkpoint";
-// "major.minor": a reader refuses a different major and accepts any minor.
-inline constexpr std::string_view kFormatVersion = "1.0";
-inline constexpr int kFormatMajor = 1;
+// "major.minor": a reader refuses a major it does not know and accepts any minor.
+// 2.0 stores strings fixed-length; 1.x stored them variable-length and is still read.
+inline constexpr std::string_view kFormatVersion = "2.0";
+inline constexpr int kFormatMajor = 2;
+inline constexpr int kOldestFormatMajor = 1;
 
 // Attribute names.
 inline constexpr std::string_view kAttrFormat = "format";
