@@ -1,6 +1,8 @@
 #include "troupe/actors/runtime.hpp"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <map>
 
@@ -34,6 +36,21 @@ std::atomic<int> g_rank_for_abort{-1};
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);  // MPI_Abort does not return; this only satisfies [[noreturn]]
+}
+
+// TROUPE_LIVENESS_TIMEOUT_MS, which troupe-run's --liveness-timeout exports to every
+// rank, overrides RuntimeOptions::liveness_timeout: the launcher knows how slow a
+// node may be before it is dead, the program does not.
+std::chrono::milliseconds liveness_timeout_from_env(std::chrono::milliseconds fallback) {
+  const char* text = std::getenv("TROUPE_LIVENESS_TIMEOUT_MS");
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long ms = std::strtoll(text, &end, 10);
+  TROUPE_CHECK(errno == 0 && *end == '\0' && ms > 0 && ms <= 24LL * 3600 * 1000,
+               "environment variable TROUPE_LIVENESS_TIMEOUT_MS is '", text,
+               "', not a number of milliseconds in 1..86400000");
+  return std::chrono::milliseconds(ms);
 }
 
 detail::Header header_of(const std::string& bytes) {
@@ -82,6 +99,7 @@ std::string Runtime::new_message() { return std::string(sizeof(detail::Header), 
 
 Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(options) {
   TROUPE_CHECK(options_.threads >= 0, "Runtime: threads must be >= 0, got ", options_.threads);
+  options_.liveness_timeout = liveness_timeout_from_env(options_.liveness_timeout);
   environment_ = std::make_unique<mpi::Environment>(&argc, &argv);
   rank_ = environment_->rank();
   size_ = environment_->size();

@@ -90,6 +90,8 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       options.hang_timeout = parse_seconds(arg, value(arg), false);
     } else if (arg == "--heartbeat-timeout") {
       options.heartbeat_timeout = parse_seconds(arg, value(arg), false);
+    } else if (arg == "--liveness-timeout") {
+      options.liveness_timeout = parse_seconds(arg, value(arg), false);
     } else if (arg == "--backoff") {
       options.backoff = parse_seconds(arg, value(arg), true);
     } else if (arg == "--grace") {
@@ -179,6 +181,8 @@ options:
                           data_loading (1800), checkpoint_save and checkpoint_load (3600)
   --heartbeat-timeout S   no heartbeat for S seconds is a dead rank (default 1.5); a rank
                           that hears nothing from troupe-run for as long stops itself
+  --liveness-timeout S    ranks call a peer they have not heard from for S seconds lost
+                          (default: the program's, 1 s for troupe's runtime)
   --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)
   --grace S               SIGTERM to SIGKILL when stopping the job (default 3)
   --bind ADDR:PORT        heartbeat server address (default: 127.0.0.1:0 when every rank

@@ -199,6 +199,11 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       exported.push_back(kEnvCheckpointDir);
     }
     if (const char* fault = std::getenv(kEnvFault); fault && *fault) exported.push_back(kEnvFault);
+    if (options_.liveness_timeout.count() > 0) {
+      env.emplace_back(kEnvLivenessTimeout,
+                       std::to_string(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000))));
+      exported.push_back(kEnvLivenessTimeout);
+    }
     if (::geteuid() == 0) {  // Open MPI refuses root unless told twice that it is meant
       env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
       env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");

@@ -1,6 +1,7 @@
 #include "actors_fixture.hpp"
 #include "troupe/actors/detail/serialization.hpp"
 
+#include <cstdlib>
 #include <numeric>
 #include <stdexcept>
 
@@ -124,6 +125,23 @@ TEST(Errors, AnUnknownActorOrARankOutsideTheWorldIsAClearError) {
     EXPECT_THROW(runtime().spawn<Counter>(-1, 0), InvalidArgument);
   }
   barrier();
+}
+
+// Checked before MPI is touched, so a second Runtime in this process can try it.
+TEST(Errors, ABadLivenessTimeoutFromTheLauncherIsRefusedByName) {
+  for (const char* bad : {"soon", "0", "-5", "1e3", "99999999999"}) {
+    ::setenv("TROUPE_LIVENESS_TIMEOUT_MS", bad, 1);
+    int argc = 0;
+    char** argv = nullptr;
+    try {
+      Runtime second(argc, argv);
+      ADD_FAILURE() << "TROUPE_LIVENESS_TIMEOUT_MS=" << bad << " was taken";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("TROUPE_LIVENESS_TIMEOUT_MS is '") + bad + "'"),
+                std::string::npos) << e.what();
+    }
+  }
+  ::unsetenv("TROUPE_LIVENESS_TIMEOUT_MS");
 }
 
 TEST(Errors, MalformedAndTruncatedMessagesAreReportedAndTheRankKeepsRunning) {

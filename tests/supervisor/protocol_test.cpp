@@ -137,6 +137,10 @@ TEST(RunOptions, ClusterFlagsAndTheirDefaults) {
   auto d = parse({"-np", "3", "--", "x"});
   EXPECT_EQ(d.bind_host, "");  // chosen from the job's hosts
   EXPECT_DOUBLE_EQ(d.heartbeat_timeout.count(), 1.5);
+  EXPECT_DOUBLE_EQ(d.liveness_timeout.count(), 0);  // the program's own
+  EXPECT_DOUBLE_EQ(parse({"-np", "3", "--liveness-timeout", "7.5", "--", "x"}).liveness_timeout.count(), 7.5);
+  EXPECT_NE(error_of([] { parse({"-np", "3", "--liveness-timeout", "0", "--", "x"}); }).find("--liveness-timeout"),
+            std::string::npos);
   EXPECT_EQ(d.exclude_after, 0);
   EXPECT_EQ(d.min_ranks, 0);
   auto o = parse({"-np", "3", "--exclude-after", "2", "--min-ranks", "2", "--advertise", "10.0.0.1", "--", "x"});

@@ -62,6 +62,7 @@ struct RuntimeOptions {
   // own; a rank not heard from for `liveness_timeout` is declared lost: calls waiting
   // on it fail with ErrorCode::rank_lost, and shutdown() ends the job naming it.
   // One second beats mpirun, which tears a job down 1.5-2.6 s after a rank dies.
+  // TROUPE_LIVENESS_TIMEOUT_MS (troupe-run --liveness-timeout) overrides it.
   std::chrono::milliseconds heartbeat_period{100};
   std::chrono::milliseconds liveness_timeout{1000};
   // A message whose attachments travel as MPI messages of their own (above 256 KB) is

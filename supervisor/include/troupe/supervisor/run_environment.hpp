@@ -28,6 +28,8 @@ inline constexpr const char* kEnvCheckpointDir = "TROUPE_CHECKPOINT_DIR";
 inline constexpr const char* kEnvHeartbeatInterval = "TROUPE_HEARTBEAT_INTERVAL_MS";
 inline constexpr const char* kEnvSupervisorTimeout = "TROUPE_SUPERVISOR_TIMEOUT_MS";
 inline constexpr const char* kEnvFault = "TROUPE_FAULT";
+// Read by actors::Runtime: how long a rank may be silent before its peers call it lost.
+inline constexpr const char* kEnvLivenessTimeout = "TROUPE_LIVENESS_TIMEOUT_MS";
 
 struct RunEnvironment {
   std::string supervisor;      // "host:port", empty when not under troupe-run

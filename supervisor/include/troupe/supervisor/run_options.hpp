@@ -39,6 +39,11 @@ struct RunOptions {
   // caught within 2 s instead of a TCP timeout's minutes. Ranks fence themselves after
   // the same time without an answer (SupervisorClient).
   Seconds heartbeat_timeout{1.5};
+  // How long ranks wait to hear from each other before calling a peer lost (the actors'
+  // liveness ring, 1 s by default), exported as TROUPE_LIVENESS_TIMEOUT_MS; 0: the
+  // program's own setting. Raise it with heartbeat_timeout where nodes can be slow
+  // without being dead.
+  Seconds liveness_timeout{0};
   // Wait before relaunch n: backoff * 2^(n-1), at most 60 s; lets a flaky node or port recover.
   Seconds backoff{1};
   // SIGTERM to SIGKILL when stopping the job: time for ranks to exit on their own.
