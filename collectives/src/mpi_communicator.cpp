@@ -6,6 +6,7 @@
 
 #include "allreduce_ring.hpp"
 #include "blocking_watchdog.hpp"
+#include "board_call.hpp"
 #include "engine.hpp"
 #include "mpi_request_operation.hpp"
 #include "packed_call.hpp"
@@ -171,6 +172,15 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
   // allreduce deadlocked at 3 ranks that way). Every rank issued that work before this
   // call, so each finishes it first, then all take the blocking call.
   engine().wait_all(options().timeout);
+  if (shm_ && options().check_signatures && detail::fits_on_board(c, size(), options().shm_board_bytes)) {
+    try {
+      detail::run_on_board(*shm_, c, options().timeout);
+    } catch (const std::exception& e) {
+      fail(c.describe() + " failed: " + e.what());
+      throw;
+    }
+    return true;
+  }
   if (watchdog_) watchdog_->begin(c);
   // The signature is checked with the call, not before it (every small call would wait
   // for the slowest rank twice): on one node on the board, published first and read

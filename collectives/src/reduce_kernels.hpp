@@ -19,6 +19,18 @@ namespace troupe::collectives::detail {
 void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, std::size_t count,
             double scale = 1.0);
 
+// out = part(0) op part(1) op ... op part(size - 1), combined in rank order so that
+// every rank that runs it gets the same bits; an avg divides at the last combine.
+// The partial sums go to `partial`, which may be `out` unless `out` is one of the parts.
+template <class Part>
+void reduce_in_rank_order(ReduceOp op, DType dtype, void* out, void* partial, std::size_t count, int size,
+                          const Part& part) {
+  const double last_scale = op == ReduceOp::avg ? 1.0 / size : 1.0;
+  const auto into = [&](int q) { return q == size - 1 ? out : partial; };
+  reduce(op, dtype, into(1), part(0), part(1), count, size == 2 ? last_scale : 1.0);
+  for (int q = 2; q < size; ++q) reduce(op, dtype, into(q), partial, part(q), count, q == size - 1 ? last_scale : 1.0);
+}
+
 // data[i] *= factor, for floating dtypes (avg after an MPI sum).
 void scale(DType dtype, void* data, std::size_t count, double factor);
 

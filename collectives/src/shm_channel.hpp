@@ -10,9 +10,10 @@
 //
 // Layout: each rank maps a POSIX shared-memory segment of its own, and every peer's:
 //   [ three counters, each on its own cache line ][ the signature board: a `checked`
-//     counter and kBoardEntries lines ][ `slots` slots of `slot_bytes` ]
+//     counter and kBoardEntries entries ][ `slots` slots of `slot_bytes` ]
 // The board is where each rank publishes every collective's signature, whatever path
-// the collective takes, for its peers to compare (signature_check.hpp).
+// the collective takes, for its peers to compare (signature_check.hpp); a small
+// blocking call's data travels in the same entry (board_call.hpp).
 // The counters are monotonic round numbers, written only by the segment's owner and
 // read by everyone: how many rounds it has `posted` (its data is in the slot), has
 // `reduced` (its share of the result is in the slot) and has `consumed` (it read what
@@ -92,17 +93,23 @@ class ShmChannel {
 
   // ---- the signature board ----
   // Entry sequence % kBoardEntries of a rank: its call `sequence`'s signature, valid
-  // while `sequence_plus_one` reads sequence + 1 (0: never written). The owner writes
-  // the fields, then publishes sequence_plus_one (release).
+  // while `sequence_plus_one` reads sequence + 1 (0: never written), followed by up to
+  // kBoardPayloadBytes of the call's data when it is a small call that the board
+  // carries whole (board_call.hpp): 8 bytes of it share the signature's cache line.
+  // The owner writes the data and the fields, then publishes sequence_plus_one (release).
   static constexpr std::uint64_t kBoardEntries = 256;
   static constexpr int kSignatureFields = 6;
+  static constexpr std::size_t kBoardPayloadBytes = 4096 + 8;
   struct BoardEntry {
     std::uint64_t sequence_plus_one;
     std::int64_t fields[kSignatureFields];
   };
   BoardEntry& board_entry(int rank, std::uint64_t sequence) const {
     return *reinterpret_cast<BoardEntry*>(bases_[static_cast<std::size_t>(rank)] + kBoardOffset + kLine +
-                                          (sequence % kBoardEntries) * kLine);
+                                          (sequence % kBoardEntries) * kEntryBytes);
+  }
+  std::byte* board_payload(int rank, std::uint64_t sequence) const {
+    return reinterpret_cast<std::byte*>(&board_entry(rank, sequence)) + sizeof(BoardEntry);
   }
   // This rank's last reading of the least of its peers' `checked` (not shared).
   std::uint64_t board_floor = 0;
@@ -116,8 +123,9 @@ class ShmChannel {
  private:
   static constexpr std::size_t kLine = 64;
   static constexpr std::size_t kBoardOffset = 3 * kLine;
-  static constexpr std::size_t kHeaderBytes = kBoardOffset + (1 + kBoardEntries) * kLine;
-  static_assert(sizeof(BoardEntry) <= kLine);
+  static constexpr std::size_t kEntryBytes = (sizeof(BoardEntry) + kBoardPayloadBytes + kLine - 1) / kLine * kLine;
+  static constexpr std::size_t kHeaderBytes = kBoardOffset + kLine + kBoardEntries * kEntryBytes;
+  static_assert(sizeof(BoardEntry) + 8 == kLine, "8 bytes of data share the signature's line");
 
   ShmChannel() = default;
   std::atomic_ref<std::uint64_t> counter(int rank, Stage stage) const {

@@ -131,8 +131,7 @@ void ShmCollective::reduce(std::uint64_t round) {
     dst = c.output.bytes() + begin * eb;
   }
   if (count == 0) return;
-  // Rank order 0, 1, ..., n-1 on every rank; avg divides at the last combine. An
-  // allreduce's result goes into my own slot, which is also my input: from rank 2 on,
+  // An allreduce's result goes into my own slot, which is also my input: from rank 2 on,
   // the partial sums wait in scratch until the last combine, or the first would
   // overwrite my contribution before it is added.
   std::byte* partial = dst;
@@ -140,13 +139,8 @@ void ShmCollective::reduce(std::uint64_t round) {
     scratch_.resize(channel_.slot_bytes());
     partial = scratch_.data();
   }
-  const double last_scale = c.op == ReduceOp::avg ? 1.0 / size_ : 1.0;
-  const auto from = [&](int q) { return channel_.slot(q, round) + offset; };
-  const auto into = [&](int q) { return q == size_ - 1 ? dst : partial; };
-  detail::reduce(c.op, c.dtype, into(1), from(0), from(1), count, size_ == 2 ? last_scale : 1.0);
-  for (int q = 2; q < size_; ++q) {
-    detail::reduce(c.op, c.dtype, into(q), partial, from(q), count, q == size_ - 1 ? last_scale : 1.0);
-  }
+  reduce_in_rank_order(c.op, c.dtype, dst, partial, count, size_,
+                       [&](int q) { return channel_.slot(q, round) + offset; });
 }
 
 void ShmCollective::gather(std::uint64_t round) {

@@ -1,6 +1,7 @@
 #include "signature_check.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -78,7 +79,8 @@ void throw_mismatch(const Collective& collective, int rank, int size,
 
 // ---- the board ----
 
-void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
+void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout,
+                       std::span<const std::byte> payload) {
   const std::uint64_t sequence = collective.sequence;
   if (sequence >= ShmChannel::kBoardEntries) {
     // The entry is reused from call (sequence - kBoardEntries): every peer must have
@@ -97,6 +99,7 @@ void publish_signature(ShmChannel& board, const Collective& collective, std::chr
     }
   }
   ShmChannel::BoardEntry& entry = board.board_entry(board.rank(), sequence);
+  if (!payload.empty()) std::memcpy(board.board_payload(board.rank(), sequence), payload.data(), payload.size());
   const Signature s = signature_of(collective);
   for (int i = 0; i < kFields; ++i)
     std::atomic_ref<std::int64_t>(entry.fields[i]).store(s[static_cast<std::size_t>(i)], std::memory_order_relaxed);
@@ -145,6 +148,33 @@ void mark_checked(ShmChannel& board, const Collective& collective) {
 void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
   poll_until([&] { return board_agrees(board, collective); }, timeout, collective, board.rank(),
              "the signature check");
+}
+
+void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  for (std::uint64_t polls = 0;; ++polls) {
+    const std::optional<std::string> verdict = board_verdict(board, collective);
+    if (verdict) {
+      if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
+      return;
+    }
+    if ((polls & 63) != 63) continue;
+    if (timeout != kNoTimeout && Clock::now() >= deadline) {
+      int missing = 0;
+      for (int r = 0; r < board.size(); ++r) {
+        const std::uint64_t seen =
+            std::atomic_ref<std::uint64_t>(board.board_entry(r, collective.sequence).sequence_plus_one)
+                .load(std::memory_order_acquire);
+        if (seen != collective.sequence + 1) {
+          missing = r;
+          break;
+        }
+      }
+      TROUPE_THROW(TimeoutError, collective.describe(), " on rank ", board.rank(), " of ", board.size(), ": rank ",
+                   missing, " did not issue this call within ", timeout.count(), " ms");
+    }
+    std::this_thread::yield();
+  }
 }
 
 void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int size,

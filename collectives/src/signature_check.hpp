@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,10 +48,12 @@ Signature signature_of(const Collective& collective);
                                  const std::map<Signature, std::vector<int>>& ranks_by_call);
 
 // ---- on one node: the board ----
-// Writes `collective`'s signature into this rank's entry. Waits (bounded by `timeout`)
+// Writes `collective`'s signature into this rank's entry, after `payload` (at most
+// ShmChannel::kBoardPayloadBytes, for board_call.hpp). Waits (bounded by `timeout`)
 // while a peer has yet to check the call ShmChannel::kBoardEntries before it, whose
 // entry this one reuses.
-void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout);
+void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout,
+                       std::span<const std::byte> payload = {});
 // Whether every rank's entry holds this call's signature yet (false: a rank has not
 // published it); throws CollectiveMismatch if one differs. Never blocks.
 bool board_agrees(ShmChannel& board, const Collective& collective);
@@ -61,6 +64,11 @@ void mark_checked(ShmChannel& board, const Collective& collective);
 std::optional<std::string> board_verdict(const ShmChannel& board, const Collective& collective);
 // board_agrees, polled until true (TimeoutError after `timeout`).
 void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout);
+// Polls until every peer's entry holds this call and agrees with it, without marking
+// the call checked: the caller still reads the peers' payloads, then calls
+// mark_checked. Throws CollectiveMismatch, or TimeoutError naming a rank that did
+// not publish the call within `timeout`.
+void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout);
 
 // ---- across nodes: an all-reduce of the signatures ----
 // One call's signature exchange, in flight.

@@ -31,7 +31,8 @@ std::vector<Path> paths() {
   engine_mpi.direct_blocking_bytes = ring.direct_blocking_bytes = 0;
   ring.ring_threshold_bytes = 0;
   ring.segment_bytes = 64;
-  return {{"direct MPI call, board", shm, 8, true},
+  return {{"small call on the board", shm, 8, false},
+          {"direct MPI call, board", shm, 2048, true},  // 8 KB: past what the board carries
           {"shared memory, board", engine_shm, 8, false},
           {"direct MPI call, all-reduced signature", mpi, 8, true},
           {"non-blocking MPI, all-reduced signature", engine_mpi, 8, false},
@@ -145,7 +146,7 @@ TEST_P(SignatureCheck, LetsMatchingCallsThrough) {
 TEST(PackedSignature, AnAllgatherOfAnotherDtypeFailsEveryRank) {
   if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   expect_mismatch(
-      paths()[2], "allgather dtype",
+      paths()[3], "allgather dtype",
       [&](Communicator& comm, bool deviate) {
         std::vector<float> f(3, 1.0f), fs(3 * static_cast<std::size_t>(comm.size()));
         std::vector<std::int32_t> i(3, 1), is(fs.size());
@@ -159,7 +160,7 @@ TEST(PackedSignature, AnAllgatherOfAnotherDtypeFailsEveryRank) {
 // differs fails, naming both calls; the others got the root's data as sent.
 TEST(PackedSignature, ABroadcastOfAnotherDtypeFailsTheRankThatDiffers) {
   if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
-  MpiCommunicator comm(MPI_COMM_WORLD, paths()[2].options);
+  MpiCommunicator comm(MPI_COMM_WORLD, paths()[3].options);
   const bool deviate = comm.rank() == comm.size() - 1;
   std::vector<float> f(5, comm.rank() == 0 ? 7.0f : 0.0f);
   std::vector<std::int32_t> i(5, 0);
@@ -180,7 +181,7 @@ TEST(PackedSignature, ABroadcastOfAnotherDtypeFailsTheRankThatDiffers) {
 }
 
 TEST(PackedSignature, SmallCallsGiveTheirResults) {
-  MpiCommunicator comm(MPI_COMM_WORLD, paths()[2].options);
+  MpiCommunicator comm(MPI_COMM_WORLD, paths()[3].options);
   const auto n = static_cast<std::size_t>(comm.size());
   std::vector<double> sum(6, 1.5), avg(6, static_cast<double>(comm.rank())), mine(2, comm.rank() + 0.5), all(2 * n);
   std::vector<std::uint16_t> half(4, tensor::float_to_bf16_bits(1.0f));
@@ -197,11 +198,12 @@ TEST(PackedSignature, SmallCallsGiveTheirResults) {
 }
 
 std::string path_name(const ::testing::TestParamInfo<int>& info) {
-  static const char* const names[] = {"DirectBoard", "SharedMemory", "DirectAllreduced", "NonBlockingMpi", "Ring"};
+  static const char* const names[] = {"OnTheBoard",       "DirectBoard", "SharedMemory",
+                                      "DirectAllreduced", "NonBlockingMpi", "Ring"};
   return names[info.param];
 }
 
-INSTANTIATE_TEST_SUITE_P(Paths, SignatureCheck, ::testing::Range(0, 5), path_name);
+INSTANTIATE_TEST_SUITE_P(Paths, SignatureCheck, ::testing::Range(0, 6), path_name);
 
 }  // namespace
 }  // namespace troupe::collectives::testing

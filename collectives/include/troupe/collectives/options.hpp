@@ -63,6 +63,13 @@ struct Options {
   std::size_t shm_slot_bytes = std::size_t{256} << 10;
   int shm_slots = 4;
 
+  // Blocking collectives on one node whose input holds at most this many bytes (4 KB
+  // at most) travel whole in the signature board's entries (board_call.hpp), beside
+  // the signature the check publishes anyway: one write and one read per peer, no MPI
+  // call. Needs check_signatures (it is the check's board); 0 sends them to MPI as
+  // direct_blocking_bytes says.
+  std::size_t shm_board_bytes = 4096;
+
   // Run a background thread that drives MPI progress while async collectives are in
   // flight and nobody waits on them, so that communication overlaps computation (Open
   // MPI moves data only inside MPI calls). It sleeps on a condition variable when idle

@@ -1,0 +1,79 @@
+#include "board_call.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "reduce_kernels.hpp"
+#include "shm_channel.hpp"
+#include "signature_check.hpp"
+
+namespace troupe::collectives::detail {
+
+namespace {
+
+using K = CollectiveKind;
+
+// The bytes each rank publishes: the whole input, or nothing (broadcast's non-roots,
+// barrier). Computed from the signature, not from the buffers, which non-roots may
+// leave empty.
+std::size_t payload_bytes(const Collective& c, int size) {
+  const std::size_t element = element_size(c.dtype);
+  switch (c.kind) {
+    case K::allreduce:
+    case K::reduce:
+    case K::allgather:
+    case K::broadcast: return c.count * element;
+    case K::reduce_scatter: return c.count * static_cast<std::size_t>(size) * element;
+    case K::barrier: return 0;
+    default: return SIZE_MAX;  // gather, scatter, point to point: not on the board
+  }
+}
+
+}  // namespace
+
+bool fits_on_board(const Collective& c, int size, std::size_t max_bytes) {
+  return max_bytes > 0 && payload_bytes(c, size) <= std::min(max_bytes, ShmChannel::kBoardPayloadBytes);
+}
+
+void run_on_board(ShmChannel& board, const Collective& c, std::chrono::milliseconds timeout) {
+  const int rank = board.rank(), size = board.size();
+  const bool publishes = c.kind != K::broadcast || rank == c.root;
+  const std::size_t bytes = publishes ? payload_bytes(c, size) : 0;
+  publish_signature(board, c, timeout, std::span<const std::byte>(c.input.bytes(), bytes));
+  wait_for_peers(board, c, timeout);
+
+  const std::size_t element = element_size(c.dtype);
+  const auto entry = [&](int q) -> const std::byte* { return board.board_payload(q, c.sequence); };
+  std::byte* out = c.output.bytes();
+  switch (c.kind) {
+    case K::reduce:
+      if (rank != c.root) break;
+      [[fallthrough]];
+    case K::allreduce:
+      // My own data is read back from my entry too: the output may be my input.
+      reduce_in_rank_order(c.op, c.dtype, out, out, c.count, size, entry);
+      break;
+    case K::reduce_scatter: {
+      const std::size_t block = static_cast<std::size_t>(rank) * c.count * element;
+      reduce_in_rank_order(c.op, c.dtype, out, out, c.count, size, [&](int q) { return entry(q) + block; });
+      break;
+    }
+    case K::allgather:
+      for (int q = 0; q < size; ++q) {
+        std::byte* to = out + static_cast<std::size_t>(q) * c.count * element;
+        if (!(q == rank && c.in_place)) std::memcpy(to, entry(q), c.count * element);
+      }
+      break;
+    case K::broadcast:
+      if (rank != c.root) std::memcpy(out, entry(c.root), c.count * element);
+      else if (!c.in_place) std::memcpy(out, c.input.bytes(), c.count * element);
+      break;
+    default: break;  // barrier: the agreement was all of it
+  }
+  // Only now may the peers reuse their entries: I have read them.
+  mark_checked(board, c);
+}
+
+}  // namespace troupe::collectives::detail
