@@ -1,7 +1,11 @@
 #include "troupe/supervisor/run_environment.hpp"
 
+#include <unistd.h>
+
 #include <charconv>
 #include <cstdlib>
+#include <ctime>
+#include <random>
 
 #include "troupe/error.hpp"
 
@@ -21,7 +25,28 @@ std::uint64_t number(const char* name, const std::string& text, std::uint64_t ma
   return value;
 }
 
+std::string random_hex(std::size_t bytes) {
+  std::random_device device;  // the kernel's CSPRNG on Linux
+  std::string out;
+  static const char digits[] = "0123456789abcdef";
+  for (std::size_t i = 0; i < bytes; ++i) {
+    auto b = static_cast<unsigned>(device()) & 0xffu;
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string new_run_id() {
+  std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  return std::string(stamp) + "-" + random_hex(3);
+}
+
+std::string new_run_token() { return random_hex(16); }
 
 RunEnvironment run_environment() {
   RunEnvironment env;
@@ -41,6 +66,28 @@ RunEnvironment run_environment() {
   TROUPE_CHECK(env.supervisor.empty() || !env.token.empty(), kEnvSupervisor, "='", env.supervisor,
                "' is set but ", kEnvRunToken, " is not: both come from troupe-run");
   return env;
+}
+
+LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::milliseconds liveness_timeout) {
+  LaunchEnvironment launch;
+  const auto set = [&](const char* name, std::string value) {
+    launch.variables.emplace_back(name, std::move(value));
+    launch.exported.emplace_back(name);
+  };
+  set(kEnvSupervisor, run.supervisor);
+  set(kEnvRunToken, run.token);
+  set(kEnvRunId, run.run_id);
+  set(kEnvRestart, std::to_string(run.restart));
+  set(kEnvHeartbeatInterval, std::to_string(run.heartbeat_interval.count()));
+  set(kEnvSupervisorTimeout, std::to_string(run.supervisor_timeout.count()));
+  if (!run.checkpoint_dir.empty()) set(kEnvCheckpointDir, run.checkpoint_dir);
+  if (const char* fault = std::getenv(kEnvFault); fault && *fault) launch.exported.emplace_back(kEnvFault);
+  if (liveness_timeout.count() > 0) set(kEnvLivenessTimeout, std::to_string(liveness_timeout.count()));
+  if (::geteuid() == 0) {  // Open MPI refuses root unless told twice that it is meant
+    launch.variables.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
+    launch.variables.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+  }
+  return launch;
 }
 
 }  // namespace troupe::supervisor

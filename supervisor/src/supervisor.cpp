@@ -9,11 +9,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <cmath>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <optional>
-#include <random>
 #include <sstream>
 #include <thread>
 
@@ -37,25 +35,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string random_hex(std::size_t bytes) {
-  std::random_device device;  // the kernel's CSPRNG on Linux
-  std::string out;
-  static const char digits[] = "0123456789abcdef";
-  for (std::size_t i = 0; i < bytes; ++i) {
-    auto b = static_cast<unsigned>(device()) & 0xffu;
-    out += digits[b >> 4];
-    out += digits[b & 15];
-  }
-  return out;
-}
-
-std::string make_run_id() {
-  std::time_t now = std::time(nullptr);
-  char stamp[32];
-  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", std::gmtime(&now));
-  return std::string(stamp) + "-" + random_hex(3);
-}
-
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 std::string fixed(double v, int digits = 2) {
@@ -63,9 +42,6 @@ std::string fixed(double v, int digits = 2) {
   std::snprintf(buffer, sizeof buffer, "%.*f", digits, v);
   return buffer;
 }
-
-
-
 
 }  // namespace
 
@@ -76,8 +52,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
  public:
   explicit Impl(RunOptions options)
       : options_(std::move(options)),
-        run_id_(make_run_id()),
-        token_(random_hex(16)),
+        run_id_(new_run_id()),
+        token_(new_run_token()),
         mpirun_(find_on_path("mpirun")),
         signals_(io_, SIGINT, SIGTERM),
         tick_(io_),
@@ -184,30 +160,13 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     pool_->begin_launch();
     stragglers_.begin_launch(np);
     local_.begin_launch(np);
-    std::vector<std::string> exported = {kEnvSupervisor, kEnvRunToken, kEnvRunId, kEnvRestart, kEnvHeartbeatInterval,
-                                         kEnvSupervisorTimeout};
-    auto interval_ms = std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()).count();
-    auto timeout_ms = std::lround(options_.heartbeat_timeout.count() * 1000);
-    Job::Environment env = {{kEnvSupervisor, address_},
-                            {kEnvRunToken, token_},
-                            {kEnvRunId, run_id_},
-                            {kEnvRestart, std::to_string(restart_)},
-                            {kEnvHeartbeatInterval, std::to_string(interval_ms)},
-                            {kEnvSupervisorTimeout, std::to_string(timeout_ms)}};
-    if (!options_.checkpoint_dir.empty()) {
-      env.emplace_back(kEnvCheckpointDir, options_.checkpoint_dir);
-      exported.push_back(kEnvCheckpointDir);
-    }
-    if (const char* fault = std::getenv(kEnvFault); fault && *fault) exported.push_back(kEnvFault);
-    if (options_.liveness_timeout.count() > 0) {
-      env.emplace_back(kEnvLivenessTimeout,
-                       std::to_string(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000))));
-      exported.push_back(kEnvLivenessTimeout);
-    }
-    if (::geteuid() == 0) {  // Open MPI refuses root unless told twice that it is meant
-      env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
-      env.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
-    }
+    RunEnvironment run{address_, token_, run_id_, static_cast<std::uint32_t>(restart_), options_.checkpoint_dir,
+                       std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()),
+                       std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000))};
+    const auto liveness = options_.liveness_timeout.count() > 0
+                              ? std::chrono::milliseconds(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000)))
+                              : std::chrono::milliseconds(0);
+    auto [env, exported] = launch_environment(run, liveness);
     auto hostfile = (options_.checkpoint_dir.empty() ? fs::temp_directory_path().string() : options_.checkpoint_dir) +
                     "/troupe-run-hosts-" + run_id_;
     auto command = mpirun_command(launch_options(options_, *pool_, hostfile), mpirun_, exported,

@@ -1,12 +1,17 @@
 // Pure functions of the supervisor module: the wire format, troupe-run's command line,
-// TROUPE_FAULT, the mpirun command and JSON quoting.
+// TROUPE_FAULT, the mpirun command, the launch environment and JSON quoting.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <regex>
 
 #include "troupe/error.hpp"
 #include "troupe/supervisor/event_log.hpp"
 #include "troupe/supervisor/fault.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/protocol.hpp"
+#include "troupe/supervisor/run_environment.hpp"
 #include "troupe/supervisor/run_options.hpp"
 
 namespace sv = troupe::supervisor;
@@ -218,4 +223,37 @@ TEST(Fault, FiresOnlyOnItsRankAndLaunch) {
 TEST(EventLog, QuotesControlCharactersSoEachEventStaysOneLine) {
   EXPECT_EQ(sv::json_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
   EXPECT_EQ(sv::json_object({{"n", 3}, {"s", "x"}, {"raw", sv::Json::raw("[1]")}}), "{\"n\": 3, \"s\": \"x\", \"raw\": [1]}");
+}
+
+TEST(LaunchEnvironment, IsWhatARankReadsBack) {
+  sv::RunEnvironment run{"10.0.0.1:4242", sv::new_run_token(), sv::new_run_id(), 3, "/ckpt",
+                         std::chrono::milliseconds(100), std::chrono::milliseconds(4000)};
+  const auto launch = sv::launch_environment(run, std::chrono::milliseconds(2500));
+  for (const auto& [name, value] : launch.variables) ::setenv(name.c_str(), value.c_str(), 1);
+  const sv::RunEnvironment read = sv::run_environment();
+  EXPECT_EQ(read.supervisor, run.supervisor);
+  EXPECT_EQ(read.token, run.token);
+  EXPECT_EQ(read.run_id, run.run_id);
+  EXPECT_EQ(read.restart, 3u);
+  EXPECT_EQ(read.checkpoint_dir, "/ckpt");
+  EXPECT_EQ(read.heartbeat_interval.count(), 100);
+  EXPECT_EQ(read.supervisor_timeout.count(), 4000);
+  EXPECT_STREQ(std::getenv(sv::kEnvLivenessTimeout), "2500");
+  // Every troupe variable reaches the other nodes; Open MPI's own need not.
+  for (const auto& [name, value] : launch.variables) {
+    const bool exported = std::find(launch.exported.begin(), launch.exported.end(), name) != launch.exported.end();
+    EXPECT_EQ(exported, name.starts_with("TROUPE_")) << name;
+  }
+  for (const auto& [name, value] : launch.variables) ::unsetenv(name.c_str());
+
+  const auto bare = sv::launch_environment(sv::RunEnvironment{}, std::chrono::milliseconds(0));
+  for (const char* absent : {sv::kEnvLivenessTimeout, sv::kEnvCheckpointDir})
+    EXPECT_EQ(std::count(bare.exported.begin(), bare.exported.end(), absent), 0) << absent;
+}
+
+TEST(LaunchEnvironment, RunIdsSortByTimeAndTokensDoNotRepeat) {
+  EXPECT_TRUE(std::regex_match(sv::new_run_id(), std::regex("[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}")));
+  const std::string a = sv::new_run_token(), b = sv::new_run_token();
+  EXPECT_EQ(a.size(), 32u);
+  EXPECT_NE(a, b);
 }

@@ -10,13 +10,16 @@
 //   TROUPE_SUPERVISOR_TIMEOUT_MS  a rank that hears nothing from troupe-run for this
 //                                 long stops itself (SupervisorClient's fencing); unset: never
 //
-// A program reads them once, at start, with run_environment(). Outside troupe-run
-// none is set and the defaults say so (supervised() is false).
+// A program reads them once, at start, with run_environment(); troupe-run writes them
+// for each launch with launch_environment(). Outside troupe-run none is set and the
+// defaults say so (supervised() is false).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace troupe::supervisor {
 
@@ -47,5 +50,22 @@ struct RunEnvironment {
 // when one is set but malformed (a restart count that is not a number, say), or when
 // TROUPE_SUPERVISOR is set without TROUPE_RUN_TOKEN.
 RunEnvironment run_environment();
+
+// A new run's id, "20261126T223526Z-3fa9c1" (UTC start time, 3 random bytes: sortable
+// and unique enough to name files), and its token (16 bytes from the kernel's CSPRNG,
+// in hex), which a rank must present to the heartbeat server.
+std::string new_run_id();
+std::string new_run_token();
+
+// What troupe-run sets for one launch of mpirun: `run` as the variables above (what
+// run_environment() reads back), TROUPE_LIVENESS_TIMEOUT_MS when `liveness_timeout`
+// is not 0, Open MPI's run-as-root pair when troupe-run is root; and the names mpirun
+// must export to every node (-x): those of troupe, and TROUPE_FAULT when troupe-run's
+// own environment holds it.
+struct LaunchEnvironment {
+  std::vector<std::pair<std::string, std::string>> variables;
+  std::vector<std::string> exported;
+};
+LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::milliseconds liveness_timeout);
 
 }  // namespace troupe::supervisor
