@@ -196,16 +196,21 @@ against troupe's shared-memory figure from the first job.
   streaming stores there, which keeps the 8 MB allreduce at 1.71-2.12x MPI and the
   8 MB broadcast at 2.31-3.29x in that placement. Which placement a run met moves
   the shared-memory rows from one run to the next.
-- Small calls (<= 4 KB) take 1.0-1.3x MPI's time: troupe's front end (argument
-  checks, the sequence number under a lock, the backend's dispatch, the watchdog's
-  two stores) adds 40-120 ns per call in these runs, on MPI calls of 0.10-0.48 us.
+- Small blocking calls (<= 4 KB) over shared memory make no MPI call: their data
+  rides in the signature board's entries (docs/COLLECTIVES.md), one cache-line write
+  and one read per peer. A broadcast is the exception that MPI wins at 8-64 B: every
+  rank, the root too, waits for its peers' entries (the check must hear from them),
+  a round trip per call, where MPI's root posts an eager message and goes on, so a
+  loop of MPI broadcasts is pipelined.
 - Over TCP the runs swing by up to 2x from one to the next (loopback TCP on two busy
   cores: sys time is most of the CPU), so a single row there says little.
 - "signature check" rows: the same call on two communicators, one with
   `check_signatures` on (the default) and one with it off, alternating in rounds as
   above. Over shared memory the check is the signature board (a store before the call,
-  a read of each peer's line after it); over TCP, a non-blocking all-reduce beside the
-  call, which costs a second round trip on small calls (docs/COLLECTIVES.md).""",
+  a read of each peer's line after it), and a small call with the check on carries its
+  data on the board too, so it is compared with MPI's own call there; over TCP, a
+  non-blocking all-reduce beside the call, which costs a second round trip on small
+  calls (docs/COLLECTIVES.md).""",
     "sharding": """\
 Issue 10's sharding modes (`bench/sharding_bench.cpp`, one mode per `mpirun` job) on
 its two models, the 25M MLP 1024-4096-4096-1024 and the 67M MLP of 16 Linear(2048,
