@@ -26,8 +26,8 @@ class ShmChannel;
 
 // Whether `collective` can run on the board: allreduce, reduce, reduce_scatter,
 // allgather, broadcast or barrier, whose input on every rank of `size` is at most
-// `max_bytes` (capped at ShmChannel::kBoardPayloadBytes; 0: none). The answer depends on the
-// signature alone, so ranks that issued the same call agree on it.
+// `max_bytes` (capped at ShmChannel::kBoardPayloadBytes; 0: none). The answer depends
+// on the signature alone, so ranks that issued the same call agree on it.
 bool fits_on_board(const Collective& collective, int size, std::size_t max_bytes);
 
 // Runs `collective` (fits_on_board) on `board`. Throws CollectiveMismatch if a peer

@@ -1,9 +1,9 @@
 #include "signature_check.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
@@ -55,17 +55,18 @@ std::string mismatch_message(const Collective& collective, int rank, int size,
                                 " of ", size, "); the ranks issued different calls:", calls);
 }
 
-// Polls `done` until it returns true; TimeoutError naming `what` after `timeout`.
-// Yields now and then: the rank it waits for may need this core.
-template <class Done>
-void poll_until(Done done, std::chrono::milliseconds timeout, const Collective& collective, int rank,
-                const char* what) {
+// Polls `done` until it returns true; calls `expired` (which throws) once `timeout`
+// has passed. Spins for the first polls (a peer on another core answers within a
+// microsecond), then yields on every poll: with more ranks than free cores the peer
+// may be waiting for this very core, and a spinner would keep it off for a whole
+// time slice per call (Open MPI yields the same way when oversubscribed).
+template <class Done, class Expired>
+void poll_until(Done done, std::chrono::milliseconds timeout, Expired expired) {
+  constexpr std::uint64_t kSpins = 1024;
   const auto deadline = Clock::now() + timeout;
   for (std::uint64_t polls = 0; !done(); ++polls) {
-    if ((polls & 63) != 63) continue;
-    if (timeout != kNoTimeout && Clock::now() >= deadline)
-      TROUPE_THROW(TimeoutError, what, " of ", collective.describe(), " on rank ", rank, ": not every rank issued "
-                   "this call within ", timeout.count(), " ms");
+    if (polls < kSpins) continue;
+    if ((polls & 63) == 0 && timeout != kNoTimeout && Clock::now() >= deadline) expired();
     std::this_thread::yield();
   }
 }
@@ -95,7 +96,11 @@ void publish_signature(ShmChannel& board, const Collective& collective, std::chr
             board.board_floor = floor;
             return floor >= needed;
           },
-          timeout, collective, board.rank(), "publishing the signature");
+          timeout, [&] {
+            TROUPE_THROW(TimeoutError, "publishing the signature of ", collective.describe(), " on rank ",
+                         board.rank(), ": a peer has not checked call #", needed - 1, " within ", timeout.count(),
+                         " ms");
+          });
     }
   }
   ShmChannel::BoardEntry& entry = board.board_entry(board.rank(), sequence);
@@ -146,35 +151,22 @@ void mark_checked(ShmChannel& board, const Collective& collective) {
 }
 
 void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
-  poll_until([&] { return board_agrees(board, collective); }, timeout, collective, board.rank(),
-             "the signature check");
+  wait_for_peers(board, collective, timeout);
+  mark_checked(board, collective);
 }
 
 void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
-  const auto deadline = Clock::now() + timeout;
-  for (std::uint64_t polls = 0;; ++polls) {
-    const std::optional<std::string> verdict = board_verdict(board, collective);
-    if (verdict) {
-      if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
-      return;
-    }
-    if ((polls & 63) != 63) continue;
-    if (timeout != kNoTimeout && Clock::now() >= deadline) {
-      int missing = 0;
-      for (int r = 0; r < board.size(); ++r) {
-        const std::uint64_t seen =
-            std::atomic_ref<std::uint64_t>(board.board_entry(r, collective.sequence).sequence_plus_one)
-                .load(std::memory_order_acquire);
-        if (seen != collective.sequence + 1) {
-          missing = r;
-          break;
-        }
-      }
-      TROUPE_THROW(TimeoutError, collective.describe(), " on rank ", board.rank(), " of ", board.size(), ": rank ",
-                   missing, " did not issue this call within ", timeout.count(), " ms");
-    }
-    std::this_thread::yield();
-  }
+  std::optional<std::string> verdict;
+  poll_until([&] { return (verdict = board_verdict(board, collective)).has_value(); }, timeout, [&] {
+    int missing = 0;
+    while (missing < board.size() - 1 &&
+           std::atomic_ref<std::uint64_t>(board.board_entry(missing, collective.sequence).sequence_plus_one)
+                   .load(std::memory_order_acquire) == collective.sequence + 1)
+      ++missing;
+    TROUPE_THROW(TimeoutError, collective.describe(), " on rank ", board.rank(), " of ", board.size(), ": rank ",
+                 missing, " did not issue this call within ", timeout.count(), " ms");
+  });
+  if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
 }
 
 void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int size,

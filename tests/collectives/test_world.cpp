@@ -42,6 +42,16 @@ MpiCommunicator& mpi_world() { return world_of(kMpiOnly); }
 MpiCommunicator& tiny_slot_world() { return world_of(kTinySlots); }
 MpiCommunicator& ring_world() { return world_of(kRing); }
 
+bool world_on_one_node() {
+  MPI_Comm node = MPI_COMM_NULL;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int node_size = 0, world_size = 0;
+  MPI_Comm_size(node, &node_size);
+  MPI_Comm_free(&node);
+  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+  return node_size == world_size;
+}
+
 void release_world() {
   for (int w = 0; w < kWorlds; ++w) world_slot(static_cast<World>(w)).reset();
 }

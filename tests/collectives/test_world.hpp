@@ -30,6 +30,9 @@ MpiCommunicator& tiny_slot_world();
 // allgather).
 MpiCommunicator& ring_world();
 void release_world();
+// Every rank of MPI_COMM_WORLD is on this node, so that communicators over it have the
+// shared-memory channel and its signature board (unless their options turn it off).
+bool world_on_one_node();
 // Options for tests: a timeout that fails a stuck test in seconds, not minutes.
 Options test_options();
 
