@@ -32,18 +32,11 @@
 #include <vector>
 
 #include "troupe/actors/detail/actor_cell.hpp"
+#include "troupe/cpu_relax.hpp"
 
 namespace troupe::actors::detail {
 
-// One step of a spin-wait: tells the core that this thread waits (cheaper for the
-// other hyperthread, and no system call).
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
-}
+using troupe::detail::cpu_relax;
 
 class Scheduler {
  public:

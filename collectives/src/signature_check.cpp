@@ -14,6 +14,7 @@
 #include "shm_channel.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/options.hpp"
+#include "troupe/cpu_relax.hpp"
 #include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 #include "troupe/error.hpp"
@@ -65,7 +66,10 @@ void poll_until(Done done, std::chrono::milliseconds timeout, Expired expired) {
   constexpr std::uint64_t kSpins = 1024;
   const auto deadline = Clock::now() + timeout;
   for (std::uint64_t polls = 0; !done(); ++polls) {
-    if (polls < kSpins) continue;
+    if (polls < kSpins) {
+      troupe::detail::cpu_relax();
+      continue;
+    }
     if ((polls & 63) == 0 && timeout != kNoTimeout && Clock::now() >= deadline) expired();
     std::this_thread::yield();
   }
