@@ -130,13 +130,13 @@ const Loops* avx2_loops() { return nullptr; }
 #endif
 
 // The loops `which` names, or null where they do not run on this CPU.
-const Loops* loops_for(CastLoops which) {
+const Loops* loops_for(HostLoops which) {
   switch (which) {
-    case CastLoops::baseline:
+    case HostLoops::baseline:
       return &kBaselineLoops;
-    case CastLoops::avx2:
+    case HostLoops::avx2:
       return avx2_loops();
-    case CastLoops::best:
+    case HostLoops::best:
       break;
   }
   static const Loops* const best = avx2_loops() != nullptr ? avx2_loops() : &kBaselineLoops;
@@ -145,9 +145,9 @@ const Loops* loops_for(CastLoops which) {
 
 }  // namespace
 
-bool cast_loops_available(CastLoops which) { return loops_for(which) != nullptr; }
+bool cast_loops_available(HostLoops which) { return loops_for(which) != nullptr; }
 
-void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, CastLoops which) {
+void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, HostLoops which) {
   // Half and BFloat16 are a lone uint16_t each, so their arrays are read and written
   // as uint16_t here.
   static_assert(sizeof(Half) == 2 && sizeof(BFloat16) == 2 && alignof(Half) == alignof(std::uint16_t));

@@ -35,16 +35,17 @@ inline D convert(S x) {
   }
 }
 
-// Which compiled copy of the f32 <-> f16 / bf16 loops cast_host runs. `best` is
-// AVX2 where the CPU has it, else the baseline (SSE2 on x86-64); the others are there
-// so tests can check each copy on a machine that would only ever pick one.
-enum class CastLoops { best, baseline, avx2 };
-bool cast_loops_available(CastLoops which);
+// Which compiled copy of the twice-compiled host loops runs (cast_host's f32 <-> f16 /
+// bf16 loops here, math_loops.hpp's). `best` is AVX2 where the CPU has it, else the
+// baseline (SSE2 on x86-64); the others are there so tests can check each copy on a
+// machine that would only ever pick one.
+enum class HostLoops { best, baseline, avx2 };
+bool cast_loops_available(HostLoops which);
 
 // dst[i] = convert(src[i]) for n elements of the given dtypes, both on the host.
 // f32 <-> f16 and f32 <-> bf16 take vectorised loops with the same bits
 // (cast_host.cpp); asking for loops the CPU lacks is an error.
 void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n,
-               CastLoops which = CastLoops::best);
+               HostLoops which = HostLoops::best);
 
 }  // namespace troupe::tensor::detail

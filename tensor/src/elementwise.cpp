@@ -7,6 +7,7 @@
 
 #include "broadcast.hpp"
 #include "convert.hpp"
+#include "math_loops.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -225,6 +226,11 @@ Tensor gelu(const Tensor& t, bool tanh_approximation) {
   if (tanh_approximation) {
     // 0.5 (1 + tanh(u)) is sigmoid(2u): one exp instead of tanh, whose libm form
     // (through expm1) costs three times as much. exp overflowing to inf gives 0, not NaN.
+    if (t.defined() && t.device().is_cpu() && t.dtype() == DType::f32) {
+      Tensor out = Tensor::empty(t.shape(), t.dtype());
+      detail::math_loops()->gelu_tanh(t.data<float>(), out.data<float>(), t.numel());
+      return out;
+    }
     return unary(t, "gelu", U::gelu_tanh, [](auto x) {
       using C = decltype(x);
       const C u = C(0.7978845608028654) * (x + C(0.044715) * x * x * x);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "convert.hpp"
+#include "math_loops.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -34,6 +35,11 @@ Tensor activation_backward(ActivationGrad kind, const Tensor& grad_output, const
   if (saved.device().is_cuda()) {
     cuda_backend::activation_grad(kind, saved.dtype(), saved.raw_data(), grad_output.raw_data(), out.raw_data(),
                                   saved.numel());
+    return out;
+  }
+  if (kind == ActivationGrad::gelu_tanh && saved.dtype() == DType::f32) {
+    detail::math_loops()->gelu_tanh_backward(saved.data<float>(), grad_output.data<float>(), out.data<float>(),
+                                             saved.numel());
     return out;
   }
   dispatch_floating(saved.dtype(), op, [&](auto tag) {

@@ -93,6 +93,30 @@ struct Accumulator {
   }
 };
 
+// sum and mean of f32/f64 (a Linear's bias gradient every step): Accumulator's sums,
+// in the same order, without its per-element switch, so that the loop over `inner`
+// vectorises.
+void sum_rows(const Tensor& t, Reduction r, std::int64_t outer, std::int64_t n, std::int64_t inner, Tensor& out) {
+  std::vector<double> acc(static_cast<std::size_t>(inner));
+  dispatch_floating(t.dtype(), reduction_name(r), [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const T* in = t.data<T>();
+      T* o = out.data<T>();
+      for (std::int64_t i = 0; i < outer; ++i) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        const T* block = in + i * n * inner;
+        for (std::int64_t k = 0; k < n; ++k)
+          for (std::int64_t j = 0; j < inner; ++j) acc[static_cast<std::size_t>(j)] += block[k * inner + j];
+        for (std::int64_t j = 0; j < inner; ++j) {
+          const double v = acc[static_cast<std::size_t>(j)];
+          o[i * inner + j] = static_cast<T>(r == Reduction::mean ? v / static_cast<double>(n) : v);
+        }
+      }
+    }
+  });
+}
+
 Tensor reduce(const Tensor& t, Reduction r, std::int64_t dim, bool whole, bool keepdim) {
   const char* name = reduction_name(r);
   t.check_defined(name);
@@ -119,6 +143,10 @@ Tensor reduce(const Tensor& t, Reduction r, std::int64_t dim, bool whole, bool k
   Tensor out = Tensor::empty(out_shape, result_dtype(r, t.dtype()), t.device());
   if (t.device().is_cuda()) {
     cuda_backend::reduce(cuda_reduction(r), t.dtype(), t.raw_data(), out.dtype(), out.raw_data(), outer, n, inner);
+    return out;
+  }
+  if ((r == Reduction::sum || r == Reduction::mean) && (t.dtype() == DType::f32 || t.dtype() == DType::f64)) {
+    sum_rows(t, r, outer, n, inner, out);
     return out;
   }
   dispatch(t.dtype(), [&](auto tag) {

@@ -91,6 +91,129 @@ TEST(CausalSelfAttention, Bf16IsComputedInF32AndRounded) {
   EXPECT_TRUE(tensor::equal(d_low, d_wide.to(DType::bf16)));
 }
 
+namespace {
+
+struct DenseAttention {
+  std::vector<double> out, lse, dqkv;
+};
+
+// Causal attention over every (i, j <= i) in double, the plain way: the reference for
+// the CPU's blocks of query rows (tensor/src/attention.cpp).
+DenseAttention dense_attention(const std::vector<double>& qkv, const std::vector<double>& gy, std::int64_t B,
+                               std::int64_t T, std::int64_t H, std::int64_t D) {
+  const std::int64_t C = H * D;
+  const double scale = 1 / std::sqrt(static_cast<double>(D));
+  DenseAttention r{std::vector<double>(static_cast<std::size_t>(B * T * C)),
+                   std::vector<double>(static_cast<std::size_t>(B * H * T)),
+                   std::vector<double>(qkv.size())};
+  const auto at = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h, std::int64_t e) {
+    return static_cast<std::size_t>((b * T + t) * 3 * C + part * C + h * D + e);
+  };
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t h = 0; h < H; ++h) {
+      std::vector<std::vector<double>> p(static_cast<std::size_t>(T));
+      for (std::int64_t i = 0; i < T; ++i) {
+        auto& row = p[static_cast<std::size_t>(i)];
+        double m = -1e300, sum = 0;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double s = 0;
+          for (std::int64_t e = 0; e < D; ++e) s += qkv[at(b, i, 0, h, e)] * qkv[at(b, j, 1, h, e)];
+          row.push_back(s * scale);
+          m = std::max(m, s * scale);
+        }
+        for (double& v : row) sum += (v = std::exp(v - m));
+        for (double& v : row) v /= sum;
+        r.lse[static_cast<std::size_t>((b * H + h) * T + i)] = m + std::log(sum);
+        for (std::int64_t e = 0; e < D; ++e) {
+          double o = 0;
+          for (std::int64_t j = 0; j <= i; ++j) o += row[static_cast<std::size_t>(j)] * qkv[at(b, j, 2, h, e)];
+          r.out[static_cast<std::size_t>((b * T + i) * C + h * D + e)] = o;
+        }
+      }
+      for (std::int64_t i = 0; i < T; ++i) {
+        const auto& row = p[static_cast<std::size_t>(i)];
+        const double* g = gy.data() + (b * T + i) * C + h * D;
+        std::vector<double> ds(static_cast<std::size_t>(i + 1));
+        double dot = 0;
+        for (std::int64_t j = 0; j <= i; ++j) {
+          double dp = 0;
+          for (std::int64_t e = 0; e < D; ++e) dp += g[e] * qkv[at(b, j, 2, h, e)];
+          ds[static_cast<std::size_t>(j)] = dp;
+          dot += row[static_cast<std::size_t>(j)] * dp;
+        }
+        for (std::int64_t j = 0; j <= i; ++j) {
+          const double pij = row[static_cast<std::size_t>(j)];
+          const double dsij = pij * (ds[static_cast<std::size_t>(j)] - dot) * scale;
+          for (std::int64_t e = 0; e < D; ++e) {
+            r.dqkv[at(b, j, 2, h, e)] += pij * g[e];
+            r.dqkv[at(b, i, 0, h, e)] += dsij * qkv[at(b, j, 1, h, e)];
+            r.dqkv[at(b, j, 1, h, e)] += dsij * qkv[at(b, i, 0, h, e)];
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
+
+double max_error(const tensor::Tensor& got, const std::vector<double>& want) {
+  const std::vector<double> g = got.to(DType::f64).to_vector<double>();
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::fabs(g[i] - want[i]));
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  return worst / scale;
+}
+
+}  // namespace
+
+// T = 150: two whole blocks of 64 query rows and a tail, in f64 and f32.
+TEST(CausalSelfAttention, BlocksOfQueryRowsMatchADenseReference) {
+  const std::int64_t B = 2, T = 150, H = 2, D = 8;
+  Generator gen(11);
+  const tensor::Tensor qkv = tensor::normal({B, T, 3 * H * D}, 0, 1.5, gen, DType::f64);
+  const tensor::Tensor gy = tensor::normal({B, T, H * D}, 0, 1, gen, DType::f64);
+  const DenseAttention want = dense_attention(qkv.to_vector<double>(), gy.to_vector<double>(), B, T, H, D);
+  for (const DType dtype : {DType::f64, DType::f32}) {
+    const double bound = dtype == DType::f64 ? 1e-12 : 1e-5;
+    Generator g(1);
+    const auto fwd = tensor::causal_attention_forward(qkv.to(dtype), H, 0.0, g);
+    EXPECT_LE(max_error(fwd.out, want.out), bound) << dtype;
+    EXPECT_LE(max_error(fwd.log_sum_exp, want.lse), bound) << dtype;
+    const tensor::Tensor dqkv = tensor::causal_attention_backward(gy.to(dtype), qkv.to(dtype), fwd, H);
+    EXPECT_LE(max_error(dqkv, want.dqkv), bound) << dtype;
+  }
+}
+
+// With attention dropout the masks come from the scores' positions; central differences
+// at 60 coordinates spread over the three blocks check the gradients there.
+TEST(CausalSelfAttention, DropoutGradientsHoldAcrossBlocks) {
+  const std::int64_t T = 150, H = 2, D = 8;
+  Generator gen(12);
+  tensor::Tensor qkv = tensor::normal({1, T, 3 * H * D}, 0, 1, gen, DType::f64);
+  const tensor::Tensor gy = tensor::normal({1, T, H * D}, 0, 1, gen, DType::f64);
+  const auto loss = [&] {
+    Generator g(5);
+    const auto fwd = tensor::causal_attention_forward(qkv, H, 0.3, g);
+    return tensor::sum(tensor::mul(fwd.out, gy)).item();
+  };
+  Generator g(5);
+  const auto fwd = tensor::causal_attention_forward(qkv, H, 0.3, g);
+  const std::vector<double> grad = tensor::causal_attention_backward(gy, qkv, fwd, H).to_vector<double>();
+  double* x = qkv.data<double>();
+  for (std::int64_t c = 0; c < 60; ++c) {
+    const std::int64_t at = (c * 7919) % qkv.numel();
+    const double keep = x[at], eps = 1e-6;
+    x[at] = keep + eps;
+    const double up = loss();
+    x[at] = keep - eps;
+    const double down = loss();
+    x[at] = keep;
+    EXPECT_NEAR(grad[static_cast<std::size_t>(at)], (up - down) / (2 * eps), 1e-6) << "coordinate " << at;
+  }
+}
+
 TEST(GPT, HasNanoGPTsNamesWithTheHeadTiedToTheTokenTable) {
   GPT model(tiny_config(), 1);
   std::vector<std::string> names;

@@ -108,20 +108,20 @@ TEST(BFloat16, EveryNonNaNBitPatternSurvivesARoundTripThroughFloat) {
 
 namespace {
 
-using detail::CastLoops;
+using detail::HostLoops;
 
-std::vector<CastLoops> loops_on_this_cpu() {
-  std::vector<CastLoops> found;
-  for (const CastLoops loops : {CastLoops::baseline, CastLoops::avx2, CastLoops::best})
+std::vector<HostLoops> loops_on_this_cpu() {
+  std::vector<HostLoops> found;
+  for (const HostLoops loops : {HostLoops::baseline, HostLoops::avx2, HostLoops::best})
     if (detail::cast_loops_available(loops)) found.push_back(loops);
   return found;
 }
 
-const char* name(CastLoops loops) {
+const char* name(HostLoops loops) {
   switch (loops) {
-    case CastLoops::baseline: return "baseline loops";
-    case CastLoops::avx2: return "AVX2 loops";
-    case CastLoops::best: return "best loops";
+    case HostLoops::baseline: return "baseline loops";
+    case HostLoops::avx2: return "AVX2 loops";
+    case HostLoops::best: return "best loops";
   }
   return "?";
 }
@@ -176,7 +176,7 @@ std::vector<float> f32_patterns() {
 TEST(HostCast, F16AndBf16ToF32MatchTheScalarFunctionsForEvery16BitPattern) {
   const std::vector<std::uint16_t> in = every_16_bit_pattern();
   std::vector<float> out(in.size());
-  for (const CastLoops loops : loops_on_this_cpu()) {
+  for (const HostLoops loops : loops_on_this_cpu()) {
     detail::cast_host(in.data(), DType::f16, out.data(), DType::f32, 0x10000, loops);
     for (std::uint32_t h = 0; h < 0x10000; ++h)
       ASSERT_EQ(to_bits(out[h]), to_bits(half_bits_to_float(in[h]))) << name(loops) << ", f16 " << std::hex << h;
@@ -191,7 +191,7 @@ TEST(HostCast, F32ToF16AndBf16MatchTheScalarFunctionsOnMillionsOfPatterns) {
   ASSERT_GT(in.size(), 4'000'000u);
   const auto n = static_cast<std::int64_t>(in.size());
   std::vector<std::uint16_t> half(in.size()), bf16(in.size());
-  for (const CastLoops loops : loops_on_this_cpu()) {
+  for (const HostLoops loops : loops_on_this_cpu()) {
     detail::cast_host(in.data(), DType::f32, half.data(), DType::f16, n, loops);
     detail::cast_host(in.data(), DType::f32, bf16.data(), DType::bf16, n, loops);
     for (std::size_t i = 0; i < in.size(); ++i) {
@@ -211,7 +211,7 @@ TEST(HostCast, ShortRunsAtAnyOffsetMatchTheScalarFunctionsAndWriteNothingElse) {
   in[17] = from_bits(0xff800000u);
   in[30] = from_bits(0x3f801000u);
   const std::uint16_t guard = 0xdead;
-  for (const CastLoops loops : loops_on_this_cpu())
+  for (const HostLoops loops : loops_on_this_cpu())
     for (const DType dtype : {DType::f16, DType::bf16})
       for (std::size_t begin = 0; begin < 4; ++begin)
         for (std::size_t end = begin; end <= 40; ++end) {
@@ -237,6 +237,6 @@ TEST(HostCast, ShortRunsAtAnyOffsetMatchTheScalarFunctionsAndWriteNothingElse) {
 }
 
 TEST(HostCast, TheBaselineLoopsRunEverywhere) {
-  EXPECT_TRUE(detail::cast_loops_available(CastLoops::baseline));
-  EXPECT_TRUE(detail::cast_loops_available(CastLoops::best));
+  EXPECT_TRUE(detail::cast_loops_available(HostLoops::baseline));
+  EXPECT_TRUE(detail::cast_loops_available(HostLoops::best));
 }

@@ -1,0 +1,164 @@
+// detail::math_loops: the f32 GELU and softmax loops, twice compiled (math_loops.hpp).
+//
+// exp_f32 is Cephes' expf: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial
+// for e^r, and 2^n put straight into the exponent bits. It is written without
+// branches (the clamps are selects) so that GCC vectorises the loops that call it;
+// this file is compiled with -fno-trapping-math, without which GCC keeps the selects
+// as branches. 2^n is applied as two factors, 2^(n/2) 2^(n - n/2), so that both stay
+// normal floats from the smallest subnormal result to FLT_MAX and the last multiply
+// rounds the result once, as libm's does.
+//
+// Sums over a row are eight partial sums, added in a fixed order at the end: the
+// vectoriser may not reorder a float sum by itself, and an order written out is the
+// same on every copy of the loops.
+#include "math_loops.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace troupe::tensor::detail {
+
+namespace {
+
+inline float exp_f32(float x) {
+  constexpr float kHi = 88.72283905206835f;  // ln(FLT_MAX): above it, +inf
+  constexpr float kLo = -103.97208f;         // ln of the smallest subnormal / 2: below it, 0
+  const float xc = x > kHi ? kHi : (x < kLo ? kLo : x);
+  // n = round(x / ln2) by the 1.5 * 2^23 trick, which also leaves n in t's low bits.
+  const float t = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = t - 12582912.0f;
+  const std::int32_t k = std::bit_cast<std::int32_t>(t) - 0x4B400000;
+  float r = xc - n * 0.693359375f;  // ln2 in two parts, the first exact in n * it
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const std::int32_t k1 = k >> 1, k2 = k - k1;
+  const float y = p * std::bit_cast<float>((k1 + 127) << 23) * std::bit_cast<float>((k2 + 127) << 23);
+  return x > kHi ? std::numeric_limits<float>::infinity() : (x < kLo ? 0.0f : y);
+}
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f, kCubic = 0.044715f;
+
+inline void gelu_tanh_loop(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float u = kSqrt2OverPi * (xi + kCubic * xi * xi * xi);
+    y[i] = xi / (1.0f + exp_f32(-2.0f * u));
+  }
+}
+
+// nn_math.hpp's gelu_tanh gradient, with exp_f32.
+inline void gelu_tanh_backward_loop(const float* x, const float* gy, float* gx, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float xi = x[i];
+    const float s = 1.0f / (1.0f + exp_f32(-2.0f * kSqrt2OverPi * (xi + kCubic * xi * xi * xi)));
+    const float du = kSqrt2OverPi * (1.0f + 3.0f * kCubic * xi * xi);
+    gx[i] = gy[i] * (s + 2.0f * xi * s * (1.0f - s) * du);
+  }
+}
+
+constexpr int kLanes = 8;
+
+inline float sum_lanes(const float (&acc)[kLanes]) {
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+inline float row_sum(const float* s, std::int64_t n) {
+  float acc[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += s[j + l];
+  for (int l = 0; j < n; ++j, ++l) acc[l] += s[j];
+  return sum_lanes(acc);
+}
+
+inline float row_dot(const float* a, const float* b, std::int64_t n) {
+  float acc[kLanes] = {};
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
+  for (int l = 0; j < n; ++j, ++l) acc[l] += a[j] * b[j];
+  return sum_lanes(acc);
+}
+
+// The largest element; a NaN never wins here, but then turns the whole row to NaN
+// through exp, as it does in PyTorch.
+inline float row_max(const float* s, std::int64_t n) {
+  float acc[kLanes];
+  for (float& a : acc) a = -std::numeric_limits<float>::infinity();
+  std::int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] = s[j + l] > acc[l] ? s[j + l] : acc[l];
+  for (int l = 0; j < n; ++j, ++l) acc[l] = s[j] > acc[l] ? s[j] : acc[l];
+  float m = acc[0];
+  for (int l = 1; l < kLanes; ++l) m = acc[l] > m ? acc[l] : m;
+  return m;
+}
+
+inline void exp_shifted_loop(float* s, std::int64_t n, float shift) {
+  for (std::int64_t j = 0; j < n; ++j) s[j] = exp_f32(s[j] - shift);
+}
+
+inline float softmax_row_loop(float* s, std::int64_t n) {
+  const float m = row_max(s, n);
+  exp_shifted_loop(s, n, m);
+  const float sum = row_sum(s, n);
+  const float inv = 1.0f / sum;
+  for (std::int64_t j = 0; j < n; ++j) s[j] *= inv;
+  return m + std::log(sum);
+}
+
+inline void softmax_backward_row_loop(const float* p, float* dp, std::int64_t n) {
+  const float dot = row_dot(p, dp, n);
+  for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot);
+}
+
+constexpr MathLoops kBaselineLoops = {gelu_tanh_loop, gelu_tanh_backward_loop, softmax_row_loop, exp_shifted_loop,
+                                      softmax_backward_row_loop};
+
+#if defined(__x86_64__) && defined(__GNUC__)
+[[gnu::target("avx2")]] void gelu_tanh_avx2(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }
+[[gnu::target("avx2")]] void gelu_tanh_backward_avx2(const float* x, const float* gy, float* gx, std::int64_t n) {
+  gelu_tanh_backward_loop(x, gy, gx, n);
+}
+[[gnu::target("avx2")]] float softmax_row_avx2(float* s, std::int64_t n) { return softmax_row_loop(s, n); }
+[[gnu::target("avx2")]] void exp_shifted_avx2(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }
+[[gnu::target("avx2")]] void softmax_backward_row_avx2(const float* p, float* dp, std::int64_t n) {
+  softmax_backward_row_loop(p, dp, n);
+}
+constexpr MathLoops kAvx2Loops = {gelu_tanh_avx2, gelu_tanh_backward_avx2, softmax_row_avx2, exp_shifted_avx2,
+                                  softmax_backward_row_avx2};
+
+const MathLoops* avx2_loops() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") ? &kAvx2Loops : nullptr;
+}
+#else
+const MathLoops* avx2_loops() { return nullptr; }
+#endif
+
+}  // namespace
+
+const MathLoops* math_loops(HostLoops which) {
+  switch (which) {
+    case HostLoops::baseline:
+      return &kBaselineLoops;
+    case HostLoops::avx2:
+      return avx2_loops();
+    case HostLoops::best:
+      break;
+  }
+  static const MathLoops* const best = avx2_loops() != nullptr ? avx2_loops() : &kBaselineLoops;
+  return best;
+}
+
+float exp_f32_reference(float x) { return exp_f32(x); }
+
+}  // namespace troupe::tensor::detail

@@ -1,0 +1,36 @@
+// Vectorised f32 loops of the host's exp-heavy ops: GELU (tanh form) and its
+// gradient, and the rows of causal attention's softmax. libm's expf is a call per
+// element that stops the vectoriser; these loops use exp_f32 (math_loops.cpp), a
+// branch-free polynomial within 1 ulp, and are compiled for the baseline (SSE2) and
+// for AVX2, picked once per process as cast_host's loops are. Every copy returns the
+// same bits: the sums are kept in eight partial sums in a fixed order, not left to the
+// vectoriser, so a machine without AVX2 trains to the same result.
+#pragma once
+
+#include <cstdint>
+
+#include "convert.hpp"  // HostLoops
+
+namespace troupe::tensor::detail {
+
+struct MathLoops {
+  // y = x / (1 + exp(-2u)), u = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh u).
+  void (*gelu_tanh)(const float* x, float* y, std::int64_t n);
+  // gx = gy * d/dx gelu_tanh(x).
+  void (*gelu_tanh_backward)(const float* x, const float* gy, float* gx, std::int64_t n);
+  // s[0..n) = softmax(s[0..n)) in place; returns the row's log-sum-exp.
+  float (*softmax_row)(float* s, std::int64_t n);
+  // s[j] = exp(s[j] - shift): a softmax row again from its saved log-sum-exp.
+  void (*exp_shifted)(float* s, std::int64_t n, float shift);
+  // dp[j] = p[j] (dp[j] - sum_k p[k] dp[k]): the softmax's Jacobian applied to a row.
+  void (*softmax_backward_row)(const float* p, float* dp, std::int64_t n);
+};
+
+// The loops `which` names, or null where the CPU lacks them.
+const MathLoops* math_loops(HostLoops which = HostLoops::best);
+
+// exp(x) in f32 (what the loops use), for tests: within 1 ulp of the exact value;
+// 0 below the smallest normal result, +inf above FLT_MAX, NaN for NaN.
+float exp_f32_reference(float x);
+
+}  // namespace troupe::tensor::detail
