@@ -119,31 +119,28 @@ constexpr Loops kBaselineLoops = {
   convert_all<from_bf16_bits>(in, out, n);
 }
 constexpr Loops kAvx2Loops = {f32_to_f16_avx2, f16_to_f32_avx2, f32_to_bf16_avx2, bf16_to_f32_avx2};
-
-const Loops* avx2_loops() {
-  // libgcc's check covers the OS saving the AVX registers (XCR0), not just CPUID.
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") ? &kAvx2Loops : nullptr;
-}
+constexpr const Loops* kAvx2 = &kAvx2Loops;
 #else
-const Loops* avx2_loops() { return nullptr; }
+constexpr const Loops* kAvx2 = nullptr;
 #endif
 
 // The loops `which` names, or null where they do not run on this CPU.
-const Loops* loops_for(HostLoops which) {
-  switch (which) {
-    case HostLoops::baseline:
-      return &kBaselineLoops;
-    case HostLoops::avx2:
-      return avx2_loops();
-    case HostLoops::best:
-      break;
-  }
-  static const Loops* const best = avx2_loops() != nullptr ? avx2_loops() : &kBaselineLoops;
-  return best;
-}
+const Loops* loops_for(HostLoops which) { return pick_loops(which, &kBaselineLoops, kAvx2); }
 
 }  // namespace
+
+bool cpu_has_avx2() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  // libgcc's check covers the OS saving the AVX registers (XCR0), not just CPUID.
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
 
 bool cast_loops_available(HostLoops which) { return loops_for(which) != nullptr; }
 

@@ -40,6 +40,19 @@ inline D convert(S x) {
 // baseline (SSE2 on x86-64); the others are there so tests can check each copy on a
 // machine that would only ever pick one.
 enum class HostLoops { best, baseline, avx2 };
+
+// Whether this CPU (and its OS, which must save the AVX registers) runs AVX2 code.
+bool cpu_has_avx2();
+
+// The table of loops `which` names, given the baseline's and the AVX2 one's; null
+// for AVX2 on a CPU without it.
+template <class Loops>
+const Loops* pick_loops(HostLoops which, const Loops* baseline, const Loops* avx2) {
+  if (which == HostLoops::baseline) return baseline;
+  const Loops* fast = cpu_has_avx2() ? avx2 : nullptr;
+  if (which == HostLoops::avx2) return fast;
+  return fast != nullptr ? fast : baseline;
+}
 bool cast_loops_available(HostLoops which);
 
 // dst[i] = convert(src[i]) for n elements of the given dtypes, both on the host.

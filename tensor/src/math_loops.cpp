@@ -135,29 +135,14 @@ constexpr MathLoops kBaselineLoops = {gelu_tanh_loop, gelu_tanh_backward_loop, s
 }
 constexpr MathLoops kAvx2Loops = {gelu_tanh_avx2, gelu_tanh_backward_avx2, softmax_row_avx2, exp_shifted_avx2,
                                   softmax_backward_row_avx2};
-
-const MathLoops* avx2_loops() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") ? &kAvx2Loops : nullptr;
-}
+constexpr const MathLoops* kAvx2 = &kAvx2Loops;
 #else
-const MathLoops* avx2_loops() { return nullptr; }
+constexpr const MathLoops* kAvx2 = nullptr;
 #endif
 
 }  // namespace
 
-const MathLoops* math_loops(HostLoops which) {
-  switch (which) {
-    case HostLoops::baseline:
-      return &kBaselineLoops;
-    case HostLoops::avx2:
-      return avx2_loops();
-    case HostLoops::best:
-      break;
-  }
-  static const MathLoops* const best = avx2_loops() != nullptr ? avx2_loops() : &kBaselineLoops;
-  return best;
-}
+const MathLoops* math_loops(HostLoops which) { return pick_loops(which, &kBaselineLoops, kAvx2); }
 
 float exp_f32_reference(float x) { return exp_f32(x); }
 
