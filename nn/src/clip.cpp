@@ -14,16 +14,26 @@ double squared_norm(const Tensor& g) {
     const double n = tensor::norm(g).item();
     return n * n;
   }
-  double total = 0;
+  // Eight partial sums in a fixed order: one running sum is a chain of dependent adds
+  // (a third of the time of a GPT's clipping), and the vectoriser may not reorder it.
+  constexpr int kLanes = 8;
+  double lanes[kLanes] = {};
   tensor::dispatch_floating(g.dtype(), "clip_grad_norm", [&](auto tag) {
     using T = decltype(tag);
     const T* p = g.data<T>();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
+    const std::int64_t n = g.numel();
+    std::int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double v = static_cast<double>(p[i + l]);
+        lanes[l] += v * v;
+      }
+    for (int l = 0; i < n; ++i, ++l) {
       const double v = static_cast<double>(p[i]);
-      total += v * v;
+      lanes[l] += v * v;
     }
   });
-  return total;
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
 }
 
 }  // namespace

@@ -194,6 +194,23 @@ Rows layer_norm_rows(const Tensor& x, std::initializer_list<const Tensor*> param
 
 }  // namespace
 
+namespace {
+
+// sum of f(i) over [0, n) in double, as eight partial sums in a fixed order: a single
+// running sum is a chain of dependent adds the vectoriser may not reorder.
+template <class F>
+double lane_sum(std::int64_t n, F f) {
+  constexpr int kLanes = 8;
+  double lanes[kLanes] = {};
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += f(i + l);
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += f(i);
+  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+}
+
+}  // namespace
+
 LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
   TROUPE_CHECK(weight.defined() == bias.defined(), op, ": weight and bias must be given together");
@@ -221,14 +238,11 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* xr = xs + r * n;
       T* yr = y + r * n;
-      double sum = 0;
-      for (std::int64_t i = 0; i < n; ++i) sum += static_cast<double>(xr[i]);
-      const double mean = sum / count;
-      double var = 0;  // two passes: no cancellation when |mean| >> std
-      for (std::int64_t i = 0; i < n; ++i) {
+      const double mean = lane_sum(n, [&](std::int64_t i) { return static_cast<double>(xr[i]); }) / count;
+      const double var = lane_sum(n, [&](std::int64_t i) {  // two passes: no cancellation when |mean| >> std
         const double d = static_cast<double>(xr[i]) - mean;
-        var += d * d;
-      }
+        return d * d;
+      });
       const double rstd = 1.0 / std::sqrt(var / count + eps);
       means[r] = mean;
       rstds[r] = rstd;
@@ -285,20 +299,21 @@ Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerN
       const double mean = means[r], rstd = rstds[r];
       const T* xr = xs + r * n;
       const T* gyr = gy + r * n;
-      double mean_dnorm = 0, mean_dnorm_xhat = 0;
-      for (std::size_t i = 0; i < size; ++i) {
-        xhat[i] = (static_cast<double>(xr[i]) - mean) * rstd;
-        const double g = static_cast<double>(gyr[i]);
-        dnorm[i] = w ? g * static_cast<double>(w[i]) : g;
-        mean_dnorm += dnorm[i];
-        mean_dnorm_xhat += dnorm[i] * xhat[i];
-        if (w) {
+      for (std::size_t i = 0; i < size; ++i) xhat[i] = (static_cast<double>(xr[i]) - mean) * rstd;
+      if (w) {
+        for (std::size_t i = 0; i < size; ++i) {
+          const double g = static_cast<double>(gyr[i]);
+          dnorm[i] = g * static_cast<double>(w[i]);
           dweight[i] += g * xhat[i];
           dbias[i] += g;
         }
+      } else {
+        for (std::size_t i = 0; i < size; ++i) dnorm[i] = static_cast<double>(gyr[i]);
       }
-      mean_dnorm /= static_cast<double>(n);
-      mean_dnorm_xhat /= static_cast<double>(n);
+      const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+      const double mean_dnorm = lane_sum(n, [&](std::int64_t i) { return dnorm[at(i)]; }) / static_cast<double>(n);
+      const double mean_dnorm_xhat =
+          lane_sum(n, [&](std::int64_t i) { return dnorm[at(i)] * xhat[at(i)]; }) / static_cast<double>(n);
       T* gxr = g_x + r * n;
       for (std::size_t i = 0; i < size; ++i)
         gxr[i] = T(static_cast<C>(rstd * (dnorm[i] - mean_dnorm - xhat[i] * mean_dnorm_xhat)));
