@@ -324,17 +324,19 @@ def node_lost(s: Scenario) -> None:
 
 
 def straggler(s: Scenario) -> None:
-    # A node held to 10% of a core: named as a straggler (rank, node, how much slower)
+    # A node held to 5% of a core: named as a straggler (rank, node, how much slower)
     # and not restarted; its result is the one the job has without the limit. Batches
-    # of 384 make a step mostly computation, which is what the limit slows.
-    # Slow is not dead: at 10% of a core on a loaded machine a rank can go a second
+    # of 384 make a step mostly computation, which is what the limit slows. At 10% a
+    # CI run with other tests beside it slowed the healthy ranks enough that node3
+    # came out under the 1.5x ratio (1.8x measured beside stress-ng; 5-20x at 5%).
+    # Slow is not dead: at 5% of a core on a loaded machine a rank can go seconds
     # without being scheduled, so both kinds of heartbeat get 10 s here.
     job = s.digits("--epochs", "40", "--batch-size", "384", "--save-every", "50")
     patient = ["--heartbeat-timeout", "10", "--liveness-timeout", "10"]
     node = f"node{s.nodes}"
     healthy = run(s.troupe_run(s.nodes, s.work / "healthy", job, patient), s.env, 240, s.work / "healthy.log")
     check(healthy.returncode == 0 and hash_of(healthy.stdout), f"the run without a slow node: {healthy.stderr[-2000:]}")
-    cluster("slow", node, "10")
+    cluster("slow", node, "5")
     try:
         slow = run(s.troupe_run(s.nodes, s.work / "slow", job, patient), s.env, 240, s.work / "slow.log")
     finally:
