@@ -8,10 +8,11 @@
 // normal floats from the smallest subnormal result to FLT_MAX and the last multiply
 // rounds the result once, as libm's does.
 //
-// Sums over a row are eight partial sums, added in a fixed order at the end: the
-// vectoriser may not reorder a float sum by itself, and an order written out is the
-// same on every copy of the loops.
+// Sums over a row are lane_sum's eight partial sums in a fixed order, the same on
+// every copy of the loops.
 #include "math_loops.hpp"
+
+#include "lane_sum.hpp"
 
 #include <bit>
 #include <cmath>
@@ -64,33 +65,18 @@ inline void gelu_tanh_backward_loop(const float* x, const float* gy, float* gx, 
   }
 }
 
-constexpr int kLanes = 8;
-
-inline float sum_lanes(const float (&acc)[kLanes]) {
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 inline float row_sum(const float* s, std::int64_t n) {
-  float acc[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += s[j + l];
-  for (int l = 0; j < n; ++j, ++l) acc[l] += s[j];
-  return sum_lanes(acc);
+  return lane_sum<float>(n, [s](std::int64_t j) { return s[j]; });
 }
 
 inline float row_dot(const float* a, const float* b, std::int64_t n) {
-  float acc[kLanes] = {};
-  std::int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes)
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[j + l] * b[j + l];
-  for (int l = 0; j < n; ++j, ++l) acc[l] += a[j] * b[j];
-  return sum_lanes(acc);
+  return lane_sum<float>(n, [a, b](std::int64_t j) { return a[j] * b[j]; });
 }
 
 // The largest element; a NaN never wins here, but then turns the whole row to NaN
 // through exp, as it does in PyTorch.
 inline float row_max(const float* s, std::int64_t n) {
+  constexpr int kLanes = 8;
   float acc[kLanes];
   for (float& a : acc) a = -std::numeric_limits<float>::infinity();
   std::int64_t j = 0;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "convert.hpp"
+#include "lane_sum.hpp"
 #include "math_loops.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -20,6 +21,7 @@ namespace troupe::tensor {
 namespace {
 
 using detail::ActivationGrad;
+using detail::lane_sum;
 
 Tensor activation_backward(ActivationGrad kind, const Tensor& grad_output, const Tensor& saved, const char* op) {
   TROUPE_CHECK(saved.defined() && grad_output.defined(), op, ": undefined ",
@@ -194,23 +196,6 @@ Rows layer_norm_rows(const Tensor& x, std::initializer_list<const Tensor*> param
 
 }  // namespace
 
-namespace {
-
-// sum of f(i) over [0, n) in double, as eight partial sums in a fixed order: a single
-// running sum is a chain of dependent adds the vectoriser may not reorder.
-template <class F>
-double lane_sum(std::int64_t n, F f) {
-  constexpr int kLanes = 8;
-  double lanes[kLanes] = {};
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int l = 0; l < kLanes; ++l) lanes[l] += f(i + l);
-  for (int l = 0; i < n; ++i, ++l) lanes[l] += f(i);
-  return ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
-}
-
-}  // namespace
-
 LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
   const char* op = "layer_norm";
   TROUPE_CHECK(weight.defined() == bias.defined(), op, ": weight and bias must be given together");
@@ -238,8 +223,8 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
     for (std::int64_t r = 0; r < rows; ++r) {
       const T* xr = xs + r * n;
       T* yr = y + r * n;
-      const double mean = lane_sum(n, [&](std::int64_t i) { return static_cast<double>(xr[i]); }) / count;
-      const double var = lane_sum(n, [&](std::int64_t i) {  // two passes: no cancellation when |mean| >> std
+      const double mean = lane_sum<double>(n, [&](std::int64_t i) { return static_cast<double>(xr[i]); }) / count;
+      const double var = lane_sum<double>(n, [&](std::int64_t i) {  // two passes: no cancellation when |mean| >> std
         const double d = static_cast<double>(xr[i]) - mean;
         return d * d;
       });
@@ -311,9 +296,10 @@ Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerN
         for (std::size_t i = 0; i < size; ++i) dnorm[i] = static_cast<double>(gyr[i]);
       }
       const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
-      const double mean_dnorm = lane_sum(n, [&](std::int64_t i) { return dnorm[at(i)]; }) / static_cast<double>(n);
+      const double count = static_cast<double>(n);
+      const double mean_dnorm = lane_sum<double>(n, [&](std::int64_t i) { return dnorm[at(i)]; }) / count;
       const double mean_dnorm_xhat =
-          lane_sum(n, [&](std::int64_t i) { return dnorm[at(i)] * xhat[at(i)]; }) / static_cast<double>(n);
+          lane_sum<double>(n, [&](std::int64_t i) { return dnorm[at(i)] * xhat[at(i)]; }) / count;
       T* gxr = g_x + r * n;
       for (std::size_t i = 0; i < size; ++i)
         gxr[i] = T(static_cast<C>(rstd * (dnorm[i] - mean_dnorm - xhat[i] * mean_dnorm_xhat)));
