@@ -2,10 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <ctime>
 #include <random>
+#include <string_view>
+
+extern char** environ;
 
 #include "troupe/error.hpp"
 
@@ -81,8 +85,17 @@ LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::mil
   set(kEnvHeartbeatInterval, std::to_string(run.heartbeat_interval.count()));
   set(kEnvSupervisorTimeout, std::to_string(run.supervisor_timeout.count()));
   if (!run.checkpoint_dir.empty()) set(kEnvCheckpointDir, run.checkpoint_dir);
-  if (const char* fault = std::getenv(kEnvFault); fault && *fault) launch.exported.emplace_back(kEnvFault);
   if (liveness_timeout.count() > 0) set(kEnvLivenessTimeout, std::to_string(liveness_timeout.count()));
+  // What picks the numerics (BLAS kernels and threads) and troupe's own settings
+  // travel with the ranks: a node's login environment may pick other GEMM kernels,
+  // and a rank placed there would then compute other bits than the same rank here.
+  for (char** entry = environ; *entry != nullptr; ++entry) {
+    const std::string_view text(*entry);
+    const std::string name(text.substr(0, text.find('=')));
+    const bool forwarded = name.starts_with("TROUPE_") || name.starts_with("OPENBLAS_") || name.starts_with("OMP_");
+    if (forwarded && std::find(launch.exported.begin(), launch.exported.end(), name) == launch.exported.end())
+      launch.exported.push_back(name);
+  }
   if (::geteuid() == 0) {  // Open MPI refuses root unless told twice that it is meant
     launch.variables.emplace_back("OMPI_ALLOW_RUN_AS_ROOT", "1");
     launch.variables.emplace_back("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");

@@ -251,6 +251,22 @@ TEST(LaunchEnvironment, IsWhatARankReadsBack) {
     EXPECT_EQ(std::count(bare.exported.begin(), bare.exported.end(), absent), 0) << absent;
 }
 
+TEST(LaunchEnvironment, ForwardsTheBlasKernelsAndTroupeSettingsToEveryNode) {
+  // A node's own environment could pick other GEMM kernels: the head's choice travels.
+  const std::vector<std::pair<const char*, const char*>> set = {
+      {"OPENBLAS_CORETYPE", "Haswell"}, {"OMP_NUM_THREADS", "1"}, {sv::kEnvFault, "rank=1,step=3,kind=crash"},
+      {sv::kEnvRunId, "stale"}, {"UNRELATED_TROUPE_TEST_VARIABLE", "1"}};
+  for (const auto& [name, value] : set) ::setenv(name, value, 1);
+  const auto launch = sv::launch_environment(sv::RunEnvironment{}, std::chrono::milliseconds(0));
+  for (const auto& [name, value] : set) ::unsetenv(name);
+  const auto count = [&](const char* name) { return std::count(launch.exported.begin(), launch.exported.end(), name); };
+  EXPECT_EQ(count("OPENBLAS_CORETYPE"), 1);
+  EXPECT_EQ(count("OMP_NUM_THREADS"), 1);
+  EXPECT_EQ(count(sv::kEnvFault), 1);
+  EXPECT_EQ(count(sv::kEnvRunId), 1);  // set by the launch, named once
+  EXPECT_EQ(count("UNRELATED_TROUPE_TEST_VARIABLE"), 0);
+}
+
 TEST(LaunchEnvironment, RunIdsSortByTimeAndTokensDoNotRepeat) {
   EXPECT_TRUE(std::regex_match(sv::new_run_id(), std::regex("[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}")));
   const std::string a = sv::new_run_token(), b = sv::new_run_token();

@@ -60,8 +60,9 @@ std::string new_run_token();
 // What troupe-run sets for one launch of mpirun: `run` as the variables above (what
 // run_environment() reads back), TROUPE_LIVENESS_TIMEOUT_MS when `liveness_timeout`
 // is not 0, Open MPI's run-as-root pair when troupe-run is root; and the names mpirun
-// must export to every node (-x): those of troupe, and TROUPE_FAULT when troupe-run's
-// own environment holds it.
+// must export to every node (-x): those of troupe, and every TROUPE_*, OPENBLAS_* and
+// OMP_* variable of troupe-run's own environment (TROUPE_FAULT, the BLAS kernels), so
+// that a rank computes the same bits on whichever node it lands.
 struct LaunchEnvironment {
   std::vector<std::pair<std::string, std::string>> variables;
   std::vector<std::string> exported;
