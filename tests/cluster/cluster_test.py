@@ -96,8 +96,11 @@ class Scenario:
         return str(found)
 
     def mpirun(self, np: int, program: list[str], map_by: str = "node") -> list[str]:
+        # As troupe-run does: the head's BLAS settings reach every node, whose own
+        # environment could pick other GEMM kernels (other bits than a run here).
+        forwarded = [arg for name in sorted(self.env) if name.startswith(("OPENBLAS_", "OMP_")) for arg in ("-x", name)]
         return ["mpirun", "--hostfile", self.hostfile, "-np", str(np), "--map-by", map_by, "--bind-to", "none",
-                *program]
+                *forwarded, *program]
 
     def troupe_run(self, np: int, directory: Path, program: list[str], extra: list[str] = ()) -> list[str]:
         return [self.binary("supervisor/troupe-run"), "-np", str(np), "--hostfile", self.hostfile, "--map-by", "node",
@@ -116,11 +119,13 @@ class Scenario:
 # ---- plain mpirun across the nodes ----
 
 def collectives(s: Scenario) -> None:
-    # Two ranks per node: shared memory inside a node, TCP between nodes (the ring,
-    # MPI's allgather), the paths a single host never takes.
-    # Beside stress-ng the 6-rank run took over 300 s (2026-11-27), hence 480.
+    # One rank per node (TCP alone), then two nodes of two ranks: shared memory inside
+    # a node, TCP between nodes (the ring, MPI's allgather), the paths a single host
+    # never takes. Two ranks on each of three nodes took 167 s idle, over 300 beside
+    # stress-ng (6 processes on 2 cores); two nodes of two take 73 s and reach the same
+    # paths.
     test = s.binary("tests/collectives_test")
-    for np, map_by in ((s.nodes, "node"), (2 * s.nodes, "slot")):
+    for np, map_by in ((s.nodes, "node"), (4, "slot")):
         done = run(s.mpirun(np, [test], map_by), s.env, 480, s.work / f"collectives-{np}.log")
         tail = (done.stdout + done.stderr)[-3000:]
         check(done.returncode == 0 and "PASSED" in done.stdout, f"collectives_test on {np} ranks across the nodes\n{tail}")
@@ -316,8 +321,12 @@ def node_lost(s: Scenario) -> None:
     excluded = [e for e in events(directory) if e["event"] == "exclude"]
     check(len(excluded) == 1 and excluded[0]["host"] == node and excluded[0]["np"] == s.nodes - 1,
           f"{node} was left out and the job shrank to {s.nodes - 1} ranks: {excluded}")
-    check(re.search(r"resumed from .* at step \d+ \(epoch \d+, in progress\)", out) is not None,
-          "the shrunk job resumed mid-epoch from the last checkpoint")
+    # Mid-epoch as a rule; at an epoch's end when the cut fell just after the epoch's
+    # checkpoint (about one run in five). A mid-epoch resume at another world size is
+    # also tested on one host, deterministically (train_digits_resumes_mid_epoch_...).
+    resumed = re.search(r"resumed from .* at step \d+ \(epoch \d+(, in progress| done)\)", out)
+    check(resumed is not None, "the shrunk job resumed from the last checkpoint")
+    print(f"the shrunk job {resumed.group(0)}")
     check(f"(360 steps, {s.nodes - 1} rank(s))" in out, f"it ended after the same 360 steps on {s.nodes - 1} ranks")
     accuracy = float(re.search(r"final test accuracy ([0-9.]+)", out).group(1))
     check(accuracy >= 0.95, f"final test accuracy {accuracy} >= 0.95")
