@@ -15,7 +15,8 @@ int wrap(int value, int n) { return ((value % n) + n) % n; }
 }  // namespace
 
 bool AllreduceRing::supports(const Collective& c) {
-  return c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce_scatter;
+  return c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce ||
+         c.kind == CollectiveKind::reduce_scatter;
 }
 
 AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes,
@@ -27,15 +28,15 @@ AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int
       left_(wrap(rank - 1, size)),
       right_(wrap(rank + 1, size)),
       tag_(tag),
-      gather_half_(this->collective().kind == CollectiveKind::allreduce),
-      shift_(this->collective().kind == CollectiveKind::allreduce ? 0 : -1),
+      gather_half_(this->collective().kind != CollectiveKind::reduce_scatter),
+      shift_(this->collective().kind != CollectiveKind::reduce_scatter ? 0 : -1),
       element_bytes_(tensor::element_size(this->collective().dtype)),
       segment_elements_(std::max<std::size_t>(1, segment_bytes / element_bytes_)),
       window_(static_cast<std::size_t>(std::max(1, window))) {
   const std::size_t n = static_cast<std::size_t>(size_);
-  // An allreduce's count is the whole buffer; a reduce_scatter's one block.
-  const std::size_t count = this->collective().kind == CollectiveKind::allreduce ? this->collective().count
-                                                                                  : this->collective().count * n;
+  // An allreduce's (and a reduce's) count is the whole buffer; a reduce_scatter's one block.
+  const std::size_t count = this->collective().kind != CollectiveKind::reduce_scatter ? this->collective().count
+                                                                                       : this->collective().count * n;
   // Balanced blocks: sizes differ by at most one element.
   block_offset_.resize(n + 1);
   std::size_t largest = 0;
@@ -85,6 +86,8 @@ void AllreduceRing::start() {
   const Collective& c = collective();
   if (c.kind == CollectiveKind::reduce_scatter) {
     scratch_ = std::make_unique<std::byte[]>(c.count * element_bytes_ * static_cast<std::size_t>(size_));
+  } else if (c.kind == CollectiveKind::reduce && rank_ != c.root) {
+    scratch_ = std::make_unique<std::byte[]>(c.count * element_bytes_);  // the root's result, not ours to keep
   }
   slots_ = std::make_unique<std::byte[]>(window_ * segment_elements_ * element_bytes_);
   for (int s = static_cast<int>(window_) - 1; s >= 0; --s) free_slots_.push_back(s);
@@ -178,14 +181,14 @@ bool AllreduceRing::progress() {
     }
   }
   if (sends_done_ != total_ || recvs_done_ != total_) return false;
-  if (scratch_) {
-    // reduce_scatter: block r is complete; it is the output (which may be block r of
-    // the input itself, read by nobody any more).
+  if (scratch_ && collective().kind == CollectiveKind::reduce_scatter) {
+    // Block r is complete; it is the output (which may be block r of the input itself,
+    // read by nobody any more).
     const std::size_t block_bytes = collective().count * element_bytes_;
     std::memcpy(collective().output.bytes(), scratch_.get() + static_cast<std::size_t>(rank_) * block_bytes,
                 block_bytes);
-    scratch_.reset();
   }
+  scratch_.reset();
   return true;
 }
 

@@ -17,6 +17,12 @@
 // ends with block r, as reduce_scatter defines; it keeps its partial sums in a scratch
 // copy of the blocks (the output is one block) and copies block r out at the end.
 //
+// A reduce runs as the whole allreduce; a rank other than the root keeps the blocks in
+// a scratch buffer and drops them at the end. That moves what an allreduce moves, twice
+// a pipelined tree's bytes at large n, but Open MPI's non-blocking reduce advances one
+// segment per poll: beside stress-ng its 8 MB reduce at 2 ranks took 20 s (one
+// scheduler slice per segment), where the ring's few large messages do not wait on it.
+//
 // An allgather alone is not run here: it has nothing to reduce in cache, and over TCP
 // MPI's own non-blocking allgather (one message per peer) ran at 0.89-1.16x the
 // blocking MPI_Allgather at 2-256 MB where this ring's 256 KB segments ran at 0.49-0.62x
@@ -49,7 +55,7 @@ namespace troupe::collectives::detail {
 
 class AllreduceRing : public Operation {
  public:
-  // The collective is an allreduce or a reduce_scatter.
+  // The collective is an allreduce, a reduce or a reduce_scatter.
   AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes, int window,
                 int tag);
   static bool supports(const Collective& collective);
@@ -76,13 +82,13 @@ class AllreduceRing : public Operation {
   // Whether step `step` is of the reduce-scatter half.
   bool reducing(std::size_t step) const;
   // Where partial sums and gathered blocks live: the output, or for a reduce_scatter
-  // the scratch copy of every block.
+  // (and a reduce off its root) the scratch copy of every block.
   std::byte* blocks() const;
 
   MPI_Comm comm_;
   int rank_, size_, left_, right_, tag_;
-  bool gather_half_;                // an allreduce's second half runs
-  int shift_;                       // 0 for an allreduce; -1 for a reduce_scatter
+  bool gather_half_;                // an allreduce's (or a reduce's) second half runs
+  int shift_;                       // 0 for an allreduce or a reduce; -1 for a reduce_scatter
   std::size_t element_bytes_;
   std::size_t segment_elements_;
   std::size_t segments_per_block_ = 0;  // m
@@ -91,7 +97,7 @@ class AllreduceRing : public Operation {
   std::size_t window_;
 
   std::unique_ptr<std::byte[]> slots_;
-  std::unique_ptr<std::byte[]> scratch_;  // reduce_scatter's blocks
+  std::unique_ptr<std::byte[]> scratch_;  // reduce_scatter's blocks; a reduce's off the root
   std::vector<int> free_slots_;
   std::deque<Pending> sends_, recvs_;
   std::size_t next_send_ = 0, next_recv_ = 0, sends_done_ = 0, recvs_done_ = 0;

@@ -17,6 +17,7 @@
 #include "troupe/collectives/single_rank_communicator.hpp"
 #include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
+#include "troupe/tensor/dtype.hpp"
 
 namespace troupe::collectives {
 
@@ -148,12 +149,17 @@ std::shared_ptr<Operation> MpiCommunicator::signed_operation(const Collective& c
 
 std::shared_ptr<Operation> MpiCommunicator::operation_for(const Collective& c) {
   if (shm_ && detail::ShmCollective::supports(c)) return std::make_shared<detail::ShmCollective>(c, *shm_);
-  // Off one node: the pipelined ring for large allreduces and reduce_scatters (an
-  // allreduce needs an element per rank for its blocks); MPI's own non-blocking call
-  // for the rest (allgather: see allreduce_ring.hpp for why not the ring).
-  const std::size_t min_count = c.kind == CollectiveKind::allreduce ? static_cast<std::size_t>(size()) : 1;
+  // Off one node: the pipelined ring for large allreduces, reduces and reduce_scatters
+  // (an allreduce or a reduce needs an element per rank for its blocks); MPI's own
+  // non-blocking call for the rest (allgather: see allreduce_ring.hpp for why not the
+  // ring). A reduce decides by its count, which every rank has, not by a buffer that
+  // ranks other than the root may leave empty.
+  const bool whole = c.kind != CollectiveKind::reduce_scatter;
+  const std::size_t min_count = whole ? static_cast<std::size_t>(size()) : 1;
+  const std::size_t bytes = c.kind == CollectiveKind::reduce ? c.count * tensor::element_size(c.dtype)
+                                                             : std::max(c.input.nbytes(), c.output.nbytes());
   const bool ring = detail::AllreduceRing::supports(c) && size() > 1 && c.count >= min_count &&
-                    std::max(c.input.nbytes(), c.output.nbytes()) >= options().ring_threshold_bytes;
+                    bytes >= options().ring_threshold_bytes;
   if (ring) {
     const int tag = static_cast<int>(c.sequence % (static_cast<std::uint64_t>(tag_limit_) + 1));
     return std::make_shared<detail::AllreduceRing>(c, comm_, rank(), size(), options().segment_bytes,

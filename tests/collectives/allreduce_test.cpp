@@ -122,6 +122,29 @@ TEST(Allreduce, AReduceThroughSharedMemoryHasTheAllreducesBits) {
   }
 }
 
+// Off one node a large reduce runs the allreduce's ring: the root gets the allreduce's
+// bits, and every other rank's buffer, in place or not, is left as it was.
+TEST(Allreduce, AReduceThroughTheRingHasTheAllreducesBitsAndLeavesTheOtherRanksAlone) {
+  MpiCommunicator& comm = mpi_world();
+  const std::size_t n = (std::size_t{1} << 18) + 5;  // 1 MiB + 20 B: over the ring's threshold
+  Data input(DType::f32, n);
+  for (std::size_t i = 0; i < n; ++i) input.set(i, 1.0 + static_cast<double>((i * 7 + comm.rank()) % 11) / 3.0);
+  Data all = input;
+  comm.allreduce(all.buffer(), ReduceOp::avg);
+  for (int root = 0; root < comm.size(); ++root) {
+    Data in_place = input, kept = input, out(DType::f32, n);
+    comm.reduce(in_place.buffer(), root, ReduceOp::avg);
+    comm.reduce(kept.buffer(), out.buffer(), root, ReduceOp::avg);
+    EXPECT_EQ(kept.bytes, input.bytes) << "root " << root;
+    if (comm.rank() == root) {
+      EXPECT_EQ(in_place.bytes, all.bytes) << "root " << root;
+      EXPECT_EQ(out.bytes, all.bytes) << "root " << root;
+    } else {
+      EXPECT_EQ(in_place.bytes, input.bytes) << "root " << root;
+    }
+  }
+}
+
 TEST(Allreduce, OnAvgOfIntegersIsRejectedBeforeAnythingIsSent) {
   Data data(DType::i32, 4);
   const auto before = world().next_sequence();
