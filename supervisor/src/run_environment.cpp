@@ -1,6 +1,6 @@
 #include "troupe/supervisor/run_environment.hpp"
 
-#include <unistd.h>
+#include <unistd.h>  // environ (g++ defines _GNU_SOURCE)
 
 #include <algorithm>
 #include <charconv>
@@ -8,8 +8,6 @@
 #include <ctime>
 #include <random>
 #include <string_view>
-
-extern char** environ;
 
 #include "troupe/error.hpp"
 

@@ -322,8 +322,9 @@ def node_lost(s: Scenario) -> None:
     check(len(excluded) == 1 and excluded[0]["host"] == node and excluded[0]["np"] == s.nodes - 1,
           f"{node} was left out and the job shrank to {s.nodes - 1} ranks: {excluded}")
     # Mid-epoch as a rule; at an epoch's end when the cut fell just after the epoch's
-    # checkpoint (about one run in five). A mid-epoch resume at another world size is
-    # also tested on one host, deterministically (train_digits_resumes_mid_epoch_...).
+    # checkpoint (one checkpoint in five: every 7 steps of a 30-step epoch, and its end).
+    # A mid-epoch resume at another world size is also tested on one host,
+    # deterministically (train_digits_resumes_mid_epoch_at_another_world_size).
     resumed = re.search(r"resumed from .* at step \d+ \(epoch \d+(, in progress| done)\)", out)
     check(resumed is not None, "the shrunk job resumed from the last checkpoint")
     print(f"the shrunk job {resumed.group(0)}")
