@@ -373,7 +373,8 @@ def regrow(s: Scenario) -> None:
     # batch of 64: uneven shares on 3 ranks (22, 21, 21), even ones on 2.
     # 180 epochs (4140 steps) keep the 2-rank job going for seconds after the heal:
     # at 30 a fast CI machine finished them before the probe saw node3 back.
-    epochs, steps = 180, 180 * 23
+    epochs = 180
+    steps = epochs * 23  # 23 steps an epoch at a global batch of 64
     node = f"node{s.nodes}"
     one_slot = s.work / "one-slot-hosts"
     one_slot.write_text("".join(f"node{i} slots=1\n" for i in range(1, s.nodes + 1)))
