@@ -42,6 +42,17 @@ void run_on_board(ShmChannel& board, const Collective& c, std::chrono::milliseco
   const bool publishes = c.kind != K::broadcast || rank == c.root;
   const std::size_t bytes = publishes ? payload_bytes(c, size) : 0;
   publish_signature(board, c, timeout, std::span<const std::byte>(c.input.bytes(), bytes));
+  if (c.kind == K::broadcast && rank == c.root) {
+    // The root needs nothing from its peers: it returns now, as MPI's eager broadcast
+    // does, and compares their entries at its next publish (a round trip per call
+    // saved). Until then its `checked` stays behind, so no peer reuses an entry it has
+    // not compared.
+    if (!c.in_place) std::memcpy(c.output.bytes(), c.input.bytes(), bytes);
+    Collective sent = c;
+    sent.input = sent.output = Buffer();
+    board.unverified = std::move(sent);
+    return;
+  }
   wait_for_peers(board, c, timeout);
 
   const std::size_t element = element_size(c.dtype);
@@ -66,9 +77,8 @@ void run_on_board(ShmChannel& board, const Collective& c, std::chrono::milliseco
         if (!(q == rank && c.in_place)) std::memcpy(to, entry(q), c.count * element);
       }
       break;
-    case K::broadcast:
-      if (rank != c.root) std::memcpy(out, entry(c.root), c.count * element);
-      else if (!c.in_place) std::memcpy(out, c.input.bytes(), c.count * element);
+    case K::broadcast:  // a non-root: the root returned above
+      std::memcpy(out, entry(c.root), c.count * element);
       break;
     default: break;  // barrier: the agreement was all of it
   }

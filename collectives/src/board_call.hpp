@@ -9,6 +9,11 @@
 // a FIFO) is gone. A mismatch cannot pass unseen: the data is read only once the
 // signatures agree.
 //
+// A broadcast's root is the exception: it publishes and returns, and compares its
+// peers' entries at its next call (ShmChannel::unverified). Two ranks that each take
+// themselves for the root are then told at their next call, or on stderr when the
+// communicator goes first; every other rank is told in the broadcast.
+//
 // Every rank reduces in rank order 0, 1, ..., n-1 (an avg divides at the last
 // combine), so every rank holds the same bits. An entry is reused
 // ShmChannel::kBoardEntries calls later, and only once every peer has marked the

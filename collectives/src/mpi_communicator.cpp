@@ -83,6 +83,8 @@ void MpiCommunicator::set_up() {
 MpiCommunicator::~MpiCommunicator() {
   drain();
   engine().stop();
+  // A root's last broadcast on the board may not be verified yet: report it if it was wrong.
+  if (shm_ && !failed()) detail::settle_unverified(*shm_, std::min<std::chrono::milliseconds>(options().timeout, std::chrono::seconds(10)));
   // A collective abandoned after a timeout may still be matched by a late peer; freeing
   // its communicator under it would be undefined, so a failed communicator is leaked.
   // The same holds for the shared segments an abandoned collective may still read.
@@ -222,9 +224,10 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
     if (exchange) {
       detail::finish_signature_check(*exchange, check_comm_, c, rank(), size(), options().timeout);
     } else if (shm_ && options().check_signatures) {
-      // Every rank waits for every peer's entry, a broadcast's root too: were a rank
-      // that only sends to skip it, two ranks that each took themselves for the root
-      // would both return, and nobody would have been told.
+      // Every rank waits for every peer's entry, a broadcast's root too. (The board's
+      // small broadcast defers its root's wait to the next call, board_call.hpp; the
+      // calls here carry more than the board holds, and their data, not the round
+      // trip, is their cost.)
       detail::wait_for_board(*shm_, c, options().timeout);
     }
   } catch (const std::exception& e) {

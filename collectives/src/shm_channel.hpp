@@ -42,9 +42,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "slot_writer.hpp"
+#include "troupe/collectives/collective.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -113,6 +115,10 @@ class ShmChannel {
   }
   // This rank's last reading of the least of its peers' `checked` (not shared).
   std::uint64_t board_floor = 0;
+  // A broadcast this rank sent as the root on the board and returned from before its
+  // peers' entries were compared (board_call.cpp), without its buffers: compared at
+  // this rank's next publish, or when the communicator goes. Not shared.
+  std::optional<Collective> unverified;
   // How many of `rank`'s first collectives it has checked against every peer: the
   // entries before that may be overwritten.
   std::atomic_ref<std::uint64_t> checked(int rank) const {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -84,8 +85,30 @@ void throw_mismatch(const Collective& collective, int rank, int size,
 
 // ---- the board ----
 
+namespace {
+// The root's broadcast is checked here, at its next call, rather than in the broadcast
+// (board_call.cpp); the error says where it was found.
+void verify_unverified(ShmChannel& board, const Collective& next, std::chrono::milliseconds timeout) {
+  const Collective sent = std::move(*board.unverified);
+  board.unverified.reset();
+  const auto found = [&] {
+    return troupe::detail::concat(" [found when rank ", board.rank(), ", the root, issued its next call, ",
+                                  next.describe(), "]");
+  };
+  try {
+    wait_for_peers(board, sent, timeout);
+  } catch (const CollectiveMismatch& e) {
+    throw CollectiveMismatch(e.what() + found());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(e.what() + found());
+  }
+  mark_checked(board, sent);
+}
+}  // namespace
+
 void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout,
                        std::span<const std::byte> payload) {
+  if (board.unverified) verify_unverified(board, collective, timeout);
   const std::uint64_t sequence = collective.sequence;
   if (sequence >= ShmChannel::kBoardEntries) {
     // The entry is reused from call (sequence - kBoardEntries): every peer must have
@@ -171,6 +194,20 @@ void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono
                  missing, " did not issue this call within ", timeout.count(), " ms");
   });
   if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
+}
+
+void settle_unverified(ShmChannel& board, std::chrono::milliseconds bound) noexcept {
+  if (!board.unverified) return;
+  const Collective sent = std::move(*board.unverified);
+  board.unverified.reset();
+  try {
+    wait_for_peers(board, sent, bound);
+    mark_checked(board, sent);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "troupe: rank %d: the communicator was destroyed before its last broadcast was verified: %s\n",
+                 board.rank(), e.what());
+    std::fflush(stderr);
+  }
 }
 
 void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int size,

@@ -49,9 +49,11 @@ Signature signature_of(const Collective& collective);
 
 // ---- on one node: the board ----
 // Writes `collective`'s signature into this rank's entry, after `payload` (at most
-// ShmChannel::kBoardPayloadBytes, for board_call.hpp). Waits (bounded by `timeout`)
-// while a peer has yet to check the call ShmChannel::kBoardEntries before it, whose
-// entry this one reuses.
+// ShmChannel::kBoardPayloadBytes, for board_call.hpp). First compares a broadcast this
+// rank sent as the root without waiting (ShmChannel::unverified) with its peers'
+// entries, throwing CollectiveMismatch or TimeoutError for it. Waits (bounded by
+// `timeout`) while a peer has yet to check the call ShmChannel::kBoardEntries before
+// it, whose entry this one reuses.
 void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout,
                        std::span<const std::byte> payload = {});
 // Whether every rank's entry holds this call's signature yet (false: a rank has not
@@ -69,6 +71,11 @@ void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono
 // mark_checked. Throws CollectiveMismatch, or TimeoutError naming a rank that did
 // not publish the call within `timeout`.
 void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout);
+
+// For a communicator going away: compares ShmChannel::unverified, if any, with the
+// peers' entries (waiting at most `bound` for them) and reports a mismatch, or a peer
+// that never issued the call, on stderr. Never throws.
+void settle_unverified(ShmChannel& board, std::chrono::milliseconds bound) noexcept;
 
 // ---- across nodes: an all-reduce of the signatures ----
 // One call's signature exchange, in flight.

@@ -3,6 +3,7 @@
 // path a collective can take, and every rank must throw CollectiveMismatch naming the
 // sequence number and the deviating rank's call. (A blocking call that MPI itself
 // leaves hanging is the watchdog's: collectives_watchdog_names_a_mismatch_2ranks.)
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -114,8 +115,42 @@ TEST_P(SignatureCheck, CatchesAnotherRoot) {
       [&](Communicator& comm, bool deviate) {
         std::vector<float> data(p.count, 1.0f);
         comm.broadcast(Buffer(data), deviate ? 1 : 0);
+        // A root on the board returns before comparing (board_call.hpp): rank 0, and a
+        // last rank 1 that takes itself for the root, are told at their next call.
+        comm.barrier();
       },
       "broadcast #0 (root 1");
+}
+
+// The board's small broadcast lets its root return at once; a root whose communicator
+// goes before its next call still reports a broadcast its peers did not match.
+TEST(DeferredRootCheck, ReportsOnStderrWhenTheCommunicatorGoesFirst) {
+  if (world().size() != 2 || !world_on_one_node()) GTEST_SKIP() << "needs two ranks on one node";
+  std::string report;
+  {
+    MpiCommunicator comm(MPI_COMM_WORLD, paths()[0].options);
+    std::vector<float> data(4, 1.0f);
+    comm.broadcast(Buffer(data), comm.rank());  // each rank takes itself for the root
+    ::testing::internal::CaptureStderr();
+  }
+  report = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(report.find("destroyed before its last broadcast was verified"), std::string::npos) << report;
+  EXPECT_NE(report.find("rank 1: broadcast #0 (root 1"), std::string::npos) << report;
+}
+
+// Many broadcasts from changing roots, past the board's 256 entries: a root that
+// returns at once must still not let a peer overwrite an entry it has not compared.
+TEST(DeferredRootCheck, BroadcastsFromChangingRootsKeepTheirData) {
+  MpiCommunicator comm(MPI_COMM_WORLD, paths()[0].options);
+  std::vector<std::int64_t> data(3);
+  for (int i = 0; i < 700; ++i) {
+    const int root = (i / 3) % comm.size();
+    std::fill(data.begin(), data.end(), comm.rank() == root ? i : -1);
+    comm.broadcast(Buffer(data), root);
+    ASSERT_EQ(data[2], i) << "broadcast " << i << " from rank " << root;
+  }
+  comm.barrier();
+  EXPECT_FALSE(comm.failed());
 }
 
 TEST_P(SignatureCheck, CatchesASkippedCall) {
