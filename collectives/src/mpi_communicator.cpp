@@ -84,7 +84,8 @@ MpiCommunicator::~MpiCommunicator() {
   drain();
   engine().stop();
   // A root's last broadcast on the board may not be verified yet: report it if it was wrong.
-  if (shm_ && !failed()) detail::settle_unverified(*shm_, std::min<std::chrono::milliseconds>(options().timeout, std::chrono::seconds(10)));
+  if (shm_ && !failed())
+    detail::settle_unverified(*shm_, std::min<std::chrono::milliseconds>(options().timeout, std::chrono::seconds(10)));
   // A collective abandoned after a timeout may still be matched by a late peer; freeing
   // its communicator under it would be undefined, so a failed communicator is leaked.
   // The same holds for the shared segments an abandoned collective may still read.
