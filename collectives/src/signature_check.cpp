@@ -86,14 +86,16 @@ void throw_mismatch(const Collective& collective, int rank, int size,
 // ---- the board ----
 
 namespace {
-// The root's broadcast is checked here, at its next call, rather than in the broadcast
-// (board_call.cpp); the error says where it was found.
-void verify_unverified(ShmChannel& board, const Collective& next, std::chrono::milliseconds timeout) {
+// The root's broadcast is checked here, at its next call (`next`; null: the
+// communicator is going), rather than in the broadcast (board_call.cpp); the error
+// says where it was found.
+void verify_unverified(ShmChannel& board, const Collective* next, std::chrono::milliseconds timeout) {
   const Collective sent = std::move(*board.unverified);
   board.unverified.reset();
   const auto found = [&] {
-    return troupe::detail::concat(" [found when rank ", board.rank(), ", the root, issued its next call, ",
-                                  next.describe(), "]");
+    return next ? troupe::detail::concat(" [found when rank ", board.rank(), ", the root, issued its next call, ",
+                                         next->describe(), "]")
+                : std::string();
   };
   try {
     wait_for_peers(board, sent, timeout);
@@ -108,7 +110,7 @@ void verify_unverified(ShmChannel& board, const Collective& next, std::chrono::m
 
 void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout,
                        std::span<const std::byte> payload) {
-  if (board.unverified) verify_unverified(board, collective, timeout);
+  if (board.unverified) verify_unverified(board, &collective, timeout);
   const std::uint64_t sequence = collective.sequence;
   if (sequence >= ShmChannel::kBoardEntries) {
     // The entry is reused from call (sequence - kBoardEntries): every peer must have
@@ -198,11 +200,8 @@ void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono
 
 void settle_unverified(ShmChannel& board, std::chrono::milliseconds bound) noexcept {
   if (!board.unverified) return;
-  const Collective sent = std::move(*board.unverified);
-  board.unverified.reset();
   try {
-    wait_for_peers(board, sent, bound);
-    mark_checked(board, sent);
+    verify_unverified(board, nullptr, bound);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe: rank %d: the communicator was destroyed before its last broadcast was verified: %s\n",
                  board.rank(), e.what());
