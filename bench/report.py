@@ -198,10 +198,9 @@ against troupe's shared-memory figure from the first job.
   the shared-memory rows from one run to the next.
 - Small blocking calls (<= 4 KB) over shared memory make no MPI call: their data
   rides in the signature board's entries (docs/COLLECTIVES.md), one cache-line write
-  and one read per peer. A broadcast is the exception that MPI wins at 8-64 B: every
-  rank, the root too, waits for its peers' entries (the check must hear from them),
-  a round trip per call, where MPI's root posts an eager message and goes on, so a
-  loop of MPI broadcasts is pipelined.
+  and one read per peer. A broadcast's root publishes and returns, as MPI's eager
+  root does, and compares its peers' entries at its next call, so a loop of
+  broadcasts is pipelined on both sides.
 - Over TCP the runs swing by up to 2x from one to the next (loopback TCP on two busy
   cores: sys time is most of the CPU), so a single row there says little.
 - "signature check" rows: the same call on two communicators, one with
