@@ -18,8 +18,8 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int, Options opti
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host,
-                                   int rank, int size, Options options)
-    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)) {}
+                                   MPI_Comm check_comm, int rank, int size, Options options)
+    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)), check_comm_(check_comm) {}
 
 NcclCommunicator::~NcclCommunicator() = default;
 
@@ -30,6 +30,10 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int, int) {
 }
 
 Work NcclCommunicator::start(const Collective& c, bool) {
+  TROUPE_THROW(Error, c.describe(), ": troupe was built without NCCL");
+}
+
+std::shared_ptr<Operation> NcclCommunicator::signed_operation(const Collective& c) {
   TROUPE_THROW(Error, c.describe(), ": troupe was built without NCCL");
 }
 

@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include "engine.hpp"
+#include "signature_check.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/operation.hpp"
 #include "troupe/mpi/mpi_error.hpp"
@@ -56,23 +57,43 @@ int local_rank(MPI_Comm comm) {
   return rank;
 }
 
+// Errors come back as codes, for TROUPE_MPI_CHECK to throw with context.
+MPI_Comm returning_errors(MPI_Comm comm) {
+  if (comm != MPI_COMM_NULL) TROUPE_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  return comm;
+}
+
 }  // namespace
 
 namespace detail {
 
 struct NcclState {
-  ncclComm_t comm = nullptr;
+  ncclComm_t comm = nullptr;  // null once aborted
   cudaStream_t stream = nullptr;
   int device = 0;
   int rank = 0;
-  bool aborted = false;
 
+  // Stops this communicator's kernels, hung or not. Operations in flight then fail
+  // (their state outlives the communicator when the engine keeps them after a failure,
+  // so this cannot wait for the destructor).
+  void abort() noexcept {
+    if (!comm) return;
+    cudaSetDevice(device);
+    ncclCommAbort(comm);
+    comm = nullptr;
+  }
   ~NcclState() {
     cudaSetDevice(device);
-    if (comm) aborted ? ncclCommAbort(comm) : ncclCommDestroy(comm);
+    if (comm) ncclCommDestroy(comm);
     if (stream) cudaStreamDestroy(stream);
   }
 };
+
+void check_not_aborted(const NcclState& s, const std::string& what) {
+  if (!s.comm) {
+    TROUPE_THROW(NcclError, what, ": the NCCL communicator on rank ", s.rank, " was aborted after an earlier error");
+  }
+}
 
 // One collective queued on the communicator's stream; done when its event fires.
 class NcclOperation : public Operation {
@@ -88,6 +109,7 @@ class NcclOperation : public Operation {
     const Collective& c = collective();
     const std::string what = c.describe();
     NcclState& s = *state_;
+    check_not_aborted(s, what);
     check_cuda(cudaSetDevice(s.device), "cudaSetDevice", what);
     check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "cudaEventCreate", what);
     check_cuda(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming), "cudaEventCreate", what);
@@ -107,6 +129,7 @@ class NcclOperation : public Operation {
 
   bool progress() override {
     const std::string_view name = collective_name(collective().kind);
+    check_not_aborted(*state_, collective().describe());
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(state_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
@@ -206,15 +229,23 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, Optio
   bootstrap.broadcast(Buffer(reinterpret_cast<std::uint8_t*>(&id), sizeof id), 0);
   check_nccl(ncclCommInitRank(&state_->comm, size(), id, rank()), "ncclCommInitRank", context);
   host_ = std::make_unique<MpiCommunicator>(bootstrap.comm(), options);
+  TROUPE_MPI_CHECK(MPI_Comm_dup(bootstrap.comm(), &check_comm_));
+  returning_errors(check_comm_);
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host,
-                                   int rank, int size, Options options)
-    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)) {}
+                                   MPI_Comm check_comm, int rank, int size, Options options)
+    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)),
+      check_comm_(returning_errors(check_comm)) {}
 
 NcclCommunicator::~NcclCommunicator() {
-  if (!drain()) state_->aborted = true;  // a hung collective: abort rather than wait in ncclCommDestroy
+  const bool clean = drain();
   engine().stop();
+  if (!clean) state_->abort();  // a hung collective: abort rather than wait in ncclCommDestroy
+  // An abandoned call's signature exchange may still be matched by a late peer.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (check_comm_ != MPI_COMM_NULL && !finalized && !engine().has_abandoned()) MPI_Comm_free(&check_comm_);
 }
 
 int NcclCommunicator::device() const { return state_->device; }
@@ -228,6 +259,8 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   check_nccl(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm, &config),
              "ncclCommSplit", context);
   std::unique_ptr<Communicator> host_child = host_->split(color, key);  // collective too
+  MPI_Comm check_child = MPI_COMM_NULL;  // every rank is here once host_'s split returned
+  TROUPE_MPI_CHECK(MPI_Comm_split(check_comm_, color < 0 ? MPI_UNDEFINED : color, key, &check_child));
   if (color < 0 || child->comm == nullptr) return nullptr;
   int rank = 0, size = 0;
   check_nccl(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
@@ -235,7 +268,7 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   child->rank = rank;
   check_cuda(cudaStreamCreateWithFlags(&child->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
   return std::unique_ptr<Communicator>(
-      new NcclCommunicator(std::move(child), std::move(host_child), rank, size, options()));
+      new NcclCommunicator(std::move(child), std::move(host_child), check_child, rank, size, options()));
 }
 
 Work NcclCommunicator::start(const Collective& c, bool blocking) {
@@ -249,8 +282,25 @@ Work NcclCommunicator::start(const Collective& c, bool blocking) {
   }
   TROUPE_CHECK(!(on_host && on_device), c.describe(), ": one buffer is on the host and one on ", mine, " [rank ",
                rank(), "]; give both on the same side");
-  if (on_host) return start_on(*host_, c, blocking);
-  return launch(std::make_shared<detail::NcclOperation>(c, state_, size()), blocking);
+  if (on_host) return start_on(*host_, c, blocking);  // checked by host_ itself
+  try {
+    if (options().debug && !c.is_point_to_point())
+      detail::verify_signature(check_comm_, c, rank(), size(), options().timeout);
+    return launch(signed_operation(c), blocking);
+  } catch (const std::exception& e) {
+    // A mismatch, or a failure after the call's signature went out: the ranks are out of step.
+    fail(e.what());
+    throw;
+  }
+}
+
+std::shared_ptr<Operation> NcclCommunicator::signed_operation(const Collective& c) {
+  std::shared_ptr<Operation> op = std::make_shared<detail::NcclOperation>(c, state_, size());
+  if (!options().check_signatures || c.is_point_to_point()) return op;
+  // The kernels are queued at once, beside the signature exchange; a mismatch aborts
+  // the NCCL communicator, whose mismatched kernels would otherwise never return.
+  return detail::with_signature_check(std::move(op), nullptr, check_comm_, rank(), size(), options().timeout,
+                                      nullptr, [state = state_] { state->abort(); });
 }
 
 }  // namespace troupe::collectives

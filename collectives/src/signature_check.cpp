@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "shm_channel.hpp"
@@ -283,10 +285,11 @@ namespace {
 class SignedOperation final : public Operation {
  public:
   SignedOperation(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm, int rank, int size,
-                  std::chrono::milliseconds timeout, std::shared_ptr<StartOrder> order)
+                  std::chrono::milliseconds timeout, std::shared_ptr<StartOrder> order,
+                  std::function<void()> on_mismatch)
       : Operation(inner->collective()), inner_(std::move(inner)), board_(board), exchange_(inner_->collective()),
         comm_(comm), rank_(rank), size_(size), timeout_(timeout), order_(std::move(order)),
-        ticket_(order_ ? order_->issued++ : 0) {}
+        ticket_(order_ ? order_->issued++ : 0), on_mismatch_(std::move(on_mismatch)) {}
 
   void start() override {
     if (board_) publish_signature(*board_, collective(), timeout_);
@@ -311,6 +314,8 @@ class SignedOperation final : public Operation {
     }
     return signed_ && inner_done_;
   }
+
+  bool queue_device_wait() override { return inner_started_ && inner_->queue_device_wait(); }
 
   std::string waiting_on() const override {
     return inner_done_ || !inner_started_ ? "its signature check (a rank has not issued this call)"
@@ -341,6 +346,10 @@ class SignedOperation final : public Operation {
       if (!exchange_.test()) return false;
       if (!exchange_.agreed()) name_the_mismatch(comm_, collective(), rank_, size_, timeout_);
       return true;
+    } catch (const CollectiveMismatch&) {
+      keep_inner();
+      if (auto abandon = std::exchange(on_mismatch_, nullptr)) abandon();
+      throw;
     } catch (...) {
       keep_inner();
       throw;
@@ -361,6 +370,7 @@ class SignedOperation final : public Operation {
   std::shared_ptr<StartOrder> order_;  // null: `inner` starts with the check
   std::uint64_t ticket_;
   bool signed_ = false, inner_started_ = false, inner_done_ = false, kept_ = false;
+  std::function<void()> on_mismatch_;
 };
 
 }  // namespace
@@ -378,8 +388,10 @@ void finish_signature_check(SignatureExchange& exchange, MPI_Comm comm, const Co
 
 std::shared_ptr<Operation> with_signature_check(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm,
                                                 int rank, int size, std::chrono::milliseconds timeout,
-                                                std::shared_ptr<StartOrder> order) {
-  return std::make_shared<SignedOperation>(std::move(inner), board, comm, rank, size, timeout, std::move(order));
+                                                std::shared_ptr<StartOrder> order,
+                                                std::function<void()> on_mismatch) {
+  return std::make_shared<SignedOperation>(std::move(inner), board, comm, rank, size, timeout, std::move(order),
+                                           std::move(on_mismatch));
 }
 
 }  // namespace troupe::collectives::detail

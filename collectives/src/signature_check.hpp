@@ -25,6 +25,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -120,9 +121,14 @@ struct StartOrder {
 // signatures meet). With `order`, `inner` starts only once the signatures agree, in
 // issue order: Open MPI's non-blocking collectives given calls of different sizes
 // abort the job through MPI_COMM_WORLD's handler, whatever the communicator's says.
+// `on_mismatch` runs once, on the thread that found a mismatch, before it throws: NCCL
+// aborts its communicator there, as mismatched kernels would spin on the GPU for ever.
+// A device wait (Operation::queue_device_wait) goes to `inner`; the check then ends
+// when the engine next progresses the call, and a mismatch fails a later wait or call.
 std::shared_ptr<Operation> with_signature_check(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm,
                                                 int rank, int size, std::chrono::milliseconds timeout,
-                                                std::shared_ptr<StartOrder> order = nullptr);
+                                                std::shared_ptr<StartOrder> order = nullptr,
+                                                std::function<void()> on_mismatch = {});
 
 // Throws CollectiveMismatch on a mismatch, TimeoutError if not every rank arrives in time.
 void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int size,

@@ -10,9 +10,11 @@
 #include <string>
 #include <vector>
 
+#include "signature_check.hpp"
 #include "test_world.hpp"
 #include "troupe/tensor/half.hpp"
 #include "troupe/collectives/collective_error.hpp"
+#include "troupe/collectives/operation.hpp"
 
 namespace troupe::collectives::testing {
 namespace {
@@ -231,6 +233,100 @@ TEST(PackedSignature, SmallCallsGiveTheirResults) {
   EXPECT_EQ(tensor::bf16_bits_to_float(half[3]), static_cast<float>(n));
   for (std::size_t r = 0; r < n; ++r) EXPECT_EQ(all[2 * r + 1], static_cast<double>(r) + 0.5) << r;
   EXPECT_FALSE(comm.failed());
+}
+
+// The check as the NCCL backend wraps its calls (NcclCommunicator::signed_operation),
+// on CPU, where a test can make the ranks disagree: two ranks cannot share one GPU,
+// and this machine has none. `DeviceCall` stands for the call's queued kernels: it
+// finishes only when told to -- or never, as mismatched NCCL kernels spin -- and once
+// aborted it fails, as NCCL's calls do after ncclCommAbort.
+class DeviceCall final : public Operation {
+ public:
+  explicit DeviceCall(Collective c) : Operation(std::move(c)) {}
+  void start() override { started = true; }
+  bool progress() override {
+    if (aborted) throw CommunicatorFailed("the device call was aborted");
+    return finished;
+  }
+  bool queue_device_wait() override { return device_waits += 1, true; }
+  bool started = false, finished = false, aborted = false;
+  int device_waits = 0;
+};
+
+struct CheckedDeviceCall {
+  CheckedDeviceCall(MPI_Comm comm, int rank, int size, Collective c)
+      : call(std::make_shared<DeviceCall>(c)),
+        checked(detail::with_signature_check(call, nullptr, comm, rank, size, std::chrono::seconds(30), nullptr,
+                                             [this] { aborts += 1, call->aborted = true; })) {
+    checked->start();
+  }
+  // Polls the checked call until it completes (true), fails (its error rethrown) or 20 s pass (false).
+  bool poll() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline)
+      if (checked->progress()) return true;
+    return false;
+  }
+  std::shared_ptr<DeviceCall> call;
+  std::shared_ptr<Operation> checked;
+  int aborts = 0;
+};
+
+Collective device_allreduce(std::size_t count, ReduceOp op) {
+  Collective c;
+  c.kind = CollectiveKind::allreduce;
+  c.count = count;
+  c.op = op;
+  return c;
+}
+
+class DeviceCallCheck : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  void TearDown() override { MPI_Comm_free(&comm_); }
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 1;
+};
+
+// Kernels that never return must not hide a mismatch: every rank throws it, naming the
+// deviating rank's call, and aborts its device call exactly once.
+TEST_F(DeviceCallCheck, AMismatchAbortsCallsThatWouldNeverFinish) {
+  if (size_ < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  const bool deviate = rank_ == size_ - 1;
+  CheckedDeviceCall c(comm_, rank_, size_, device_allreduce(deviate ? 999 : 1000, ReduceOp::sum));
+  EXPECT_TRUE(c.call->started) << "the device call is queued at once, beside the exchange";
+  std::string message;
+  try {
+    c.poll();
+  } catch (const CollectiveMismatch& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "no CollectiveMismatch on rank " << rank_;
+  EXPECT_NE(message.find("rank " + std::to_string(size_ - 1) + ": allreduce #0 (sum, 999 x f32"), std::string::npos)
+      << message;
+  EXPECT_EQ(c.aborts, 1);
+  EXPECT_TRUE(c.call->aborted);
+}
+
+// Calls that agree complete when their device part does, and never abort; a device
+// wait goes to the device call and returns at once.
+TEST_F(DeviceCallCheck, MatchingCallsCompleteWithTheirDevicePart) {
+  for (std::uint64_t seq = 0; seq < 3; ++seq) {
+    Collective same = device_allreduce(1000, ReduceOp::max);
+    same.sequence = seq;
+    CheckedDeviceCall c(comm_, rank_, size_, same);
+    EXPECT_TRUE(c.checked->queue_device_wait());
+    EXPECT_EQ(c.call->device_waits, 1);
+    EXPECT_FALSE(c.checked->progress()) << "done before its device part";
+    c.call->finished = true;
+    EXPECT_TRUE(c.poll());
+    EXPECT_EQ(c.aborts, 0);
+  }
 }
 
 std::string path_name(const ::testing::TestParamInfo<int>& info) {

@@ -122,5 +122,32 @@ TEST(Nccl, HostBuffersGoOverMpiInTheSameSequenceAndMixedOnesAreRefused) {
   comm.barrier();  // still usable
 }
 
+// Every device call's signature is exchanged over MPI beside its kernels. Here the last
+// rank all-reduces one element fewer: NCCL alone would hang or return wrong sums; every
+// rank must throw CollectiveMismatch naming the calls, and the aborted communicator
+// must leave the GPU usable (its kernels return). Needs two GPUs: no test machine of
+// this project has had them yet, so this has never run.
+TEST(Nccl, AMismatchFailsEveryRankAndFreesTheGpu) {
+  if (!nccl_usable() || world().size() < 2) GTEST_SKIP() << why_no_nccl() << ", and two ranks to disagree";
+  NcclCommunicator comm(world(), -1, test_options());
+  const int last = comm.size() - 1;
+  const std::int64_t count = comm.rank() == last ? 999 : 1000;
+  Tensor t = Tensor::ones({count}, tensor::DType::f32, Device::cuda(comm.device()));
+  std::string message;
+  try {
+    comm.allreduce(Buffer(t));
+  } catch (const CollectiveMismatch& e) {
+    message = e.what();
+  }
+  ASSERT_FALSE(message.empty()) << "no CollectiveMismatch on rank " << comm.rank();
+  EXPECT_NE(message.find("rank " + std::to_string(last) + ": allreduce #0 (sum, 999 x f32"), std::string::npos)
+      << message;
+  EXPECT_TRUE(comm.failed());
+  EXPECT_THROW(comm.barrier(), CommunicatorFailed);
+  tensor::cuda_synchronize();  // hangs if the mismatched kernels still spin
+  EXPECT_EQ(Tensor::ones({3}, tensor::DType::f32, Device::cuda(comm.device())).to(Device::cpu()).to_vector<float>()[2],
+            1.0f);
+}
+
 }  // namespace
 }  // namespace troupe::collectives::testing

@@ -22,9 +22,15 @@
 // Both take their turn in this communicator's one sequence. Host and device buffers
 // mixed in one call, or memory of another device, are refused before anything is queued.
 //
+// Signatures: every device call's signature is all-reduced over an MPI communicator of
+// its own beside the kernels (Options::check_signatures, as on the MPI backend); a
+// mismatch throws CollectiveMismatch on every rank and aborts the NCCL communicator.
+//
 // Built only when the CUDA toolkit and NCCL are found (TROUPE_HAVE_NCCL); otherwise
 // the constructor throws, and available() says false.
 #pragma once
+
+#include <mpi.h>
 
 #include <memory>
 #include <string_view>
@@ -57,10 +63,12 @@ class NcclCommunicator : public Communicator {
   Work start(const Collective& collective, bool blocking) override;
 
  private:
-  NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host, int rank, int size,
-                   Options options);
+  NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host, MPI_Comm check_comm,
+                   int rank, int size, Options options);
+  std::shared_ptr<Operation> signed_operation(const Collective& c);
   std::shared_ptr<detail::NcclState> state_;
-  std::unique_ptr<Communicator> host_;  // MPI, for collectives on host buffers
+  std::unique_ptr<Communicator> host_;     // MPI, for collectives on host buffers
+  MPI_Comm check_comm_ = MPI_COMM_NULL;  // the device calls' signature exchanges
 };
 
 }  // namespace troupe::collectives
