@@ -56,12 +56,13 @@ TEST(OSS, BroadcastSyncMatchesAllGatherSyncInOneWindowOrMany) {
   const std::pair<OssOptions::Sync, std::size_t> runs[] = {
       {OssOptions::Sync::all_gather, OssOptions{}.sync_bucket_bytes},
       {OssOptions::Sync::broadcast, OssOptions{}.sync_bucket_bytes},
-      {OssOptions::Sync::all_gather, 40}};
+      {OssOptions::Sync::all_gather, 40},
+      {OssOptions::Sync::automatic, OssOptions{}.sync_bucket_bytes}};
   for (auto [sync, window] : runs) {
     auto model = testing::make_mlp(kModelSeed);
     DistributedDataParallel ddp(*model, comm, {.bucket_bytes = kBucketBytes});
     OSS oss(model->named_parameters(), comm, factory(Opt::sgd_momentum), {.sync = sync, .sync_bucket_bytes = window});
-    EXPECT_EQ(oss.uses_all_gather(), sync == OssOptions::Sync::all_gather);
+    EXPECT_EQ(oss.uses_all_gather(), sync == OssOptions::Sync::all_gather);  // automatic: broadcast
     Batches batches;
     nn::CrossEntropyLoss loss_fn;
     for (int s = 0; s < 5; ++s) {
@@ -76,6 +77,7 @@ TEST(OSS, BroadcastSyncMatchesAllGatherSyncInOneWindowOrMany) {
   }
   EXPECT_EQ(finals[0], finals[1]);
   EXPECT_EQ(finals[0], finals[2]);
+  EXPECT_EQ(finals[0], finals[3]);
 }
 
 // Optimizer state per rank is the base optimizer's state over the partition: summed

@@ -106,7 +106,7 @@ OSS::OSS(std::vector<nn::NamedParameter> params, collectives::Communicator& comm
   for (const auto& [name, p] : params_)
     uniform = uniform && p->data.dtype() == params_.front().param->data.dtype() && p->data.device().is_cpu();
   switch (options.sync) {
-    case OssOptions::Sync::automatic: all_gather_ = uniform; break;
+    case OssOptions::Sync::automatic: all_gather_ = false; break;
     case OssOptions::Sync::all_gather:
       TROUPE_CHECK(uniform, "OSS: Sync::all_gather needs every parameter in one dtype on the CPU; use broadcast");
       all_gather_ = true;

@@ -8,10 +8,10 @@
 // every rank because it depends only on the parameters' sizes and order). Each rank
 // builds the base optimizer over its own partition, so it allocates the optimizer
 // state (momentum, Adam's moments) of about 1/W of the model, and step() updates
-// only that partition; the updated parameters then reach every rank -- through one
-// all-gather of a flat buffer (every rank's partition padded to the largest) when all
-// parameters share a dtype, else one broadcast per parameter from its owner -- so all
-// ranks hold identical parameters after every step.
+// only that partition; the updated parameters then reach every rank -- by one
+// broadcast per parameter from its owner, or, on request, windowed all-gathers of a
+// flat buffer (every rank's partition padded to the largest) -- so all ranks hold
+// identical parameters after every step.
 //
 // Gradients: step() reads the grads of the owned parameters only. With plain DDP
 // (ZeRO-1) every rank holds every averaged gradient and simply ignores the others;
@@ -50,9 +50,14 @@ std::vector<int> partition_parameters(const std::vector<nn::NamedParameter>& par
 
 struct OssOptions {
   // How the updated parameters are shared after step().
+  // automatic is broadcast. Whole-parameter partitions are uneven (a 16M-element
+  // matrix among 4M ones), and an all-gather moves every rank's padded to the
+  // largest: 1.3x the model at 2 ranks, 2.7x at 4 on the 25M MLP, plus a copy into
+  // and out of the flat buffer. Broadcasts move each parameter once, in place; they
+  // were faster on every model measured (docs/TRAIN.md).
   enum class Sync {
-    automatic,  // all_gather when every parameter has one dtype and is on the CPU, else broadcast
-    all_gather,  // all-gathers of a flat buffer (one per window of it, below)
+    automatic,
+    all_gather,  // all-gathers of a flat buffer (one per window of it, below); one dtype, CPU
     broadcast,   // one broadcast per parameter from its owner
   };
   Sync sync = Sync::automatic;
