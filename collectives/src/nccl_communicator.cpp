@@ -76,7 +76,7 @@ struct NcclState {
   // Stops this communicator's kernels, hung or not. Operations in flight then fail
   // (their state outlives the communicator when the engine keeps them after a failure,
   // so this cannot wait for the destructor).
-  void abort() noexcept {
+  void abort_communicator() noexcept {
     if (!comm) return;
     cudaSetDevice(device);
     ncclCommAbort(comm);
@@ -241,7 +241,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, std
 NcclCommunicator::~NcclCommunicator() {
   const bool clean = drain();
   engine().stop();
-  if (!clean) state_->abort();  // a hung collective: abort rather than wait in ncclCommDestroy
+  if (!clean) state_->abort_communicator();  // a hung collective: abort rather than wait in ncclCommDestroy
   // An abandoned call's signature exchange may still be matched by a late peer.
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -300,7 +300,7 @@ std::shared_ptr<Operation> NcclCommunicator::signed_operation(const Collective& 
   // The kernels are queued at once, beside the signature exchange; a mismatch aborts
   // the NCCL communicator, whose mismatched kernels would otherwise never return.
   return detail::with_signature_check(std::move(op), nullptr, check_comm_, rank(), size(), options().timeout,
-                                      nullptr, [state = state_] { state->abort(); });
+                                      nullptr, [state = state_] { state->abort_communicator(); });
 }
 
 }  // namespace troupe::collectives

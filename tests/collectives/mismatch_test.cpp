@@ -248,7 +248,10 @@ class DeviceCall final : public Operation {
     if (aborted) throw CommunicatorFailed("the device call was aborted");
     return finished;
   }
-  bool queue_device_wait() override { return device_waits += 1, true; }
+  bool queue_device_wait() override {
+    ++device_waits;
+    return true;
+  }
   bool started = false, finished = false, aborted = false;
   int device_waits = 0;
 };
@@ -257,7 +260,10 @@ struct CheckedDeviceCall {
   CheckedDeviceCall(MPI_Comm comm, int rank, int size, Collective c)
       : call(std::make_shared<DeviceCall>(c)),
         checked(detail::with_signature_check(call, nullptr, comm, rank, size, std::chrono::seconds(30), nullptr,
-                                             [this] { aborts += 1, call->aborted = true; })) {
+                                             [this] {
+                                               ++aborts;
+                                               call->aborted = true;
+                                             })) {
     checked->start();
   }
   // Polls the checked call until it completes (true), fails (its error rethrown) or 20 s pass (false).
