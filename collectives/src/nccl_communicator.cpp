@@ -261,7 +261,10 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   std::unique_ptr<Communicator> host_child = host_->split(color, key);  // collective too
   MPI_Comm check_child = MPI_COMM_NULL;  // every rank is here once host_'s split returned
   TROUPE_MPI_CHECK(MPI_Comm_split(check_comm_, color < 0 ? MPI_UNDEFINED : color, key, &check_child));
-  if (color < 0 || child->comm == nullptr) return nullptr;
+  if (color < 0 || child->comm == nullptr) {
+    if (check_child != MPI_COMM_NULL) MPI_Comm_free(&check_child);
+    return nullptr;
+  }
   int rank = 0, size = 0;
   check_nccl(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
   check_nccl(ncclCommCount(child->comm, &size), "ncclCommCount", context);
