@@ -199,7 +199,7 @@ against troupe's shared-memory figure from the first job.
 - Small blocking calls (<= 4 KB) over shared memory make no MPI call: their data
   rides in the signature board's entries (docs/COLLECTIVES.md), one cache-line write
   and one read per peer. A broadcast's root publishes and returns, as MPI's eager
-  root does, and compares its peers' entries at its next call, so a loop of
+  root does, and compares its peers' entries in batches of up to 8, so a loop of
   broadcasts is pipelined on both sides.
 - Over TCP the runs swing by up to 2x from one to the next (loopback TCP on two busy
   cores: sys time is most of the CPU), so a single row there says little.

@@ -10,8 +10,9 @@
 // signatures agree.
 //
 // A broadcast's root is the exception: it publishes and returns, and compares its
-// peers' entries at its next call (ShmChannel::unverified). Two ranks that each take
-// themselves for the root are then told at their next call, or on stderr when the
+// peers' entries at its next call that is not such a broadcast, or once
+// ShmChannel::kRootRunAhead of them are pending (ShmChannel::unverified). Two ranks
+// that each take themselves for the root are told then, or on stderr when the
 // communicator goes first; every other rank is told in the broadcast.
 //
 // Every rank reduces in rank order 0, 1, ..., n-1 (an avg divides at the last

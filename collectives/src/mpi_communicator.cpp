@@ -226,7 +226,7 @@ bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
       detail::finish_signature_check(*exchange, check_comm_, c, rank(), size(), options().timeout);
     } else if (shm_ && options().check_signatures) {
       // Every rank waits for every peer's entry, a broadcast's root too. (The board's
-      // small broadcast defers its root's wait to the next call, board_call.hpp; the
+      // small broadcast defers its root's wait to a later call, board_call.hpp; the
       // calls here carry more than the board holds, and their data, not the round
       // trip, is their cost.)
       detail::wait_for_board(*shm_, c, options().timeout);

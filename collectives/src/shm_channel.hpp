@@ -42,7 +42,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <vector>
 
 #include "slot_writer.hpp"
@@ -115,10 +114,16 @@ class ShmChannel {
   }
   // This rank's last reading of the least of its peers' `checked` (not shared).
   std::uint64_t board_floor = 0;
-  // A broadcast this rank sent as the root on the board and returned from before its
-  // peers' entries were compared (board_call.cpp), without its buffers: compared at
-  // this rank's next publish, or when the communicator goes. Not shared.
-  std::optional<Collective> unverified;
+  // The broadcasts this rank sent as the root on the board and returned from before
+  // their peers' entries were compared (board_call.cpp), oldest first, without their
+  // buffers: compared at this rank's next call that is not such a broadcast, once
+  // kRootRunAhead are pending, or when the communicator goes. Not shared.
+  std::vector<Collective> unverified;
+  // How many board broadcasts a root may send before it compares them. Comparing each
+  // at the next call ties the root to its peers' previous call, a cross-core read per
+  // call; a batch is compared for about the price of one, and a mismatch is still
+  // found within it.
+  static constexpr std::size_t kRootRunAhead = 8;
   // How many of `rank`'s first collectives it has checked against every peer: the
   // entries before that may be overwritten.
   std::atomic_ref<std::uint64_t> checked(int rank) const {

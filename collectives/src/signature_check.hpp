@@ -50,13 +50,15 @@ Signature signature_of(const Collective& collective);
 
 // ---- on one node: the board ----
 // Writes `collective`'s signature into this rank's entry, after `payload` (at most
-// ShmChannel::kBoardPayloadBytes, for board_call.hpp). First compares a broadcast this
-// rank sent as the root without waiting (ShmChannel::unverified) with its peers'
-// entries, throwing CollectiveMismatch or TimeoutError for it. Waits (bounded by
-// `timeout`) while a peer has yet to check the call ShmChannel::kBoardEntries before
-// it, whose entry this one reuses.
+// ShmChannel::kBoardPayloadBytes, for board_call.hpp). First compares the broadcasts
+// this rank sent as the root without waiting (ShmChannel::unverified), oldest first,
+// with its peers' entries, throwing CollectiveMismatch or TimeoutError for one --
+// unless this call is such a broadcast too (`root_runs_ahead`) and fewer than
+// ShmChannel::kRootRunAhead are pending. Waits (bounded by `timeout`) while a peer has
+// yet to check the call ShmChannel::kBoardEntries before it, whose entry this one
+// reuses.
 void publish_signature(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout,
-                       std::span<const std::byte> payload = {});
+                       std::span<const std::byte> payload = {}, bool root_runs_ahead = false);
 // Whether every rank's entry holds this call's signature yet (false: a rank has not
 // published it); throws CollectiveMismatch if one differs. Never blocks.
 bool board_agrees(ShmChannel& board, const Collective& collective);

@@ -140,13 +140,41 @@ TEST(DeferredRootCheck, ReportsOnStderrWhenTheCommunicatorGoesFirst) {
   EXPECT_NE(report.find("rank 1: broadcast #0 (root 1"), std::string::npos) << report;
 }
 
+// A root that keeps broadcasting runs only ShmChannel::kRootRunAhead (8) calls ahead
+// of its check: two ranks that each take themselves for the root of a long run of
+// broadcasts are both told within it, naming the first call.
+TEST(DeferredRootCheck, ARunOfBroadcastsIsCheckedWithinEightCalls) {
+  if (world().size() < 2 || !world_on_one_node()) GTEST_SKIP() << "needs two ranks on one node";
+  MpiCommunicator comm(MPI_COMM_WORLD, paths()[0].options);
+  std::vector<float> data(4, 1.0f);
+  int failed_at = -1;
+  std::string message;
+  for (int i = 0; i < 20 && failed_at < 0; ++i) {
+    try {
+      comm.broadcast(Buffer(data), comm.rank() == 0 || comm.rank() == 1 ? comm.rank() : 0);
+    } catch (const CollectiveMismatch& e) {
+      failed_at = i;
+      message = e.what();
+    }
+  }
+  if (comm.rank() <= 1) {
+    EXPECT_GE(failed_at, 0) << "the mismatched roots were never reported";
+    EXPECT_LE(failed_at, 8);
+  } else {
+    EXPECT_EQ(failed_at, 0) << "a non-root is told in the broadcast itself";
+  }
+  EXPECT_NE(message.find("broadcast #0"), std::string::npos) << message;
+  EXPECT_TRUE(comm.failed());
+}
+
 // Many broadcasts from changing roots, past the board's 256 entries: a root that
 // returns at once must still not let a peer overwrite an entry it has not compared.
+// Runs of 3 calls from one root, then runs of 20 (longer than the root runs ahead).
 TEST(DeferredRootCheck, BroadcastsFromChangingRootsKeepTheirData) {
   MpiCommunicator comm(MPI_COMM_WORLD, paths()[0].options);
   std::vector<std::int64_t> data(3);
   for (int i = 0; i < 700; ++i) {
-    const int root = (i / 3) % comm.size();
+    const int root = (i < 350 ? i / 3 : i / 20) % comm.size();
     std::fill(data.begin(), data.end(), comm.rank() == root ? i : -1);
     comm.broadcast(Buffer(data), root);
     ASSERT_EQ(data[2], i) << "broadcast " << i << " from rank " << root;
