@@ -1,5 +1,6 @@
-// Causal self-attention on CUDA, the flash-attention recipe (Dao et al., 2022): the
-// T x T scores never reach global memory. A thread owns one row (a query in the
+// Causal self-attention on CUDA for f32 and f64 (bf16 has the tensor-core kernels of
+// cuda_attention_mma.cu), the flash-attention recipe (Dao et al., 2022) on CUDA cores:
+// the T x T scores never reach global memory. A thread owns one row (a query in the
 // forward and in dQ, a key in dK/dV) and keeps its accumulators in registers; a block
 // of TILE threads walks the other side's rows in TILE-row tiles staged in shared
 // memory, skipping the tiles the causal mask hides.
@@ -14,12 +15,7 @@
 // run ends. Everything accumulates in f32 (f64 for f64 tensors). Attention dropout
 // draws the word of score (i, j) of head bh from Philox at (bh * T + i) * T + j, as
 // the CPU does, so both devices drop the same weights.
-#include <cuda_runtime.h>
-
-#include <cmath>
-
-#include "../philox.hpp"
-#include "cuda_device.cuh"
+#include "cuda_attention.cuh"
 
 namespace troupe::tensor::cuda_backend {
 
@@ -31,21 +27,8 @@ template <class T> constexpr int kTile = std::is_same_v<T, double> ? 32 : 64;
 
 __device__ inline std::int64_t lesser(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 
-struct Geometry {
-  std::int64_t time, channels, heads, head_dim;
-  double scale;  // 1 / sqrt(head_dim)
-  double dropout;
-  float keep;  // 1 - dropout, as the CPU compares it
-  std::uint64_t seed, offset;
-};
-
-// The dropout multiplier of score (i, j) of head bh: 0 or 1 / keep.
-template <class A>
-__device__ inline A dropout_factor(const Geometry& g, std::int64_t bh, std::int64_t i, std::int64_t j) {
-  const auto index = static_cast<std::uint64_t>((bh * g.time + i) * g.time + j);
-  const float u = static_cast<float>(detail::philox_uniform(g.seed, g.offset, index));
-  return u < g.keep ? static_cast<A>(1.0 / (1.0 - g.dropout)) : A(0);
-}
+using attention::Geometry;
+using attention::dropout_factor;
 
 // Rows [first, first + TILE) of one head's q, k or v (column offset `part` = 0, C or
 // 2C of each qkv row) into tile[TILE][pitch] as A, zero past the sequence and past
@@ -257,24 +240,8 @@ __global__ void __launch_bounds__(kTile<T>) backward_dkdv_kernel(const T* qkv, c
     }
 }
 
-Geometry geometry_of(const AttentionShape& s, const AttentionDropout& drop) {
-  return {s.time,  s.channels, s.heads, s.head_dim, 1.0 / std::sqrt(static_cast<double>(s.head_dim)),
-          drop.p,  static_cast<float>(1.0 - drop.p), drop.seed, drop.offset};
-}
-
-// Launches `kernel` over (B * H, row tiles) with `bytes` of dynamic shared memory,
-// above the 48 KB a launch gets unasked where the tiles need it.
-template <class Kernel, class... Args>
-void launch(Kernel kernel, const AttentionShape& s, int rows, std::size_t bytes, const char* what, Args... args) {
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-             what, __FILE__, __LINE__);
-  const dim3 grid(static_cast<unsigned>(s.batch * s.heads), static_cast<unsigned>((s.time + rows - 1) / rows));
-  kernel<<<grid, rows, bytes>>>(args...);
-  finish(what);
-}
-
 // Calls body(T{}, integral_constant<int, DMAX>{}, bool_constant<dropout>{}) for the
-// dtype (f32, f64, bf16) and the smallest of 32, 64, 128 that holds head_dim. The
+// dtype (f32, f64) and the smallest of 32, 64, 128 that holds head_dim. The
 // dropout flag is a template argument because Philox inlined into the loops pushes
 // the register accumulators out to local memory: only dropout's kernels pay that.
 template <class Body>
@@ -291,7 +258,6 @@ void dispatch_attention(DType dtype, std::int64_t head_dim, bool dropout, const 
   switch (dtype) {
     case DType::f32: return by_width(float{});
     case DType::f64: return by_width(double{});
-    case DType::bf16: return by_width(BFloat16{});
     default: TROUPE_THROW(InvalidArgument, what, ": f32, f64 or bf16 on CUDA, got ", dtype_name(dtype));
   }
 }
@@ -300,20 +266,31 @@ void dispatch_attention(DType dtype, std::int64_t head_dim, bool dropout, const 
 
 void attention_forward(DType dtype, const void* qkv, const AttentionShape& s, const AttentionDropout& drop,
                        void* out, void* lse) {
-  const Geometry g = geometry_of(s, drop);
+  if (dtype == DType::bf16) {
+    attention::forward_bf16(static_cast<const BFloat16*>(qkv), s, drop, static_cast<BFloat16*>(out),
+                            static_cast<float*>(lse));
+    return;
+  }
+  const Geometry g = attention::geometry_of(s, drop);
   dispatch_attention(dtype, s.head_dim, drop.p > 0, "causal attention", [&](auto tag, auto width, auto dropout) {
     using T = decltype(tag);
     using A = Acc<T>;
     constexpr int DMAX = decltype(width)::value, rows = kTile<T>;
     constexpr bool drop_on = decltype(dropout)::value;
-    launch(forward_kernel<T, DMAX, drop_on>, s, rows, 2 * rows * DMAX * sizeof(A), "causal attention",
+    attention::launch(forward_kernel<T, DMAX, drop_on>, s, rows, rows, 2 * rows * DMAX * sizeof(A), "causal attention",
            static_cast<const T*>(qkv), g, static_cast<T*>(out), static_cast<A*>(lse));
   });
 }
 
 void attention_backward(DType dtype, const void* qkv, const void* out, const void* grad_out, const void* lse,
                         const AttentionShape& s, const AttentionDropout& drop, void* delta, void* grad_qkv) {
-  const Geometry g = geometry_of(s, drop);
+  if (dtype == DType::bf16) {
+    attention::backward_bf16(static_cast<const BFloat16*>(qkv), static_cast<const BFloat16*>(out),
+                             static_cast<const BFloat16*>(grad_out), static_cast<const float*>(lse), s, drop,
+                             static_cast<float*>(delta), static_cast<BFloat16*>(grad_qkv));
+    return;
+  }
+  const Geometry g = attention::geometry_of(s, drop);
   dispatch_attention(dtype, s.head_dim, drop.p > 0, "causal attention backward", [&](auto tag, auto width, auto dropout) {
     using T = decltype(tag);
     using A = Acc<T>;
@@ -324,9 +301,9 @@ void attention_backward(DType dtype, const void* qkv, const void* out, const voi
     const auto* l = static_cast<const A*>(lse);
     auto* dl = static_cast<A*>(delta);
     auto* gq = static_cast<T*>(grad_qkv);
-    launch(backward_dq_kernel<T, DMAX, drop_on>, s, rows, 2 * rows * DMAX * sizeof(A), "causal attention backward (dq)", q,
+    attention::launch(backward_dq_kernel<T, DMAX, drop_on>, s, rows, rows, 2 * rows * DMAX * sizeof(A), "causal attention backward (dq)", q,
            static_cast<const T*>(out), gy, l, g, dl, gq);
-    launch(backward_dkdv_kernel<T, DMAX, drop_on>, s, rows, (2 * rows * (DMAX + 1) + 2 * rows * DMAX + 2 * rows) * sizeof(A),
+    attention::launch(backward_dkdv_kernel<T, DMAX, drop_on>, s, rows, rows, (2 * rows * (DMAX + 1) + 2 * rows * DMAX + 2 * rows) * sizeof(A),
            "causal attention backward (dk, dv)", q, gy, l, static_cast<const A*>(dl), g, gq);
   });
 }

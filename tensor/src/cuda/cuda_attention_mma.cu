@@ -1,0 +1,458 @@
+// Causal self-attention for bf16 on tensor cores: the flash-attention-2 layout (Dao,
+// 2023) with mma.sync.m16n8k16 (bf16 in, f32 accumulated). A block has 4 warps and 64
+// rows of its own side (queries in the forward and in dQ, keys in dK/dV), 16 per warp;
+// it walks the other side in 64-row tiles staged in shared memory, skipping the tiles
+// the causal mask hides. The scores of a warp's 16 rows against a tile stay in
+// registers, in the accumulator layout of the mma, which is also the layout of its
+// A operand: P (or dS) feeds the next product without a trip through shared memory.
+//
+//   forward   S = Q K^T, online softmax (base 2), O += P V; writes O / l and the lse
+//   dq        delta = rowsum(dO * O); S, dP = dO V^T, dS = P (dP - delta), dQ += dS K
+//   dkdv      S^T = K Q^T, dV += P^T dO, dP^T = V dO^T, dK += dS^T Q
+//
+// As in cuda_attention.cu, dQ has its own kernel so that nothing is summed with
+// atomics: every run gives the same bits. P and dS are rounded to bf16 before their
+// products, as flash attention does; dropout uses the same Philox words as the CPU.
+//
+// Operands the mma reads as B ([n][k], k contiguous) come from tiles stored row-major
+// ([row][d]: K for S, V for dP) or transposed ([d][row]: V for P V, K for dS K, Q and
+// dO in dkdv). Rows are padded by 8 bf16 so that the 8 rows one fragment load touches
+// fall in different banks. Head sizes up to 128 run in the 32-, 64- or 128-wide
+// kernels with the columns past head_dim zero.
+#include <cuda_bf16.h>
+
+#include "cuda_attention.cuh"
+
+namespace troupe::tensor::cuda_backend::attention {
+
+namespace {
+
+using Bits = std::uint16_t;  // a bf16 as stored
+
+constexpr int kRows = 64;  // rows per block and per tile
+constexpr int kThreads = 128;
+constexpr int kPitchT = kRows + 8;              // a transposed tile's row, in bf16
+template <int D> constexpr int kPitch = D + 8;  // a row-major tile's row
+// The room for either shape of tile, in bf16 (a multiple of 8: tiles stay 16-byte aligned).
+template <int D> constexpr int kTileBits = kRows * kPitch<D> > D * kPitchT ? kRows * kPitch<D> : D * kPitchT;
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ std::uint32_t word(const Bits* tile, int index) {
+  return *reinterpret_cast<const std::uint32_t*>(tile + index);
+}
+
+__device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+__device__ __forceinline__ float unpack(Bits b) { return __uint_as_float(static_cast<std::uint32_t>(b) << 16); }
+
+// c += a b for a 16x16 A (row-major fragment) and a 16x8 B (column fragment).
+__device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// The lane's place in a fragment: row group (0-7) and the pair within it (0-3).
+struct Lane {
+  int group, pair;
+  __device__ Lane() : group((threadIdx.x % 32) / 4), pair(threadIdx.x % 4) {}
+};
+
+// A operand, rows [r0, r0 + 16) x columns [k0, k0 + 16) of a row-major tile.
+template <int P>
+__device__ __forceinline__ void load_a(const Bits* tile, int r0, int k0, const Lane& l, std::uint32_t (&a)[4]) {
+  const int top = (r0 + l.group) * P + k0 + 2 * l.pair, bottom = top + 8 * P;
+  a[0] = word(tile, top);
+  a[1] = word(tile, bottom);
+  a[2] = word(tile, top + 8);
+  a[3] = word(tile, bottom + 8);
+}
+
+// c[n] += A b_n for the 8-column blocks n of B, B[k][n] = tile[n][k] (k contiguous).
+template <int P, int N>
+__device__ __forceinline__ void mma_row(float (&c)[N][4], const std::uint32_t (&a)[4], const Bits* tile, int k0,
+                                        const Lane& l) {
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    const int at = (n * 8 + l.group) * P + k0 + 2 * l.pair;
+    mma(c[n], a, word(tile, at), word(tile, at + 8));
+  }
+}
+
+// The 16 x 16 A operand of columns [16 kk, 16 kk + 16) of a 16 x 64 accumulator (P or
+// dS), rounded to bf16: the accumulator's blocks 2 kk and 2 kk + 1, as they lie.
+__device__ __forceinline__ void as_a(const float (&c)[8][4], int kk, std::uint32_t (&a)[4]) {
+  a[0] = pack(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
+// Where one head's rows lie: row r's head_dim values start at base + r * stride.
+template <class Pointer>
+struct Rows {
+  Pointer base;
+  std::int64_t stride;
+};
+
+// Rows [first, first + 64) of `src` into a row-major tile ([r][d], pitch D + 8) and/or
+// a transposed one ([d][r], pitch 72), zero past `time` and past head_dim. `vector`:
+// 16-byte loads (head_dim and the row stride multiples of 8, the data 16-byte aligned).
+template <int D>
+__device__ void load_tile(Rows<const Bits*> src, std::int64_t first, const Geometry& g, bool vector, Bits* tile,
+                          Bits* transposed = nullptr) {
+  constexpr int kChunks = D / 8;  // 8 bf16 per chunk
+  for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
+    const int r = e / kChunks, c = (e % kChunks) * 8;
+    const std::int64_t row = first + r;
+    alignas(16) Bits v[8];
+    const Bits* from = src.base + row * src.stride + c;
+    if (row < g.time && vector && c + 8 <= g.head_dim) {
+      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(from);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = row < g.time && c + k < g.head_dim ? from[k] : Bits{0};
+    }
+    if (tile != nullptr) *reinterpret_cast<uint4*>(tile + r * kPitch<D> + c) = *reinterpret_cast<const uint4*>(v);
+    if (transposed != nullptr)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) transposed[(c + k) * kPitchT + r] = v[k];
+  }
+}
+
+// The 64-row tiles of a sequence of T rows; blocks take them last first, so that the
+// longest (the most keys under the mask) start first.
+__device__ inline std::int64_t query_tile_first(std::int64_t time) {
+  const std::int64_t tiles = (time + kRows - 1) / kRows;
+  return (tiles - 1 - static_cast<std::int64_t>(blockIdx.y)) * kRows;
+}
+
+struct Heads {
+  std::int64_t bh, b, h;
+  __device__ explicit Heads(const Geometry& g) : bh(blockIdx.x), b(bh / g.heads), h(bh % g.heads) {}
+};
+
+// q, k or v (part 0, 1, 2) of head h in batch b of qkv [B, T, 3C] (or of its gradient).
+template <class Pointer>
+__device__ inline Rows<Pointer> qkv_rows(Pointer qkv, const Geometry& g, const Heads& at, int part) {
+  return {qkv + at.b * g.time * 3 * g.channels + part * g.channels + at.h * g.head_dim, 3 * g.channels};
+}
+// Head h in batch b of a [B, T, C] tensor (out, grad_out).
+template <class Pointer>
+__device__ inline Rows<Pointer> out_rows(Pointer y, const Geometry& g, const Heads& at) {
+  return {y + at.b * g.time * g.channels + at.h * g.head_dim, g.channels};
+}
+
+__device__ __forceinline__ float row_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float row_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Stores a 16 x D accumulator as rows [row0, row0 + 16) of `dst`, each row r times
+// factor[r >= 8], skipping rows past time and columns past head_dim.
+template <int D>
+__device__ void store_rows(const float (&c)[D / 8][4], float factor0, float factor1, Rows<Bits*> dst,
+                           std::int64_t row0, const Geometry& g, const Lane& l) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const std::int64_t row = row0 + l.group + (e >= 2 ? 8 : 0);
+      const int d = n * 8 + 2 * l.pair + (e & 1);
+      if (row < g.time && d < g.head_dim)
+        dst.base[row * dst.stride + d] = BFloat16(c[n][e] * (e >= 2 ? factor1 : factor0)).bits;
+    }
+}
+
+template <int D, bool kDropout>
+__global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geometry g, bool vector, Bits* out,
+                                                           float* lse) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  Bits* qs = reinterpret_cast<Bits*>(shared);  // [64][D + 8]
+  Bits* ks = qs + kTileBits<D>;                // [64][D + 8]
+  Bits* vt = ks + kTileBits<D>;                // [D][72]
+  const Lane l;
+  const Heads at(g);
+  const int warp = threadIdx.x / 32;
+  const std::int64_t first = query_tile_first(g.time);
+  const std::int64_t row0 = first + warp * 16 + l.group;  // this lane's rows: row0 and row0 + 8
+  const float scale = static_cast<float>(g.scale) * kLog2e;
+  load_tile<D>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
+
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0, 0};  // per row: running max (base 2) and this lane's sum
+  for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
+    __syncthreads();  // the previous tiles are consumed
+    load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
+    load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, nullptr, vt);
+    __syncthreads();
+    float s[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t a[4];
+      load_a<kPitch<D>>(qs, warp * 16, kk * 16, l, a);
+      mma_row<kPitch<D>>(s, a, ks, kk * 16, l);
+    }
+    float next[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
+        s[n][e] = k0 == first && col > row ? -INFINITY : s[n][e] * scale;
+        next[e / 2] = fmaxf(next[e / 2], s[n][e]);
+      }
+    float correction[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      next[r] = row_max(next[r]);
+      correction[r] = exp2f(m[r] - next[r]);
+      m[r] = next[r];
+      sum[r] *= correction[r];
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= correction[0];
+      o[n][1] *= correction[0];
+      o[n][2] *= correction[1];
+      o[n][3] *= correction[1];
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = exp2f(s[n][e] - m[e / 2]);
+        sum[e / 2] += p;
+        s[n][e] = p;
+        if constexpr (kDropout) {
+          const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
+          s[n][e] *= dropout_factor<float>(g, at.bh, row, col);
+        }
+      }
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      std::uint32_t a[4];
+      as_a(s, kk, a);
+      mma_row<kPitchT>(o, a, vt, kk * 16, l);
+    }
+  }
+  const float total[2] = {row_sum(sum[0]), row_sum(sum[1])};
+  store_rows<D>(o, 1.0f / total[0], 1.0f / total[1], out_rows(out, g, at), first + warp * 16, g, l);
+  if (l.pair == 0)
+    for (int r = 0; r < 2; ++r) {
+      const std::int64_t row = row0 + 8 * r;
+      if (row < g.time) lse[at.bh * g.time + row] = (m[r] + log2f(total[r])) / kLog2e;
+    }
+}
+
+template <int D, bool kDropout>
+__global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, const Bits* out, const Bits* grad_out,
+                                                               const float* lse, Geometry g, bool vector,
+                                                               float* delta, Bits* grad_qkv) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  Bits* qs = reinterpret_cast<Bits*>(shared);  // [64][D + 8]
+  Bits* dys = qs + kTileBits<D>;               // [64][D + 8]
+  Bits* ks = dys + kTileBits<D>;               // [64][D + 8]
+  Bits* kt = ks + kTileBits<D>;                // [D][72]
+  Bits* vs = kt + kTileBits<D>;                // [64][D + 8]
+  float* delta_s = reinterpret_cast<float*>(vs + kTileBits<D>);  // [64]
+  const Lane l;
+  const Heads at(g);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::int64_t first = query_tile_first(g.time);
+  const std::int64_t row0 = first + warp * 16 + l.group;
+  const float scale = static_cast<float>(g.scale) * kLog2e;
+
+  // delta = rowsum(dO * O), a warp per row, kept for dkdv.
+  const auto y = out_rows(out, g, at), dy = out_rows(grad_out, g, at);
+  for (int r = warp * 16; r < warp * 16 + 16; ++r) {
+    const std::int64_t row = first + r;
+    float part = 0;
+    if (row < g.time)
+      for (std::int64_t d = lane; d < g.head_dim; d += 32)
+        part += unpack(dy.base[row * dy.stride + d]) * unpack(y.base[row * y.stride + d]);
+#pragma unroll
+    for (int mask = 16; mask > 0; mask /= 2) part += __shfl_xor_sync(0xffffffffu, part, mask);
+    if (lane == 0) {
+      delta_s[r] = part;
+      if (row < g.time) delta[at.bh * g.time + row] = part;
+    }
+  }
+  load_tile<D>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
+  load_tile<D>(dy, first, g, vector, dys);
+  __syncthreads();
+  float row_lse[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const std::int64_t row = row0 + 8 * r;
+    row_lse[r] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
+    row_delta[r] = delta_s[warp * 16 + l.group + 8 * r];
+  }
+
+  float dq[D / 8][4] = {};
+  for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
+    __syncthreads();
+    load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks, kt);
+    load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
+    __syncthreads();
+    float s[8][4] = {}, dp[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t a[4];
+      load_a<kPitch<D>>(qs, warp * 16, kk * 16, l, a);
+      mma_row<kPitch<D>>(s, a, ks, kk * 16, l);
+      load_a<kPitch<D>>(dys, warp * 16, kk * 16, l, a);
+      mma_row<kPitch<D>>(dp, a, vs, kk * 16, l);
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
+        const float p = k0 == first && col > row ? 0.0f : exp2f(s[n][e] * scale - row_lse[e / 2]);
+        float dpe = dp[n][e];
+        if constexpr (kDropout) dpe *= dropout_factor<float>(g, at.bh, row, col);
+        s[n][e] = p * (dpe - row_delta[e / 2]);  // dS
+      }
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      std::uint32_t a[4];
+      as_a(s, kk, a);
+      mma_row<kPitchT>(dq, a, kt, kk * 16, l);
+    }
+  }
+  const float by = static_cast<float>(g.scale);
+  store_rows<D>(dq, by, by, qkv_rows(grad_qkv, g, at, 0), first + warp * 16, g, l);
+}
+
+template <int D, bool kDropout>
+__global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv, const Bits* grad_out,
+                                                                 const float* lse, const float* delta, Geometry g,
+                                                                 bool vector, Bits* grad_qkv) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  Bits* ks = reinterpret_cast<Bits*>(shared);  // own keys [64][D + 8]
+  Bits* vs = ks + kTileBits<D>;                // own values [64][D + 8]
+  Bits* qs = vs + kTileBits<D>;                // [64][D + 8]
+  Bits* qt = qs + kTileBits<D>;                // [D][72]
+  Bits* dys = qt + kTileBits<D>;               // [64][D + 8]
+  Bits* dyt = dys + kTileBits<D>;              // [D][72]
+  float* lse_s = reinterpret_cast<float*>(dyt + kTileBits<D>);  // [64], base 2
+  float* delta_s = lse_s + kRows;                                // [64]
+  const Lane l;
+  const Heads at(g);
+  const int warp = threadIdx.x / 32;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kRows;  // the first key tiles have the most queries
+  const std::int64_t key0 = first + warp * 16 + l.group;                   // this lane's keys: key0 and key0 + 8
+  const float scale = static_cast<float>(g.scale) * kLog2e;
+  const auto dy = out_rows(grad_out, g, at);
+  load_tile<D>(qkv_rows(qkv, g, at, 1), first, g, vector, ks);
+  load_tile<D>(qkv_rows(qkv, g, at, 2), first, g, vector, vs);
+
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  for (std::int64_t q0 = first; q0 < g.time; q0 += kRows) {
+    __syncthreads();
+    load_tile<D>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs, qt);
+    load_tile<D>(dy, q0, g, vector, dys, dyt);
+    if (threadIdx.x < kRows) {
+      const std::int64_t row = q0 + threadIdx.x;
+      lse_s[threadIdx.x] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
+      delta_s[threadIdx.x] = row < g.time ? delta[at.bh * g.time + row] : 0.0f;
+    }
+    __syncthreads();
+    float s[8][4] = {}, dp[8][4] = {};  // S^T and dP^T: this warp's 16 keys x 64 queries
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      std::uint32_t a[4];
+      load_a<kPitch<D>>(ks, warp * 16, kk * 16, l, a);
+      mma_row<kPitch<D>>(s, a, qs, kk * 16, l);
+      load_a<kPitch<D>>(vs, warp * 16, kk * 16, l, a);
+      mma_row<kPitch<D>>(dp, a, dys, kk * 16, l);
+    }
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t key = key0 + (e >= 2 ? 8 : 0);
+        const int c = n * 8 + 2 * l.pair + (e & 1);
+        const std::int64_t query = q0 + c;
+        const float p = query < g.time && query >= key ? exp2f(s[n][e] * scale - lse_s[c]) : 0.0f;
+        float kept = p, dpe = dp[n][e];
+        if constexpr (kDropout) {
+          const float z = dropout_factor<float>(g, at.bh, query, key);
+          kept *= z;
+          dpe *= z;
+        }
+        s[n][e] = kept;                        // P^T after dropout, for dV
+        dp[n][e] = p * (dpe - delta_s[c]);     // dS^T
+      }
+#pragma unroll
+    for (int kk = 0; kk < kRows / 16; ++kk) {
+      std::uint32_t a[4];
+      as_a(s, kk, a);
+      mma_row<kPitchT>(dv, a, dyt, kk * 16, l);
+      as_a(dp, kk, a);
+      mma_row<kPitchT>(dk, a, qt, kk * 16, l);
+    }
+  }
+  const float by = static_cast<float>(g.scale);
+  store_rows<D>(dk, by, by, qkv_rows(grad_qkv, g, at, 1), first + warp * 16, g, l);
+  store_rows<D>(dv, 1.0f, 1.0f, qkv_rows(grad_qkv, g, at, 2), first + warp * 16, g, l);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// Calls body(integral_constant<int, D>{}, bool_constant<dropout>{}) for the smallest
+// of 32, 64, 128 that holds head_dim.
+template <class Body>
+void dispatch(std::int64_t head_dim, bool dropout, Body&& body) {
+  const auto by_dropout = [&](auto width) {
+    if (dropout) body(width, std::true_type{});
+    else body(width, std::false_type{});
+  };
+  if (head_dim <= 32) by_dropout(std::integral_constant<int, 32>{});
+  else if (head_dim <= 64) by_dropout(std::integral_constant<int, 64>{});
+  else by_dropout(std::integral_constant<int, 128>{});
+}
+
+}  // namespace
+
+void forward_bf16(const BFloat16* qkv, const AttentionShape& s, const AttentionDropout& drop, BFloat16* out,
+                  float* lse) {
+  const Geometry g = geometry_of(s, drop);
+  const bool vector = s.head_dim % 8 == 0 && s.channels % 8 == 0 && aligned16(qkv);
+  dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
+    constexpr int D = decltype(width)::value;
+    launch(forward_kernel<D, decltype(dropout)::value>, s, kRows, kThreads, 3 * kTileBits<D> * sizeof(Bits),
+           "causal attention (bf16)", reinterpret_cast<const Bits*>(qkv), g, vector, reinterpret_cast<Bits*>(out),
+           lse);
+  });
+}
+
+void backward_bf16(const BFloat16* qkv, const BFloat16* out, const BFloat16* grad_out, const float* lse,
+                   const AttentionShape& s, const AttentionDropout& drop, float* delta, BFloat16* grad_qkv) {
+  const Geometry g = geometry_of(s, drop);
+  const bool vector = s.head_dim % 8 == 0 && s.channels % 8 == 0 && aligned16(qkv) && aligned16(grad_out);
+  const auto* q = reinterpret_cast<const Bits*>(qkv);
+  const auto* gy = reinterpret_cast<const Bits*>(grad_out);
+  auto* gq = reinterpret_cast<Bits*>(grad_qkv);
+  dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
+    constexpr int D = decltype(width)::value;
+    constexpr bool drop_on = decltype(dropout)::value;
+    launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, 5 * kTileBits<D> * sizeof(Bits) + kRows * sizeof(float),
+           "causal attention backward (bf16, dq)", q, reinterpret_cast<const Bits*>(out), gy, lse, g, vector, delta,
+           gq);
+    launch(backward_dkdv_kernel<D, drop_on>, s, kRows, kThreads,
+           6 * kTileBits<D> * sizeof(Bits) + 2 * kRows * sizeof(float), "causal attention backward (bf16, dk, dv)", q,
+           gy, lse, static_cast<const float*>(delta), g, vector, gq);
+  });
+}
+
+}  // namespace troupe::tensor::cuda_backend::attention
