@@ -27,6 +27,9 @@ AREA_ORDER = ["tensor", "train", "gpt", "sharding", "gpu", "gpu-gpt", "actors", 
 # the area drivers that only pick targets). An area whose results were measured before
 # the last change to any of these is flagged stale.
 _LIB = ["include/", "tensor/", "mpi/"]
+# The CPU areas never call the CUDA backend (tensor/src/cuda/, the .cu kernels): a
+# change there makes only the gpu areas stale.
+_NOT_CUDA = [":(exclude)tensor/src/cuda/", ":(exclude,glob)**/*.cu", ":(exclude,glob)**/*.cuh"]
 AREA_PATHS = {
     "tensor": ["include/", "tensor/", "bench/tensor_bench.cpp"],
     "train": [*_LIB, "nn/", "collectives/", "train/", "bench/train_bench.cpp", "bench/ddp_bench.cpp",
@@ -48,6 +51,9 @@ AREA_PATHS = {
                 "tests/actors/scale_main.cpp", "scripts/cluster", "bench/cluster_area.py",
                 "bench/collectives_bench.cpp", "bench/torch_restart_job.py"],
 }
+for _area, _paths in AREA_PATHS.items():
+    if not _area.startswith("gpu"):
+        _paths += _NOT_CUDA
 
 # What a reader needs to know to read an area's table: how work is counted and where
 # a target comes from. Kept here, beside the table, rather than in each program.
@@ -135,9 +141,10 @@ and its baseline `bench/torch_gpu_gpt.py` run as separate processes, alternately
 
 - Attention: causal self-attention forward + backward on GPT-2 small's shapes (batch 8,
   T = 1024, 12 heads of 64) from one [B, T, 3C] qkv tensor. troupe's fused kernels
-  (`tensor/src/cuda/cuda_attention.cu`: f32 arithmetic on CUDA cores, bf16 loaded and
-  stored as bf16) against torch's `scaled_dot_product_attention`: its flash backend in
-  bf16 (tensor cores), and in f32, which flash does not take, the backend torch picks.
+  (bf16: `tensor/src/cuda/cuda_attention_mma.cu`, tensor cores; f32:
+  `cuda_attention.cu`, CUDA cores) against torch's `scaled_dot_product_attention`: its
+  flash backend in bf16, and in f32, which flash does not take, the backend torch
+  picks (its memory-efficient kernel).
 - Step: a GPT-2-small-shaped model (12 layers, 12 heads, C = 768, T = 1024, V = 50257,
   124M parameters, tied head, dropout 0) at batch 8: zero_grad, forward,
   cross-entropy, backward, clipping at 1.0, AdamW (decay on matrices), 2 resident
