@@ -1,6 +1,9 @@
 #include "troupe/nn/clip.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "troupe/error.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -9,11 +12,18 @@ namespace troupe::nn {
 
 namespace {
 
+// The squared norm of gradients on one GPU with one synchronisation: each norm is
+// queued into a slot of a device vector and only that vector's norm is read back. A
+// read-back per gradient made clipping 6 ms of a GPT-2-small step (148 tensors).
+double squared_norm_on_device(const std::vector<const Tensor*>& grads) {
+  Tensor norms = Tensor::empty({static_cast<std::int64_t>(grads.size())}, tensor::DType::f64, grads.front()->device());
+  for (std::size_t i = 0; i < grads.size(); ++i)
+    norms.select(static_cast<std::int64_t>(i)).copy_(tensor::norm(*grads[i]));
+  const double total = tensor::norm(norms).item();
+  return total * total;
+}
+
 double squared_norm(const Tensor& g) {
-  if (!g.device().is_cpu()) {
-    const double n = tensor::norm(g).item();
-    return n * n;
-  }
   // Eight partial sums in a fixed order: one running sum is a chain of dependent adds
   // (a third of the time of a GPT's clipping), and the vectoriser may not reorder it.
   constexpr int kLanes = 8;
@@ -41,10 +51,20 @@ double squared_norm(const Tensor& g) {
 double clip_grad_norm(const std::vector<Parameter*>& params, double max_norm) {
   TROUPE_CHECK(max_norm >= 0, "clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   double sum_squares = 0;
+  std::vector<std::pair<Device, std::vector<const Tensor*>>> on_devices;  // GPU gradients, by device
   for (const Parameter* p : params) {
     TROUPE_CHECK(p != nullptr, "clip_grad_norm: null parameter");
-    if (p->grad.defined()) sum_squares += squared_norm(p->grad);
+    if (!p->grad.defined()) continue;
+    const Device device = p->grad.device();
+    if (device.is_cpu()) {
+      sum_squares += squared_norm(p->grad);
+      continue;
+    }
+    auto group = std::find_if(on_devices.begin(), on_devices.end(), [&](const auto& g) { return g.first == device; });
+    if (group == on_devices.end()) group = on_devices.insert(on_devices.end(), {device, {}});
+    group->second.push_back(&p->grad);
   }
+  for (const auto& [device, grads] : on_devices) sum_squares += squared_norm_on_device(grads);
   const double total = std::sqrt(sum_squares);
   // PyTorch's 1e-6 keeps the factor finite when every gradient is zero.
   const double factor = max_norm / (total + 1e-6);

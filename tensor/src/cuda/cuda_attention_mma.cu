@@ -14,11 +14,12 @@
 // atomics: every run gives the same bits. P and dS are rounded to bf16 before their
 // products, as flash attention does; dropout uses the same Philox words as the CPU.
 //
-// Operands the mma reads as B ([n][k], k contiguous) come from tiles stored row-major
-// ([row][d]: K for S, V for dP) or transposed ([d][row]: V for P V, K for dS K, Q and
-// dO in dkdv). Rows are padded by 8 bf16 so that the 8 rows one fragment load touches
-// fall in different banks. Head sizes up to 128 run in the 32-, 64- or 128-wide
-// kernels with the columns past head_dim zero.
+// Every tile is stored row-major ([row][d]). A B operand along d (K for S = Q K^T)
+// is read with plain 32-bit loads; one along the rows (V for P V, K for dS K, Q and dO
+// in dkdv) with ldmatrix.trans, which hands each lane the pairs the mma wants. Rows are
+// padded by 8 bf16 so that the 8 rows one fragment load touches fall in different
+// banks. Head sizes up to 128 run in the 32-, 64- or 128-wide kernels with the columns
+// past head_dim zero.
 #include <cuda_bf16.h>
 
 #include "cuda_attention.cuh"
@@ -31,10 +32,9 @@ using Bits = std::uint16_t;  // a bf16 as stored
 
 constexpr int kRows = 64;  // rows per block and per tile
 constexpr int kThreads = 128;
-constexpr int kPitchT = kRows + 8;              // a transposed tile's row, in bf16
-template <int D> constexpr int kPitch = D + 8;  // a row-major tile's row
-// The room for either shape of tile, in bf16 (a multiple of 8: tiles stay 16-byte aligned).
-template <int D> constexpr int kTileBits = kRows * kPitch<D> > D * kPitchT ? kRows * kPitch<D> : D * kPitchT;
+template <int D> constexpr int kPitch = D + 8;  // a tile's row, in bf16
+// A tile's size, in bf16 (a multiple of 8: tiles stay 16-byte aligned).
+template <int D> constexpr int kTileBits = kRows * kPitch<D>;
 constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ std::uint32_t word(const Bits* tile, int index) {
@@ -83,6 +83,35 @@ __device__ __forceinline__ void mma_row(float (&c)[N][4], const std::uint32_t (&
   }
 }
 
+// B operands of the 8-column blocks n0 and n0 + 8 for rows [k0, k0 + 16) of a
+// row-major [k][n] tile: b[0], b[1] for block n0, b[2], b[3] for n0 + 8. Lanes 8m to
+// 8m + 7 name the rows of matrix m: rows k0 + 8 (m & 1), columns n0 + 8 (m >> 1).
+__device__ __forceinline__ void load_b_along_rows(const Bits* tile, int pitch, int k0, int n0,
+                                                  std::uint32_t (&b)[4]) {
+  const int lane = threadIdx.x % 32, m = lane / 8;
+  const Bits* row = tile + (k0 + lane % 8 + (m & 1) * 8) * pitch + n0 + (m >> 1) * 8;
+  const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(row));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(address)
+               : "memory");
+}
+
+// c[n] += A b_n for the 8-column blocks n of B = tile rows [k0, k0 + 16) (n along the
+// tile's columns).
+template <int P, int N>
+__device__ __forceinline__ void mma_along_rows(float (&c)[N][4], const std::uint32_t (&a)[4], const Bits* tile,
+                                               int k0) {
+  static_assert(N % 2 == 0, "blocks go in pairs");
+#pragma unroll
+  for (int n = 0; n < N; n += 2) {
+    std::uint32_t b[4];
+    load_b_along_rows(tile, P, k0, n * 8, b);
+    mma(c[n], a, b[0], b[1]);
+    mma(c[n + 1], a, b[2], b[3]);
+  }
+}
+
 // The 16 x 16 A operand of columns [16 kk, 16 kk + 16) of a 16 x 64 accumulator (P or
 // dS), rounded to bf16: the accumulator's blocks 2 kk and 2 kk + 1, as they lie.
 __device__ __forceinline__ void as_a(const float (&c)[8][4], int kk, std::uint32_t (&a)[4]) {
@@ -99,12 +128,11 @@ struct Rows {
   std::int64_t stride;
 };
 
-// Rows [first, first + 64) of `src` into a row-major tile ([r][d], pitch D + 8) and/or
-// a transposed one ([d][r], pitch 72), zero past `time` and past head_dim. `vector`:
-// 16-byte loads (head_dim and the row stride multiples of 8, the data 16-byte aligned).
+// Rows [first, first + 64) of `src` into a tile ([r][d], pitch D + 8), zero past
+// `time` and past head_dim. `vector`: 16-byte loads (head_dim and the row stride
+// multiples of 8, the data 16-byte aligned).
 template <int D>
-__device__ void load_tile(Rows<const Bits*> src, std::int64_t first, const Geometry& g, bool vector, Bits* tile,
-                          Bits* transposed = nullptr) {
+__device__ void load_tile(Rows<const Bits*> src, std::int64_t first, const Geometry& g, bool vector, Bits* tile) {
   constexpr int kChunks = D / 8;  // 8 bf16 per chunk
   for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
     const int r = e / kChunks, c = (e % kChunks) * 8;
@@ -117,10 +145,7 @@ __device__ void load_tile(Rows<const Bits*> src, std::int64_t first, const Geome
 #pragma unroll
       for (int k = 0; k < 8; ++k) v[k] = row < g.time && c + k < g.head_dim ? from[k] : Bits{0};
     }
-    if (tile != nullptr) *reinterpret_cast<uint4*>(tile + r * kPitch<D> + c) = *reinterpret_cast<const uint4*>(v);
-    if (transposed != nullptr)
-#pragma unroll
-      for (int k = 0; k < 8; ++k) transposed[(c + k) * kPitchT + r] = v[k];
+    *reinterpret_cast<uint4*>(tile + r * kPitch<D> + c) = *reinterpret_cast<const uint4*>(v);
   }
 }
 
@@ -178,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
   extern __shared__ __align__(16) unsigned char shared[];
   Bits* qs = reinterpret_cast<Bits*>(shared);  // [64][D + 8]
   Bits* ks = qs + kTileBits<D>;                // [64][D + 8]
-  Bits* vt = ks + kTileBits<D>;                // [D][72]
+  Bits* vs = ks + kTileBits<D>;                // [64][D + 8]
   const Lane l;
   const Heads at(g);
   const int warp = threadIdx.x / 32;
@@ -192,7 +217,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
     __syncthreads();  // the previous tiles are consumed
     load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
-    load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, nullptr, vt);
+    load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
     __syncthreads();
     float s[8][4] = {};
 #pragma unroll
@@ -241,7 +266,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
     for (int kk = 0; kk < kRows / 16; ++kk) {
       std::uint32_t a[4];
       as_a(s, kk, a);
-      mma_row<kPitchT>(o, a, vt, kk * 16, l);
+      mma_along_rows<kPitch<D>>(o, a, vs, kk * 16);
     }
   }
   const float total[2] = {row_sum(sum[0]), row_sum(sum[1])};
@@ -261,8 +286,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
   Bits* qs = reinterpret_cast<Bits*>(shared);  // [64][D + 8]
   Bits* dys = qs + kTileBits<D>;               // [64][D + 8]
   Bits* ks = dys + kTileBits<D>;               // [64][D + 8]
-  Bits* kt = ks + kTileBits<D>;                // [D][72]
-  Bits* vs = kt + kTileBits<D>;                // [64][D + 8]
+  Bits* vs = ks + kTileBits<D>;                // [64][D + 8]
   float* delta_s = reinterpret_cast<float*>(vs + kTileBits<D>);  // [64]
   const Lane l;
   const Heads at(g);
@@ -300,7 +324,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
   float dq[D / 8][4] = {};
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
     __syncthreads();
-    load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks, kt);
+    load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
     load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};
@@ -326,7 +350,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
     for (int kk = 0; kk < kRows / 16; ++kk) {
       std::uint32_t a[4];
       as_a(s, kk, a);
-      mma_row<kPitchT>(dq, a, kt, kk * 16, l);
+      mma_along_rows<kPitch<D>>(dq, a, ks, kk * 16);
     }
   }
   const float by = static_cast<float>(g.scale);
@@ -341,10 +365,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
   Bits* ks = reinterpret_cast<Bits*>(shared);  // own keys [64][D + 8]
   Bits* vs = ks + kTileBits<D>;                // own values [64][D + 8]
   Bits* qs = vs + kTileBits<D>;                // [64][D + 8]
-  Bits* qt = qs + kTileBits<D>;                // [D][72]
-  Bits* dys = qt + kTileBits<D>;               // [64][D + 8]
-  Bits* dyt = dys + kTileBits<D>;              // [D][72]
-  float* lse_s = reinterpret_cast<float*>(dyt + kTileBits<D>);  // [64], base 2
+  Bits* dys = qs + kTileBits<D>;               // [64][D + 8]
+  float* lse_s = reinterpret_cast<float*>(dys + kTileBits<D>);  // [64], base 2
   float* delta_s = lse_s + kRows;                                // [64]
   const Lane l;
   const Heads at(g);
@@ -359,8 +381,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   for (std::int64_t q0 = first; q0 < g.time; q0 += kRows) {
     __syncthreads();
-    load_tile<D>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs, qt);
-    load_tile<D>(dy, q0, g, vector, dys, dyt);
+    load_tile<D>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs);
+    load_tile<D>(dy, q0, g, vector, dys);
     if (threadIdx.x < kRows) {
       const std::int64_t row = q0 + threadIdx.x;
       lse_s[threadIdx.x] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
@@ -397,9 +419,9 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
     for (int kk = 0; kk < kRows / 16; ++kk) {
       std::uint32_t a[4];
       as_a(s, kk, a);
-      mma_row<kPitchT>(dv, a, dyt, kk * 16, l);
+      mma_along_rows<kPitch<D>>(dv, a, dys, kk * 16);
       as_a(dp, kk, a);
-      mma_row<kPitchT>(dk, a, qt, kk * 16, l);
+      mma_along_rows<kPitch<D>>(dk, a, qs, kk * 16);
     }
   }
   const float by = static_cast<float>(g.scale);
@@ -446,11 +468,11 @@ void backward_bf16(const BFloat16* qkv, const BFloat16* out, const BFloat16* gra
   dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     constexpr bool drop_on = decltype(dropout)::value;
-    launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, 5 * kTileBits<D> * sizeof(Bits) + kRows * sizeof(float),
+    launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, 4 * kTileBits<D> * sizeof(Bits) + kRows * sizeof(float),
            "causal attention backward (bf16, dq)", q, reinterpret_cast<const Bits*>(out), gy, lse, g, vector, delta,
            gq);
     launch(backward_dkdv_kernel<D, drop_on>, s, kRows, kThreads,
-           6 * kTileBits<D> * sizeof(Bits) + 2 * kRows * sizeof(float), "causal attention backward (bf16, dk, dv)", q,
+           4 * kTileBits<D> * sizeof(Bits) + 2 * kRows * sizeof(float), "causal attention backward (bf16, dk, dv)", q,
            gy, lse, static_cast<const float*>(delta), g, vector, gq);
   });
 }
