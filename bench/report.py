@@ -107,9 +107,10 @@ quick), troupe next to the direct MPI call in the same job.""",
     "gpu": """\
 Issue 11's figures on one NVIDIA GPU, from `scripts/gpu-check` on the GPU machine
 (not `bench/run`: this machine has no GPU), which runs `bench/gpu_bench.cpp` and its
-baseline `bench/torch_gpu_step.py` as separate processes, one after the other, 3 rounds
-alternately, and pairs them with `bench/gpu_table.py` into `bench/results/gpu.json`:
-each figure, troupe's and PyTorch's alike, is the median of its own 3 rounds.
+baseline `bench/torch_gpu_step.py` as separate processes, one after the other, in
+alternating rounds (3 unless `TROUPE_GPU_ROUNDS` says otherwise; the last run had 2),
+and pairs them with `bench/gpu_table.py` into `bench/results/gpu.json`: each figure,
+troupe's and PyTorch's alike, is the median of its own rounds.
 
 - Fused Adam: one kernel over 100M f32 parameters, counted as 28 bytes an element
   (reads param, grad, exp_avg, exp_avg_sq; writes three back), against a
@@ -126,9 +127,9 @@ each figure, troupe's and PyTorch's alike, is the median of its own 3 rounds.
   synchronisations (troupe) or CUDA events (PyTorch); the median repeat. troupe's
   figures move by under 10% between rounds and machines; PyTorch's bf16 steps move
   more (the 25M MLP's: 1.17-2.33 ms on machines of the same kind), so troupe's bf16
-  ratio ranges 0.53-0.88x. The f32 ratios hold at 0.87-0.96x.
+  ratio ranges 0.53-0.88x. The f32 ratios hold at 0.84-0.96x (H100 and H200).
 - The target (issue 11) is PyTorch eager's default step. Against PyTorch's fused Adam,
-  troupe's f32 step is 1.16-1.17x slower (its bf16 step was 0.70-1.08x across runs).
+  troupe's f32 step is 1.01-1.17x slower (its bf16 step was 0.55-1.08x across runs).
   troupe's Adam is one launch for the whole model too (the list form). Adam is not the
   gap (troupe's fused Adam moves bytes as fast as a copy); the step was not profiled,
   and the likely difference is the rest of the step: PyTorch fuses each Linear's bias
