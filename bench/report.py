@@ -141,15 +141,17 @@ and its baseline `bench/torch_gpu_gpt.py` run as separate processes, alternately
 `bench/gpu_gpt_table.py` pairs them; each figure is the median of its own rounds.
 
 - Attention: causal self-attention forward + backward on GPT-2 small's shapes (batch 8,
-  T = 1024, 12 heads of 64) from one [B, T, 3C] qkv tensor. troupe's fused kernels
-  (bf16: `tensor/src/cuda/cuda_attention_mma.cu`, tensor cores; f32:
-  `cuda_attention.cu`, CUDA cores) against torch's `scaled_dot_product_attention`: its
-  flash backend in bf16, and in f32, which flash does not take, the backend torch
-  picks (its memory-efficient kernel).
+  T = 1024, 12 heads of 64) from one [B, T, 3C] qkv tensor, troupe's fused kernels
+  against torch's `scaled_dot_product_attention`: its flash backend in bf16, and in
+  f32, which flash does not take, the backend torch picks (its memory-efficient
+  kernel). troupe's bf16 runs on tensor cores (`tensor/src/cuda/cuda_attention_mma.cu`).
+  The f32 figures below ran `cuda_attention.cu` on CUDA cores; its replacement,
+  `cuda_attention_tf32.cu` (3xTF32 on tensor cores), has not run on a GPU yet.
 - Step: a GPT-2-small-shaped model (12 layers, 12 heads, C = 768, T = 1024, V = 50257,
   124M parameters, tied head, dropout 0) at batch 8: zero_grad, forward,
   cross-entropy, backward, clipping at 1.0, AdamW (decay on matrices), 2 resident
-  batches of random ids. f32 on both sides with TF32 off; bf16 is troupe's bf16 model
+  batches of random ids. f32 on both sides with TF32 off in matmuls (troupe's f32
+  attention keeps f32 accuracy through 3xTF32); bf16 is troupe's bf16 model
   with f32 master weights against torch's autocast. Each timing is 3 calls between
   device synchronisations after 3 warm-up calls, the median of 3.
 - `gpu_gpt_bench --breakdown` times each phase of troupe's step, for finding where the

@@ -1,5 +1,6 @@
-// Causal self-attention on CUDA for f32 and f64 (bf16 has the tensor-core kernels of
-// cuda_attention_mma.cu), the flash-attention recipe (Dao et al., 2022) on CUDA cores:
+// Causal self-attention on CUDA for f64 (bf16 and f32 have the tensor-core kernels of
+// cuda_attention_mma.cu and cuda_attention_tf32.cu), the flash-attention recipe (Dao
+// et al., 2022) on CUDA cores:
 // the T x T scores never reach global memory. A thread owns one row (a query in the
 // forward and in dQ, a key in dK/dV) and keeps its accumulators in registers; a block
 // of TILE threads walks the other side's rows in TILE-row tiles staged in shared
@@ -12,7 +13,7 @@
 // The backward is two kernels rather than one because a single pass over key tiles
 // would have to add dQ across blocks with atomics, whose order (and so whose bits)
 // changes from run to run; troupe's resumed runs must end bit for bit where a straight
-// run ends. Everything accumulates in f32 (f64 for f64 tensors). Attention dropout
+// run ends. Everything accumulates in the element type. Attention dropout
 // draws the word of score (i, j) of head bh from Philox at (bh * T + i) * T + j, as
 // the CPU does, so both devices drop the same weights.
 #include "cuda_attention.cuh"
@@ -241,7 +242,7 @@ __global__ void __launch_bounds__(kTile<T>) backward_dkdv_kernel(const T* qkv, c
 }
 
 // Calls body(T{}, integral_constant<int, DMAX>{}, bool_constant<dropout>{}) for the
-// dtype (f32, f64) and the smallest of 32, 64, 128 that holds head_dim. The
+// dtype (f64) and the smallest of 32, 64, 128 that holds head_dim. The
 // dropout flag is a template argument because Philox inlined into the loops pushes
 // the register accumulators out to local memory: only dropout's kernels pay that.
 template <class Body>
@@ -256,7 +257,6 @@ void dispatch_attention(DType dtype, std::int64_t head_dim, bool dropout, const 
     else by_dropout(tag, std::integral_constant<int, 128>{});
   };
   switch (dtype) {
-    case DType::f32: return by_width(float{});
     case DType::f64: return by_width(double{});
     default: TROUPE_THROW(InvalidArgument, what, ": f32, f64 or bf16 on CUDA, got ", dtype_name(dtype));
   }
@@ -269,6 +269,10 @@ void attention_forward(DType dtype, const void* qkv, const AttentionShape& s, co
   if (dtype == DType::bf16) {
     attention::forward_bf16(static_cast<const BFloat16*>(qkv), s, drop, static_cast<BFloat16*>(out),
                             static_cast<float*>(lse));
+    return;
+  }
+  if (dtype == DType::f32) {
+    attention::forward_f32(static_cast<const float*>(qkv), s, drop, static_cast<float*>(out), static_cast<float*>(lse));
     return;
   }
   const Geometry g = attention::geometry_of(s, drop);
@@ -288,6 +292,12 @@ void attention_backward(DType dtype, const void* qkv, const void* out, const voi
     attention::backward_bf16(static_cast<const BFloat16*>(qkv), static_cast<const BFloat16*>(out),
                              static_cast<const BFloat16*>(grad_out), static_cast<const float*>(lse), s, drop,
                              static_cast<float*>(delta), static_cast<BFloat16*>(grad_qkv));
+    return;
+  }
+  if (dtype == DType::f32) {
+    attention::backward_f32(static_cast<const float*>(qkv), static_cast<const float*>(out),
+                            static_cast<const float*>(grad_out), static_cast<const float*>(lse), s, drop,
+                            static_cast<float*>(delta), static_cast<float*>(grad_qkv));
     return;
   }
   const Geometry g = attention::geometry_of(s, drop);

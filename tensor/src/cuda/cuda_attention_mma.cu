@@ -30,8 +30,8 @@ namespace {
 
 using Bits = std::uint16_t;  // a bf16 as stored
 
-constexpr int kRows = 64;  // rows per block and per tile
-constexpr int kThreads = 128;
+constexpr int kRows = kTileRows;
+constexpr int kThreads = kTileThreads;
 template <int D> constexpr int kPitch = D + 8;  // a tile's row, in bf16
 // A tile's size, in bf16 (a multiple of 8: tiles stay 16-byte aligned).
 template <int D> constexpr int kTileBits = kRows * kPitch<D>;
@@ -55,12 +55,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], 
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-// The lane's place in a fragment: row group (0-7) and the pair within it (0-3).
-struct Lane {
-  int group, pair;
-  __device__ Lane() : group((threadIdx.x % 32) / 4), pair(threadIdx.x % 4) {}
-};
 
 // A operand, rows [r0, r0 + 16) x columns [k0, k0 + 16) of a row-major tile.
 template <int P>
@@ -121,66 +115,6 @@ __device__ __forceinline__ void as_a(const float (&c)[8][4], int kk, std::uint32
   a[3] = pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-// Where one head's rows lie: row r's head_dim values start at base + r * stride.
-template <class Pointer>
-struct Rows {
-  Pointer base;
-  std::int64_t stride;
-};
-
-// Rows [first, first + 64) of `src` into a tile ([r][d], pitch D + 8), zero past
-// `time` and past head_dim. `vector`: 16-byte loads (head_dim and the row stride
-// multiples of 8, the data 16-byte aligned).
-template <int D>
-__device__ void load_tile(Rows<const Bits*> src, std::int64_t first, const Geometry& g, bool vector, Bits* tile) {
-  constexpr int kChunks = D / 8;  // 8 bf16 per chunk
-  for (int e = threadIdx.x; e < kRows * kChunks; e += kThreads) {
-    const int r = e / kChunks, c = (e % kChunks) * 8;
-    const std::int64_t row = first + r;
-    alignas(16) Bits v[8];
-    const Bits* from = src.base + row * src.stride + c;
-    if (row < g.time && vector && c + 8 <= g.head_dim) {
-      *reinterpret_cast<uint4*>(v) = *reinterpret_cast<const uint4*>(from);
-    } else {
-#pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = row < g.time && c + k < g.head_dim ? from[k] : Bits{0};
-    }
-    *reinterpret_cast<uint4*>(tile + r * kPitch<D> + c) = *reinterpret_cast<const uint4*>(v);
-  }
-}
-
-// The 64-row tiles of a sequence of T rows; blocks take them last first, so that the
-// longest (the most keys under the mask) start first.
-__device__ inline std::int64_t query_tile_first(std::int64_t time) {
-  const std::int64_t tiles = (time + kRows - 1) / kRows;
-  return (tiles - 1 - static_cast<std::int64_t>(blockIdx.y)) * kRows;
-}
-
-struct Heads {
-  std::int64_t bh, b, h;
-  __device__ explicit Heads(const Geometry& g) : bh(blockIdx.x), b(bh / g.heads), h(bh % g.heads) {}
-};
-
-// q, k or v (part 0, 1, 2) of head h in batch b of qkv [B, T, 3C] (or of its gradient).
-template <class Pointer>
-__device__ inline Rows<Pointer> qkv_rows(Pointer qkv, const Geometry& g, const Heads& at, int part) {
-  return {qkv + at.b * g.time * 3 * g.channels + part * g.channels + at.h * g.head_dim, 3 * g.channels};
-}
-// Head h in batch b of a [B, T, C] tensor (out, grad_out).
-template <class Pointer>
-__device__ inline Rows<Pointer> out_rows(Pointer y, const Geometry& g, const Heads& at) {
-  return {y + at.b * g.time * g.channels + at.h * g.head_dim, g.channels};
-}
-
-__device__ __forceinline__ float row_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float row_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 // Stores a 16 x D accumulator as rows [row0, row0 + 16) of `dst`, each row r times
 // factor[r >= 8], skipping rows past time and columns past head_dim.
 template <int D>
@@ -210,14 +144,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
   const std::int64_t first = query_tile_first(g.time);
   const std::int64_t row0 = first + warp * 16 + l.group;  // this lane's rows: row0 and row0 + 8
   const float scale = static_cast<float>(g.scale) * kLog2e;
-  load_tile<D>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
+  load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
 
   float o[D / 8][4] = {};
   float m[2] = {-INFINITY, -INFINITY}, sum[2] = {0, 0};  // per row: running max (base 2) and this lane's sum
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
     __syncthreads();  // the previous tiles are consumed
-    load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
-    load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
+    load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
+    load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
     __syncthreads();
     float s[8][4] = {};
 #pragma unroll
@@ -310,8 +244,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
       if (row < g.time) delta[at.bh * g.time + row] = part;
     }
   }
-  load_tile<D>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
-  load_tile<D>(dy, first, g, vector, dys);
+  load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
+  load_tile<D, kPitch<D>>(dy, first, g, vector, dys);
   __syncthreads();
   float row_lse[2], row_delta[2];
 #pragma unroll
@@ -324,8 +258,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
   float dq[D / 8][4] = {};
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
     __syncthreads();
-    load_tile<D>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
-    load_tile<D>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
+    load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
+    load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
@@ -375,14 +309,14 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
   const std::int64_t key0 = first + warp * 16 + l.group;                   // this lane's keys: key0 and key0 + 8
   const float scale = static_cast<float>(g.scale) * kLog2e;
   const auto dy = out_rows(grad_out, g, at);
-  load_tile<D>(qkv_rows(qkv, g, at, 1), first, g, vector, ks);
-  load_tile<D>(qkv_rows(qkv, g, at, 2), first, g, vector, vs);
+  load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 1), first, g, vector, ks);
+  load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 2), first, g, vector, vs);
 
   float dk[D / 8][4] = {}, dv[D / 8][4] = {};
   for (std::int64_t q0 = first; q0 < g.time; q0 += kRows) {
     __syncthreads();
-    load_tile<D>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs);
-    load_tile<D>(dy, q0, g, vector, dys);
+    load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs);
+    load_tile<D, kPitch<D>>(dy, q0, g, vector, dys);
     if (threadIdx.x < kRows) {
       const std::int64_t row = q0 + threadIdx.x;
       lse_s[threadIdx.x] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
