@@ -60,10 +60,14 @@ detail::AdamScalars adam_scalars(const AdamStep& o) {
           o.decoupled};
 }
 
+std::int64_t numel_of(const AdamEntry& e) { return e.param->numel(); }
+std::int64_t numel_of(const SgdEntry& e) { return e.param->numel(); }
+std::int64_t numel_of(const Tensor* t) { return t->numel(); }
+
 // Packs the entries' chunks into lists (cuda_backend.hpp) and launches each when its
 // tensors or blocks run out; `fill(list, t, entry)` sets tensor t's pointers and scalars.
-template <class List, class Entry, class Fill>
-void launch_lists(std::span<const Entry> entries, Fill fill, void (*launch)(const List&)) {
+template <class List, class Entry, class Fill, class Launch>
+void launch_lists(std::span<const Entry> entries, Fill fill, Launch launch) {
   using cuda_backend::kListBlocks, cuda_backend::kListChunk, cuda_backend::kListTensors;
   auto list = std::make_unique<List>();  // ~15 KB: not on the stack
   int tensors = 0;
@@ -73,7 +77,7 @@ void launch_lists(std::span<const Entry> entries, Fill fill, void (*launch)(cons
     list->blocks = 0;
   };
   for (const Entry& e : entries) {
-    const std::int64_t n = e.param->numel();
+    const std::int64_t n = numel_of(e);
     const std::int64_t chunks = (n + kListChunk - 1) / kListChunk;
     for (std::int64_t c = 0; c < chunks;) {
       if (tensors == kListTensors) flush();
@@ -164,6 +168,43 @@ void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor
   float* v = static_cast<float*>(exp_avg_sq.raw_data());
   if (param.device().is_cuda()) return cuda_backend::adam_step(p, g, m, v, param.numel(), s);
   for (std::int64_t i = 0; i < param.numel(); ++i) detail::adam_element(p[i], g[i], m[i], v[i], s);
+}
+
+double fused_sum_of_squares(std::span<const Tensor* const> tensors) {
+  const char* op = "fused_sum_of_squares";
+  if (tensors.empty()) return 0;
+  TROUPE_CHECK(tensors.front() != nullptr, op, ": a tensor is null");
+  const Device device = tensors.front()->device();
+  std::int64_t chunks = 0;
+  for (const Tensor* t : tensors) {
+    TROUPE_CHECK(t != nullptr && t->defined(), op, ": a tensor is null or undefined");
+    TROUPE_CHECK(t->dtype() == DType::f32, op, ": tensors must be f32, got ", t->dtype());
+    check_same_device(device, *t, op);
+    chunks += (t->numel() + cuda_backend::kListChunk - 1) / cuda_backend::kListChunk;
+  }
+  if (device.is_cpu()) {
+    double sum = 0;
+    for (const Tensor* t : tensors) {
+      const float* x = static_cast<const float*>(t->raw_data());
+      for (std::int64_t i = 0; i < t->numel(); ++i) sum += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+    }
+    return sum;
+  }
+  if (chunks == 0) return 0;
+  Tensor partials = Tensor::empty({chunks + 1}, DType::f64, device);  // the chunks' sums, then the total
+  auto* sums = static_cast<double*>(partials.raw_data());
+  std::int64_t done = 0;
+  launch_lists<cuda_backend::SquaresList>(
+      tensors,
+      [](cuda_backend::SquaresList& list, int t, const Tensor* x) {
+        list.data[t] = static_cast<const float*>(x->raw_data());
+      },
+      [&](const cuda_backend::SquaresList& list) {
+        cuda_backend::sum_squares_chunks(list, sums + done);
+        done += list.blocks;
+      });
+  cuda_backend::sum_in_order(sums, chunks, sums + chunks);
+  return partials.slice(chunks, chunks + 1).item();
 }
 
 void unscale_and_check_(Tensor& grads, double inv_scale, Tensor& found_inf) {

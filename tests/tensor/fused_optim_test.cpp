@@ -182,6 +182,39 @@ TEST(CudaFusedOptim, ListFormsStepEveryTensorLikeTheSingleForms) {
   check_list_forms(Device::cuda(), {50'000'000, 50'000'000, 50'700'000});
 }
 
+// The sum of squares of many tensors, against the plain double sum of every element.
+static void check_sum_of_squares(Device device, const std::vector<std::int64_t>& sizes) {
+  Generator g(12);
+  std::vector<Tensor> host, placed;
+  double want = 0;
+  for (std::int64_t n : sizes) {
+    host.push_back(normal({n}, 0, 1, g));
+    for (float x : host.back().to_vector<float>()) want += static_cast<double>(x) * x;
+    placed.push_back(host.back().to(device));
+  }
+  std::vector<const Tensor*> list;
+  for (const Tensor& t : placed) list.push_back(&t);
+  const double got = fused_sum_of_squares(list);
+  EXPECT_NEAR(got, want, 1e-12 * want) << sizes.size() << " tensors on " << device;
+  EXPECT_EQ(fused_sum_of_squares(list), got) << "the same bits every call";
+}
+
+TEST(FusedOptim, SumOfSquaresCoversEveryTensorAndChecksItsInputs) {
+  check_sum_of_squares(Device::cpu(), seventy_sizes());
+  EXPECT_EQ(fused_sum_of_squares({}), 0.0);
+  const Tensor f64 = Tensor::zeros({3}, DType::f64);
+  EXPECT_THROW(fused_sum_of_squares(std::vector<const Tensor*>{&f64}), InvalidArgument);
+  EXPECT_THROW(fused_sum_of_squares(std::vector<const Tensor*>{nullptr}), InvalidArgument);
+}
+
+// Seventy tensors (more than a launch's 64) and 150M elements (more than its 2048
+// chunks): the partials of every launch land in order.
+TEST(CudaFusedOptim, SumOfSquaresAcrossLaunchesMatchesTheHost) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  check_sum_of_squares(Device::cuda(), seventy_sizes());
+  check_sum_of_squares(Device::cuda(), {50'000'000, 50'000'000, 50'700'000});
+}
+
 TEST(CudaFusedOptim, UnscaleKernelFindsANaNAnywhereInALargeBuffer) {
   TROUPE_SKIP_WITHOUT_GPU();
   Generator g(9);

@@ -71,6 +71,8 @@ void attention_backward(DType, const void*, const void*, const void*, const void
 }
 void adam_steps(const AdamList&) { absent("cuda fused Adam"); }
 void sgd_steps(const SgdList&) { absent("cuda fused SGD"); }
+void sum_squares_chunks(const SquaresList&, double*) { absent("cuda sum of squares"); }
+void sum_in_order(const double*, std::int64_t, double*) { absent("cuda sum"); }
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
           double, void*) { absent("cuda gemm"); }
 void sgd_step(float*, const float*, float*, std::int64_t, const SgdScalars&) { absent("cuda fused SGD"); }

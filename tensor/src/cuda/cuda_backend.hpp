@@ -98,6 +98,17 @@ struct SgdList {
 };
 void adam_steps(const AdamList& list);
 void sgd_steps(const SgdList& list);
+struct SquaresList {
+  const float* data[kListTensors];
+  std::int64_t n[kListTensors];
+  std::uint8_t tensor_of[kListBlocks];
+  std::int32_t chunk_of[kListBlocks];
+  int blocks = 0;
+};
+// partials[b] = the sum of squares of block b's chunk, in double.
+void sum_squares_chunks(const SquaresList& list, double* partials);
+// *out = values[0] + ... + values[n - 1], in an order fixed by n alone.
+void sum_in_order(const double* values, std::int64_t n, double* out);
 // grad *= inv_scale; *found_inf (a device float) becomes 1 if any grad is Inf or NaN.
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf);
 

@@ -1,7 +1,10 @@
 // Fused optimizer steps and GradScaler's unscale + inf check over flat f32 buffers:
 // one launch reads each element's parameter, gradient and state once and writes them
 // once, where separate tensor ops would make a pass per term. The arithmetic is
-// optim_step.hpp's, which the host loop (fused_optim.cpp) runs too.
+// optim_step.hpp's, which the host loop (fused_optim.cpp) runs too. And clipping's
+// sum of squares over a list of gradients, a partial per chunk summed in a fixed order.
+#include <cub/block/block_reduce.cuh>
+
 #include "cuda_device.cuh"
 
 namespace troupe::tensor::cuda_backend {
@@ -53,6 +56,31 @@ __global__ void __launch_bounds__(kListThreads) sgd_list_kernel(const __grid_con
     detail::sgd_element(p[i], g[i], b == nullptr ? nullptr : b + i, list.scalars[t]);
 }
 
+using BlockSum = cub::BlockReduce<double, kListThreads>;
+
+__global__ void __launch_bounds__(kListThreads) squares_list_kernel(const __grid_constant__ SquaresList list,
+                                                                    double* partials) {
+  __shared__ typename BlockSum::TempStorage scratch;
+  const auto [t, begin, end] = block_chunk(list);
+  const float* x = list.data[t];
+  double sum = 0;
+  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    const double v = x[i];
+    sum += v * v;
+  }
+  const double total = BlockSum(scratch).Sum(sum);
+  if (threadIdx.x == 0) partials[blockIdx.x] = total;
+}
+
+__global__ void __launch_bounds__(kListThreads) sum_in_order_kernel(const double* values, std::int64_t n,
+                                                                    double* out) {
+  __shared__ typename BlockSum::TempStorage scratch;
+  double sum = 0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
+  const double total = BlockSum(scratch).Sum(sum);
+  if (threadIdx.x == 0) *out = total;
+}
+
 __global__ void unscale_kernel(float* g, std::int64_t n, float inv_scale, float* found_inf) {
   TROUPE_GRID_LOOP(i, n) detail::unscale_element(g[i], inv_scale, *found_inf);
 }
@@ -82,6 +110,17 @@ void sgd_steps(const SgdList& list) {
   if (list.blocks == 0) return;
   sgd_list_kernel<<<list.blocks, kListThreads>>>(list);
   finish("fused SGD steps");
+}
+
+void sum_squares_chunks(const SquaresList& list, double* partials) {
+  if (list.blocks == 0) return;
+  squares_list_kernel<<<list.blocks, kListThreads>>>(list, partials);
+  finish("sum of squares");
+}
+
+void sum_in_order(const double* values, std::int64_t n, double* out) {
+  sum_in_order_kernel<<<1, kListThreads>>>(values, n, out);
+  finish("sum");
 }
 
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf) {

@@ -63,6 +63,12 @@ struct SgdEntry {
 };
 void fused_sgd_steps_(std::span<const SgdEntry> entries);
 
+// The sum of the squares of every element of `tensors` (f32, all on one device), in
+// double: gradient clipping's total norm, squared. On CUDA a partial per 64K-element
+// chunk in as few launches as above, summed in a fixed order, and one read-back for
+// the lot; on the CPU one loop.
+double fused_sum_of_squares(std::span<const Tensor* const> tensors);
+
 // grads *= inv_scale; found_inf (one f32 element, on grads' device) is set to 1 when
 // any gradient was Inf or NaN and otherwise left as it was, so one flag can collect
 // every buffer of a step before it is all-reduced. No host synchronisation is needed
