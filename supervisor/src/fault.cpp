@@ -6,7 +6,8 @@
 #include <charconv>
 #include <chrono>
 #include <cstdlib>
-#include <iostream>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "troupe/supervisor/run_environment.hpp"
@@ -86,10 +87,14 @@ FaultInjector FaultInjector::from_environment(int rank) {
 
 void FaultInjector::fire() const {
   static constexpr const char* names[] = {"crash", "hang", "throw", "crash_in_save"};
-  // The time stamp lets the benchmark measure from the fault to its detection.
-  std::cerr << "troupe fault: " << names[static_cast<int>(plan_.kind)] << " on rank " << plan_.rank
-            << " at step " << plan_.step << " (pid " << ::getpid() << ", t=" << std::fixed
-            << seconds_since_epoch() << ")" << std::endl;
+  // The time stamp lets the benchmark measure from the fault to its detection. One
+  // write: std::cerr is unbuffered, and piece by piece the line interleaved with the
+  // other ranks' output, so that a log reader missed it.
+  std::ostringstream line;
+  line << "troupe fault: " << names[static_cast<int>(plan_.kind)] << " on rank " << plan_.rank << " at step "
+       << plan_.step << " (pid " << ::getpid() << ", t=" << std::fixed << seconds_since_epoch() << ")\n";
+  const std::string text = line.str();
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, text.data(), text.size());
   switch (plan_.kind) {
     case FaultKind::crash:
     case FaultKind::crash_in_save:
