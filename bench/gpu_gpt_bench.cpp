@@ -1,6 +1,7 @@
 // gpu_gpt_bench: issue 24's GPU figures, on one CUDA device.
 //
-//   build/bench/gpu_gpt_bench [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N] [--breakdown]
+//   build/bench/gpu_gpt_bench [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N]
+//                             [--breakdown | --ops]
 //
 // 1. Causal attention, forward + backward (tensor/attention.hpp's fused kernels) on
 //    GPT-2 small's shapes: batch 8, T = 1024, 12 heads of 64, qkv [B, T, 3C] as
@@ -16,7 +17,8 @@
 // Timing: --steps calls between two device synchronisations, after 3 warm-up calls;
 // the median of --repeats. Output: a JSON list, one object per case. --breakdown
 // times each phase of the step instead (a synchronisation after each), to show where
-// a step's time goes.
+// a step's time goes; --ops times each kind of layer of the model alone, forward and
+// forward + backward, on the step's shapes (N = batch x 1024 rows), to show which.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -29,9 +31,13 @@
 
 #include "bench_main.hpp"
 #include "troupe/error.hpp"
+#include "troupe/nn/activation.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/clip.hpp"
+#include "troupe/nn/embedding.hpp"
 #include "troupe/nn/gpt.hpp"
+#include "troupe/nn/layer_norm.hpp"
+#include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/tensor/attention.hpp"
 #include "troupe/tensor/cuda_memory.hpp"
@@ -51,14 +57,15 @@ struct Flags {
   std::int64_t batch = 8;
   int repeats = 5, steps = 5;
   bool breakdown = false;  // time each phase of the step instead
+  bool ops = false;        // time each kind of layer alone instead
 };
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--breakdown") {
-      f.breakdown = true;
+    if (flag == "--breakdown" || flag == "--ops") {
+      (flag == "--ops" ? f.ops : f.breakdown) = true;
       continue;
     }
     if (i + 1 >= argc) throw InvalidArgument("gpu_gpt_bench: " + flag + " needs a value");
@@ -183,14 +190,84 @@ StepResult time_step(DType dtype, const Flags& flags) {
   return r;
 }
 
+// Each kind of layer of a GPT-2-small block, the loss and the head alone, on the
+// step's shapes: one JSON line of milliseconds per call.
+void time_ops(DType dtype, const Flags& flags) {
+  const std::int64_t T = kGpt2Small.block_size, N = flags.batch * T, C = kGpt2Small.n_embd,
+                     V = kGpt2Small.vocab_size;
+  const Device gpu = Device::cuda();
+  tensor::Generator gen(0);
+  const auto rows_of = [&](std::int64_t cols) { return tensor::normal({N, cols}, 0, 1, gen, dtype, gpu); };
+  std::vector<std::pair<std::string, double>> times;
+  const auto time = [&](const std::string& name, const std::function<void()>& f) {
+    times.emplace_back(name, median_ms_per_call(f, flags.repeats, flags.steps));
+  };
+  const auto forward_and_backward = [&](const std::string& name, nn::Module& m, const Tensor& x, const Tensor& gy) {
+    time(name + " forward", [&] { m.forward(x); });
+    time(name + " forward+backward", [&] {
+      m.forward(x);
+      m.backward(gy);
+    });
+  };
+  struct Shape {
+    const char* name;
+    std::int64_t in, out;
+  };
+  for (const Shape& s : {Shape{"attn.c_attn", C, 3 * C}, Shape{"attn.c_proj", C, C}, Shape{"mlp.c_fc", C, 4 * C},
+                         Shape{"mlp.c_proj", 4 * C, C}}) {
+    nn::Linear linear(s.in, s.out, gen, true, dtype, gpu);
+    forward_and_backward(s.name, linear, rows_of(s.in), rows_of(s.out));
+  }
+  {
+    nn::Linear head(C, V, gen, false, dtype, gpu);
+    forward_and_backward("lm_head", head, rows_of(C), rows_of(V));
+  }
+  {
+    const Tensor x = rows_of(3 * C), bias = tensor::normal({3 * C}, 0, 1, gen, dtype, gpu);
+    Tensor y = x.clone();
+    time("bias add [N, 3C] + [3C]", [&] { tensor::add_(y, bias); });
+    const Tensor a = rows_of(C), b = rows_of(C);
+    time("residual add [N, C]", [&] { tensor::add(a, b); });
+  }
+  {
+    nn::GELU gelu(nn::GeluApproximate::tanh);
+    forward_and_backward("gelu (tanh) [N, 4C]", gelu, rows_of(4 * C), rows_of(4 * C));
+    nn::LayerNorm norm(C, 1e-5, true, dtype, gpu);
+    forward_and_backward("layer norm [N, C]", norm, rows_of(C), rows_of(C));
+  }
+  {
+    std::mt19937_64 rng(2);
+    nn::Embedding wte(V, C, gen, dtype, gpu);
+    const Tensor ids = random_ids(flags.batch, T, V, rng);  // on the host, as the step passes them
+    forward_and_backward("embedding [B, T] -> [B, T, C]", wte, ids,
+                         tensor::normal({flags.batch, T, C}, 0, 1, gen, dtype, gpu));
+    const Tensor logits = rows_of(V), targets = random_ids(N, 1, V, rng).reshape({N}).to(gpu);
+    nn::CrossEntropyLoss loss;
+    time("cross entropy [N, V] forward", [&] { loss.forward(logits, targets); });
+    time("cross entropy [N, V] forward+backward", [&] {
+      loss.forward(logits, targets);
+      loss.backward();
+    });
+  }
+  std::printf("{\"ops\": \"%s\", \"ms_per_call\": {", tensor::dtype_name(dtype).data());
+  for (std::size_t i = 0; i < times.size(); ++i)
+    std::printf("%s\"%s\": %.3f", i ? ", " : "", times[i].first.c_str(), times[i].second);
+  std::printf("}}\n");
+  tensor::cuda_empty_cache();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   return bench::run_main("gpu_gpt_bench", [&] {
     const Flags flags = parse_flags(argc, argv);
     TROUPE_CHECK(tensor::cuda_available(), "gpu_gpt_bench: no CUDA device here");
-    if (flags.breakdown) {
-      for (const auto& p : flags.precisions) time_step(p == "bf16" ? DType::bf16 : DType::f32, flags);
+    if (flags.breakdown || flags.ops) {
+      for (const auto& p : flags.precisions) {
+        const DType dtype = p == "bf16" ? DType::bf16 : DType::f32;
+        if (flags.ops) time_ops(dtype, flags);
+        else time_step(dtype, flags);
+      }
       return 0;
     }
     std::printf("[");

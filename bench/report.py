@@ -154,8 +154,8 @@ and its baseline `bench/torch_gpu_gpt.py` run as separate processes, alternately
   attention keeps f32 accuracy through 3xTF32); bf16 is troupe's bf16 model
   with f32 master weights against torch's autocast. Each timing is 3 calls between
   device synchronisations after 3 warm-up calls, the median of 3.
-- `gpu_gpt_bench --breakdown` times each phase of troupe's step, for finding where the
-  time goes.""",
+- `gpu_gpt_bench --breakdown` times each phase of troupe's step, and `--ops` each kind
+  of layer alone on the step's shapes, for finding where the time goes.""",
     "actors": """\
 Issue 4's runtime (`bench/actors_bench.cpp`) on 2 ranks, one `mpirun` job over shared
 memory (`--mca btl self,vader`) and one over TCP (`--mca btl self,tcp`), each case next
