@@ -82,9 +82,11 @@ def digits_once(build: Path, work: Path) -> dict:
         raise RuntimeError(f"troupe-run train_digits failed ({p.returncode}):\n{p.stderr[-3000:]}")
     events = [json.loads(line) for line in (ckpt / "troupe-run-events.jsonl").read_text().splitlines()]
     resume = next(e for e in events if e["event"] == "resume")
-    # 29 when the background save of step 35 was not yet durable as rank 1 died.
-    if resume["step"] not in (29, 36):
-        raise RuntimeError(f"train_digits resumed at step {resume['step']}, expected 36 (or 29)")
+    # The first step the supervisor hears of after the relaunch: 36 (29 when the
+    # background save of step 35 was not yet durable as rank 1 died), or a step later
+    # when the first report it reads already carries the next one (steps take about 1 ms).
+    if not 29 <= resume["step"] < 40:
+        raise RuntimeError(f"train_digits resumed at step {resume['step']}, expected 36 (or 29), before the fault's 40")
     return {"total": resume["time"] - _fault_time(p.stderr)}
 
 
