@@ -35,7 +35,6 @@ constexpr int kThreads = kTileThreads;
 template <int D> constexpr int kPitch = D + 8;  // a tile's row, in bf16
 // A tile's size, in bf16 (a multiple of 8: tiles stay 16-byte aligned).
 template <int D> constexpr int kTileBits = kRows * kPitch<D>;
-constexpr float kLog2e = 1.4426950408889634f;
 
 __device__ __forceinline__ std::uint32_t word(const Bits* tile, int index) {
   return *reinterpret_cast<const std::uint32_t*>(tile + index);
@@ -46,7 +45,6 @@ __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
 
-__device__ __forceinline__ float unpack(Bits b) { return __uint_as_float(static_cast<std::uint32_t>(b) << 16); }
 
 // c += a b for a 16x16 A (row-major fragment) and a 16x8 B (column fragment).
 __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
@@ -115,22 +113,6 @@ __device__ __forceinline__ void as_a(const float (&c)[8][4], int kk, std::uint32
   a[3] = pack(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-// Stores a 16 x D accumulator as rows [row0, row0 + 16) of `dst`, each row r times
-// factor[r >= 8], skipping rows past time and columns past head_dim.
-template <int D>
-__device__ void store_rows(const float (&c)[D / 8][4], float factor0, float factor1, Rows<Bits*> dst,
-                           std::int64_t row0, const Geometry& g, const Lane& l) {
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const std::int64_t row = row0 + l.group + (e >= 2 ? 8 : 0);
-      const int d = n * 8 + 2 * l.pair + (e & 1);
-      if (row < g.time && d < g.head_dim)
-        dst.base[row * dst.stride + d] = BFloat16(c[n][e] * (e >= 2 ? factor1 : factor0)).bits;
-    }
-}
-
 template <int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geometry g, bool vector, Bits* out,
                                                            float* lse) {
@@ -160,42 +142,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
       load_a<kPitch<D>>(qs, warp * 16, kk * 16, l, a);
       mma_row<kPitch<D>>(s, a, ks, kk * 16, l);
     }
-    float next[2] = {m[0], m[1]};
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
-        s[n][e] = k0 == first && col > row ? -INFINITY : s[n][e] * scale;
-        next[e / 2] = fmaxf(next[e / 2], s[n][e]);
-      }
-    float correction[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      next[r] = row_max(next[r]);
-      correction[r] = exp2f(m[r] - next[r]);
-      m[r] = next[r];
-      sum[r] *= correction[r];
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= correction[0];
-      o[n][1] *= correction[0];
-      o[n][2] *= correction[1];
-      o[n][3] *= correction[1];
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[n][e] - m[e / 2]);
-        sum[e / 2] += p;
-        s[n][e] = p;
-        if constexpr (kDropout) {
-          const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
-          s[n][e] *= dropout_factor<float>(g, at.bh, row, col);
-        }
-      }
+    online_softmax<kDropout>(s, o, m, sum, k0 == first, scale, row0, k0, l, g, at.bh);
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
       std::uint32_t a[4];
@@ -205,11 +152,7 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
   }
   const float total[2] = {row_sum(sum[0]), row_sum(sum[1])};
   store_rows<D>(o, 1.0f / total[0], 1.0f / total[1], out_rows(out, g, at), first + warp * 16, g, l);
-  if (l.pair == 0)
-    for (int r = 0; r < 2; ++r) {
-      const std::int64_t row = row0 + 8 * r;
-      if (row < g.time) lse[at.bh * g.time + row] = (m[r] + log2f(total[r])) / kLog2e;
-    }
+  store_lse(m, total, row0, l, g, at.bh, lse);
 }
 
 template <int D, bool kDropout>
@@ -224,36 +167,19 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
   float* delta_s = reinterpret_cast<float*>(vs + kTileBits<D>);  // [64]
   const Lane l;
   const Heads at(g);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   const std::int64_t first = query_tile_first(g.time);
   const std::int64_t row0 = first + warp * 16 + l.group;
   const float scale = static_cast<float>(g.scale) * kLog2e;
 
-  // delta = rowsum(dO * O), a warp per row, kept for dkdv.
+  // delta = rowsum(dO * O), kept for dkdv.
   const auto y = out_rows(out, g, at), dy = out_rows(grad_out, g, at);
-  for (int r = warp * 16; r < warp * 16 + 16; ++r) {
-    const std::int64_t row = first + r;
-    float part = 0;
-    if (row < g.time)
-      for (std::int64_t d = lane; d < g.head_dim; d += 32)
-        part += unpack(dy.base[row * dy.stride + d]) * unpack(y.base[row * y.stride + d]);
-#pragma unroll
-    for (int mask = 16; mask > 0; mask /= 2) part += __shfl_xor_sync(0xffffffffu, part, mask);
-    if (lane == 0) {
-      delta_s[r] = part;
-      if (row < g.time) delta[at.bh * g.time + row] = part;
-    }
-  }
+  row_deltas(y, dy, first, g, at.bh, delta_s, delta);
   load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
   load_tile<D, kPitch<D>>(dy, first, g, vector, dys);
   __syncthreads();
   float row_lse[2], row_delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const std::int64_t row = row0 + 8 * r;
-    row_lse[r] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
-    row_delta[r] = delta_s[warp * 16 + l.group + 8 * r];
-  }
+  row_stats(lse, delta_s, row0, warp, l, g, at.bh, row_lse, row_delta);
 
   float dq[D / 8][4] = {};
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
@@ -270,16 +196,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
       load_a<kPitch<D>>(dys, warp * 16, kk * 16, l, a);
       mma_row<kPitch<D>>(dp, a, vs, kk * 16, l);
     }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
-        const float p = k0 == first && col > row ? 0.0f : exp2f(s[n][e] * scale - row_lse[e / 2]);
-        float dpe = dp[n][e];
-        if constexpr (kDropout) dpe *= dropout_factor<float>(g, at.bh, row, col);
-        s[n][e] = p * (dpe - row_delta[e / 2]);  // dS
-      }
+    ds_of_tile<kDropout>(s, dp, k0 == first, scale, row_lse, row_delta, row0, k0, l, g, at.bh);  // s = dS
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
       std::uint32_t a[4];
@@ -317,11 +234,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
     __syncthreads();
     load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs);
     load_tile<D, kPitch<D>>(dy, q0, g, vector, dys);
-    if (threadIdx.x < kRows) {
-      const std::int64_t row = q0 + threadIdx.x;
-      lse_s[threadIdx.x] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
-      delta_s[threadIdx.x] = row < g.time ? delta[at.bh * g.time + row] : 0.0f;
-    }
+    stage_query_stats(lse, delta, q0, g, at.bh, lse_s, delta_s);
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};  // S^T and dP^T: this warp's 16 keys x 64 queries
 #pragma unroll
@@ -332,23 +245,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
       load_a<kPitch<D>>(vs, warp * 16, kk * 16, l, a);
       mma_row<kPitch<D>>(dp, a, dys, kk * 16, l);
     }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t key = key0 + (e >= 2 ? 8 : 0);
-        const int c = n * 8 + 2 * l.pair + (e & 1);
-        const std::int64_t query = q0 + c;
-        const float p = query < g.time && query >= key ? exp2f(s[n][e] * scale - lse_s[c]) : 0.0f;
-        float kept = p, dpe = dp[n][e];
-        if constexpr (kDropout) {
-          const float z = dropout_factor<float>(g, at.bh, query, key);
-          kept *= z;
-          dpe *= z;
-        }
-        s[n][e] = kept;                        // P^T after dropout, for dV
-        dp[n][e] = p * (dpe - delta_s[c]);     // dS^T
-      }
+    transposed_p_and_ds<kDropout>(s, dp, scale, lse_s, delta_s, key0, q0, l, g, at.bh);  // s = P^T, dp = dS^T
 #pragma unroll
     for (int kk = 0; kk < kRows / 16; ++kk) {
       std::uint32_t a[4];
@@ -363,28 +260,13 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv
   store_rows<D>(dv, 1.0f, 1.0f, qkv_rows(grad_qkv, g, at, 2), first + warp * 16, g, l);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-// Calls body(integral_constant<int, D>{}, bool_constant<dropout>{}) for the smallest
-// of 32, 64, 128 that holds head_dim.
-template <class Body>
-void dispatch(std::int64_t head_dim, bool dropout, Body&& body) {
-  const auto by_dropout = [&](auto width) {
-    if (dropout) body(width, std::true_type{});
-    else body(width, std::false_type{});
-  };
-  if (head_dim <= 32) by_dropout(std::integral_constant<int, 32>{});
-  else if (head_dim <= 64) by_dropout(std::integral_constant<int, 64>{});
-  else by_dropout(std::integral_constant<int, 128>{});
-}
-
 }  // namespace
 
 void forward_bf16(const BFloat16* qkv, const AttentionShape& s, const AttentionDropout& drop, BFloat16* out,
                   float* lse) {
   const Geometry g = geometry_of(s, drop);
   const bool vector = s.head_dim % 8 == 0 && s.channels % 8 == 0 && aligned16(qkv);
-  dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
+  dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     launch(forward_kernel<D, decltype(dropout)::value>, s, kRows, kThreads, 3 * kTileBits<D> * sizeof(Bits),
            "causal attention (bf16)", reinterpret_cast<const Bits*>(qkv), g, vector, reinterpret_cast<Bits*>(out),
@@ -399,7 +281,7 @@ void backward_bf16(const BFloat16* qkv, const BFloat16* out, const BFloat16* gra
   const auto* q = reinterpret_cast<const Bits*>(qkv);
   const auto* gy = reinterpret_cast<const Bits*>(grad_out);
   auto* gq = reinterpret_cast<Bits*>(grad_qkv);
-  dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
+  dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     constexpr bool drop_on = decltype(dropout)::value;
     launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, 4 * kTileBits<D> * sizeof(Bits) + kRows * sizeof(float),

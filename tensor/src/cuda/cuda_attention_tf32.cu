@@ -1,16 +1,16 @@
 // Causal self-attention for f32 on tensor cores: the layout of cuda_attention_mma.cu
 // (a block of 4 warps owns 64 rows, 16 per warp, and walks the other side in 64-row
 // tiles), with mma.sync.m16n8k8 in TF32. TF32 keeps 10 bits of an f32's 23, so each
-// product is taken as three (CUTLASS's "3xTF32", the arithmetic of torch's f32
-// memory-efficient attention): x = big + small, both TF32, and
+// product is taken as three (CUTLASS's "3xTF32"): x = big + small, both TF32, and
 //   a b ~ a_small b_big + a_big b_small + a_big b_big,
 // dropping a_small b_small, about 2^-22 of the product: f32 accuracy at a third of
-// TF32's rate, several times the CUDA cores' f32 rate.
+// TF32's rate, which is still several times the CUDA cores' f32 rate.
 //
-// The same three kernels and the same arithmetic as the bf16 ones (forward; dq with
-// delta; dkdv), but P and dS stay f32. TF32's A fragment puts columns t and t + 4 in
-// a lane where the accumulator has 2t and 2t + 1, so P and dS go through a per-warp
-// scratch tile in shared memory on their way to the next product.
+// The same three kernels as the bf16 ones (forward; dq with delta; dkdv), with the
+// softmax arithmetic they share (cuda_attention.cuh), but P and dS stay f32. TF32's A
+// fragment puts columns t and t + 4 in a lane where the accumulator has 2t and 2t + 1,
+// so P and dS go through a per-warp scratch tile in shared memory on their way to the
+// next product.
 //
 // Tiles are row-major [row][d], rows padded so that fragment loads avoid bank
 // conflicts: D + 4 for tiles read across a row (A operands, B = K for Q K^T), D + 8
@@ -25,9 +25,9 @@ namespace {
 constexpr int kRows = kTileRows;
 constexpr int kThreads = kTileThreads;
 constexpr int kScratchPitch = kRows + 4;  // a warp's 16 x 64 scratch, f32
-constexpr float kLog2e = 1.4426950408889634f;
 template <int D> constexpr int kAcross = D + 4;  // tiles read across their rows
 template <int D> constexpr int kDown = D + 8;    // tiles read down their columns
+constexpr std::size_t kScratchFloats = 4 * 16 * kScratchPitch;  // a 16 x 64 tile per warp
 
 __device__ __forceinline__ std::uint32_t to_tf32(float x) {
   std::uint32_t r;
@@ -117,23 +117,6 @@ __device__ __forceinline__ void scratch_times(float (&c)[N][4], const float* scr
   __syncwarp();  // the scratch is read before the next write
 }
 
-// Stores a 16 x D accumulator as rows [row0, row0 + 16) of `dst`, row r times
-// factor[r >= 8], skipping rows past time and columns past head_dim.
-template <int D>
-__device__ void store_rows(const float (&c)[D / 8][4], float factor0, float factor1, Rows<float*> dst,
-                           std::int64_t row0, const Geometry& g, const Lane& l) {
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const std::int64_t row = row0 + l.group + (e >= 2 ? 8 : 0);
-      const int d = n * 8 + 2 * l.pair + (e & 1);
-      if (row < g.time && d < g.head_dim) dst.base[row * dst.stride + d] = c[n][e] * (e >= 2 ? factor1 : factor0);
-    }
-}
-
-constexpr std::size_t kScratchFloats = 4 * 16 * kScratchPitch;  // a 16 x 64 tile per warp
-
 template <int D, bool kDropout>
 __global__ void __launch_bounds__(kThreads) forward_kernel(const float* qkv, Geometry g, bool vector, float* out,
                                                            float* lse) {
@@ -160,52 +143,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const float* qkv, Geo
     float s[8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk) mma_across<kAcross<D>>(s, load_a<kAcross<D>>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
-    float next[2] = {m[0], m[1]};
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
-        s[n][e] = k0 == first && col > row ? -INFINITY : s[n][e] * scale;
-        next[e / 2] = fmaxf(next[e / 2], s[n][e]);
-      }
-    float correction[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      next[r] = row_max(next[r]);
-      correction[r] = exp2f(m[r] - next[r]);
-      m[r] = next[r];
-      sum[r] *= correction[r];
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= correction[0];
-      o[n][1] *= correction[0];
-      o[n][2] *= correction[1];
-      o[n][3] *= correction[1];
-    }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = exp2f(s[n][e] - m[e / 2]);
-        sum[e / 2] += p;
-        s[n][e] = p;
-        if constexpr (kDropout) {
-          const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
-          s[n][e] *= dropout_factor<float>(g, at.bh, row, col);
-        }
-      }
+    online_softmax<kDropout>(s, o, m, sum, k0 == first, scale, row0, k0, l, g, at.bh);
     to_scratch(s, scratch, l);
     scratch_times<kDown<D>>(o, scratch, vs, l);
   }
   const float total[2] = {row_sum(sum[0]), row_sum(sum[1])};
   store_rows<D>(o, 1.0f / total[0], 1.0f / total[1], out_rows(out, g, at), first + warp * 16, g, l);
-  if (l.pair == 0)
-    for (int r = 0; r < 2; ++r) {
-      const std::int64_t row = row0 + 8 * r;
-      if (row < g.time) lse[at.bh * g.time + row] = (m[r] + log2f(total[r])) / kLog2e;
-    }
+  store_lse(m, total, row0, l, g, at.bh, lse);
 }
 
 template <int D, bool kDropout>
@@ -219,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
   float* ks = dys + kRows * P;
   float* vs = ks + kRows * P;
   float* delta_s = vs + kRows * P;  // [64]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
   float* scratch = delta_s + kRows + warp * 16 * kScratchPitch;
   const Lane l;
   const Heads at(g);
@@ -227,30 +171,14 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
   const std::int64_t row0 = first + warp * 16 + l.group;
   const float scale = static_cast<float>(g.scale) * kLog2e;
 
-  // delta = rowsum(dO * O), a warp per row, kept for dkdv.
+  // delta = rowsum(dO * O), kept for dkdv.
   const auto y = out_rows(out, g, at), dy = out_rows(grad_out, g, at);
-  for (int r = warp * 16; r < warp * 16 + 16; ++r) {
-    const std::int64_t row = first + r;
-    float part = 0;
-    if (row < g.time)
-      for (std::int64_t d = lane; d < g.head_dim; d += 32) part += dy.base[row * dy.stride + d] * y.base[row * y.stride + d];
-#pragma unroll
-    for (int mask = 16; mask > 0; mask /= 2) part += __shfl_xor_sync(0xffffffffu, part, mask);
-    if (lane == 0) {
-      delta_s[r] = part;
-      if (row < g.time) delta[at.bh * g.time + row] = part;
-    }
-  }
+  row_deltas(y, dy, first, g, at.bh, delta_s, delta);
   load_tile<D, P>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
   load_tile<D, P>(dy, first, g, vector, dys);
   __syncthreads();
   float row_lse[2], row_delta[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const std::int64_t row = row0 + 8 * r;
-    row_lse[r] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
-    row_delta[r] = delta_s[warp * 16 + l.group + 8 * r];
-  }
+  row_stats(lse, delta_s, row0, warp, l, g, at.bh, row_lse, row_delta);
 
   float dq[D / 8][4] = {};
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
@@ -264,16 +192,7 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
       mma_across<P>(s, load_a<P>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
       mma_across<P>(dp, load_a<P>(dys, warp * 16, kk * 8, l), vs, kk * 8, l);
     }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t row = row0 + (e >= 2 ? 8 : 0), col = k0 + n * 8 + 2 * l.pair + (e & 1);
-        const float p = k0 == first && col > row ? 0.0f : exp2f(s[n][e] * scale - row_lse[e / 2]);
-        float dpe = dp[n][e];
-        if constexpr (kDropout) dpe *= dropout_factor<float>(g, at.bh, row, col);
-        s[n][e] = p * (dpe - row_delta[e / 2]);  // dS
-      }
+    ds_of_tile<kDropout>(s, dp, k0 == first, scale, row_lse, row_delta, row0, k0, l, g, at.bh);  // s = dS
     to_scratch(s, scratch, l);
     scratch_times<P>(dq, scratch, ks, l);
   }
@@ -309,11 +228,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const float* qk
     __syncthreads();
     load_tile<D, P>(qkv_rows(qkv, g, at, 0), q0, g, vector, qs);
     load_tile<D, P>(dy, q0, g, vector, dys);
-    if (threadIdx.x < kRows) {
-      const std::int64_t row = q0 + threadIdx.x;
-      lse_s[threadIdx.x] = row < g.time ? lse[at.bh * g.time + row] * kLog2e : 0.0f;
-      delta_s[threadIdx.x] = row < g.time ? delta[at.bh * g.time + row] : 0.0f;
-    }
+    stage_query_stats(lse, delta, q0, g, at.bh, lse_s, delta_s);
     __syncthreads();
     float s[8][4] = {}, dp[8][4] = {};  // S^T and dP^T: this warp's 16 keys x 64 queries
 #pragma unroll
@@ -321,23 +236,7 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const float* qk
       mma_across<P>(s, load_a<P>(ks, warp * 16, kk * 8, l), qs, kk * 8, l);
       mma_across<P>(dp, load_a<P>(vs, warp * 16, kk * 8, l), dys, kk * 8, l);
     }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t key = key0 + (e >= 2 ? 8 : 0);
-        const int c = n * 8 + 2 * l.pair + (e & 1);
-        const std::int64_t query = q0 + c;
-        const float p = query < g.time && query >= key ? exp2f(s[n][e] * scale - lse_s[c]) : 0.0f;
-        float kept = p, dpe = dp[n][e];
-        if constexpr (kDropout) {
-          const float z = dropout_factor<float>(g, at.bh, query, key);
-          kept *= z;
-          dpe *= z;
-        }
-        s[n][e] = kept;                     // P^T after dropout, for dV
-        dp[n][e] = p * (dpe - delta_s[c]);  // dS^T
-      }
+    transposed_p_and_ds<kDropout>(s, dp, scale, lse_s, delta_s, key0, q0, l, g, at.bh);  // s = P^T, dp = dS^T
     to_scratch(s, scratch, l);
     scratch_times<P>(dv, scratch, dys, l);
     to_scratch(dp, scratch, l);
@@ -348,27 +247,12 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const float* qk
   store_rows<D>(dv, 1.0f, 1.0f, qkv_rows(grad_qkv, g, at, 2), first + warp * 16, g, l);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-// Calls body(integral_constant<int, D>{}, bool_constant<dropout>{}) for the smallest
-// of 32, 64, 128 that holds head_dim.
-template <class Body>
-void dispatch(std::int64_t head_dim, bool dropout, Body&& body) {
-  const auto by_dropout = [&](auto width) {
-    if (dropout) body(width, std::true_type{});
-    else body(width, std::false_type{});
-  };
-  if (head_dim <= 32) by_dropout(std::integral_constant<int, 32>{});
-  else if (head_dim <= 64) by_dropout(std::integral_constant<int, 64>{});
-  else by_dropout(std::integral_constant<int, 128>{});
-}
-
 }  // namespace
 
 void forward_f32(const float* qkv, const AttentionShape& s, const AttentionDropout& drop, float* out, float* lse) {
   const Geometry g = geometry_of(s, drop);
   const bool vector = s.head_dim % 4 == 0 && s.channels % 4 == 0 && aligned16(qkv);
-  dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
+  dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     const std::size_t floats = kRows * (2 * kAcross<D> + kDown<D>) + kScratchFloats;
     launch(forward_kernel<D, decltype(dropout)::value>, s, kRows, kThreads, floats * sizeof(float),
@@ -380,7 +264,7 @@ void backward_f32(const float* qkv, const float* out, const float* grad_out, con
                   const AttentionDropout& drop, float* delta, float* grad_qkv) {
   const Geometry g = geometry_of(s, drop);
   const bool vector = s.head_dim % 4 == 0 && s.channels % 4 == 0 && aligned16(qkv) && aligned16(grad_out);
-  dispatch(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
+  dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     constexpr bool drop_on = decltype(dropout)::value;
     const std::size_t dq_floats = 4 * kRows * kAcross<D> + kRows + kScratchFloats;
