@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch eager baseline for bench/gpu_gpt_bench.cpp, on one CUDA device.
 
-    python3 bench/torch_gpu_gpt.py [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N]
+    python3 bench/torch_gpu_gpt.py [--precision f32|bf16]... [--batch N] [--repeats N] [--steps N] [--ops]
 
 The same cases, shapes and timing as gpu_gpt_bench.cpp, printing the same JSON:
 - attention: F.scaled_dot_product_attention(q, k, v, is_causal=True) forward and
@@ -12,6 +12,8 @@ The same cases, shapes and timing as gpu_gpt_bench.cpp, printing the same JSON:
   scaled_dot_product_attention path, which torch >= 2 takes), AdamW with decay on
   matrices (torch's default foreach implementation), clip_grad_norm_ at 1.0; bf16 is
   torch.autocast(dtype=bfloat16) over f32 weights. TF32 off, as troupe's f32 products.
+--ops times each kind of layer alone, as gpu_gpt_bench --ops does (same names, same
+shapes; the layers in the given dtype, not under autocast), one JSON line per dtype.
 Timing with CUDA events around --steps calls after 3 warm-up calls; the median of
 --repeats. Exits 3 when torch or a CUDA device is missing.
 """
@@ -121,12 +123,82 @@ def time_step(precision, batch, repeats, steps):
             "loss": float(state["loss"].item())}
 
 
+def time_ops(precision, batch, repeats, steps):
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    T, C, V = GPT2_SMALL["block_size"], GPT2_SMALL["n_embd"], GPT2_SMALL["vocab_size"]
+    N = batch * T
+    torch.manual_seed(0)
+
+    def rows(cols, grad=False):
+        return torch.randn(N, cols, device="cuda", dtype=dtype, requires_grad=grad)
+
+    times = {}
+
+    def time(name, f):
+        times[name] = round(median_ms(f, repeats, steps), 3)
+
+    def forward_and_backward(name, module, x, gy):
+        def forward():
+            with torch.no_grad():
+                module(x)
+
+        def both():
+            module(x).backward(gy)
+            x.grad = None
+
+        time(name + " forward", forward)
+        time(name + " forward+backward", both)
+
+    for name, i, o in [("attn.c_attn", C, 3 * C), ("attn.c_proj", C, C), ("mlp.c_fc", C, 4 * C),
+                       ("mlp.c_proj", 4 * C, C)]:
+        forward_and_backward(name, torch.nn.Linear(i, o, device="cuda", dtype=dtype), rows(i, True), rows(o))
+    forward_and_backward("lm_head", torch.nn.Linear(C, V, bias=False, device="cuda", dtype=dtype), rows(C, True),
+                         rows(V))
+    with torch.no_grad():
+        y, bias = rows(3 * C), torch.randn(3 * C, device="cuda", dtype=dtype)
+        time("bias add [N, 3C] + [3C]", lambda: y.add_(bias))
+        a, b = rows(C), rows(C)
+        time("residual add [N, C]", lambda: a + b)
+    gelu = torch.nn.GELU(approximate="tanh")
+    forward_and_backward("gelu (tanh) [N, 4C]", gelu, rows(4 * C, True), rows(4 * C))
+    forward_and_backward("layer norm [N, C]", torch.nn.LayerNorm(C, device="cuda", dtype=dtype), rows(C, True),
+                         rows(C))
+    ids = torch.randint(0, V, (batch, T), device="cuda")
+    wte = torch.nn.Embedding(V, C, device="cuda", dtype=dtype)
+    gy = torch.randn(batch, T, C, device="cuda", dtype=dtype)
+
+    def embedding_forward():
+        with torch.no_grad():
+            wte(ids)
+
+    def embedding_both():
+        wte(ids).backward(gy)
+        wte.weight.grad = None
+
+    time("embedding [B, T] -> [B, T, C] forward", embedding_forward)
+    time("embedding [B, T] -> [B, T, C] forward+backward", embedding_both)
+    logits, targets = rows(V, True), torch.randint(0, V, (N,), device="cuda")
+
+    def loss_forward():
+        with torch.no_grad():
+            F.cross_entropy(logits, targets)
+
+    def loss_both():
+        F.cross_entropy(logits, targets).backward()
+        logits.grad = None
+
+    time("cross entropy [N, V] forward", loss_forward)
+    time("cross entropy [N, V] forward+backward", loss_both)
+    return {"ops": "torch " + precision, "ms_per_call": times}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--precision", action="append", choices=["f32", "bf16"])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--ops", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("torch_gpu_gpt.py: no CUDA device", file=sys.stderr)
@@ -137,6 +209,11 @@ def main():
     torch_gpt.GPT.forward = gpt_forward
     precisions = args.precision or ["f32", "bf16"]
     device = torch.cuda.get_device_name()
+    if args.ops:
+        for p in precisions:
+            print(json.dumps(time_ops(p, args.batch, args.repeats, args.steps)))
+            torch.cuda.empty_cache()
+        return 0
     out = []
     for p in precisions:
         out.append(time_attention(p, args.batch, args.repeats, args.steps))

@@ -71,20 +71,23 @@ TEST(CudaLayers, LinearForwardAndBackwardMatchTheCpu) {
 
 TEST(CudaLayers, LayerNormForwardAndBackwardMatchTheCpu) {
   TROUPE_SKIP_WITHOUT_GPU();
+  // 21 rows: not a whole number of the kernels' 8 rows per block. 768: GPT-2's width.
   for (DType t : {DType::f32, DType::bf16}) {
-    LayerNorm cpu(40, 1e-5, true, t), on_gpu(40, 1e-5, true, t);
-    tensor::Generator g(2);
-    // A non-trivial affine part, the same on both.
-    cpu.named_parameters()[0].param->data = tensor::normal({40}, 1, 0.5, g, t);
-    cpu.named_parameters()[1].param->data = tensor::normal({40}, 0, 0.5, g, t);
-    on_gpu.named_parameters()[0].param->data = cpu.named_parameters()[0].param->data.to(gpu);
-    on_gpu.named_parameters()[1].param->data = cpu.named_parameters()[1].param->data.to(gpu);
-    const Tensor x = tensor::normal({3, 7, 40}, 2, 3, g, t), gy = tensor::normal({3, 7, 40}, 0, 1, g, t);
-    EXPECT_TRUE(matches_cpu(on_gpu.forward(x.to(gpu)), cpu.forward(x))) << t;
-    EXPECT_TRUE(matches_cpu(on_gpu.backward(gy.to(gpu)), cpu.backward(gy))) << t;
-    for (std::size_t i = 0; i < 2; ++i)
-      EXPECT_TRUE(matches_cpu(on_gpu.named_parameters()[i].param->grad, cpu.named_parameters()[i].param->grad))
-          << cpu.named_parameters()[i].name << " " << t;
+    for (std::int64_t width : {40, 768}) {
+      LayerNorm cpu(width, 1e-5, true, t), on_gpu(width, 1e-5, true, t);
+      tensor::Generator g(2);
+      // A non-trivial affine part, the same on both.
+      cpu.named_parameters()[0].param->data = tensor::normal({width}, 1, 0.5, g, t);
+      cpu.named_parameters()[1].param->data = tensor::normal({width}, 0, 0.5, g, t);
+      on_gpu.named_parameters()[0].param->data = cpu.named_parameters()[0].param->data.to(gpu);
+      on_gpu.named_parameters()[1].param->data = cpu.named_parameters()[1].param->data.to(gpu);
+      const Tensor x = tensor::normal({3, 7, width}, 2, 3, g, t), gy = tensor::normal({3, 7, width}, 0, 1, g, t);
+      EXPECT_TRUE(matches_cpu(on_gpu.forward(x.to(gpu)), cpu.forward(x))) << t << " width " << width;
+      EXPECT_TRUE(matches_cpu(on_gpu.backward(gy.to(gpu)), cpu.backward(gy))) << t << " width " << width;
+      for (std::size_t i = 0; i < 2; ++i)
+        EXPECT_TRUE(matches_cpu(on_gpu.named_parameters()[i].param->grad, cpu.named_parameters()[i].param->grad))
+            << cpu.named_parameters()[i].name << " " << t << " width " << width;
+    }
   }
 }
 
@@ -122,7 +125,7 @@ TEST(CudaLayers, EmbeddingLooksUpAndScatterAddsLikeTheCpuBitForBit) {
 TEST(CudaLosses, CrossEntropyMatchesTheCpuWithSmoothingIgnoredRowsAndEitherTargetDevice) {
   TROUPE_SKIP_WITHOUT_GPU();
   for (DType t : {DType::f32, DType::f64, DType::bf16}) {
-    for (std::int64_t classes : {10, 1000}) {
+    for (std::int64_t classes : {10, 1000, 1001}) {  // 1001: rows start at every alignment
       tensor::Generator g(3);
       const Tensor logits = tensor::normal({37, classes}, 0, 3, g, t);
       Tensor y = labels(37, classes, 2);

@@ -56,3 +56,31 @@ TEST(Cuda, ArithmeticAndMatmulAgreeWithTheCpu) {
   EXPECT_TRUE(allclose(y.to(Device::cpu()), mul(a, 3.0)));
   EXPECT_TRUE(equal(add(da, da).to(Device::cpu()), add(a, a)));
 }
+
+// Large 16-bit products whose rows are not 16 bytes apart (GPT-2's 50257-wide logits)
+// go through padded copies (cuda_matmul.cpp): every transpose, every unaligned operand,
+// and an accumulating output, against the CPU. m*n*k is above the padding threshold.
+TEST(Cuda, LargeHalfMatmulsWithUnalignedRowsMatchTheCpu) {
+  if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
+  const std::int64_t m = 512, n = 1025, k = 515;
+  Generator g(8);
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (Transpose ta : {Transpose::no, Transpose::yes}) {
+      for (Transpose tb : {Transpose::no, Transpose::yes}) {
+        const Tensor a = normal(ta == Transpose::no ? Shape{m, k} : Shape{k, m}, 0, 1, g).to(t);
+        const Tensor b = normal(tb == Transpose::no ? Shape{k, n} : Shape{n, k}, 0, 1, g).to(t);
+        const Tensor c = normal({m, n}, 0, 1, g).to(t);
+        const Tensor want = matmul(a, b, ta, tb).to(DType::f32);
+        EXPECT_TRUE(allclose(matmul(a.to(Device::cuda()), b.to(Device::cuda()), ta, tb).to(Device::cpu()).to(DType::f32),
+                             want, 1e-2, 1e-2))
+            << t << " ta " << (ta == Transpose::yes) << " tb " << (tb == Transpose::yes);
+        Tensor acc = c.to(Device::cuda());
+        matmul_out(acc, a.to(Device::cuda()), b.to(Device::cuda()), ta, tb, 0.5, 1.0);
+        Tensor acc_host = c.clone();
+        matmul_out(acc_host, a, b, ta, tb, 0.5, 1.0);
+        EXPECT_TRUE(allclose(acc.to(Device::cpu()).to(DType::f32), acc_host.to(DType::f32), 1e-2, 2e-2))
+            << t << " accumulating, ta " << (ta == Transpose::yes) << " tb " << (tb == Transpose::yes);
+      }
+    }
+  }
+}

@@ -298,8 +298,6 @@ __device__ void store_rows(const float (&c)[D / 8][4], float factor0, float fact
     }
 }
 
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 // Calls body(integral_constant<int, D>{}, bool_constant<dropout>{}) for the smallest
 // of 32, 64, 128 that holds head_dim.
 template <class Body>

@@ -1,6 +1,6 @@
 // Kernels of nn's layers and losses: activation gradients (nn_math.hpp's formulas, as
-// the host runs them), softmax cross-entropy and LayerNorm (a block per row, LayerNorm
-// in double as the host loop), and Embedding's row gather and in-order scatter-add.
+// the host runs them), softmax cross-entropy (a block per row), LayerNorm (a warp per
+// row, in double as the host loop), and Embedding's row gather and in-order scatter-add.
 #include <algorithm>
 
 #include <cub/block/block_reduce.cuh>
@@ -12,22 +12,94 @@ namespace troupe::tensor::cuda_backend {
 namespace {
 
 template <class T>
-__global__ void activation_grad_kernel(detail::ActivationGrad op, const T* saved, const T* gy, T* out,
-                                       std::int64_t n) {
-  TROUPE_GRID_LOOP(i, n) out[i] = convert_to<T>(detail::activation_grad(op, to_compute(saved[i]), to_compute(gy[i])));
-}
+struct ActivationGrad {
+  detail::ActivationGrad op;
+  __device__ T operator()(T saved, T gy) const {
+    return convert_to<T>(detail::activation_grad(op, to_compute(saved), to_compute(gy)));
+  }
+};
 
 // f64 logits in double, the others in float; the row's results are kept in double.
-template <class T> using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// Cross-entropy runs a block per row, in one pass over the row: GPT-2's logits are
+// 8192 rows of 50257, 0.8-1.6 GB, and reading them is the whole cost. Rows start
+// wherever the class count puts them, so each row reads its unaligned head and tail
+// element by element and the middle in 16-byte vectors.
+constexpr int kRowThreads = 512;
+
+// Elements before a row's first 16-byte boundary (all of them in a short row).
+template <class T>
+__device__ std::int64_t unaligned_head(const T* row, std::int64_t n) {
+  const auto misaligned = static_cast<std::int64_t>(reinterpret_cast<std::uintptr_t>(row) % 16);
+  const std::int64_t head = misaligned == 0 ? 0 : (16 - misaligned) / static_cast<std::int64_t>(sizeof(T));
+  return head < n ? head : n;
+}
+
+// f(i, x) for every element x = row[i], this thread's share of the row.
+template <class T, class F>
+__device__ void for_each_in_row(const T* row, std::int64_t n, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  const std::int64_t head = unaligned_head(row, n);
+  for (std::int64_t i = threadIdx.x; i < head; i += blockDim.x) f(i, row[i]);
+  const std::int64_t vectors = (n - head) / kVec;
+  const auto* middle = reinterpret_cast<const uint4*>(row + head);
+  for (std::int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const uint4 raw = middle[v];
+    const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f(head + v * kVec + j, x[j]);
+  }
+  for (std::int64_t i = head + vectors * kVec + threadIdx.x; i < n; i += blockDim.x) f(i, row[i]);
+}
+
+// out[i] = f(i, in[i]) over a row, this thread's share; 16-byte loads and stores where
+// the two rows share an alignment, element by element where they do not.
+template <class T, class F>
+__device__ void transform_row(const T* in, T* out, std::int64_t n, F&& f) {
+  constexpr int kVec = 16 / sizeof(T);
+  if (reinterpret_cast<std::uintptr_t>(in) % 16 != reinterpret_cast<std::uintptr_t>(out) % 16) {
+    for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) out[i] = f(i, in[i]);
+    return;
+  }
+  const std::int64_t head = unaligned_head(in, n);
+  for (std::int64_t i = threadIdx.x; i < head; i += blockDim.x) out[i] = f(i, in[i]);
+  const std::int64_t vectors = (n - head) / kVec;
+  const auto* src = reinterpret_cast<const uint4*>(in + head);
+  auto* dst = reinterpret_cast<uint4*>(out + head);
+  for (std::int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const uint4 raw = src[v];
+    const T* x = reinterpret_cast<const T*>(&raw);
+    uint4 packed;
+    T* y = reinterpret_cast<T*>(&packed);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) y[j] = f(head + v * kVec + j, x[j]);
+    dst[v] = packed;
+  }
+  for (std::int64_t i = head + vectors * kVec + threadIdx.x; i < n; i += blockDim.x) out[i] = f(i, in[i]);
+}
+
+// A running softmax denominator: sum of exp(x - max) over the elements seen.
+template <class C>
+struct SoftmaxPartial {
+  C max, sum, logits;  // logits: the plain sum, for label smoothing
+};
+
+template <class C>
+__device__ SoftmaxPartial<C> combine(const SoftmaxPartial<C>& a, const SoftmaxPartial<C>& b) {
+  const C m = a.max > b.max ? a.max : b.max;
+  if (m == -INFINITY) return {m, C(0), a.logits + b.logits};
+  return {m, a.sum * exp(a.max - m) + b.sum * exp(b.max - m), a.logits + b.logits};
+}
 
 template <class T>
-__global__ void cross_entropy_rows_kernel(const T* logits, const std::int64_t* target, std::int64_t classes,
-                                          std::int64_t ignore_index, double eps, double* lse_out,
-                                          double* row_loss) {
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_rows_kernel(const T* logits, const std::int64_t* target, std::int64_t classes,
+                              std::int64_t ignore_index, double eps, double* lse_out, double* row_loss) {
   using C = Acc<T>;
-  using Reduce = cub::BlockReduce<C, kThreads>;
+  using Reduce = cub::BlockReduce<SoftmaxPartial<C>, kRowThreads>;
   __shared__ typename Reduce::TempStorage scratch;
-  __shared__ C row_max;
   const std::int64_t r = blockIdx.x;
   const std::int64_t y = target[r];
   if (y == ignore_index) {  // the same branch for the whole block
@@ -35,50 +107,49 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const std::int64_t* t
     return;
   }
   const T* row = logits + r * classes;
-  C m = -INFINITY;
-  for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x) m = fmax(m, static_cast<C>(to_compute(row[c])));
-  const C block_max = Reduce(scratch).Reduce(m, [](C a, C b) { return a > b ? a : b; });
-  if (threadIdx.x == 0) row_max = block_max;
-  __syncthreads();
-  m = row_max;
-  C sum_exp = 0, sum_logits = 0;
-  for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
-    const C v = to_compute(row[c]);
-    sum_exp += exp(v - m);
-    sum_logits += v;
-  }
-  const C total_exp = Reduce(scratch).Sum(sum_exp);
-  __syncthreads();  // the scratch is reused
-  const C total_logits = Reduce(scratch).Sum(sum_logits);
+  SoftmaxPartial<C> mine{-INFINITY, C(0), C(0)};
+  for_each_in_row(row, classes, [&](std::int64_t, T raw) {
+    const C v = to_compute(raw);
+    if (v > mine.max) {  // rescale the sum once per new maximum, not per element
+      mine.sum = mine.sum * exp(mine.max - v) + C(1);
+      mine.max = v;
+    } else if (mine.max != -INFINITY) {  // a -inf logit before any finite one adds nothing
+      mine.sum += exp(v - mine.max);
+    }
+    mine.logits += v;
+  });
+  const SoftmaxPartial<C> total = Reduce(scratch).Reduce(
+      mine, [](const SoftmaxPartial<C>& a, const SoftmaxPartial<C>& b) { return combine(a, b); });
   if (threadIdx.x == 0) {
-    const double lse = static_cast<double>(m) + log(static_cast<double>(total_exp));
+    const double lse = static_cast<double>(total.max) + log(static_cast<double>(total.sum));
     const double n = static_cast<double>(classes);
     lse_out[r] = lse;
     const double nll = lse - static_cast<double>(to_compute(row[y]));
-    row_loss[r] = (1.0 - eps) * nll + eps / n * (n * lse - static_cast<double>(total_logits));
+    row_loss[r] = (1.0 - eps) * nll + eps / n * (n * lse - static_cast<double>(total.logits));
   }
 }
 
-// A thread owns a class and walks the rows: no div/mod per element, and a row's target
-// and log-sum-exp are one load shared by the block (GPT-2's 8192 x 50257 logits).
+// A block per row again: its target and log-sum-exp are read once.
 template <class T>
-__global__ void cross_entropy_grad_kernel(const T* logits, const std::int64_t* target, const double* lse,
-                                          std::int64_t rows, std::int64_t classes, std::int64_t ignore_index,
-                                          double eps, double factor, T* grad) {
+__global__ void __launch_bounds__(kRowThreads)
+    cross_entropy_grad_kernel(const T* logits, const std::int64_t* target, const double* lse, std::int64_t rows,
+                              std::int64_t classes, std::int64_t ignore_index, double eps, double factor, T* grad) {
   using C = Acc<T>;
   const C off = static_cast<C>(eps / static_cast<double>(classes));
-  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (c >= classes) return;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const std::int64_t i = r * classes + c;
+  const C hit = static_cast<C>(1.0 - eps);
+  const C f = static_cast<C>(factor);
+  for (std::int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* in = logits + r * classes;
+    T* out = grad + r * classes;
     const std::int64_t y = target[r];
     if (y == ignore_index) {
-      grad[i] = convert_to<T>(C(0));
+      for (std::int64_t c = threadIdx.x; c < classes; c += blockDim.x) out[c] = convert_to<T>(C(0));
       continue;
     }
-    const C p = exp(static_cast<C>(to_compute(logits[i])) - static_cast<C>(lse[r]));
-    const C q = (c == y ? static_cast<C>(1.0 - eps) : C(0)) + off;
-    grad[i] = convert_to<T>((p - q) * static_cast<C>(factor));
+    const C m = static_cast<C>(lse[r]);
+    transform_row(in, out, classes, [&](std::int64_t c, T x) {
+      return convert_to<T>((exp(static_cast<C>(to_compute(x)) - m) - ((c == y ? hit : C(0)) + off)) * f);
+    });
   }
 }
 
@@ -101,74 +172,74 @@ __global__ void scatter_add_rows_kernel(T* dst, const std::int64_t* rows, const 
   }
 }
 
-// LayerNorm: a block per row; the statistics in double, as the host loop computes them.
-using RowReduce = cub::BlockReduce<double, kThreads>;
+// LayerNorm: a warp per row (GPT widths are hundreds to a few thousand, and a block
+// per row spent its time in block-wide synchronisation); the statistics in double, as
+// the host loop computes them.
+constexpr int kRowsPerBlock = kThreads / 32;
+
+// The sum of the warp's 32 values, the same bits on every lane: reduced to lane 0 in
+// a fixed order, then broadcast (a butterfly would round differently per lane).
+__device__ double warp_sum(double v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_down_sync(0xffffffffu, v, offset);
+  return __shfl_sync(0xffffffffu, v, 0);
+}
 
 template <class T>
-__global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, std::int64_t n, double eps, T* y,
-                                          double* mean_out, double* rstd_out) {
-  __shared__ typename RowReduce::TempStorage scratch;
-  __shared__ double row_mean, row_rstd;
-  const std::int64_t r = blockIdx.x;
-  const T* xr = x + r * n;
-  double sum = 0;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) sum += static_cast<double>(to_compute(xr[c]));
-  const double total = RowReduce(scratch).Sum(sum);
-  if (threadIdx.x == 0) row_mean = total / static_cast<double>(n);
-  __syncthreads();  // also between the two uses of the scratch
-  const double mean = row_mean;
-  double var = 0;  // two passes: no cancellation when |mean| >> std
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    const double d = static_cast<double>(to_compute(xr[c])) - mean;
-    var += d * d;
-  }
-  const double total_var = RowReduce(scratch).Sum(var);
-  if (threadIdx.x == 0) {
-    row_rstd = 1.0 / ::sqrt(total_var / static_cast<double>(n) + eps);
-    mean_out[r] = mean;
-    rstd_out[r] = row_rstd;
-  }
-  __syncthreads();
-  const double rstd = row_rstd;
-  T* yr = y + r * n;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    double v = (static_cast<double>(to_compute(xr[c])) - mean) * rstd;
-    if (w) v = v * static_cast<double>(to_compute(w[c])) + static_cast<double>(to_compute(b[c]));
-    yr[c] = convert_to<T>(v);
+__global__ void layer_norm_forward_kernel(const T* x, const T* w, const T* b, std::int64_t rows, std::int64_t n,
+                                          double eps, T* y, double* mean_out, double* rstd_out) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (std::int64_t r = blockIdx.x * std::int64_t{kRowsPerBlock} + threadIdx.x / 32; r < rows;
+       r += std::int64_t{gridDim.x} * kRowsPerBlock) {  // the same trip count on every lane of a warp
+    const T* xr = x + r * n;
+    double sum = 0;
+    for (std::int64_t c = lane; c < n; c += 32) sum += static_cast<double>(to_compute(xr[c]));
+    const double mean = warp_sum(sum) / static_cast<double>(n);
+    double var = 0;  // two passes: no cancellation when |mean| >> std
+    for (std::int64_t c = lane; c < n; c += 32) {
+      const double d = static_cast<double>(to_compute(xr[c])) - mean;
+      var += d * d;
+    }
+    const double rstd = 1.0 / ::sqrt(warp_sum(var) / static_cast<double>(n) + eps);
+    if (lane == 0) {
+      mean_out[r] = mean;
+      rstd_out[r] = rstd;
+    }
+    T* yr = y + r * n;
+    for (std::int64_t c = lane; c < n; c += 32) {
+      double v = (static_cast<double>(to_compute(xr[c])) - mean) * rstd;
+      if (w) v = v * static_cast<double>(to_compute(w[c])) + static_cast<double>(to_compute(b[c]));
+      yr[c] = convert_to<T>(v);
+    }
   }
 }
 
 template <class T>
-__global__ void layer_norm_backward_kernel(const T* x, const T* gy, const T* w, const double* mean,
-                                           const double* rstd, std::int64_t n, T* gx) {
-  __shared__ typename RowReduce::TempStorage scratch;
-  __shared__ double row_dnorm, row_dnorm_xhat;
-  const std::int64_t r = blockIdx.x;
-  const T* xr = x + r * n;
-  const T* gr = gy + r * n;
-  const double m = mean[r], rs = rstd[r];
-  const auto dnorm_at = [&](std::int64_t c) {
-    const double g = static_cast<double>(to_compute(gr[c]));
-    return w ? g * static_cast<double>(to_compute(w[c])) : g;
-  };
-  double s1 = 0, s2 = 0;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    const double dn = dnorm_at(c);
-    s1 += dn;
-    s2 += dn * ((static_cast<double>(to_compute(xr[c])) - m) * rs);
-  }
-  const double total1 = RowReduce(scratch).Sum(s1);
-  __syncthreads();
-  const double total2 = RowReduce(scratch).Sum(s2);
-  if (threadIdx.x == 0) {
-    row_dnorm = total1 / static_cast<double>(n);
-    row_dnorm_xhat = total2 / static_cast<double>(n);
-  }
-  __syncthreads();
-  T* gxr = gx + r * n;
-  for (std::int64_t c = threadIdx.x; c < n; c += blockDim.x) {
-    const double xhat = (static_cast<double>(to_compute(xr[c])) - m) * rs;
-    gxr[c] = convert_to<T>(rs * (dnorm_at(c) - row_dnorm - xhat * row_dnorm_xhat));
+__global__ void layer_norm_backward_kernel(const T* x, const T* gy, const T* w, const double* mean, const double* rstd,
+                                           std::int64_t rows, std::int64_t n, T* gx) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (std::int64_t r = blockIdx.x * std::int64_t{kRowsPerBlock} + threadIdx.x / 32; r < rows;
+       r += std::int64_t{gridDim.x} * kRowsPerBlock) {
+    const T* xr = x + r * n;
+    const T* gr = gy + r * n;
+    const double m = mean[r], rs = rstd[r];
+    const auto dnorm_at = [&](std::int64_t c) {
+      const double g = static_cast<double>(to_compute(gr[c]));
+      return w ? g * static_cast<double>(to_compute(w[c])) : g;
+    };
+    double s1 = 0, s2 = 0;
+    for (std::int64_t c = lane; c < n; c += 32) {
+      const double dn = dnorm_at(c);
+      s1 += dn;
+      s2 += dn * ((static_cast<double>(to_compute(xr[c])) - m) * rs);
+    }
+    const double dnorm = warp_sum(s1) / static_cast<double>(n);
+    const double dnorm_xhat = warp_sum(s2) / static_cast<double>(n);
+    T* gxr = gx + r * n;
+    for (std::int64_t c = lane; c < n; c += 32) {
+      const double xhat = (static_cast<double>(to_compute(xr[c])) - m) * rs;
+      gxr[c] = convert_to<T>(rs * (dnorm_at(c) - dnorm - xhat * dnorm_xhat));
+    }
   }
 }
 
@@ -213,8 +284,8 @@ void layer_norm_forward(DType dtype, const void* x, const void* weight, const vo
                         std::int64_t n, double eps, void* y, double* mean, double* rstd) {
   dispatch_floating(dtype, "layer_norm", [&](auto tag) {
     using T = decltype(tag);
-    layer_norm_forward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(
-        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), n, eps,
+    layer_norm_forward_kernel<<<blocks_for(rows * 32), kThreads>>>(
+        static_cast<const T*>(x), static_cast<const T*>(weight), static_cast<const T*>(bias), rows, n, eps,
         static_cast<T*>(y), mean, rstd);
   });
   finish("layer_norm");
@@ -227,8 +298,8 @@ void layer_norm_backward(DType dtype, const void* x, const void* gy, const void*
     using T = decltype(tag);
     const auto* xt = static_cast<const T*>(x);
     const auto* gyt = static_cast<const T*>(gy);
-    layer_norm_backward_kernel<<<static_cast<unsigned>(rows), kThreads>>>(xt, gyt, static_cast<const T*>(weight),
-                                                                           mean, rstd, n, static_cast<T*>(gx));
+    layer_norm_backward_kernel<<<blocks_for(rows * 32), kThreads>>>(xt, gyt, static_cast<const T*>(weight), mean, rstd,
+                                                                    rows, n, static_cast<T*>(gx));
     finish("layer_norm backward");
     if (!grad_weight) return;
     // Rows split into parts of >= 64 until about 2048 blocks of threads are busy.
@@ -240,16 +311,15 @@ void layer_norm_backward(DType dtype, const void* x, const void* gy, const void*
     auto* scratch = static_cast<double*>(allocate(bytes, device));
     layer_norm_param_parts_kernel<<<blocks_for(n * parts), kThreads>>>(xt, gyt, mean, rstd, rows, n, parts, scratch,
                                                                        scratch + n * parts);
-    layer_norm_param_finish_kernel<<<blocks_for(n), kThreads>>>(scratch, scratch + n * parts, n, parts,
-                                                                static_cast<T*>(grad_weight),
-                                                                static_cast<T*>(grad_bias));
-    release(scratch, device);  // the caching allocator's blocks are reused in stream order
+    layer_norm_param_finish_kernel<<<blocks_for(n), kThreads>>>(
+        scratch, scratch + n * parts, n, parts, static_cast<T*>(grad_weight), static_cast<T*>(grad_bias));
+    release(scratch,
+            device);  // the caching allocator's blocks are reused in stream order
     finish("layer_norm parameter gradients");
   });
 }
 
-void gather_rows(DType dtype, const void* table, const std::int64_t* idx, std::int64_t n, std::int64_t dim,
-                 void* out) {
+void gather_rows(DType dtype, const void* table, const std::int64_t* idx, std::int64_t n, std::int64_t dim, void* out) {
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     gather_rows_kernel<<<blocks_for(n * dim), kThreads>>>(static_cast<const T*>(table), idx, n, dim,
@@ -272,8 +342,7 @@ void activation_grad(detail::ActivationGrad op, DType dtype, const void* saved, 
                      std::int64_t n) {
   dispatch_floating(dtype, "activation gradient", [&](auto tag) {
     using T = decltype(tag);
-    activation_grad_kernel<<<blocks_for(n), kThreads>>>(op, static_cast<const T*>(saved),
-                                                        static_cast<const T*>(grad), static_cast<T*>(out), n);
+    map2(ActivationGrad<T>{op}, static_cast<const T*>(saved), static_cast<const T*>(grad), static_cast<T*>(out), n);
   });
   finish("activation gradient");
 }
@@ -283,22 +352,20 @@ void cross_entropy_rows(DType dtype, const void* logits, const std::int64_t* tar
                         double* row_loss) {
   dispatch_floating(dtype, "cross entropy", [&](auto tag) {
     using T = decltype(tag);
-    cross_entropy_rows_kernel<<<static_cast<unsigned>(rows), kThreads>>>(
+    cross_entropy_rows_kernel<<<static_cast<unsigned>(rows), kRowThreads>>>(
         static_cast<const T*>(logits), target, classes, ignore_index, eps, log_sum_exp, row_loss);
   });
   finish("cross entropy");
 }
 
 void cross_entropy_grad(DType dtype, const void* logits, const std::int64_t* target, const double* log_sum_exp,
-                        std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps,
-                        double factor, void* grad) {
+                        std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps, double factor,
+                        void* grad) {
   dispatch_floating(dtype, "cross entropy gradient", [&](auto tag) {
     using T = decltype(tag);
-    const dim3 grid(static_cast<unsigned>((classes + kThreads - 1) / kThreads),
-                    static_cast<unsigned>(rows < 65535 ? rows : 65535));
-    cross_entropy_grad_kernel<<<grid, kThreads>>>(
-        static_cast<const T*>(logits), target, log_sum_exp, rows, classes, ignore_index, eps, factor,
-        static_cast<T*>(grad));
+    const auto blocks = static_cast<unsigned>(std::min<std::int64_t>(rows, std::int64_t{1} << 20));
+    cross_entropy_grad_kernel<<<blocks, kRowThreads>>>(static_cast<const T*>(logits), target, log_sum_exp, rows,
+                                                       classes, ignore_index, eps, factor, static_cast<T*>(grad));
   });
   finish("cross entropy gradient");
 }
