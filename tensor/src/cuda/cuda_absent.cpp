@@ -73,7 +73,8 @@ void adam_steps(const AdamList&) { absent("cuda fused Adam"); }
 void sgd_steps(const SgdList&) { absent("cuda fused SGD"); }
 void sum_squares_chunks(const SquaresList&, double*) { absent("cuda sum of squares"); }
 void sum_in_order(const double*, std::int64_t, double*) { absent("cuda sum"); }
-void copy_rows_2byte(const void*, std::int64_t, void*, std::int64_t, std::int64_t, std::int64_t) {
+void copy_rows_2byte(const void*, std::int64_t, std::int64_t, std::int64_t, void*, std::int64_t, std::int64_t,
+                     std::int64_t) {
   absent("cuda copy_rows_2byte");
 }
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,

@@ -41,25 +41,26 @@ __global__ void fill_kernel(T* out, T value, std::int64_t n) {
 // A row's columns in runs of kCopyRun per thread, each load and store coalesced across
 // the warp: eight 2-byte accesses in flight per thread (one would leave the memory
 // mostly idle), without the 16-byte alignment a packed access needs (the source rows of
-// GPT-2's logits are 50257 elements apart).
+// GPT-2's logits are 50257 elements apart). Cells of dst outside src get zeros.
 constexpr int kCopyRun = 8;
 
-__global__ void copy_rows_2byte_kernel(const std::uint16_t* src, std::int64_t src_ld, std::uint16_t* dst,
-                                       std::int64_t dst_ld, std::int64_t rows, std::int64_t cols) {
+__global__ void copy_rows_2byte_kernel(const std::uint16_t* src, std::int64_t src_ld, std::int64_t rows,
+                                       std::int64_t cols, std::uint16_t* dst, std::int64_t dst_ld,
+                                       std::int64_t dst_rows, std::int64_t dst_cols) {
   const std::int64_t first = blockIdx.x * std::int64_t{blockDim.x} * kCopyRun + threadIdx.x;
-  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+  for (std::int64_t r = blockIdx.y; r < dst_rows; r += gridDim.y) {
     const std::uint16_t* s = src + r * src_ld;
     std::uint16_t* d = dst + r * dst_ld;
     std::uint16_t v[kCopyRun];
 #pragma unroll
     for (int j = 0; j < kCopyRun; ++j) {
       const std::int64_t c = first + j * std::int64_t{blockDim.x};
-      if (c < cols) v[j] = s[c];
+      v[j] = r < rows && c < cols ? s[c] : std::uint16_t{0};
     }
 #pragma unroll
     for (int j = 0; j < kCopyRun; ++j) {
       const std::int64_t c = first + j * std::int64_t{blockDim.x};
-      if (c < cols) d[c] = v[j];
+      if (c < dst_cols) d[c] = v[j];
     }
   }
 }
@@ -356,13 +357,13 @@ void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind) {
   TROUPE_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, k));
 }
 
-void copy_rows_2byte(const void* src, std::int64_t src_ld, void* dst, std::int64_t dst_ld, std::int64_t rows,
-                     std::int64_t cols) {
-  if (rows == 0 || cols == 0) return;
-  const dim3 grid(static_cast<unsigned>((cols + kThreads * kCopyRun - 1) / (kThreads * kCopyRun)),
-                  static_cast<unsigned>(rows < 65535 ? rows : 65535));
-  copy_rows_2byte_kernel<<<grid, kThreads>>>(static_cast<const std::uint16_t*>(src), src_ld,
-                                             static_cast<std::uint16_t*>(dst), dst_ld, rows, cols);
+void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, std::int64_t cols, void* dst,
+                     std::int64_t dst_ld, std::int64_t dst_rows, std::int64_t dst_cols) {
+  if (dst_rows == 0 || dst_cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((dst_cols + kThreads * kCopyRun - 1) / (kThreads * kCopyRun)),
+                  static_cast<unsigned>(dst_rows < 65535 ? dst_rows : 65535));
+  copy_rows_2byte_kernel<<<grid, kThreads>>>(static_cast<const std::uint16_t*>(src), src_ld, rows, cols,
+                                             static_cast<std::uint16_t*>(dst), dst_ld, dst_rows, dst_cols);
   finish("copy_rows_2byte");
 }
 

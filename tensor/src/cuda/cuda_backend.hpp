@@ -59,10 +59,11 @@ void random_uniform(DType dtype, void* out, std::int64_t n, std::uint64_t seed,
                     std::uint64_t offset, double lo, double hi);
 void random_normal(DType dtype, void* out, std::int64_t n, std::uint64_t seed,
                    std::uint64_t offset, double mean, double std);
-// dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols, 2-byte elements
-// (the padded operands of gemm's 16-bit products).
-void copy_rows_2byte(const void* src, std::int64_t src_ld, void* dst, std::int64_t dst_ld, std::int64_t rows,
-                     std::int64_t cols);
+// The [dst_rows, dst_cols] block at dst (rows dst_ld apart) from the [rows, cols] block
+// at src (rows src_ld apart), zeros where src has no cell; 2-byte elements (the padded
+// operands of gemm's 16-bit products).
+void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, std::int64_t cols, void* dst,
+                     std::int64_t dst_ld, std::int64_t dst_rows, std::int64_t dst_cols);
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through cuBLAS.
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, double alpha, const void* a, const void* b, double beta, void* c);

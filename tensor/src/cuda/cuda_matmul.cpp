@@ -15,7 +15,13 @@ namespace {
 cublasHandle_t thread_handle() {
   struct Handle {
     cublasHandle_t h = nullptr;
-    Handle() { TROUPE_CUBLAS_CHECK(cublasCreate(&h)); }
+    Handle() {
+      TROUPE_CUBLAS_CHECK(cublasCreate(&h));
+      // 16-bit products accumulate in f32 and round once, as on the host: no split-K
+      // partial sums rounded to bf16/f16 (cuBLAS's default allows them).
+      TROUPE_CUBLAS_CHECK(cublasSetMathMode(h, static_cast<cublasMath_t>(
+                                                   CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    }
     ~Handle() { cublasDestroy(h); }
   };
   thread_local Handle handle;
@@ -44,10 +50,10 @@ class Scratch {
   int device_ = 0;
 };
 
-// A row-major operand as cuBLAS sees it: rows of `cols` elements, `ld` apart.
+// A row-major operand: rows x cols at data, contiguous.
 struct Operand {
   const void* data;
-  std::int64_t rows, cols, ld;
+  std::int64_t rows, cols;
 };
 
 void gemm_ex(cublasHandle_t h, DType dtype, bool trans_a, bool trans_b, int m, int n, int k, double alpha,
@@ -79,57 +85,53 @@ void gemm_ex(cublasHandle_t h, DType dtype, bool trans_a, bool trans_b, int m, i
   }
 }
 
-// cuBLAS's fastest 16-bit kernels on sm_90 (TMA loads and stores) need every row to
-// start 16 bytes apart. GPT-2's vocabulary of 50257 gives its logits rows that do not,
-// and the lm_head's three gemms ran at ~120 TFLOP/s. A large 16-bit gemm with such an
-// operand goes through copies padded to 16 bytes: the copies cost what reading and
-// writing those operands once does, and the gemm gets the fast kernels.
+// A 16-bit product with a dimension that is not a multiple of 8 runs on cuBLAS's slow
+// kernels: GPT-2's vocabulary of 50257 made the lm_head's three gemms run at ~95
+// TFLOP/s on an H200, in troupe and in PyTorch alike, where the block's gemms run at
+// ~450 (and padding only the output's rows to 16 bytes did not help). A large such
+// product runs on copies of its operands with those dimensions padded to a multiple of
+// 64, zeros in the padding (so the padded inner dimension adds nothing): the copies cost
+// what reading and writing the operands once does. nanoGPT pads its vocabulary to 50304
+// for the same reason; here the model keeps its shape.
 constexpr std::int64_t kPaddedGemmWork = std::int64_t{1} << 28;  // m*n*k below which the copies cost more
-constexpr std::int64_t kRowAlign = 8;                            // 16 bytes of 2-byte elements
 
-std::int64_t padded(std::int64_t ld) { return (ld + kRowAlign - 1) / kRowAlign * kRowAlign; }
+std::int64_t padded(std::int64_t d) { return d % 8 == 0 ? d : (d + 63) / 64 * 64; }
 
 }  // namespace
 
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
           const void* a, const void* b, double beta, void* c) {
   cublasHandle_t h = thread_handle();
-  const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
-  const Operand oa{a, trans_a ? k : m, trans_a ? m : k, trans_a ? m : k};
-  const Operand ob{b, trans_b ? n : k, trans_b ? k : n, trans_b ? k : n};
   const bool half = dtype == DType::f16 || dtype == DType::bf16;
-  const bool unaligned = oa.ld % kRowAlign != 0 || ob.ld % kRowAlign != 0 || n % kRowAlign != 0;
-  if (!half || !unaligned || m * n * k < kPaddedGemmWork) {
-    gemm_ex(h, dtype, trans_a, trans_b, im, in, ik, alpha, a, static_cast<int>(oa.ld), b, static_cast<int>(ob.ld),
-            beta, c, in);
+  const std::int64_t mp = padded(m), np = padded(n), kp = padded(k);
+  if (!half || (mp == m && np == n && kp == k) || m * n * k < kPaddedGemmWork) {
+    gemm_ex(h, dtype, trans_a, trans_b, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+            static_cast<int>(trans_a ? m : k), b, static_cast<int>(trans_b ? k : n), beta, c, static_cast<int>(n));
     return;
   }
   int device = 0;
   TROUPE_CUDA_CHECK(cudaGetDevice(&device));
   constexpr std::size_t elem = 2;
-  // An operand already aligned is used in place; the others are copied into rows
-  // padded to 16 bytes (the padding is never read: the gemm's sizes stop short of it).
-  const auto place = [&](const Operand& o, Scratch& keep) -> std::pair<const void*, std::int64_t> {
-    if (o.ld % kRowAlign == 0) return {o.data, o.ld};
-    const std::int64_t ld = padded(o.ld);
-    keep = Scratch(static_cast<std::size_t>(o.rows * ld) * elem, device);
-    copy_rows_2byte(o.data, o.ld, keep.get(), ld, o.rows, o.cols);
-    return {keep.get(), ld};
+  // An operand whose dimensions need no padding is used in place.
+  const auto place = [&](const Operand& o, std::int64_t rows, std::int64_t cols, Scratch& keep) {
+    if (rows == o.rows && cols == o.cols) return o.data;
+    keep = Scratch(static_cast<std::size_t>(rows * cols) * elem, device);
+    copy_rows_2byte(o.data, o.cols, o.rows, o.cols, keep.get(), cols, rows, cols);
+    return static_cast<const void*>(keep.get());
   };
   Scratch sa, sb, sc;
-  const auto [pa, lda] = place(oa, sa);
-  const auto [pb, ldb] = place(ob, sb);
+  const void* pa = trans_a ? place({a, k, m}, kp, mp, sa) : place({a, m, k}, mp, kp, sa);
+  const void* pb = trans_b ? place({b, n, k}, np, kp, sb) : place({b, k, n}, kp, np, sb);
   void* pc = c;
-  std::int64_t ldc = n;
-  if (n % kRowAlign != 0) {
-    ldc = padded(n);
-    sc = Scratch(static_cast<std::size_t>(m * ldc) * elem, device);
+  if (mp != m || np != n) {
+    sc = Scratch(static_cast<std::size_t>(mp * np) * elem, device);
     pc = sc.get();
-    if (beta != 0) copy_rows_2byte(c, n, pc, ldc, m, n);
+    if (beta != 0) copy_rows_2byte(c, n, m, n, pc, np, mp, np);
   }
-  gemm_ex(h, dtype, trans_a, trans_b, im, in, ik, alpha, pa, static_cast<int>(lda), pb, static_cast<int>(ldb), beta,
-          pc, static_cast<int>(ldc));
-  if (pc != c) copy_rows_2byte(pc, ldc, c, n, m, n);
+  gemm_ex(h, dtype, trans_a, trans_b, static_cast<int>(mp), static_cast<int>(np), static_cast<int>(kp), alpha, pa,
+          static_cast<int>(trans_a ? mp : kp), pb, static_cast<int>(trans_b ? kp : np), beta, pc,
+          static_cast<int>(np));
+  if (pc != c) copy_rows_2byte(pc, np, m, n, c, n, m, n);
 }
 
 }  // namespace troupe::tensor::cuda_backend
