@@ -223,6 +223,10 @@ void time_ops(DType dtype, const Flags& flags) {
     forward_and_backward("lm_head", head, rows_of(C), rows_of(V));
   }
   {
+    const Tensor qkv = rows_of(3 * C).reshape({flags.batch, T, 3 * C});
+    time("attention forward", [&] { tensor::causal_attention_forward(qkv, kGpt2Small.n_head, 0.0, gen); });
+  }
+  {
     const Tensor x = rows_of(3 * C), bias = tensor::normal({3 * C}, 0, 1, gen, dtype, gpu);
     Tensor y = x.clone();
     time("bias add [N, 3C] + [3C]", [&] { tensor::add_(y, bias); });

@@ -18,6 +18,7 @@ Timing with CUDA events around --steps calls after 3 warm-up calls; the median o
 --repeats. Exits 3 when torch or a CUDA device is missing.
 """
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -68,18 +69,21 @@ def median_ms(f, repeats, steps):
     return statistics.median_low(times)
 
 
+def attention_backend(precision):
+    """The context that picks scaled_dot_product_attention's backend, and its name:
+    flash for bf16 (the issue's baseline), torch's own choice for f32."""
+    if precision == "bf16" and hasattr(torch.nn, "attention"):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)), "flash"
+    return contextlib.nullcontext, "default"
+
+
 def time_attention(precision, batch, repeats, steps):
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     B, T, H, C = batch, GPT2_SMALL["block_size"], GPT2_SMALL["n_head"], GPT2_SMALL["n_embd"]
     qkv = torch.randn(B, T, 3 * C, device="cuda", dtype=dtype, requires_grad=True)
     gy = torch.randn(B, H, T, C // H, device="cuda", dtype=dtype)
-    backend = "default"
-    if precision == "bf16" and hasattr(torch.nn, "attention"):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        ctx, backend = (lambda: sdpa_kernel(SDPBackend.FLASH_ATTENTION)), "flash"
-    else:
-        import contextlib
-        ctx = contextlib.nullcontext
+    ctx, backend = attention_backend(precision)
 
     def call():
         with ctx():
@@ -154,6 +158,10 @@ def time_ops(precision, batch, repeats, steps):
         forward_and_backward(name, torch.nn.Linear(i, o, device="cuda", dtype=dtype), rows(i, True), rows(o))
     forward_and_backward("lm_head", torch.nn.Linear(C, V, bias=False, device="cuda", dtype=dtype), rows(C, True),
                          rows(V))
+    with torch.no_grad(), attention_backend(precision)[0]():
+        H = GPT2_SMALL["n_head"]
+        q, k, v = (t.view(batch, T, H, C // H).transpose(1, 2) for t in rows(3 * C).split(C, dim=1))
+        time("attention forward", lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
     with torch.no_grad():
         y, bias = rows(3 * C), torch.randn(3 * C, device="cuda", dtype=dtype)
         time("bias add [N, 3C] + [3C]", lambda: y.add_(bias))

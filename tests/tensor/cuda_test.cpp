@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <vector>
 
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
@@ -94,5 +95,33 @@ TEST(Cuda, LargeHalfMatmulsWithOddDimensionsMatchTheCpu) {
             << t << " accumulating, ta " << (ta == Transpose::yes) << " tb " << (tb == Transpose::yes);
       }
     }
+  }
+}
+
+// Small uploads go through a ring of page-locked memory without waiting for the GPU:
+// each must hold the host's bytes as they were when the upload returned, also when the
+// ring wraps (8 MB; these are 24 MB) while earlier copies still wait behind a kernel.
+TEST(Cuda, SmallUploadsQueuedBehindKernelsArriveIntact) {
+  if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
+  Generator g(9);
+  const Tensor a = normal({2048, 2048}, 0, 1, g, DType::f32, Device::cuda());
+  std::vector<Tensor> uploaded;
+  std::vector<std::int64_t> firsts;
+  for (int i = 0; i < 3000; ++i) {
+    if (i % 500 == 0) matmul(a, a);  // keeps the queue busy while uploads pile up behind it
+    // Mostly 8 KB, some near the ring's largest (1 MB) and one past it (a synchronous copy).
+    const std::int64_t n = i % 997 == 0 ? 200000 : i % 101 == 0 ? 131000 : 1000;
+    Tensor host = Tensor::empty({n}, DType::i64);
+    for (std::int64_t j = 0; j < n; ++j) host.data<std::int64_t>()[j] = i * 1000003 + j;
+    uploaded.push_back(host.to(Device::cuda()));
+    host.data<std::int64_t>()[0] = -1;  // too late: the upload already holds its copy
+    firsts.push_back(i * std::int64_t{1000003});
+  }
+  for (std::size_t i = 0; i < uploaded.size(); ++i) {
+    const Tensor back = uploaded[i].to(Device::cpu());
+    const std::int64_t n = back.numel();
+    ASSERT_EQ(back.data<std::int64_t>()[0], firsts[i]) << "upload " << i;
+    ASSERT_EQ(back.data<std::int64_t>()[n - 1], firsts[i] + n - 1) << "upload " << i;
+    ASSERT_EQ(back.data<std::int64_t>()[n / 2], firsts[i] + n / 2) << "upload " << i;
   }
 }

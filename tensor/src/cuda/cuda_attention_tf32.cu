@@ -29,19 +29,18 @@ template <int D> constexpr int kAcross = D + 4;  // tiles read across their rows
 template <int D> constexpr int kDown = D + 8;    // tiles read down their columns
 constexpr std::size_t kScratchFloats = 4 * 16 * kScratchPitch;  // a 16 x 64 tile per warp
 
-__device__ __forceinline__ std::uint32_t to_tf32(float x) {
-  std::uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// x as big + small, both TF32 (big holds x's top 10 mantissa bits, small the next).
+// x as big + small, both TF32, each rounded to nearest (ties away, as cvt.rna): the
+// rounding adds half a TF32 ulp to the bits, and the tensor core ignores an operand's
+// 13 bits below TF32's (big drops them itself, as it is subtracted from x). Four
+// integer and float operations where two cvt.rna.tf32.f32 took longer, with the same
+// bits: the kernels split every operand they load, so the split is on their critical
+// path.
 struct Split {
   std::uint32_t big, small;
 };
 __device__ __forceinline__ Split split(float x) {
-  const std::uint32_t big = to_tf32(x);
-  return {big, to_tf32(x - __uint_as_float(big))};
+  const std::uint32_t big = (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+  return {big, __float_as_uint(x - __uint_as_float(big)) + 0x1000u};
 }
 
 __device__ __forceinline__ void mma_tf32(float (&c)[4], std::uint32_t a0, std::uint32_t a1, std::uint32_t a2,

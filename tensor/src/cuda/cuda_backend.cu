@@ -1,5 +1,6 @@
-// CUDA kernels of the tensor module: copies, fill, casts, elementwise arithmetic,
-// comparisons and math (broadcasting), reductions, and counter-based random draws. Element conversions and Philox are the
+// CUDA kernels of the tensor module: fill, casts, elementwise arithmetic, comparisons
+// and math (broadcasting), reductions, and counter-based random draws (copies between
+// host and device are cuda_memory.cpp's). Element conversions and Philox are the
 // host's own functions (half.hpp, philox.hpp) compiled for the device, which is what
 // makes a cast or a random tensor bit-identical on CPU and GPU.
 //
@@ -349,13 +350,6 @@ int device_count() {
 void synchronize() { TROUPE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 void set_device(int device) { TROUPE_CUDA_CHECK(cudaSetDevice(device)); }
-
-void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind) {
-  const cudaMemcpyKind k = kind == CopyKind::host_to_device ? cudaMemcpyHostToDevice
-                           : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
-                                                              : cudaMemcpyDeviceToDevice;
-  TROUPE_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, k));
-}
 
 void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, std::int64_t cols, void* dst,
                      std::int64_t dst_ld, std::int64_t dst_rows, std::int64_t dst_cols) {

@@ -42,7 +42,7 @@ template <class D, class S> __device__ inline D convert_to(S x) {
   else return static_cast<D>(to_compute(x));
 }
 
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+__host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 // E elements of T moved as one access. A thread that moves 2 bytes at a time keeps too
 // few bytes in flight to fill the memory's bandwidth (bf16 elementwise kernels ran at

@@ -37,14 +37,35 @@ __device__ inline BlockChunk block_chunk(const List& list) {
   return {t, begin, begin + kListChunk < list.n[t] ? begin + kListChunk : list.n[t]};
 }
 
+// Four elements per access where the four buffers allow it: one float per thread kept
+// too few bytes in flight, and the step ran at about half the memory's rate. The
+// arithmetic per element is the same.
 __global__ void __launch_bounds__(kListThreads) adam_list_kernel(const __grid_constant__ AdamList list) {
   const auto [t, begin, end] = block_chunk(list);
   float* p = list.param[t];
   const float* g = list.grad[t];
   float* m = list.exp_avg[t];
   float* v = list.exp_avg_sq[t];
-  for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x)
-    detail::adam_element(p[i], g[i], m[i], v[i], list.scalars[t]);
+  const AdamScalars s = list.scalars[t];
+  std::int64_t first = begin;  // the first element left to the one-at-a-time loop
+  if (aligned16(p + begin) && aligned16(g + begin) && aligned16(m + begin) && aligned16(v + begin)) {
+    const std::int64_t packs = (end - begin) / 4;
+    for (std::int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      const std::int64_t i = begin + 4 * k;
+      float4 pp = *reinterpret_cast<const float4*>(p + i), mm = *reinterpret_cast<const float4*>(m + i),
+             vv = *reinterpret_cast<const float4*>(v + i);
+      const float4 gg = *reinterpret_cast<const float4*>(g + i);
+      detail::adam_element(pp.x, gg.x, mm.x, vv.x, s);
+      detail::adam_element(pp.y, gg.y, mm.y, vv.y, s);
+      detail::adam_element(pp.z, gg.z, mm.z, vv.z, s);
+      detail::adam_element(pp.w, gg.w, mm.w, vv.w, s);
+      *reinterpret_cast<float4*>(p + i) = pp;
+      *reinterpret_cast<float4*>(m + i) = mm;
+      *reinterpret_cast<float4*>(v + i) = vv;
+    }
+    first = begin + 4 * packs;
+  }
+  for (std::int64_t i = first + threadIdx.x; i < end; i += blockDim.x) detail::adam_element(p[i], g[i], m[i], v[i], s);
 }
 
 __global__ void __launch_bounds__(kListThreads) sgd_list_kernel(const __grid_constant__ SgdList list) {
