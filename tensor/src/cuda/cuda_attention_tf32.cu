@@ -7,15 +7,12 @@
 // TF32's rate, which is still several times the CUDA cores' f32 rate.
 //
 // The same three kernels as the bf16 ones (forward; dq with delta; dkdv), with the
-// softmax arithmetic they share (cuda_attention.cuh), but P and dS stay f32. TF32's A
-// fragment puts columns t and t + 4 in a lane where the accumulator has 2t and 2t + 1,
-// so P and dS go through a per-warp scratch tile in shared memory on their way to the
-// next product.
+// softmax arithmetic they share (cuda_attention.cuh), but P and dS stay f32 and feed
+// the next product from the registers they were computed in (accumulator_times).
 //
-// Tiles are row-major [row][d], rows padded so that fragment loads avoid bank
-// conflicts: D + 4 for tiles read across a row (A operands, B = K for Q K^T), D + 8
-// for V in the forward, read down its columns. Tiles read both ways (K in dq, Q and
-// dO in dkdv) take D + 4, with 2-way conflicts down the columns.
+// Tiles are row-major [row][d], rows padded to D + 4 floats: fragment loads across a
+// row (A operands, B = K for Q K^T) and down a column in accumulator_times' order
+// both hit 32 distinct banks.
 #include "cuda_attention.cuh"
 
 namespace troupe::tensor::cuda_backend::attention {
@@ -24,10 +21,7 @@ namespace {
 
 constexpr int kRows = kTileRows;
 constexpr int kThreads = kTileThreads;
-constexpr int kScratchPitch = kRows + 4;  // a warp's 16 x 64 scratch, f32
-template <int D> constexpr int kAcross = D + 4;  // tiles read across their rows
-template <int D> constexpr int kDown = D + 8;    // tiles read down their columns
-constexpr std::size_t kScratchFloats = 4 * 16 * kScratchPitch;  // a 16 x 64 tile per warp
+template <int D> constexpr int kAcross = D + 4;  // a tile's row pitch, in floats
 
 // x as big + small, both TF32, each rounded to nearest (ties away, as cvt.rna): the
 // rounding adds half a TF32 ulp to the bits, and the tensor core ignores an operand's
@@ -83,37 +77,25 @@ __device__ __forceinline__ void mma_across(float (&c)[N][4], const SplitA& a, co
   }
 }
 
-// c[n] += A b_n, B[k][n] = tile[k][n] (B's rows are the tile's rows: V for P V).
+// c[n] += S b_n for S this warp's 16 x 64 accumulator (scores, P or dS, in the mma's C
+// layout) and B rows [0, 64) of `tile` (B[k][n] = tile[k][n]: V for P V). A lane's
+// accumulator holds columns 2t and 2t + 1 of each 8, where an A operand wants columns
+// t and t + 4. The product runs over each 8 keys in that order instead, with B's rows
+// taken in the same order (rows 2t and 2t + 1 as B's rows t and t + 4): the sum is the
+// same, and the accumulator is the A operand as it stands, with no trip through shared
+// memory.
 template <int P, int N>
-__device__ __forceinline__ void mma_down(float (&c)[N][4], const SplitA& a, const float* tile, int k0,
-                                         const Lane& l) {
+__device__ __forceinline__ void accumulator_times(float (&c)[N][4], const float (&s)[8][4], const float* tile,
+                                                  const Lane& l) {
 #pragma unroll
-  for (int n = 0; n < N; ++n) {
-    const float* b = tile + (k0 + l.pair) * P + n * 8 + l.group;
-    mma3(c[n], a, b[0], b[4 * P]);
+  for (int kk = 0; kk < kRows / 8; ++kk) {
+    const SplitA a{{split(s[kk][0]), split(s[kk][2]), split(s[kk][1]), split(s[kk][3])}};
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+      const float* b = tile + (kk * 8 + 2 * l.pair) * P + n * 8 + l.group;
+      mma3(c[n], a, b[0], b[P]);
+    }
   }
-}
-
-// A 16 x 64 accumulator into the warp's scratch tile, to be read back as A operands.
-__device__ __forceinline__ void to_scratch(const float (&c)[8][4], float* scratch, const Lane& l) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    float* top = scratch + l.group * kScratchPitch + n * 8 + 2 * l.pair;
-    top[0] = c[n][0];
-    top[1] = c[n][1];
-    top[8 * kScratchPitch] = c[n][2];
-    top[8 * kScratchPitch + 1] = c[n][3];
-  }
-  __syncwarp();
-}
-
-// c += S B for the 16 x 64 scratch S and B = rows [0, 64) of `tile`, read down.
-template <int P, int N>
-__device__ __forceinline__ void scratch_times(float (&c)[N][4], const float* scratch, const float* tile,
-                                              const Lane& l) {
-#pragma unroll
-  for (int kk = 0; kk < kRows / 8; ++kk) mma_down<P>(c, load_a<kScratchPitch>(scratch, 0, kk * 8, l), tile, kk * 8, l);
-  __syncwarp();  // the scratch is read before the next write
 }
 
 template <int D, bool kDropout>
@@ -122,9 +104,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const float* qkv, Geo
   extern __shared__ __align__(16) unsigned char shared[];
   float* qs = reinterpret_cast<float*>(shared);  // [64][D + 4]
   float* ks = qs + kRows * kAcross<D>;           // [64][D + 4]
-  float* vs = ks + kRows * kAcross<D>;           // [64][D + 8]
+  float* vs = ks + kRows * kAcross<D>;           // [64][D + 4]
   const int warp = threadIdx.x / 32;
-  float* scratch = vs + kRows * kDown<D> + warp * 16 * kScratchPitch;  // this warp's [16][68]
   const Lane l;
   const Heads at(g);
   const std::int64_t first = query_tile_first(g.time);
@@ -137,14 +118,13 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const float* qkv, Geo
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
     __syncthreads();
     load_tile<D, kAcross<D>>(qkv_rows(qkv, g, at, 1), k0, g, vector, ks);
-    load_tile<D, kDown<D>>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
+    load_tile<D, kAcross<D>>(qkv_rows(qkv, g, at, 2), k0, g, vector, vs);
     __syncthreads();
     float s[8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk) mma_across<kAcross<D>>(s, load_a<kAcross<D>>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
     online_softmax<kDropout>(s, o, m, sum, k0 == first, scale, row0, k0, l, g, at.bh);
-    to_scratch(s, scratch, l);
-    scratch_times<kDown<D>>(o, scratch, vs, l);
+    accumulator_times<kAcross<D>>(o, s, vs, l);
   }
   const float total[2] = {row_sum(sum[0]), row_sum(sum[1])};
   store_rows<D>(o, 1.0f / total[0], 1.0f / total[1], out_rows(out, g, at), first + warp * 16, g, l);
@@ -163,7 +143,6 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
   float* vs = ks + kRows * P;
   float* delta_s = vs + kRows * P;  // [64]
   const int warp = threadIdx.x / 32;
-  float* scratch = delta_s + kRows + warp * 16 * kScratchPitch;
   const Lane l;
   const Heads at(g);
   const std::int64_t first = query_tile_first(g.time);
@@ -192,15 +171,16 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
       mma_across<P>(dp, load_a<P>(dys, warp * 16, kk * 8, l), vs, kk * 8, l);
     }
     ds_of_tile<kDropout>(s, dp, k0 == first, scale, row_lse, row_delta, row0, k0, l, g, at.bh);  // s = dS
-    to_scratch(s, scratch, l);
-    scratch_times<P>(dq, scratch, ks, l);
+    accumulator_times<P>(dq, s, ks, l);
   }
   const float by = static_cast<float>(g.scale);
   store_rows<D>(dq, by, by, qkv_rows(grad_qkv, g, at, 0), first + warp * 16, g, l);
 }
 
+// Three blocks an SM (168 registers a thread, a few bytes spilled without dropout): at
+// two, the SM had too few warps to hide the mma and load latencies.
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const float* qkv, const float* grad_out,
+__global__ void __launch_bounds__(kThreads, 3) backward_dkdv_kernel(const float* qkv, const float* grad_out,
                                                                  const float* lse, const float* delta, Geometry g,
                                                                  bool vector, float* grad_qkv) {
   constexpr int P = kAcross<D>;
@@ -212,7 +192,6 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const float* qk
   float* lse_s = dys + kRows * P;  // [64], base 2
   float* delta_s = lse_s + kRows;  // [64]
   const int warp = threadIdx.x / 32;
-  float* scratch = delta_s + kRows + warp * 16 * kScratchPitch;
   const Lane l;
   const Heads at(g);
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kRows;
@@ -236,10 +215,8 @@ __global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const float* qk
       mma_across<P>(dp, load_a<P>(vs, warp * 16, kk * 8, l), dys, kk * 8, l);
     }
     transposed_p_and_ds<kDropout>(s, dp, scale, lse_s, delta_s, key0, q0, l, g, at.bh);  // s = P^T, dp = dS^T
-    to_scratch(s, scratch, l);
-    scratch_times<P>(dv, scratch, dys, l);
-    to_scratch(dp, scratch, l);
-    scratch_times<P>(dk, scratch, qs, l);
+    accumulator_times<P>(dv, s, dys, l);
+    accumulator_times<P>(dk, dp, qs, l);
   }
   const float by = static_cast<float>(g.scale);
   store_rows<D>(dk, by, by, qkv_rows(grad_qkv, g, at, 1), first + warp * 16, g, l);
@@ -253,7 +230,7 @@ void forward_f32(const float* qkv, const AttentionShape& s, const AttentionDropo
   const bool vector = s.head_dim % 4 == 0 && s.channels % 4 == 0 && aligned16(qkv);
   dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
-    const std::size_t floats = kRows * (2 * kAcross<D> + kDown<D>) + kScratchFloats;
+    const std::size_t floats = 3 * kRows * kAcross<D>;
     launch(forward_kernel<D, decltype(dropout)::value>, s, kRows, kThreads, floats * sizeof(float),
            "causal attention (f32)", qkv, g, vector, out, lse);
   });
@@ -266,8 +243,8 @@ void backward_f32(const float* qkv, const float* out, const float* grad_out, con
   dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     constexpr bool drop_on = decltype(dropout)::value;
-    const std::size_t dq_floats = 4 * kRows * kAcross<D> + kRows + kScratchFloats;
-    const std::size_t dkdv_floats = 4 * kRows * kAcross<D> + 2 * kRows + kScratchFloats;
+    const std::size_t dq_floats = 4 * kRows * kAcross<D> + kRows;
+    const std::size_t dkdv_floats = 4 * kRows * kAcross<D> + 2 * kRows;
     launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, dq_floats * sizeof(float),
            "causal attention backward (f32, dq)", qkv, out, grad_out, lse, g, vector, delta, grad_qkv);
     launch(backward_dkdv_kernel<D, drop_on>, s, kRows, kThreads, dkdv_floats * sizeof(float),
