@@ -112,7 +112,7 @@ TEST(Cuda, SmallUploadsQueuedBehindKernelsArriveIntact) {
     // Mostly 8 KB, some near the ring's largest (1 MB) and one past it (a synchronous copy).
     const std::int64_t n = i % 997 == 0 ? 200000 : i % 101 == 0 ? 131000 : 1000;
     Tensor host = Tensor::empty({n}, DType::i64);
-    for (std::int64_t j = 0; j < n; ++j) host.data<std::int64_t>()[j] = i * 1000003 + j;
+    for (std::int64_t j = 0; j < n; ++j) host.data<std::int64_t>()[j] = i * std::int64_t{1000003} + j;
     uploaded.push_back(host.to(Device::cuda()));
     host.data<std::int64_t>()[0] = -1;  // too late: the upload already holds its copy
     firsts.push_back(i * std::int64_t{1000003});

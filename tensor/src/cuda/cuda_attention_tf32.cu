@@ -98,8 +98,10 @@ __device__ __forceinline__ void accumulator_times(float (&c)[N][4], const float 
   }
 }
 
+// Four blocks an SM (128 registers a thread; 24 bytes spilled without dropout), as
+// many as its shared memory allows.
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const float* qkv, Geometry g, bool vector, float* out,
+__global__ void __launch_bounds__(kThreads, 4) forward_kernel(const float* qkv, Geometry g, bool vector, float* out,
                                                            float* lse) {
   extern __shared__ __align__(16) unsigned char shared[];
   float* qs = reinterpret_cast<float*>(shared);  // [64][D + 4]
