@@ -139,7 +139,9 @@ troupe's and PyTorch's alike, is the median of its own rounds.
 Issue 24's GPU figures, from `scripts/gpu-check` on the GPU machine: `bench/gpu_gpt_bench.cpp`
 and its baseline `bench/torch_gpu_gpt.py` run as separate processes, alternately, and
 `bench/gpu_gpt_table.py` pairs them; each figure is the median of its own rounds (the
-last run had one round, for a short device lease: read its ratios to +-10%).
+last run had two, for a short device lease). The steps repeat closely: the f32 step's
+two rounds were 160.25 ms in troupe and 160.56 and 160.49 ms in PyTorch, so its ratio
+of 0.998 meets the target by a fraction of a percent, not by a margin.
 
 - Attention: causal self-attention forward + backward on GPT-2 small's shapes (batch 8,
   T = 1024, 12 heads of 64) from one [B, T, 3C] qkv tensor, troupe's fused kernels
@@ -147,7 +149,8 @@ last run had one round, for a short device lease: read its ratios to +-10%).
   f32, which flash does not take, the backend torch picks (its memory-efficient
   kernel). troupe's runs on tensor cores: bf16 in `tensor/src/cuda/cuda_attention_mma.cu`,
   f32 as 3xTF32 in `cuda_attention_tf32.cu`. torch's flash figure moves between runs
-  (0.44-0.66 ms seen on the same H200), troupe's less (0.59-0.60 ms).
+  (0.44-0.66 ms seen on the same H200), troupe's less (0.59-0.61 ms). torch's
+  memory-efficient kernel also runs f32 as 3xTF32 (CUTLASS's fast-f32 products).
 - Step: a GPT-2-small-shaped model (12 layers, 12 heads, C = 768, T = 1024, V = 50257,
   124M parameters, tied head, dropout 0) at batch 8: zero_grad, forward,
   cross-entropy, backward, clipping at 1.0, AdamW (decay on matrices), 2 resident
