@@ -282,6 +282,23 @@ __device__ void row_deltas(Rows<const E*> y, Rows<const E*> dy, std::int64_t fir
   }
 }
 
+// What both dq kernels do first: delta = rowsum(dO * O) for the block's 64 rows from
+// `first` (into delta_s, and into delta for dkdv), the rows' Q and dO tiles (pitch P),
+// and the lane's two rows' log-sum-exp (base 2) and delta.
+template <int D, int P, class E>
+__device__ void start_dq_block(const E* qkv, const E* out, const E* grad_out, const float* lse, const Geometry& g,
+                               const Heads& at, std::int64_t first, bool vector, E* qs, E* dys, float* delta_s,
+                               float* delta, float (&row_lse)[2], float (&row_delta)[2]) {
+  const auto y = out_rows(out, g, at), dy = out_rows(grad_out, g, at);
+  row_deltas(y, dy, first, g, at.bh, delta_s, delta);
+  load_tile<D, P>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
+  load_tile<D, P>(dy, first, g, vector, dys);
+  __syncthreads();
+  const Lane l;
+  const int warp = threadIdx.x / 32;
+  row_stats(lse, delta_s, first + warp * 16 + l.group, warp, l, g, at.bh, row_lse, row_delta);
+}
+
 // Stores a 16 x D accumulator as the warp's rows [row0, row0 + 16) of `dst`, row r
 // times factor[r >= 8], skipping rows past time and columns past head_dim.
 template <int D, class E>

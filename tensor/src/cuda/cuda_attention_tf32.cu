@@ -151,14 +151,8 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
   const std::int64_t row0 = first + warp * 16 + l.group;
   const float scale = static_cast<float>(g.scale) * kLog2e;
 
-  // delta = rowsum(dO * O), kept for dkdv.
-  const auto y = out_rows(out, g, at), dy = out_rows(grad_out, g, at);
-  row_deltas(y, dy, first, g, at.bh, delta_s, delta);
-  load_tile<D, P>(qkv_rows(qkv, g, at, 0), first, g, vector, qs);
-  load_tile<D, P>(dy, first, g, vector, dys);
-  __syncthreads();
   float row_lse[2], row_delta[2];
-  row_stats(lse, delta_s, row0, warp, l, g, at.bh, row_lse, row_delta);
+  start_dq_block<D, P>(qkv, out, grad_out, lse, g, at, first, vector, qs, dys, delta_s, delta, row_lse, row_delta);
 
   float dq[D / 8][4] = {};
   for (std::int64_t k0 = 0; k0 <= first; k0 += kRows) {
