@@ -56,6 +56,22 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   Tensor& exp_avg = *state.find("exp_avg");
   Tensor& exp_avg_sq = *state.find("exp_avg_sq");
   const std::vector<DecayRun> runs = decay_runs(name, param);
+  if (param.data.device().is_cpu() && param.data.dtype() == DType::f32) {
+    // The host's f32 loop, compiled for each instruction set (tensor/fused_optim.hpp),
+    // with the same arithmetic as the loop below.
+    for (const DecayRun& run : runs) {
+      const tensor::AdamStep step{.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
+                                  .weight_decay = run.weight_decay, .decoupled = decoupled_, .step = t};
+      if (runs.size() == 1) {
+        tensor::fused_adam_step_(param.data, param.grad, exp_avg, exp_avg_sq, step);
+        continue;
+      }
+      Tensor p = param.data.slice(run.begin, run.end), m = exp_avg.slice(run.begin, run.end),
+             v = exp_avg_sq.slice(run.begin, run.end);
+      tensor::fused_adam_step_(p, param.grad.slice(run.begin, run.end), m, v, step);
+    }
+    return;
+  }
   if (param.data.device().is_cuda()) {
     // Collected for finish_step(): one fused launch for every CUDA parameter
     // (tensor/fused_optim.hpp: these formulas, in f32). The moments live on the

@@ -54,8 +54,7 @@ Tensor Linear::forward_impl(const Tensor& input) {
                weight_->data.dtype());
   input_ = input;
   const std::int64_t rows = leading_rows(input);
-  Tensor y = tensor::matmul(input.reshape({rows, in_}), weight_->data, Transpose::no, Transpose::yes);
-  if (bias_) tensor::add_(y, bias_->data);
+  Tensor y = tensor::linear(input.reshape({rows, in_}), weight_->data, bias_ ? bias_->data : Tensor());
   Shape out_shape = input.shape();
   out_shape.back() = out_;
   return y.reshape(out_shape);
@@ -75,13 +74,15 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
   const Tensor x = input_.reshape({rows, in_});
 
   if (bias_) {
-    Tensor& gb = grad_for_accumulation(*bias_, op.c_str(), "bias");
-    tensor::add_(gb, tensor::sum(gy, 0));
+    bool fresh = false;
+    Tensor& gb = grad_for_write(*bias_, op.c_str(), "bias", fresh);
+    if (fresh) gb = tensor::sum(gy, 0);
+    else tensor::add_(gb, tensor::sum(gy, 0));
     grad_ready(*bias_);
   }
-  // dW (+)= gy^T x, written by the gemm straight into the existing gradient.
-  const bool fresh = !weight_->grad.defined();
-  Tensor& gw = grad_for_accumulation(*weight_, op.c_str(), "weight");
+  // dW (+)= gy^T x, written by the gemm straight into the gradient (beta 0 when fresh).
+  bool fresh = false;
+  Tensor& gw = grad_for_write(*weight_, op.c_str(), "weight", fresh);
   tensor::matmul_out(gw, gy, x, Transpose::yes, Transpose::no, 1.0, fresh ? 0.0 : 1.0);
   grad_ready(*weight_);
 

@@ -5,9 +5,17 @@
 namespace troupe::nn {
 
 Tensor& grad_for_accumulation(Parameter& p, const char* op, const std::string& name) {
+  bool fresh = false;
+  Tensor& grad = grad_for_write(p, op, name, fresh);
+  if (fresh) grad.zero_();
+  return grad;
+}
+
+Tensor& grad_for_write(Parameter& p, const char* op, const std::string& name, bool& fresh) {
   p.data.check_defined(op);
-  if (!p.grad.defined()) {
-    p.grad = Tensor::zeros(p.data.shape(), p.data.dtype(), p.data.device());
+  fresh = !p.grad.defined();
+  if (fresh) {
+    p.grad = Tensor::empty(p.data.shape(), p.data.dtype(), p.data.device());
     return p.grad;
   }
   TROUPE_CHECK(p.grad.shape() == p.data.shape() && p.grad.dtype() == p.data.dtype() &&

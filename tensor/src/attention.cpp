@@ -117,39 +117,54 @@ void softmax_backward_row(const double* p, double* dp, std::int64_t n) {
 // past a block's end are never written or read.
 constexpr std::int64_t kBlock = 64;
 
+// Whether the CPU forward keeps P for the backward: when it is at most twice the size
+// of qkv (n_head T <= 6 C, i.e. T <= 6 D). Recomputing P costs a third of the forward's
+// products and an exp per score; keeping it costs memory that grows as T^2.
+bool keeps_probs(const Dims& d) { return d.heads * d.time <= 6 * d.channels; }
+
 template <class T>
 AttentionForward forward_cpu(const Tensor& qkv, const Dims& d, double dropout_p, Generator& gen) {
   const std::int64_t B = d.batch, L = d.time, C = d.channels, H = d.heads, D = d.head_dim;
   AttentionForward f;
   f.out = Tensor::empty({B, L, C}, qkv.dtype());
   f.log_sum_exp = Tensor::empty({B, H, L}, qkv.dtype());
+  if (keeps_probs(d)) f.probs = Tensor::empty({B, H, L, L}, qkv.dtype());
   reserve_dropout(f, d, dropout_p, gen);
   const DropoutMask<T> mask{dropout_p, f.seed, f.offset, L};
   const T* base = qkv.data<T>();
   T* out = f.out.data<T>();
   T* lse = f.log_sum_exp.data<T>();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
-  std::vector<T> p(static_cast<std::size_t>(L * L)), z(static_cast<std::size_t>(L));
+  const auto square = static_cast<std::size_t>(L * L);
+  std::vector<T> scratch(f.probs.defined() ? 0 : square), dropped(mask.active() ? square : 0),
+      z(static_cast<std::size_t>(L));
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < H; ++h) {
       const T* q = base + b * L * 3 * C + h * D;
       const T* k = q + C;
       const T* v = q + 2 * C;
       T* row_lse = lse + (b * H + h) * L;
+      T* p = f.probs.defined() ? f.probs.data<T>() + (b * H + h) * L * L : scratch.data();
       for (std::int64_t r0 = 0; r0 < L; r0 += kBlock) {
         const std::int64_t r1 = std::min(L, r0 + kBlock);
-        gemm(false, true, r1 - r0, r1, D, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0, p.data() + r0 * L, L);
+        gemm(false, true, r1 - r0, r1, D, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0, p + r0 * L, L);
         for (std::int64_t i = r0; i < r1; ++i) {
-          T* s = p.data() + i * L;
+          T* s = p + i * L;
           row_lse[i] = softmax_row(s, i + 1);
           std::fill(s + i + 1, s + r1, T(0));
-          if (mask.active()) {
-            mask.row(b * H + h, i, i + 1, z.data());
-            for (std::int64_t j = 0; j <= i; ++j) s[j] *= z[static_cast<std::size_t>(j)];
-          }
         }
-        gemm(false, false, r1 - r0, D, r1, 1.0, p.data() + r0 * L, L, v, 3 * C, 0.0, out + (b * L + r0) * C + h * D,
-             C);
+        // Dropout goes to a copy: a kept P is the one before dropout.
+        const T* used = p;
+        if (mask.active()) {
+          for (std::int64_t i = r0; i < r1; ++i) {
+            mask.row(b * H + h, i, i + 1, z.data());
+            T* dst = dropped.data() + i * L;
+            for (std::int64_t j = 0; j <= i; ++j) dst[j] = p[i * L + j] * z[static_cast<std::size_t>(j)];
+            std::fill(dst + i + 1, dst + r1, T(0));
+          }
+          used = dropped.data();
+        }
+        gemm(false, false, r1 - r0, D, r1, 1.0, used + r0 * L, L, v, 3 * C, 0.0, out + (b * L + r0) * C + h * D, C);
       }
     }
   }
@@ -167,7 +182,9 @@ Tensor backward_cpu(const Tensor& grad_out, const Tensor& qkv, const AttentionFo
   T* dbase = dqkv.data<T>();
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const auto square = static_cast<std::size_t>(L * L);
-  std::vector<T> p(square), dp(square), dropped(mask.active() ? square : 0), z(static_cast<std::size_t>(L));
+  const bool kept = f.probs.defined();
+  std::vector<T> scratch(kept ? 0 : square), dp(square), dropped(mask.active() ? square : 0),
+      z(static_cast<std::size_t>(L));
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t h = 0; h < H; ++h) {
       const T* q = base + b * L * 3 * C + h * D;
@@ -178,14 +195,16 @@ Tensor backward_cpu(const Tensor& grad_out, const Tensor& qkv, const AttentionFo
       T* dk = dq + C;
       T* dv = dq + 2 * C;
       const T* row_lse = lse + (b * H + h) * L;
+      const T* p = kept ? f.probs.data<T>() + (b * H + h) * L * L : scratch.data();
       for (std::int64_t r0 = 0; r0 < L; r0 += kBlock) {
         const std::int64_t r1 = std::min(L, r0 + kBlock);
-        // P again, from the saved log-sum-exp: exp(S - lse), zero above the diagonal.
-        gemm(false, true, r1 - r0, r1, D, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0, p.data() + r0 * L, L);
-        for (std::int64_t i = r0; i < r1; ++i) {
-          T* s = p.data() + i * L;
-          exp_shifted(s, i + 1, row_lse[i]);
-          std::fill(s + i + 1, s + r1, T(0));
+        if (!kept) {  // P again, from the saved log-sum-exp: exp(S - lse), zero above the diagonal.
+          gemm(false, true, r1 - r0, r1, D, scale, q + r0 * 3 * C, 3 * C, k, 3 * C, 0.0, scratch.data() + r0 * L, L);
+          for (std::int64_t i = r0; i < r1; ++i) {
+            T* s = scratch.data() + i * L;
+            exp_shifted(s, i + 1, row_lse[i]);
+            std::fill(s + i + 1, s + r1, T(0));
+          }
         }
         // dP = dy v^T, then through the dropout: dP *= Z, and dv (below) = (P Z)^T dy.
         gemm(false, true, r1 - r0, r1, D, 1.0, dout + r0 * C, C, v, 3 * C, 0.0, dp.data() + r0 * L, L);
@@ -194,7 +213,7 @@ Tensor backward_cpu(const Tensor& grad_out, const Tensor& qkv, const AttentionFo
             mask.row(b * H + h, i, r1, z.data());
             for (std::int64_t j = 0; j < r1; ++j) {
               const T zj = j <= i ? z[static_cast<std::size_t>(j)] : T(0);
-              dropped[static_cast<std::size_t>(i * L + j)] = p[static_cast<std::size_t>(i * L + j)] * zj;
+              dropped[static_cast<std::size_t>(i * L + j)] = p[i * L + j] * zj;
               dp[static_cast<std::size_t>(i * L + j)] *= zj;
             }
           }
@@ -202,14 +221,14 @@ Tensor backward_cpu(const Tensor& grad_out, const Tensor& qkv, const AttentionFo
         // dS = P (dP - rowsum(P dP)): the softmax's Jacobian applied per row.
         for (std::int64_t i = r0; i < r1; ++i) {
           T* di = dp.data() + i * L;
-          softmax_backward_row(p.data() + i * L, di, i + 1);
+          softmax_backward_row(p + i * L, di, i + 1);
           std::fill(di + i + 1, di + r1, T(0));
         }
         gemm(false, false, r1 - r0, D, r1, scale, dp.data() + r0 * L, L, k, 3 * C, 0.0, dq + r0 * 3 * C, 3 * C);
       }
       // dv and dk of a block of keys take the rows from that block's first on: the
       // rows above it have no score for these keys.
-      const T* p_used = mask.active() ? dropped.data() : p.data();
+      const T* p_used = mask.active() ? dropped.data() : p;
       for (std::int64_t c0 = 0; c0 < L; c0 += kBlock) {
         const std::int64_t c1 = std::min(L, c0 + kBlock);
         gemm(true, false, c1 - c0, D, L - c0, 1.0, p_used + c0 * L + c0, L, dout + c0 * C, C, 0.0, dv + c0 * 3 * C,
@@ -261,6 +280,11 @@ Tensor causal_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   TROUPE_CHECK(grad_out.device() == qkv.device() && forward.log_sum_exp.device() == qkv.device(),
                "causal_attention_backward: qkv is on ", qkv.device(), ", grad_out on ", grad_out.device(),
                ", the forward's statistics on ", forward.log_sum_exp.device());
+  TROUPE_CHECK(!forward.probs.defined() ||
+                   (forward.probs.shape() == Shape({d.batch, d.heads, d.time, d.time}) &&
+                    forward.probs.dtype() == statistics_dtype(qkv.dtype()) && forward.probs.device() == qkv.device()),
+               "causal_attention_backward: the forward's kept probabilities do not match qkv ", to_string(qkv.shape()),
+               " ", qkv.dtype());
   if (qkv.device().is_cuda()) {
     TROUPE_CHECK(forward.out.defined() && forward.out.shape() == grad_out.shape() && forward.out.device() == qkv.device(),
                  "causal_attention_backward: the forward's output is missing (CUDA's backward reads it)");

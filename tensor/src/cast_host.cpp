@@ -142,6 +142,19 @@ bool cpu_has_avx2() {
 #endif
 }
 
+bool cpu_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0 &&
+           __builtin_cpu_supports("avx512bw") != 0 && __builtin_cpu_supports("avx512vl") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 bool cast_loops_available(HostLoops which) { return loops_for(which) != nullptr; }
 
 void cast_host(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n, HostLoops which) {

@@ -35,23 +35,27 @@ inline D convert(S x) {
   }
 }
 
-// Which compiled copy of the twice-compiled host loops runs (cast_host's f32 <-> f16 /
-// bf16 loops here, math_loops.hpp's). `best` is AVX2 where the CPU has it, else the
-// baseline (SSE2 on x86-64); the others are there so tests can check each copy on a
-// machine that would only ever pick one.
-enum class HostLoops { best, baseline, avx2 };
+// Which compiled copy of the multiply compiled host loops runs (cast_host's f32 <->
+// f16 / bf16 loops here, math_loops.hpp's). `best` is the widest copy the CPU runs:
+// AVX-512 (math_loops only), else AVX2, else the baseline (SSE2 on x86-64); the others
+// are there so tests can check each copy on a machine that would only ever pick one.
+enum class HostLoops { best, baseline, avx2, avx512 };
 
 // Whether this CPU (and its OS, which must save the AVX registers) runs AVX2 code.
 bool cpu_has_avx2();
+// The same for AVX-512 F, DQ, BW and VL (x86-64-v4), the OS saving the ZMM registers.
+bool cpu_has_avx512();
 
-// The table of loops `which` names, given the baseline's and the AVX2 one's; null
-// for AVX2 on a CPU without it.
+// The table of loops `which` names, given each compiled copy (null where a copy is
+// not compiled); null for a copy the CPU cannot run.
 template <class Loops>
-const Loops* pick_loops(HostLoops which, const Loops* baseline, const Loops* avx2) {
+const Loops* pick_loops(HostLoops which, const Loops* baseline, const Loops* avx2, const Loops* avx512 = nullptr) {
   if (which == HostLoops::baseline) return baseline;
-  const Loops* fast = cpu_has_avx2() ? avx2 : nullptr;
-  if (which == HostLoops::avx2) return fast;
-  return fast != nullptr ? fast : baseline;
+  const Loops* v3 = cpu_has_avx2() ? avx2 : nullptr;
+  const Loops* v4 = cpu_has_avx512() ? avx512 : nullptr;
+  if (which == HostLoops::avx2) return v3;
+  if (which == HostLoops::avx512) return v4;
+  return v4 != nullptr ? v4 : v3 != nullptr ? v3 : baseline;
 }
 bool cast_loops_available(HostLoops which);
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "cuda/cuda_backend.hpp"
+#include "math_loops.hpp"
 
 namespace troupe::tensor {
 
@@ -167,7 +168,7 @@ void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor
   float* m = static_cast<float*>(exp_avg.raw_data());
   float* v = static_cast<float*>(exp_avg_sq.raw_data());
   if (param.device().is_cuda()) return cuda_backend::adam_step(p, g, m, v, param.numel(), s);
-  for (std::int64_t i = 0; i < param.numel(); ++i) detail::adam_element(p[i], g[i], m[i], v[i], s);
+  detail::math_loops()->adam(p, g, m, v, param.numel(), s);
 }
 
 double fused_sum_of_squares(std::span<const Tensor* const> tensors) {

@@ -1,4 +1,4 @@
-// detail::math_loops: the f32 GELU and softmax loops, twice compiled (math_loops.hpp).
+// detail::math_loops: the host's hot f32 loops, compiled three times (math_loops.hpp).
 //
 // exp_f32 is Cephes' expf: x = n ln2 + r with |r| <= ln2/2, a degree-6 polynomial
 // for e^r, and 2^n put straight into the exponent bits. It is written without
@@ -106,29 +106,60 @@ inline void softmax_backward_row_loop(const float* p, float* dp, std::int64_t n)
   for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
-constexpr MathLoops kBaselineLoops = {gelu_tanh_loop, gelu_tanh_backward_loop, softmax_row_loop, exp_shifted_loop,
-                                      softmax_backward_row_loop};
+[[gnu::always_inline]] inline void adam_loop(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) {
+  for (std::int64_t i = 0; i < n; ++i) adam_element(p[i], g[i], m[i], v[i], s);
+}
+
+// One copy: the loops above and row_loops.hpp's, inlined into functions compiled for
+// one instruction set. A macro, since a target attribute cannot be a template argument.
+#define TROUPE_HOST_LOOPS(ATTRIBUTE, SUFFIX)                                                                        \
+  ATTRIBUTE void gelu_tanh_##SUFFIX(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }       \
+  ATTRIBUTE void gelu_tanh_backward_##SUFFIX(const float* x, const float* gy, float* gx, std::int64_t n) {        \
+    gelu_tanh_backward_loop(x, gy, gx, n);                                                                          \
+  }                                                                                                                 \
+  ATTRIBUTE float softmax_row_##SUFFIX(float* s, std::int64_t n) { return softmax_row_loop(s, n); }              \
+  ATTRIBUTE void exp_shifted_##SUFFIX(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }  \
+  ATTRIBUTE void softmax_backward_row_##SUFFIX(const float* p, float* dp, std::int64_t n) {                       \
+    softmax_backward_row_loop(p, dp, n);                                                                            \
+  }                                                                                                                 \
+  ATTRIBUTE void sum_rows_##SUFFIX(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc, \
+                                   float* out) {                                                                    \
+    sum_rows_loop(in, rows, inner, mean, acc, out);                                                                 \
+  }                                                                                                                 \
+  ATTRIBUTE void layer_norm_forward_##SUFFIX(const float* x, const float* w, const float* b, std::int64_t rows,   \
+                                             std::int64_t n, double eps, float* y, double* means, double* rstds) {  \
+    layer_norm_forward_rows(x, w, b, rows, n, eps, y, means, rstds);                                                \
+  }                                                                                                                 \
+  ATTRIBUTE void layer_norm_backward_##SUFFIX(const float* x, const float* gy, const float* w, const double* means, \
+                                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,    \
+                                              const LayerNormGrads& grads) {                                        \
+    layer_norm_backward_rows(x, gy, w, means, rstds, rows, n, gx, grads);                                           \
+  }                                                                                                                 \
+  ATTRIBUTE void adam_##SUFFIX(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) { \
+    adam_loop(p, g, m, v, n, s);                                                                                    \
+  }                                                                                                                 \
+  constexpr MathLoops k_##SUFFIX = {gelu_tanh_##SUFFIX,        gelu_tanh_backward_##SUFFIX, softmax_row_##SUFFIX,  \
+                                    exp_shifted_##SUFFIX,      softmax_backward_row_##SUFFIX, sum_rows_##SUFFIX,   \
+                                    layer_norm_forward_##SUFFIX, layer_norm_backward_##SUFFIX, adam_##SUFFIX};
+
+TROUPE_HOST_LOOPS(, baseline)
 
 #if defined(__x86_64__) && defined(__GNUC__)
-[[gnu::target("avx2")]] void gelu_tanh_avx2(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }
-[[gnu::target("avx2")]] void gelu_tanh_backward_avx2(const float* x, const float* gy, float* gx, std::int64_t n) {
-  gelu_tanh_backward_loop(x, gy, gx, n);
-}
-[[gnu::target("avx2")]] float softmax_row_avx2(float* s, std::int64_t n) { return softmax_row_loop(s, n); }
-[[gnu::target("avx2")]] void exp_shifted_avx2(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }
-[[gnu::target("avx2")]] void softmax_backward_row_avx2(const float* p, float* dp, std::int64_t n) {
-  softmax_backward_row_loop(p, dp, n);
-}
-constexpr MathLoops kAvx2Loops = {gelu_tanh_avx2, gelu_tanh_backward_avx2, softmax_row_avx2, exp_shifted_avx2,
-                                  softmax_backward_row_avx2};
-constexpr const MathLoops* kAvx2 = &kAvx2Loops;
+TROUPE_HOST_LOOPS([[gnu::target("avx2")]], avx2)
+// 512-bit vectors: twice the lanes per instruction where the core has full-width
+// AVX-512 units (Zen 5, Intel's server cores).
+TROUPE_HOST_LOOPS([[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,prefer-vector-width=512")]], avx512)
+constexpr const MathLoops* kAvx2 = &k_avx2;
+constexpr const MathLoops* kAvx512 = &k_avx512;
 #else
 constexpr const MathLoops* kAvx2 = nullptr;
+constexpr const MathLoops* kAvx512 = nullptr;
 #endif
+#undef TROUPE_HOST_LOOPS
 
 }  // namespace
 
-const MathLoops* math_loops(HostLoops which) { return pick_loops(which, &kBaselineLoops, kAvx2); }
+const MathLoops* math_loops(HostLoops which) { return pick_loops(which, &k_baseline, kAvx2, kAvx512); }
 
 float exp_f32_reference(float x) { return exp_f32(x); }
 

@@ -1,15 +1,19 @@
-// Vectorised f32 loops of the host's exp-heavy ops: GELU (tanh form) and its
-// gradient, and the rows of causal attention's softmax. libm's expf is a call per
-// element that stops the vectoriser; these loops use exp_f32 (math_loops.cpp), a
-// branch-free polynomial within 1 ulp, and are compiled for the baseline (SSE2) and
-// for AVX2, picked once per process as cast_host's loops are. Every copy returns the
-// same bits: the sums are kept in eight partial sums in a fixed order, not left to the
-// vectoriser, so a machine without AVX2 trains to the same result.
+// The host's hot f32 loops, compiled for several instruction sets: GELU (tanh form)
+// and its gradient, the rows of causal attention's softmax, LayerNorm forward and
+// backward, sums over rows (bias gradients), and the Adam/AdamW step. libm's expf is a
+// call per element that stops the vectoriser; these loops use exp_f32 (math_loops.cpp),
+// a branch-free polynomial within 1 ulp. Each is compiled for the baseline (SSE2), for
+// AVX2 and for AVX-512 (x86-64-v4), picked once per process as cast_host's loops are.
+// Every copy returns the same bits: the file is compiled without fused multiply-adds,
+// and sums are kept in eight partial sums in a fixed order, not left to the
+// vectoriser, so a machine without AVX-512 or AVX2 trains to the same result.
 #pragma once
 
 #include <cstdint>
 
 #include "convert.hpp"  // HostLoops
+#include "optim_step.hpp"
+#include "row_loops.hpp"
 
 namespace troupe::tensor::detail {
 
@@ -24,6 +28,15 @@ struct MathLoops {
   void (*exp_shifted)(float* s, std::int64_t n, float shift);
   // dp[j] = p[j] (dp[j] - sum_k p[k] dp[k]): the softmax's Jacobian applied to a row.
   void (*softmax_backward_row)(const float* p, float* dp, std::int64_t n);
+  // row_loops.hpp's sum_rows_loop, layer_norm_forward_rows and layer_norm_backward_rows.
+  void (*sum_rows)(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc, float* out);
+  void (*layer_norm_forward)(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n,
+                             double eps, float* y, double* means, double* rstds);
+  void (*layer_norm_backward)(const float* x, const float* gy, const float* w, const double* means,
+                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,
+                              const LayerNormGrads& grads);
+  // optim_step.hpp's adam_element over n elements.
+  void (*adam)(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s);
 };
 
 // The loops `which` names, or null where the CPU lacks them.

@@ -121,6 +121,26 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose ta, Transpose tb) {
   return out;
 }
 
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const GemmShape s = check_gemm(x, weight, Transpose::no, Transpose::yes, "linear");
+  if (!bias.defined()) return matmul(x, weight, Transpose::no, Transpose::yes);
+  TROUPE_CHECK(bias.shape() == Shape({s.n}) && bias.dtype() == x.dtype() && bias.device() == x.device(),
+               "linear: bias must be ", x.dtype(), " [", s.n, "] on ", x.device(), ", got ", bias.dtype(), " ",
+               to_string(bias.shape()), " on ", bias.device());
+  const bool prefill = x.device().is_cpu() && (x.dtype() == DType::f32 || x.dtype() == DType::f64) && s.k > 0;
+  if (!prefill) {
+    Tensor y = matmul(x, weight, Transpose::no, Transpose::yes);
+    add_(y, bias);
+    return y;
+  }
+  Tensor y = Tensor::empty({s.m, s.n}, x.dtype());
+  const std::size_t row_bytes = static_cast<std::size_t>(s.n) * element_size(x.dtype());
+  auto* out = static_cast<char*>(y.raw_data());
+  for (std::int64_t r = 0; r < s.m; ++r) std::memcpy(out + static_cast<std::size_t>(r) * row_bytes, bias.raw_data(), row_bytes);
+  matmul_out(y, x, weight, Transpose::no, Transpose::yes, 1, 1);
+  return y;
+}
+
 void set_num_threads(int n) {
   TROUPE_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got ", n);
   openblas_set_num_threads(n);

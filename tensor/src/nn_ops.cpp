@@ -7,12 +7,14 @@
 #include <cstring>
 #include <cmath>
 #include <initializer_list>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
 #include "convert.hpp"
 #include "lane_sum.hpp"
 #include "math_loops.hpp"
+#include "row_loops.hpp"
 #include "cuda/cuda_backend.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -215,28 +217,12 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
   double* rstds = f.rstd.data<double>();
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    const T* xs = x.data<T>();
     const T* w = weight.defined() ? weight.data<T>() : nullptr;
     const T* b = bias.defined() ? bias.data<T>() : nullptr;
-    T* y = f.out.data<T>();
-    const double count = static_cast<double>(n);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* xr = xs + r * n;
-      T* yr = y + r * n;
-      const double mean = lane_sum<double>(n, [&](std::int64_t i) { return static_cast<double>(xr[i]); }) / count;
-      const double var = lane_sum<double>(n, [&](std::int64_t i) {  // two passes: no cancellation when |mean| >> std
-        const double d = static_cast<double>(xr[i]) - mean;
-        return d * d;
-      });
-      const double rstd = 1.0 / std::sqrt(var / count + eps);
-      means[r] = mean;
-      rstds[r] = rstd;
-      for (std::int64_t i = 0; i < n; ++i) {
-        double v = (static_cast<double>(xr[i]) - mean) * rstd;
-        if (w) v = v * static_cast<double>(w[i]) + static_cast<double>(b[i]);
-        yr[i] = T(static_cast<compute_t<T>>(v));
-      }
-    }
+    if constexpr (std::is_same_v<T, float>)
+      detail::math_loops()->layer_norm_forward(x.data<T>(), w, b, rows, n, eps, f.out.data<T>(), means, rstds);
+    else
+      detail::layer_norm_forward_rows(x.data<T>(), w, b, rows, n, eps, f.out.data<T>(), means, rstds);
   });
   return f;
 }
@@ -269,47 +255,27 @@ Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerN
                                       affine ? grad_bias->raw_data() : nullptr);
     return gx;
   }
-  const auto size = static_cast<std::size_t>(n);
-  std::vector<double> dweight(affine ? size : 0, 0.0), dbias(affine ? size : 0, 0.0), xhat(size), dnorm(size);
+  std::vector<double> dweight(affine ? static_cast<std::size_t>(n) : 0, 0.0),
+      dbias(affine ? static_cast<std::size_t>(n) : 0, 0.0), scratch(2 * static_cast<std::size_t>(n));
+  const detail::LayerNormGrads work{affine ? dweight.data() : nullptr, affine ? dbias.data() : nullptr,
+                                    scratch.data(), scratch.data() + n};
   const double* means = forward.mean.data<double>();
   const double* rstds = forward.rstd.data<double>();
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
-    using C = compute_t<T>;
-    const T* xs = x.data<T>();
-    const T* gy = grad_out.data<T>();
     const T* w = affine ? weight.data<T>() : nullptr;
-    T* g_x = gx.data<T>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const double mean = means[r], rstd = rstds[r];
-      const T* xr = xs + r * n;
-      const T* gyr = gy + r * n;
-      for (std::size_t i = 0; i < size; ++i) xhat[i] = (static_cast<double>(xr[i]) - mean) * rstd;
-      if (w) {
-        for (std::size_t i = 0; i < size; ++i) {
-          const double g = static_cast<double>(gyr[i]);
-          dnorm[i] = g * static_cast<double>(w[i]);
-          dweight[i] += g * xhat[i];
-          dbias[i] += g;
-        }
-      } else {
-        for (std::size_t i = 0; i < size; ++i) dnorm[i] = static_cast<double>(gyr[i]);
-      }
-      const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
-      const double count = static_cast<double>(n);
-      const double mean_dnorm = lane_sum<double>(n, [&](std::int64_t i) { return dnorm[at(i)]; }) / count;
-      const double mean_dnorm_xhat =
-          lane_sum<double>(n, [&](std::int64_t i) { return dnorm[at(i)] * xhat[at(i)]; }) / count;
-      T* gxr = g_x + r * n;
-      for (std::size_t i = 0; i < size; ++i)
-        gxr[i] = T(static_cast<C>(rstd * (dnorm[i] - mean_dnorm - xhat[i] * mean_dnorm_xhat)));
-    }
+    if constexpr (std::is_same_v<T, float>)
+      detail::math_loops()->layer_norm_backward(x.data<T>(), grad_out.data<T>(), w, means, rstds, rows, n,
+                                                gx.data<T>(), work);
+    else
+      detail::layer_norm_backward_rows(x.data<T>(), grad_out.data<T>(), w, means, rstds, rows, n, gx.data<T>(), work);
     if (affine) {  // both gradients are final only after the last row
+      using C = compute_t<T>;
       T* gb = grad_bias->data<T>();
       T* gw = grad_weight->data<T>();
-      for (std::size_t i = 0; i < size; ++i) {
-        gb[i] = T(static_cast<C>(static_cast<double>(gb[i]) + dbias[i]));
-        gw[i] = T(static_cast<C>(static_cast<double>(gw[i]) + dweight[i]));
+      for (std::int64_t i = 0; i < n; ++i) {
+        gb[i] = T(static_cast<C>(static_cast<double>(gb[i]) + dbias[static_cast<std::size_t>(i)]));
+        gw[i] = T(static_cast<C>(static_cast<double>(gw[i]) + dweight[static_cast<std::size_t>(i)]));
       }
     }
   });

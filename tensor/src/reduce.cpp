@@ -13,6 +13,7 @@
 
 #include "convert.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "math_loops.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::tensor {
@@ -95,26 +96,17 @@ struct Accumulator {
 
 // sum and mean of f32/f64 (a Linear's bias gradient every step): Accumulator's sums,
 // in the same order, without its per-element switch, so that the loop over `inner`
-// vectorises.
+// vectorises (row_loops.hpp; f32 through math_loops' copies).
 void sum_rows(const Tensor& t, Reduction r, std::int64_t outer, std::int64_t n, std::int64_t inner, Tensor& out) {
   std::vector<double> acc(static_cast<std::size_t>(inner));
-  dispatch_floating(t.dtype(), reduction_name(r), [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const T* in = t.data<T>();
-      T* o = out.data<T>();
-      for (std::int64_t i = 0; i < outer; ++i) {
-        std::fill(acc.begin(), acc.end(), 0.0);
-        const T* block = in + i * n * inner;
-        for (std::int64_t k = 0; k < n; ++k)
-          for (std::int64_t j = 0; j < inner; ++j) acc[static_cast<std::size_t>(j)] += block[k * inner + j];
-        for (std::int64_t j = 0; j < inner; ++j) {
-          const double v = acc[static_cast<std::size_t>(j)];
-          o[i * inner + j] = static_cast<T>(r == Reduction::mean ? v / static_cast<double>(n) : v);
-        }
-      }
-    }
-  });
+  const bool mean = r == Reduction::mean;
+  for (std::int64_t i = 0; i < outer; ++i) {
+    if (t.dtype() == DType::f32)
+      detail::math_loops()->sum_rows(t.data<float>() + i * n * inner, n, inner, mean, acc.data(),
+                                     out.data<float>() + i * inner);
+    else
+      detail::sum_rows_loop(t.data<double>() + i * n * inner, n, inner, mean, acc.data(), out.data<double>() + i * inner);
+  }
 }
 
 Tensor reduce(const Tensor& t, Reduction r, std::int64_t dim, bool whole, bool keepdim) {

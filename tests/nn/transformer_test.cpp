@@ -169,27 +169,46 @@ double max_error(const tensor::Tensor& got, const std::vector<double>& want) {
 }  // namespace
 
 // T = 150: two whole blocks of 64 query rows and a tail, in f64 and f32.
+// Both backward paths: head size 8 recomputes P from the log-sum-exp (T > 6 D), head
+// size 32 keeps it from the forward.
 TEST(CausalSelfAttention, BlocksOfQueryRowsMatchADenseReference) {
-  const std::int64_t B = 2, T = 150, H = 2, D = 8;
-  Generator gen(11);
-  const tensor::Tensor qkv = tensor::normal({B, T, 3 * H * D}, 0, 1.5, gen, DType::f64);
-  const tensor::Tensor gy = tensor::normal({B, T, H * D}, 0, 1, gen, DType::f64);
-  const DenseAttention want = dense_attention(qkv.to_vector<double>(), gy.to_vector<double>(), B, T, H, D);
-  for (const DType dtype : {DType::f64, DType::f32}) {
-    const double bound = dtype == DType::f64 ? 1e-12 : 1e-5;
-    Generator g(1);
-    const auto fwd = tensor::causal_attention_forward(qkv.to(dtype), H, 0.0, g);
-    EXPECT_LE(max_error(fwd.out, want.out), bound) << dtype;
-    EXPECT_LE(max_error(fwd.log_sum_exp, want.lse), bound) << dtype;
-    const tensor::Tensor dqkv = tensor::causal_attention_backward(gy.to(dtype), qkv.to(dtype), fwd, H);
-    EXPECT_LE(max_error(dqkv, want.dqkv), bound) << dtype;
+  const std::int64_t B = 2, T = 150, H = 2;
+  for (const std::int64_t D : {8, 32}) {
+    Generator gen(11);
+    const tensor::Tensor qkv = tensor::normal({B, T, 3 * H * D}, 0, 1.5, gen, DType::f64);
+    const tensor::Tensor gy = tensor::normal({B, T, H * D}, 0, 1, gen, DType::f64);
+    const DenseAttention want = dense_attention(qkv.to_vector<double>(), gy.to_vector<double>(), B, T, H, D);
+    for (const DType dtype : {DType::f64, DType::f32}) {
+      const double bound = dtype == DType::f64 ? 1e-12 : 1e-5;
+      Generator g(1);
+      const auto fwd = tensor::causal_attention_forward(qkv.to(dtype), H, 0.0, g);
+      EXPECT_EQ(fwd.probs.defined(), D == 32) << "P is kept where T <= 6 D";
+      EXPECT_LE(max_error(fwd.out, want.out), bound) << dtype << ", D " << D;
+      EXPECT_LE(max_error(fwd.log_sum_exp, want.lse), bound) << dtype << ", D " << D;
+      const tensor::Tensor dqkv = tensor::causal_attention_backward(gy.to(dtype), qkv.to(dtype), fwd, H);
+      EXPECT_LE(max_error(dqkv, want.dqkv), bound) << dtype << ", D " << D;
+      // The kept P and the one recomputed from the log-sum-exp give the same gradients.
+      tensor::AttentionForward recomputed = fwd;
+      recomputed.probs = tensor::Tensor();
+      EXPECT_LE(max_error(tensor::causal_attention_backward(gy.to(dtype), qkv.to(dtype), recomputed, H), want.dqkv),
+                bound)
+          << dtype << ", D " << D;
+    }
   }
+  // Kept probabilities of another shape are refused.
+  Generator g(2);
+  const tensor::Tensor qkv = tensor::normal({1, 8, 12}, 0, 1, g);
+  tensor::AttentionForward fwd = tensor::causal_attention_forward(qkv, 2, 0.0, g);
+  fwd.probs = tensor::Tensor::zeros({1, 2, 8, 7});
+  EXPECT_THROW(tensor::causal_attention_backward(tensor::Tensor::zeros({1, 8, 4}), qkv, fwd, 2), InvalidArgument);
 }
+
+namespace {
 
 // With attention dropout the masks come from the scores' positions; central differences
 // at 60 coordinates spread over the three blocks check the gradients there.
-TEST(CausalSelfAttention, DropoutGradientsHoldAcrossBlocks) {
-  const std::int64_t T = 150, H = 2, D = 8;
+void check_dropout_gradients_across_blocks(std::int64_t D) {
+  const std::int64_t T = 150, H = 2;
   Generator gen(12);
   tensor::Tensor qkv = tensor::normal({1, T, 3 * H * D}, 0, 1, gen, DType::f64);
   const tensor::Tensor gy = tensor::normal({1, T, H * D}, 0, 1, gen, DType::f64);
@@ -210,8 +229,15 @@ TEST(CausalSelfAttention, DropoutGradientsHoldAcrossBlocks) {
     x[at] = keep - eps;
     const double down = loss();
     x[at] = keep;
-    EXPECT_NEAR(grad[static_cast<std::size_t>(at)], (up - down) / (2 * eps), 1e-6) << "coordinate " << at;
+    EXPECT_NEAR(grad[static_cast<std::size_t>(at)], (up - down) / (2 * eps), 1e-6)
+        << "coordinate " << at << ", D " << D;
   }
+}
+
+}  // namespace
+
+TEST(CausalSelfAttention, DropoutGradientsHoldAcrossBlocks) {
+  for (const std::int64_t D : {8, 32}) check_dropout_gradients_across_blocks(D);  // P recomputed, then kept
 }
 
 TEST(GPT, HasNanoGPTsNamesWithTheHeadTiedToTheTokenTable) {

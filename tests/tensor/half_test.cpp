@@ -112,7 +112,7 @@ using detail::HostLoops;
 
 std::vector<HostLoops> loops_on_this_cpu() {
   std::vector<HostLoops> found;
-  for (const HostLoops loops : {HostLoops::baseline, HostLoops::avx2, HostLoops::best})
+  for (const HostLoops loops : {HostLoops::baseline, HostLoops::avx2, HostLoops::avx512, HostLoops::best})
     if (detail::cast_loops_available(loops)) found.push_back(loops);
   return found;
 }
@@ -121,6 +121,7 @@ const char* name(HostLoops loops) {
   switch (loops) {
     case HostLoops::baseline: return "baseline loops";
     case HostLoops::avx2: return "AVX2 loops";
+    case HostLoops::avx512: return "AVX-512 loops";
     case HostLoops::best: return "best loops";
   }
   return "?";

@@ -19,7 +19,7 @@ namespace {
 
 std::vector<const MathLoops*> copies_on_this_cpu() {
   std::vector<const MathLoops*> found;
-  for (const HostLoops which : {HostLoops::baseline, HostLoops::avx2, HostLoops::best})
+  for (const HostLoops which : {HostLoops::baseline, HostLoops::avx2, HostLoops::avx512, HostLoops::best})
     if (const MathLoops* loops = detail::math_loops(which)) found.push_back(loops);
   return found;
 }
@@ -142,6 +142,46 @@ TEST(MathLoops, EveryCompiledCopyGivesTheSameBits) {
     y.insert(y.end(), back.begin(), back.begin() + 203);
     y.push_back(lse);
     return bits(y);
+  };
+  const auto first = run(copies.front());
+  for (const MathLoops* loops : copies) EXPECT_EQ(run(loops), first);
+}
+
+// The row loops and the Adam step, which sum in double and use sqrt and division: the
+// same bits in every copy, on rows whose length is not a multiple of any vector width.
+TEST(MathLoops, EveryCompiledCopyOfTheRowLoopsAndAdamGivesTheSameBits) {
+  const std::vector<const MathLoops*> copies = copies_on_this_cpu();
+  ASSERT_GE(copies.size(), 2u);
+  constexpr std::int64_t kRows = 37, kN = 389;
+  const auto size = static_cast<std::size_t>(kRows * kN);
+  const std::vector<float> x = random_floats(size, 2.0f, 5), gy = random_floats(size, 1.0f, 6);
+  const std::vector<float> w = random_floats(kN, 1.0f, 7), b = random_floats(kN, 1.0f, 8);
+  const auto run = [&](const MathLoops* loops) {
+    std::vector<double> doubles(kN), means(kRows), rstds(kRows), dweight(kN), dbias(kN), xhat(kN), dnorm(kN);
+    std::vector<float> sums(kN), y(size), gx(size);
+    loops->sum_rows(gy.data(), kRows, kN, false, doubles.data(), sums.data());
+    loops->layer_norm_forward(x.data(), w.data(), b.data(), kRows, kN, 1e-5, y.data(), means.data(), rstds.data());
+    loops->layer_norm_backward(x.data(), gy.data(), w.data(), means.data(), rstds.data(), kRows, kN, gx.data(),
+                               {dweight.data(), dbias.data(), xhat.data(), dnorm.data()});
+    // Two AdamW steps from zero moments, so that both moments feed the second.
+    std::vector<float> p = x, m(size), v(size);
+    for (const std::int64_t step : {1, 2}) {
+      const detail::AdamScalars s{0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 1.0f - 6e-5f,
+                                  static_cast<float>(6e-4 / (1 - std::pow(0.9, step))),
+                                  static_cast<float>(std::sqrt(1 - std::pow(0.95, step))), true};
+      loops->adam(p.data(), gy.data(), m.data(), v.data(), static_cast<std::int64_t>(size), s);
+    }
+    std::vector<std::uint64_t> out;
+    const auto add = [&out](const auto& values) {
+      for (const auto value : values) {
+        std::uint64_t word = 0;
+        std::memcpy(&word, &value, sizeof value);
+        out.push_back(word);
+      }
+    };
+    for (const auto* values : {&sums, &y, &gx, &p, &m, &v}) add(*values);
+    for (const auto* values : {&means, &rstds, &dweight, &dbias}) add(*values);
+    return out;
   };
   const auto first = run(copies.front());
   for (const MathLoops* loops : copies) EXPECT_EQ(run(loops), first);

@@ -55,5 +55,9 @@ struct NamedBuffer {
 // from the data's is an error naming `op` and `name`: adding into it would be wrong,
 // and replacing it would break a bucket view.
 Tensor& grad_for_accumulation(Parameter& p, const char* op, const std::string& name);
+// The same for a kernel that can either write the gradient whole or add into it:
+// `fresh` comes back true when p.grad was undefined, and p.grad is then uninitialised
+// memory to overwrite (no zero-fill that the kernel would write over).
+Tensor& grad_for_write(Parameter& p, const char* op, const std::string& name, bool& fresh);
 
 }  // namespace troupe::nn

@@ -7,14 +7,16 @@
 // h in the same columns: nanoGPT's y.transpose(1, 2).view(B, T, C), ready for c_proj.
 //   S = q k^T / sqrt(D), masked above the diagonal; P = softmax(S); y = dropout(P) v
 //
-// The T x T matrix is never kept: the forward saves each row's log-sum-exp of S, and
-// the backward recomputes P from it (the flash-attention recipe), so memory between
-// forward and backward is O(B H T), not O(B H T^2). Attention dropout draws its mask
+// The forward saves each row's log-sum-exp of S, and the backward recomputes P from it
+// (the flash-attention recipe), so memory between forward and backward is O(B H T),
+// not O(B H T^2). One exception: on the CPU, where P is at most twice the size of qkv
+// (T <= 6 D), the forward keeps it (`probs`), which saves the backward a third of the
+// forward's products and an exp per score. Attention dropout draws its mask
 // from Philox blocks reserved from a Generator, a pure function of (seed, offset,
 // position), so the backward regenerates the same mask instead of storing it.
 //
-// CPU: per (batch, head) two OpenBLAS gemms forward and four backward over one
-// reused T x T scratch; f32 and f64, bf16 computed in f32. CUDA (cuda_attention.cu):
+// CPU: per (batch, head) two OpenBLAS gemms forward and four backward (five when P is
+// recomputed), in blocks of 64 query rows that skip the masked upper triangle; f32 and f64, bf16 computed in f32. CUDA (cuda_attention.cu):
 // one fused kernel forward (online softmax) and two backward (dq, then dk and dv,
 // so that no gradient is summed with atomics and every run gives the same bits); f32,
 // f64, bf16 (f32 accumulation); head size up to 128. Both devices draw the same
@@ -31,6 +33,8 @@ namespace troupe::tensor {
 struct AttentionForward {
   Tensor out;            // [B, T, C], qkv's dtype
   Tensor log_sum_exp;    // [B, n_head, T], f64 for f64 qkv, else f32: each row's logsumexp of the scaled, masked scores
+  Tensor probs;  // CPU, T <= 6 D only: [B, n_head, T, T], P before dropout (a row's entries past the causal
+                 // mask's 64-row block are unspecified); undefined: the backward recomputes P
   double dropout_p = 0;  // the probability the forward dropped with (0: none)
   std::uint64_t seed = 0, offset = 0;  // where its dropout mask was drawn
 };

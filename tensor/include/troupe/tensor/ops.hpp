@@ -97,6 +97,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, Transpose ta = Transpose::no,
 // view into a gradient bucket): beta = 1 accumulates.
 void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta = Transpose::no,
                 Transpose tb = Transpose::no, double alpha = 1, double beta = 0);
+// x @ weight^T + bias, torch.nn.functional.linear on 2-D x: x [rows, in], weight
+// [out, in], bias [out] or undefined. On the CPU in f32/f64 the output starts as the
+// bias and BLAS adds the product to it (as torch's addmm), one pass over the output
+// fewer than a product and then an add.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // Threads the CPU BLAS may use (one per rank is the right number under mpirun).
 void set_num_threads(int n);
