@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "convert.hpp"
-#include "lane_sum.hpp"
 #include "math_loops.hpp"
 #include "row_loops.hpp"
 #include "cuda/cuda_backend.hpp"
@@ -23,7 +22,6 @@ namespace troupe::tensor {
 namespace {
 
 using detail::ActivationGrad;
-using detail::lane_sum;
 
 Tensor activation_backward(ActivationGrad kind, const Tensor& grad_output, const Tensor& saved, const char* op) {
   TROUPE_CHECK(saved.defined() && grad_output.defined(), op, ": undefined ",
