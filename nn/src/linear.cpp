@@ -74,10 +74,8 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
   const Tensor x = input_.reshape({rows, in_});
 
   if (bias_) {
-    bool fresh = false;
-    Tensor& gb = grad_for_write(*bias_, op.c_str(), "bias", fresh);
-    if (fresh) gb = tensor::sum(gy, 0);
-    else tensor::add_(gb, tensor::sum(gy, 0));
+    if (!bias_->grad.defined()) bias_->grad = tensor::sum(gy, 0);
+    else tensor::add_(grad_for_accumulation(*bias_, op.c_str(), "bias"), tensor::sum(gy, 0));
     grad_ready(*bias_);
   }
   // dW (+)= gy^T x, written by the gemm straight into the gradient (beta 0 when fresh).

@@ -106,7 +106,8 @@ inline void softmax_backward_row_loop(const float* p, float* dp, std::int64_t n)
   for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
-[[gnu::always_inline]] inline void adam_loop(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) {
+[[gnu::always_inline]] inline void adam_loop(float* p, const float* g, float* m, float* v, std::int64_t n,
+                                             const AdamScalars& s) {
   for (std::int64_t i = 0; i < n; ++i) adam_element(p[i], g[i], m[i], v[i], s);
 }
 

@@ -136,7 +136,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = Tensor::empty({s.m, s.n}, x.dtype());
   const std::size_t row_bytes = static_cast<std::size_t>(s.n) * element_size(x.dtype());
   auto* out = static_cast<char*>(y.raw_data());
-  for (std::int64_t r = 0; r < s.m; ++r) std::memcpy(out + static_cast<std::size_t>(r) * row_bytes, bias.raw_data(), row_bytes);
+  for (std::int64_t r = 0; r < s.m; ++r)
+    std::memcpy(out + static_cast<std::size_t>(r) * row_bytes, bias.raw_data(), row_bytes);
   matmul_out(y, x, weight, Transpose::no, Transpose::yes, 1, 1);
   return y;
 }

@@ -105,7 +105,8 @@ void sum_rows(const Tensor& t, Reduction r, std::int64_t outer, std::int64_t n, 
       detail::math_loops()->sum_rows(t.data<float>() + i * n * inner, n, inner, mean, acc.data(),
                                      out.data<float>() + i * inner);
     else
-      detail::sum_rows_loop(t.data<double>() + i * n * inner, n, inner, mean, acc.data(), out.data<double>() + i * inner);
+      detail::sum_rows_loop(t.data<double>() + i * n * inner, n, inner, mean, acc.data(),
+                            out.data<double>() + i * inner);
   }
 }
 

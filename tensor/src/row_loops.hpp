@@ -1,8 +1,8 @@
 // The row loops of LayerNorm and of a sum over rows, as templates: math_loops.cpp
 // compiles their f32 forms for several instruction sets (always inlined: a call would
-// land in the baseline copy), nn_ops.cpp and reduce.cpp use them for the other dtypes. Everything is summed in double, and every sum over a
-// row is lane_sum's eight partial sums in a fixed order, so each compiled copy gives
-// the same bits.
+// land in the baseline copy); nn_ops.cpp and reduce.cpp use them for the other dtypes.
+// Everything is summed in double, and every sum over a row is lane_sum's eight partial
+// sums in a fixed order, so each compiled copy gives the same bits.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +17,8 @@ namespace troupe::tensor::detail {
 // out[j] = the sum (or mean) over k < rows of in[k * inner + j], summed in double in
 // acc[0..inner): a Linear's bias gradient.
 template <class T>
-[[gnu::always_inline]] inline void sum_rows_loop(const T* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc, T* out) {
+[[gnu::always_inline]] inline void sum_rows_loop(const T* in, std::int64_t rows, std::int64_t inner, bool mean,
+                                                 double* acc, T* out) {
   std::fill(acc, acc + inner, 0.0);
   for (std::int64_t k = 0; k < rows; ++k)
     for (std::int64_t j = 0; j < inner; ++j) acc[j] += static_cast<double>(in[k * inner + j]);
@@ -27,8 +28,9 @@ template <class T>
 // y = (x - mean) / std * w + b over each of `rows` rows of n (w and b both null: no
 // affine), keeping each row's mean and 1/std.
 template <class T>
-[[gnu::always_inline]] inline void layer_norm_forward_rows(const T* xs, const T* w, const T* b, std::int64_t rows, std::int64_t n,
-                                    double eps, T* y, double* means, double* rstds) {
+[[gnu::always_inline]] inline void layer_norm_forward_rows(const T* xs, const T* w, const T* b, std::int64_t rows,
+                                                           std::int64_t n, double eps, T* y, double* means,
+                                                           double* rstds) {
   const double count = static_cast<double>(n);
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* xr = xs + r * n;
@@ -56,8 +58,9 @@ struct LayerNormGrads {
 };
 
 template <class T>
-[[gnu::always_inline]] inline void layer_norm_backward_rows(const T* xs, const T* gy, const T* w, const double* means, const double* rstds,
-                                     std::int64_t rows, std::int64_t n, T* g_x, const LayerNormGrads& s) {
+[[gnu::always_inline]] inline void layer_norm_backward_rows(const T* xs, const T* gy, const T* w, const double* means,
+                                                            const double* rstds, std::int64_t rows, std::int64_t n,
+                                                            T* g_x, const LayerNormGrads& s) {
   const double count = static_cast<double>(n);
   for (std::int64_t r = 0; r < rows; ++r) {
     const double mean = means[r], rstd = rstds[r];

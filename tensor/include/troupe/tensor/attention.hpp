@@ -16,11 +16,11 @@
 // position), so the backward regenerates the same mask instead of storing it.
 //
 // CPU: per (batch, head) two OpenBLAS gemms forward and four backward (five when P is
-// recomputed), in blocks of 64 query rows that skip the masked upper triangle; f32 and f64, bf16 computed in f32. CUDA (cuda_attention.cu):
-// one fused kernel forward (online softmax) and two backward (dq, then dk and dv,
-// so that no gradient is summed with atomics and every run gives the same bits); f32,
-// f64, bf16 (f32 accumulation); head size up to 128. Both devices draw the same
-// dropout mask.
+// recomputed), in blocks of 64 query rows that skip the masked upper triangle; f32
+// and f64, bf16 computed in f32. CUDA (cuda_attention.cu): one fused kernel forward
+// (online softmax) and two backward (dq, then dk and dv, so that no gradient is summed
+// with atomics and every run gives the same bits); f32, f64, bf16 (f32 accumulation);
+// head size up to 128. Both devices draw the same dropout mask.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +33,10 @@ namespace troupe::tensor {
 struct AttentionForward {
   Tensor out;            // [B, T, C], qkv's dtype
   Tensor log_sum_exp;    // [B, n_head, T], f64 for f64 qkv, else f32: each row's logsumexp of the scaled, masked scores
-  Tensor probs;  // CPU, T <= 6 D only: [B, n_head, T, T], P before dropout (a row's entries past the causal
-                 // mask's 64-row block are unspecified); undefined: the backward recomputes P
+  // CPU, T <= 6 D only: [B, n_head, T, T], P before dropout (zero above the diagonal up
+  // to the end of the row's 64-row block, unspecified past it); undefined elsewhere,
+  // and then the backward recomputes P from log_sum_exp.
+  Tensor probs;
   double dropout_p = 0;  // the probability the forward dropped with (0: none)
   std::uint64_t seed = 0, offset = 0;  // where its dropout mask was drawn
 };
