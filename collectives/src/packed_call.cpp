@@ -112,8 +112,8 @@ void check_reduced(const Header& h, const Collective& c, const MpiSite& site, MP
 }  // namespace
 
 bool can_pack(const Collective& c) {
-  const bool kind = c.kind == K::allreduce || c.kind == K::allgather || c.kind == K::broadcast ||
-                    c.kind == K::barrier;
+  const bool kind = c.kind == K::allreduce || c.kind == K::reduce_scatter || c.kind == K::allgather ||
+                    c.kind == K::broadcast || c.kind == K::barrier;
   return kind && std::max(c.input.nbytes(), c.output.nbytes()) <= kPackedCallBytes;
 }
 
@@ -138,6 +138,26 @@ void run_packed(const Collective& c, const MpiSite& site, MPI_Comm check_comm, s
       std::memcpy(&h, scratch.data(), kHeaderBytes);
       check_reduced(h, c, site, check_comm, timeout);
       if (payload) std::memcpy(c.output.data, scratch.data() + kHeaderBytes, payload);
+      if (c.op == ReduceOp::avg) scale(c.dtype, c.output.data, c.count, 1.0 / site.size);
+      return;
+    }
+    case K::reduce_scatter: {
+      // One record per destination rank, each [ header | that rank's block ]: reduced
+      // and scattered, every rank gets the headers' minima as an allreduce does.
+      const auto n = static_cast<std::size_t>(site.size);
+      scratch.resize(record * (n + 1));
+      const auto* in = static_cast<const std::byte*>(c.input.data);
+      for (std::size_t r = 0; r < n; ++r) {
+        std::memcpy(scratch.data() + r * record, &mine, kHeaderBytes);
+        if (payload) std::memcpy(scratch.data() + r * record + kHeaderBytes, in + r * payload, payload);
+      }
+      std::byte* own = scratch.data() + record * n;
+      TROUPE_MPI_CHECK(
+          MPI_Reduce_scatter_block(scratch.data(), own, 1, record_type(record), combine_op(), site.comm));
+      Header h;
+      std::memcpy(&h, own, kHeaderBytes);
+      check_reduced(h, c, site, check_comm, timeout);
+      if (payload) std::memcpy(c.output.data, own + kHeaderBytes, payload);
       if (c.op == ReduceOp::avg) scale(c.dtype, c.output.data, c.count, 1.0 / site.size);
       return;
     }

@@ -8,12 +8,15 @@
 //   allreduce  one record, all-reduced with an MPI_Op of troupe's: the headers by
 //              field-wise minimum (so every rank learns min(s) and max(s)), the
 //              payloads with the call's op, only where all headers agree;
+//   reduce_scatter  one record per rank's block, reduced with the same op and
+//              scattered (MPI_Reduce_scatter_block): each rank's record holds the
+//              headers' minima, as an allreduce's does;
 //   allgather  every rank's record gathered: each rank compares every header;
 //   broadcast  the root's record: each rank compares the root's header with its own;
 //   barrier    the header alone, all-reduced by minimum.
-// A mismatch throws CollectiveMismatch: after an allreduce, allgather or barrier on
-// every rank, naming the ranks (the signatures are allgathered on the check
-// communicator); after a broadcast on the ranks that differ from the root.
+// A mismatch throws CollectiveMismatch: after an allreduce, reduce_scatter, allgather
+// or barrier on every rank, naming the ranks (the signatures are allgathered on the
+// check communicator); after a broadcast on the ranks that differ from the root.
 #pragma once
 
 #include <mpi.h>

@@ -222,6 +222,18 @@ TEST(PackedSignature, AnAllgatherOfAnotherDtypeFailsEveryRank) {
       "allgather #0 (3 x i32");
 }
 
+// A small reduce_scatter travels packed too, a record per rank's block.
+TEST(PackedSignature, AReduceScatterWithAnotherOpFailsEveryRank) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
+  expect_mismatch(
+      paths()[3], "reduce_scatter op",
+      [&](Communicator& comm, bool deviate) {
+        std::vector<float> in(3 * static_cast<std::size_t>(comm.size()), 1.0f), out(3);
+        comm.reduce_scatter(Buffer(in), Buffer(out), deviate ? ReduceOp::max : ReduceOp::sum);
+      },
+      "reduce_scatter #0 (max, 3 x f32");
+}
+
 // A broadcast's ranks compare the root's signature with their own: the rank that
 // differs fails, naming both calls; the others got the root's data as sent.
 TEST(PackedSignature, ABroadcastOfAnotherDtypeFailsTheRankThatDiffers) {
@@ -255,7 +267,19 @@ TEST(PackedSignature, SmallCallsGiveTheirResults) {
   comm.allreduce(Buffer(avg), ReduceOp::avg);
   comm.allreduce(Buffer(half.data(), half.size(), DType::bf16));
   comm.allgather(Buffer(mine), Buffer(all));
+  // Rank q's block for rank r holds 100 q + 10 r + j; the in-place average's blocks, q.
+  std::vector<float> blocks(3 * n), block(3);
+  for (std::size_t r = 0; r < n; ++r)
+    for (std::size_t j = 0; j < 3; ++j) blocks[3 * r + j] = static_cast<float>(100 * comm.rank() + 10 * r + j);
+  comm.reduce_scatter(Buffer(blocks), Buffer(block));
+  std::vector<double> ranks(2 * n, static_cast<double>(comm.rank()));
+  comm.reduce_scatter(Buffer(ranks), ReduceOp::avg);
   comm.barrier();
+  for (std::size_t j = 0; j < 3; ++j)
+    EXPECT_EQ(block[j], static_cast<float>(50 * n * (n - 1) + n * (10 * static_cast<std::size_t>(comm.rank()) + j)))
+        << j;
+  const auto own = 2 * static_cast<std::size_t>(comm.rank());
+  EXPECT_EQ(ranks[own + 1], (static_cast<double>(n) - 1) / 2);
   EXPECT_EQ(sum[5], 1.5 * static_cast<double>(n));
   EXPECT_EQ(avg[0], (static_cast<double>(n) - 1) / 2);
   EXPECT_EQ(tensor::bf16_bits_to_float(half[3]), static_cast<float>(n));
