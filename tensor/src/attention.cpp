@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cuda/cuda_backend.hpp"
+#include "host_gemm.hpp"
 #include "math_loops.hpp"
 #include "philox.hpp"
 #include "troupe/error.hpp"
@@ -43,9 +44,7 @@ cuda_backend::AttentionShape shape_of(const Dims& d) { return {d.batch, d.time, 
 
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, double beta, float* c, std::int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), static_cast<float>(alpha), a, static_cast<int>(lda), b,
-              static_cast<int>(ldb), static_cast<float>(beta), c, static_cast<int>(ldc));
+  detail::sgemm(ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c, ldc);
 }
 void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* a,
           std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c, std::int64_t ldc) {

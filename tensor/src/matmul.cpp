@@ -1,6 +1,6 @@
-// Matrix multiply: 2-D, row-major, transposes as flags. f32 and f64 call BLAS
-// directly (cblas_sgemm/dgemm on the host, cuBLAS on a GPU), so the wrapper adds
-// only argument checks; f16/bf16 are widened to f32 for the multiply and rounded
+// Matrix multiply: 2-D, row-major, transposes as flags. f32 and f64 go straight to
+// a library product (host_gemm.hpp's on the host for f32, cblas_dgemm for f64,
+// cuBLAS on a GPU), so the wrapper adds only argument checks; f16/bf16 are widened to f32 for the multiply and rounded
 // once on store, as PyTorch's CPU path does; integer dtypes use a plain loop.
 #include <cblas.h>
 
@@ -8,6 +8,7 @@
 
 #include "convert.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "host_gemm.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::tensor {
@@ -63,8 +64,8 @@ void gemm_host(DType dtype, bool ta, bool tb, const GemmShape& s, double alpha, 
   const blasint lda = ta ? m : k, ldb = tb ? k : n;
   switch (dtype) {
     case DType::f32:
-      cblas_sgemm(CblasRowMajor, trans_a, trans_b, m, n, k, static_cast<float>(alpha), static_cast<const float*>(a),
-                  lda, static_cast<const float*>(b), ldb, static_cast<float>(beta), static_cast<float*>(c), n);
+      detail::sgemm(ta, tb, s.m, s.n, s.k, static_cast<float>(alpha), static_cast<const float*>(a), lda,
+                    static_cast<const float*>(b), ldb, static_cast<float>(beta), static_cast<float*>(c), s.n);
       return;
     case DType::f64:
       cblas_dgemm(CblasRowMajor, trans_a, trans_b, m, n, k, alpha, static_cast<const double*>(a), lda,

@@ -103,7 +103,8 @@ void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta = Tr
 // fewer than a product and then an add.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
-// Threads the CPU BLAS may use (one per rank is the right number under mpirun).
+// Threads the host's matrix products may use, OpenBLAS's and troupe's AVX-512 kernel
+// alike (one per rank is the right number under mpirun).
 void set_num_threads(int n);
 
 }  // namespace troupe::tensor
