@@ -110,18 +110,21 @@ TROUPE_AVX512 inline void transpose16(const float* in, i64 ldi, float* out, i64 
 // op(b)[k0 .. k0+kc, j0 .. j0+nc] into panels of kNr columns: panel p holds kc rows of
 // kNr floats at out + p kNr kc, columns past nc zero.
 TROUPE_AVX512 void pack_b(bool tb, const float* b, i64 ldb, i64 k0, i64 kc, i64 j0, i64 nc, float* out) {
+  if (!tb) {  // a row of b is a row of every panel: read each row once, in order
+    for (i64 k = 0; k < kc; ++k) {
+      const float* row = b + (k0 + k) * ldb + j0;
+      for (i64 jp = 0; jp < nc; jp += kNr) {
+        const i64 valid = std::min(kNr, nc - jp);
+        float* panel_row = out + jp * kc + k * kNr;
+        _mm512_store_ps(panel_row, _mm512_maskz_loadu_ps(first_lanes(valid), row + jp));
+        _mm512_store_ps(panel_row + 16, _mm512_maskz_loadu_ps(first_lanes(valid - 16), row + jp + 16));
+      }
+    }
+    return;
+  }
   for (i64 jp = 0; jp < nc; jp += kNr) {
     const i64 valid = std::min(kNr, nc - jp);
     float* panel = out + jp * kc;
-    if (!tb) {  // rows of b are rows of the panel
-      const __mmask16 m0 = first_lanes(valid), m1 = first_lanes(valid - 16);
-      for (i64 k = 0; k < kc; ++k) {
-        const float* row = b + (k0 + k) * ldb + j0 + jp;
-        _mm512_store_ps(panel + k * kNr, _mm512_maskz_loadu_ps(m0, row));
-        _mm512_store_ps(panel + k * kNr + 16, _mm512_maskz_loadu_ps(m1, row + 16));
-      }
-      continue;
-    }
     // b is [n, k]: 16 of its rows at a time become 16 columns of the panel, 16
     // k-steps at a time as a 16 x 16 transpose; a partial panel and the last k-steps
     // go one by one.
