@@ -311,9 +311,12 @@ round with the median ratio is shown.
   `cblas_sgemm` called directly with the same arguments; GFLOP/s = 2·M·N·K / time.
   `fc in->out batch B` rows are the three products of one linear layer: forward
   `x Wᵀ`, the weight gradient `gyᵀ x` and the input gradient `gy W`. Each result is
-  checked once to equal cblas's bit for bit before it is timed. As troupe's side is
-  that same call plus argument checks, the spread of these ratios around 1.0, most
-  of all for the small products, is the noise of the machine during the run.
+  checked once to match cblas's to 1e-5 of its largest element before it is timed.
+- On a CPU with AVX-512, as this one, troupe's side is its own AVX-512 kernel
+  (`tensor/src/host_gemm.hpp`); elsewhere it is the same cblas call plus argument
+  checks. This machine's environment sets `OPENBLAS_CORETYPE=Haswell`, so the
+  baseline runs OpenBLAS's AVX2 kernels; OpenBLAS's own AVX-512 (SkylakeX) kernels,
+  not measured here, ran 1024x1152x384 at about 250 GFLOP/s on this machine.
 - Target: "our wrappers should cost under 5% over the library they wrap at sizes
   >= 256", read as troupe >= 0.95x OpenBLAS wherever M·N·K >= 256³; smaller products
   are shown without a target.
@@ -337,6 +340,9 @@ dropping them (`set_to_none=True`).
 - One thread on both sides: `troupe::tensor::set_num_threads(1)`, which also pins
   OpenBLAS; `torch.set_num_threads(1)` plus `OPENBLAS_NUM_THREADS=1`, as Debian's
   PyTorch does its matrix products in the same OpenBLAS and leaves its pool alone.
+- The products: PyTorch's run in OpenBLAS, which this machine's environment pins to
+  its AVX2 kernels (`OPENBLAS_CORETYPE=Haswell`); troupe's f32 products run its own
+  AVX-512 kernel (the tensor area's matmul rows).
 - samples/s = 64 × steps / process CPU time, the median of 5 repeats of about 0.2 s
   after 20 warm-up steps, timed the same way in both programs. They are separate
   processes, started by `bench/run` one after the other: each of 5 rounds runs both,
