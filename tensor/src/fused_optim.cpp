@@ -7,6 +7,7 @@
 
 #include "cuda/cuda_backend.hpp"
 #include "math_loops.hpp"
+#include "troupe/tensor/ops.hpp"
 
 namespace troupe::tensor {
 
@@ -206,6 +207,25 @@ double fused_sum_of_squares(std::span<const Tensor* const> tensors) {
       });
   cuda_backend::sum_in_order(sums, chunks, sums + chunks);
   return partials.slice(chunks, chunks + 1).item();
+}
+
+void fused_scale_(std::span<Tensor* const> tensors, double factor) {
+  const char* op = "fused_scale_";
+  if (tensors.empty()) return;
+  TROUPE_CHECK(tensors.front() != nullptr, op, ": a tensor is null");
+  const Device device = tensors.front()->device();
+  for (const Tensor* t : tensors) {
+    TROUPE_CHECK(t != nullptr && t->defined(), op, ": a tensor is null or undefined");
+    TROUPE_CHECK(t->dtype() == DType::f32, op, ": tensors must be f32, got ", t->dtype());
+    check_same_device(device, *t, op);
+  }
+  if (device.is_cpu()) {
+    for (Tensor* t : tensors) scale_(*t, factor);
+    return;
+  }
+  launch_lists<cuda_backend::ScaleList>(
+      tensors, [](cuda_backend::ScaleList& list, int t, Tensor* x) { list.data[t] = static_cast<float*>(x->raw_data()); },
+      [&](const cuda_backend::ScaleList& list) { cuda_backend::scale_chunks(list, static_cast<float>(factor)); });
 }
 
 void unscale_and_check_(Tensor& grads, double inv_scale, Tensor& found_inf) {

@@ -1,7 +1,9 @@
 // Matrix multiply: 2-D, row-major, transposes as flags. f32 and f64 go straight to
 // a library product (host_gemm.hpp's on the host for f32, cblas_dgemm for f64,
-// cuBLAS on a GPU), so the wrapper adds only argument checks; f16/bf16 are widened to f32 for the multiply and rounded
-// once on store, as PyTorch's CPU path does; integer dtypes use a plain loop.
+// cuBLAS on a GPU), so the wrapper adds only argument checks; f16/bf16 are widened to
+// f32 for the multiply and rounded once on store, as PyTorch's CPU path does; integer
+// dtypes use a plain loop. linear adds its bias inside the product where it can: the
+// output starts as the bias rows on the host, cuBLASLt's epilogue adds it on a GPU.
 #include <cblas.h>
 
 #include <cstring>
@@ -128,6 +130,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   TROUPE_CHECK(bias.shape() == Shape({s.n}) && bias.dtype() == x.dtype() && bias.device() == x.device(),
                "linear: bias must be ", x.dtype(), " [", s.n, "] on ", x.device(), ", got ", bias.dtype(), " ",
                to_string(bias.shape()), " on ", bias.device());
+  if (x.device().is_cuda() && s.m > 0 && s.n > 0) {
+    Tensor y = Tensor::empty({s.m, s.n}, x.dtype(), x.device());
+    if (cuda_backend::linear_bias(x.dtype(), s.m, s.n, s.k, x.raw_data(), weight.raw_data(), bias.raw_data(),
+                                  y.raw_data()))
+      return y;
+    matmul_out(y, x, weight, Transpose::no, Transpose::yes, 1, 0);
+    add_(y, bias);
+    return y;
+  }
   const bool prefill = x.device().is_cpu() && (x.dtype() == DType::f32 || x.dtype() == DType::f64) && s.k > 0;
   if (!prefill) {
     Tensor y = matmul(x, weight, Transpose::no, Transpose::yes);

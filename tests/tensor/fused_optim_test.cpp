@@ -219,6 +219,40 @@ TEST(CudaFusedOptim, SumOfSquaresAcrossLaunchesMatchesTheHost) {
   check_sum_of_squares(Device::cuda(), {50'000'000, 50'000'000, 50'700'000});
 }
 
+// The list form of scale_ gives scale_'s bits on every tensor, also on views that start
+// off a 16-byte boundary (the kernel's packed path) and across launches.
+static void check_scale_list(Device device, const std::vector<std::int64_t>& sizes) {
+  Generator g(13);
+  std::vector<Tensor> listed, single;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::int64_t offset = static_cast<std::int64_t>(i % 4);
+    const Tensor flat = normal({sizes[i] + offset}, 0, 1, g, DType::f32, device);
+    listed.push_back(flat.slice(offset, offset + sizes[i]));
+    single.push_back(listed.back().clone());
+  }
+  std::vector<Tensor*> list;
+  for (Tensor& t : listed) list.push_back(&t);
+  fused_scale_(list, 0.3);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    scale_(single[i], 0.3);
+    EXPECT_TRUE(equal(listed[i].to(Device::cpu()), single[i].to(Device::cpu()))) << "tensor " << i << " on " << device;
+  }
+}
+
+TEST(FusedOptim, ScaleOfAListIsScaleOnEachTensorAndChecksItsInputs) {
+  check_scale_list(Device::cpu(), seventy_sizes());
+  fused_scale_({}, 2.0);
+  Tensor f64 = Tensor::zeros({3}, DType::f64);
+  EXPECT_THROW(fused_scale_(std::vector<Tensor*>{&f64}, 2.0), InvalidArgument);
+  EXPECT_THROW(fused_scale_(std::vector<Tensor*>{nullptr}, 2.0), InvalidArgument);
+}
+
+TEST(CudaFusedOptim, ScaleOfAListIsScaleOnEachTensor) {
+  TROUPE_SKIP_WITHOUT_GPU();
+  check_scale_list(Device::cuda(), seventy_sizes());
+  check_scale_list(Device::cuda(), {50'000'000, 50'000'000, 50'700'000});
+}
+
 TEST(CudaFusedOptim, UnscaleKernelFindsANaNAnywhereInALargeBuffer) {
   TROUPE_SKIP_WITHOUT_GPU();
   Generator g(9);

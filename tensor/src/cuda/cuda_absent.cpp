@@ -73,12 +73,16 @@ void adam_steps(const AdamList&) { absent("cuda fused Adam"); }
 void sgd_steps(const SgdList&) { absent("cuda fused SGD"); }
 void sum_squares_chunks(const SquaresList&, double*) { absent("cuda sum of squares"); }
 void sum_in_order(const double*, std::int64_t, double*) { absent("cuda sum"); }
+void scale_chunks(const ScaleList&, float) { absent("cuda scale of a list"); }
 void copy_rows_2byte(const void*, std::int64_t, std::int64_t, std::int64_t, void*, std::int64_t, std::int64_t,
                      std::int64_t) {
   absent("cuda copy_rows_2byte");
 }
 void gemm(DType, bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const void*, const void*,
           double, void*) { absent("cuda gemm"); }
+bool linear_bias(DType, std::int64_t, std::int64_t, std::int64_t, const void*, const void*, const void*, void*) {
+  absent("cuda linear");
+}
 void sgd_step(float*, const float*, float*, std::int64_t, const SgdScalars&) { absent("cuda fused SGD"); }
 void adam_step(float*, const float*, float*, float*, std::int64_t, const AdamScalars&) { absent("cuda fused Adam"); }
 void unscale_and_check(float*, std::int64_t, float, float*) { absent("cuda unscale"); }

@@ -67,6 +67,12 @@ void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, st
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through cuBLAS.
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
           std::int64_t k, double alpha, const void* a, const void* b, double beta, void* c);
+// Row-major y[m,n] = x[m,k] w[n,k]^T + bias[n] in one cuBLASLt call, the bias added in
+// the product's epilogue (f32). False, with nothing done, where that path does not
+// take the product (another dtype, a degenerate shape, a misaligned bias, no kernel):
+// the caller then multiplies and adds.
+bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, const void* x, const void* w,
+                 const void* bias, void* y);
 
 // ---- fused optimizer steps and the GradScaler check over flat f32 buffers (cuda_optim.cu) ----
 // Each is one kernel launch over n elements; the scalars are computed on the host.
@@ -114,6 +120,15 @@ struct SquaresList {
 void sum_squares_chunks(const SquaresList& list, double* partials);
 // *out = values[0] + ... + values[n - 1], in an order fixed by n alone.
 void sum_in_order(const double* values, std::int64_t n, double* out);
+struct ScaleList {
+  float* data[kListTensors];
+  std::int64_t n[kListTensors];
+  std::uint8_t tensor_of[kListBlocks];
+  std::int32_t chunk_of[kListBlocks];
+  int blocks = 0;
+};
+// Every element of the blocks' chunks *= factor (scale's float product).
+void scale_chunks(const ScaleList& list, float factor);
 // grad *= inv_scale; *found_inf (a device float) becomes 1 if any grad is Inf or NaN.
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf);
 

@@ -2,7 +2,8 @@
 // one launch reads each element's parameter, gradient and state once and writes them
 // once, where separate tensor ops would make a pass per term. The arithmetic is
 // optim_step.hpp's, which the host loop (fused_optim.cpp) runs too. And clipping's
-// sum of squares over a list of gradients, a partial per chunk summed in a fixed order.
+// sum of squares over a list of gradients, a partial per chunk summed in a fixed order,
+// and its scaling of the list.
 #include <cub/block/block_reduce.cuh>
 
 #include "cuda_device.cuh"
@@ -102,6 +103,28 @@ __global__ void __launch_bounds__(kListThreads) sum_in_order_kernel(const double
   if (threadIdx.x == 0) *out = total;
 }
 
+// Four elements per access where the chunk allows, as adam_list_kernel; the product is
+// scale's, so the bits are those of scale_ on each tensor.
+__global__ void __launch_bounds__(kListThreads) scale_list_kernel(const __grid_constant__ ScaleList list,
+                                                                  float factor) {
+  const auto [t, begin, end] = block_chunk(list);
+  float* x = list.data[t];
+  std::int64_t first = begin;
+  if (aligned16(x + begin)) {
+    const std::int64_t packs = (end - begin) / 4;
+    for (std::int64_t k = threadIdx.x; k < packs; k += blockDim.x) {
+      float4 v = *reinterpret_cast<const float4*>(x + begin + 4 * k);
+      v.x *= factor;
+      v.y *= factor;
+      v.z *= factor;
+      v.w *= factor;
+      *reinterpret_cast<float4*>(x + begin + 4 * k) = v;
+    }
+    first = begin + 4 * packs;
+  }
+  for (std::int64_t i = first + threadIdx.x; i < end; i += blockDim.x) x[i] *= factor;
+}
+
 __global__ void unscale_kernel(float* g, std::int64_t n, float inv_scale, float* found_inf) {
   TROUPE_GRID_LOOP(i, n) detail::unscale_element(g[i], inv_scale, *found_inf);
 }
@@ -142,6 +165,12 @@ void sum_squares_chunks(const SquaresList& list, double* partials) {
 void sum_in_order(const double* values, std::int64_t n, double* out) {
   sum_in_order_kernel<<<1, kListThreads>>>(values, n, out);
   finish("sum");
+}
+
+void scale_chunks(const ScaleList& list, float factor) {
+  if (list.blocks == 0) return;
+  scale_list_kernel<<<list.blocks, kListThreads>>>(list, factor);
+  finish("scale of a list");
 }
 
 void unscale_and_check(float* grad, std::int64_t n, float inv_scale, float* found_inf) {

@@ -68,6 +68,9 @@ void fused_sgd_steps_(std::span<const SgdEntry> entries);
 // chunk in as few launches as above, summed in a fixed order, and one read-back for
 // the lot; on the CPU one loop.
 double fused_sum_of_squares(std::span<const Tensor* const> tensors);
+// Every element of `tensors` (f32, all on one device) *= factor, in place: clipping's
+// scaling, the bits of scale_ on each tensor, on CUDA in as few launches as above.
+void fused_scale_(std::span<Tensor* const> tensors, double factor);
 
 // grads *= inv_scale; found_inf (one f32 element, on grads' device) is set to 1 when
 // any gradient was Inf or NaN and otherwise left as it was, so one flag can collect
