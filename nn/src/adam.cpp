@@ -48,20 +48,19 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   }
   std::int64_t& t = state.find("step")->data<std::int64_t>()[0];
   ++t;
-  // The bias corrections are scalars, computed in double as PyTorch does in Python.
-  const double bias_correction1 = 1 - std::pow(betas_.beta1, static_cast<double>(t));
-  const double bias_correction2 = 1 - std::pow(betas_.beta2, static_cast<double>(t));
-  const double step_size = lr() / bias_correction1;
-  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   Tensor& exp_avg = *state.find("exp_avg");
   Tensor& exp_avg_sq = *state.find("exp_avg_sq");
   const std::vector<DecayRun> runs = decay_runs(name, param);
+  // The fused steps' scalars for one run (tensor/fused_optim.hpp: the loop below's arithmetic).
+  const auto fused_step = [&](const DecayRun& run) {
+    return tensor::AdamStep{.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
+                            .weight_decay = run.weight_decay, .decoupled = decoupled_, .step = t};
+  };
   if (param.data.device().is_cpu() && param.data.dtype() == DType::f32) {
     // The host's f32 loop, compiled for each instruction set (tensor/fused_optim.hpp),
     // with the same arithmetic as the loop below.
     for (const DecayRun& run : runs) {
-      const tensor::AdamStep step{.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
-                                  .weight_decay = run.weight_decay, .decoupled = decoupled_, .step = t};
+      const tensor::AdamStep step = fused_step(run);
       if (runs.size() == 1) {
         tensor::fused_adam_step_(param.data, param.grad, exp_avg, exp_avg_sq, step);
         continue;
@@ -81,8 +80,7 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
     for (Tensor* moment : {&exp_avg, &exp_avg_sq})
       if (moment->device() != param.data.device()) *moment = moment->to(param.data.device());
     for (const DecayRun& run : runs) {
-      const tensor::AdamStep step{.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
-                                  .weight_decay = run.weight_decay, .decoupled = decoupled_, .step = t};
+      const tensor::AdamStep step = fused_step(run);
       if (runs.size() == 1) {
         pending_.push_back({&param.data, &param.grad, &exp_avg, &exp_avg_sq, step});
         continue;
@@ -94,6 +92,11 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
     }
     return;
   }
+  // The bias corrections are scalars, computed in double as PyTorch does in Python.
+  const double bias_correction1 = 1 - std::pow(betas_.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1 - std::pow(betas_.beta2, static_cast<double>(t));
+  const double step_size = lr() / bias_correction1;
+  const double bias_correction2_sqrt = std::sqrt(bias_correction2);
   tensor::dispatch_floating(param.data.dtype(), type_name() + ".step '" + name + "'", [&](auto tag) {
     using T = decltype(tag);
     using C = tensor::compute_t<T>;

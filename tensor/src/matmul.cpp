@@ -92,16 +92,9 @@ void gemm_host(DType dtype, bool ta, bool tb, const GemmShape& s, double alpha, 
   }
 }
 
-}  // namespace
-
-void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta, Transpose tb, double alpha,
-                double beta) {
-  const GemmShape s = check_gemm(a, b, ta, tb, "matmul");
-  out.check_defined("matmul");
-  TROUPE_CHECK(out.shape() == Shape({s.m, s.n}) && out.dtype() == a.dtype() && out.device() == a.device(),
-               "matmul: output is ", out.dtype(), " ", to_string(out.shape()), " on ", out.device(),
-               ", the product is ", a.dtype(), " [", s.m, ", ", s.n, "] on ", a.device());
-  TROUPE_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: output overlaps an input");
+// The product into out, whose shape, dtype, device and storage the caller has checked.
+void gemm_into(Tensor& out, const Tensor& a, const Tensor& b, const GemmShape& s, Transpose ta, Transpose tb,
+               double alpha, double beta) {
   if (s.m == 0 || s.n == 0) return;
   if (s.k == 0) {  // BLAS rejects a leading dimension of 0; the product is all zeros
     if (beta == 0) out.zero_();
@@ -117,40 +110,52 @@ void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta, Tra
             out.raw_data());
 }
 
+}  // namespace
+
+void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta, Transpose tb, double alpha,
+                double beta) {
+  const GemmShape s = check_gemm(a, b, ta, tb, "matmul");
+  out.check_defined("matmul");
+  TROUPE_CHECK(out.shape() == Shape({s.m, s.n}) && out.dtype() == a.dtype() && out.device() == a.device(),
+               "matmul: output is ", out.dtype(), " ", to_string(out.shape()), " on ", out.device(),
+               ", the product is ", a.dtype(), " [", s.m, ", ", s.n, "] on ", a.device());
+  TROUPE_CHECK(!overlaps(out, a) && !overlaps(out, b), "matmul: output overlaps an input");
+  gemm_into(out, a, b, s, ta, tb, alpha, beta);
+}
+
 Tensor matmul(const Tensor& a, const Tensor& b, Transpose ta, Transpose tb) {
   const GemmShape s = check_gemm(a, b, ta, tb, "matmul");
   Tensor out = Tensor::empty({s.m, s.n}, a.dtype(), a.device());
-  matmul_out(out, a, b, ta, tb, 1, 0);
+  gemm_into(out, a, b, s, ta, tb, 1, 0);
   return out;
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const GemmShape s = check_gemm(x, weight, Transpose::no, Transpose::yes, "linear");
-  if (!bias.defined()) return matmul(x, weight, Transpose::no, Transpose::yes);
+  Tensor y = Tensor::empty({s.m, s.n}, x.dtype(), x.device());
+  const auto product = [&](double beta) { gemm_into(y, x, weight, s, Transpose::no, Transpose::yes, 1, beta); };
+  if (!bias.defined()) {
+    product(0);
+    return y;
+  }
   TROUPE_CHECK(bias.shape() == Shape({s.n}) && bias.dtype() == x.dtype() && bias.device() == x.device(),
                "linear: bias must be ", x.dtype(), " [", s.n, "] on ", x.device(), ", got ", bias.dtype(), " ",
                to_string(bias.shape()), " on ", bias.device());
-  if (x.device().is_cuda() && s.m > 0 && s.n > 0) {
-    Tensor y = Tensor::empty({s.m, s.n}, x.dtype(), x.device());
-    if (cuda_backend::linear_bias(x.dtype(), s.m, s.n, s.k, x.raw_data(), weight.raw_data(), bias.raw_data(),
-                                  y.raw_data()))
-      return y;
-    matmul_out(y, x, weight, Transpose::no, Transpose::yes, 1, 0);
-    add_(y, bias);
+  if (x.device().is_cuda() && s.m > 0 && s.n > 0 &&
+      cuda_backend::linear_bias(x.dtype(), s.m, s.n, s.k, x.raw_data(), weight.raw_data(), bias.raw_data(),
+                                y.raw_data()))
     return y;
-  }
   const bool prefill = x.device().is_cpu() && (x.dtype() == DType::f32 || x.dtype() == DType::f64) && s.k > 0;
   if (!prefill) {
-    Tensor y = matmul(x, weight, Transpose::no, Transpose::yes);
+    product(0);
     add_(y, bias);
     return y;
   }
-  Tensor y = Tensor::empty({s.m, s.n}, x.dtype());
   const std::size_t row_bytes = static_cast<std::size_t>(s.n) * element_size(x.dtype());
   auto* out = static_cast<char*>(y.raw_data());
   for (std::int64_t r = 0; r < s.m; ++r)
     std::memcpy(out + static_cast<std::size_t>(r) * row_bytes, bias.raw_data(), row_bytes);
-  matmul_out(y, x, weight, Transpose::no, Transpose::yes, 1, 1);
+  product(1);
   return y;
 }
 
