@@ -293,9 +293,11 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
   TROUPE_CHECK(dst.dtype() == meta.dtype && dst.numel() == tensor::shape_numel(meta.shape), "checkpoint ", where,
                ": the file holds ", tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape),
                ", the destination is ", tensor::dtype_name(dst.dtype()), " ", tensor::to_string(dst.shape()));
-  // Large tensors to verify are read and hashed at once (read_raw); the rest
-  // through HDF5, hashed after.
-  constexpr std::size_t kHashWhileReading = std::size_t{8} << 20;
+  // Only tensors too large to stay in cache are read and hashed at once (read_raw);
+  // the rest are read through HDF5 and hashed right after, from this core's cache.
+  // Hashing a 8-64 MB tensor on a second core as it arrived was slower: a verified
+  // cold load took 1.27x an unverified one, 1.16x with this limit (checkpoint_bench).
+  constexpr std::size_t kHashWhileReading = std::size_t{64} << 20;
   std::optional<std::uint64_t> hashed;
   if (dst.numel() > 0) {
     Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT),
