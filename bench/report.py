@@ -80,8 +80,9 @@ softmax).
   unigram model of the training text (targets: quick <= 2.0, default <= 1.60 nats per
   character), and its tokens/s (training time only, the median of its evaluation
   chunks after the first) at 1 and 2 ranks and in every sharding mode at 2 ranks
-  (targets: 2 ranks >= 1.7x 1 rank, every mode >= 0.8x ddp). The default preset runs
-  only without `--quick`.""",
+  (targets: 2 ranks >= 1.7x 1 rank, every mode >= 0.8x ddp). 1 rank and ddp at 2
+  take turns for 3 rounds and each shows its median; the other modes run once. The
+  default preset runs only without `--quick`.""",
     "cluster": """\
 Issue 21's figures, across the 3 nodes of the virtual cluster (`scripts/cluster`: a
 network + UTS namespace a node on one bridge, on this 2-core machine), from
