@@ -135,13 +135,16 @@ void set_preference(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttrib
   TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(p, what, &value, sizeof value));
 }
 
+// The descriptors of one call, destroyed however it ends (the checks throw).
 struct LtDescriptors {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
   LtDescriptors() = default;
   LtDescriptors(const LtDescriptors&) = delete;
   LtDescriptors& operator=(const LtDescriptors&) = delete;
   ~LtDescriptors() {
+    if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
     if (d != nullptr) cublasLtMatrixLayoutDestroy(d);
     if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
     if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
@@ -226,18 +229,16 @@ bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, co
   auto plan = plans.find(key);
   if (plan == plans.end()) {
     LtPlan made;
-    cublasLtMatmulPreference_t preference = nullptr;
-    TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    set_preference(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kLtWorkspace});
-    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, std::get<4>(key));
-    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, std::get<5>(key));
-    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, std::get<6>(key));
-    set_preference(preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, std::get<6>(key));
+    TROUPE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&desc.preference));
+    set_preference(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{kLtWorkspace});
+    set_preference(desc.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, std::get<4>(key));
+    set_preference(desc.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, std::get<5>(key));
+    set_preference(desc.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, std::get<6>(key));
+    set_preference(desc.preference, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, std::get<6>(key));
     cublasLtMatmulHeuristicResult_t result{};
     int returned = 0;
     const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(lt, desc.op, desc.a, desc.b, desc.d, desc.d,
-                                                                 preference, 1, &result, &returned);
-    cublasLtMatmulPreferenceDestroy(preference);
+                                                                 desc.preference, 1, &result, &returned);
     if (status == CUBLAS_STATUS_SUCCESS && returned > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
         result.workspaceSize <= kLtWorkspace)
       made = {true, result.algo, result.workspaceSize};
