@@ -100,26 +100,26 @@ TEST(Cuda, LargeHalfMatmulsWithOddDimensionsMatchTheCpu) {
 
 // An f32 Linear on the GPU adds its bias in cuBLASLt's epilogue where it can and
 // multiplies then adds where it cannot: a dimension of 1 or 0, a bias under 16 bytes
-// aligned. x, weight and bias are views `offset` elements into buffers of their own
-// (FSDP's flat parameters are such views), so the heuristic is asked at each alignment.
-// Against the CPU, within f32 rounding of the sum of the terms' magnitudes; the same
-// bits when repeated.
+// aligned. x and weight are views `offset` elements into buffers of their own, the
+// bias `bias_offset` (FSDP's flat parameters are such views), so the heuristic is
+// asked at 4-, 8-, 16- and 256-byte alignments. Against the CPU, within f32 rounding
+// of the sum of the terms' magnitudes; the same bits when repeated.
 TEST(Cuda, LinearWithBiasMatchesTheCpuWhetherOrNotTheEpilogueTakesIt) {
   if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
   Generator g(10);
   struct Case {
-    std::int64_t m, n, k, offset;
+    std::int64_t m, n, k, offset, bias_offset;
   };
-  for (const Case c : {Case{64, 48, 32, 0}, Case{2, 2, 2, 0}, Case{300, 769, 129, 0}, Case{1, 5, 7, 0},
-                       Case{8, 1, 3, 0}, Case{5, 4, 0, 0}, Case{64, 48, 32, 1}, Case{300, 769, 129, 2},
-                       Case{2048, 768, 768, 4}, Case{2048, 768, 768, 0}}) {
-    const auto view = [&](Shape shape) {
+  for (const Case c : {Case{64, 48, 32, 0, 0}, Case{2, 2, 2, 0, 0}, Case{300, 769, 129, 0, 0}, Case{1, 5, 7, 0, 0},
+                       Case{8, 1, 3, 0, 0}, Case{5, 4, 0, 0, 0}, Case{64, 48, 32, 1, 0}, Case{300, 769, 129, 2, 4},
+                       Case{64, 48, 32, 0, 1}, Case{2048, 768, 768, 4, 4}, Case{2048, 768, 768, 0, 0}}) {
+    const auto view = [&](Shape shape, std::int64_t offset) {
       std::int64_t numel = 1;
       for (std::int64_t d : shape) numel *= d;
-      const Tensor flat = normal({numel + c.offset}, 0, 1, g).to(Device::cuda());
-      return flat.slice(c.offset, c.offset + numel).reshape(shape);
+      const Tensor flat = normal({numel + offset}, 0, 1, g).to(Device::cuda());
+      return flat.slice(offset, offset + numel).reshape(shape);
     };
-    const Tensor x = view({c.m, c.k}), w = view({c.n, c.k}), b = view({c.n});
+    const Tensor x = view({c.m, c.k}, c.offset), w = view({c.n, c.k}, c.offset), b = view({c.n}, c.bias_offset);
     const Tensor hx = x.to(Device::cpu()), hw = w.to(Device::cpu()), hb = b.to(Device::cpu());
     const Tensor got = linear(x, w, b).to(Device::cpu());
     const Tensor want = linear(hx, hw, hb), magnitude = linear(abs(hx), abs(hw), abs(hb));
@@ -127,7 +127,8 @@ TEST(Cuda, LinearWithBiasMatchesTheCpuWhetherOrNotTheEpilogueTakesIt) {
     const auto gv = got.to_vector<double>(), wv = want.to_vector<double>(), mv = magnitude.to_vector<double>();
     for (std::size_t i = 0; i < gv.size(); ++i)
       ASSERT_LE(std::fabs(gv[i] - wv[i]), 1e-5 * mv[i]) << "element " << i << " of [" << c.m << ", " << c.n
-                                                        << "], k " << c.k << ", offset " << c.offset;
+                                                        << "], k " << c.k << ", offsets " << c.offset << " and "
+                                                        << c.bias_offset;
     EXPECT_TRUE(equal(linear(x, w, b).to(Device::cpu()), got)) << "repeated, [" << c.m << ", " << c.n << "]";
   }
 }
