@@ -219,23 +219,33 @@ TEST(CudaFusedOptim, SumOfSquaresAcrossLaunchesMatchesTheHost) {
   check_sum_of_squares(Device::cuda(), {50'000'000, 50'000'000, 50'700'000});
 }
 
-// The list form of scale_ gives scale_'s bits on every tensor, also on views that start
-// off a 16-byte boundary (the kernel's packed path) and across launches.
+// The list form of scale_ gives scale_'s bits on every tensor -- each element times
+// float(factor), computed here on the host -- also on views that start off a 16-byte
+// boundary (the kernel's packed path) and across launches, and writes nothing outside
+// the views.
 static void check_scale_list(Device device, const std::vector<std::int64_t>& sizes) {
   Generator g(13);
-  std::vector<Tensor> listed, single;
+  std::vector<Tensor> flats, listed;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     const std::int64_t offset = static_cast<std::int64_t>(i % 4);
-    const Tensor flat = normal({sizes[i] + offset}, 0, 1, g, DType::f32, device);
-    listed.push_back(flat.slice(offset, offset + sizes[i]));
-    single.push_back(listed.back().clone());
+    flats.push_back(normal({sizes[i] + offset + 1}, 0, 1, g, DType::f32, device));
+    listed.push_back(flats.back().slice(offset, offset + sizes[i]));
   }
+  std::vector<std::vector<float>> before;
+  for (const Tensor& f : flats) before.push_back(f.to(Device::cpu()).to_vector<float>());
   std::vector<Tensor*> list;
   for (Tensor& t : listed) list.push_back(&t);
   fused_scale_(list, 0.3);
+  const float factor = 0.3f;
   for (std::size_t i = 0; i < sizes.size(); ++i) {
-    scale_(single[i], 0.3);
-    EXPECT_TRUE(equal(listed[i].to(Device::cpu()), single[i].to(Device::cpu()))) << "tensor " << i << " on " << device;
+    const std::int64_t offset = static_cast<std::int64_t>(i % 4);
+    const std::vector<float> after = flats[i].to(Device::cpu()).to_vector<float>();
+    for (std::size_t j = 0; j < after.size(); ++j) {
+      const bool inside = static_cast<std::int64_t>(j) >= offset && static_cast<std::int64_t>(j) < offset + sizes[i];
+      const float want = inside ? before[i][j] * factor : before[i][j];
+      ASSERT_EQ(after[j], want) << "tensor " << i << ", element " << j << (inside ? "" : " (outside the view)")
+                                << " on " << device;
+    }
   }
 }
 
