@@ -43,16 +43,24 @@ TEST(FullyShardedDataParallel, OnCudaOverNcclTrainsLikeTheCpuRunWithoutHostWaits
       FullyShardedDataParallel fsdp(*model, nccl, factory(Opt::adamw), options);
       nn::CrossEntropyLoss loss_fn;
       Batches a(comm), b(comm);
+      // Clipped at 0.15, which 4 of these 5 steps' norms pass (0.12-0.28 on the CPU): the
+      // shards' sum of squares is taken on the GPU, or on the host with offload.
+      constexpr double kClip = 0.15;
+      int clipped = 0;
       for (int step = 0; step < kGpuSteps; ++step) {
-        want.step(a.next());
+        want.step(a.next(), {.clip = kClip});
         const TensorBatch batch = b.next();
         const std::uint64_t host_waits = nccl.host_waits();
         loss_fn.forward(fsdp.forward(batch.inputs.to(gpu)), batch.targets);
         fsdp.backward(loss_fn.backward());
         EXPECT_EQ(nccl.host_waits(), host_waits) << "step " << step << ": forward/backward blocked the host on NCCL";
+        const double norm = fsdp.clip_grad_norm(kClip);
+        EXPECT_NEAR(norm, want.last_norm, 1e-4 * want.last_norm) << "step " << step << ": the clipped norm";
+        clipped += want.last_norm > kClip ? 1 : 0;
         fsdp.step();
         fsdp.zero_grad();
       }
+      EXPECT_GT(clipped, 0) << "no step was clipped";
       if (offload) {
         for (const auto& [name, p] : fsdp.optimizer().named_parameters())
           EXPECT_TRUE(tensor::is_pinned(p->data)) << name << ": an offloaded shard not in pinned memory";

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "troupe/error.hpp"
+#include "troupe/tensor/fused_optim.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/train/grad_scaler.hpp"
 
@@ -311,10 +312,17 @@ void FullyShardedDataParallel::zero_grad(bool set_to_none) {
 double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
   TROUPE_CHECK(max_norm >= 0, "FullyShardedDataParallel::clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   double sum_squares = 0;
+  // f32 shards on a GPU are summed there, with one read-back for all: copying every
+  // shard's gradient to the host each step moved the whole model's gradients.
+  std::vector<const Tensor*> on_gpu;
   for (auto& unit : units_)
     for (auto& flat : unit.flats) {
       const Tensor& g = flat.shard->grad;
       if (!g.defined()) continue;
+      if (g.device().is_cuda() && g.dtype() == tensor::DType::f32) {
+        on_gpu.push_back(&g);
+        continue;
+      }
       const Tensor host = g.device().is_cpu() ? g : g.to(tensor::Device::cpu());
       tensor::dispatch_floating(host.dtype(), "FullyShardedDataParallel::clip_grad_norm", [&](auto tag) {
         using T = decltype(tag);
@@ -322,6 +330,7 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
         for (std::int64_t i = 0; i < host.numel(); ++i) sum_squares += static_cast<double>(p[i]) * static_cast<double>(p[i]);
       });
     }
+  if (!on_gpu.empty()) sum_squares += tensor::fused_sum_of_squares(on_gpu);
   if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(&sum_squares, 1), collectives::ReduceOp::sum);
   const double total = std::sqrt(sum_squares);
   const double factor = max_norm / (total + 1e-6);  // torch's 1e-6, as nn::clip_grad_norm

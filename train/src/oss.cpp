@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "troupe/error.hpp"
+#include "troupe/tensor/fused_optim.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/train/grad_scaler.hpp"
 
@@ -385,20 +386,26 @@ void OSS::load_state_dict(const nn::StateDict& dict) {
 double OSS::clip_grad_norm(double max_norm) {
   TROUPE_CHECK(max_norm >= 0, "OSS::clip_grad_norm: max_norm must be >= 0, got ", max_norm);
   double sum_squares = 0;
+  // f32 gradients on a GPU are summed and scaled in list launches (one read-back):
+  // a norm read back per parameter waited for the GPU once per parameter.
+  std::vector<Tensor*> on_gpu, others;
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& g = params_[i].param->grad;
+    Tensor& g = params_[i].param->grad;
     if (owners_[i] != comm_.rank() || !g.defined()) continue;
-    const double n = tensor::norm(g).item();
+    (g.device().is_cuda() && g.dtype() == tensor::DType::f32 ? on_gpu : others).push_back(&g);
+  }
+  for (const Tensor* g : others) {
+    const double n = tensor::norm(*g).item();
     sum_squares += n * n;
   }
+  if (!on_gpu.empty())
+    sum_squares += tensor::fused_sum_of_squares(std::vector<const Tensor*>(on_gpu.begin(), on_gpu.end()));
   if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(&sum_squares, 1), collectives::ReduceOp::sum);
   const double total = std::sqrt(sum_squares);
   const double factor = max_norm / (total + 1e-6);  // PyTorch's guard against all-zero gradients
   if (factor < 1) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      Tensor& g = params_[i].param->grad;
-      if (owners_[i] == comm_.rank() && g.defined()) tensor::scale_(g, factor);
-    }
+    for (Tensor* g : others) tensor::scale_(*g, factor);
+    if (!on_gpu.empty()) tensor::fused_scale_(on_gpu, factor);
   }
   return total;
 }
