@@ -109,7 +109,7 @@ quick), troupe next to the direct MPI call in the same job.""",
 Issue 11's figures on one NVIDIA GPU, from `scripts/gpu-check` on the GPU machine
 (not `bench/run`: this machine has no GPU), which runs `bench/gpu_bench.cpp` and its
 baseline `bench/torch_gpu_step.py` as separate processes, one after the other, in
-alternating rounds (3 unless `TROUPE_GPU_ROUNDS` says otherwise; the last run had 2),
+alternating rounds (3 unless `TROUPE_GPU_ROUNDS` says otherwise; the last run had 3),
 and pairs them with `bench/gpu_table.py` into `bench/results/gpu.json`: each figure,
 troupe's and PyTorch's alike, is the median of its own rounds.
 
@@ -128,21 +128,20 @@ troupe's and PyTorch's alike, is the median of its own rounds.
   synchronisations (troupe) or CUDA events (PyTorch); the median repeat. troupe's
   figures move by under 10% between rounds and machines; PyTorch's bf16 steps move
   more (the 25M MLP's: 1.17-2.33 ms on machines of the same kind), so troupe's bf16
-  ratio ranges 0.53-0.88x. The f32 ratios hold at 0.84-0.96x (H100 and H200).
+  ratio has ranged 0.35-0.88x across runs and versions. The f32 ratios held at
+  0.84-0.96x (H100 and H200) before the bias epilogue below, 0.77-0.89x since (H200).
 - The target (issue 11) is PyTorch eager's default step. Against PyTorch's fused Adam,
-  troupe's f32 step is 1.01-1.17x slower (its bf16 step was 0.55-1.08x across runs).
-  troupe's Adam is one launch for the whole model too (the list form). Adam is not the
-  gap (troupe's fused Adam moves bytes as fast as a copy); the step was not profiled,
-  and the likely difference is the rest of the step: PyTorch fuses each Linear's bias
-  into cuBLAS's epilogue, where troupe adds it in a kernel of its own, and sums the
-  bias gradient and zero-fills fresh gradients in separate kernels too.""",
+  troupe's f32 step was 1.01-1.17x slower until troupe's f32 Linears added their bias
+  in cuBLASLt's epilogue, as PyTorch's do; since then it is 0.91-0.98x (its bf16 step
+  0.40-0.47x). troupe's Adam is one launch for the whole model too (the list form).""",
     "gpu-gpt": """\
 Issue 24's GPU figures, from `scripts/gpu-check` on the GPU machine: `bench/gpu_gpt_bench.cpp`
 and its baseline `bench/torch_gpu_gpt.py` run as separate processes, alternately, and
 `bench/gpu_gpt_table.py` pairs them; each figure is the median of its own rounds (the
-last run had two, for a short device lease). The steps repeat closely: the f32 step's
-two rounds were 160.25 ms in troupe and 160.56 and 160.49 ms in PyTorch, so its ratio
-of 0.998 meets the target by a fraction of a percent, not by a margin.
+last run had three). The steps repeat closely: the f32 step's three rounds were
+158.19-158.26 ms in troupe and 160.25-160.28 ms in PyTorch, and an earlier run at the
+same commit gave 0.988, so its ratio of 0.987 meets the target by about 1.3%, a small
+margin.
 
 - Attention: causal self-attention forward + backward on GPT-2 small's shapes (batch 8,
   T = 1024, 12 heads of 64) from one [B, T, 3C] qkv tensor, troupe's fused kernels
