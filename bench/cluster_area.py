@@ -174,7 +174,9 @@ def troupe_regrow(c: Cluster, build: Path, root: Path, work: Path) -> dict:
     one_slot = work / "hosts"
     work.mkdir(parents=True, exist_ok=True)
     one_slot.write_text("node1 slots=1\nnode2 slots=1\nnode3 slots=1\n")
-    digits = [str(build / "examples" / "train_digits"), "--epochs", "30", "--save-every", "7",
+    # 180 epochs at a global batch of 64, as tests/cluster's regrow: at 30 epochs the
+    # 2-rank job now ends about 1.7 s after its resume, before the probe sees node3 back.
+    digits = [str(build / "examples" / "train_digits"), "--epochs", "180", "--batch-size", "64", "--save-every", "7",
               "--data", str(root / "data" / "digits.csv.gz")]
     p = subprocess.Popen([str(build / "supervisor" / "troupe-run"), "-np", "3", "--hostfile", str(one_slot),
                           "--map-by", "node", "--bind-to", "none", "--checkpoint-dir", str(work), "--backoff", "0",
