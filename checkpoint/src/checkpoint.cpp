@@ -1,6 +1,9 @@
 #include "troupe/checkpoint/checkpoint.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
@@ -41,6 +44,31 @@ class ObservingSink final : public Sink {
 
 }  // namespace
 
+namespace {
+
+// A rank's verdict on a candidate file, as the ranks of a sharded resume exchange it
+// (VerifyShare::agree passes it through as text): "" when usable, else the reason led
+// by one letter that says which kind of failure it is.
+constexpr char kDamagedMark = 'D';
+constexpr char kStorageMark = 'S';
+constexpr char kOtherRunMark = 'O';  // sound, but not this program's: skipped, not set aside
+
+// A sound file that lacks a section this program requires: written by another
+// configuration of it, not damaged.
+class MissingSection : public FormatError {
+ public:
+  using FormatError::FormatError;
+};
+
+std::string verdict_of(const std::exception& e) {
+  const char mark = dynamic_cast<const StorageError*>(&e)      ? kStorageMark
+                    : dynamic_cast<const MissingSection*>(&e) ? kOtherRunMark
+                                                               : kDamagedMark;
+  return mark + std::string(e.what());
+}
+
+}  // namespace
+
 std::string utc_now_iso8601() {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -70,7 +98,15 @@ Metadata Metadata::read(const FileReader& file) {
 
 Checkpoint::Checkpoint(fs::path folder, std::size_t keep_last)
     : dir_(std::move(folder), keep_last),
-      warn_([](const std::string& message) { std::cerr << "troupe: warning: " << message << "\n"; }) {}
+      warn_([](const std::string& message) { std::cerr << "troupe: warning: " << message << "\n"; }) {
+  if (const char* retry = std::getenv("TROUPE_STORAGE_RETRY_S"); retry && *retry) {
+    char* end = nullptr;
+    const double seconds = std::strtod(retry, &end);
+    TROUPE_CHECK(end && *end == '\0' && seconds >= 0 && seconds <= 86400, "TROUPE_STORAGE_RETRY_S='", retry,
+                 "': expected seconds between 0 and 86400");
+    storage_retry_ = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000));
+  }
+}
 
 void Checkpoint::register_state(std::string section, StateSource source) {
   TROUPE_CHECK(!section.empty() && section.find('/') == std::string::npos,
@@ -107,6 +143,7 @@ void Checkpoint::write_state(Sink& sink, std::int64_t step, std::int64_t epoch) 
 }
 
 fs::path Checkpoint::write_file(std::int64_t step, const std::function<void(Sink&)>& body) {
+  dir_.check_free_space();
   fs::path temp = dir_.temp_path(step);
   try {
     FileWriter file(temp.string());
@@ -163,7 +200,7 @@ Metadata Checkpoint::validate(const FileReader& file) const {
   Metadata meta = Metadata::read(file);
   for (const Registered& r : sources_)
     if (r.source.required && !file.has_group("/" + r.section))
-      TROUPE_THROW(FormatError, "checkpoint ", file.path(), ": no section /", r.section,
+      TROUPE_THROW(MissingSection, "checkpoint ", file.path(), ": no section /", r.section,
                    " (registered as required)");
   if (verify_ == Verify::before_restore) file.verify_share(share_.part, share_.parts);
   return meta;
@@ -216,25 +253,62 @@ Metadata Checkpoint::load(const fs::path& path) {
   return meta;
 }
 
+
 std::optional<Metadata> Checkpoint::load_latest() {
   finish_in_flight();  // the save in flight may be the latest
   for (const fs::path& unfinished : dir_.debris())
     warn_("ignoring unfinished checkpoint " + unfinished.string() +
           " (its writer is gone: a save killed mid-write); the next save removes it");
+  // A file that cannot be read now is not damaged: the whole pass is tried again after
+  // a pause, up to storage_retry_, and never falls back to an older file (whose resume
+  // would silently redo steps and let retention delete the newer one). The pauses are
+  // fixed, not measured, so that the ranks of a sharded resume give up together.
+  auto pause = std::chrono::milliseconds(100);
+  std::chrono::milliseconds waited{0};
+  for (;;) {
+    std::string unreadable;
+    if (std::optional<Metadata> meta = load_pass(unreadable)) return meta;
+    if (unreadable.empty()) break;
+    if (waited >= storage_retry_)
+      TROUPE_THROW(StorageError, "checkpoint: cannot resume from ", dir_.folder().string(), " now: ", unreadable,
+                   "; retried for ", waited.count() / 1000.0, " s. Nothing was loaded, skipped or deleted: fix the ",
+                   "storage and launch again (resume never starts over while a checkpoint may exist)");
+    warn_("cannot read a checkpoint now, retrying in " + std::to_string(pause.count()) + " ms: " + unreadable);
+    std::this_thread::sleep_for(pause);
+    waited += pause;
+    pause = std::min(pause * 2, std::chrono::milliseconds(5000));
+  }
+  if (dir_.has_history()) {
+    std::string aside;
+    for (const fs::path& p : dir_.quarantined()) aside += (aside.empty() ? "" : ", ") + p.filename().string();
+    TROUPE_THROW(CheckpointError, "checkpoint: ", dir_.folder().string(), " holds no usable checkpoint, but a run ",
+                 "saved there", aside.empty() ? std::string() : " (set aside as damaged: " + aside + ")",
+                 ". Not starting over from step 0: move the folder away, or ask for a fresh start ",
+                 "(Checkpoint::start_fresh, train_digits --fresh), which keeps the old files in a superseded-* folder");
+  }
+  return std::nullopt;
+}
+
+std::optional<Metadata> Checkpoint::load_pass(std::string& unreadable) {
   std::string partly_restored;  // a file whose damage showed after restoring began
   for (const fs::path& candidate : dir_.load_candidates()) {
     std::optional<FileReader> file;
     Metadata meta;
-    std::string unusable;
+    std::string verdict;
     try {
       file.emplace(candidate.string());
       meta = validate(*file);
-    } catch (const Error& e) {  // FormatError or CheckpointError: this file is unusable
-      unusable = e.what();
+    } catch (const Error& e) {  // FormatError, StorageError or CheckpointError: not usable now
+      verdict = verdict_of(e);
     }
-    if (share_.agree) unusable = share_.agree(unusable);  // one verdict on every rank
-    if (!unusable.empty()) {
-      warn_("skipping checkpoint " + candidate.string() + ": " + unusable);
+    if (!verdict.empty() && !fs::exists(candidate) && !share_.agree) continue;  // gone: another rank set it aside
+    if (share_.agree) verdict = share_.agree(verdict);  // one verdict on every rank
+    if (!verdict.empty() && verdict.front() == kStorageMark) {
+      unreadable = verdict.substr(1);
+      return std::nullopt;
+    }
+    if (!verdict.empty()) {
+      set_aside(candidate, verdict.substr(1), verdict.front() == kDamagedMark);
       continue;
     }
     check_run_attributes(*file);  // another run's file is the user's mistake, not damage: stop
@@ -245,9 +319,13 @@ std::optional<Metadata> Checkpoint::load_latest() {
     try {
       restore(*file);
       return meta;
+    } catch (const StorageError& e) {
+      TROUPE_THROW(StorageError, e.what(), " (while restoring from it: the state is partly restored and not ",
+                   "usable; nothing was deleted)");
     } catch (const FormatError& e) {  // damage in the data, found while restoring
-      warn_("skipping checkpoint " + candidate.string() + ": " + e.what() +
-            " (state partly restored from it; the next older checkpoint restores all of it again)");
+      set_aside(candidate,
+                std::string(e.what()) + " (state partly restored from it; the next older checkpoint restores all of it again)",
+                true);
       partly_restored = candidate.string();
     }
   }
@@ -255,6 +333,29 @@ std::optional<Metadata> Checkpoint::load_latest() {
     TROUPE_THROW(CheckpointError, "checkpoint: no valid checkpoint in ", dir_.folder().string(), ", and ",
                  partly_restored, " was partly restored before its damage showed: the state is not usable");
   return std::nullopt;
+}
+
+void Checkpoint::set_aside(const fs::path& file, const std::string& why, bool damaged) {
+  if (!damaged || !quarantine_) {
+    warn_("skipping " + std::string(damaged ? "damaged " : "") + "checkpoint " + file.string() + ": " + why);
+    return;
+  }
+  try {
+    const fs::path aside = dir_.quarantine(file);
+    warn_("skipping damaged checkpoint " + file.string() + ": " + why + "; set aside as " + aside.filename().string() +
+          " (never loaded or counted again)");
+  } catch (const Error& e) {
+    warn_("skipping damaged checkpoint " + file.string() + ": " + why + "; could not set it aside: " + e.what());
+  }
+}
+
+fs::path Checkpoint::start_fresh() {
+  finish_in_flight();
+  const fs::path aside = dir_.supersede();
+  if (!aside.empty())
+    warn_("starting fresh as asked: the earlier checkpoints of " + dir_.folder().string() + " are kept in " +
+          aside.string());
+  return aside;
 }
 
 }  // namespace troupe::checkpoint

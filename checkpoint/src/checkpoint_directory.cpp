@@ -1,9 +1,14 @@
 #include "troupe/checkpoint/checkpoint_directory.hpp"
 
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <ctime>
+#include <limits>
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
@@ -22,6 +27,7 @@ constexpr std::string_view kPrefix = "ckpt-";
 constexpr std::string_view kSuffix = ".h5";
 constexpr std::string_view kTempMark = ".tmp-";
 constexpr const char* kLatest = "latest";
+constexpr std::string_view kDamaged = ".damaged";
 
 std::string file_name(std::int64_t step) {
   char buf[32];
@@ -29,16 +35,44 @@ std::string file_name(std::int64_t step) {
   return buf;
 }
 
-// The pid in ".ckpt-000000042.h5.tmp-1234" (or ".../latest.tmp-1234"), if the name is one.
-std::optional<pid_t> temp_owner(const std::string& name) {
+// This host's name as it goes into temporary names: letters, digits, '.' and '_' only.
+const std::string& this_host() {
+  static const std::string host = [] {
+    char buf[256] = {};
+    if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("unknown-host");
+    std::string out(buf);
+    for (char& c : out)
+      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
+    return out.empty() ? std::string("unknown-host") : out;
+  }();
+  return host;
+}
+
+// Who writes the temporary file ".ckpt-000000042.h5.tmp-<host>-<pid>" (or
+// "latest.tmp-<host>-<pid>"). Names of older troupes carry only the pid: this host's.
+struct TempOwner {
+  std::string host;
+  pid_t pid;
+};
+
+std::optional<TempOwner> temp_owner(const std::string& name) {
   auto at = name.rfind(kTempMark);
   if (at == std::string::npos) return std::nullopt;
   bool ours = (name.rfind(".ckpt-", 0) == 0) || name.rfind(std::string(kLatest) + ".tmp-", 0) == 0;
   if (!ours) return std::nullopt;
-  std::string digits = name.substr(at + kTempMark.size());
-  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos)
+  std::string_view rest = std::string_view(name).substr(at + kTempMark.size());
+  std::string host = this_host();
+  if (const auto dash = rest.rfind('-'); dash != std::string_view::npos) {
+    host = std::string(rest.substr(0, dash));
+    rest.remove_prefix(dash + 1);
+  }
+  // A stray name must not crash a resume: digits that do not fit a pid are not ours.
+  long long pid = 0;
+  const auto [end, error] = std::from_chars(rest.data(), rest.data() + rest.size(), pid);
+  if (rest.empty() || error != std::errc() || end != rest.data() + rest.size() || pid <= 0 ||
+      pid > std::numeric_limits<pid_t>::max())
     return std::nullopt;
-  return static_cast<pid_t>(std::stol(digits));
+  return TempOwner{std::move(host), static_cast<pid_t>(pid)};
 }
 
 // Whether `pid` no longer runs: it does not exist (kill(pid, 0) fails with ESRCH) or it
@@ -76,7 +110,7 @@ fs::path CheckpointDirectory::temp_path(std::int64_t step) const {
   std::string name = ".";
   name += file_name(step);
   name += kTempMark;
-  name += std::to_string(::getpid());
+  name += this_host() + "-" + std::to_string(::getpid());
   return folder_ / name;
 }
 
@@ -153,9 +187,11 @@ std::vector<fs::path> CheckpointDirectory::debris() const {
   std::vector<fs::path> out;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder_, ec)) {
-    std::optional<pid_t> owner = temp_owner(entry.path().filename().string());
-    if (!owner || *owner == ::getpid()) continue;  // our own temp files are saves in flight
-    if (!process_gone(*owner)) continue;
+    std::optional<TempOwner> owner = temp_owner(entry.path().filename().string());
+    // Our own temp files are saves in flight; another host's writer cannot be seen from
+    // here, so its file may be a save in flight too.
+    if (!owner || owner->host != this_host() || owner->pid == ::getpid()) continue;
+    if (!process_gone(owner->pid)) continue;
     out.push_back(entry.path());
   }
   std::sort(out.begin(), out.end());
@@ -168,6 +204,72 @@ std::size_t CheckpointDirectory::remove_debris() const {
   for (const fs::path& file : debris())
     if (fs::remove(file, ec)) ++removed;
   return removed;
+}
+
+void CheckpointDirectory::check_free_space() const {
+  const std::vector<fs::path> files = list();
+  if (files.empty()) return;
+  std::error_code ec;
+  const std::uintmax_t needed = fs::file_size(files.back(), ec);
+  if (ec) return;  // gone meanwhile: nothing to compare with
+  struct statvfs fs_info {};
+  if (::statvfs(folder_.c_str(), &fs_info) != 0) throw_os_error("statvfs", folder_.string(), errno);
+  const std::uintmax_t free_bytes = static_cast<std::uintmax_t>(fs_info.f_bavail) * fs_info.f_frsize;
+  if (free_bytes < needed)
+    TROUPE_THROW(StorageError, "checkpoint: ", folder_.string(), " has ", free_bytes, " bytes free, and the last ",
+                 "checkpoint (", files.back().filename().string(), ") took ", needed, ": ", errno_text(ENOSPC),
+                 " before writing, a storage error, not damage");
+}
+
+std::vector<fs::path> CheckpointDirectory::quarantined() const {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(folder_, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto at = name.find(kDamaged);
+    if (at != std::string::npos && step_of(name.substr(0, at))) out.push_back(entry.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+fs::path CheckpointDirectory::quarantine(const fs::path& file) const {
+  fs::path target = file;
+  target += kDamaged;
+  for (int n = 2; fs::exists(target); ++n) {
+    target = file;
+    target += std::string(kDamaged) + "-" + std::to_string(n);
+  }
+  detail::durable_rename(file, target);
+  return target;
+}
+
+bool CheckpointDirectory::has_history() const {
+  std::error_code ec;
+  return !list().empty() || fs::exists(folder_ / kLatest, ec) || !quarantined().empty();
+}
+
+fs::path CheckpointDirectory::supersede() const {
+  std::vector<fs::path> moving = list();
+  for (fs::path& p : quarantined()) moving.push_back(std::move(p));
+  std::error_code ec;
+  if (fs::exists(folder_ / kLatest, ec)) moving.push_back(folder_ / kLatest);
+  if (moving.empty()) return {};
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  const fs::path aside = folder_ / ("superseded-" + std::string(stamp) + "-" + std::to_string(::getpid()));
+  fs::create_directory(aside, ec);
+  if (ec) throw_os_error("mkdir", aside.string(), ec.value());
+  for (const fs::path& p : moving) {
+    if (::rename(p.c_str(), (aside / p.filename()).c_str()) != 0)
+      throw_os_error("rename", p.string() + " -> " + (aside / p.filename()).string(), errno);
+  }
+  detail::fsync_path(aside);
+  detail::fsync_path(folder_);
+  return aside;
 }
 
 }  // namespace troupe::checkpoint

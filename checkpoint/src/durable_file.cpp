@@ -14,8 +14,7 @@ namespace fs = std::filesystem;
 
 namespace {
 [[noreturn]] void os_fail(const char* call, const fs::path& path, int err) {
-  TROUPE_THROW(CheckpointError, "checkpoint: ", call, "(", path.string(), ") failed: ",
-               std::strerror(err));
+  throw_os_error(call, path.string(), err);
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ std::uint64_t read_raw(const std::string& file, haddr_t offset, std::byte* dst, 
                        const std::string& what) {
   constexpr std::size_t kChunk = std::size_t{4} << 20;
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) TROUPE_THROW(CheckpointError, "checkpoint: open(", file, ") failed: ", std::strerror(errno));
+  if (fd < 0) throw_os_error("open", file, errno);
   constexpr std::size_t kFailed = ~std::size_t{0};
   std::atomic<std::size_t> ready{0};  // bytes in dst, or kFailed
   std::uint64_t digest = 0;
@@ -86,11 +86,13 @@ std::uint64_t read_raw(const std::string& file, haddr_t offset, std::byte* dst, 
     });
   }
   std::string error;
+  int read_errno = 0;
   for (std::size_t at = 0; at < bytes;) {
     const ssize_t n = ::pread(fd, dst + at, std::min(kChunk, bytes - at), static_cast<off_t>(offset + at));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      error = n == 0 ? "file ends early (truncated?)" : std::strerror(errno);
+      read_errno = n == 0 ? 0 : errno;
+      error = n == 0 ? "file ends early (truncated?)" : errno_text(read_errno);
       break;
     }
     at += static_cast<std::size_t>(n);
@@ -103,6 +105,8 @@ std::uint64_t read_raw(const std::string& file, haddr_t offset, std::byte* dst, 
   }
   if (hasher.joinable()) hasher.join();
   ::close(fd);
+  if (read_errno != 0 && is_storage_errno(read_errno))
+    TROUPE_THROW(StorageError, "checkpoint ", what, ": ", error, ", a storage error, not damage");
   if (!error.empty()) TROUPE_THROW(FormatError, "checkpoint ", what, ": ", error);
   return digest;
 }
@@ -138,6 +142,22 @@ LinkList list_links(hid_t file, const std::string& group, const std::string& whe
   return out;
 }
 
+// Opens `path` and reads its first bytes with plain POSIX calls, before HDF5 sees it:
+// HDF5 reports a file it cannot open or read in words that sound like damage ("file
+// signature not found"), and a file that cannot be read now must not pass for a damaged
+// one. Throws StorageError (or CheckpointError) naming the call, the path and errno.
+void probe_readable(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw_os_error("open", path, errno);
+  char head[8];
+  ssize_t n;
+  do n = ::pread(fd, head, sizeof head, 0);
+  while (n < 0 && errno == EINTR);
+  const int err = errno;
+  ::close(fd);
+  if (n < 0) throw_os_error("pread", path, err);
+}
+
 std::string join(const std::string& group, const std::string& name) {
   return group == "/" ? "/" + name : group + "/" + name;
 }
@@ -152,6 +172,7 @@ FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path
     TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": no such file");
   if (std::filesystem::is_directory(path_, ec))
     TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": is a directory, not a checkpoint file");
+  probe_readable(path_);
   htri_t is_hdf5 = H5Fis_hdf5(path_.c_str());
   if (is_hdf5 <= 0) {
     H5Eclear2(H5E_DEFAULT);
@@ -363,17 +384,24 @@ struct RawExtent {
   haddr_t offset;
 };
 
+// What hashing some extents found: "" when every checksum matched; `storage` when the
+// reason is a storage error (the file cannot be read now) rather than damage.
+struct HashVerdict {
+  std::string error;
+  bool storage = false;
+};
+
 // Hashes each extent with pread into a small buffer that stays in this core's cache
 // (the page cache's copy and the hash then run at cache speed, where a buffer as large
-// as the tensor would miss on every line). Returns an error message, or "" when every
-// checksum matched.
-std::string hash_extents(const std::string& file, const std::vector<RawExtent>& extents) {
+// as the tensor would miss on every line).
+HashVerdict hash_extents(const std::string& file, const std::vector<RawExtent>& extents) {
   if (extents.empty()) return {};
   const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return troupe::detail::concat("open(", file, ") failed: ", std::strerror(errno));
+  if (fd < 0) return {troupe::detail::concat("open(", file, ") failed: ", errno_text(errno)), is_storage_errno(errno)};
   constexpr std::size_t kChunk = std::size_t{256} << 10;
   std::vector<std::byte> buffer(kChunk);
-  std::string error;
+  HashVerdict verdict;
+  std::string& error = verdict.error;
   for (const RawExtent& e : extents) {
     const TensorInfo& t = *e.tensor;
     Xxh64 state;
@@ -382,8 +410,10 @@ std::string hash_extents(const std::string& file, const std::vector<RawExtent>& 
       const ssize_t n = ::pread(fd, buffer.data(), std::min(kChunk, bytes - at), static_cast<off_t>(e.offset + at));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
+        const int err = n == 0 ? 0 : errno;
+        verdict.storage = err != 0 && is_storage_errno(err);
         error = troupe::detail::concat(file, ":", t.path, ": cannot read ", bytes, " bytes: ",
-                                       n == 0 ? "file ends early (truncated?)" : std::strerror(errno));
+                                       n == 0 ? "file ends early (truncated?)" : errno_text(err));
         break;
       }
       state.update(buffer.data(), static_cast<std::size_t>(n));
@@ -398,7 +428,7 @@ std::string hash_extents(const std::string& file, const std::vector<RawExtent>& 
     }
   }
   ::close(fd);
-  return error;
+  return verdict;
 }
 
 }  // namespace
@@ -450,13 +480,14 @@ void FileReader::verify_share(int part, int parts) const {
     (taken < total / 2 ? first : second).push_back(e);
     taken += e.tensor->nbytes();
   }
-  std::string second_error;
+  HashVerdict second_verdict;
   std::thread helper;
-  if (!second.empty()) helper = std::thread([&] { second_error = hash_extents(path_, second); });
-  std::string error = hash_extents(path_, first);
+  if (!second.empty()) helper = std::thread([&] { second_verdict = hash_extents(path_, second); });
+  HashVerdict verdict = hash_extents(path_, first);
   if (helper.joinable()) helper.join();
-  if (error.empty()) error = second_error;
-  if (!error.empty()) TROUPE_THROW(FormatError, "checkpoint ", error);
+  if (verdict.error.empty() || (second_verdict.storage && !verdict.storage)) verdict = second_verdict;
+  if (verdict.storage) TROUPE_THROW(StorageError, "checkpoint ", verdict.error, ", a storage error, not damage");
+  if (!verdict.error.empty()) TROUPE_THROW(FormatError, "checkpoint ", verdict.error);
 
   std::size_t largest = 0;
   for (const TensorInfo* t : other) largest = std::max(largest, t->nbytes());

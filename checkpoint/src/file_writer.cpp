@@ -49,14 +49,76 @@ FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path
   impl_->dataset_plist = detail::checkpoint_dataset_create_plist();
   impl_->groups = std::make_unique<detail::GroupMaker>(path_);
 
-  set_attribute("/", kAttrFormat, std::string(kFormatName));
-  set_attribute("/", kAttrFormatVersion, std::string(kFormatVersion));
+  try {
+    set_attribute("/", kAttrFormat, std::string(kFormatName));
+    set_attribute("/", kAttrFormatVersion, std::string(kFormatVersion));
+    reserve(0);
+  } catch (...) {
+    abandon();  // no destructor runs for a constructor that throws
+    if (raw_fd_ >= 0) ::close(std::exchange(raw_fd_, -1));
+    throw;
+  }
+}
+
+namespace {
+// Room kept ahead of HDF5's end of allocation for metadata (object headers, heaps,
+// B-trees: a few kB a tensor) and small datasets, which HDF5 places there between
+// reservations. Grows with the file, so a large file makes few fallocate calls.
+std::uint64_t slack_for(std::uint64_t eoa) { return std::max<std::uint64_t>(std::uint64_t{64} << 10, eoa / 16); }
+}  // namespace
+
+int FileWriter::raw_fd() {
+  if (raw_fd_ < 0) {
+    raw_fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+    if (raw_fd_ < 0) throw_os_error("open", path_, errno);
+  }
+  return raw_fd_;
+}
+
+void FileWriter::reserve(std::size_t ahead) {
+  if (!reservable_) return;
+  haddr_t eoa = 0;
+  h5_check(H5Fget_eoa(impl_->file.get(), &eoa), "H5Fget_eoa " + path_);
+  const std::uint64_t needed = eoa + ahead + (std::uint64_t{16} << 10);
+  if (needed <= reserved_) return;
+  const std::uint64_t want = eoa + ahead + slack_for(eoa);
+  if (::fallocate(raw_fd(), 0, 0, static_cast<off_t>(want)) != 0) {
+    if (errno == EOPNOTSUPP || errno == ENOSYS) {
+      reservable_ = false;
+      return;
+    }
+    throw_os_error("fallocate", path_ + ", " + std::to_string(want) + " bytes", errno);
+  }
+  reserved_ = want;
 }
 
 FileWriter::~FileWriter() {
   auto lock = detail::h5_lock();
-  impl_.reset();  // closes without the complete marker: readers will reject the file
+  if (impl_->file.valid()) abandon();
+  impl_.reset();
   if (raw_fd_ >= 0) ::close(raw_fd_);
+}
+
+// A file left unfinished (a write failed, or the save was given up) is never read: it
+// lacks the complete marker. HDF5 still flushes its metadata when closing it, and if
+// that fails (the disk that just filled up) HDF5 keeps an ID whose file it has already
+// freed, and crashes on it at exit or in MPI_Finalize (H5F__close_cb). So the file's
+// bytes are given back first: with the data gone, the few kilobytes of metadata fit.
+void FileWriter::abandon() noexcept {
+  impl_->groups.reset();
+  impl_->dataset_plist.reset();
+  impl_->group_plist.reset();
+  // With the blocks reserved, the flush writes inside them and cannot run out of room.
+  // Without (no fallocate here), the file's bytes are given back first, so that the few
+  // kilobytes of metadata a close writes have room.
+  if (!reservable_) {
+    const int fd = raw_fd_ >= 0 ? raw_fd_ : ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      [[maybe_unused]] const int truncated = ::ftruncate(fd, 0);
+      if (fd != raw_fd_) ::close(fd);
+    }
+  }
+  if (impl_->file.reset() < 0) H5Eclear2(H5E_DEFAULT);
 }
 
 void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape) {
@@ -79,10 +141,8 @@ void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, cons
   if (nbytes && offset == HADDR_UNDEF) detail::h5_fail(detail::Failure::io, "H5Dget_offset " + where);
   detail::write_attribute(dset.get(), kAttrDType, std::string(tensor::dtype_name(dtype)), where);
   impl_->piecewise[name] = {offset, nbytes};
-  if (raw_fd_ < 0) {
-    raw_fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
-    if (raw_fd_ < 0) TROUPE_THROW(CheckpointError, "checkpoint: open(", path_, ") failed: ", std::strerror(errno));
-  }
+  reserve(0);  // the dataset's bytes are allocated already: below the end of allocation
+  raw_fd();
 }
 
 void FileWriter::write_range(std::string_view path, std::size_t byte_offset, const void* data, std::size_t size) {
@@ -97,7 +157,8 @@ void FileWriter::write_range(std::string_view path, std::size_t byte_offset, con
   while (size > 0) {
     ssize_t n = ::pwrite(raw_fd_, p, size, at);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) TROUPE_THROW(CheckpointError, "checkpoint: pwrite of ", path, " in ", path_, " failed: ", std::strerror(errno));
+    if (n < 0) throw_os_error("pwrite", troupe::detail::concat(path_, ", tensor ", path), errno);
+    if (n == 0) TROUPE_THROW(StorageError, "checkpoint: pwrite of ", path, " in ", path_, " wrote nothing");
     p += n;
     at += n;
     size -= static_cast<std::size_t>(n);
@@ -116,8 +177,9 @@ void FileWriter::finish_dataset(std::string_view path) {
     std::size_t want = std::min(buffer.size(), it->second.nbytes - done);
     ssize_t n = ::pread(raw_fd_, buffer.data(), want, static_cast<off_t>(it->second.file_offset + done));
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) TROUPE_THROW(CheckpointError, "checkpoint: pread of ", path, " in ", path_, " failed: ",
-                             n == 0 ? "end of file (pieces missing?)" : std::strerror(errno));
+    if (n < 0) throw_os_error("pread", troupe::detail::concat(path_, ", tensor ", path), errno);
+    if (n == 0) TROUPE_THROW(CheckpointError, "checkpoint: pread of ", path, " in ", path_,
+                             " failed: end of file (pieces missing?)");
     hash.update(buffer.data(), static_cast<std::size_t>(n));
     done += static_cast<std::size_t>(n);
   }
@@ -167,6 +229,7 @@ void FileWriter::write_tensor(std::string_view path, const tensor::Tensor& t) {
 
   Handle space = detail::dataspace_of(host.shape(), where);
   hid_t type = detail::h5_type_of(host.dtype());
+  reserve(host.nbytes());  // where the dataset's bytes will go, before HDF5 takes them
   Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), type, space.get(), H5P_DEFAULT,
                                   impl_->dataset_plist.get(), H5P_DEFAULT),
                        "checkpoint: cannot create dataset " + where + " (" +
@@ -200,10 +263,15 @@ void FileWriter::close() {
   set_attribute("/", kAttrComplete, std::int64_t{1});
   impl_->dataset_plist.reset();
   impl_->group_plist.reset();
+  reserve(0);
   h5_check(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), "checkpoint: cannot flush " + path_);
+  haddr_t eoa = 0;
+  h5_check(H5Fget_eoa(impl_->file.get(), &eoa), "H5Fget_eoa " + path_);
   if (impl_->file.reset() < 0) detail::h5_fail(detail::Failure::io, "checkpoint: cannot close " + path_);
+  // The reservation beyond the end of allocation is not part of the file.
+  if (reserved_ > eoa && ::ftruncate(raw_fd(), static_cast<off_t>(eoa)) != 0) throw_os_error("ftruncate", path_, errno);
   if (raw_fd_ >= 0 && ::close(std::exchange(raw_fd_, -1)) != 0)
-    TROUPE_THROW(CheckpointError, "checkpoint: close(", path_, ") failed: ", std::strerror(errno));
+    throw_os_error("close", path_, errno);
 }
 
 }  // namespace troupe::checkpoint

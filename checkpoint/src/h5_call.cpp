@@ -1,6 +1,8 @@
 #include "h5_call.hpp"
 
+#include <cstdlib>
 #include <string>
+#include <string_view>
 
 namespace troupe::checkpoint::detail {
 
@@ -33,8 +35,23 @@ std::string h5_error_stack() {
   return out.empty() ? std::string("no HDF5 error recorded") : out;
 }
 
+namespace {
+// The errno in "unable to lock file, errno = 11, error message = ...", or 0.
+int errno_in_stack(const std::string& stack) {
+  constexpr std::string_view kMark = "errno = ";
+  const auto at = stack.find(kMark);
+  return at == std::string::npos ? 0 : std::atoi(stack.c_str() + at + kMark.size());
+}
+}  // namespace
+
 void h5_fail(Failure kind, const std::string& what) {
-  std::string message = what + " [HDF5: " + h5_error_stack() + "]";
+  const std::string stack = h5_error_stack();
+  std::string message = what + " [HDF5: " + stack + "]";
+  // HDF5's file drivers quote the errno of the call that failed. One that names the
+  // storage (EIO, a lock held elsewhere, EACCES...) makes this a StorageError whatever
+  // the caller expected: a file that cannot be read now is not a damaged file.
+  if (const int err = errno_in_stack(stack); err != 0 && is_storage_errno(err))
+    throw StorageError(message + ": " + errno_text(err) + ", a storage error, not damage");
   if (kind == Failure::format) throw FormatError(message);
   throw CheckpointError(message);
 }

@@ -106,6 +106,7 @@ fs::path ParallelCheckpoint::save(const SaveManifest& manifest, std::span<const 
   std::string problem;
   try {
     dir_.final_path(manifest.step);  // checks the step fits the file name
+    if (agreement.rank() == 0) dir_.check_free_space();
     TROUPE_CHECK(slices.size() == manifest.tensors.size(), "save: ", slices.size(), " slices for ",
                  manifest.tensors.size(), " tensors (pass Slice{} for a tensor this rank holds none of)");
   } catch (const Error& e) {

@@ -295,9 +295,13 @@ TEST(Checkpoint, AFileMissingARequiredSectionIsSkippedAnOptionalOneIsNot) {
   ckpt.register_state("scaler", {.save = [](SectionWriter&) {}, .load = [](const SectionReader&) {}});
   std::vector<std::string> warnings;
   ckpt.set_warning_handler([&](const std::string& w) { warnings.push_back(w); });
-  EXPECT_FALSE(ckpt.load_latest());
+  // Files of another configuration are skipped, not set aside as damaged; and a folder
+  // of them is no reason to start over.
+  EXPECT_THROW(ckpt.load_latest(), CheckpointError);
   ASSERT_EQ(warnings.size(), 3u);
   EXPECT_NE(warnings[0].find("no section /scaler"), std::string::npos) << warnings[0];
+  EXPECT_TRUE(ckpt.directory().quarantined().empty());
+  EXPECT_EQ(ckpt.directory().list().size(), 3u);
 }
 
 TEST(Checkpoint, KeepLastRemovesOnlyOlderCheckpointsAndLatestNamesTheNewest) {

@@ -174,8 +174,9 @@ TEST(CheckpointCrash, AKilledWriterNotYetReapedLeavesDebris) {
   ASSERT_EQ(waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);  // dead, not reaped
   CheckpointDirectory folder(dir.path());
   ASSERT_EQ(folder.debris().size(), 1u);
-  EXPECT_NE(folder.debris()[0].filename().string().find(".ckpt-000000002.h5.tmp-" + std::to_string(child)),
-            std::string::npos);
+  const std::string name = folder.debris()[0].filename().string();  // .ckpt-...tmp-<host>-<pid>
+  EXPECT_EQ(name.rfind(".ckpt-000000002.h5.tmp-", 0), 0u) << name;
+  EXPECT_TRUE(name.ends_with("-" + std::to_string(child))) << name;
   Checkpoint ckpt(dir.path(), 2);
   std::vector<std::string> warnings;
   ckpt.set_warning_handler([&](const std::string& w) { warnings.push_back(w); });

@@ -27,8 +27,11 @@
 // load_latest() first warns of debris (temporary files of saves killed mid-write, which
 // are never read), then tries the newest checkpoint first. A file is used only if it opens, is a
 // troupe checkpoint, is complete, every dataset's checksum verifies and every required
-// section is present; otherwise it is skipped with a warning naming it and the reason,
-// and the next older one is tried. Only then are the sections' load functions called, so
+// section is present. A damaged one is set aside (renamed *.damaged, with a warning
+// naming it and the reason) and the next older one is tried. A file that cannot be read
+// now (StorageError: EIO, EACCES, ESTALE, a lock...) is not damaged: the pass is retried
+// with backoff, then load_latest fails with the errno and path; it never takes an older
+// file or starts over because of one. Only then are the sections' load functions called, so
 // a bad file never leaves state half restored. The verifying pass reads each dataset
 // into one reused buffer (memory: the largest tensor), which also brings the file into
 // the page cache; load functions then read from it -- best with SectionReader::read_into
@@ -36,6 +39,7 @@
 // itself (a model whose shapes differ) is the program's error and propagates.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -138,8 +142,21 @@ class Checkpoint {
   std::filesystem::path save(std::int64_t step, std::int64_t epoch = 0);
   // Snapshots every section to host memory and writes it on a background thread.
   SaveHandle save_async(std::int64_t step, std::int64_t epoch = 0, SaveOptions options = {});
-  // Restores from the newest valid checkpoint; nullopt when there is none (a fresh run).
+  // Restores from the newest valid checkpoint; nullopt when the folder shows no run at
+  // all (a fresh run). Throws StorageError when a file cannot be read for
+  // storage_retry(), and CheckpointError when the folder holds checkpoints (or a
+  // `latest`, or files set aside) but none is usable: it never silently starts over.
   std::optional<Metadata> load_latest();
+  // For a run asked to start over in a used folder: moves the earlier files aside
+  // (CheckpointDirectory::supersede) and returns where, so that load_latest() finds none.
+  std::filesystem::path start_fresh();
+  // How long load_latest() retries a file it cannot read now (StorageError); 30 s, or
+  // TROUPE_STORAGE_RETRY_S when set.
+  void set_storage_retry(std::chrono::milliseconds retry) { storage_retry_ = retry; }
+  std::chrono::milliseconds storage_retry() const { return storage_retry_; }
+  // Whether load_latest() renames a damaged file to *.damaged (the default) or only
+  // skips it: of the processes that resume from one folder, one should set it aside.
+  void set_quarantine(bool quarantine) { quarantine_ = quarantine; }
   // Restores from one file; throws FormatError/CheckpointError if it is not usable.
   Metadata load(const std::filesystem::path& file);
 
@@ -155,6 +172,11 @@ class Checkpoint {
   // Throws CheckpointError when the file records a RunInfo attribute with another value.
   void check_run_attributes(const FileReader& file) const;
   void restore(const FileReader& file);
+  // One pass over the candidates: the metadata of the file restored, or nullopt with
+  // `unreadable` set when a file could not be read now (the pass stops there).
+  std::optional<Metadata> load_pass(std::string& unreadable);
+  // Skips a file with a warning; a damaged one is also quarantined when asked to.
+  void set_aside(const std::filesystem::path& file, const std::string& why, bool damaged);
   // Root attributes, then every section, into `sink`.
   void write_state(Sink& sink, std::int64_t step, std::int64_t epoch);
   // Writes `body` into the temporary file of `step` and commits it.
@@ -169,6 +191,8 @@ class Checkpoint {
   VerifyShare share_;
   WriteObserver observe_;
   std::vector<Registered> sources_;
+  std::chrono::milliseconds storage_retry_{30'000};
+  bool quarantine_ = true;
   std::shared_future<std::filesystem::path> in_flight_;
   std::thread writer_;
   // Host buffers of the last async snapshot, reused by the next (see snapshot.hpp).

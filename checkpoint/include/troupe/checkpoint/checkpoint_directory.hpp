@@ -2,14 +2,17 @@
 //
 //   <dir>/ckpt-000001200.h5     one per saved step (9 digits, so names sort by step)
 //   <dir>/latest                the file name of the newest durable checkpoint
-//   <dir>/.ckpt-000001300.h5.tmp-<pid>   a save in progress (or debris of a killed one)
+//   <dir>/.ckpt-000001300.h5.tmp-<host>-<pid>   a save in progress (or debris of a killed one)
+//   <dir>/ckpt-000001100.h5.damaged             a file resume found damaged, set aside
 //
 // A save writes the temporary file, then commit() fsyncs it, renames it to its final
 // name, fsyncs the directory, rewrites `latest` the same way, and only then removes
 // checkpoints beyond keep_last. A crash at any point leaves every earlier checkpoint and
-// a `latest` that names a complete file (or the previous one). Temporary files of
-// processes that no longer exist are debris: readers never look at them and the next
-// commit deletes them.
+// a `latest` that names a complete file (or the previous one). A temporary file is
+// debris only when its writer is provably gone: written on this host by a process that
+// no longer runs. Readers never look at temporary files; the next commit deletes debris.
+// Damaged files are renamed, never deleted, and never counted by keep_last. Any other
+// name in the folder is left alone.
 //
 // Only one process should save into a folder; any number may read it.
 #pragma once
@@ -44,6 +47,22 @@ class CheckpointDirectory {
   std::vector<std::filesystem::path> debris() const;
   // Deletes debris(); returns how many files went.
   std::size_t remove_debris() const;
+  // Throws StorageError (ENOSPC) when the folder's file system has less space free
+  // than the newest checkpoint took: a save that would fail part way fails before
+  // writing a byte. A folder without checkpoints passes.
+  void check_free_space() const;
+  // Files set aside as damaged (quarantine()), by name.
+  std::vector<std::filesystem::path> quarantined() const;
+  // Renames a damaged checkpoint to <name>.damaged (or .damaged-2, ...), so that it is
+  // never loaded or counted again and stays for a person to look at; returns the new path.
+  std::filesystem::path quarantine(const std::filesystem::path& file) const;
+  // Whether the folder shows that a run saved here: a checkpoint, a `latest`, or a
+  // quarantined file. Resuming from such a folder never silently starts over.
+  bool has_history() const;
+  // Moves every checkpoint, `latest` and quarantined file into <dir>/superseded-<UTC
+  // time>-<pid>/ (nothing is deleted), for a run that asked to start over here; returns
+  // that folder, or an empty path when there was nothing to move.
+  std::filesystem::path supersede() const;
 
   // The step in a checkpoint file name, or nullopt for any other name.
   static std::optional<std::int64_t> step_of(const std::filesystem::path& file);

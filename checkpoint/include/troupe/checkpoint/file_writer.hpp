@@ -10,7 +10,10 @@
 // Paths are absolute HDF5 paths, "/model/layers.0.weight"; missing groups are created.
 // Groups record link creation order so readers list tensors in the order written.
 // close() writes the root "complete" attribute last and closes the file; it does not
-// fsync (DurableFile does that around it). A writer destroyed without close() leaves a
+// fsync (DurableFile does that around it). The file's blocks are reserved (fallocate)
+// ahead of every write, so a full disk fails a write before HDF5 caches anything it
+// cannot flush: HDF5 1.10 cannot close a file whose flush failed, and crashes on it at
+// exit. The reservation beyond HDF5's end of allocation is trimmed at close. A writer destroyed without close() leaves a
 // file without "complete", which readers reject. Not thread-safe: one writer per thread,
 // and HDF5 itself must not be entered from two threads at once (see h5_call.cpp).
 #pragma once
@@ -67,6 +70,14 @@ class FileWriter final : public Sink {
   std::unique_ptr<Impl> impl_;
   std::shared_ptr<tensor::Storage> scratch_;
   int raw_fd_ = -1;  // for write_range/finish_dataset, opened on first use
+  // Closes a file that will not be finished (see the destructor).
+  void abandon() noexcept;
+  // Reserves the file's blocks up to HDF5's end of allocation plus `ahead` bytes (see
+  // above); throws StorageError (ENOSPC) when the disk has not got them.
+  void reserve(std::size_t ahead);
+  int raw_fd();  // raw_fd_, opened on first use
+  std::uint64_t reserved_ = 0;
+  bool reservable_ = true;  // false where the file system has no fallocate
   std::string path_;
   std::size_t bytes_written_ = 0;
 };
