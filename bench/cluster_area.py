@@ -50,6 +50,7 @@ class Cluster:
             if m:
                 self.env[m.group(1)] = m.group(2).strip("'\"")
         self.env.pop("TROUPE_FAULT", None)
+        self.env.pop("TROUPE_FAULT_ARMED", None)
         self.hostfile = self("hostfile").strip()
 
     def __call__(self, *args: str) -> str:

@@ -48,7 +48,7 @@ def _trainer_args(trainer: Path) -> list[str]:
 
 def troupe_run_once(build: Path, work: Path) -> dict:
     ckpt = work / "troupe"
-    env = dict(os.environ, TROUPE_FAULT=FAULT)
+    env = dict(os.environ, TROUPE_FAULT=FAULT, TROUPE_FAULT_ARMED="1")
     p = subprocess.run([str(build / "supervisor" / "troupe-run"), "-np", "2", "--checkpoint-dir", str(ckpt),
                         "--backoff", "0", "--max-restarts", "1", "--",
                         *_trainer_args(build / "tests" / "supervisor" / "supervisor_toy_trainer")],
@@ -73,7 +73,7 @@ def digits_once(build: Path, work: Path) -> dict:
     """The main job itself: train_digits under troupe-run, rank 1 killed at step 40 (mid
     epoch 2); its last checkpoint is step 35, so the first resumed step is 36."""
     ckpt = work / "digits"
-    env = dict(os.environ, TROUPE_FAULT="rank=1,step=40,kind=crash,restart=0")
+    env = dict(os.environ, TROUPE_FAULT="rank=1,step=40,kind=crash,restart=0", TROUPE_FAULT_ARMED="1")
     p = subprocess.run([str(build / "supervisor" / "troupe-run"), "-np", "2", "--checkpoint-dir", str(ckpt),
                         "--backoff", "0", "--max-restarts", "1", "--",
                         str(build / "examples" / "train_digits"), "--epochs", "3", "--save-every", "7"],
@@ -96,7 +96,7 @@ def mpirun_loop_once(build: Path, work: Path) -> dict:
     ckpt = work / "mpirun"
     ckpt.mkdir(parents=True, exist_ok=True)
     command = ["mpirun", "-np", "2", *_trainer_args(build / "tests" / "supervisor" / "supervisor_toy_trainer")]
-    env = dict(os.environ, **ROOT_ENV, TROUPE_FAULT=FAULT, TROUPE_CHECKPOINT_DIR=str(ckpt), TROUPE_RESTART="0")
+    env = dict(os.environ, **ROOT_ENV, TROUPE_FAULT=FAULT, TROUPE_FAULT_ARMED="1", TROUPE_CHECKPOINT_DIR=str(ckpt), TROUPE_RESTART="0")
     env.pop("TROUPE_SUPERVISOR", None)
     first = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     exited = time.time()

@@ -199,6 +199,15 @@ bool SupervisorClient::send_frame(const std::vector<std::uint8_t>& frame) noexce
   return true;
 }
 
+void SupervisorClient::report_notice(NoticeKind kind, const std::string& text) noexcept {
+  std::lock_guard lock(mutex_);
+  if (stop_ || fd_ < 0) return;
+  try {
+    send_frame(encode(Notice{kind, text.substr(0, kMaxNoticeText)}));
+  } catch (...) {  // an allocation failure: the notice is lost, the rank goes on
+  }
+}
+
 void SupervisorClient::heartbeat_loop() {
   std::unique_lock lock(mutex_);
   while (!stop_) {

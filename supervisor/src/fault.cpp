@@ -82,7 +82,22 @@ FaultInjector::FaultInjector(std::optional<FaultPlan> plan, int rank, std::uint3
 FaultInjector FaultInjector::from_environment(int rank) {
   const char* text = std::getenv(kEnvFault);
   if (!text || !*text) return {};
-  return FaultInjector(parse_fault(text), rank, run_environment().restart);
+  const char* armed = std::getenv(kEnvFaultArmed);
+  const auto say = [](const std::string& line) {
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+  };
+  if (!armed || std::string_view(armed) != "1") {
+    if (rank == 0)
+      say(std::string("troupe: ignoring ") + kEnvFault + "='" + text + "': fault injection is not armed (set " +
+          kEnvFaultArmed + "=1 as well, or use troupe-run --fault)\n");
+    return {};
+  }
+  const std::uint32_t restart = run_environment().restart;
+  FaultInjector injector(parse_fault(text), rank, restart);
+  if (rank == 0)
+    say(std::string("troupe: fault injection ARMED on this launch (restart ") + std::to_string(restart) + "): " +
+        kEnvFault + "='" + text + "'\n");
+  return injector;
 }
 
 void FaultInjector::fire() const {

@@ -163,6 +163,8 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
       if (!alive_in_flight_) send_alive();
     } else if (std::holds_alternative<Goodbye>(message)) {
       status.said_goodbye = true;
+    } else if (const auto* notice = std::get_if<Notice>(&message)) {
+      server_->listener_.on_notice(status, Notice{notice->kind, printable(notice->text, kMaxNoticeText)});
     } else {
       return protocol_error(std::string("unexpected ") + std::string(kind_name(message)) + " from a registered rank");
     }

@@ -1,6 +1,7 @@
 #include "troupe/supervisor/host_probe.hpp"
 
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,18 +69,36 @@ void HostProbe::probe(const std::string& host) {
   });
 }
 
-long long newest_checkpoint_step(const std::string& dir) {
-  long long newest = -1;
+namespace {
+// The path of the newest "ckpt-<9 digits>.h5" in `dir` and its step, or step -1.
+std::pair<std::filesystem::path, long long> newest_checkpoint(const std::string& dir) {
+  std::pair<std::filesystem::path, long long> newest{{}, -1};
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() < 9 || name.rfind("ckpt-", 0) != 0 || name.substr(name.size() - 3) != ".h5") continue;
-    const std::string digits = name.substr(5, name.size() - 8);
-    if (digits.empty() || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      continue;
-    newest = std::max(newest, std::stoll(digits));
+    // Exactly nine digits, as the writer names them: a stray name is not a checkpoint.
+    if (name.size() != 17 || name.rfind("ckpt-", 0) != 0 || name.substr(14) != ".h5") continue;
+    const std::string digits = name.substr(5, 9);
+    if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
+    if (const long long step = std::stoll(digits); step > newest.second) newest = {entry.path(), step};
   }
   return newest;
+}
+}  // namespace
+
+long long newest_checkpoint_step(const std::string& dir) { return newest_checkpoint(dir).second; }
+
+std::string checkpoint_space_shortfall(const std::string& dir) {
+  if (dir.empty()) return {};
+  const auto [path, step] = newest_checkpoint(dir);
+  std::error_code ec;
+  const std::uintmax_t needed = step < 0 ? 0 : std::filesystem::file_size(path, ec);
+  struct statvfs info {};
+  if (needed == 0 || ec || ::statvfs(dir.c_str(), &info) != 0) return {};
+  const std::uintmax_t free_bytes = static_cast<std::uintmax_t>(info.f_bavail) * info.f_frsize;
+  if (free_bytes >= needed) return {};
+  return dir + " has " + std::to_string(free_bytes) + " bytes free and its newest checkpoint (" +
+         path.filename().string() + ") took " + std::to_string(needed) + ": a relaunch would fail its saves again";
 }
 
 }  // namespace troupe::supervisor

@@ -106,6 +106,10 @@ std::vector<std::uint8_t> encode(const Message& message) {
           w.u8(static_cast<std::uint8_t>(MessageKind::goodbye));
         } else if constexpr (std::is_same_v<M, Alive>) {
           w.u8(static_cast<std::uint8_t>(MessageKind::alive));
+        } else if constexpr (std::is_same_v<M, Notice>) {
+          w.u8(static_cast<std::uint8_t>(MessageKind::notice));
+          w.u8(static_cast<std::uint8_t>(m.kind));
+          w.str(std::string_view(m.text).substr(0, kMaxNoticeText));
         } else {
           w.u8(static_cast<std::uint8_t>(MessageKind::stop));
         }
@@ -177,6 +181,19 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
     case MessageKind::stop:
       r.finish("stop");
       return Stop{};
+    case MessageKind::notice: {
+      Notice n;
+      const auto kind = r.u8("notice kind");
+      if (kind < 1 || kind > kNoticeKinds)
+        TROUPE_THROW(FormatError, "supervisor protocol: notice kind ", int{kind}, " not in 1..", kNoticeKinds);
+      n.kind = static_cast<NoticeKind>(kind);
+      n.text = r.str("text");
+      if (n.text.size() > kMaxNoticeText)
+        TROUPE_THROW(FormatError, "supervisor protocol: notice text of ", n.text.size(), " bytes exceeds ",
+                     kMaxNoticeText);
+      r.finish("notice");
+      return n;
+    }
   }
   TROUPE_THROW(FormatError, "supervisor protocol: unknown message kind ", int{kind});
 }
@@ -201,8 +218,17 @@ Phase parse_phase(std::string_view name) {
 }
 
 std::string_view kind_name(const Message& message) {
-  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat", "goodbye", "alive", "stop"};
+  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat",
+                                               "goodbye", "alive", "stop", "notice"};
   return names[message.index()];
+}
+
+std::string_view notice_name(NoticeKind kind) {
+  switch (kind) {
+    case NoticeKind::save_failed: return "save_failed";
+    case NoticeKind::started_fresh: return "started_fresh";
+  }
+  return "unknown";
 }
 
 }  // namespace troupe::supervisor

@@ -84,6 +84,10 @@ LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::mil
   set(kEnvSupervisorTimeout, std::to_string(run.supervisor_timeout.count()));
   if (!run.checkpoint_dir.empty()) set(kEnvCheckpointDir, run.checkpoint_dir);
   if (liveness_timeout.count() > 0) set(kEnvLivenessTimeout, std::to_string(liveness_timeout.count()));
+  if (!run.fault.empty()) {
+    set(kEnvFault, run.fault);
+    set(kEnvFaultArmed, "1");
+  }
   // What picks the numerics (BLAS kernels and threads) and troupe's own settings
   // travel with the ranks: a node's login environment may pick other GEMM kernels,
   // and a rank placed there would then compute other bits than the same rank here.

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "troupe/error.hpp"
+#include "troupe/supervisor/fault.hpp"
 
 namespace troupe::supervisor {
 namespace {
@@ -123,6 +124,9 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
                        (ratio == 0 || (ratio > 1 && ratio <= 1000)),
                    arg, " '", text, "': expected a ratio above 1 (e.g. 1.5), or 0 to turn the report off");
       options.straggler_ratio = ratio;
+    } else if (arg == "--fault") {
+      options.fault = value(arg);
+      parse_fault(options.fault);  // a typo fails here, not on every rank of every launch
     } else if (arg == "--events") {
       options.events_file = value(arg);
       TROUPE_CHECK(!options.events_file.empty(), "--events: empty path");
@@ -198,6 +202,8 @@ options:
   --straggler-ratio R     report a rank whose own work per step is R times the ranks'
                           median as a straggler, without restarting (default 1.5; 0: off)
   --events FILE           JSONL events log (default DIR/troupe-run-events.jsonl)
+  --fault SPEC            inject a fault for a drill or test: TROUPE_FAULT=SPEC, armed
+                          (rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])
 
 mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-by X,
   --bind-to X, --rank-by X, --npernode N, --prefix P, --wdir D, --oversubscribe,

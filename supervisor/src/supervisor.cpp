@@ -125,6 +125,13 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     events_->write("refused", {{"peer", peer}, {"reason", reason}});
   }
 
+  void on_notice(const RankStatus& rank, const Notice& notice) override {
+    say("rank " + std::to_string(rank.rank) + " on " + rank.host + ": " + notice.text);
+    events_->write(std::string(notice_name(notice.kind)),
+                   {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host}, {"text", notice.text}});
+    if (notice.kind == NoticeKind::save_failed) ++save_failures_;
+  }
+
   void on_progress(const RankStatus& rank) override {
     if (!rank.progress.has_step) return;
     last_progress_ = Clock::now();
@@ -162,7 +169,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     local_.begin_launch(np);
     RunEnvironment run{address_, token_, run_id_, static_cast<std::uint32_t>(restart_), options_.checkpoint_dir,
                        std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()),
-                       std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000))};
+                       std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000)),
+                       options_.fault};
     const auto liveness = options_.liveness_timeout.count() > 0
                               ? std::chrono::milliseconds(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000)))
                               : std::chrono::milliseconds(0);
@@ -394,6 +402,14 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     }
     if (restart_ - regrows_ >= options_.max_restarts)
       return finish(1, "gave up after " + std::to_string(restart_ - regrows_) + " restart(s)");
+    if (save_failures_ > 0) {  // the job's saves failed: is the disk still full?
+      if (const std::string full = checkpoint_space_shortfall(options_.checkpoint_dir); !full.empty()) {
+        events_->write("storage_full", {{"restart", restart_}, {"reason", full}});
+        return finish(1, "not relaunching: " + full + "; free space and run troupe-run again (it resumes from the "
+                         "newest checkpoint)");
+      }
+      save_failures_ = 0;
+    }
     auto plan = pool_->plan_next_launch();
     for (const auto& host : plan.excluded_now) {
       say("leaving out host " + host + " after " + std::to_string(pool_->failures_of(host)) + " failure(s) blamed on it" +
@@ -491,6 +507,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   long long regrow_after_step_ = -1;
   bool regrowing_ = false;  // the job is being stopped to grow back
   int regrows_ = 0;         // relaunches that were regrowths, not failures
+  int save_failures_ = 0;   // checkpoint saves that ranks reported failed since the last relaunch
 };
 
 Supervisor::Supervisor(RunOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -57,6 +57,7 @@ def cluster_env() -> dict[str, str]:
         if found:
             env[found.group(1)] = found.group(2).strip("'\"")
     env.pop("TROUPE_FAULT", None)
+    env.pop("TROUPE_FAULT_ARMED", None)
     return env
 
 

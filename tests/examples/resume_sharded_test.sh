@@ -27,7 +27,7 @@ echo "== fsdp reference: no failure"
 ref_hash=$(hash_of "$work/ref.log")
 
 echo "== fsdp, crash of rank 1 at step 40 (mid-epoch 2), first launch only"
-TROUPE_FAULT=rank=1,step=40,kind=crash,restart=0 \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=40,kind=crash,restart=0 \
   "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/crash" --backoff 0 -- "$train" "${common[@]}" \
   --sharding fsdp > "$work/crash.log" 2>&1 || { cat "$work/crash.log"; exit 1; }
 grep -E 'failure|resumed|hash' "$work/crash.log"
@@ -38,7 +38,7 @@ crash_hash=$(hash_of "$work/crash.log")
 "$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
 
 echo "== fsdp, rank 1 killed while the parallel save of step 42 is writing: resumes from 35, same result"
-TROUPE_FAULT=rank=1,step=42,kind=crash_in_save,restart=0 \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=42,kind=crash_in_save,restart=0 \
   "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/torn" --backoff 0 -- "$train" "${common[@]}" \
   --sharding fsdp > "$work/torn.log" 2>&1 || { cat "$work/torn.log"; exit 1; }
 grep -E 'fault|unfinished|resumed|hash' "$work/torn.log"

@@ -23,7 +23,7 @@ echo "== reference: no failure"
 ref_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/ref.log")
 
 echo "== crash of rank 1 at step 40 (mid-epoch 2), first launch only"
-TROUPE_FAULT=rank=1,step=40,kind=crash,restart=0 \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=40,kind=crash,restart=0 \
   "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/crash" --backoff 0 "$@" -- "$train" "${common[@]}" \
   > "$work/crash.log" 2>&1 || { cat "$work/crash.log"; exit 1; }
 cat "$work/crash.log" | grep -E 'failure|resumed|hash|summary'
@@ -38,7 +38,7 @@ last() { ls "$1"/ckpt-*.h5 | sort | tail -1; }
 "$ckpt" diff "$(last "$work/ref")" "$(last "$work/crash")" || { echo "FAIL: final checkpoints differ"; exit 1; }
 
 echo "== rank 0 (the writer) killed with SIGKILL while writing the checkpoint of step 42: resumes from 35, same result"
-TROUPE_FAULT=rank=0,step=42,kind=crash_in_save,restart=0 \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=0,step=42,kind=crash_in_save,restart=0 \
   "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/torn" --backoff 0 "$@" -- "$train" "${common[@]}" \
   > "$work/torn.log" 2>&1 || { cat "$work/torn.log"; exit 1; }
 grep -E 'fault|unfinished|failure|resumed|hash' "$work/torn.log"
@@ -53,7 +53,7 @@ torn_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/torn.log")
 ls -a "$work/torn" | grep -q '\.tmp-' && { echo "FAIL: debris left after the next save: $(ls -a "$work/torn")"; exit 1; }
 
 echo "== rank 0 hangs at step 30 (inside the step's collectives for rank 1): detected, restarted, same result"
-TROUPE_FAULT=rank=0,step=30,kind=hang,restart=0 \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=0,step=30,kind=hang,restart=0 \
   "$troupe_run" -np 2 --max-restarts 2 --hang-timeout 6 --checkpoint-dir "$work/hang" --backoff 0 "$@" -- \
   "$train" "${common[@]}" > "$work/hang.log" 2>&1 || { cat "$work/hang.log"; exit 1; }
 grep -E 'failure|resumed|hash' "$work/hang.log"
@@ -70,7 +70,7 @@ grep -q 'epoch   4/4' "$work/again.log" || { cat "$work/again.log"; exit 1; }
 
 echo "== a crash on every launch: gives up after --max-restarts with status 1"
 set +e
-TROUPE_FAULT=rank=0,step=3,kind=crash \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=0,step=3,kind=crash \
   "$troupe_run" -np 2 --max-restarts 1 --checkpoint-dir "$work/doomed" --backoff 0 "$@" -- "$train" "${common[@]}" \
   > "$work/doomed.log" 2>&1
 status=$?

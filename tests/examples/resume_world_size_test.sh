@@ -28,7 +28,7 @@ for target in "4 --sharding fsdp" "3" "1"; do
   np=$1; shift
   dir="$work/np$np"
   echo "== 2 ranks crash at step 40, resumed on $np rank(s) $*"
-  if TROUPE_FAULT=rank=1,step=40,kind=crash run 2 --checkpoint-dir "$dir" > "$dir.crash.log" 2>&1; then
+  if TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=40,kind=crash run 2 --checkpoint-dir "$dir" > "$dir.crash.log" 2>&1; then
     cat "$dir.crash.log"; echo "FAIL: the fault did not end the 2-rank run"; exit 1
   fi
   run "$np" --checkpoint-dir "$dir" "$@" > "$dir.log" 2>&1 || { cat "$dir.log"; exit 1; }

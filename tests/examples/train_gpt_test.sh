@@ -56,7 +56,7 @@ resume)
     echo "== $mode"
     "$troupe_run" -np 2 --checkpoint-dir "$work/$mode-ref" --backoff 0 -- "$train" "${short[@]}" \
       --sharding "$mode" > "$work/$mode-ref.log" 2>&1 || { cat "$work/$mode-ref.log"; fail "$mode reference"; }
-    TROUPE_FAULT=rank=1,step=35,kind=crash,restart=0 \
+    TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=35,kind=crash,restart=0 \
       "$troupe_run" -np 2 --max-restarts 2 --checkpoint-dir "$work/$mode-crash" --backoff 0 -- "$train" \
       "${short[@]}" --sharding "$mode" > "$work/$mode-crash.log" 2>&1 \
       || { cat "$work/$mode-crash.log"; fail "$mode after the crash"; }

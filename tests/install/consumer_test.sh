@@ -50,7 +50,7 @@ awk '/final test accuracy/ { if ($4 + 0 < 0.9) exit 1; found = 1 } END { exit !f
 hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/blobs.log")
 
 echo "== train_blobs under the installed troupe-run: crash at step 30, resume"
-TROUPE_FAULT=rank=1,step=30,kind=crash,restart=0 "$prefix/bin/troupe-run" -np 2 --backoff 0 \
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=30,kind=crash,restart=0 "$prefix/bin/troupe-run" -np 2 --backoff 0 \
   --checkpoint-dir "$work/run" -- "$work/consumer/train_blobs" 5 > "$work/run.log" 2>&1 \
   || { cat "$work/run.log"; fail "troupe-run did not finish the job"; }
 grep -E "failure|resumed|final" "$work/run.log"

@@ -220,6 +220,47 @@ TEST(Fault, FiresOnlyOnItsRankAndLaunch) {
   EXPECT_TRUE(sv::FaultInjector(plan, 1, 7).armed());
 }
 
+TEST(Fault, FromTheEnvironmentOnlyWhenArmedAndTroupeRunArmsItsOwn) {
+  ::setenv("TROUPE_FAULT", "rank=0,step=3,kind=throw", 1);
+  ::unsetenv("TROUPE_FAULT_ARMED");
+  EXPECT_FALSE(sv::FaultInjector::from_environment(0).armed());  // a variable left in a shell
+  ::setenv("TROUPE_FAULT_ARMED", "yes", 1);
+  EXPECT_FALSE(sv::FaultInjector::from_environment(0).armed());
+  ::setenv("TROUPE_FAULT_ARMED", "1", 1);
+  EXPECT_TRUE(sv::FaultInjector::from_environment(0).armed());
+  ::unsetenv("TROUPE_FAULT");
+  ::unsetenv("TROUPE_FAULT_ARMED");
+
+  EXPECT_EQ(parse({"-np", "2", "--fault", "rank=1,step=9,kind=crash", "--", "x"}).fault, "rank=1,step=9,kind=crash");
+  EXPECT_NE(error_of([] { parse({"-np", "2", "--fault", "rank=1,kind=crash", "--", "x"}); }).find("missing step"),
+            std::string::npos);
+  sv::RunEnvironment run;
+  run.fault = "rank=1,step=9,kind=crash";
+  const auto launch = sv::launch_environment(run, std::chrono::milliseconds(0));
+  const auto has = [&](const std::string& name, const std::string& value) {
+    return std::find(launch.variables.begin(), launch.variables.end(), std::make_pair(name, value)) !=
+               launch.variables.end() &&
+           std::find(launch.exported.begin(), launch.exported.end(), name) != launch.exported.end();
+  };
+  EXPECT_TRUE(has("TROUPE_FAULT", run.fault));
+  EXPECT_TRUE(has("TROUPE_FAULT_ARMED", "1"));
+}
+
+TEST(Protocol, ANoticeSurvivesARoundTripAndABadOneIsRefused) {
+  const sv::Notice notice{sv::NoticeKind::save_failed, "checkpoint save of step 40 failed: ENOSPC"};
+  const auto back = std::get<sv::Notice>(round_trip(notice));
+  EXPECT_EQ(back.kind, sv::NoticeKind::save_failed);
+  EXPECT_EQ(back.text, notice.text);
+  EXPECT_EQ(sv::kind_name(sv::Message(notice)), "notice");
+  EXPECT_EQ(sv::notice_name(sv::NoticeKind::started_fresh), "started_fresh");
+  // Long text is cut to the limit on the way out, so a frame always fits.
+  const auto cut = std::get<sv::Notice>(round_trip(sv::Notice{sv::NoticeKind::save_failed, std::string(5000, 'x')}));
+  EXPECT_EQ(cut.text.size(), sv::kMaxNoticeText);
+  auto frame = sv::encode(notice);
+  frame[sv::kFrameHeader + 1] = 9;  // an unknown notice kind
+  EXPECT_THROW(sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader), troupe::FormatError);
+}
+
 TEST(EventLog, QuotesControlCharactersSoEachEventStaysOneLine) {
   EXPECT_EQ(sv::json_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
   EXPECT_EQ(sv::json_object({{"n", 3}, {"s", "x"}, {"raw", sv::Json::raw("[1]")}}), "{\"n\": 3, \"s\": \"x\", \"raw\": [1]}");

@@ -64,8 +64,10 @@ class Run:
         self.ckpt = self.dir / "ckpt"
         env = dict(os.environ)
         env.pop("TROUPE_FAULT", None)
+        env.pop("TROUPE_FAULT_ARMED", None)
         if fault:
             env["TROUPE_FAULT"] = fault
+            env["TROUPE_FAULT_ARMED"] = "1"
         program = program or [args.trainer, "--steps", str(steps), "--save-every", str(SAVE_EVERY), "--step-ms",
                               str(step_ms)]
         self.command = [args.troupe_run, "-np", str(np), "--checkpoint-dir", str(self.ckpt), *extra, "--", *program]
@@ -204,7 +206,7 @@ def hostile(args, check: Check) -> None:
     def s16(b: bytes) -> bytes:
         return struct.pack("<H", len(b)) + b
     run_id = run.of("start")[0]["run_id"].encode()
-    hello = bytes([1]) + struct.pack("<H", 3) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
+    hello = bytes([1]) + struct.pack("<H", 4) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
     answer = send(frame(hello))
     check(b"wrong token" in answer, f"a hello with a guessed token is answered 'wrong token': {answer!r}")
     send(b"\xff\xff\xff\xff" + os.urandom(64))
@@ -328,7 +330,19 @@ def bad_flags(args, check: Check) -> None:
         p = subprocess.run([args.troupe_run, *flags], capture_output=True, text=True, timeout=10)
         check(p.returncode == 2 and text in p.stderr and "usage: troupe-run" in p.stderr,
               f"{' '.join(flags)} -> exit {p.returncode}, says {text!r} and prints usage")
-    env = dict(os.environ, TROUPE_FAULT="rank=1,step=oops,kind=crash")
+    p = subprocess.run([args.troupe_run, "-np", "2", "--fault", "rank=1,step=oops,kind=crash", "--", "x"],
+                       capture_output=True, text=True, timeout=10)
+    check(p.returncode == 2 and "step='oops'" in p.stderr, f"--fault with a bad spec -> exit {p.returncode}: {p.stderr}")
+    # Not armed: a TROUPE_FAULT left in the environment is named and ignored, the job runs.
+    env = dict(os.environ, TROUPE_FAULT="rank=1,step=2,kind=crash")
+    env.pop("TROUPE_FAULT_ARMED", None)
+    d = Path(args.workdir) / "unarmed_fault"
+    p = subprocess.run([args.troupe_run, "-np", "2", "--max-restarts", "0", "--checkpoint-dir", str(d), "--backoff", "0",
+                        "--", args.trainer, "--steps", "3"], capture_output=True, text=True, env=env, timeout=30)
+    check(p.returncode == 0 and "ignoring TROUPE_FAULT='rank=1,step=2,kind=crash': fault injection is not armed"
+          in p.stderr and "troupe fault:" not in p.stderr,
+          f"an unarmed TROUPE_FAULT is ignored with a warning (exit {p.returncode}): {p.stderr}")
+    env = dict(os.environ, TROUPE_FAULT="rank=1,step=oops,kind=crash", TROUPE_FAULT_ARMED="1")
     d = Path(args.workdir) / "bad_fault"
     p = subprocess.run([args.troupe_run, "-np", "2", "--max-restarts", "0", "--checkpoint-dir", str(d), "--backoff", "0",
                         "--", args.trainer, "--steps", "3"], capture_output=True, text=True, env=env, timeout=30)

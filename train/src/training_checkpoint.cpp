@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/checkpoint/error.hpp"
 #include "troupe/checkpoint/state_groups.hpp"
 #include "troupe/error.hpp"
 #include "troupe/mpi/mpi_error.hpp"
@@ -81,6 +82,7 @@ TrainingCheckpoint::TrainingCheckpoint(std::filesystem::path folder, TrainingSta
     : folder_(std::move(folder)), state_(state), writer_(writer), source_{&state, {}}, checkpoint_(folder_, keep_last),
       run_(run) {
   checkpoint_.set_run_info(std::move(run));
+  checkpoint_.set_quarantine(writer_);  // one process renames a damaged file; the others skip it
   int mpi = 0;
   MPI_Initialized(&mpi);
   if (mpi && state_.has_local_state_slices()) {
@@ -155,6 +157,7 @@ std::optional<checkpoint::Metadata> TrainingCheckpoint::resume() {
 checkpoint::SaveHandle TrainingCheckpoint::save(std::int64_t step, std::int64_t epoch) {
   if (!writer_ && !state_.collective()) return {};
   if (step == last_step_) return last_;  // a periodic save and the epoch's end at the same step
+  account_previous_save();
   last_step_ = step;
   if (parallel_) return last_ = save_parallel(step, epoch);
   StateGroups groups = state_.state_dicts();  // a collective when the state is sharded
@@ -222,8 +225,42 @@ checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std:
 }
 
 void TrainingCheckpoint::wait() {
-  if (!last_.skipped()) last_.get();
+  if (!last_.skipped()) {
+    try {
+      last_.get();
+    } catch (const std::exception& e) {
+      if (on_save_failure_ && accounted_step_ != last_.step()) on_save_failure_(last_.step(), e.what());
+      accounted_step_ = last_.step();
+      throw;
+    }
+  }
   if (parallel_) parallel_->wait();
+}
+
+void TrainingCheckpoint::account_previous_save() {
+  if (last_.skipped() || last_.step() == accounted_step_) return;
+  accounted_step_ = last_.step();
+  std::string error;
+  try {
+    last_.get();  // the next save would wait for it anyway
+    failed_in_a_row_ = 0;
+    return;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  ++failed_in_a_row_;
+  if (on_save_failure_) on_save_failure_(last_.step(), error);
+  if (max_failed_saves_ <= 0 || failed_in_a_row_ < max_failed_saves_) return;
+  const auto latest = checkpoint_.directory().latest_pointer();
+  TROUPE_THROW(checkpoint::CheckpointError, "checkpoint: ", failed_in_a_row_, " saves in a row failed in ",
+               folder_.string(), ", the last (step ", last_.step(), "): ", error,
+               ". Stopping rather than training on with nothing durable; ",
+               latest ? "the last durable checkpoint is " + latest->filename().string() + ", which a relaunch resumes from"
+                      : std::string("no checkpoint is durable yet"));
+}
+
+void TrainingCheckpoint::start_fresh() {
+  if (writer_) checkpoint_.start_fresh();
 }
 
 }  // namespace troupe::train

@@ -103,6 +103,10 @@ class SupervisorClient {
     work_steps_.store(work_steps_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   }
 
+  // Sends a Notice for troupe-run's event log (a failed checkpoint save); dropped when
+  // the connection is gone. Never throws.
+  void report_notice(NoticeKind kind, const std::string& text) noexcept;
+
   // Stops heartbeating, sends Goodbye and closes: the rank is ending on purpose.
   // Idempotent; never throws.
   void close() noexcept;

@@ -4,6 +4,9 @@
 //   TROUPE_FAULT=rank=1,step=37,kind=crash            every launch
 //   TROUPE_FAULT=rank=0,step=37,kind=hang,restart=0   only on the first launch
 //
+// Only when armed: TROUPE_FAULT_ARMED=1 beside it, or troupe-run --fault SPEC, which
+// sets both for the job. Rank 0 announces an armed fault at start.
+//
 //   crash  the process kills itself with SIGKILL (as the OOM killer would): no
 //          destructor runs, its heartbeat connection closes without goodbye
 //   hang   the calling thread sleeps forever; other threads (the heartbeat) go on,
@@ -54,8 +57,10 @@ class FaultInjector {
   // `plan` fires on `rank` at its step when `restart` (this launch's TROUPE_RESTART)
   // matches plan.restart, or always when plan.restart is empty.
   FaultInjector(std::optional<FaultPlan> plan, int rank, std::uint32_t restart);
-  // From TROUPE_FAULT (unset or empty: no fault) and TROUPE_RESTART. Throws
-  // InvalidArgument naming the variable when either is malformed.
+  // From TROUPE_FAULT (unset or empty: no fault) and TROUPE_RESTART, when
+  // TROUPE_FAULT_ARMED=1 (else the fault is ignored, with a line on rank 0's stderr).
+  // An armed fault is announced on rank 0's stderr. Throws InvalidArgument naming the
+  // variable when either is malformed.
   static FaultInjector from_environment(int rank);
 
   bool armed() const { return armed_; }

@@ -61,6 +61,11 @@ class HeartbeatServer {
     virtual void on_refused(const std::string& peer, const std::string& reason) = 0;
     // A rank's progress changed.
     virtual void on_progress(const RankStatus& rank) = 0;
+    // A registered rank sent a Notice (a failed checkpoint save).
+    virtual void on_notice(const RankStatus& rank, const Notice& notice) {
+      (void)rank;
+      (void)notice;
+    }
   };
 
   // Listens on host:port (port 0: any free one). Throws troupe::Error when it cannot bind.

@@ -59,4 +59,8 @@ class HostProbe {
 // writer renames into place only once it is whole), or -1.
 long long newest_checkpoint_step(const std::string& dir);
 
+// Why a relaunch would fail its saves again, or "" when it would not: `dir`'s file
+// system has less space free than its newest checkpoint took.
+std::string checkpoint_space_shortfall(const std::string& dir);
+
 }  // namespace troupe::supervisor

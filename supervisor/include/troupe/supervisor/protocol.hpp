@@ -24,12 +24,15 @@
 
 namespace troupe::supervisor {
 
-inline constexpr std::uint16_t kProtocolVersion = 3;  // 2: heartbeats carry a phase; 3: and work time
+// 2: heartbeats carry a phase; 3: and work time; 4: notices
+inline constexpr std::uint16_t kProtocolVersion = 4;
 // Largest payload either side accepts. A Hello with a 255-byte host name fits easily.
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
 
-enum class MessageKind : std::uint8_t { hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5, alive = 6, stop = 7 };
+enum class MessageKind : std::uint8_t {
+  hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5, alive = 6, stop = 7, notice = 8
+};
 
 struct Hello {
   std::string token;   // the run's random token (TROUPE_RUN_TOKEN)
@@ -86,7 +89,19 @@ struct Alive {};
 // troupe-run is stopping the job: end this rank now.
 struct Stop {};
 
-using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive, Stop>;
+// Something a rank wants in troupe-run's log that is not a fault of the rank itself:
+// a checkpoint save that failed (with its errno and path), a fresh start it was asked for.
+enum class NoticeKind : std::uint8_t { save_failed = 1, started_fresh = 2 };
+inline constexpr int kNoticeKinds = 2;
+std::string_view notice_name(NoticeKind kind);
+// At most kMaxNoticeText bytes of text travel; the rest is cut.
+inline constexpr std::size_t kMaxNoticeText = 700;
+struct Notice {
+  NoticeKind kind = NoticeKind::save_failed;
+  std::string text;
+};
+
+using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive, Stop, Notice>;
 
 // A whole frame (length prefix included) ready to send.
 std::vector<std::uint8_t> encode(const Message& message);

@@ -31,6 +31,9 @@ inline constexpr const char* kEnvCheckpointDir = "TROUPE_CHECKPOINT_DIR";
 inline constexpr const char* kEnvHeartbeatInterval = "TROUPE_HEARTBEAT_INTERVAL_MS";
 inline constexpr const char* kEnvSupervisorTimeout = "TROUPE_SUPERVISOR_TIMEOUT_MS";
 inline constexpr const char* kEnvFault = "TROUPE_FAULT";
+// TROUPE_FAULT is obeyed only when this is "1" (troupe-run --fault sets both): a
+// variable left in a shell must never kill a production run.
+inline constexpr const char* kEnvFaultArmed = "TROUPE_FAULT_ARMED";
 // Read by actors::Runtime: how long a rank may be silent before its peers call it lost.
 inline constexpr const char* kEnvLivenessTimeout = "TROUPE_LIVENESS_TIMEOUT_MS";
 
@@ -42,6 +45,7 @@ struct RunEnvironment {
   std::string checkpoint_dir;  // empty when troupe-run was given none
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds supervisor_timeout{0};  // 0: never fence
+  std::string fault;  // troupe-run --fault: set as TROUPE_FAULT, armed; empty: none
 
   bool supervised() const { return !supervisor.empty(); }
 };

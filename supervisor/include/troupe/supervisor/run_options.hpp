@@ -72,6 +72,8 @@ struct RunOptions {
   // least this many times the ranks' median is reported as a straggler (events log and
   // stderr), without a restart. 0: off.
   double straggler_ratio = 1.5;
+  // --fault SPEC: TROUPE_FAULT for the job, armed (fault.hpp); empty: none.
+  std::string fault;
   // JSONL events file; empty: <checkpoint-dir>/troupe-run-events.jsonl, or none
   // without a checkpoint directory.
   std::string events_file;

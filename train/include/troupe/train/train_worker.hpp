@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <string>
@@ -129,6 +130,15 @@ class TrainWorker {
     // Under troupe-run: heartbeats with this rank's progress, and TROUPE_FAULT.
     const supervisor::RunEnvironment run = supervisor::run_environment();
     supervisor_ = supervisor::SupervisorClient::connect_if_supervised(run, comm_->rank(), comm_->size());
+    if (checkpoint_) {
+      if (options_.fresh && run.restart == 0) checkpoint_->start_fresh();
+      checkpoint_->set_max_failed_saves(options_.max_failed_saves);
+      checkpoint_->set_save_failure_handler([this](std::int64_t step, const std::string& error) {
+        const std::string text = "checkpoint save of step " + std::to_string(step) + " failed: " + error;
+        std::fprintf(stderr, "troupe: rank %d: %s\n", comm_->rank(), text.c_str());
+        if (supervisor_) supervisor_->report_notice(supervisor::NoticeKind::save_failed, text);
+      });
+    }
     fault_ = supervisor::FaultInjector::from_environment(comm_->rank());
     if (checkpoint_ && fault_.armed()) {  // TROUPE_FAULT kind=crash_in_save: killed mid-write
       checkpoint_->set_write_observer([fault = fault_](std::int64_t step, std::string_view) {

@@ -48,6 +48,7 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +96,17 @@ class TrainingCheckpoint {
   checkpoint::SaveHandle save(std::int64_t step, std::int64_t epoch);
   // Waits until the save in flight, if any, is durable.
   void wait();
+  // Called on the calling rank with the step and the error of each save that failed
+  // (ENOSPC, EIO, an fsync), when the next save starts or at wait(); for troupe-run's log.
+  using SaveFailureHandler = std::function<void(std::int64_t step, const std::string& error)>;
+  void set_save_failure_handler(SaveFailureHandler handler) { on_save_failure_ = std::move(handler); }
+  // After this many failed saves in a row (default 2), save() throws CheckpointError
+  // instead of training on with nothing durable: the run stops, naming the last
+  // durable checkpoint, which a relaunch resumes from. 0 never stops.
+  void set_max_failed_saves(int count) { max_failed_saves_ = count; }
+  // Moves the folder's earlier checkpoints aside (Checkpoint::start_fresh) so that this
+  // run starts over there; on the writer only, before resume().
+  void start_fresh();
   // See Checkpoint::set_write_observer (before the first save).
   void set_write_observer(checkpoint::Checkpoint::WriteObserver observer) {
     if (parallel_) parallel_->set_write_observer(observer);
@@ -131,6 +143,13 @@ class TrainingCheckpoint {
   StateGroups small_;
   checkpoint::SaveHandle last_;
   std::int64_t last_step_ = -1;  // on every rank: a repeated save of one step is skipped everywhere
+  // Waits for the previous save and counts it: a failure is reported, and the run stops
+  // after max_failed_saves_ in a row.
+  void account_previous_save();
+  SaveFailureHandler on_save_failure_;
+  int max_failed_saves_ = 2;
+  int failed_in_a_row_ = 0;
+  std::int64_t accounted_step_ = -1;  // the last save whose outcome was counted
 };
 
 }  // namespace troupe::train

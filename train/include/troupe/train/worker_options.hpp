@@ -55,6 +55,12 @@ struct WorkerOptions {
   // More string attributes for every checkpoint's root (a tokenizer's vocabulary):
   // a checkpoint that records one of them with another value is refused at resume.
   std::vector<std::pair<std::string, std::string>> checkpoint_attributes{};
+  // Start over in a folder that holds an earlier run's checkpoints, moving them aside
+  // (superseded-*/) on the first launch only: a relaunch by troupe-run resumes as usual.
+  // Without it, a folder with checkpoints of which none is usable is an error.
+  bool fresh = false;
+  // Failed saves in a row after which training stops (0: never); see TrainingCheckpoint.
+  std::int32_t max_failed_saves = 2;
   // Evaluation: samples per forward, and at most this many test samples (0: all),
   // the same first ones every time (nanoGPT's eval_iters).
   std::int64_t eval_batch = 256;
@@ -64,7 +70,7 @@ struct WorkerOptions {
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
       best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
-      device, precision, checkpoint_attributes, eval_batch, eval_samples);
+      device, precision, checkpoint_attributes, fresh, max_failed_saves, eval_batch, eval_samples);
   }
 };
 
