@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -55,6 +56,8 @@ struct Flags {
   std::string checkpoint_dir;
   int save_every = 0;
   int keep_last = 3;
+  bool fresh = false;            // start over in a folder with an earlier run's checkpoints
+  bool allow_other_run = false;  // resume a checkpoint whose identity (below) differs
 };
 
 const char* kUsage =
@@ -63,6 +66,7 @@ const char* kUsage =
     "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                    [--metrics FILE] [--best FILE]\n"
     "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
+    "                    [--fresh] [--allow-other-run]\n"
     "  --batch-size is the global batch: each of N ranks takes about batch/N per step.\n"
     "  --sharding: ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded\n"
     "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
@@ -71,7 +75,10 @@ const char* kUsage =
     "  --precision bf16: mixed precision, a bf16 model stepping f32 master weights (ddp only).\n"
     "  --checkpoint-dir saves at each epoch's end (and every STEPS steps) and, started again\n"
     "  with the same DIR, resumes from its latest valid checkpoint. Under troupe-run it\n"
-    "  defaults to troupe-run's --checkpoint-dir.\n";
+    "  defaults to troupe-run's --checkpoint-dir. A folder whose checkpoints are all\n"
+    "  unusable is an error, never a silent start from step 0: --fresh starts over there\n"
+    "  (the old files move to DIR/superseded-*/). A checkpoint of another run (other data,\n"
+    "  model or hyper-parameters) is refused with what differs; --allow-other-run takes it.\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -80,6 +87,10 @@ Flags parse_flags(int argc, char** argv) {
     if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
       std::exit(0);
+    }
+    if (flag == "--fresh" || flag == "--allow-other-run") {
+      (flag == "--fresh" ? f.fresh : f.allow_other_run) = true;
+      continue;
     }
     if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
@@ -136,6 +147,16 @@ std::string config_json(const Flags& f) {
                 "\"lr\": %.17g, \"momentum\": %.17g, \"seed\": %llu, \"accum_steps\": %d, \"sharding\": \"%s\"}",
                 f.epochs, f.batch_size, f.hidden, f.lr, f.momentum, static_cast<unsigned long long>(f.seed),
                 f.accum_steps, f.sharding.c_str());
+  return text;
+}
+
+// What makes a checkpoint this run's: the settings that decide its trajectory. The
+// number of epochs, the sharding mode and the world size may change across a resume.
+std::string run_identity(const Flags& f) {
+  char text[512];
+  std::snprintf(text, sizeof text, "data=%s hidden=%d lr=%.17g momentum=%.17g seed=%llu batch_size=%d accum_steps=%d",
+                std::filesystem::path(f.data).filename().c_str(), f.hidden, f.lr, f.momentum,
+                static_cast<unsigned long long>(f.seed), f.batch_size, f.accum_steps);
   return text;
 }
 
@@ -315,7 +336,10 @@ int main(int argc, char** argv) {
                                  .save_every = flags.save_every,
                                  .keep_last = flags.keep_last,
                                  .run_id = std::getenv("TROUPE_RUN_ID") ? std::getenv("TROUPE_RUN_ID") : "",
-                                 .config_json = config_json(flags)};
+                                 .config_json = config_json(flags),
+                                 .checkpoint_attributes = {{"run_identity", run_identity(flags)}},
+                                 .fresh = flags.fresh,
+                                 .allow_other_run = flags.allow_other_run};
     DigitsRecipe::Config config{flags.data, flags.hidden, flags.lr, flags.momentum, flags.seed};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
     status = train::drive_then_stop(workers, runtime.rank(), [&] { return drive(flags, workers, runtime.size()); });

@@ -7,6 +7,7 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
+#include <sstream>
 
 #include "troupe/checkpoint/error.hpp"
 #include "troupe/checkpoint/file_writer.hpp"
@@ -67,6 +68,40 @@ std::string verdict_of(const std::exception& e) {
   return mark + std::string(e.what());
 }
 
+}  // namespace
+
+namespace {
+// For identities written as "key=value key=value ...": the keys whose values differ,
+// "lr 0.05 in the file, 0.1 in this run; ...". nullopt for text of another shape.
+std::optional<std::string> key_value_diff(const std::string& recorded, const std::string& ours) {
+  const auto parse = [](const std::string& text) -> std::optional<std::vector<std::pair<std::string, std::string>>> {
+    std::vector<std::pair<std::string, std::string>> out;
+    std::istringstream in(text);
+    for (std::string token; in >> token;) {
+      const auto eq = token.find('=');
+      if (eq == std::string::npos || eq == 0) return std::nullopt;
+      out.emplace_back(token.substr(0, eq), token.substr(eq + 1));
+    }
+    return out;
+  };
+  const auto a = parse(recorded), b = parse(ours);
+  if (!a || !b || a->empty()) return std::nullopt;
+  std::string out;
+  const auto value_in = [](const auto& list, const std::string& key) -> std::string {
+    for (const auto& [k, v] : list)
+      if (k == key) return v;
+    return "(none)";
+  };
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : *a) keys.push_back(k);
+  for (const auto& [k, v] : *b)
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  for (const std::string& key : keys) {
+    const std::string mine = value_in(*a, key), theirs = value_in(*b, key);
+    if (mine != theirs) out += (out.empty() ? "" : "; ") + key + " " + mine + " in the file, " + theirs + " in this run";
+  }
+  return out;
+}
 }  // namespace
 
 std::string utc_now_iso8601() {
@@ -218,14 +253,21 @@ void Checkpoint::check_run_attributes(const FileReader& file) const {
       return v.size() <= kShown && std::none_of(v.begin(), v.end(), [](char c) { return c == '\n' || c == '\r'; });
     };
     const auto at = std::mismatch(recorded.begin(), recorded.end(), value.begin(), value.end()).first - recorded.begin();
+    const std::optional<std::string> by_key = key_value_diff(recorded, value);
     const std::string difference =
-        one_line(recorded) && one_line(value)
+        by_key ? "differs: " + *by_key
+        : one_line(recorded) && one_line(value)
             ? troupe::detail::concat("is '", recorded, "', this run's is '", value, "'")
             : troupe::detail::concat("(", recorded.size(), " bytes) differs from this run's (", value.size(),
-                             " bytes) from byte ", at, " on");
+                                     " bytes) from byte ", at, " on");
+    if (run_.allow_other_run) {
+      warn_("checkpoint " + file.path() + " belongs to another run (its root attribute '" + name + "' " + difference +
+            "); taking it, as allowed");
+      continue;
+    }
     TROUPE_THROW(CheckpointError, "checkpoint ", file.path(), " belongs to another run: its root attribute '", name,
-                 "' ", difference, "; move it away or use another checkpoint folder (nothing was loaded or ",
-                 "overwritten)");
+                 "' ", difference, "; move it away, use another checkpoint folder, or allow it (nothing was loaded ",
+                 "or overwritten)");
   }
 }
 

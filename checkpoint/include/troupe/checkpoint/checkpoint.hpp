@@ -68,6 +68,8 @@ struct RunInfo {
   // (a tokenizer's vocabulary). A checkpoint that records one of them with another
   // value belongs to another run: loading it is a CheckpointError, not a skip.
   std::vector<std::pair<std::string, std::string>> attributes{};
+  // Take such a checkpoint anyway, with a warning saying what differs.
+  bool allow_other_run = false;
 };
 
 // The root attributes of a checkpoint file.

@@ -25,6 +25,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,6 +35,7 @@
 #include <vector>
 
 #include "troupe/actors/methods.hpp"
+#include "troupe/checkpoint/error.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/module.hpp"
@@ -124,7 +126,8 @@ class TrainWorker {
       checkpoint_ = std::make_unique<TrainingCheckpoint>(
           options_.checkpoint_dir, *state_,
           checkpoint::RunInfo{.run_id = options_.run_id, .config_json = options_.config_json,
-                              .world_size = comm_->size(), .attributes = options_.checkpoint_attributes},
+                              .world_size = comm_->size(), .attributes = options_.checkpoint_attributes,
+                              .allow_other_run = options_.allow_other_run},
           comm_->rank() == 0, static_cast<std::size_t>(std::max(1, options_.keep_last)));
     }
     // Under troupe-run: heartbeats with this rank's progress, and TROUPE_FAULT.
@@ -164,7 +167,7 @@ class TrainWorker {
     begin_call("save_checkpoint");
     TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
-    checkpoint_->save(state_->step, state_->epoch);
+    save_on_every_rank();
   }
 
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
@@ -291,7 +294,14 @@ class TrainWorker {
     if (stopped_) return;
     stopped_ = true;
     tensor::cuda_set_device(device_);
-    if (checkpoint_) checkpoint_->wait();  // the last checkpoint is durable before we go
+    // The last checkpoint is durable before we go; if it failed, the error is passed on
+    // after the release below, which the other ranks' stop() calls wait for.
+    std::exception_ptr unsaved;
+    try {
+      if (checkpoint_) checkpoint_->wait();
+    } catch (const Error&) {
+      unsaved = std::current_exception();
+    }
     checkpoint_.reset();
     status_.reset();
     keeper_.reset();
@@ -300,6 +310,7 @@ class TrainWorker {
     ddp_.reset();
     sharded_.reset();
     comm_.reset();
+    if (unsaved) std::rethrow_exception(unsaved);
   }
 
   // For code on this rank (a checkpoint writer): everything to save and restore.
@@ -385,9 +396,30 @@ class TrainWorker {
     fault_.at_step(step);
     if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
       supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
-      checkpoint_->save(state_->step, state_->epoch);
+      save_on_every_rank();
     }
     mark_step_start();  // a save is not a step's work
+  }
+
+  // Every rank calls save(); when the writer gives up on the run (its saves failed too
+  // often in a row, TrainingCheckpoint) every rank stops with it. In ddp mode only the
+  // writer knows, so the ranks agree on it: otherwise the others would wait for it in
+  // the next step's collectives until their timeout. Sharded saves fail everywhere at once.
+  void save_on_every_rank() {
+    std::exception_ptr failed;
+    try {
+      checkpoint_->save(state_->step, state_->epoch);
+    } catch (const checkpoint::CheckpointError&) {
+      failed = std::current_exception();
+    }
+    if (!sharded_) {
+      Tensor flag = Tensor::full({1}, failed ? 1.0 : 0.0, tensor::DType::f32, device_);
+      comm_->allreduce(flag, collectives::ReduceOp::max);
+      if (!failed && flag.to(tensor::Device::cpu()).item() > 0)
+        TROUPE_THROW(checkpoint::CheckpointError, "rank ", comm_->rank(), " stops with the checkpoint writer (rank 0), ",
+                     "whose saves failed in a row (its log says why); the last durable checkpoint stays");
+    }
+    if (failed) std::rethrow_exception(failed);
   }
 
   void mark_step_start() {

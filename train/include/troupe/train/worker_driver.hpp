@@ -29,7 +29,10 @@ int drive_then_stop(const actors::ActorGroup<Worker>& workers, int rank, Drive d
   try {
     status = drive();
   } catch (...) {
-    actors::when_all(workers.ask(&Worker::stop)).get();
+    try {
+      actors::when_all(workers.ask(&Worker::stop)).get();
+    } catch (const std::exception&) {  // a consequence (the last save failed too): the first error says why
+    }
     throw;
   }
   actors::when_all(workers.ask(&Worker::stop)).get();

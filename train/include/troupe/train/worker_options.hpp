@@ -59,6 +59,9 @@ struct WorkerOptions {
   // (superseded-*/) on the first launch only: a relaunch by troupe-run resumes as usual.
   // Without it, a folder with checkpoints of which none is usable is an error.
   bool fresh = false;
+  // Resume a checkpoint whose identity attributes (checkpoint_attributes) differ from
+  // this run's, with a warning, instead of refusing it.
+  bool allow_other_run = false;
   // Failed saves in a row after which training stops (0: never); see TrainingCheckpoint.
   std::int32_t max_failed_saves = 2;
   // Evaluation: samples per forward, and at most this many test samples (0: all),
@@ -70,7 +73,7 @@ struct WorkerOptions {
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
       best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
-      device, precision, checkpoint_attributes, fresh, max_failed_saves, eval_batch, eval_samples);
+      device, precision, checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples);
   }
 };
 
