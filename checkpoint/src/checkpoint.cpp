@@ -333,7 +333,14 @@ std::optional<Metadata> Checkpoint::load_latest() {
 
 std::optional<Metadata> Checkpoint::load_pass(std::string& unreadable) {
   std::string partly_restored;  // a file whose damage showed after restoring began
-  for (const fs::path& candidate : dir_.load_candidates()) {
+  std::vector<fs::path> candidates;
+  try {
+    candidates = dir_.load_candidates();
+  } catch (const StorageError& e) {  // the folder cannot be listed now
+    unreadable = e.what();
+    return std::nullopt;
+  }
+  for (const fs::path& candidate : candidates) {
     std::optional<FileReader> file;
     Metadata meta;
     std::string verdict;
@@ -354,17 +361,22 @@ std::optional<Metadata> Checkpoint::load_pass(std::string& unreadable) {
       continue;
     }
     check_run_attributes(*file);  // another run's file is the user's mistake, not damage: stop
-    if (verify_ == Verify::before_restore) {
-      restore(*file);
-      return meta;
-    }
     try {
       restore(*file);
       return meta;
     } catch (const StorageError& e) {
+      // A pass that restores again overwrites all of it, so a file that could not be
+      // read now is retried like one that failed before restoring -- by a process that
+      // resumes alone: ranks of a sharded resume restore apart, and one of them retrying
+      // would wait in collectives the others have left.
+      if (!share_.agree) {
+        unreadable = e.what();
+        return std::nullopt;
+      }
       TROUPE_THROW(StorageError, e.what(), " (while restoring from it: the state is partly restored and not ",
                    "usable; nothing was deleted)");
     } catch (const FormatError& e) {  // damage in the data, found while restoring
+      if (verify_ == Verify::before_restore) throw;  // verified just now: the program's own load failed
       set_aside(candidate,
                 std::string(e.what()) + " (state partly restored from it; the next older checkpoint restores all of it again)",
                 true);

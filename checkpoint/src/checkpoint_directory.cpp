@@ -155,8 +155,7 @@ std::vector<fs::path> CheckpointDirectory::list() const {
   for (const auto& entry : fs::directory_iterator(folder_, ec))
     if (auto step = step_of(entry.path()); step && entry.is_regular_file(ec))
       found.emplace_back(*step, entry.path());
-  if (ec)
-    TROUPE_THROW(CheckpointError, "checkpoint: cannot list ", folder_.string(), ": ", ec.message());
+  if (ec) throw_os_error("opendir", folder_.string(), ec.value());
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;
   for (auto& [step, path] : found) out.push_back(std::move(path));

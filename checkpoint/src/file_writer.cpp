@@ -7,12 +7,14 @@
 #include <cstring>
 #include <future>
 #include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "h5_call.hpp"
 #include "h5_layout.hpp"
 #include "h5_types.hpp"
+#include "write_driver.hpp"
 #include "troupe/checkpoint/format.hpp"
 #include "troupe/checkpoint/xxhash64.hpp"
 
@@ -41,6 +43,7 @@ FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path
   detail::h5_init();
   Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
   detail::set_checkpoint_file_access(fapl.get());
+  detail::use_write_driver(fapl.get());
   Handle fcpl = detail::checkpoint_file_create_plist();
   impl_->file = Handle(h5_check(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
                                 "checkpoint: cannot create " + path_),
@@ -67,6 +70,13 @@ namespace {
 std::uint64_t slack_for(std::uint64_t eoa) { return std::max<std::uint64_t>(std::uint64_t{64} << 10, eoa / 16); }
 }  // namespace
 
+void FileWriter::check_writes() const {
+  const detail::WriteFailure f = detail::write_failure_of(impl_->file.get());
+  if (f.error != 0)
+    throw_os_error(f.call, path_ + " at byte " + std::to_string(f.offset) + ", " + std::to_string(f.size) + " bytes",
+                   f.error);
+}
+
 int FileWriter::raw_fd() {
   if (raw_fd_ < 0) {
     raw_fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
@@ -77,8 +87,7 @@ int FileWriter::raw_fd() {
 
 void FileWriter::reserve(std::size_t ahead) {
   if (!reservable_) return;
-  haddr_t eoa = 0;
-  h5_check(H5Fget_eoa(impl_->file.get(), &eoa), "H5Fget_eoa " + path_);
+  const haddr_t eoa = detail::allocated_end_of(impl_->file.get());
   const std::uint64_t needed = eoa + ahead + (std::uint64_t{16} << 10);
   if (needed <= reserved_) return;
   const std::uint64_t want = eoa + ahead + slack_for(eoa);
@@ -118,7 +127,13 @@ void FileWriter::abandon() noexcept {
       if (fd != raw_fd_) ::close(fd);
     }
   }
+  std::optional<detail::FileId> id;
+  try {
+    if (impl_->file.valid()) id = detail::file_id_of(impl_->file.get());
+  } catch (const Error&) {
+  }
   if (impl_->file.reset() < 0) H5Eclear2(H5E_DEFAULT);
+  if (id) detail::write_failure_at_close(*id);  // the file is given up: its failures with it
 }
 
 void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape) {
@@ -143,6 +158,7 @@ void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, cons
   impl_->piecewise[name] = {offset, nbytes};
   reserve(0);  // the dataset's bytes are allocated already: below the end of allocation
   raw_fd();
+  check_writes();
 }
 
 void FileWriter::write_range(std::string_view path, std::size_t byte_offset, const void* data, std::size_t size) {
@@ -187,6 +203,7 @@ void FileWriter::finish_dataset(std::string_view path) {
   Handle dset(h5_check(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), "H5Dopen " + name), H5Dclose);
   detail::write_u64_attribute(dset.get(), kAttrChecksum, hash.digest(), path_ + ":" + name);
   impl_->piecewise.erase(it);
+  check_writes();
 }
 
 void FileWriter::ensure_group(std::string_view group) {
@@ -243,6 +260,10 @@ void FileWriter::write_tensor(std::string_view path, const tensor::Tensor& t) {
   detail::write_attribute(dset.get(), kAttrDType, std::string(tensor::dtype_name(host.dtype())),
                           where);
   detail::write_u64_attribute(dset.get(), kAttrChecksum, checksum, where);
+  // Closing writes what HDF5 kept back (its sieve buffer holds up to 64 kB of a small
+  // dataset): a failure there is a failed write, not one to drop with the handle.
+  h5_check(dset.reset(), "checkpoint: cannot write " + where + " (" + std::to_string(host.nbytes()) + " bytes)");
+  check_writes();
   bytes_written_ += host.nbytes();
 }
 
@@ -265,9 +286,12 @@ void FileWriter::close() {
   impl_->group_plist.reset();
   reserve(0);
   h5_check(H5Fflush(impl_->file.get(), H5F_SCOPE_GLOBAL), "checkpoint: cannot flush " + path_);
-  haddr_t eoa = 0;
-  h5_check(H5Fget_eoa(impl_->file.get(), &eoa), "H5Fget_eoa " + path_);
+  check_writes();
+  const haddr_t eoa = detail::allocated_end_of(impl_->file.get());
+  const detail::FileId id = detail::file_id_of(impl_->file.get());
   if (impl_->file.reset() < 0) detail::h5_fail(detail::Failure::io, "checkpoint: cannot close " + path_);
+  if (const detail::WriteFailure f = detail::write_failure_at_close(id); f.error != 0)
+    throw_os_error(f.call, path_ + " at byte " + std::to_string(f.offset) + " while closing", f.error);
   // The reservation beyond the end of allocation is not part of the file.
   if (reserved_ > eoa && ::ftruncate(raw_fd(), static_cast<off_t>(eoa)) != 0) throw_os_error("ftruncate", path_, errno);
   if (raw_fd_ >= 0 && ::close(std::exchange(raw_fd_, -1)) != 0)

@@ -28,6 +28,10 @@ std::string h5_error_stack();
 
 enum class Failure { io, format };
 [[noreturn]] void h5_fail(Failure kind, const std::string& what);
+// For a call whose failure can mean "no such object" (H5Lget_info, H5Oget_info):
+// throws StorageError when HDF5's error stack quotes a storage errno (the answer is
+// unknown, not "no"); otherwise clears the stack and returns.
+void fail_if_storage_error(const std::string& what);
 
 template <class R>
 R h5_check(R result, const std::string& what, Failure kind = Failure::io) {
