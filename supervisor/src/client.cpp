@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
@@ -101,7 +102,6 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
   TROUPE_CHECK(env.supervised(), "SupervisorClient: ", kEnvSupervisor, " is not set (not under troupe-run)");
   TROUPE_CHECK(rank >= 0 && rank < world_size, "SupervisorClient: rank ", rank, " not in a world of ",
                world_size);
-  fd_ = connect_to(address_, timeout);
   Hello hello{env.token,
               env.run_id,
               env.restart,
@@ -109,33 +109,16 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
               static_cast<std::uint32_t>(world_size),
               static_cast<std::uint32_t>(::getpid()),
               host_name()};
-  std::uint8_t header[kFrameHeader];
-  std::vector<std::uint8_t> payload;
-  std::string failure;
-  if (!send_frame(encode(hello))) {
-    failure = std::string("cannot send hello: ") + std::strerror(errno);
-  } else if (!read_exactly(fd_, header, kFrameHeader)) {
-    failure = "troupe-run closed the connection without answering hello";
-  } else {
-    try {
-      payload.resize(decode_length(header));
-      if (!read_exactly(fd_, payload.data(), payload.size())) {
-        failure = "troupe-run's answer to hello was cut short";
-      } else {
-        Message answer = decode_payload(payload.data(), payload.size());
-        if (auto* refused = std::get_if<Refused>(&answer))
-          failure = "troupe-run refused rank " + std::to_string(rank) + ": " + refused->reason;
-        else if (!std::holds_alternative<Welcome>(answer))
-          failure = "troupe-run answered hello with " + std::string(kind_name(answer));
-      }
-    } catch (const FormatError& e) {
-      failure = e.what();
-    }
-  }
-  if (!failure.empty()) {
-    ::close(fd_);
-    fd_ = -1;
-    TROUPE_THROW(Error, "supervisor client (", address_, "): ", failure);
+  // An eviction says troupe-run was flooded while this Hello was on its way, not that
+  // the rank is unwelcome: connect again, a little later each time, until `timeout`.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (std::chrono::milliseconds pause{10};; pause = std::min(2 * pause, std::chrono::milliseconds(200))) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    bool evicted = false;
+    std::string failure = register_once(hello, std::max(left, std::chrono::milliseconds(1)), evicted);
+    if (failure.empty()) break;
+    if (!evicted || left <= pause) TROUPE_THROW(Error, "supervisor client (", address_, "): ", failure);
+    std::this_thread::sleep_for(pause);
   }
   uncaught_at_start_ = std::uncaught_exceptions();
   last_answer_ = std::chrono::steady_clock::now();
@@ -153,6 +136,39 @@ SupervisorClient::~SupervisorClient() {
     abandon();
   else
     close();
+}
+
+std::string SupervisorClient::register_once(const Hello& hello, std::chrono::milliseconds timeout, bool& evicted) {
+  fd_ = connect_to(address_, timeout);
+  std::uint8_t header[kFrameHeader];
+  std::vector<std::uint8_t> payload;
+  std::string failure;
+  if (!send_frame(encode(hello))) {
+    failure = std::string("cannot send hello: ") + std::strerror(errno);
+  } else if (!read_exactly(fd_, header, kFrameHeader)) {
+    failure = "troupe-run closed the connection without answering hello";
+  } else {
+    try {
+      payload.resize(decode_length(header));
+      if (!read_exactly(fd_, payload.data(), payload.size())) {
+        failure = "troupe-run's answer to hello was cut short";
+      } else {
+        Message answer = decode_payload(payload.data(), payload.size());
+        if (auto* refused = std::get_if<Refused>(&answer)) {
+          failure = "troupe-run refused rank " + std::to_string(hello.rank) + ": " + refused->reason;
+          evicted = refused->reason.starts_with(kEvictedReason);
+        } else if (!std::holds_alternative<Welcome>(answer))
+          failure = "troupe-run answered hello with " + std::string(kind_name(answer));
+      }
+    } catch (const FormatError& e) {
+      failure = e.what();
+    }
+  }
+  if (!failure.empty()) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+  return failure;
 }
 
 void SupervisorClient::abandon() noexcept {

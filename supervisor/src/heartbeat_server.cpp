@@ -47,7 +47,28 @@ bool every_rank_gone(const std::vector<RankStatus>& ranks, Clock::time_point now
   });
 }
 
+std::string_view refusal_name(RefusalKind kind) {
+  switch (kind) {
+    case RefusalKind::bad_hello: return "bad_hello";
+    case RefusalKind::protocol: return "protocol";
+    case RefusalKind::silent: return "silent";
+    case RefusalKind::evicted: return "evicted";
+  }
+  return "unknown";
+}
+
 namespace {
+
+// An IPv4 peer of a dual-stack socket arrives as ::ffff:a.b.c.d; count it as a.b.c.d.
+asio::ip::address canonical(const asio::ip::address& address) {
+  if (address.is_v6() && address.to_v6().is_v4_mapped())
+    return asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6());
+  return address;
+}
+
+double seconds_since(Clock::time_point then) {
+  return std::chrono::duration<double>(Clock::now() - then).count();
+}
 
 // Compares without an early exit, so the time taken says nothing about the token.
 bool same_token(std::string_view a, std::string_view b) {
@@ -64,18 +85,21 @@ bool same_token(std::string_view a, std::string_view b) {
 class HeartbeatServer::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HeartbeatServer& server, tcp::socket socket)
-      : server_(&server), socket_(std::move(socket)), hello_timer_(socket_.get_executor()) {
+      : server_(&server), socket_(std::move(socket)), hello_timer_(socket_.get_executor()), accepted_(Clock::now()) {
     boost::system::error_code ec;
     auto endpoint = socket_.remote_endpoint(ec);
-    peer_ = ec ? "unknown peer" : endpoint.address().to_string() + ":" + std::to_string(endpoint.port());
+    if (!ec) address_ = canonical(endpoint.address());
+    peer_ = ec ? "unknown peer" : address_.to_string() + ":" + std::to_string(endpoint.port());
   }
+
+  const asio::ip::address& address() const { return address_; }
 
   void start() {
     auto self = shared_from_this();
     hello_timer_.expires_after(kHelloTimeout);
     hello_timer_.async_wait([self](boost::system::error_code ec) {
       if (!ec && self->rank_ < 0 && !self->closed_)
-        self->refuse("no hello within " + std::to_string(kHelloTimeout.count()) + " s");
+        self->refuse(RefusalKind::silent, "no hello within " + std::to_string(kHelloTimeout.count()) + " s");
     });
     read_header();
   }
@@ -86,8 +110,12 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     if (rank_ >= 0 && !closed_) send(Stop{}, false);
   }
 
-  // Refuses before reading anything (too many connections waiting).
-  void refuse_now(const std::string& reason) { refuse(reason); }
+  // Gives up this pending connection's slot to a newer one (make_room).
+  void evict(const std::string& why) {
+    char waited[32];
+    std::snprintf(waited, sizeof waited, "%.3f", seconds_since(accepted_));
+    refuse(RefusalKind::evicted, "evicted after " + std::string(waited) + " s without a hello: " + why);
+  }
 
   // The server forgets this connection (a new launch, or shutdown): no more callbacks.
   void detach() {
@@ -132,8 +160,10 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     if (!server_) return close();
     if (rank_ < 0) {
       const auto* hello = std::get_if<Hello>(&message);
-      if (!hello) return refuse(std::string("first message was ") + std::string(kind_name(message)) + ", not hello");
-      if (auto why = server_->check_hello(*hello)) return refuse(*why);
+      if (!hello)
+        return refuse(RefusalKind::protocol,
+                      std::string("first message was ") + std::string(kind_name(message)) + ", not hello");
+      if (auto why = server_->check_hello(*hello)) return refuse(RefusalKind::bad_hello, *why);
       hello_timer_.cancel();
       rank_ = static_cast<int>(hello->rank);
       RankStatus& status = server_->ranks_[static_cast<std::size_t>(rank_)];
@@ -141,6 +171,7 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
       status.host = printable(hello->host, 64);
       status.pid = hello->pid;
       status.peer = peer_;
+      status.peer_address = address_;
       status.last_heard = status.last_progress = Clock::now();
       send(Welcome{}, false);
       server_->listener_.on_rank_up(status);
@@ -172,7 +203,7 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
   }
 
   void protocol_error(const std::string& what) {
-    if (rank_ < 0) return refuse(what);
+    if (rank_ < 0) return refuse(RefusalKind::protocol, what);
     lost("protocol error: " + what);
   }
 
@@ -183,14 +214,18 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
       status.connected = false;
       if (!status.said_goodbye) server_->listener_.on_rank_lost(status, reason);
     } else if (server_) {
-      server_->listener_.on_refused(peer_, "closed before a complete hello (" + reason + ")");
+      report_refusal(RefusalKind::silent, "closed before a complete hello (" + reason + ")");
     }
     close();
   }
 
-  void refuse(const std::string& reason) {
-    if (server_) server_->listener_.on_refused(peer_, printable(reason));
+  void refuse(RefusalKind kind, const std::string& reason) {
+    report_refusal(kind, reason);
     send(Refused{printable(reason)}, true);
+  }
+
+  void report_refusal(RefusalKind kind, const std::string& reason) {
+    if (server_) server_->listener_.on_refusal(Refusal{peer_, address_.to_string(), kind, printable(reason)});
   }
 
   void send(const Message& message, bool then_close) {
@@ -222,6 +257,8 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
   HeartbeatServer* server_;
   tcp::socket socket_;
   asio::steady_timer hello_timer_;
+  Clock::time_point accepted_;
+  asio::ip::address address_;  // the peer's, canonical (IPv4 as IPv4)
   std::string peer_;
   int rank_ = -1;  // registered rank, -1 before hello
   bool closed_ = false;
@@ -299,20 +336,47 @@ void HeartbeatServer::accept() {
     if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
       auto connection = std::make_shared<Connection>(*this, std::move(socket));
-      // Drop expired entries so a stream of strays does not grow the list.
-      std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
-      std::size_t pending = 0;
-      for (const auto& weak : connections_)
-        if (auto c = weak.lock(); c && c->awaiting_hello()) ++pending;
-      if (pending >= kMaxPendingConnections) {
-        connection->refuse_now("too many connections awaiting hello (" + std::to_string(pending) + ")");
-      } else {
-        connections_.push_back(connection);
-        connection->start();
-      }
+      make_room(connection->address());
+      connections_.push_back(connection);
+      connection->start();
     }
     accept();
   });
+}
+
+// Room for one more connection awaiting its Hello from `peer`: past a limit, the
+// oldest pending connection (of that peer, or of all) is evicted -- never the new one.
+//
+// Why the oldest: a rank sends its Hello in the same breath as connect(), and the
+// io_context reads it one or two handler runs after the accept (a speculative read, its
+// completion queued behind at most the next accept), so a rank's connection is the
+// newest while it is pending and leaves the pending set before many newer ones can
+// arrive. A silent connection, whatever it does, only ever gets older. Refusing the
+// newcomer instead, as before, let 64 rotating silent connections keep every rank out.
+// Why per peer first: a flood from one address then evicts only its own connections;
+// to push out another host's rank it needs kMaxPendingConnections / kMaxPendingPerPeer
+// addresses, and even then evicts ranks only if that many connections arrive within
+// the moment a rank's Hello takes to be read.
+void HeartbeatServer::make_room(const asio::ip::address& peer) {
+  // Drop expired entries so a stream of strays does not grow the list.
+  std::erase_if(connections_, [](const auto& weak) { return weak.expired(); });
+  std::shared_ptr<Connection> oldest, oldest_of_peer;
+  std::size_t pending = 0, of_peer = 0;
+  for (const auto& weak : connections_) {
+    auto c = weak.lock();
+    if (!c || !c->awaiting_hello()) continue;
+    ++pending;
+    if (!oldest) oldest = c;
+    if (c->address() != peer) continue;
+    ++of_peer;
+    if (!oldest_of_peer) oldest_of_peer = c;
+  }
+  if (of_peer >= kMaxPendingPerPeer)
+    oldest_of_peer->evict(std::to_string(of_peer) + " connections from " + peer.to_string() +
+                          " awaited one, the most one address may hold (" + std::to_string(kMaxPendingPerPeer) + ")");
+  else if (pending >= kMaxPendingConnections)
+    oldest->evict(std::to_string(pending) + " connections awaited one, the most troupe-run holds (" +
+                  std::to_string(kMaxPendingConnections) + ")");
 }
 
 }  // namespace troupe::supervisor

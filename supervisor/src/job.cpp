@@ -1,7 +1,8 @@
 #include "troupe/supervisor/job.hpp"
 
+#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -41,6 +42,67 @@ std::string describe_wait_status(int status) {
   return "ended with wait status " + std::to_string(status);
 }
 
+namespace {
+
+// What the child does between fork and exec: only async-signal-safe calls, as
+// troupe-run may have other threads. Reports a failure as its errno on `report`.
+[[noreturn]] void become_job(char** argv, char** envp, pid_t parent, int report) {
+  ::setpgid(0, 0);  // a group of its own, led by mpirun
+  // Asio's signal_set handlers are reset by exec; SIGPIPE ignored and the mask are not.
+  struct sigaction defaults {};
+  defaults.sa_handler = SIG_DFL;
+  for (int s : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP}) ::sigaction(s, &defaults, nullptr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+#ifdef SYS_close_range
+  // Asio opens sockets without close-on-exec: mpirun must not hold troupe-run's
+  // listening socket or its ranks' connections open (4: CLOSE_RANGE_CLOEXEC; a kernel
+  // before 5.11 refuses it, and the job inherits them as it always did).
+  ::syscall(SYS_close_range, 3u, ~0u, 4u);
+#endif
+  // When troupe-run dies, even by SIGKILL, mpirun gets SIGTERM: it then ends the ranks
+  // and its remote daemons in order (a SIGKILLed mpirun leaves that to each rank's
+  // fencing). If troupe-run died before this line, the signal will never come: check.
+  if (::prctl(PR_SET_PDEATHSIG, kParentDeathSignal) == 0) {
+    if (::getppid() != parent) ::_exit(127);  // no one is left to read a report
+    ::execve(argv[0], argv, envp);
+  }
+  int err = errno;
+  [[maybe_unused]] auto n = ::write(report, &err, sizeof err);
+  ::_exit(127);
+}
+
+// fork + exec of argv, so that the child can ask for a parent-death signal (posix_spawn
+// cannot). Throws naming the program when it cannot be started; then nothing is left.
+pid_t start_child(char** argv, char** envp) {
+  int report[2];  // close-on-exec: the parent reads EOF once exec succeeded
+  if (::pipe2(report, O_CLOEXEC) != 0)
+    TROUPE_THROW(Error, "troupe-run: cannot start ", argv[0], ": pipe2: ", std::strerror(errno));
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) become_job(argv, envp, parent, report[1]);
+  const int fork_errno = errno;
+  ::close(report[1]);
+  if (pid < 0) {
+    ::close(report[0]);
+    TROUPE_THROW(Error, "troupe-run: cannot start ", argv[0], ": fork: ", std::strerror(fork_errno));
+  }
+  ::setpgid(pid, pid);  // as the child does: whichever runs first, the group exists before a signal
+  int child_errno = 0;
+  ssize_t got;
+  do got = ::read(report[0], &child_errno, sizeof child_errno);
+  while (got < 0 && errno == EINTR);
+  ::close(report[0]);
+  if (got > 0) {
+    ::waitpid(pid, nullptr, 0);
+    TROUPE_THROW(Error, "troupe-run: cannot start ", argv[0], ": ", std::strerror(child_errno));
+  }
+  return pid;
+}
+
+}  // namespace
+
 Job::Job(boost::asio::io_context& io, const std::vector<std::string>& argv, const Environment& extra)
     : pidfd_(io) {
   TROUPE_CHECK(!argv.empty(), "Job: empty command");
@@ -60,20 +122,7 @@ Job::Job(boost::asio::io_context& io, const std::vector<std::string>& argv, cons
   for (auto& s : argv_copy) args.push_back(s.data());
   args.push_back(nullptr);
 
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);  // a group of its own, led by mpirun
-  // troupe-run's Asio handlers block nothing, but reset what it may have changed.
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  for (int s : {SIGINT, SIGTERM, SIGPIPE, SIGCHLD, SIGHUP}) sigaddset(&defaults, s);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-  int rc = ::posix_spawn(&pid_, args[0], nullptr, &attr, args.data(), envp.data());
-  posix_spawnattr_destroy(&attr);
-  if (rc != 0) TROUPE_THROW(Error, "troupe-run: cannot start ", argv[0], ": ", std::strerror(rc));
+  pid_ = start_child(args.data(), envp.data());
 
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   if (fd < 0) {

@@ -211,7 +211,8 @@ mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-
 
 exit status: 0 the job finished; 1 it failed max-restarts+1 times; 2 bad command line;
   3 troupe-run could not start (no mpirun, address in use); 128+signal when stopped by
-  SIGINT/SIGTERM.
+  SIGINT/SIGTERM/SIGHUP. If troupe-run itself is killed, mpirun gets SIGTERM and ends
+  the job.
 )";
 }
 

@@ -24,6 +24,7 @@
 #include "troupe/supervisor/job.hpp"
 #include "troupe/supervisor/local_ranks.hpp"
 #include "troupe/supervisor/mpirun_command.hpp"
+#include "troupe/supervisor/refusal_limiter.hpp"
 #include "troupe/supervisor/run_environment.hpp"
 #include "troupe/supervisor/run_summary.hpp"
 #include "troupe/supervisor/straggler_watch.hpp"
@@ -55,10 +56,13 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         run_id_(new_run_id()),
         token_(new_run_token()),
         mpirun_(find_on_path("mpirun")),
-        signals_(io_, SIGINT, SIGTERM),
+        // SIGHUP too: a closed terminal or ssh session must stop the job in order, not
+        // end troupe-run by default and leave mpirun to the parent-death signal.
+        signals_(io_, SIGINT, SIGTERM, SIGHUP),
         tick_(io_),
         grace_timer_(io_),
         backoff_timer_(io_),
+        refusal_timer_(io_),
         stragglers_(options_.straggler_ratio) {
     auto hosts = job_hosts(options_);
     choose_heartbeat_address(options_, hosts);  // throws InvalidArgument for hosts that cannot work
@@ -97,13 +101,20 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
 
   // ---- HeartbeatServer::Listener ----
   void on_rank_up(const RankStatus& rank) override {
-    local_.watch(rank, [this] {
+    const std::string unwatched = local_.watch(rank, [this] {
       if (state_ == State::stopping && local_.all_exited()) ranks_exited();
     });
+    if (!unwatched.empty() && !said_unwatched_) {  // once a launch: it is the same for every rank
+      said_unwatched_ = true;
+      say("not signalling rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " +
+          rank.host + ") directly: " + unwatched + "; stopping the job waits for mpirun instead");
+    }
     pool_->rank_registered(rank.rank, rank.host);
-    events_->write("rank_up", {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host},
-                               {"pid", static_cast<unsigned>(rank.pid)}, {"peer", rank.peer},
-                               {"since_launch_s", seconds(Clock::now() - launched_)}});
+    JsonFields fields = {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host},
+                         {"pid", static_cast<unsigned>(rank.pid)}, {"peer", rank.peer},
+                         {"since_launch_s", seconds(Clock::now() - launched_)}};
+    if (!unwatched.empty()) fields.emplace_back("not_signalled", unwatched);
+    events_->write("rank_up", fields);
   }
 
   void on_rank_lost(const RankStatus& rank, const std::string& reason) override {
@@ -120,9 +131,15 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
          {{"rank", rank.rank}}, rank.host);
   }
 
-  void on_refused(const std::string& peer, const std::string& reason) override {
-    say("refused a connection from " + peer + ": " + reason);
-    events_->write("refused", {{"peer", peer}, {"reason", reason}});
+  // Every refusal is counted; only so many are written out (refusal_limiter.hpp), the
+  // rest summed up once their window closes.
+  void on_refusal(const Refusal& refusal) override {
+    const auto now = Clock::now();
+    report_held_refusals(now);
+    if (refusal_lines_.admit(now, refusal)) say("refused a connection from " + refusal.peer + ": " + refusal.reason);
+    if (refusal_events_.admit(now, refusal))
+      events_->write("refused", {{"peer", refusal.peer}, {"kind", refusal_name(refusal.kind)}, {"reason", refusal.reason}});
+    schedule_refusal_report();
   }
 
   void on_notice(const RankStatus& rank, const Notice& notice) override {
@@ -151,6 +168,35 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
 
   void say(const std::string& line) { std::cerr << "troupe-run: " << line << std::endl; }
 
+  // The summaries of refusal windows that are over (all of them with `force`).
+  void report_held_refusals(Clock::time_point now, bool force = false) {
+    if (auto held = refusal_lines_.end_window(now, force))
+      say(std::to_string(held->count) + " more refusal(s) in the last " + fixed(seconds(held->span), 1) +
+          " s (reasons: " + held->reasons() + ")");
+    if (auto held = refusal_events_.end_window(now, force))
+      events_->write("refused_summary", {{"count", static_cast<unsigned long>(held->count)},
+                                         {"period_s", seconds(held->span)},
+                                         {"reasons", Json::raw(held->reasons_json())}});
+  }
+
+  // A summary is due when a window that held refusals back closes, even if no refusal
+  // follows to notice it.
+  void schedule_refusal_report() {
+    if (refusal_report_due_ || state_ == State::finished) return;
+    std::optional<Clock::time_point> due;
+    for (const RefusalLimiter* limiter : {&refusal_lines_, &refusal_events_})
+      if (limiter->held() > 0) due = std::min(due.value_or(limiter->window_end()), limiter->window_end());
+    if (!due) return;
+    refusal_report_due_ = true;
+    refusal_timer_.expires_at(*due);
+    refusal_timer_.async_wait([this](boost::system::error_code ec) {
+      refusal_report_due_ = false;
+      if (ec) return;
+      report_held_refusals(Clock::now());
+      schedule_refusal_report();
+    });
+  }
+
   static std::string at_step(const RankStatus& rank) {
     std::string s;
     if (rank.progress.has_step) s += ", last reported step " + std::to_string(rank.progress.step);
@@ -166,7 +212,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     server_->begin_launch(static_cast<std::uint32_t>(restart_), np);
     pool_->begin_launch();
     stragglers_.begin_launch(np);
-    local_.begin_launch(np);
     RunEnvironment run{address_, token_, run_id_, static_cast<std::uint32_t>(restart_), options_.checkpoint_dir,
                        std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()),
                        std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000)),
@@ -186,6 +231,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       say(e.what());
       return finish(3, std::string("could not start mpirun: ") + e.what());
     }
+    local_.begin_launch(np, job_->pid());
+    said_unwatched_ = false;
     std::string line;
     for (const auto& a : command) line += (line.empty() ? "" : " ") + a;
     events_->write("launch", {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
@@ -458,6 +505,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (state_ == State::finished) return;
     state_ = State::finished;
     exit_code_ = code;
+    report_held_refusals(Clock::now(), true);  // before the summary: the log ends with it
     double total = seconds(Clock::now() - started_);
     RunSummary::Totals totals = summary_.close(Clock::now());
     say(summary_.text(outcome, restart_, total, code));
@@ -471,6 +519,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     tick_.cancel();
     grace_timer_.cancel();
     backoff_timer_.cancel();
+    refusal_timer_.cancel();
     probe_->stop();
     signals_.cancel();
     io_.stop();
@@ -483,12 +532,19 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   asio::io_context io_;
   asio::signal_set signals_;
   asio::steady_timer tick_, grace_timer_, backoff_timer_;
+  // Refusals written out: 5 lines a second on stderr; in the events log 5 per peer
+  // address and 20 in all per 10 s (a reader wants the first few of a kind, not each).
+  asio::steady_timer refusal_timer_;
+  RefusalLimiter refusal_lines_{std::chrono::seconds(1), 5, 5};
+  RefusalLimiter refusal_events_{std::chrono::seconds(10), 20, 5};
+  bool refusal_report_due_ = false;
   std::unique_ptr<EventLog> events_;
   std::unique_ptr<HeartbeatServer> server_;
   std::unique_ptr<HostPool> pool_;
   std::string address_;  // what ranks are told (TROUPE_SUPERVISOR)
   std::unique_ptr<Job> job_;
   LocalRanks local_{io_};  // this host's ranks, through pidfds
+  bool said_unwatched_ = false;  // a rank of this launch was not watched, and we said why
 
   State state_ = State::running;
   int restart_ = 0;

@@ -20,6 +20,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -245,6 +246,133 @@ def sigterm(args, check: Check) -> None:
     sigint(args, check, signal.SIGTERM)
 
 
+def sighup(args, check: Check) -> None:
+    """A closed terminal or ssh session stops the job in order, as SIGTERM does."""
+    sigint(args, check, signal.SIGHUP)
+
+
+def server_address(run: Run, check: Check) -> tuple[str, int]:
+    """The heartbeat server's address, from the start event (written before the launch)."""
+    deadline = time.time() + 10
+    while not run.of("start") and time.time() < deadline:
+        time.sleep(0.01)
+    starts = run.of("start")
+    check(bool(starts), "troupe-run announced its server")
+    host, port = starts[0]["supervisor"].rsplit(":", 1)
+    return host, int(port)
+
+
+def lockout(args, check: Check) -> None:
+    """100 rotating silent connections from the ranks' own address, from before the
+    launch to the end: troupe-run evicts the oldest pending connection rather than
+    refusing the newest, so every rank registers, and its refusal lines stay bounded."""
+    run = Run(args, "lockout", None, FAST, steps=40, step_ms=25, background=True)
+    host, port = server_address(run, check)
+    stop, opened, began = threading.Event(), [0], [0.0]
+
+    def flood() -> None:
+        held: list[socket.socket] = []
+        while not stop.is_set():
+            try:
+                s = socket.create_connection((host, port), timeout=1)
+                # Closed with RST, not FIN: thousands of TIME_WAIT sockets would use up
+                # the ephemeral ports other tests on this machine connect from.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                held.append(s)
+                opened[0] += 1
+                began[0] = began[0] or time.time()
+            except OSError:  # troupe-run has ended
+                time.sleep(0.01)
+            if len(held) > 100:
+                held.pop(0).close()
+            time.sleep(0.0005)  # a few thousand a second: a flood, not a CPU hog
+        for s in held:
+            s.close()
+
+    thread = threading.Thread(target=flood, daemon=True)
+    thread.start()
+    try:
+        run.wait()
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    print(f"the flood opened {opened[0]} connections in {run.elapsed:.1f} s")
+    check(opened[0] >= 500, f"the flood was a flood: {opened[0]} connections")
+    check(run.code == 0 and run.result() == expected_value(40),
+          f"the job finished under the flood: exit {run.code}, value {run.result()}")
+    ups = run.of("rank_up")
+    check(len(ups) == NP and not run.of("failure"), "every rank registered, no failure")
+    check(0 < began[0] < min(e["time"] for e in ups),
+          f"the flood began {min(e['time'] for e in ups) - began[0]:.2f} s before the first rank registered")
+    lines = [l for l in run.stderr.splitlines() if "troupe-run: refused a connection from" in l]
+    summaries = [l for l in run.stderr.splitlines() if re.search(r"\d+ more refusal\(s\) in the last", l)]
+    seconds = int(run.elapsed) + 2
+    check(len(lines) <= 5 * seconds, f"{len(lines)} refusal lines in {run.elapsed:.1f} s (at most 5 a second)")
+    check(summaries and "evicted" in summaries[0], f"the rest are summed up: {summaries[:2]}")
+    events, summed = run.of("refused"), run.of("refused_summary")
+    check(len(events) <= 20 * (seconds // 10 + 1), f"{len(events)} refused events (at most 20 per 10 s)")
+    counted = len(events) + sum(e["count"] for e in summed)
+    check(counted >= opened[0] // 2, f"{counted} refusals counted for {opened[0]} connections")
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def job_processes(run_id: str) -> list[int]:
+    """Live processes whose environment carries this run's TROUPE_RUN_ID: mpirun and
+    every rank of the job, whoever their parent is now."""
+    needle = f"TROUPE_RUN_ID={run_id}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes() and alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def killed_troupe_run(args, check: Check) -> None:
+    """kill -9 of troupe-run: no handler runs, yet mpirun (its parent-death signal) and
+    the ranks (mpirun's teardown; a registered rank's fencing too) end within seconds --
+    for ranks that registered, and for ranks that never could (`sleep`)."""
+    sleep = [shutil.which("sleep"), "60"]
+    for label, program, registered in [("registered ranks", None, NP), ("ranks without a client", sleep, 0)]:
+        run = Run(args, "killed_troupe_run", None, FAST, steps=1000, step_ms=20, background=True, program=program)
+        run_id = None
+        try:
+            deadline = time.time() + 15
+            while time.time() < deadline:
+                run_id = run_id or next((e["run_id"] for e in run.of("start")), None)
+                if run_id and len(run.of("rank_up")) == registered and len(job_processes(run_id)) >= NP + 1:
+                    break
+                time.sleep(0.05)
+            check(run_id is not None and len(job_processes(run_id)) >= NP + 1,
+                  f"{label}: mpirun and {NP} ranks are running: {run_id and job_processes(run_id)}")
+            time.sleep(0.3)
+            killed = time.time()
+            run.process.kill()
+            run.wait(timeout=10)
+            left = job_processes(run_id)
+            while left and time.time() - killed < 5:
+                time.sleep(0.02)
+                left = job_processes(run_id)
+            took = time.time() - killed
+            check(not left, f"{label}: every process of the job is gone {took:.2f} s after kill -9 of troupe-run "
+                            f"(left: {left})")
+        finally:
+            for pid in job_processes(run_id) if run_id else []:
+                if pid > 1:  # never kill(-1) or init
+                    os.kill(pid, signal.SIGKILL)
+
+
 def gone(pid: int, within: float = 2.0) -> bool:
     """The process has exited (a zombie waiting for init to reap it counts as gone)."""
     deadline = time.time() + within
@@ -376,7 +504,8 @@ def stuck_save(args, check: Check) -> None:
 
 
 SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "unregistered": unregistered, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
-             "slow_save": slow_save, "stuck_save": stuck_save, "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
+             "slow_save": slow_save, "stuck_save": stuck_save, "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm,
+             "sighup": sighup, "lockout": lockout, "killed_troupe_run": killed_troupe_run, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
 
 
 def main() -> None:

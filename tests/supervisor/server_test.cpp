@@ -2,6 +2,7 @@
 // in one process: the server's io_context runs on its own thread, as in troupe-run.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -10,7 +11,10 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <atomic>
+#include <cerrno>
 #include <condition_variable>
+#include <deque>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -89,9 +93,16 @@ class ServerTest : public ::testing::Test {
     e.heartbeat_interval = 20ms;
     return e;
   }
-  // A raw socket to the server, for peers that do not follow the protocol.
-  int raw_connect() {
+  // A raw socket to the server, for peers that do not follow the protocol; `from`
+  // picks the source address (all of 127.0.0.0/8 is this host's loopback).
+  int raw_connect(const char* from = nullptr) {
     int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (from) {
+      sockaddr_in source{};
+      source.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from, &source.sin_addr);
+      EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof source), 0) << from;
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(server_->port());
@@ -177,15 +188,97 @@ TEST_F(ServerTest, GarbageAndAHugeLengthPrefixAreRefusedAndTheServerKeepsServing
   EXPECT_TRUE(recorder_.wait_for("up 1"));
 }
 
-TEST_F(ServerTest, AFloodOfSilentConnectionsIsCappedAndRanksStillRegister) {
+namespace {
+
+// Whether the server has answered and closed `fd` (an evicted connection reads its
+// Refused frame, then EOF), waiting up to 2 s.
+bool evicted(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 2000) <= 0) return false;
+  char buffer[256];
+  ssize_t n = 0, total = 0;
+  while ((n = ::recv(fd, buffer, sizeof buffer, 0)) > 0) total += n;
+  return n == 0 && total > 0;
+}
+
+// Whether `fd` is still open and unanswered (a pending connection the server kept).
+bool still_pending(int fd) {
+  char byte;
+  return ::recv(fd, &byte, 1, MSG_DONTWAIT) < 0 && errno == EAGAIN;
+}
+
+}  // namespace
+
+TEST_F(ServerTest, ASilentFloodFromOneAddressEvictsItsOwnOldestAndRanksStillRegister) {
   std::vector<int> silent;
   for (std::size_t i = 0; i < sv::kMaxPendingConnections + 3; ++i) silent.push_back(raw_connect());
-  EXPECT_TRUE(recorder_.wait_for("refused: too many connections awaiting hello (64)"));
-  for (int fd : silent) ::close(fd);  // the server frees their slots as they close
-  EXPECT_TRUE(recorder_.wait_for("refused: closed before a complete hello"));
-  std::this_thread::sleep_for(200ms);
+  EXPECT_TRUE(recorder_.wait_for("refused: evicted after"));
+  // The oldest went first; the newest kMaxPendingPerPeer are the ones still held.
+  EXPECT_TRUE(evicted(silent.front()));
+  std::this_thread::sleep_for(100ms);
+  for (std::size_t i = silent.size() - sv::kMaxPendingPerPeer; i < silent.size(); ++i)
+    EXPECT_TRUE(still_pending(silent[i])) << "connection " << i;
+  // The flood is still there, and a rank from the same address gets in: it is newer.
   sv::SupervisorClient client(env(), 0, 2);
   EXPECT_TRUE(recorder_.wait_for("up 0"));
+  for (int fd : silent) ::close(fd);
+}
+
+TEST_F(ServerTest, AFloodFromOneAddressNeverEvictsAnotherAddresssConnections) {
+  std::vector<int> other_host;
+  for (std::size_t i = 0; i < sv::kMaxPendingPerPeer; ++i) other_host.push_back(raw_connect("127.0.0.2"));
+  std::vector<int> flood;
+  for (int i = 0; i < 40; ++i) flood.push_back(raw_connect("127.0.0.3"));
+  EXPECT_TRUE(recorder_.wait_for("connections from 127.0.0.3 awaited one"));
+  EXPECT_TRUE(evicted(flood.front()));
+  std::this_thread::sleep_for(100ms);
+  for (int fd : other_host) EXPECT_TRUE(still_pending(fd));
+  for (auto& e : recorder_.events()) EXPECT_EQ(e.find("from 127.0.0.2"), std::string::npos) << e;
+  for (int fd : other_host) ::close(fd);
+  for (int fd : flood) ::close(fd);
+}
+
+TEST_F(ServerTest, WhenEveryPendingSlotIsTakenTheOldestConnectionIsEvicted) {
+  std::vector<int> held;  // kMaxPendingPerPeer from each of enough addresses to fill every slot
+  for (std::size_t host = 1; held.size() < sv::kMaxPendingConnections; ++host) {
+    const std::string from = "127.0.1." + std::to_string(host);
+    for (std::size_t i = 0; i < sv::kMaxPendingPerPeer; ++i) held.push_back(raw_connect(from.c_str()));
+  }
+  std::this_thread::sleep_for(100ms);
+  for (auto& e : recorder_.events()) EXPECT_EQ(e.find("evicted"), std::string::npos) << e;
+  int newcomer = raw_connect("127.0.2.1");
+  EXPECT_TRUE(recorder_.wait_for("the most troupe-run holds (64)"));
+  EXPECT_TRUE(evicted(held.front()));
+  EXPECT_TRUE(still_pending(newcomer));
+  for (int fd : held) ::close(fd);
+  ::close(newcomer);
+}
+
+// The lockout a tester found: rotating silent connections kept ranks from registering.
+TEST_F(ServerTest, RanksRegisterWhileRotatingSilentConnectionsFloodTheServer) {
+  std::atomic<bool> stop{false};
+  std::atomic<int> opened{0};
+  std::thread flood([&] {
+    std::deque<int> open;
+    while (!stop) {
+      open.push_back(raw_connect());
+      ++opened;
+      if (open.size() > 100) {
+        ::close(open.front());
+        open.pop_front();
+      }
+    }
+    for (int fd : open) ::close(fd);
+  });
+  while (opened < 200) std::this_thread::sleep_for(1ms);
+  {
+    sv::SupervisorClient rank0(env(), 0, 2);
+    sv::SupervisorClient rank1(env(), 1, 2);
+    EXPECT_TRUE(recorder_.wait_for("up 0"));
+    EXPECT_TRUE(recorder_.wait_for("up 1"));
+  }
+  stop = true;
+  flood.join();
 }
 
 TEST_F(ServerTest, ARankOfAnEarlierLaunchIsRefused) {

@@ -15,7 +15,9 @@
 //
 // The constructor connects, presents the run's token and registers (rank, host, pid);
 // it throws troupe::Error naming the address when it cannot, or when troupe-run refuses
-// (a wrong token, a rank of an older launch). A background thread then sends the last
+// (a wrong token, a rank of an older launch). A connection troupe-run evicted before
+// reading its Hello (a flood of silent connections; heartbeat_server.hpp) is tried
+// again until the timeout. A background thread then sends the last
 // reported progress every heartbeat interval. report_* only store into atomics, so
 // they cost nothing next to a training step and may be called from any thread.
 //
@@ -123,6 +125,9 @@ class SupervisorClient {
   // Reads troupe-run's answers without blocking; empty while it is heard, else why not.
   std::string check_answers();
   void lose_supervisor(const std::string& why);
+  // Connects and says Hello once: "" when welcomed, else why not (fd_ closed again);
+  // `evicted` is set when troupe-run evicted the connection (worth another try).
+  std::string register_once(const Hello& hello, std::chrono::milliseconds timeout, bool& evicted);
   void discard_answers(std::chrono::milliseconds linger) noexcept;
   bool send_frame(const std::vector<std::uint8_t>& frame) noexcept;
 

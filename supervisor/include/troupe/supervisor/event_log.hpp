@@ -3,7 +3,8 @@
 //
 //   {"time": 1763900000.123456, "run_id": "...", "event": "failure", "cause": "rank_lost", ...}
 //
-// Events: start, launch, rank_up, refused, failure, stopped, restart, resume, finish.
+// Events: start, launch, rank_up, refused (a few per peer; refusal_limiter.hpp),
+// refused_summary (how many more, by kind), failure, stopped, restart, resume, finish.
 #pragma once
 
 #include <fstream>

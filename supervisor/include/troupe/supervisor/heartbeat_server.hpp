@@ -8,6 +8,12 @@
 // and closed. Nothing a peer sends can make the server allocate more than
 // kMaxPayload bytes per connection or throw out of the io_context.
 //
+// Connections awaiting their Hello are bounded (kMaxPendingConnections in all,
+// kMaxPendingPerPeer per peer address) by evicting the oldest pending one, never by
+// refusing the newcomer: a real rank sends its Hello right after connecting, so it is
+// always the newest, and silent connections cannot keep it out (the eviction policy
+// is explained in heartbeat_server.cpp, at make_room()).
+//
 // Per launch (begin_launch) it keeps one RankStatus per rank: when it was last heard
 // from and when its progress (step, collective) last changed; the supervisor reads
 // them to find a rank whose heartbeats stopped or that makes no progress. A
@@ -21,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/supervisor/protocol.hpp"
@@ -29,11 +36,37 @@ namespace troupe::supervisor {
 
 using Clock = std::chrono::steady_clock;
 
-// How long a new connection may take to send its Hello.
-inline constexpr std::chrono::seconds kHelloTimeout{5};
-// Connections allowed to wait for their Hello at once; more are refused on arrival,
-// so a flood of silent connections cannot use up troupe-run's file descriptors.
+// How long a new connection may take to send its Hello. A rank sends it in the same
+// breath as connect(), so 2 s is a loaded host's worth of scheduling delay; a slot a
+// silent peer holds is freed that much sooner when nothing else evicts it.
+inline constexpr std::chrono::seconds kHelloTimeout{2};
+// Connections allowed to wait for their Hello at once, so a flood of silent
+// connections cannot use up troupe-run's file descriptors; past it the oldest pending
+// connection is evicted.
 inline constexpr std::size_t kMaxPendingConnections = 64;
+// The same per peer address (all of a host's ranks share one: 127.0.0.1 under a local
+// mpirun). A rank's connection is pending for two handler runs of the io_context (the
+// accept, then the read of its Hello), so even a host of 128 ranks starting at once has
+// a few pending at a time, and 8 leaves room; past it the peer's own oldest is evicted,
+// so a host with many ranks is never locked out, while one flooding address can hold
+// at most an eighth of kMaxPendingConnections and never evicts other hosts' ranks.
+inline constexpr std::size_t kMaxPendingPerPeer = 8;
+
+// Why a connection was refused, for counting refusals without parsing their text.
+enum class RefusalKind {
+  bad_hello,  // a well-formed Hello this run does not accept (token, run id, launch, rank)
+  protocol,   // not the protocol: garbage, an oversized length prefix, not a Hello first
+  silent,     // no complete Hello within kHelloTimeout, or closed before one
+  evicted,    // pending when a newer connection needed its slot
+};
+std::string_view refusal_name(RefusalKind kind);
+
+struct Refusal {
+  std::string peer;     // "address:port"
+  std::string address;  // the peer's IP address alone, what per-peer limits count by
+  RefusalKind kind = RefusalKind::protocol;
+  std::string reason;   // printable
+};
 
 struct RankStatus {
   int rank = 0;
@@ -42,7 +75,8 @@ struct RankStatus {
   bool said_goodbye = false;
   std::string host;  // as the rank reported it, made printable
   std::uint32_t pid = 0;
-  std::string peer;  // the connection's remote address
+  std::string peer;  // the connection's remote address and port, printable
+  boost::asio::ip::address peer_address;  // the same address, to tell a local rank (local_ranks.hpp)
   Clock::time_point last_heard{};
   Clock::time_point last_progress{};  // when (step, collective, phase) last changed
   Heartbeat progress;
@@ -57,8 +91,14 @@ class HeartbeatServer {
     virtual void on_rank_up(const RankStatus& rank) = 0;
     // A registered rank of the current launch went away without Goodbye (or broke the protocol).
     virtual void on_rank_lost(const RankStatus& rank, const std::string& reason) = 0;
-    // A connection was refused; `peer` is its address.
-    virtual void on_refused(const std::string& peer, const std::string& reason) = 0;
+    // A connection was refused or evicted. Called for every one, so a listener that
+    // logs them bounds its own rate (troupe-run: refusal_limiter.hpp).
+    virtual void on_refusal(const Refusal& refusal) { on_refused(refusal.peer, refusal.reason); }
+    // The same for a listener that needs only the text; `peer` is "address:port".
+    virtual void on_refused(const std::string& peer, const std::string& reason) {
+      (void)peer;
+      (void)reason;
+    }
     // A rank's progress changed.
     virtual void on_progress(const RankStatus& rank) = 0;
     // A registered rank sent a Notice (a failed checkpoint save).
@@ -91,6 +131,7 @@ class HeartbeatServer {
  private:
   class Connection;
   void accept();
+  void make_room(const boost::asio::ip::address& peer);
   std::optional<std::string> check_hello(const Hello& hello) const;
 
   boost::asio::io_context& io_;
@@ -100,7 +141,7 @@ class HeartbeatServer {
   Listener& listener_;
   std::uint32_t restart_ = 0;
   std::vector<RankStatus> ranks_;
-  std::vector<std::weak_ptr<Connection>> connections_;
+  std::vector<std::weak_ptr<Connection>> connections_;  // in order of arrival: the oldest first
 };
 
 // The registered, connected rank silent the longest, if it has been silent for more

@@ -4,9 +4,17 @@
 // on this node with one kill(-pgid) (and a terminal's Ctrl-C reaches only troupe-run,
 // which then stops the job in order). The exit is observed through a pidfd, which an
 // Asio descriptor can wait on without a SIGCHLD handler.
+//
+// mpirun is started with a parent-death signal (kParentDeathSignal), so that troupe-run
+// dying -- kill -9 included, which no handler sees -- ends mpirun and, through it, the
+// ranks, instead of leaving a job no one supervises. The signal follows the *thread*
+// that started the Job: create Jobs on a thread that lives as long as they do
+// (troupe-run's io_context thread, its main thread).
 #pragma once
 
 #include <sys/types.h>
+
+#include <csignal>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -16,6 +24,12 @@
 #include <vector>
 
 namespace troupe::supervisor {
+
+// What mpirun gets when troupe-run dies. SIGTERM, not SIGKILL: mpirun passes it to the
+// ranks and to its daemons on other hosts and cleans up its session directory; a
+// SIGKILLed mpirun leaves its ranks running until their fencing notices that
+// troupe-run is gone (client.hpp), which ranks that never registered do not have.
+inline constexpr int kParentDeathSignal = SIGTERM;
 
 // The absolute path of `name` on PATH; throws troupe::Error naming PATH when absent.
 std::string find_on_path(const std::string& name);

@@ -49,6 +49,10 @@ struct Welcome {};
 struct Refused {
   std::string reason;
 };
+// How a Refused reason starts when troupe-run evicted a connection still awaiting its
+// Hello to make room for a newer one (heartbeat_server.hpp): not a verdict on the
+// rank, which connects again.
+inline constexpr std::string_view kEvictedReason = "evicted";
 
 // What a rank is doing. Each phase has its own deadline in troupe-run
 // (RunOptions::phase_timeouts): a ten-minute save is not a hang, a stuck collective in

@@ -8,7 +8,9 @@
 //                       │ after --max-restarts relaunches: give up, exit 1
 //
 // Everything runs on one thread in one Asio io_context: the heartbeat server, the
-// pidfd that reports mpirun's exit, the watchdog tick, the timers and SIGINT/SIGTERM.
+// pidfd that reports mpirun's exit, the watchdog tick, the timers and SIGINT/SIGTERM/
+// SIGHUP (each stops the job; a kill -9 reaches mpirun as its parent-death signal,
+// job.hpp).
 // So the state below needs no locks, and a failure noticed twice (a rank's socket
 // closing and then mpirun exiting) is handled once: only the first, while the job
 // runs, counts.
