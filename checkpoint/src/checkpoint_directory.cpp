@@ -15,11 +15,14 @@
 #include <string>
 
 #include "durable_file.hpp"
+#include "process_identity.hpp"
 #include "troupe/checkpoint/error.hpp"
 
 namespace troupe::checkpoint {
 
 namespace fs = std::filesystem;
+using detail::process_gone;
+using detail::this_host;
 
 namespace {
 
@@ -33,19 +36,6 @@ std::string file_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "ckpt-%09lld.h5", static_cast<long long>(step));
   return buf;
-}
-
-// This host's name as it goes into temporary names: letters, digits, '.' and '_' only.
-const std::string& this_host() {
-  static const std::string host = [] {
-    char buf[256] = {};
-    if (::gethostname(buf, sizeof buf - 1) != 0) return std::string("unknown-host");
-    std::string out(buf);
-    for (char& c : out)
-      if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_') c = '_';
-    return out.empty() ? std::string("unknown-host") : out;
-  }();
-  return host;
 }
 
 // Who writes the temporary file ".ckpt-000000042.h5.tmp-<host>-<pid>" (or
@@ -73,20 +63,6 @@ std::optional<TempOwner> temp_owner(const std::string& name) {
       pid > std::numeric_limits<pid_t>::max())
     return std::nullopt;
   return TempOwner{std::move(host), static_cast<pid_t>(pid)};
-}
-
-// Whether `pid` no longer runs: it does not exist (kill(pid, 0) fails with ESRCH) or it
-// is a zombie. A writer killed with SIGKILL stays a zombie until its parent reaps it,
-// and under mpirun that parent may itself be gone, leaving the reaping to an init that
-// takes its time: the job is relaunched before then.
-bool process_gone(pid_t pid) {
-  if (::kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and ')'
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "test_util.hpp"
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/error.hpp"
+#include "troupe/checkpoint/folder_lock.hpp"
 
 namespace troupe::checkpoint {
 namespace {
@@ -275,6 +276,55 @@ TEST(StorageFaults, ADiskThatFillsDuringASaveFailsItAndTheProcessStillExitsClean
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0) << "10: saved into a full disk, 11: no ENOSPC in the error, 12: not a "
                                        "StorageError, 13: temporary file left";
+}
+
+TEST(FolderLocks, ASecondJobIsRefusedNamingTheFirstUntilItReleases) {
+  testing::TempDir dir;
+  std::optional<FolderLock> first(std::in_place, dir.path(), "run-a");
+  const auto owner = FolderLock::owner_of(dir.path());
+  ASSERT_TRUE(owner);
+  EXPECT_EQ(owner->run_id, "run-a");
+  EXPECT_EQ(owner->pid, ::getpid());
+  try {
+    FolderLock second(dir.path(), "run-b");
+    FAIL() << "two jobs in one folder";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("in use by run 'run-a'"), std::string::npos) << e.what();
+  }
+  first.reset();
+  EXPECT_NO_THROW(FolderLock(dir.path(), "run-b"));
+  EXPECT_EQ(FolderLock::owner_of(dir.path())->lease_until, 0);  // released
+}
+
+// A lock whose holder another host cannot see (no flock there): its lease decides. A
+// lease that is renewed is a live owner; one that runs out is taken over.
+TEST(FolderLocks, ALeaseFromAnotherHostIsWaitedOutOrRefusedWhileRenewed) {
+  testing::TempDir dir;
+  const auto write_lease = [&](double until) {
+    std::ofstream(dir / ".troupe-lock") << "run=other host=elsewhere pid=4242 lease_until=" << std::fixed << until << "\n";
+  };
+  const auto now = [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  };
+  write_lease(now() + 0.6);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW(FolderLock(dir.path(), "mine", std::chrono::milliseconds(2000)));
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_GT(waited, 0.4);
+  EXPECT_LT(waited, 2.0);
+
+  write_lease(now() + 0.5);
+  std::thread renewer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    write_lease(now() + 5);
+  });
+  EXPECT_THROW(FolderLock(dir.path(), "mine", std::chrono::milliseconds(2000)), CheckpointError);
+  renewer.join();
+  // The same run again (troupe-run's relaunch) takes it over at once.
+  write_lease(now() + 30);
+  std::ofstream(dir / ".troupe-lock") << "run=mine host=elsewhere pid=4242 lease_until=" << std::fixed << now() + 30
+                                      << "\n";
+  EXPECT_NO_THROW(FolderLock(dir.path(), "mine", std::chrono::milliseconds(2000)));
 }
 
 }  // namespace

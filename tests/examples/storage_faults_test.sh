@@ -3,7 +3,7 @@
 # 49): a resume meets its checkpoints briefly locked (retried: goes on from step 46, not
 # step 0), locked for longer (fails loudly, nothing lost), all damaged (refused, set
 # aside; --fresh starts over and keeps them), or of another run (refused with what
-# differs; --allow-other-run takes it). Then a disk that fills up under troupe-run: the
+# differs; --allow-other-run takes it); a second job in a folder in use is refused. Then a disk that fills up under troupe-run: the
 # failed saves are events, the job stops after two in a row, troupe-run does not
 # relaunch into the full disk, and nothing crashes at exit.
 #
@@ -69,6 +69,20 @@ grep -q "lr 0.050000000000000003 in the file, 0.10000000000000001 in this run" "
 run --epochs 4 --lr 0.1 --allow-other-run --checkpoint-dir "$work/a" > "$work/allowed.log" 2>&1 \
   || { cat "$work/allowed.log"; fail "--allow-other-run"; }
 grep -q "resumed from .* at step 69" "$work/allowed.log" || { cat "$work/allowed.log"; fail "not resumed when allowed"; }
+
+echo "== two jobs in one folder: the second is refused naming the first, which keeps it"
+mpirun -np 2 "$train" --epochs 400 --checkpoint-dir "$work/c" > "$work/long.log" 2>&1 &
+long=$!  # mpirun's own pid: a SIGTERM to it ends its ranks
+for _ in $(seq 100); do grep -q "pid=" "$work/c/.troupe-lock" 2> /dev/null && break; sleep 0.1; done
+set +e
+run --epochs 1 --lr 0.2 --checkpoint-dir "$work/c" > "$work/second.log" 2>&1
+status=$?
+set -e
+[[ $status -ne 0 ]] || { cat "$work/second.log"; fail "a second job trained in a folder in use"; }
+grep -q "is in use by run" "$work/second.log" || { cat "$work/second.log"; fail "the owner was not named"; }
+kill -TERM "$long" 2> /dev/null || true
+wait "$long" 2> /dev/null || true
+run --epochs 1 --checkpoint-dir "$work/c" --fresh > "$work/after.log" 2>&1 || { cat "$work/after.log"; fail "the lock of a job that ended was not taken over"; }
 
 echo "== a disk that fills up under troupe-run (a 1 MB tmpfs; a checkpoint takes 0.7 MB)"
 if ! unshare -m true 2> /dev/null; then echo "SKIP: no mount namespace here"; exit 0; fi

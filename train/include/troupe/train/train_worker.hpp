@@ -36,6 +36,7 @@
 
 #include "troupe/actors/methods.hpp"
 #include "troupe/checkpoint/error.hpp"
+#include "troupe/checkpoint/folder_lock.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/module.hpp"
@@ -134,6 +135,8 @@ class TrainWorker {
     const supervisor::RunEnvironment run = supervisor::run_environment();
     supervisor_ = supervisor::SupervisorClient::connect_if_supervised(run, comm_->rank(), comm_->size());
     if (checkpoint_) {
+      // One job per folder: rank 0 holds the lock for the job (checkpoint/folder_lock.hpp).
+      if (comm_->rank() == 0) folder_lock_.emplace(options_.checkpoint_dir, options_.run_id);
       if (options_.fresh && run.restart == 0) checkpoint_->start_fresh();
       checkpoint_->set_max_failed_saves(options_.max_failed_saves);
       checkpoint_->set_save_failure_handler([this](std::int64_t step, const std::string& error) {
@@ -303,6 +306,7 @@ class TrainWorker {
       unsaved = std::current_exception();
     }
     checkpoint_.reset();
+    folder_lock_.reset();
     status_.reset();
     keeper_.reset();
     loader_.reset();
@@ -462,6 +466,8 @@ class TrainWorker {
   std::unique_ptr<TrainingState> state_;
   std::unique_ptr<Status> status_;
   std::unique_ptr<BestModelKeeper> keeper_;
+  // Rank 0's lock of checkpoint_dir: declared first, so it outlives the save in flight.
+  std::optional<checkpoint::FolderLock> folder_lock_;
   std::unique_ptr<TrainingCheckpoint> checkpoint_;
   std::unique_ptr<supervisor::SupervisorClient> supervisor_;
   supervisor::FaultInjector fault_;
