@@ -56,6 +56,8 @@ RunEnvironment run_environment() {
   env.token = variable(kEnvRunToken);
   env.run_id = variable(kEnvRunId);
   env.checkpoint_dir = variable(kEnvCheckpointDir);
+  if (auto text = variable(kEnvCheckpointStep); !text.empty())
+    env.checkpoint_step = static_cast<long long>(number(kEnvCheckpointStep, text, 999'999'999));
   if (auto text = variable(kEnvRestart); !text.empty())
     env.restart = static_cast<std::uint32_t>(number(kEnvRestart, text, 1u << 30));
   if (auto text = variable(kEnvHeartbeatInterval); !text.empty()) {
@@ -83,6 +85,7 @@ LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::mil
   set(kEnvHeartbeatInterval, std::to_string(run.heartbeat_interval.count()));
   set(kEnvSupervisorTimeout, std::to_string(run.supervisor_timeout.count()));
   if (!run.checkpoint_dir.empty()) set(kEnvCheckpointDir, run.checkpoint_dir);
+  if (run.checkpoint_step >= 0) set(kEnvCheckpointStep, std::to_string(run.checkpoint_step));
   if (liveness_timeout.count() > 0) set(kEnvLivenessTimeout, std::to_string(liveness_timeout.count()));
   if (!run.fault.empty()) {
     set(kEnvFault, run.fault);

@@ -215,7 +215,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     RunEnvironment run{address_, token_, run_id_, static_cast<std::uint32_t>(restart_), options_.checkpoint_dir,
                        std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()),
                        std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000)),
-                       options_.fault};
+                       options_.fault,
+                       options_.checkpoint_dir.empty() ? -1 : newest_checkpoint_step(options_.checkpoint_dir)};
     const auto liveness = options_.liveness_timeout.count() > 0
                               ? std::chrono::milliseconds(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000)))
                               : std::chrono::milliseconds(0);

@@ -70,6 +70,14 @@ run --epochs 4 --lr 0.1 --allow-other-run --checkpoint-dir "$work/a" > "$work/al
   || { cat "$work/allowed.log"; fail "--allow-other-run"; }
 grep -q "resumed from .* at step 69" "$work/allowed.log" || { cat "$work/allowed.log"; fail "not resumed when allowed"; }
 
+echo "== a relaunch whose ranks see an empty folder where troupe-run saw step 46: refused"
+set +e
+TROUPE_CHECKPOINT_DIR="$work/elsewhere" TROUPE_CHECKPOINT_STEP=46 TROUPE_RESTART=1 run --epochs 2 > "$work/elsewhere.log" 2>&1
+status=$?
+set -e
+[[ $status -ne 0 ]] || { cat "$work/elsewhere.log"; fail "started over in a folder troupe-run does not see"; }
+grep -q "where troupe-run saw one of step 46" "$work/elsewhere.log" || { cat "$work/elsewhere.log"; fail "no reason"; }
+
 echo "== two jobs in one folder: the second is refused naming the first, which keeps it"
 mpirun -np 2 "$train" --epochs 400 --checkpoint-dir "$work/c" > "$work/long.log" 2>&1 &
 long=$!  # mpirun's own pid: a SIGTERM to it ends its ranks

@@ -6,6 +6,9 @@
 //   TROUPE_RUN_ID                 the run's id (the same across restarts)
 //   TROUPE_RESTART                0 on the first launch, 1 after the first restart, ...
 //   TROUPE_CHECKPOINT_DIR         where the program saves and resumes (absolute path)
+//   TROUPE_CHECKPOINT_STEP        the newest checkpoint troupe-run saw there at this
+//                                 launch (unset: none): a rank that finds none must not
+//                                 start over (it sees another folder: a node-local path?)
 //   TROUPE_HEARTBEAT_INTERVAL_MS  how often the rank should heartbeat
 //   TROUPE_SUPERVISOR_TIMEOUT_MS  a rank that hears nothing from troupe-run for this
 //                                 long stops itself (SupervisorClient's fencing); unset: never
@@ -28,6 +31,7 @@ inline constexpr const char* kEnvRunToken = "TROUPE_RUN_TOKEN";
 inline constexpr const char* kEnvRunId = "TROUPE_RUN_ID";
 inline constexpr const char* kEnvRestart = "TROUPE_RESTART";
 inline constexpr const char* kEnvCheckpointDir = "TROUPE_CHECKPOINT_DIR";
+inline constexpr const char* kEnvCheckpointStep = "TROUPE_CHECKPOINT_STEP";
 inline constexpr const char* kEnvHeartbeatInterval = "TROUPE_HEARTBEAT_INTERVAL_MS";
 inline constexpr const char* kEnvSupervisorTimeout = "TROUPE_SUPERVISOR_TIMEOUT_MS";
 inline constexpr const char* kEnvFault = "TROUPE_FAULT";
@@ -46,6 +50,7 @@ struct RunEnvironment {
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds supervisor_timeout{0};  // 0: never fence
   std::string fault;  // troupe-run --fault: set as TROUPE_FAULT, armed; empty: none
+  long long checkpoint_step = -1;  // the newest checkpoint troupe-run saw at launch; -1: none
 
   bool supervised() const { return !supervisor.empty(); }
 };

@@ -133,6 +133,10 @@ class TrainWorker {
     }
     // Under troupe-run: heartbeats with this rank's progress, and TROUPE_FAULT.
     const supervisor::RunEnvironment run = supervisor::run_environment();
+    // Where the rank saves where troupe-run looks; not on a first launch asked to start
+    // fresh, which moves the files troupe-run saw aside.
+    if (run.checkpoint_dir == options_.checkpoint_dir && !(options_.fresh && run.restart == 0))
+      expected_checkpoint_step_ = run.checkpoint_step;
     supervisor_ = supervisor::SupervisorClient::connect_if_supervised(run, comm_->rank(), comm_->size());
     if (checkpoint_) {
       // One job per folder: rank 0 holds the lock for the job (checkpoint/folder_lock.hpp).
@@ -159,7 +163,11 @@ class TrainWorker {
   WorkerState resume() {
     begin_call("resume");
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_load);
-    if (checkpoint_) checkpoint_->resume();
+    if (checkpoint_ && !checkpoint_->resume() && expected_checkpoint_step_ >= 0)
+      TROUPE_THROW(checkpoint::CheckpointError, "rank ", comm_->rank(), " found no checkpoint in ",
+                   options_.checkpoint_dir, ", where troupe-run saw one of step ", expected_checkpoint_step_,
+                   " at this launch: this rank sees another folder (a path local to its node?). Not starting ",
+                   "over from step 0");
     return state();
   }
 
@@ -471,6 +479,7 @@ class TrainWorker {
   std::unique_ptr<TrainingCheckpoint> checkpoint_;
   std::unique_ptr<supervisor::SupervisorClient> supervisor_;
   supervisor::FaultInjector fault_;
+  long long expected_checkpoint_step_ = -1;  // TROUPE_CHECKPOINT_STEP, where it applies
   bool stopped_ = false;
   // Where the current step began, and the communicator's wait time then (after_step).
   std::chrono::steady_clock::time_point step_started_{};
