@@ -52,7 +52,7 @@ namespace {
 // by one letter that says which kind of failure it is.
 constexpr char kDamagedMark = 'D';
 constexpr char kStorageMark = 'S';
-constexpr char kOtherRunMark = 'O';  // sound, but not this program's: skipped, not set aside
+constexpr char kOtherRunMark = 'O';  // sound, but not this program's (or not allowed): skipped, not set aside
 
 // A sound file that lacks a section this program requires: written by another
 // configuration of it, not damaged.
@@ -62,9 +62,9 @@ class MissingSection : public FormatError {
 };
 
 std::string verdict_of(const std::exception& e) {
-  const char mark = dynamic_cast<const StorageError*>(&e)      ? kStorageMark
-                    : dynamic_cast<const MissingSection*>(&e) ? kOtherRunMark
-                                                               : kDamagedMark;
+  const char mark = dynamic_cast<const StorageError*>(&e)                                    ? kStorageMark
+                    : dynamic_cast<const MissingSection*>(&e) || dynamic_cast<const FormatNotAllowed*>(&e) ? kOtherRunMark
+                                                                                                             : kDamagedMark;
   return mark + std::string(e.what());
 }
 
@@ -280,7 +280,7 @@ void Checkpoint::restore(const FileReader& file) {
 
 Metadata Checkpoint::load(const fs::path& path) {
   finish_in_flight();
-  FileReader file(path.string());
+  FileReader file(path.string(), read_options_);
   Metadata meta;
   std::string unusable;
   try {
@@ -345,12 +345,14 @@ std::optional<Metadata> Checkpoint::load_pass(std::string& unreadable) {
     Metadata meta;
     std::string verdict;
     try {
-      file.emplace(candidate.string());
+      file.emplace(candidate.string(), read_options_);
       meta = validate(*file);
     } catch (const Error& e) {  // FormatError, StorageError or CheckpointError: not usable now
       verdict = verdict_of(e);
     }
-    if (!verdict.empty() && !fs::exists(candidate) && !share_.agree) continue;  // gone: another rank set it aside
+    std::error_code gone;
+    if (!verdict.empty() && !share_.agree && !fs::exists(candidate, gone) && !gone)
+      continue;  // gone: another rank set it aside
     if (share_.agree) verdict = share_.agree(verdict);  // one verdict on every rank
     if (!verdict.empty() && verdict.front() == kStorageMark) {
       unreadable = verdict.substr(1);

@@ -11,11 +11,14 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include "h5_call.hpp"
+#include "h5_layout.hpp"
 #include "h5_types.hpp"
 #include "troupe/checkpoint/error.hpp"
 #include "troupe/checkpoint/format.hpp"
+#include "troupe/checkpoint/printable.hpp"
 #include "troupe/checkpoint/xxhash64.hpp"
 
 namespace troupe::checkpoint {
@@ -23,11 +26,6 @@ namespace troupe::checkpoint {
 using detail::Failure;
 using detail::Handle;
 using detail::h5_check;
-
-struct FileReader::Impl {
-  Handle file;
-  detail::StringStorage strings = detail::StringStorage::fixed;
-};
 
 std::size_t TensorInfo::nbytes() const {
   return static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
@@ -111,37 +109,6 @@ std::uint64_t read_raw(const std::string& file, haddr_t offset, std::byte* dst, 
   return digest;
 }
 
-struct LinkList {
-  std::vector<std::pair<std::string, H5O_type_t>> links;
-};
-
-herr_t collect_link(hid_t group, const char* name, const H5L_info_t*, void* data) {
-  H5O_info_t info;
-  if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
-  static_cast<LinkList*>(data)->links.emplace_back(name, info.type);
-  return 0;
-}
-
-// The links of a group in creation order (name order for files that do not track it).
-// Which one is the group's own property: falling back to name order when the creation
-// order fails would list a damaged group's surviving links as if they were all.
-LinkList list_links(hid_t file, const std::string& group, const std::string& where) {
-  Handle g(h5_check(H5Gopen2(file, group.c_str(), H5P_DEFAULT), "H5Gopen " + where,
-                    Failure::format),
-           H5Gclose);
-  Handle gcpl(h5_check(H5Gget_create_plist(g.get()), "H5Gget_create_plist " + where, Failure::format),
-              H5Pclose);
-  unsigned order = 0;
-  h5_check(H5Pget_link_creation_order(gcpl.get(), &order), "H5Pget_link_creation_order " + where,
-           Failure::format);
-  LinkList out;
-  hsize_t idx = 0;
-  h5_check(H5Literate(g.get(), (order & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME,
-                      H5_ITER_INC, &idx, collect_link, &out),
-           "checkpoint " + where + ": cannot list the group's links (damaged?)", Failure::format);
-  return out;
-}
-
 // Opens `path` and reads its first bytes with plain POSIX calls, before HDF5 sees it:
 // HDF5 reports a file it cannot open or read in words that sound like damage ("file
 // signature not found"), and a file that cannot be read now must not pass for a damaged
@@ -162,9 +129,190 @@ std::string join(const std::string& group, const std::string& name) {
   return group == "/" ? "/" + name : group + "/" + name;
 }
 
+// Installed on every link access list the reader uses: an external link names another
+// file, which HDF5 would open to follow it (a FIFO there blocks forever, a device or a
+// network path worse). The reader refuses such links before following any; this makes
+// sure one it did not see cannot open a file either.
+herr_t refuse_external_link(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) {
+  return -1;
+}
+
+// A link access list (H5P_LINK_ACCESS, or H5P_DATASET_ACCESS, which extends it) on which
+// external links fail and at most one soft link is followed in a path.
+Handle link_access(hid_t list_class) {
+  Handle list(h5_check(H5Pcreate(list_class), "H5Pcreate(link access)"), H5Pclose);
+  h5_check(H5Pset_elink_cb(list.get(), refuse_external_link, nullptr), "H5Pset_elink_cb");
+  h5_check(H5Pset_nlinks(list.get(), 1), "H5Pset_nlinks");
+  return list;
+}
+
+std::string link_kind(H5L_type_t type) {
+  if (type == H5L_TYPE_SOFT) return "a soft link";
+  if (type == H5L_TYPE_EXTERNAL) return "an external link";
+  return "a user-defined link (type " + std::to_string(static_cast<int>(type)) + ")";
+}
+
+// Groups nest this deep at most: troupe's are /section/name/slot, a few levels. A crafted
+// file can nest thousands (each a few hundred bytes), which costs a walk its stack.
+constexpr int kMaxDepth = 64;
+
+// One hard link of a group: the name, what it leads to and where that object's header is.
+struct Link {
+  std::string name;
+  H5O_type_t type;
+  haddr_t addr;
+};
+
+struct LinkList {
+  hid_t lapl;
+  std::vector<Link> links;
+  std::string refused;  // the first link refused, if any, and why
+  std::string why;
+};
+
+// A name no HDF5 writer makes, which a path would read as something else: "" or "."
+// (the group itself), or one holding a '/' (a path through other links).
+bool is_path_like(std::string_view name) {
+  return name.empty() || name == "." || name.find('/') != std::string_view::npos;
+}
+
+// H5Literate's callback. Nothing may throw through HDF5's C frames, so a link to refuse
+// is recorded and the iteration stopped (1); the caller throws.
+herr_t collect_link(hid_t group, const char* name, const H5L_info_t* link, void* data) {
+  auto* list = static_cast<LinkList*>(data);
+  // Looking at a soft or external link's object would follow it: only its kind is read.
+  if (link->type != H5L_TYPE_HARD || is_path_like(name)) {
+    list->refused = name;
+    list->why = link->type != H5L_TYPE_HARD
+                    ? link_kind(link->type) + "; troupe writes hard links only, and a reader follows no other kind"
+                    : "a link name HDF5 would read as a path";
+    return 1;
+  }
+  H5O_info_t info;
+  if (H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, list->lapl) < 0) return -1;
+  list->links.push_back({name, info.type, link->u.address});
+  return 0;
+}
+
+// A group or dataset met walking the file, by full path.
+struct Object {
+  std::string path;
+  H5O_type_t type;
+};
+
 }  // namespace
 
-FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path_(std::move(path)) {
+struct FileReader::Impl {
+  std::string path;
+  Handle file;
+  Handle lapl;  // link_access(): for H5Oopen, H5Lget_info, H5Oget_info_by_name
+  Handle dapl;  // the same for H5Dopen
+  detail::StringStorage strings = detail::StringStorage::fixed;
+  std::uint64_t file_size = 0;  // when opened: no dataset may store more
+
+  // "file:/model/w", the object's name made printable (it is the file's to choose).
+  std::string at(std::string_view object) const { return path + ":" + printable(object); }
+  bool through_hard_links(const std::string& object) const;
+  LinkList links(const std::string& group) const;
+  std::vector<Object> walk(const std::string& root) const;
+  void walk(const std::string& group, int depth, std::unordered_map<haddr_t, std::string>& seen,
+            std::vector<Object>& out) const;
+  TensorInfo describe(const std::string& dataset) const;
+};
+
+// Whether `object` (a path from the caller) exists, reached through hard links only:
+// each part is looked up in turn, so none is followed before it is known to be a hard
+// link. A part that is any other link is a FormatError naming it.
+bool FileReader::Impl::through_hard_links(const std::string& object) const {
+  if (object == "/") return true;
+  for (std::size_t end = object.find('/', 1);; end = object.find('/', end + 1)) {
+    const std::string part = object.substr(0, end);
+    H5L_info_t link;
+    if (H5Lget_info(file.get(), part.c_str(), &link, lapl.get()) < 0) {
+      detail::fail_if_storage_error("checkpoint " + at(part) + ": cannot look the link up");
+      return false;
+    }
+    if (link.type != H5L_TYPE_HARD)
+      TROUPE_THROW(FormatError, "checkpoint ", at(part), ": ", link_kind(link.type),
+                   "; troupe writes hard links only, and a reader follows no other kind");
+    if (end == std::string::npos) return true;
+  }
+}
+
+// The hard links of a group in creation order (name order for files that do not track
+// it). Which one is the group's own property: falling back to name order when the
+// creation order fails would list a damaged group's surviving links as if they were all.
+// Any other link, and a name a path would misread (is_path_like), is a FormatError.
+LinkList FileReader::Impl::links(const std::string& group) const {
+  const std::string where = at(group);
+  Handle g(h5_check(H5Oopen(file.get(), group.c_str(), lapl.get()), "H5Oopen " + where, Failure::format), H5Oclose);
+  if (H5Iget_type(g.get()) != H5I_GROUP) TROUPE_THROW(FormatError, "checkpoint ", where, ": not a group");
+  Handle gcpl(h5_check(H5Gget_create_plist(g.get()), "H5Gget_create_plist " + where, Failure::format), H5Pclose);
+  unsigned order = 0;
+  h5_check(H5Pget_link_creation_order(gcpl.get(), &order), "H5Pget_link_creation_order " + where, Failure::format);
+  LinkList out;
+  out.lapl = lapl.get();
+  hsize_t idx = 0;
+  h5_check(H5Literate(g.get(), (order & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME, H5_ITER_INC,
+                      &idx, collect_link, &out),
+           "checkpoint " + where + ": cannot list the group's links (damaged?)", Failure::format);
+  if (!out.refused.empty())
+    TROUPE_THROW(FormatError, "checkpoint ", where, (group == "/" ? "" : "/"), printable(out.refused), ": ", out.why);
+  return out;
+}
+
+// Every group and dataset below `root`, depth first in creation order. Each object must be
+// reached by one link only: a second one is a cycle (a group linking to itself or an
+// ancestor: the walk would never end) or a shared object (listed twice; a chain of groups
+// each linking twice to the next lists 2^depth paths from a few KB). troupe links every
+// object once, so either is refused, naming both paths.
+std::vector<Object> FileReader::Impl::walk(const std::string& root) const {
+  H5O_info_t info;
+  h5_check(H5Oget_info_by_name2(file.get(), root.c_str(), &info, H5O_INFO_BASIC, lapl.get()), "H5Oget_info " + at(root),
+           Failure::format);
+  std::unordered_map<haddr_t, std::string> seen{{info.addr, root}};
+  std::vector<Object> out;
+  walk(root, 0, seen, out);
+  return out;
+}
+
+void FileReader::Impl::walk(const std::string& group, int depth, std::unordered_map<haddr_t, std::string>& seen,
+                            std::vector<Object>& out) const {
+  if (depth >= kMaxDepth)
+    TROUPE_THROW(FormatError, "checkpoint ", at(group), ": groups nested more than ", kMaxDepth, " deep");
+  for (Link& link : links(group).links) {
+    std::string child = join(group, link.name);
+    const auto [first, fresh] = seen.emplace(link.addr, child);
+    if (!fresh)
+      TROUPE_THROW(FormatError, "checkpoint ", at(child), ": a second link to the object first reached as ",
+                   printable(first->second),
+                   " (a link cycle, or an object shared by two groups; troupe links every object once)");
+    out.push_back({child, link.type});
+    if (link.type == H5O_TYPE_GROUP) walk(child, depth + 1, seen, out);
+  }
+}
+
+// What a dataset holds, every size checked against what the file stores before a caller
+// allocates or reads by it (detail::checked_extent, detail::check_storage).
+TensorInfo FileReader::Impl::describe(const std::string& dataset) const {
+  TensorInfo out;
+  out.path = dataset;
+  const std::string where = at(dataset);
+  Handle dset(h5_check(H5Dopen2(file.get(), dataset.c_str(), dapl.get()), "checkpoint " + where + ": cannot open the dataset",
+                       Failure::format),
+              H5Dclose);
+  out.dtype = detail::dtype_of_dataset(dset.get(), where, strings);
+  const detail::Extent extent = detail::checked_extent(dset.get(), tensor::element_size(out.dtype), where);
+  detail::check_storage(dset.get(), extent, file_size, where);
+  out.shape = extent.shape;
+  std::optional<std::uint64_t> sum = detail::read_u64_attribute(dset.get(), kAttrChecksum, where, strings);
+  if (!sum) TROUPE_THROW(FormatError, "checkpoint ", where, ": no ", kAttrChecksum, " attribute");
+  out.checksum = *sum;
+  return out;
+}
+
+FileReader::FileReader(std::string path, ReadOptions options)
+    : impl_(std::make_unique<Impl>()), path_(std::move(path)) {
   auto lock = detail::h5_lock();
   detail::h5_init();
   std::error_code ec;
@@ -174,11 +322,18 @@ FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path
     TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": is a directory, not a checkpoint file");
   probe_readable(path_);
   htri_t is_hdf5 = H5Fis_hdf5(path_.c_str());
-  if (is_hdf5 <= 0) {
+  // Negative: HDF5 could not read the signature (an errno it quotes may be a storage
+  // error, h5_fail tells); zero: it read it, and it is not HDF5's.
+  if (is_hdf5 < 0) detail::h5_fail(detail::Failure::format, "checkpoint " + path_ + ": cannot read the HDF5 signature");
+  if (is_hdf5 == 0) {
     H5Eclear2(H5E_DEFAULT);
     TROUPE_THROW(FormatError, "checkpoint ", path_, ": not an HDF5 file (",
                  std::filesystem::file_size(path_, ec), " bytes, no HDF5 signature)");
   }
+  impl_->path = path_;
+  impl_->file_size = std::filesystem::file_size(path_, ec);
+  impl_->lapl = link_access(H5P_LINK_ACCESS);
+  impl_->dapl = link_access(H5P_DATASET_ACCESS);
   Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
   h5_check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "H5Pset_fclose_degree");
   impl_->file = Handle(h5_check(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get()),
@@ -186,28 +341,33 @@ FileReader::FileReader(std::string path) : impl_(std::make_unique<Impl>()), path
                                 Failure::format),
                        H5Fclose);
   {
-    Handle root(h5_check(H5Oopen(impl_->file.get(), "/", H5P_DEFAULT), "H5Oopen " + path_ + ":/",
+    Handle root(h5_check(H5Oopen(impl_->file.get(), "/", impl_->lapl.get()), "H5Oopen " + path_ + ":/",
                          Failure::format),
                 H5Oclose);
     impl_->strings = detail::string_storage_of(root.get(), path_ + ":/");
   }
+  // Told by the type of format_version alone: no variable-length string is read first.
+  if (impl_->strings == detail::StringStorage::variable && !options.allow_format_1)
+    TROUPE_THROW(FormatNotAllowed, "checkpoint ", path_, ": holds variable-length string attributes, as format 1 did; ",
+                 "libhdf5 1.10 reads those unchecked (a damaged one crashes or hangs it), so such a file is read ",
+                 "only when asked (ReadOptions::allow_format_1, troupe-ckpt --allow-format-1)");
   Attributes root = attributes("/");
   const AttrValue* format = root.find(kAttrFormat);
   if (!format || !std::holds_alternative<std::string>(*format) ||
       std::get<std::string>(*format) != kFormatName)
     TROUPE_THROW(FormatError, "checkpoint ", path_, ": not a troupe checkpoint (root attribute '",
-                 kAttrFormat, "' is ", format ? to_string(*format) : std::string("missing"),
+                 kAttrFormat, "' is ", format ? printable(to_string(*format)) : std::string("missing"),
                  ", expected \"", kFormatName, "\")");
   const AttrValue* version = root.find(kAttrFormatVersion);
   const std::string* v = version ? std::get_if<std::string>(version) : nullptr;
   int major = v ? std::atoi(v->c_str()) : 0;
   if (major < kOldestFormatMajor || major > kFormatMajor)
     TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ",
-                 version ? to_string(*version) : std::string("missing"),
+                 version ? printable(to_string(*version)) : std::string("missing"),
                  " is not readable by this troupe (reads major versions ", kOldestFormatMajor,
                  " to ", kFormatMajor, ")");
   if ((impl_->strings == detail::StringStorage::variable) != (major == 1))
-    TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ", *v, " is stored as a ",
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ", printable(*v), " is stored as a ",
                  impl_->strings == detail::StringStorage::variable ? "variable" : "fixed",
                  "-length string, which no troupe writer of that version wrote");
   if (!root.contains(kAttrComplete))
@@ -223,8 +383,9 @@ FileReader::~FileReader() {
 Attributes FileReader::attributes(std::string_view group) const {
   auto lock = detail::h5_lock();
   std::string g(group);
-  std::string where = path_ + ":" + g;
-  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), H5P_DEFAULT), "H5Oopen " + where,
+  std::string where = impl_->at(g);
+  impl_->through_hard_links(g);  // a missing one fails to open below, with HDF5's words
+  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), impl_->lapl.get()), "H5Oopen " + where,
                          Failure::format),
                 H5Oclose);
   return detail::read_attributes(object.get(), where, impl_->strings);
@@ -234,67 +395,52 @@ bool FileReader::has_group(std::string_view group) const {
   auto lock = detail::h5_lock();
   std::string g(group);
   if (g == "/") return true;
-  // H5Lexists needs every parent to exist, so walk down one level at a time.
-  std::string prefix;
-  std::size_t start = 1;
-  while (start <= g.size()) {
-    std::size_t end = g.find('/', start);
-    if (end == std::string::npos) end = g.size();
-    prefix = g.substr(0, end);
-    if (H5Lexists(impl_->file.get(), prefix.c_str(), H5P_DEFAULT) <= 0) return false;
-    start = end + 1;
-  }
+  if (!impl_->through_hard_links(g)) return false;
   H5O_info_t info;
-  if (H5Oget_info_by_name2(impl_->file.get(), g.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0)
+  if (H5Oget_info_by_name2(impl_->file.get(), g.c_str(), &info, H5O_INFO_BASIC, impl_->lapl.get()) < 0) {
+    detail::fail_if_storage_error("checkpoint " + path_ + ":" + g + ": cannot read the object's header");
     return false;
+  }
   return info.type == H5O_TYPE_GROUP;
 }
 
 std::vector<std::string> FileReader::child_groups(std::string_view group) const {
   auto lock = detail::h5_lock();
   std::string g(group);
+  impl_->through_hard_links(g);
   std::vector<std::string> out;
-  for (auto& [name, type] : list_links(impl_->file.get(), g, path_ + ":" + g).links)
-    if (type == H5O_TYPE_GROUP) out.push_back(name);
+  for (const Link& link : impl_->links(g).links)
+    if (link.type == H5O_TYPE_GROUP) out.push_back(link.name);
+  return out;
+}
+
+std::vector<std::string> FileReader::groups(std::string_view group) const {
+  auto lock = detail::h5_lock();
+  std::string g(group);
+  impl_->through_hard_links(g);
+  std::vector<std::string> out;
+  for (Object& o : impl_->walk(g))
+    if (o.type == H5O_TYPE_GROUP) out.push_back(std::move(o.path));
   return out;
 }
 
 std::vector<TensorInfo> FileReader::tensors(std::string_view group) const {
   auto lock = detail::h5_lock();
+  std::string g(group);
+  impl_->through_hard_links(g);
+  // The whole structure first, then each dataset: a cycle anywhere is found before any
+  // dataset is described.
   std::vector<TensorInfo> out;
-  std::vector<std::string> pending{std::string(group)};
-  // Depth first, in creation order, so the listing matches the order tensors were saved.
-  auto visit = [&](auto&& self, const std::string& g) -> void {
-    for (auto& [name, type] : list_links(impl_->file.get(), g, path_ + ":" + g).links) {
-      std::string child = join(g, name);
-      if (type == H5O_TYPE_GROUP) self(self, child);
-      else if (type == H5O_TYPE_DATASET) out.push_back(info(child));
-    }
-  };
-  visit(visit, std::string(group));
+  for (const Object& o : impl_->walk(g))
+    if (o.type == H5O_TYPE_DATASET) out.push_back(impl_->describe(o.path));
   return out;
 }
 
 TensorInfo FileReader::info(std::string_view path) const {
   auto lock = detail::h5_lock();
-  TensorInfo out;
-  out.path = std::string(path);
-  std::string where = path_ + ":" + out.path;
-  Handle dset(h5_check(H5Dopen2(impl_->file.get(), out.path.c_str(), H5P_DEFAULT),
-                       "checkpoint " + where + ": no such dataset", Failure::format),
-              H5Dclose);
-  out.dtype = detail::dtype_of_dataset(dset.get(), where, impl_->strings);
-  Handle space(h5_check(H5Dget_space(dset.get()), "H5Dget_space " + where, Failure::format),
-               H5Sclose);
-  int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims " + where,
-                      Failure::format);
-  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
-  if (rank > 0) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
-  out.shape.assign(dims.begin(), dims.end());
-  std::optional<std::uint64_t> sum = detail::read_u64_attribute(dset.get(), kAttrChecksum, where, impl_->strings);
-  if (!sum) TROUPE_THROW(FormatError, "checkpoint ", where, ": no ", kAttrChecksum, " attribute");
-  out.checksum = *sum;
-  return out;
+  std::string p(path);
+  if (!impl_->through_hard_links(p)) TROUPE_THROW(FormatError, "checkpoint ", impl_->at(p), ": no such dataset");
+  return impl_->describe(p);
 }
 
 tensor::Tensor FileReader::read(std::string_view path, bool verify) const {
@@ -308,7 +454,7 @@ tensor::Tensor FileReader::read(std::string_view path, bool verify) const {
 void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, bool verify) const {
   auto lock = detail::h5_lock();
   TensorInfo meta = info(path);
-  std::string where = path_ + ":" + meta.path;
+  const std::string where = impl_->at(meta.path);
   TROUPE_CHECK(dst.defined() && dst.device().is_cpu(), "checkpoint ", where,
                ": read_into needs a defined CPU tensor");
   TROUPE_CHECK(dst.dtype() == meta.dtype && dst.numel() == tensor::shape_numel(meta.shape), "checkpoint ", where,
@@ -321,7 +467,7 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
   constexpr std::size_t kHashWhileReading = std::size_t{64} << 20;
   std::optional<std::uint64_t> hashed;
   if (dst.numel() > 0) {
-    Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT),
+    Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), impl_->dapl.get()),
                          "H5Dopen " + where, Failure::format),
                 H5Dclose);
     const haddr_t offset = verify && dst.nbytes() >= kHashWhileReading ? raw_offset(dset.get(), meta.dtype) : HADDR_UNDEF;
@@ -345,7 +491,7 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
 tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin, std::int64_t end) const {
   auto lock = detail::h5_lock();
   TensorInfo meta = info(path);
-  TROUPE_CHECK(begin <= end, "checkpoint ", path_, ":", meta.path, ": range [", begin, ", ", end, ") is reversed");
+  TROUPE_CHECK(begin <= end, "checkpoint ", impl_->at(meta.path), ": range [", begin, ", ", end, ") is reversed");
   tensor::Tensor out = tensor::Tensor::empty({end - begin}, meta.dtype);
   read_range_into(path, begin, out);
   return out;
@@ -354,15 +500,16 @@ tensor::Tensor FileReader::read_range(std::string_view path, std::int64_t begin,
 void FileReader::read_range_into(std::string_view path, std::int64_t begin, const tensor::Tensor& out) const {
   auto lock = detail::h5_lock();
   TensorInfo meta = info(path);
-  std::string where = path_ + ":" + meta.path;
-  std::int64_t numel = tensor::shape_numel(meta.shape);
+  const std::string where = impl_->at(meta.path);
+  const std::int64_t numel = tensor::shape_numel(meta.shape);
+  // Compared without forming begin + count, which a caller's huge begin would overflow.
+  TROUPE_CHECK(0 <= begin && begin <= numel && out.numel() <= numel - begin, "checkpoint ", where, ": range of ",
+               out.numel(), " elements from ", begin, " is outside its ", numel, " elements");
   const std::int64_t end = begin + out.numel();
-  TROUPE_CHECK(0 <= begin && end <= numel, "checkpoint ", where, ": range [", begin, ", ", end,
-               ") is outside its ", numel, " elements");
   TROUPE_CHECK(out.device().is_cpu() && out.dtype() == meta.dtype, "checkpoint ", where, ": read_range_into needs a ",
                tensor::dtype_name(meta.dtype), " CPU tensor, got ", tensor::dtype_name(out.dtype()), " on ", out.device());
   if (end == begin) return;
-  Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), H5P_DEFAULT), "H5Dopen " + where,
+  Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), impl_->dapl.get()), "H5Dopen " + where,
                        Failure::format),
               H5Dclose);
   const haddr_t offset = raw_offset(dset.get(), meta.dtype);
@@ -465,7 +612,7 @@ void FileReader::verify_share(int part, int parts) const {
       other.push_back(&t);
       continue;
     }
-    Handle dset(h5_check(H5Dopen2(impl_->file.get(), t.path.c_str(), H5P_DEFAULT), "H5Dopen " + path_ + ":" + t.path,
+    Handle dset(h5_check(H5Dopen2(impl_->file.get(), t.path.c_str(), impl_->dapl.get()), "H5Dopen " + impl_->at(t.path),
                          Failure::format),
                 H5Dclose);
     const haddr_t offset = raw_offset(dset.get(), t.dtype);

@@ -6,6 +6,7 @@
 
 #include "h5_call.hpp"
 #include "troupe/checkpoint/format.hpp"
+#include "troupe/checkpoint/printable.hpp"
 
 namespace troupe::checkpoint::detail {
 
@@ -85,11 +86,11 @@ DType dtype_of_dataset(hid_t dataset, const std::string& where, StringStorage st
   try {
     declared = tensor::dtype_from_name(*name);
   } catch (const InvalidArgument&) {
-    TROUPE_THROW(FormatError, where, ": unknown dtype attribute \"", *name, "\"");
+    TROUPE_THROW(FormatError, where, ": unknown dtype attribute \"", printable(*name), "\"");
   }
   if (!inferred || *inferred != declared ||
       H5Tget_size(type.get()) != tensor::element_size(declared))
-    TROUPE_THROW(FormatError, where, ": dtype attribute says ", *name,
+    TROUPE_THROW(FormatError, where, ": dtype attribute says ", printable(*name),
                  " but the HDF5 type is class ", H5Tget_class(type.get()), " of ",
                  H5Tget_size(type.get()), " bytes");
   return declared;
@@ -140,7 +141,11 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what,
   Handle space(h5_check(H5Aget_space(a), "H5Aget_space " + what, Failure::format), H5Sclose);
   if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR) return std::nullopt;
   Handle type(h5_check(H5Aget_type(a), "H5Aget_type " + what, Failure::format), H5Tclose);
-  switch (H5Tget_class(type.get())) {
+  const H5T_class_t cls = H5Tget_class(type.get());
+  // A number is read by converting it to 8 bytes, through a buffer of its own declared
+  // size, which a crafted type makes gigabytes: wider ones are skipped, as arrays are.
+  if ((cls == H5T_INTEGER || cls == H5T_FLOAT) && H5Tget_size(type.get()) > 8) return std::nullopt;
+  switch (cls) {
     case H5T_INTEGER: {
       std::int64_t v = 0;
       if (H5Tget_sign(type.get()) == H5T_SGN_NONE && H5Tget_size(type.get()) == 8) {
@@ -234,7 +239,7 @@ Attributes read_attributes(hid_t object, const std::string& where, StringStorage
     ssize_t len = H5Aget_name(a.get(), 0, nullptr);
     std::string name(static_cast<size_t>(len > 0 ? len : 0), '\0');
     H5Aget_name(a.get(), name.size() + 1, name.data());
-    if (auto v = read_open_attribute(a.get(), "attribute '" + name + "' on " + where, strings))
+    if (auto v = read_open_attribute(a.get(), "attribute '" + printable(name) + "' on " + where, strings))
       out.set(name, std::move(*v));
   }
   return out;

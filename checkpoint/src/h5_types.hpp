@@ -40,7 +40,7 @@ std::optional<AttrValue> read_attribute(hid_t object, std::string_view name,
 std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view name,
                                                 const std::string& where, StringStorage strings);
 // Every scalar attribute of `object` that maps onto AttrValue, in creation order when the
-// file tracks it; others (arrays, compound types) are skipped.
+// file tracks it; others (arrays, compound types, numbers wider than 8 bytes) are skipped.
 Attributes read_attributes(hid_t object, const std::string& where, StringStorage strings);
 
 }  // namespace troupe::checkpoint::detail

@@ -15,6 +15,8 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& valued) {
       args.json = true;
     } else if (a == "--help" || a == "-h") {
       args.help = true;
+    } else if (a == "--allow-format-1") {
+      args.allow_format_1 = true;
     } else if (a.rfind("--", 0) == 0 && a.size() > 2) {
       std::string key = a.substr(2), value;
       auto eq = key.find('=');
@@ -35,6 +37,25 @@ Args parse_args(int argc, char** argv, const std::vector<std::string>& valued) {
     }
   }
   return args;
+}
+
+checkpoint::ReadOptions read_options(const Args& args) { return {.allow_format_1 = args.allow_format_1}; }
+
+std::string one_line(std::string_view message) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(message.size());
+  for (const char c : message) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b >= 0x20 && b != 0x7f) {
+      out += c;
+    } else {
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 0xf];
+    }
+  }
+  return out;
 }
 
 std::string human_bytes(std::uint64_t bytes) {

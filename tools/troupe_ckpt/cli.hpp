@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "troupe/checkpoint/file_reader.hpp"
@@ -24,12 +25,20 @@ struct Args {
   std::vector<std::string> positional;
   bool json = false;
   bool help = false;
+  bool allow_format_1 = false;  // --allow-format-1: read format 1 files (checkpoint::ReadOptions)
   std::map<std::string, std::string> options;  // --to PATH, --section NAME, --count N
 };
 
 // Throws InvalidArgument for an unknown flag or a flag missing its value; `valued` lists
 // the flags that take one.
 Args parse_args(int argc, char** argv, const std::vector<std::string>& valued);
+
+// How the command opens checkpoints, from its flags.
+checkpoint::ReadOptions read_options(const Args& args);
+
+// `message` with control characters written as \xNN: a reason printed on one line, even
+// when it quotes something a file (or HDF5 quoting it) put a newline or an escape in.
+std::string one_line(std::string_view message);
 
 // "1.5 MB", "48 B".
 std::string human_bytes(std::uint64_t bytes);

@@ -58,20 +58,12 @@ TensorDiff compare(const checkpoint::FileReader& a, const checkpoint::FileReader
   return d;
 }
 
-void collect_groups(const checkpoint::FileReader& f, const std::string& group, std::vector<std::string>& out) {
-  for (const std::string& child : f.child_groups(group)) {
-    std::string path = (group == "/" ? "/" : group + "/") + child;
-    out.push_back(path);
-    collect_groups(f, path, out);
-  }
-}
-
 }  // namespace
 
 int cmd_diff(const Args& args, std::ostream& out) {
   TROUPE_CHECK(args.positional.size() == 2, "expects two files A B, got ", args.positional.size(), " arguments");
-  checkpoint::FileReader a(args.positional[0]);
-  checkpoint::FileReader b(args.positional[1]);
+  checkpoint::FileReader a(args.positional[0], read_options(args));
+  checkpoint::FileReader b(args.positional[1], read_options(args));
 
   std::vector<checkpoint::TensorInfo> ta = a.tensors("/"), tb = b.tensors("/");
   std::map<std::string, const checkpoint::TensorInfo*> in_b;
@@ -88,10 +80,8 @@ int cmd_diff(const Args& args, std::ostream& out) {
     if (!in_a.count(t.path)) diffs.push_back({t.path, "extra", "only in B"});
 
   // Attributes of every non-root group in either file.
-  std::vector<std::string> groups;
-  collect_groups(a, "/", groups);
   std::vector<std::string> attr_diffs;
-  for (const std::string& g : groups) {
+  for (const std::string& g : a.groups("/")) {
     checkpoint::Attributes x = a.attributes(g);
     checkpoint::Attributes y = b.has_group(g) ? b.attributes(g) : checkpoint::Attributes{};
     for (const auto& [k, v] : x) {

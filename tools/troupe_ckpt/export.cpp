@@ -39,7 +39,7 @@ int cmd_export(const Args& args, std::ostream& out) {
   std::string section = "model";
   if (auto it = args.options.find("section"); it != args.options.end()) section = it->second;
 
-  checkpoint::FileReader file(args.positional[0]);
+  checkpoint::FileReader file(args.positional[0], read_options(args));
   std::string group = "/" + section;
   TROUPE_CHECK(file.has_group(group), "no section ", group, " in ", file.path());
   std::vector<checkpoint::TensorInfo> tensors = file.tensors(group);

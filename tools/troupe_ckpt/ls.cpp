@@ -9,7 +9,7 @@ namespace troupe::ckpt_tool {
 
 int cmd_ls(const Args& args, std::ostream& out) {
   TROUPE_CHECK(args.positional.size() == 1, "expects one FILE, got ", args.positional.size(), " arguments");
-  checkpoint::FileReader file(args.positional[0]);
+  checkpoint::FileReader file(args.positional[0], read_options(args));
   std::string group = "/";
   if (auto it = args.options.find("section"); it != args.options.end()) {
     group = "/" + it->second;

@@ -7,8 +7,10 @@
 //   troupe-ckpt diff A B                 per-tensor differences; exit 0 same, 1 different
 //   troupe-ckpt export FILE --to OUT.safetensors
 //
-// Every command takes --json and --help; trouble (missing, non-HDF5, truncated or
-// foreign input, bad usage) is a one-line message on stderr and exit status 2.
+// Every command takes --json, --help and --allow-format-1 (read format 1 files, whose
+// variable-length strings libhdf5 reads unchecked: only files you trust); trouble
+// (missing, non-HDF5, truncated or foreign input, bad usage) is a one-line message on
+// stderr and exit status 2.
 #include <iostream>
 #include <string>
 
@@ -68,7 +70,9 @@ void usage(std::ostream& out) {
          "  diff A B                compare two checkpoints (exit 0 same, 1 different)\n"
          "  export FILE --to OUT    write the model as .safetensors\n\n"
          "troupe-ckpt COMMAND --help describes one command. Exit status 2 means trouble:\n"
-         "a missing, non-HDF5, truncated or foreign file, or bad usage.\n";
+         "a missing, non-HDF5, truncated or foreign file, or bad usage.\n\n"
+         "--allow-format-1 reads format 1 files (troupe before 2.0), whose variable-length\n"
+         "strings libhdf5 reads without bounds checks: use it only on files you trust.\n";
 }
 
 }  // namespace
@@ -98,11 +102,11 @@ int main(int argc, char** argv) {
       }
       return e.run(args, std::cout);
     } catch (const troupe::InvalidArgument& err) {
-      std::cerr << "troupe-ckpt " << command << ": " << err.what() << "\n"
+      std::cerr << "troupe-ckpt " << command << ": " << one_line(err.what()) << "\n"
                 << "(troupe-ckpt " << command << " --help for usage)\n";
       return kTrouble;
     } catch (const std::exception& err) {
-      std::cerr << "troupe-ckpt " << command << ": " << err.what() << "\n";
+      std::cerr << "troupe-ckpt " << command << ": " << one_line(err.what()) << "\n";
       return kTrouble;
     }
   }

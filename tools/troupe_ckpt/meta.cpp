@@ -15,14 +15,11 @@ std::string encode(const checkpoint::AttrValue& v) {
   return json_string(std::get<std::string>(v));
 }
 
-// Every group below `group` that has attributes, depth first in creation order.
-void collect(const checkpoint::FileReader& file, const std::string& group,
-             std::vector<std::pair<std::string, checkpoint::Attributes>>& out) {
-  for (const std::string& child : file.child_groups(group)) {
-    std::string path = (group == "/" ? "/" : group + "/") + child;
+// Every group below the root that has attributes, depth first in creation order.
+void collect(const checkpoint::FileReader& file, std::vector<std::pair<std::string, checkpoint::Attributes>>& out) {
+  for (const std::string& path : file.groups("/")) {
     checkpoint::Attributes attrs = file.attributes(path);
     if (!attrs.empty()) out.emplace_back(path, std::move(attrs));
-    collect(file, path, out);
   }
 }
 
@@ -30,10 +27,10 @@ void collect(const checkpoint::FileReader& file, const std::string& group,
 
 int cmd_meta(const Args& args, std::ostream& out) {
   TROUPE_CHECK(args.positional.size() == 1, "expects one FILE, got ", args.positional.size(), " arguments");
-  checkpoint::FileReader file(args.positional[0]);
+  checkpoint::FileReader file(args.positional[0], read_options(args));
   std::vector<std::pair<std::string, checkpoint::Attributes>> groups;
   groups.emplace_back("/", file.attributes("/"));
-  collect(file, "/", groups);
+  collect(file, groups);
 
   if (args.json) {
     JsonObject all;

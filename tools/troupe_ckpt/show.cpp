@@ -21,7 +21,7 @@ int cmd_show(const Args& args, std::ostream& out) {
     }
     TROUPE_CHECK(count >= 0, "--count needs a non-negative integer, got '", it->second, "'");
   }
-  checkpoint::FileReader file(args.positional[0]);
+  checkpoint::FileReader file(args.positional[0], read_options(args));
   std::string path = resolve_tensor(file, args.positional[1]);
   tensor::Tensor t = file.read(path);
   std::vector<double> v = t.numel() ? t.to_vector<double>() : std::vector<double>{};

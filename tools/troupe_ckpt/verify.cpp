@@ -1,7 +1,10 @@
 // troupe-ckpt verify: is this checkpoint (or every checkpoint in this folder) whole?
 // Opening checks the structure (HDF5, troupe format and version, the complete marker);
-// then every dataset is read and its XXH64 recomputed.
+// listing the tensors checks every link and every declared size against what the file
+// stores; then every dataset is read and its XXH64 recomputed. An invalid file is one
+// line on stdout (the verdict) and its reason, one line, on stderr.
 #include <filesystem>
+#include <iostream>
 #include <ostream>
 
 #include "cli.hpp"
@@ -23,11 +26,11 @@ struct Verdict {
   std::uint64_t bytes = 0;
 };
 
-Verdict verify_file(const std::string& path) {
+Verdict verify_file(const std::string& path, const checkpoint::ReadOptions& options) {
   Verdict v;
   v.path = path;
   try {
-    checkpoint::FileReader file(path);
+    checkpoint::FileReader file(path, options);
     for (const auto& t : file.tensors("/")) {
       file.read(t.path, true);
       ++v.tensors;
@@ -35,7 +38,7 @@ Verdict verify_file(const std::string& path) {
     }
     v.valid = true;
   } catch (const Error& e) {
-    v.error = e.what();
+    v.error = one_line(e.what());
   }
   return v;
 }
@@ -46,6 +49,11 @@ std::string encode(const Verdict& v) {
   if (v.valid) o.add("tensors", json_int(static_cast<std::int64_t>(v.tensors))).add("bytes", json_int(static_cast<std::int64_t>(v.bytes)));
   else o.add("error", json_string(v.error));
   return o.str();
+}
+
+// The reason a file is invalid, on stderr, whatever stdout carries (text or --json).
+void report(const Verdict& v) {
+  if (!v.valid) std::cerr << "troupe-ckpt verify: " << v.error << "\n";
 }
 
 void print(const Verdict& v, std::ostream& out) {
@@ -62,15 +70,16 @@ int cmd_verify(const Args& args, std::ostream& out) {
   if (!fs::exists(target, ec)) TROUPE_THROW(checkpoint::CheckpointError, target, ": no such file or directory");
 
   if (!fs::is_directory(target, ec)) {
-    Verdict v = verify_file(target);
+    Verdict v = verify_file(target, read_options(args));
     if (args.json) out << encode(v) << "\n";
     else print(v, out);
+    report(v);
     return v.valid ? kOk : kNo;
   }
 
   checkpoint::CheckpointDirectory dir(target, 0);
   std::vector<Verdict> verdicts;
-  for (const fs::path& p : dir.list()) verdicts.push_back(verify_file(p.string()));
+  for (const fs::path& p : dir.list()) verdicts.push_back(verify_file(p.string(), read_options(args)));
   std::optional<fs::path> latest = dir.latest_pointer();
   std::vector<std::string> debris;
   for (const auto& e : fs::directory_iterator(target, ec))
@@ -96,6 +105,7 @@ int cmd_verify(const Args& args, std::ostream& out) {
     out << "latest -> " << (latest ? latest->filename().string() : std::string("(none)")) << "\n";
     for (const std::string& d : debris) out << "leftover temporary file (ignored, removed by the next save): " << d << "\n";
   }
+  for (const Verdict& v : verdicts) report(v);
   return all_valid ? kOk : kNo;
 }
 

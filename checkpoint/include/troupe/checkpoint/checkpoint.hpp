@@ -156,6 +156,9 @@ class Checkpoint {
   // TROUPE_STORAGE_RETRY_S when set.
   void set_storage_retry(std::chrono::milliseconds retry) { storage_retry_ = retry; }
   std::chrono::milliseconds storage_retry() const { return storage_retry_; }
+  // How load() and load_latest() open files (ReadOptions: format 1 only when asked).
+  // A file refused by them is skipped, not set aside as damaged.
+  void set_read_options(ReadOptions options) { read_options_ = options; }
   // Whether load_latest() renames a damaged file to *.damaged (the default) or only
   // skips it: of the processes that resume from one folder, one should set it aside.
   void set_quarantine(bool quarantine) { quarantine_ = quarantine; }
@@ -195,6 +198,7 @@ class Checkpoint {
   std::vector<Registered> sources_;
   std::chrono::milliseconds storage_retry_{30'000};
   bool quarantine_ = true;
+  ReadOptions read_options_;
   std::shared_future<std::filesystem::path> in_flight_;
   std::thread writer_;
   // Host buffers of the last async snapshot, reused by the next (see snapshot.hpp).
