@@ -1,22 +1,27 @@
-// Small blocking calls with their signature inside the same MPI message, for the
+// Small blocking calls with their signature inside the same messages, for the
 // signature check across nodes (signature_check.hpp), where there is no board to
 // read: an all-reduced signature beside the call costs a second round trip, as much
 // as the small call itself.
 //
-// The record each rank contributes is [ header | payload ]: the header holds the
-// signature s and -s as int64 fields.
-//   allreduce  one record, all-reduced with an MPI_Op of troupe's: the headers by
-//              field-wise minimum (so every rank learns min(s) and max(s)), the
-//              payloads with the call's op, only where all headers agree;
-//   reduce_scatter  one record per rank's block, reduced with the same op and
-//              scattered (MPI_Reduce_scatter_block): each rank's record holds the
-//              headers' minima, as an allreduce's does;
-//   allgather  every rank's record gathered: each rank compares every header;
-//   broadcast  the root's record: each rank compares the root's header with its own;
-//   barrier    the header alone, all-reduced by minimum.
+// Every message is [ header | data ]: the header holds the signature s and -s as int64
+// fields, merged by field-wise minimum, so a rank that has merged every header knows
+// min(s) and max(s). The messages are troupe's own point-to-point ones, not MPI's
+// collectives: every receive is posted at the longest message any packed call sends,
+// so ranks whose calls differ in count (and so in message length) still finish, and
+// fail alike -- MPI's collectives, given such calls, truncated on one rank and left
+// the other waiting (issue 49).
+//   allreduce, reduce_scatter, allgather, barrier  one exchange (recursive doubling,
+//              packed_call.cpp) of the partial reduction -- a reduce_scatter's whole
+//              input, of which each rank keeps its block -- or of the blocks gathered
+//              so far, or of the header alone: every rank ends with every header;
+//   broadcast  the root's message, forwarded down a binomial tree: each rank compares
+//              the root's header with its own.
 // A mismatch throws CollectiveMismatch: after an allreduce, reduce_scatter, allgather
 // or barrier on every rank, naming the ranks (the signatures are allgathered on the
 // check communicator); after a broadcast on the ranks that differ from the root.
+// A call of another kind than its peers', or a broadcast from another root, still
+// leaves MPI waiting (the watchdog's case, blocking_watchdog.hpp), as do calls on
+// either side of kPackedCallBytes.
 #pragma once
 
 #include <mpi.h>
@@ -30,12 +35,14 @@
 namespace troupe::collectives::detail {
 
 // Calls of at most this many bytes (the larger buffer) are packed: above it the
-// payload's two copies cost more than the all-reduced signature saves.
+// payload's two copies cost more than the all-reduced signature saves. It also bounds
+// every packed message's data, so receives are posted at kHeaderBytes + this.
 constexpr std::size_t kPackedCallBytes = 4096;
 
 bool can_pack(const Collective& collective);
 
-// Runs `collective` (can_pack) as one blocking MPI call with its signature packed in.
+// Runs `collective` (can_pack) on the calling thread, its messages on `check_comm`
+// (the check communicator: collectives only, so no other message matches them).
 // Throws CollectiveMismatch on a mismatch.
 void run_packed(const Collective& collective, const MpiSite& site, MPI_Comm check_comm,
                 std::chrono::milliseconds timeout);
