@@ -25,6 +25,7 @@ void HostProbe::start(Hosts hosts, Answered answered) {
   hosts_ = std::move(hosts);
   answered_ = std::move(answered);
   active_ = true;
+  failed_ = 0;
   if (!job_) schedule();  // a probe in flight schedules the next one when it ends
 }
 
@@ -63,7 +64,10 @@ void HostProbe::probe(const std::string& host) {
     deadline_.cancel();
     asio::post(io_, [this] { job_.reset(); });  // not from inside its own callback
     if (!active_) return;
-    if (status != 0) return schedule();
+    if (status != 0) {
+      ++failed_;
+      return schedule();
+    }
     active_ = false;
     answered_(host);
   });

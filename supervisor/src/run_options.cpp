@@ -112,6 +112,8 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       options.exclude_after = parse_int(arg, value(arg), 0);
     } else if (arg == "--min-ranks") {
       options.min_ranks = parse_int(arg, value(arg), 1);
+    } else if (arg == "--host-wait") {
+      options.host_wait = parse_seconds(arg, value(arg), true);
     } else if (arg == "--regrow") {
       options.regrow = true;
     } else if (arg == "--probe-interval") {
@@ -197,6 +199,9 @@ options:
   --exclude-after K       leave out a host blamed for K failures (default 0: never)
   --min-ranks M           relaunch with fewer ranks, down to M, when hosts were left out
                           (default: -np, no shrink); the program resumes resharded
+  --host-wait S           after a launch that failed before its ranks started, wait up to S s
+                          for the host blamed to answer (probed); if it did not answer at
+                          first, the launch is not counted as a restart (default 120; 0: off)
   --regrow                grow back onto a host left out once it answers again (probed
                           every --probe-interval S, default 5), at the next checkpoint
   --straggler-ratio R     report a rank whose own work per step is R times the ranks'

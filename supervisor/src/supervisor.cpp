@@ -62,6 +62,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         tick_(io_),
         grace_timer_(io_),
         backoff_timer_(io_),
+        host_wait_timer_(io_),
         refusal_timer_(io_),
         stragglers_(options_.straggler_ratio) {
     auto hosts = job_hosts(options_);
@@ -77,6 +78,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     events_ = std::make_unique<EventLog>(options_.events_file, run_id_);
     server_ = std::make_unique<HeartbeatServer>(io_, options_.bind_host, options_.bind_port, token_, run_id_, *this);
     probe_ = std::make_unique<HostProbe>(io_, options_, mpirun_, [this](const std::string& line) { say(line); });
+    RunOptions quick = options_;  // waiting for a host is on the job's critical path
+    quick.probe_interval = Seconds(0.5);
+    host_wait_ = std::make_unique<HostProbe>(io_, quick, mpirun_, [this](const std::string& line) { say(line); });
     address_ = options_.advertise.empty() ? server_->address()
                                           : options_.advertise + ":" + std::to_string(server_->port());
   }
@@ -164,7 +168,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   }
 
  private:
-  enum class State { running, stopping, backing_off, finished };
+  enum class State { running, stopping, waiting_for_host, backing_off, finished };
 
   void say(const std::string& line) { std::cerr << "troupe-run: " << line << std::endl; }
 
@@ -351,6 +355,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       if (status == 0) return succeed();
       const auto& ranks = server_->ranks();
       bool all = std::all_of(ranks.begin(), ranks.end(), [](const RankStatus& r) { return r.registered; });
+      launch_failed_ = !all;
       fail("mpirun_exit", "mpirun " + describe_wait_status(status), {}, all ? "" : kBlameLast);
     }
     if (state_ != State::stopping) return;
@@ -376,9 +381,11 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                 fixed(seconds(Clock::now() - silent->last_heard)) + " s";
       host = silent->host;
     }
+    blamed_host_.clear();
     if (!host.empty()) {
       auto blamed = pool_->blame(host == kBlameLast ? "" : host);
       if (!blamed.empty()) fields.emplace_back("host", blamed);
+      blamed_host_ = blamed;
     }
     tick_.cancel();
     summary_.failed(cause, detail, furthest_step_, last_progress_.value_or(launched_), Clock::now());
@@ -448,8 +455,52 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       events_->write("restart", {{"restart", restart_}, {"backoff_s", 0.0}, {"cause", "regrow"}});
       return launch();
     }
-    if (restart_ - regrows_ >= options_.max_restarts)
-      return finish(1, "gave up after " + std::to_string(restart_ - regrows_) + " restart(s)");
+    // Not for a host the next plan leaves out anyway (--exclude-after): the job goes on without it.
+    const bool leaving_out = options_.exclude_after > 0 && pool_->failures_of(blamed_host_) >= options_.exclude_after;
+    if (launch_failed_ && !blamed_host_.empty() && !pool_->source().empty() && options_.host_wait.count() > 0 &&
+        !leaving_out) {
+      launch_failed_ = false;
+      return wait_for_host(blamed_host_);
+    }
+    launch_failed_ = false;
+    relaunch();
+  }
+
+  // A launch failed before its ranks registered, blamed on `host`. If the host does not
+  // answer (a node down, a link still cut) the launch never had a chance: wait for it,
+  // up to --host-wait, rather than spend restarts relaunching into it.
+  void wait_for_host(const std::string& host) {
+    state_ = State::waiting_for_host;
+    const auto started = Clock::now();
+    say("the launch failed before its ranks started; checking that host " + host + " answers");
+    const auto done = [this, host, started](bool answered) {
+      host_wait_timer_.cancel();
+      host_wait_->stop();
+      const int failed = host_wait_->failed();
+      const double waited = seconds(Clock::now() - started);
+      events_->write("host_wait", {{"restart", restart_}, {"host", host}, {"answered", answered},
+                                   {"failed_probes", failed}, {"waited_s", waited}});
+      if (answered && failed > 0) {  // it was unreachable: not the program's failure
+        ++unreachable_launches_;
+        say("host " + host + " answers again after " + fixed(waited) + " s; the launch that failed for it is not " +
+            "counted against --max-restarts");
+      } else if (!answered) {
+        say("host " + host + " did not answer within --host-wait " + fixed(options_.host_wait.count()) + " s");
+      }
+      relaunch();
+    };
+    host_wait_->start([host] { return std::vector<std::string>{host}; }, [done](const std::string&) { done(true); });
+    host_wait_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.host_wait));
+    host_wait_timer_.async_wait([this, done](boost::system::error_code ec) {
+      if (!ec && state_ == State::waiting_for_host) done(false);
+    });
+  }
+
+  void relaunch() {
+    if (interrupted_) return finish(128 + interrupted_, "stopped by " + std::string(::strsignal(interrupted_)));
+    const int before = pool_->np();
+    if (restart_ - regrows_ - unreachable_launches_ >= options_.max_restarts)
+      return finish(1, "gave up after " + std::to_string(restart_ - regrows_ - unreachable_launches_) + " restart(s)");
     if (save_failures_ > 0) {  // the job's saves failed: is the disk still full?
       if (const std::string full = checkpoint_space_shortfall(options_.checkpoint_dir); !full.empty()) {
         events_->write("storage_full", {{"restart", restart_}, {"reason", full}});
@@ -471,7 +522,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     ++restart_;
     double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, restart_ - 1));
     state_ = State::backing_off;
-    say("restart " + std::to_string(restart_) + " of " + std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
+    say("restart " + std::to_string(restart_ - regrows_ - unreachable_launches_) + " of " +
+        std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
     events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"cause", summary_.last_cause()}});
     backoff_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(backoff)));
     backoff_timer_.async_wait([this](boost::system::error_code ec) {
@@ -497,6 +549,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     } else if (state_ == State::backing_off) {
       backoff_timer_.cancel();
       after_stop();
+    } else if (state_ == State::waiting_for_host) {
+      host_wait_timer_.cancel();
+      host_wait_->stop();
+      after_stop();
     }
   }
 
@@ -520,8 +576,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     tick_.cancel();
     grace_timer_.cancel();
     backoff_timer_.cancel();
+    host_wait_timer_.cancel();
     refusal_timer_.cancel();
     probe_->stop();
+    host_wait_->stop();
     signals_.cancel();
     io_.stop();
   }
@@ -532,7 +590,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::string mpirun_;
   asio::io_context io_;
   asio::signal_set signals_;
-  asio::steady_timer tick_, grace_timer_, backoff_timer_;
+  asio::steady_timer tick_, grace_timer_, backoff_timer_, host_wait_timer_;
   // Refusals written out: 5 lines a second on stderr; in the events log 5 per peer
   // address and 20 in all per 10 s (a reader wants the first few of a kind, not each).
   asio::steady_timer refusal_timer_;
@@ -564,7 +622,14 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   long long regrow_after_step_ = -1;
   bool regrowing_ = false;  // the job is being stopped to grow back
   int regrows_ = 0;         // relaunches that were regrowths, not failures
-  int save_failures_ = 0;   // checkpoint saves that ranks reported failed since the last relaunch
+  int save_failures_ = 0;
+  // --host-wait: the probe of a host a failed launch is blamed on, that host, whether
+  // the last failure was a launch whose ranks never all registered, and the relaunches
+  // after such a launch whose host had not answered (not counted as restarts).
+  std::unique_ptr<HostProbe> host_wait_;
+  std::string blamed_host_;
+  bool launch_failed_ = false;
+  int unreachable_launches_ = 0;   // checkpoint saves that ranks reported failed since the last relaunch
 };
 
 Supervisor::Supervisor(RunOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

@@ -282,6 +282,37 @@ def link_down(s: Scenario) -> None:
     check(not left, f"no process left on {node} after the job: {left}")
 
 
+def relaunch_waits_for_host(s: Scenario) -> None:
+    # A node killed and its link cut: the relaunch onto it fails before its ranks start.
+    # troupe-run then probes the node instead of relaunching into it again, and when the
+    # link heals the launch that failed for it is not counted: with --max-restarts 1
+    # the job still finishes, bit for bit.
+    expected = reference(s)
+    directory, process = under_troupe_run(s, "host-wait", ["--max-restarts", "1"])
+    wait_for_checkpoint(directory, 70, process)
+    node = f"node{s.nodes}"
+    cluster("partition", node)
+    cluster("kill", node)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline and not [e for e in events(directory) if e["event"] == "host_wait" or
+                                              e["event"] == "finish"]:
+            if [e for e in events(directory) if e["event"] == "failure"][1:]:
+                time.sleep(3)  # the failed relaunch is in: let a probe or two fail, then heal
+                break
+            time.sleep(0.05)
+    finally:
+        cluster("heal", node)
+    code, out, err = finish(process, s.work / "host-wait.log")
+    waits = [e for e in events(directory) if e["event"] == "host_wait"]
+    print(f"host_wait events: {waits}")
+    check(code == 0, f"troupe-run finished with --max-restarts 1 after a relaunch into a cut link (status {code})")
+    check(bool(waits) and waits[0]["host"] == node and waits[0]["answered"] and waits[0]["failed_probes"] > 0,
+          f"troupe-run waited for {node} and it answered after failing probes: {waits}")
+    check("not counted against --max-restarts" in err, "troupe-run said the failed launch is not counted")
+    check(hash_of(out) == expected, f"parameters {hash_of(out)} == never failed {expected}")
+
+
 def lose_node_for_good(s: Scenario, name: str, hostfile: str) -> tuple[Path, str, str, float]:
     # The node goes for good (link down, then its processes killed): detected by missed
     # heartbeats, the relaunch onto it fails (its daemon cannot be started) and is
@@ -491,7 +522,9 @@ def slurm_node_lost(s: Scenario) -> None:
         check(accuracy >= 0.95, f"final test accuracy {accuracy} >= 0.95")
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down, node_lost, straggler, regrow, bad_input, slurm, slurm_node_lost)}
+SCENARIOS = {f.__name__: f for f in (collectives, examples, kill_rank, control_plane, digits_modes, node_kill, link_down,
+                                     relaunch_waits_for_host, node_lost, straggler, regrow, bad_input, slurm,
+                                     slurm_node_lost)}
 
 
 def main() -> None:

@@ -38,6 +38,8 @@ class HostProbe {
   void start(Hosts hosts, Answered answered);
   // Stops probing; a probe in flight is killed.
   void stop();
+  // Probes that did not answer since start().
+  int failed() const { return failed_; }
 
  private:
   void schedule();
@@ -53,6 +55,7 @@ class HostProbe {
   std::unique_ptr<Job> job_;
   bool active_ = false;
   int started_ = 0;  // probes so far: the round robin's position
+  int failed_ = 0;
 };
 
 // The step of the newest checkpoint in `dir` ("ckpt-<step>.h5", which the checkpoint

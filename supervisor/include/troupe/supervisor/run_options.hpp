@@ -68,6 +68,10 @@ struct RunOptions {
   // it on every host with -np ranks; the program resumes resharded. Needs checkpoint_dir.
   bool regrow = false;
   Seconds probe_interval{5};
+  // A launch that fails before its ranks registered, on a host that does not answer
+  // (a node down, a link cut): troupe-run waits up to this long for the host, probing
+  // it, and the failed launch is not counted against max_restarts. 0: never wait.
+  Seconds host_wait{120};
   // A rank whose own work per step (its step time less its waits in collectives) is at
   // least this many times the ranks' median is reported as a straggler (events log and
   // stderr), without a restart. 0: off.
