@@ -20,7 +20,7 @@ from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
 AREA_ORDER = ["tensor", "train", "gpt", "sharding", "gpu", "gpu-gpt", "actors", "collectives", "checkpoint", "supervisor",
-              "cluster"]
+              "cluster", "chaos"]
 
 # The sources each area measures: its libraries, the ones they build on where the timed
 # path runs, and its bench programs and baseline scripts (not bench/run, report.py or
@@ -51,6 +51,8 @@ AREA_PATHS = {
                 "tests/actors/scale_main.cpp", "scripts/cluster", "bench/cluster_area.py",
                 "bench/collectives_bench.cpp", "bench/torch_restart_job.py"],
 }
+AREA_PATHS["chaos"] = ["include/", "mpi/", "actors/", "collectives/", "checkpoint/", "train/", "supervisor/",
+                       "examples/train_digits.cpp", "scripts/cluster", "scripts/chaos", "tests/storage_fault/"]
 for _area, _paths in AREA_PATHS.items():
     if not _area.startswith("gpu"):
         _paths += _NOT_CUDA
@@ -105,6 +107,18 @@ times the straggler report from the throttle. The control plane rows run 16, 32 
 ranks oversubscribed on the 2 cores (tests/actors/scale_main.cpp); the allreduce and
 allgather rows are one 3-node job of `collectives_bench --quick` (one round; marked
 quick), troupe next to the direct MPI call in the same job.""",
+    "chaos": """\
+Issue 49's campaign, from `scripts/chaos` (docs/CLUSTER.md, "Chaos"): one train_digits
+job, a rank on each of the virtual cluster's 3 nodes, under troupe-run (`--backoff 0`),
+takes a seeded random mix of faults one at a time -- kill -9 of a rank, kill of a node,
+a link cut healed after 0.5-3 s, a slow node, a failing read while the next launch
+resumes (the storage-fault shim), a full disk for a while, SIGTERM to troupe-run and a
+new troupe-run on the same folder -- and must end with the parameter hash of a run that
+never failed, its last checkpoint in place and no process left on any node. Recovery
+of a fault runs from its injection to troupe-run's next resume event (or the new
+troupe-run's first step), or, when the job went on without a relaunch, to the next
+checkpoint written after the fault was lifted. There is no baseline: the figures are
+counts and times against the issue's targets.""",
     "gpu": """\
 Issue 11's figures on one NVIDIA GPU, from `scripts/gpu-check` on the GPU machine
 (not `bench/run`: this machine has no GPU), which runs `bench/gpu_bench.cpp` and its
