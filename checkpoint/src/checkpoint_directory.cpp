@@ -5,13 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <ctime>
-#include <limits>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
+#include <limits>
 #include <string>
 
 #include "durable_file.hpp"
@@ -38,8 +37,8 @@ std::string file_name(std::int64_t step) {
   return buf;
 }
 
-// Who writes the temporary file ".ckpt-000000042.h5.tmp-<host>-<pid>" (or
-// "latest.tmp-<host>-<pid>"). Names of older troupes carry only the pid: this host's.
+// Who writes the temporary file ".ckpt-000000042.h5.tmp-<host>-<pid>". Names without a
+// host ("latest.tmp-<pid>", and older troupes' checkpoint temporaries) are this host's.
 struct TempOwner {
   std::string host;
   pid_t pid;

@@ -421,7 +421,7 @@ class TrainWorker {
     std::exception_ptr failed;
     try {
       checkpoint_->save(state_->step, state_->epoch);
-    } catch (const checkpoint::CheckpointError&) {
+    } catch (const Error&) {  // any of troupe's: the others must not wait for this rank
       failed = std::current_exception();
     }
     if (!sharded_) {
@@ -429,7 +429,7 @@ class TrainWorker {
       comm_->allreduce(flag, collectives::ReduceOp::max);
       if (!failed && flag.to(tensor::Device::cpu()).item() > 0)
         TROUPE_THROW(checkpoint::CheckpointError, "rank ", comm_->rank(), " stops with the checkpoint writer (rank 0), ",
-                     "whose saves failed in a row (its log says why); the last durable checkpoint stays");
+                     "whose save failed (its log says why); the last durable checkpoint stays");
     }
     if (failed) std::rethrow_exception(failed);
   }
