@@ -108,7 +108,7 @@ ranks oversubscribed on the 2 cores (tests/actors/scale_main.cpp); the allreduce
 allgather rows are one 3-node job of `collectives_bench --quick` (one round; marked
 quick), troupe next to the direct MPI call in the same job.""",
     "chaos": """\
-Issue 49's campaign, from `scripts/chaos` (docs/CLUSTER.md, "Chaos"): one train_digits
+Issue 49's campaign, from `scripts/chaos` (docs/CLUSTER.md, "A chaos campaign"): one train_digits
 job, a rank on each of the virtual cluster's 3 nodes, under troupe-run (`--backoff 0`),
 takes a seeded random mix of faults one at a time -- kill -9 of a rank, kill of a node,
 a link cut healed after 0.5-3 s, a slow node, a failing read while the next launch
