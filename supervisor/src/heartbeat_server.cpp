@@ -332,8 +332,10 @@ std::optional<std::string> HeartbeatServer::check_hello(const Hello& hello) cons
 }
 
 void HeartbeatServer::accept() {
-  acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+  // An accept that completed before the server was destroyed still runs its handler
+  // (closing the acceptor cancels only pending ones): `alive` tells it `this` is gone.
+  acceptor_.async_accept([this, alive = std::weak_ptr<void>(alive_)](boost::system::error_code ec, tcp::socket socket) {
+    if (alive.expired() || ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
     if (!ec) {
       auto connection = std::make_shared<Connection>(*this, std::move(socket));
       make_room(connection->address());

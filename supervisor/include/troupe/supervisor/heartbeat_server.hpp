@@ -142,6 +142,7 @@ class HeartbeatServer {
   std::uint32_t restart_ = 0;
   std::vector<RankStatus> ranks_;
   std::vector<std::weak_ptr<Connection>> connections_;  // in order of arrival: the oldest first
+  std::shared_ptr<void> alive_ = std::make_shared<char>();  // expires with the server (accept)
 };
 
 // The registered, connected rank silent the longest, if it has been silent for more
