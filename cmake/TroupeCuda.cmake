@@ -22,3 +22,16 @@ if(NOT TROUPE_CUDA STREQUAL "OFF")
   endif()
 endif()
 message(STATUS "troupe: CUDA backend ${TROUPE_HAVE_CUDA} (TROUPE_CUDA=${TROUPE_CUDA})")
+
+# troupe_soname(VAR library): VAR = the SONAME of `library` (libcudart.so.13), for a
+# dlopen that finds the same major version the build was made against.
+function(troupe_soname var library)
+  file(REAL_PATH "${library}" real)
+  execute_process(COMMAND objdump -p "${real}" OUTPUT_VARIABLE dump RESULT_VARIABLE status ERROR_QUIET)
+  if(status EQUAL 0 AND dump MATCHES "SONAME +([^\n ]+)")
+    set(${var} "${CMAKE_MATCH_1}" PARENT_SCOPE)
+  else()
+    get_filename_component(name "${real}" NAME)
+    set(${var} "${name}" PARENT_SCOPE)
+  endif()
+endfunction()

@@ -18,6 +18,10 @@ install(TARGETS ${troupe_libraries} troupe_all EXPORT troupeTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS troupe-run troupe-ckpt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+# The CUDA backend, loaded on demand from beside libtroupe_tensor (tensor/CMakeLists.txt).
+if(TARGET troupe_tensor_cuda)
+  install(TARGETS troupe_tensor_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+endif()
 foreach(dir include tensor/include mpi/include collectives/include actors/include nn/include checkpoint/include
             supervisor/include train/include)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -1,10 +1,9 @@
 #include "troupe/collectives/nccl_communicator.hpp"
 
-#include <cuda_runtime.h>
 #include <mpi.h>
-#include <nccl.h>
 
 #include "engine.hpp"
+#include "nccl_library.hpp"
 #include "signature_check.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/operation.hpp"
@@ -14,12 +13,15 @@ namespace troupe::collectives {
 
 namespace {
 
+// Loaded by the constructor (or available()) before anything else here runs.
+const detail::NcclLibrary& api() { return detail::nccl_library("the NCCL backend"); }
+
 void check_cuda(cudaError_t status, const char* what, const std::string& context) {
-  if (status != cudaSuccess) TROUPE_THROW(NcclError, context, ": ", what, " failed: ", cudaGetErrorString(status));
+  if (status != cudaSuccess) TROUPE_THROW(NcclError, context, ": ", what, " failed: ", api().cudaGetErrorString(status));
 }
 void check_nccl(ncclResult_t status, const char* what, const std::string& context) {
   if (status != ncclSuccess && status != ncclInProgress) {
-    TROUPE_THROW(NcclError, context, ": ", what, " failed: ", ncclGetErrorString(status));
+    TROUPE_THROW(NcclError, context, ": ", what, " failed: ", api().ncclGetErrorString(status));
   }
 }
 
@@ -78,14 +80,14 @@ struct NcclState {
   // so this cannot wait for the destructor).
   void abort_communicator() noexcept {
     if (!comm) return;
-    cudaSetDevice(device);
-    ncclCommAbort(comm);
+    api().cudaSetDevice(device);
+    api().ncclCommAbort(comm);
     comm = nullptr;
   }
   ~NcclState() {
-    cudaSetDevice(device);
-    if (comm) ncclCommDestroy(comm);
-    if (stream) cudaStreamDestroy(stream);
+    api().cudaSetDevice(device);
+    if (comm) api().ncclCommDestroy(comm);
+    if (stream) api().cudaStreamDestroy(stream);
   }
 };
 
@@ -101,8 +103,8 @@ class NcclOperation : public Operation {
   NcclOperation(Collective c, std::shared_ptr<NcclState> state, int size)
       : Operation(std::move(c)), state_(std::move(state)), size_(size) {}
   ~NcclOperation() override {
-    if (inputs_ready_) cudaEventDestroy(inputs_ready_);
-    if (finished_) cudaEventDestroy(finished_);
+    if (inputs_ready_) api().cudaEventDestroy(inputs_ready_);
+    if (finished_) api().cudaEventDestroy(finished_);
   }
 
   void start() override {
@@ -110,20 +112,20 @@ class NcclOperation : public Operation {
     const std::string what = c.describe();
     NcclState& s = *state_;
     check_not_aborted(s, what);
-    check_cuda(cudaSetDevice(s.device), "cudaSetDevice", what);
-    check_cuda(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "cudaEventCreate", what);
-    check_cuda(cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming), "cudaEventCreate", what);
+    check_cuda(api().cudaSetDevice(s.device), "cudaSetDevice", what);
+    check_cuda(api().cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming), "cudaEventCreate", what);
+    check_cuda(api().cudaEventCreateWithFlags(&finished_, cudaEventDisableTiming), "cudaEventCreate", what);
     // Inputs are written by kernels on the legacy default stream: wait for them.
-    check_cuda(cudaEventRecord(inputs_ready_, cudaStreamLegacy), "cudaEventRecord", what);
-    check_cuda(cudaStreamWaitEvent(s.stream, inputs_ready_, 0), "cudaStreamWaitEvent", what);
+    check_cuda(api().cudaEventRecord(inputs_ready_, cudaStreamLegacy), "cudaEventRecord", what);
+    check_cuda(api().cudaStreamWaitEvent(s.stream, inputs_ready_, 0), "cudaStreamWaitEvent", what);
     enqueue(c, what);
-    check_cuda(cudaEventRecord(finished_, s.stream), "cudaEventRecord", what);
+    check_cuda(api().cudaEventRecord(finished_, s.stream), "cudaEventRecord", what);
   }
 
   bool queue_device_wait() override {
     const std::string what = collective().describe();
-    check_cuda(cudaSetDevice(state_->device), "cudaSetDevice", what);
-    check_cuda(cudaStreamWaitEvent(cudaStreamLegacy, finished_, 0), "cudaStreamWaitEvent", what);
+    check_cuda(api().cudaSetDevice(state_->device), "cudaSetDevice", what);
+    check_cuda(api().cudaStreamWaitEvent(cudaStreamLegacy, finished_, 0), "cudaStreamWaitEvent", what);
     return true;
   }
 
@@ -131,12 +133,12 @@ class NcclOperation : public Operation {
     const std::string_view name = collective_name(collective().kind);
     check_not_aborted(*state_, collective().describe());
     ncclResult_t async = ncclSuccess;
-    ncclCommGetAsyncError(state_->comm, &async);
+    api().ncclCommGetAsyncError(state_->comm, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
       TROUPE_THROW(NcclError, collective().describe(), ": NCCL reported an error on rank ", state_->rank, ": ",
-                   ncclGetErrorString(async));
+                   api().ncclGetErrorString(async));
     }
-    const cudaError_t status = cudaEventQuery(finished_);
+    const cudaError_t status = api().cudaEventQuery(finished_);
     if (status == cudaErrorNotReady) return false;
     check_cuda(status, "the collective's kernel", std::string(name));
     return true;
@@ -153,46 +155,46 @@ class NcclOperation : public Operation {
     void* out = c.output.data;
     switch (c.kind) {
       case K::allreduce:
-        return check_nccl(ncclAllReduce(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclAllReduce", what);
+        return check_nccl(api().ncclAllReduce(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclAllReduce", what);
       case K::broadcast:
-        return check_nccl(ncclBroadcast(s.rank == c.root ? in : out, out, n, type, c.root, s.comm, s.stream),
+        return check_nccl(api().ncclBroadcast(s.rank == c.root ? in : out, out, n, type, c.root, s.comm, s.stream),
                           "ncclBroadcast", what);
       case K::reduce:
-        return check_nccl(ncclReduce(in, s.rank == c.root ? out : in, n, type, nccl_op(c.op), c.root, s.comm, s.stream),
+        return check_nccl(api().ncclReduce(in, s.rank == c.root ? out : in, n, type, nccl_op(c.op), c.root, s.comm, s.stream),
                           "ncclReduce", what);
       case K::allgather:
-        return check_nccl(ncclAllGather(c.in_place ? static_cast<std::byte*>(out) + s.rank * block : in, out, n, type,
+        return check_nccl(api().ncclAllGather(c.in_place ? static_cast<std::byte*>(out) + s.rank * block : in, out, n, type,
                                         s.comm, s.stream),
                           "ncclAllGather", what);
       case K::reduce_scatter:
-        return check_nccl(ncclReduceScatter(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclReduceScatter",
+        return check_nccl(api().ncclReduceScatter(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclReduceScatter",
                           what);
       case K::gather:
       case K::scatter: {
         // Point to point in one group: the root sends (scatter) or receives (gather)
         // one block per rank, its own block included.
         const bool gather = c.kind == K::gather;
-        check_nccl(ncclGroupStart(), "ncclGroupStart", what);
+        check_nccl(api().ncclGroupStart(), "ncclGroupStart", what);
         if (s.rank == c.root) {
           for (int peer = 0; peer < size_; ++peer) {
             std::byte* slot = static_cast<std::byte*>(gather ? out : in) + peer * block;
-            if (gather) check_nccl(ncclRecv(slot, n, type, peer, s.comm, s.stream), "ncclRecv", what);
-            else check_nccl(ncclSend(slot, n, type, peer, s.comm, s.stream), "ncclSend", what);
+            if (gather) check_nccl(api().ncclRecv(slot, n, type, peer, s.comm, s.stream), "ncclRecv", what);
+            else check_nccl(api().ncclSend(slot, n, type, peer, s.comm, s.stream), "ncclSend", what);
           }
         }
-        if (gather) check_nccl(ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
-        else check_nccl(ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
-        return check_nccl(ncclGroupEnd(), "ncclGroupEnd", what);
+        if (gather) check_nccl(api().ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
+        else check_nccl(api().ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
+        return check_nccl(api().ncclGroupEnd(), "ncclGroupEnd", what);
       }
       case K::barrier:
         // A one-element allreduce on device scratch: NCCL has no barrier.
-        if (!scratch_) check_cuda(cudaMallocAsync(&scratch_, sizeof(float), s.stream), "cudaMallocAsync", what);
-        check_nccl(ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, s.comm, s.stream), "ncclAllReduce", what);
-        return check_cuda(cudaFreeAsync(scratch_, s.stream), "cudaFreeAsync", what);
+        if (!scratch_) check_cuda(api().cudaMallocAsync(&scratch_, sizeof(float), s.stream), "cudaMallocAsync", what);
+        check_nccl(api().ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, s.comm, s.stream), "ncclAllReduce", what);
+        return check_cuda(api().cudaFreeAsync(scratch_, s.stream), "cudaFreeAsync", what);
       case K::send:
-        return check_nccl(ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
+        return check_nccl(api().ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
       case K::recv:
-        return check_nccl(ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
+        return check_nccl(api().ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
     }
   }
 
@@ -206,28 +208,30 @@ class NcclOperation : public Operation {
 }  // namespace detail
 
 bool NcclCommunicator::available() {
+  const detail::NcclLibrary* library = detail::nccl_library_if_present();
   int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  return library != nullptr && library->cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
 }
 
 NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, Options options)
     : Communicator(bootstrap.rank(), bootstrap.size(), options), state_(std::make_shared<detail::NcclState>()) {
   const std::string context = troupe::detail::concat("NCCL communicator on rank ", rank());
+  detail::nccl_library(context);  // throws, saying why, where CUDA or NCCL cannot be loaded
   int devices = 0;
-  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount", context);
+  check_cuda(api().cudaGetDeviceCount(&devices), "cudaGetDeviceCount", context);
   TROUPE_CHECK(devices > 0, context, ": no CUDA device is visible");
   state_->device = device >= 0 ? device : local_rank(bootstrap.comm()) % devices;
   TROUPE_CHECK(state_->device < devices, context, ": device ", state_->device, " does not exist (", devices,
                " visible)");
   state_->rank = rank();
-  check_cuda(cudaSetDevice(state_->device), "cudaSetDevice", context);
-  check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
+  check_cuda(api().cudaSetDevice(state_->device), "cudaSetDevice", context);
+  check_cuda(api().cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
   ncclUniqueId id{};
-  if (rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", context);
+  if (rank() == 0) check_nccl(api().ncclGetUniqueId(&id), "ncclGetUniqueId", context);
   // The id travels as bytes through the bootstrap communicator's own broadcast
   // (numbered, checked in debug mode and bounded by its timeout).
   bootstrap.broadcast(Buffer(reinterpret_cast<std::uint8_t*>(&id), sizeof id), 0);
-  check_nccl(ncclCommInitRank(&state_->comm, size(), id, rank()), "ncclCommInitRank", context);
+  check_nccl(api().ncclCommInitRank(&state_->comm, size(), id, rank()), "ncclCommInitRank", context);
   host_ = std::make_unique<MpiCommunicator>(bootstrap.comm(), options);
   TROUPE_MPI_CHECK(MPI_Comm_dup(bootstrap.comm(), &check_comm_));
   returning_errors(check_comm_);
@@ -252,11 +256,11 @@ int NcclCommunicator::device() const { return state_->device; }
 
 std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
   const std::string context = troupe::detail::concat("NCCL split on rank ", rank());
-  check_cuda(cudaSetDevice(state_->device), "cudaSetDevice", context);
+  check_cuda(api().cudaSetDevice(state_->device), "cudaSetDevice", context);
   auto child = std::make_shared<detail::NcclState>();
   child->device = state_->device;
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  check_nccl(ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm, &config),
+  check_nccl(api().ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child->comm, &config),
              "ncclCommSplit", context);
   std::unique_ptr<Communicator> host_child = host_->split(color, key);  // collective too
   MPI_Comm check_child = MPI_COMM_NULL;  // every rank is here once host_'s split returned
@@ -266,10 +270,10 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key) {
     return nullptr;
   }
   int rank = 0, size = 0;
-  check_nccl(ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
-  check_nccl(ncclCommCount(child->comm, &size), "ncclCommCount", context);
+  check_nccl(api().ncclCommUserRank(child->comm, &rank), "ncclCommUserRank", context);
+  check_nccl(api().ncclCommCount(child->comm, &size), "ncclCommCount", context);
   child->rank = rank;
-  check_cuda(cudaStreamCreateWithFlags(&child->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
+  check_cuda(api().cudaStreamCreateWithFlags(&child->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
   return std::unique_ptr<Communicator>(
       new NcclCommunicator(std::move(child), std::move(host_child), check_child, rank, size, options()));
 }

@@ -2,7 +2,7 @@
 
 #include <ostream>
 
-#include "cuda/cuda_backend.hpp"
+#include "cuda/cuda_table.hpp"
 #include "troupe/error.hpp"
 
 namespace troupe::tensor {
@@ -57,6 +57,8 @@ void check_device_usable(Device d, const char* op) {
     TROUPE_THROW(InvalidArgument, op, ": ", to_string(d),
                  " requested, but troupe was built without CUDA (configure with -DTROUPE_CUDA=ON)");
   const int count = cuda_device_count();
+  if (count == 0 && !cuda_backend::why_unavailable().empty())
+    TROUPE_THROW(InvalidArgument, op, ": ", to_string(d), " requested, but ", cuda_backend::why_unavailable());
   if (d.index < 0 || d.index >= count)
     TROUPE_THROW(InvalidArgument, op, ": ", to_string(d), " requested, but this machine has ",
                  count, " usable CUDA device(s)");

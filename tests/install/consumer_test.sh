@@ -26,6 +26,10 @@ for f in bin/troupe-run bin/troupe-ckpt lib/cmake/troupe/troupeConfig.cmake lib/
   [ -e "$prefix/$f" ] || fail "$f is not installed"
 done
 ls "$prefix"/lib/libtroupe_*.so* > /dev/null || fail "no shared libraries installed"
+# A CUDA build's backend is a plugin loaded from beside libtroupe_tensor (CUDA on demand).
+if [ -e "$build/tensor/libtroupe_tensor_cuda.so" ]; then
+  [ -e "$prefix/lib/libtroupe_tensor_cuda.so" ] || fail "the CUDA backend plugin is not installed beside libtroupe_tensor"
+fi
 "$prefix/bin/troupe-run" --version | grep -qx "troupe-run (troupe) [0-9.]*" || fail "troupe-run --version"
 "$prefix/bin/troupe-ckpt" --version | grep -qx "troupe-ckpt (troupe) [0-9.]*" || fail "troupe-ckpt --version"
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../library_mapped.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 
@@ -159,4 +160,16 @@ TEST(Cuda, SmallUploadsQueuedBehindKernelsArriveIntact) {
     ASSERT_EQ(back.data<std::int64_t>()[n - 1], firsts[i] + n - 1) << "upload " << i;
     ASSERT_EQ(back.data<std::int64_t>()[n / 2], firsts[i] + n / 2) << "upload " << i;
   }
+}
+
+// CUDA on demand (tensor/src/cuda/cuda_table.hpp): CPU work maps none of the CUDA
+// libraries; the first question about devices loads the backend, where there is one.
+TEST(CudaOnDemand, CpuWorkLoadsNoCudaLibraryUntilADeviceIsAskedFor) {
+  Generator g(1);
+  const Tensor a = normal({64, 64}, 0, 1, g);
+  EXPECT_EQ(matmul(a, a).shape(), (Shape{64, 64}));
+  for (const char* library : {"libcudart", "libcublas", "libtroupe_tensor_cuda"})
+    EXPECT_FALSE(troupe::testing::library_mapped(library)) << library << " is mapped after CPU work only";
+  cuda_device_count();
+  EXPECT_EQ(troupe::testing::library_mapped("libtroupe_tensor_cuda"), cuda_built()) << "asking for devices loads the backend in a CUDA build";
 }
