@@ -24,9 +24,24 @@ HostProbe::~HostProbe() { stop(); }
 void HostProbe::start(Hosts hosts, Answered answered) {
   hosts_ = std::move(hosts);
   answered_ = std::move(answered);
+  all_answered_ = nullptr;
+  waiting_.clear();
   active_ = true;
   failed_ = 0;
   if (!job_) schedule();  // a probe in flight schedules the next one when it ends
+}
+
+void HostProbe::start_all(std::vector<std::string> hosts, std::function<void()> all_answered) {
+  waiting_ = std::move(hosts);
+  all_answered_ = std::move(all_answered);
+  answered_ = nullptr;
+  active_ = true;
+  failed_ = 0;
+  if (waiting_.empty()) {
+    active_ = false;
+    return asio::post(io_, [done = all_answered_] { done(); });
+  }
+  if (!job_) schedule();
 }
 
 void HostProbe::stop() {
@@ -40,6 +55,7 @@ void HostProbe::schedule() {
   timer_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(options_.probe_interval));
   timer_.async_wait([this](boost::system::error_code ec) {
     if (ec || !active_ || job_) return;
+    if (all_answered_) return probe(waiting_.front());
     const auto hosts = hosts_();
     if (hosts.empty()) return;
     probe(hosts[static_cast<std::size_t>(started_++) % hosts.size()]);
@@ -67,6 +83,12 @@ void HostProbe::probe(const std::string& host) {
     if (status != 0) {
       ++failed_;
       return schedule();
+    }
+    if (all_answered_) {
+      std::erase(waiting_, host);
+      if (!waiting_.empty()) return schedule();  // the next host, once this probe is reaped
+      active_ = false;
+      return all_answered_();
     }
     active_ = false;
     answered_(host);

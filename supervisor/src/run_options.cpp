@@ -200,8 +200,9 @@ options:
   --min-ranks M           relaunch with fewer ranks, down to M, when hosts were left out
                           (default: -np, no shrink); the program resumes resharded
   --host-wait S           after a launch that failed before its ranks started, wait up to S s
-                          for the host blamed to answer (probed); if it did not answer at
-                          first, the launch is not counted as a restart (default 120; 0: off)
+                          for every host of the next launch to answer (probed, the blamed
+                          one first); if one did not answer at first, the launch is not
+                          counted as a restart (default 120; 0: off)
   --regrow                grow back onto a host left out once it answers again (probed
                           every --probe-interval S, default 5), at the next checkpoint
   --straggler-ratio R     report a rank whose own work per step is R times the ranks'

@@ -460,36 +460,46 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (launch_failed_ && !blamed_host_.empty() && !pool_->source().empty() && options_.host_wait.count() > 0 &&
         !leaving_out) {
       launch_failed_ = false;
-      return wait_for_host(blamed_host_);
+      return wait_for_hosts(blamed_host_);
     }
     launch_failed_ = false;
     relaunch();
   }
 
-  // A launch failed before its ranks registered, blamed on `host`. If the host does not
-  // answer (a node down, a link still cut) the launch never had a chance: wait for it,
-  // up to --host-wait, rather than spend restarts relaunching into it.
-  void wait_for_host(const std::string& host) {
+  // A launch failed before its ranks registered, blamed on `blamed`. If a host the
+  // next launch needs does not answer (a node down, a link still cut) that launch has
+  // no chance either: wait until every one answers, the blamed one first, up to
+  // --host-wait, rather than spend restarts relaunching into one.
+  void wait_for_hosts(const std::string& blamed) {
     state_ = State::waiting_for_host;
     const auto started = Clock::now();
-    say("the launch failed before its ranks started; checking that host " + host + " answers");
-    const auto done = [this, host, started](bool answered) {
+    std::vector<std::string> hosts{blamed};
+    for (const auto& h : pool_->remaining())
+      if (h.name != blamed && !(options_.exclude_after > 0 && pool_->failures_of(h.name) >= options_.exclude_after))
+        hosts.push_back(h.name);
+    say("the launch failed before its ranks started; checking that its " + std::to_string(hosts.size()) +
+        " host(s) answer, " + blamed + " first");
+    const auto done = [this, blamed, hosts, started](bool answered) {
       host_wait_timer_.cancel();
+      const std::vector<std::string> silent = answered ? std::vector<std::string>{} : host_wait_->waiting();
       host_wait_->stop();
       const int failed = host_wait_->failed();
       const double waited = seconds(Clock::now() - started);
-      events_->write("host_wait", {{"restart", restart_}, {"host", host}, {"answered", answered},
-                                   {"failed_probes", failed}, {"waited_s", waited}});
-      if (answered && failed > 0) {  // it was unreachable: not the program's failure
+      std::string silent_list;
+      for (const auto& h : silent) silent_list += (silent_list.empty() ? "" : ",") + h;
+      events_->write("host_wait", {{"restart", restart_}, {"host", blamed}, {"hosts", static_cast<int>(hosts.size())},
+                                   {"answered", answered}, {"silent", silent_list}, {"failed_probes", failed},
+                                   {"waited_s", waited}});
+      if (answered && failed > 0) {  // one was unreachable: not the program's failure
         ++unreachable_launches_;
-        say("host " + host + " answers again after " + fixed(waited) + " s; the launch that failed for it is not " +
-            "counted against --max-restarts");
+        say("every host answers again after " + fixed(waited) + " s; the launch that failed is not counted " +
+            "against --max-restarts");
       } else if (!answered) {
-        say("host " + host + " did not answer within --host-wait " + fixed(options_.host_wait.count()) + " s");
+        say("host(s) " + silent_list + " did not answer within --host-wait " + fixed(options_.host_wait.count()) + " s");
       }
       relaunch();
     };
-    host_wait_->start([host] { return std::vector<std::string>{host}; }, [done](const std::string&) { done(true); });
+    host_wait_->start_all(hosts, [done] { done(true); });
     host_wait_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.host_wait));
     host_wait_timer_.async_wait([this, done](boost::system::error_code ec) {
       if (!ec && state_ == State::waiting_for_host) done(false);

@@ -309,6 +309,7 @@ def relaunch_waits_for_host(s: Scenario) -> None:
     check(code == 0, f"troupe-run finished with --max-restarts 1 after a relaunch into a cut link (status {code})")
     check(bool(waits) and waits[0]["host"] == node and waits[0]["answered"] and waits[0]["failed_probes"] > 0,
           f"troupe-run waited for {node} and it answered after failing probes: {waits}")
+    check(bool(waits) and waits[0]["hosts"] == s.nodes, f"troupe-run probed all {s.nodes} hosts of the job: {waits}")
     check("not counted against --max-restarts" in err, "troupe-run said the failed launch is not counted")
     check(hash_of(out) == expected, f"parameters {hash_of(out)} == never failed {expected}")
 

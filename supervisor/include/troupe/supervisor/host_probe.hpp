@@ -4,8 +4,9 @@
 // (probe_command) on the next host of a round robin over the hosts it is asked about --
 // through the job's own launcher, so ssh, an rsh agent or Slurm reach the host the way
 // the job would. One probe runs at a time and is killed after max(10 s, interval): an
-// unreachable host can keep ssh waiting. The first host that answers is reported once,
-// and probing stops until start() is called again.
+// unreachable host can keep ssh waiting. start(): the first host that answers is
+// reported once, and probing stops until start() is called again. start_all(): every
+// host given must answer, in order, each retried until it does (troupe-run --host-wait).
 //
 // Also here: newest_checkpoint_step(), what troupe-run waits for before growing back.
 #pragma once
@@ -36,6 +37,11 @@ class HostProbe {
   // Probes hosts() every interval until one answers; then calls `answered` and stops.
   // Restarting while probing keeps the probe in flight.
   void start(Hosts hosts, Answered answered);
+  // Probes `hosts`, the first first, each until it answers; calls `all_answered` once
+  // the last one has. failed() counts over all of them.
+  void start_all(std::vector<std::string> hosts, std::function<void()> all_answered);
+  // The hosts start_all() still waits for.
+  const std::vector<std::string>& waiting() const { return waiting_; }
   // Stops probing; a probe in flight is killed.
   void stop();
   // Probes that did not answer since start().
@@ -52,6 +58,8 @@ class HostProbe {
   boost::asio::steady_timer timer_, deadline_;
   Hosts hosts_;
   Answered answered_;
+  std::vector<std::string> waiting_;  // start_all's hosts yet to answer
+  std::function<void()> all_answered_;  // set: start_all's mode
   std::unique_ptr<Job> job_;
   bool active_ = false;
   int started_ = 0;  // probes so far: the round robin's position
