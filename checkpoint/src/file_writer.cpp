@@ -136,7 +136,7 @@ void FileWriter::abandon() noexcept {
   if (id) detail::write_failure_at_close(*id);  // the file is given up: its failures with it
 }
 
-void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape) {
+std::uint64_t FileWriter::create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape) {
   auto lock = detail::h5_lock();
   check_path(path, path_);
   std::string name(path);
@@ -159,6 +159,7 @@ void FileWriter::create_dataset(std::string_view path, tensor::DType dtype, cons
   reserve(0);  // the dataset's bytes are allocated already: below the end of allocation
   raw_fd();
   check_writes();
+  return offset;
 }
 
 void FileWriter::write_range(std::string_view path, std::size_t byte_offset, const void* data, std::size_t size) {
@@ -199,9 +200,16 @@ void FileWriter::finish_dataset(std::string_view path) {
     hash.update(buffer.data(), static_cast<std::size_t>(n));
     done += static_cast<std::size_t>(n);
   }
+  finish_dataset(path, hash.digest());
+}
+
+void FileWriter::finish_dataset(std::string_view path, std::uint64_t checksum) {
+  auto lock = detail::h5_lock();
+  auto it = impl_->piecewise.find(path);
+  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path, ": finish_dataset without create_dataset");
   std::string name(path);
   Handle dset(h5_check(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), "H5Dopen " + name), H5Dclose);
-  detail::write_u64_attribute(dset.get(), kAttrChecksum, hash.digest(), path_ + ":" + name);
+  detail::write_u64_attribute(dset.get(), kAttrChecksum, checksum, path_ + ":" + name);
   impl_->piecewise.erase(it);
   check_writes();
 }

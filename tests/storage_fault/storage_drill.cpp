@@ -3,6 +3,7 @@
 //
 //   storage_drill save DIR STEP   saves the state of STEP (keep_last 2); exit 0 once it
 //                                 is durable (acknowledged), 3 when it failed loudly
+//   storage_drill psave DIR STEP  the same through ParallelCheckpoint (MPI-IO, one rank)
 //   storage_drill resume DIR      load_latest; prints "step N" and checks every byte of
 //                                 the state against step N's: exit 0; "fresh" and exit 4
 //                                 when nothing was resumed; 3 when it failed loudly;
@@ -16,6 +17,8 @@
 #include <string>
 
 #include "troupe/checkpoint/checkpoint.hpp"
+#include "troupe/checkpoint/parallel_checkpoint.hpp"
+#include "troupe/mpi/environment.hpp"
 #include "troupe/error.hpp"
 
 namespace {
@@ -32,12 +35,32 @@ tensor::Tensor state_of(std::int64_t step, int i) {
 
 constexpr int kTensors = 3;
 
+// The same file as the serial save, written by ParallelCheckpoint on one rank.
+int parallel_save(const char* dir, std::int64_t step) {
+  mpi::Environment env;
+  checkpoint::ParallelCheckpoint ckpt(dir, 2, MPI_COMM_WORLD);
+  checkpoint::SaveManifest manifest;
+  manifest.step = step;
+  manifest.groups = {"/model"};
+  manifest.attributes.push_back({"/model", "step", step});
+  std::vector<checkpoint::Slice> slices;
+  for (int i = 0; i < kTensors; ++i) {
+    tensor::Tensor t = state_of(step, i);
+    manifest.add_tensor("/model/t" + std::to_string(i), t.dtype(), t.shape());
+    slices.push_back(checkpoint::Slice::rows(0, t));
+  }
+  ckpt.save(manifest, slices);
+  std::printf("saved %lld\n", static_cast<long long>(step));
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const std::string mode = argc > 2 ? argv[1] : "";
-  if (!(mode == "save" && argc == 4) && !(mode == "resume" && argc == 3)) {
-    std::fprintf(stderr, "usage: storage_drill save DIR STEP | resume DIR\n");
+  if (!((mode == "save" || mode == "psave") && argc == 4) && !(mode == "resume" && argc == 3)) {
+    std::fprintf(stderr, "usage: storage_drill save|psave DIR STEP | resume DIR\n");
     return 2;
   }
+  if (mode == "psave") return parallel_save(argv[2], std::atoll(argv[3]));
   checkpoint::Checkpoint ckpt(argv[2], 2);
   const std::int64_t step = mode == "save" ? std::atoll(argv[3]) : 0;
   bool torn = false;

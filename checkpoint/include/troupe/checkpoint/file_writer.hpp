@@ -18,6 +18,7 @@
 // and HDF5 itself must not be entered from two threads at once (see h5_call.cpp).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -46,9 +47,14 @@ class FileWriter final : public Sink {
   // its flat C-order bytes at `byte_offset` with one pwrite (pieces in any order, no
   // assembly buffer), and finish_dataset, once every byte is there, reads the dataset
   // back through a fixed 4 MB buffer to compute its checksum and stamps it.
-  void create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape);
+  // create_dataset returns where the dataset's bytes start in the file (0 when it has
+  // none): other processes may write them there (ParallelWriter's ranks).
+  std::uint64_t create_dataset(std::string_view path, tensor::DType dtype, const tensor::Shape& shape);
   void write_range(std::string_view path, std::size_t byte_offset, const void* data, std::size_t size);
   void finish_dataset(std::string_view path);
+  // Stamps a checksum computed elsewhere (over bytes other processes wrote), reading
+  // nothing back.
+  void finish_dataset(std::string_view path, std::uint64_t checksum);
 
   // A host tensor of `shape` and `dtype` in a buffer the writer owns and reuses: the
   // "fixed buffer" of a streaming save. A source that must build each tensor (assembling

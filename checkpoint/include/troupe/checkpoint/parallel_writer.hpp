@@ -1,45 +1,45 @@
-// ParallelWriter: one checkpoint file written by every rank of a communicator at once,
-// through parallel HDF5 (its MPI-IO driver). Each rank writes its own slice of each
-// tensor -- no tensor is gathered on one rank, and a rank holds only its slices. The
-// file is the format of FileWriter and of the gathered save (docs/CHECKPOINT_FORMAT.md):
-// same names, dtypes, attributes and checksums, bit for bit in every tensor; only where
-// HDF5 puts its metadata in the file may differ.
+// ParallelWriter: one checkpoint file written by every rank of a communicator at once.
+// Each rank writes its own slice of each tensor -- no tensor is gathered on one rank,
+// and a rank holds only its slices. The file is the format of FileWriter and of the
+// gathered save (docs/CHECKPOINT_FORMAT.md): same names, dtypes, attributes and
+// checksums, bit for bit in every tensor; only where HDF5 puts its metadata may differ.
 //
-// Contract (parallel HDF5's, and checked): every method is collective. All ranks call
-// them in the same order with the same arguments -- same path, dtype and full shape,
-// same attribute values -- and only the slices differ. The slices of a tensor must tile
-// it: no overlap, no gap, in any order of ranks; a rank may hold none. Each call first
+// Contract (checked): every method is collective. All ranks call them in the same
+// order with the same arguments -- same path, dtype and full shape, same attribute
+// values -- and only the slices differ. The slices of a tensor must tile it: no
+// overlap, no gap, in any order of ranks; a rank may hold none. Each call first
 // compares the ranks' arguments (small allgathers), so disagreeing ranks and bad slices
 // get an InvalidArgument on *every* rank, naming the tensor and both versions, before
-// HDF5 is touched. An HDF5 or I/O failure on any rank is likewise made known to all and
+// the file is touched. An I/O failure on any rank is likewise made known to all and
 // thrown on every rank with the failing rank's message. Exceptions therefore leave the
 // ranks in step, and their destructors close the file together.
 //
-// The bytes: HDF5 creates each dataset (collective metadata), contiguous and allocated
-// at once; by default each rank then pwrite()s its slices at the dataset's address on
-// its own descriptor, exchanging no message until all its tensors are written. (Through
-// H5Dwrite every tensor would be a collective: ompio's MPI_File_set_view is an
-// allreduce, and ranks that wait in one spin on the cores the others are writing with.)
-// ParallelOptions::collective_buffering sends them through MPI-IO's aggregators instead.
-// write_all() takes a whole state dict in one call -- one agreement, one pass -- and is
-// what ParallelCheckpoint uses; write() is write_all() of one tensor.
+// write_all() in phases (write() is write_all() of one tensor):
+//   1. agree_on_slices: the arguments compared, the slices checked to tile each tensor;
+//   2. create_datasets: rank 0 alone lays the datasets out through a FileWriter --
+//      contiguous, their bytes allocated (and reserved) at once, never filled -- and
+//      broadcasts where each one's bytes start. The HDF5 structure is small and one
+//      process writes it, through FileWriter's write driver: a failed metadata flush is
+//      an error, not HDF5 1.10's crash at exit that the MPI-IO driver left behind;
+//   3. chain_checksums: a dataset's XXH64 covers all its bytes, which no rank has. In
+//      order of offset, the rank with the first range hashes it and sends the hash
+//      state (Xxh64::State, ~100 bytes) to the rank with the next range, and so on; the
+//      last finishes the digest. The chains of all tensors run as one pipeline, and one
+//      allreduce shares the digests;
+//   4. write_bytes: each rank pwrite()s its slices at their offsets on its own
+//      descriptor, exchanging no message until all its tensors are written (with
+//      ParallelOptions::collective_buffering, one MPI_File_write_at_all per tensor
+//      through MPI-IO's aggregators instead);
+//   5. rank 0 stamps the digests.
 //
-// Checksums: a dataset's XXH64 covers all its bytes, which no rank has. A slice is a
-// contiguous byte range; in order of offset, the rank with the first range hashes it and
-// sends the hash state (Xxh64::State, ~100 bytes) to the rank with the next range, which
-// continues from it, and so on; the last one finishes the digest. write_all() runs these
-// chains for all its tensors as one pipeline and shares the digests in one allreduce;
-// every rank then writes the attributes (attribute writes are collective).
+// Durability: close() fsyncs every rank's descriptor (on a parallel file system, from
+// each node); then rank 0 writes "complete" and closes the HDF5 file, each of its writes
+// checked. Making the file a checkpoint (fsync, rename, `latest`) is
+// ParallelCheckpoint's job (parallel_checkpoint.hpp).
 //
-// Durability: close() fsyncs each rank's descriptor, writes "complete", then H5Fflush --
-// in the MPI-IO driver that is MPI_File_sync on every rank, so each rank's own writes
-// reach storage (on a parallel file system, from each node) -- then closes. Making the
-// file a checkpoint (fsync, rename, `latest`) is ParallelCheckpoint's job
-// (parallel_checkpoint.hpp).
-//
-// MPI: the communicator is duplicated for the writer's own messages (MPI-IO gets another
-// duplicate from HDF5). Everything runs on the caller's thread, under the checkpoint
-// module's HDF5 lock (the installed HDF5 is not thread-safe).
+// MPI: the communicator is duplicated for the writer's own messages. Everything runs on
+// the caller's thread, under the checkpoint module's HDF5 lock (the installed HDF5 is
+// not thread-safe).
 #pragma once
 
 #include <mpi.h>
@@ -50,6 +50,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "troupe/checkpoint/attribute.hpp"
 #include "troupe/checkpoint/save_manifest.hpp"
@@ -73,7 +74,7 @@ struct ParallelOptions {
   // their offsets in the file, because a checkpoint slice is one long contiguous run
   // that needs no reshuffling, and two-phase I/O would funnel the bytes of a node
   // through one aggregator rank -- what this mode exists to avoid. true: a collective
-  // H5Dwrite per tensor with MPI-IO's collective buffering, where aggregator ranks
+  // MPI_File_write_at_all per tensor with MPI-IO's collective buffering, where aggregator ranks
   // gather and write; kept settable for many small or interleaved slices on a parallel
   // file system, and for the benchmark.
   bool collective_buffering = false;
@@ -103,7 +104,7 @@ class ParallelWriter {
   // rank's bytes of tensor i are handed to the file.
   void write_all(std::span<const TensorSpec> specs, std::span<const Slice> slices,
                  const std::function<void(std::size_t)>& written = {});
-  // Collective: marks the file complete, syncs every rank's writes and closes it.
+  // Collective: syncs every rank's writes, marks the file complete and closes it.
   void close();
 
   const std::string& path() const { return path_; }
@@ -114,6 +115,18 @@ class ParallelWriter {
 
  private:
   struct Impl;
+  struct Layout;  // what phases 1 and 2 of write_all() work out, per tensor
+  // The phases of write_all(). agree_on_slices returns each tensor's checksum chain: the
+  // ranks holding its slices, in order of offset.
+  std::vector<std::vector<int>> agree_on_slices(std::span<const TensorSpec> specs, std::span<const Slice> slices,
+                                                Layout& layout);
+  void create_datasets(std::span<const TensorSpec> specs, Layout& layout);
+  std::vector<std::uint64_t> chain_checksums(std::span<const Slice> slices,
+                                             const std::vector<std::vector<int>>& chains);
+  void write_bytes(std::span<const TensorSpec> specs, std::span<const Slice> slices, const Layout& layout,
+                   const std::function<void(std::size_t)>& written);
+  static tensor::Tensor on_host(const Slice& slice);
+
   std::unique_ptr<Impl> impl_;
   std::string path_;
   std::size_t bytes_written_ = 0;
