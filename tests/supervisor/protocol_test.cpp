@@ -1,9 +1,14 @@
 // Pure functions of the supervisor module: the wire format, troupe-run's command line,
 // TROUPE_FAULT, the mpirun command, the launch environment and JSON quoting.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "troupe/error.hpp"
@@ -313,4 +318,42 @@ TEST(LaunchEnvironment, RunIdsSortByTimeAndTokensDoNotRepeat) {
   const std::string a = sv::new_run_token(), b = sv::new_run_token();
   EXPECT_EQ(a.size(), 32u);
   EXPECT_NE(a, b);
+}
+
+// A full disk (here the file size limit, RLIMIT_FSIZE: writes past it fail with EFBIG
+// the way they fail with ENOSPC) loses lines, never leaves half of one, and the log
+// says how many it lost once it can write again.
+TEST(EventLog, AFullDiskLosesWholeLinesAndTheLogSaysHowManyOnceItWritesAgain) {
+  const std::string dir = ::testing::TempDir() + "troupe-eventlog-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/events.jsonl";
+  struct sigaction ignore {}, old {};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGXFSZ, &ignore, &old);
+  rlimit saved{};
+  ::getrlimit(RLIMIT_FSIZE, &saved);
+  {
+    sv::EventLog log(path, "run-A");
+    log.write("start");
+    const auto size = static_cast<rlim_t>(std::filesystem::file_size(path));
+    rlimit tight = saved;
+    tight.rlim_cur = size + 40;  // room for part of a line, not a whole one
+    ::setrlimit(RLIMIT_FSIZE, &tight);
+    log.write("failure", {{"cause", std::string(100, 'x')}});
+    log.write("restart");
+    EXPECT_EQ(log.lost(), 2);
+    EXPECT_EQ(std::filesystem::file_size(path), size) << "a partial line was left in the log";
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    log.write("finish");
+    EXPECT_EQ(log.lost(), 0);
+  }
+  ::sigaction(SIGXFSZ, &old, nullptr);
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_NE(lines[0].find("\"event\": \"start\""), std::string::npos);
+  EXPECT_NE(lines[1].find("\"event\": \"events_lost\", \"lines\": 2"), std::string::npos) << lines[1];
+  EXPECT_NE(lines[2].find("\"event\": \"finish\""), std::string::npos);
+  std::filesystem::remove_all(dir);
 }

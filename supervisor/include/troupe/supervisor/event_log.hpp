@@ -1,5 +1,10 @@
-// troupe-run's events log: one JSON object per line (JSONL), flushed as written, so
+// troupe-run's events log: one JSON object per line (JSONL), written as it happens, so
 // the file tells what happened even when troupe-run itself is killed.
+//
+// A line is written whole or not at all: one write(2) with O_APPEND, and a write that
+// fails part-way (a full disk) is cut back off the file. troupe-run goes on without the
+// lost lines -- it says so on stderr once -- and the first line it writes again is an
+// "events_lost" event with how many were lost, so a reader knows the log has a hole.
 //
 //   {"time": 1763900000.123456, "run_id": "...", "event": "failure", "cause": "rank_lost", ...}
 //
@@ -7,7 +12,6 @@
 // refused_summary (how many more, by kind), failure, stopped, restart, resume, finish.
 #pragma once
 
-#include <fstream>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,13 +50,23 @@ class EventLog {
   // Appends to `path`; an empty path logs nothing. Throws troupe::Error when the file
   // cannot be opened.
   EventLog(const std::string& path, std::string run_id);
+  ~EventLog();
+  EventLog(const EventLog&) = delete;
+  EventLog& operator=(const EventLog&) = delete;
   void write(std::string_view event, const JsonFields& fields = {});
   const std::string& path() const { return path_; }
+  // Lines not written since the last one that was (0 once the log writes again).
+  int lost() const { return lost_; }
 
  private:
+  std::string line(std::string_view event, const JsonFields& fields) const;
+  // Appends `text` whole, or leaves the file as it was and returns the errno.
+  int append(const std::string& text);
+
   std::string path_;
   std::string run_id_;
-  std::ofstream out_;
+  int fd_ = -1;
+  int lost_ = 0;
 };
 
 }  // namespace troupe::supervisor
