@@ -1,5 +1,5 @@
-// The public face of cuda_memory.hpp; the CUDA calls are in cuda/cuda_memory.cpp
-// (cuda_absent.cpp without the toolkit).
+// The public face of cuda_memory.hpp; the CUDA calls are in cuda/cuda_memory.cpp, in
+// the plugin (cuda/cuda_table.hpp).
 #include "cuda/cuda_backend.hpp"
 #include "troupe/tensor/cuda_memory.hpp"
 

@@ -1,6 +1,8 @@
 // The CUDA side of the tensor module, as plain functions over raw pointers so that
-// only cuda_backend.cu and cuda_matmul.cpp see the CUDA headers. In a build without
-// the toolkit, cuda_absent.cpp defines the same functions and each one throws.
+// only the plugin's files see the CUDA headers. The plugin (libtroupe_tensor_cuda.so)
+// defines them; libtroupe_tensor's cuda_loader.cpp defines them again as forwarders to
+// the plugin's table, opened on first use (cuda_table.hpp). Without the plugin, the
+// device queries say "no device" and every other function throws, saying why.
 #pragma once
 
 #include <cstddef>
