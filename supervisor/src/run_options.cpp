@@ -189,7 +189,8 @@ options:
                           that hears nothing from troupe-run for as long stops itself
   --liveness-timeout S    ranks call a peer they have not heard from for S seconds lost
                           (default: the program's, 1 s for troupe's runtime)
-  --backoff S             wait before relaunch n: S * 2^(n-1), at most 60 s (default 1)
+  --backoff S             wait before a relaunch: S * 2^(n-1), at most 60 s, n the failures
+                          in a row with no new checkpoint (default 1)
   --grace S               SIGTERM to SIGKILL when stopping the job (default 3)
   --bind ADDR:PORT        heartbeat server address (default: 127.0.0.1:0 when every rank
                           is on this host, 0.0.0.0:0 when --hostfile, --host or a Slurm

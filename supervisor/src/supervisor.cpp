@@ -221,6 +221,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                        std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000)),
                        options_.fault,
                        options_.checkpoint_dir.empty() ? -1 : newest_checkpoint_step(options_.checkpoint_dir)};
+    launch_step_ = run.checkpoint_step;
     const auto liveness = options_.liveness_timeout.count() > 0
                               ? std::chrono::milliseconds(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000)))
                               : std::chrono::milliseconds(0);
@@ -530,11 +531,17 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     }
     if (!plan.refusal.empty()) return finish(1, "cannot relaunch: " + plan.refusal);
     ++restart_;
-    double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, restart_ - 1));
+    // A launch that saved a checkpoint made progress: the backoff starts over, as a
+    // Kubernetes pod's does once it has run a while, so that the hundredth unrelated
+    // failure of a long job does not wait at the cap.
+    const long long newest = options_.checkpoint_dir.empty() ? -1 : newest_checkpoint_step(options_.checkpoint_dir);
+    failed_in_a_row_ = newest > launch_step_ ? 1 : failed_in_a_row_ + 1;
+    double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, failed_in_a_row_ - 1));
     state_ = State::backing_off;
     say("restart " + std::to_string(restart_ - regrows_ - unreachable_launches_) + " of " +
         std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
-    events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"cause", summary_.last_cause()}});
+    events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"failed_in_a_row", failed_in_a_row_},
+                               {"cause", summary_.last_cause()}});
     backoff_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(backoff)));
     backoff_timer_.async_wait([this](boost::system::error_code ec) {
       if (!ec && state_ == State::backing_off) launch();
@@ -638,6 +645,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   // after such a launch whose host had not answered (not counted as restarts).
   std::unique_ptr<HostProbe> host_wait_;
   std::string blamed_host_;
+  long long launch_step_ = -1;  // the newest checkpoint when this launch began
+  int failed_in_a_row_ = 0;     // launches that failed with no new checkpoint: the backoff's exponent
   bool launch_failed_ = false;
   int unreachable_launches_ = 0;   // checkpoint saves that ranks reported failed since the last relaunch
 };

@@ -31,6 +31,9 @@ cat "$work/crash.log" | grep -E 'failure|resumed|hash|summary'
 # the resume rightly uses step 28's. Either is a mid-epoch checkpoint.
 grep -Eq 'resumed from .* at step (28|35) \(epoch 2, in progress\)' "$work/crash.log" \
   || { echo "FAIL: did not resume from a mid-epoch checkpoint of epoch 2"; exit 1; }
+# The launch saved checkpoints before it failed: the backoff starts over.
+grep -q '"event": "restart".*"failed_in_a_row": 1' "$work/crash/troupe-run-events.jsonl" \
+  || { grep restart "$work/crash/troupe-run-events.jsonl"; echo "FAIL: the backoff did not start over"; exit 1; }
 crash_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/crash.log")
 [[ "$crash_hash" == "$ref_hash" ]] || { echo "FAIL: $crash_hash after the crash, $ref_hash without"; exit 1; }
 

@@ -166,6 +166,8 @@ def give_up(args, check: Check) -> None:
           and finish[0]["causes"] == ["rank_lost"] * 3, f"finish says gave_up after 2 restarts: {finish}")
     check("summary: gave up after 2 restart(s)" in run.stderr and "time lost" in run.stderr,
           "stderr carries the closing summary")
+    check([e["failed_in_a_row"] for e in run.of("restart")] == [1, 2],
+          f"no launch saved a checkpoint, so the backoff's count grows: {run.of('restart')}")
     check(run.result() is None, "no result was written")
 
 
