@@ -11,7 +11,14 @@ if ! ip netns add "$probe" 2>/dev/null; then
   echo "SKIPPED: network namespaces cannot be made here (ip netns add failed)"; exit 77
 fi
 ip netns del "$probe"
+# The user is CTest (this script's parent), which also runs the fixture's `down`.
+export TROUPE_CLUSTER_USER=$PPID
 # From a clean cluster: one left up by an interrupted run (a chaos campaign cut off
-# mid-fault) may have a node partitioned or slowed. `down` removes only what `up` made.
-"$cluster" down > /dev/null 2>&1 || true
-exec "$cluster" up "$nodes"
+# mid-fault) may have a node partitioned or slowed. `down` removes only what `up` made,
+# and refuses while another user (a campaign running now) is alive: then so do we.
+if ! out=$("$cluster" down 2>&1); then
+  echo "$out" >&2
+  [[ $out == *"in use by"* ]] && { echo "FAIL: the virtual cluster is in use; wait for it or stop that user" >&2; exit 1; }
+fi
+"$cluster" up "$nodes"
+exec "$cluster" use "$PPID" "ctest cluster tests"
