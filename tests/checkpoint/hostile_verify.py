@@ -5,8 +5,8 @@ cheaply, with its reason on one line -- not a crash, a hang or gigabytes allocat
 
 For every crafted file: `verify` exits 1 within 1 s, stdout is one INVALID line, stderr
 is one line naming the reason (a word per case, from hostile_files.py), and the tool's
-peak RSS is less than 100 MB above what `troupe-ckpt --version` takes (the libraries it
-loads, CUDA's among them, are not the file's doing). `ls` refuses it the same way with
+peak RSS is under 100 MB in all (CUDA's libraries are not loaded: CUDA on demand) and
+under 100 MB above what `troupe-ckpt --version` takes. `ls` refuses it the same way with
 exit status 2, and `meta` ends as quickly. The same file without the hostile part
 verifies (exit 0)."""
 import os
@@ -20,6 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # A sanitized build runs several times slower: its CTest entry raises the bound.
 MAX_SECONDS = float(os.environ.get("TROUPE_HOSTILE_MAX_SECONDS", "1.0"))
 MAX_EXTRA_RSS_KB = 100 * 1024
+# A sanitized build's shadow memory alone is more: its CTest entry raises this bound.
+MAX_RSS_KB = float(os.environ.get("TROUPE_HOSTILE_MAX_RSS_MB", "100")) * 1024
 HANG_SECONDS = 20  # a run still going by then is killed: a hang, reported as such
 
 
@@ -73,6 +75,8 @@ def main():
                 failures.append(f"{name}: took {seconds:.2f} s (limit {MAX_SECONDS} s)")
             if extra >= MAX_EXTRA_RSS_KB:
                 failures.append(f"{name}: peak RSS {rss} KB, {extra} KB above the baseline (limit {MAX_EXTRA_RSS_KB})")
+            if rss >= MAX_RSS_KB:
+                failures.append(f"{name}: peak RSS {rss} KB (limit {MAX_RSS_KB:.0f})")
             # meta reads no dataset, so a file whose harm is in one may pass it (exit 0).
             for command, statuses in (("ls", (2,)), ("meta", (0, 2))):
                 rc, out, err, seconds, _ = run(tool, [command, name], work)
