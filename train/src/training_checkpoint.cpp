@@ -176,11 +176,9 @@ checkpoint::SaveHandle TrainingCheckpoint::save(std::int64_t step, std::int64_t 
 }
 
 // The manifest is what Checkpoint::save would write from state_dicts(): the sections
-// in group order, each group's tensors in its dict's order, and -- outside /model --
-// its 0-dim f64/i64 entries as attributes (register_state_groups' rule).
+// in group order, each group's tensors in its dict's order, its scalars laid out by
+// register_state_groups' rule (add_state_group).
 checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std::int64_t epoch) {
-  using checkpoint::detail::is_attribute_scalar;
-  using checkpoint::detail::scalar_value;
   std::optional<LocalStateSlices> local = state_.local_state_slices();  // zero1/zero2: a collective (names only)
   TROUPE_CHECK(local.has_value(), "TrainingCheckpoint: the sharded state has no local slices");
   int rank = 0;
@@ -201,22 +199,17 @@ checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std:
       slices.push_back(checkpoint::Slice{piece.begin, std::move(piece.data)});
     }
   };
-  // A small group's entry: an attribute, or a tensor that rank 0 writes whole.
-  const auto whole = [&](const std::string& group, const nn::StateDict& dict, bool scalars_as_attributes) {
-    for (const auto& [key, value] : dict) {
-      if (scalars_as_attributes && is_attribute_scalar(key, value)) {
-        manifest.attributes.push_back({group, key, scalar_value(value)});
-        continue;
-      }
-      manifest.add_tensor(group + "/" + key, value.dtype(), value.shape());
+  // A small group: its scalars become attributes, its tensors rank 0 writes whole.
+  const auto whole = [&](const std::string& group, const nn::StateDict& dict) {
+    checkpoint::add_state_group(manifest, group, dict, [&](const tensor::Tensor& value) {
       slices.push_back(rank == 0 ? checkpoint::Slice{0, value.device().is_cpu() ? value : value.to(tensor::Device::cpu())}
                                  : checkpoint::Slice{});
-    }
+    });
   };
   pieces("/model/", local->model);
-  whole("/optimizer", local->optimizer_scalars, true);
+  whole("optimizer", local->optimizer_scalars);
   pieces("/optimizer/", local->optimizer);
-  for (const auto& [group, dict] : state_.small_state_dicts()) whole("/" + group, dict, true);
+  for (const auto& [group, dict] : state_.small_state_dicts()) whole(group, dict);
   broadcast_from_rank_0(manifest.attributes, comm_);
 
   // Collective: snapshots the pieces and writes the file on the checkpoint's thread; an

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "troupe/checkpoint/checkpoint.hpp"
+#include "troupe/checkpoint/save_manifest.hpp"
 
 namespace troupe::checkpoint {
 
@@ -51,6 +52,24 @@ void register_state_groups(Checkpoint& ckpt, Source& source, const std::vector<s
                      pending->clear();
                      source.load_state_dicts(groups);
                    }});
+  }
+}
+
+// The same layout for a save that builds a SaveManifest rather than writing sections
+// (ParallelCheckpoint): each entry of group `name`'s `dict` becomes an attribute of
+// /name where scalars_for_group(name) makes its scalars attributes, else the tensor
+// /name/<key>, for which `tensor(value)` is called right after the manifest gets it.
+template <class Dict, class OnTensor>
+void add_state_group(SaveManifest& manifest, const std::string& name, const Dict& dict, OnTensor&& tensor) {
+  const std::string group = "/" + name;
+  const bool as_attributes = scalars_for_group(name) == Scalars::as_attributes;
+  for (const auto& [key, value] : dict) {
+    if (as_attributes && detail::is_attribute_scalar(key, value)) {
+      manifest.attributes.push_back({group, key, detail::scalar_value(value)});
+      continue;
+    }
+    manifest.add_tensor(group + "/" + key, value.dtype(), value.shape());
+    tensor(value);
   }
 }
 
