@@ -146,8 +146,11 @@ void write_json(const std::string& path, const std::vector<Row>& rows) {
                   r.theirs > 0 ? std::to_string(r.ours / r.theirs).c_str() : "null");
     out << "  {\"case\": \"" << json_escape(r.name) << "\", \"unit\": \"" << r.unit << "\", \"better\": \"" << r.better
         << "\", " << numbers << ", \"baseline\": \"" << json_escape(r.baseline) << "\", \"target\": \""
-        << json_escape(r.target) << "\", \"met\": " << (r.met < 0 ? "null" : r.met ? "true" : "false") << "}"
-        << (i + 1 < rows.size() ? ",\n" : "\n");
+        << json_escape(r.target) << "\", \"met\": "
+        << (r.met < 0 ? "null"
+            : r.met   ? "true"
+                      : "false")
+        << "}" << (i + 1 < rows.size() ? ",\n" : "\n");
   }
   out << "]\n";
 }
@@ -158,9 +161,12 @@ int main(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick") args.quick = true;
-    else if (a == "--transport" && i + 1 < argc) args.transport = argv[++i];
-    else if (a == "--json" && i + 1 < argc) args.json = argv[++i];
+    if (a == "--quick")
+      args.quick = true;
+    else if (a == "--transport" && i + 1 < argc)
+      args.transport = argv[++i];
+    else if (a == "--json" && i + 1 < argc)
+      args.json = argv[++i];
     else {
       std::fprintf(stderr, "usage: actors_bench [--quick] [--transport shm|tcp] [--json PATH]\n");
       return 2;
@@ -185,11 +191,11 @@ int main(int argc, char** argv) {
   const std::string where = args.transport;
 
   // ---- round trips ----
-  for (std::size_t bytes : {std::size_t{8}, std::size_t{1024}, std::size_t{64} << 10, std::size_t{1} << 20,
-                            std::size_t{16} << 20}) {
+  for (std::size_t bytes :
+       {std::size_t{8}, std::size_t{1024}, std::size_t{64} << 10, std::size_t{1} << 20, std::size_t{16} << 20}) {
     // At least ~50 ms of asks per round: a few dozen 1 MB round trips, or 2,000 of
     // 8 B (4 ms), were too few to median out this machine's noise.
-    const int n = bytes > (std::size_t{1} << 20) ? (args.quick ? 10 : 40)
+    const int n = bytes > (std::size_t{1} << 20)    ? (args.quick ? 10 : 40)
                   : bytes == (std::size_t{1} << 20) ? (args.quick ? 30 : 200)
                   : bytes > 1024                    ? (args.quick ? 300 : 2000)
                                                     : (args.quick ? 2000 : 20000);
@@ -221,8 +227,8 @@ int main(int argc, char** argv) {
       target = "<= 1.1x raw";
       met = o <= 1.1 * t;
     }
-    rows.push_back({"ask rtt " + human(bytes) + " " + where, "us", "lower", o, t, "raw MPI ping-pong, same payload",
-                    target, met});
+    rows.push_back(
+        {"ask rtt " + human(bytes) + " " + where, "us", "lower", o, t, "raw MPI ping-pong, same payload", target, met});
   }
 
   // ---- blocking and pipelined asks per second ----
@@ -337,7 +343,9 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) {
       std::printf("%-44s %14.2f %14.2f %8.2f  %s %s\n", r.name.c_str(), r.ours, r.theirs,
                   r.theirs > 0 ? r.ours / r.theirs : 0.0, r.target.c_str(),
-                  r.met < 0 ? "" : r.met ? "(met)" : "(missed)");
+                  r.met < 0 ? ""
+                  : r.met   ? "(met)"
+                            : "(missed)");
     }
     if (!args.json.empty()) write_json(args.json, rows);
   }

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 TORCH_PYTHON = "/usr/bin/python3"
@@ -39,7 +41,40 @@ def run(build: Path, root: Path, quick: bool, row, mpirun) -> list[dict]:
         rows += _run_size(build, root, mb, rounds, row)
     # The parallel save at the issue's first size only: it needs no second figure.
     rows += _run_parallel(build, *sizes[0], row, mpirun)
+    rows += _run_inspect(build, quick, row)
     return rows
+
+
+def _time_and_rss(cmd: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of one run of `cmd`, its output discarded."""
+    start = time.monotonic()
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.monotonic() - start
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {os.waitstatus_to_exitcode(status)}")
+    return seconds, usage.ru_maxrss / 1024
+
+
+def _run_inspect(build: Path, quick: bool, row) -> list[dict]:
+    """troupe-ckpt ls against h5ls -r on one ~5 MB checkpoint (issue 50: an inspector
+    should start like h5ls, CUDA or not): the median of 7 runs each, alternating."""
+    rounds = 3 if quick else 7
+    with tempfile.TemporaryDirectory(prefix="troupe-ckpt-bench-", dir=os.environ.get("TROUPE_BENCH_DIR")) as d:
+        _json_of([str(build / "bench" / "checkpoint_bench"), "--mb", "5", "--rounds", "1", "--dir", d + "/t",
+                  "--keep", "1"])
+        path = str(sorted(Path(d, "t").rglob("ckpt-*.h5"))[-1])
+        ours, theirs = [], []
+        for _ in range(rounds):
+            ours.append(_time_and_rss([str(build / "tools" / "troupe-ckpt"), "ls", path]))
+            theirs.append(_time_and_rss(["h5ls", "-r", path]))
+    s_ours, s_theirs = (statistics.median(t for t, _ in runs) for runs in (ours, theirs))
+    m_ours, m_theirs = (statistics.median(m for _, m in runs) for runs in (ours, theirs))
+    name = "troupe-ckpt ls of a 5 MB checkpoint"
+    return [
+        row(name, "s", "lower", s_ours, "h5ls -r of the same file", s_theirs, "<= 2x h5ls -r", s_ours <= 2 * s_theirs),
+        row(name + ": peak RSS", "MB", "lower", m_ours, "h5ls -r of the same file", m_theirs, "< 40 MB", m_ours < 40),
+    ]
 
 
 def _run_parallel(build: Path, mb: str, rounds: str, row, mpirun) -> list[dict]:

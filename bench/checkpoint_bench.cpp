@@ -2,7 +2,8 @@
 // the same page cache and disk state. Prints one JSON object (bench/run pairs it with
 // bench/checkpoint_baselines.py: h5py and torch.save on the same tensor sizes).
 //
-//   checkpoint_bench [--mb 300] [--rounds 5] [--dir PATH]
+//   checkpoint_bench [--mb 300] [--rounds 5] [--dir PATH] [--keep 1]
+// --keep 1 leaves the folder and its last checkpoint (bench/run times troupe-ckpt on it).
 //
 // The state is ~100 f32 tensors of mixed sizes (tensor_sizes below, also in the Python
 // script). Each figure is the median of the rounds:
@@ -18,8 +19,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -55,7 +56,10 @@ double raw_write_fsync(const fs::path& file, const std::vector<Tensor>& tensors)
     std::size_t left = t.nbytes();
     while (left > 0) {
       ssize_t n = ::write(fd, p, left);
-      if (n <= 0) { std::perror("write"); std::exit(2); }
+      if (n <= 0) {
+        std::perror("write");
+        std::exit(2);
+      }
       p += n;
       left -= static_cast<std::size_t>(n);
     }
@@ -92,12 +96,18 @@ std::int64_t status_kib(const char* key) {
 int main(int argc, char** argv) {
   double mb = 300;
   int rounds = 5;
+  bool keep = false;
   fs::path dir = fs::temp_directory_path() / ("troupe-ckpt-bench-" + std::to_string(::getpid()));
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--mb") mb = std::stod(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::stoi(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
+    if (a == "--mb")
+      mb = std::stod(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::stoi(argv[i + 1]);
+    else if (a == "--dir")
+      dir = argv[i + 1];
+    else if (a == "--keep")
+      keep = std::string(argv[i + 1]) == "1";
   }
   fs::create_directories(dir);
 
@@ -109,13 +119,17 @@ int main(int argc, char** argv) {
     largest = std::max(largest, state.back().nbytes());
   }
   Checkpoint ckpt(dir / "ckpt", 1);
-  ckpt.register_state("model", {.save = [&](SectionWriter& w) {
-                                  for (std::size_t i = 0; i < state.size(); ++i) w.tensor("layers." + std::to_string(i) + ".weight", state[i]);
-                                },
+  ckpt.register_state("model", {.save =
+                                    [&](SectionWriter& w) {
+                                      for (std::size_t i = 0; i < state.size(); ++i)
+                                        w.tensor("layers." + std::to_string(i) + ".weight", state[i]);
+                                    },
                                 // Into the live tensors, as a model's load_state_dict would.
-                                .load = [&](const SectionReader& r) {
-                                  for (std::size_t i = 0; i < state.size(); ++i) r.read_into("layers." + std::to_string(i) + ".weight", state[i]);
-                                }});
+                                .load =
+                                    [&](const SectionReader& r) {
+                                      for (std::size_t i = 0; i < state.size(); ++i)
+                                        r.read_into("layers." + std::to_string(i) + ".weight", state[i]);
+                                    }});
 
   std::vector<double> save_s, raw_w_s, raw_new_s, load_s, load_nv_s, load_wr_s, raw_r_s, sync_s, stall_s;
   std::int64_t peak_extra_kib = 0;
@@ -139,7 +153,13 @@ int main(int argc, char** argv) {
       save_s.push_back(seconds_since(t0));
       peak_extra_kib = std::max(peak_extra_kib, status_kib("VmHWM:") - before);
     };
-    if (round % 2) { do_raw(); do_save(); } else { do_save(); do_raw(); }
+    if (round % 2) {
+      do_raw();
+      do_save();
+    } else {
+      do_save();
+      do_raw();
+    }
 
     fs::path file = ckpt.directory().final_path(10 * round + 1);
     drop_cache(dir / "raw.bin");
@@ -153,7 +173,8 @@ int main(int argc, char** argv) {
     t0 = Clock::now();
     {
       FileReader reader(file.string());
-      for (std::size_t i = 0; i < state.size(); ++i) reader.read_into("/model/layers." + std::to_string(i) + ".weight", state[i], false);
+      for (std::size_t i = 0; i < state.size(); ++i)
+        reader.read_into("/model/layers." + std::to_string(i) + ".weight", state[i], false);
     }
     load_nv_s.push_back(seconds_since(t0));
     // Verified while restoring: one read.
@@ -176,18 +197,16 @@ int main(int argc, char** argv) {
   }
   double mbytes = static_cast<double>(bytes) / 1e6;
   std::cout << "{\"bytes\": " << bytes << ", \"tensors\": " << state.size() << ", \"largest_bytes\": " << largest
-            << ", \"rounds\": " << rounds
-            << ", \"troupe_save_MBps\": " << mbytes / median(save_s)
+            << ", \"rounds\": " << rounds << ", \"troupe_save_MBps\": " << mbytes / median(save_s)
             << ", \"raw_write_fsync_MBps\": " << mbytes / median(raw_w_s)
             << ", \"raw_write_fsync_new_file_MBps\": " << mbytes / median(raw_new_s)
             << ", \"troupe_load_cold_MBps\": " << mbytes / median(load_s)
             << ", \"troupe_load_noverify_cold_MBps\": " << mbytes / median(load_nv_s)
             << ", \"troupe_load_while_restoring_cold_MBps\": " << mbytes / median(load_wr_s)
             << ", \"raw_read_cold_MBps\": " << mbytes / median(raw_r_s)
-            << ", \"async_stall_ms\": " << 1e3 * median(stall_s)
-            << ", \"sync_save_ms\": " << 1e3 * median(sync_s)
+            << ", \"async_stall_ms\": " << 1e3 * median(stall_s) << ", \"sync_save_ms\": " << 1e3 * median(sync_s)
             << ", \"peak_extra_MB\": " << static_cast<double>(peak_extra_kib) * 1024 / 1e6 << "}\n";
   std::error_code ec;
-  fs::remove_all(dir, ec);
+  if (!keep) fs::remove_all(dir, ec);
   return 0;
 }

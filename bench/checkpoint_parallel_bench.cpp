@@ -42,7 +42,10 @@ void write_all(int fd, const void* data, std::size_t size, off_t at) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     ssize_t n = ::pwrite(fd, p, size, at);
-    if (n <= 0) { std::perror("pwrite"); std::exit(2); }
+    if (n <= 0) {
+      std::perror("pwrite");
+      std::exit(2);
+    }
     p += n, at += n, size -= static_cast<std::size_t>(n);
   }
 }
@@ -62,7 +65,9 @@ void measure(Runtime& rt, SaveManifest& manifest, const std::vector<Slice>& slic
   const int rank = rt.rank(), world = rt.size();
   ParallelCheckpoint parallel(dir / "parallel", 1, MPI_COMM_WORLD);
   ParallelCheckpoint parallel_cb(dir / "parallel_cb", 1, MPI_COMM_WORLD, ParallelOptions{.collective_buffering = true});
-  if (rank == 0) rt.spawn_with<CheckpointActor>(0, SpawnOptions{.name = "bench-gathered"}, (dir / "gathered").string(), std::int64_t{1});
+  if (rank == 0)
+    rt.spawn_with<CheckpointActor>(0, SpawnOptions{.name = "bench-gathered"}, (dir / "gathered").string(),
+                                   std::int64_t{1});
   MPI_Barrier(MPI_COMM_WORLD);
   auto actor = rt.lookup<CheckpointActor>("bench-gathered");
 
@@ -86,7 +91,8 @@ void measure(Runtime& rt, SaveManifest& manifest, const std::vector<Slice>& slic
           std::vector<actors::Future<void>> sent;
           for (std::size_t t = 0; t < slices.size(); ++t)
             if (slices[t].data.numel() > 0)
-              sent.push_back(send_piece(actor, manifest.step, static_cast<std::int64_t>(t), slices[t].begin, slices[t].data, rank));
+              sent.push_back(send_piece(actor, manifest.step, static_cast<std::int64_t>(t), slices[t].begin,
+                                        slices[t].data, rank));
           for (auto& f : sent) f.get();
           MPI_Barrier(MPI_COMM_WORLD);
           if (rank == 0) actor.ask(&CheckpointActor::commit, manifest.step).get();
@@ -142,9 +148,12 @@ int main(int argc, char** argv) {
   fs::path dir = fs::temp_directory_path() / "troupe-ckpt-parallel-bench";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string a = argv[i];
-    if (a == "--mb") mb = std::stod(argv[i + 1]);
-    else if (a == "--rounds") rounds = std::stoi(argv[i + 1]);
-    else if (a == "--dir") dir = argv[i + 1];
+    if (a == "--mb")
+      mb = std::stod(argv[i + 1]);
+    else if (a == "--rounds")
+      rounds = std::stoi(argv[i + 1]);
+    else if (a == "--dir")
+      dir = argv[i + 1];
   }
   const int rank = rt.rank(), world = rt.size();
 

@@ -21,7 +21,8 @@ inline std::vector<std::int64_t> tensor_sizes(double total_mb) {
   double sum = 0;
   for (double x : w) sum += x;
   std::vector<std::int64_t> out;
-  for (double x : w) out.push_back(std::max<std::int64_t>(1024, static_cast<std::int64_t>(x / sum * total_mb * 1e6 / 4)));
+  for (double x : w)
+    out.push_back(std::max<std::int64_t>(1024, static_cast<std::int64_t>(x / sum * total_mb * 1e6 / 4)));
   return out;  // elements (f32)
 }
 

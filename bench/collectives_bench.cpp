@@ -48,8 +48,8 @@ struct Result {
   std::string collective;
   std::string dtype;
   std::size_t bytes;
-  double troupe_us, mpi_us;     // time per call
-  double troupe_bus, mpi_bus;   // GB/s
+  double troupe_us, mpi_us;    // time per call
+  double troupe_bus, mpi_bus;  // GB/s
 };
 
 MPI_Comm g_bench = MPI_COMM_NULL;  // timing barriers and the direct-MPI baseline
@@ -83,9 +83,12 @@ double bus_factor(const std::string& collective, int n) {
 
 std::string human(std::size_t bytes) {
   char text[32];
-  if (bytes >= (1u << 20)) std::snprintf(text, sizeof text, "%zu MB", bytes >> 20);
-  else if (bytes >= 1024) std::snprintf(text, sizeof text, "%zu KB", bytes >> 10);
-  else std::snprintf(text, sizeof text, "%zu B", bytes);
+  if (bytes >= (1u << 20))
+    std::snprintf(text, sizeof text, "%zu MB", bytes >> 20);
+  else if (bytes >= 1024)
+    std::snprintf(text, sizeof text, "%zu KB", bytes >> 10);
+  else
+    std::snprintf(text, sizeof text, "%zu B", bytes);
   return text;
 }
 
@@ -110,8 +113,10 @@ Result measure(tc::Communicator& comm, const std::string& collective, DType dtyp
   tc::Buffer in(in_f.data(), scatters ? c * n : c, dtype), out(out_f.data(), gathers ? c * n : c, dtype);
   // Inputs of 1.0 (f32 or bf16 bits) everywhere: sums stay exact for the check.
   for (std::size_t i = 0; i < in.count; ++i) {
-    if (dtype == DType::f32) in_f[i] = 1.0f;
-    else reinterpret_cast<std::uint16_t*>(in_f.data())[i] = troupe::tensor::float_to_bf16_bits(1.0f);
+    if (dtype == DType::f32)
+      in_f[i] = 1.0f;
+    else
+      reinterpret_cast<std::uint16_t*>(in_f.data())[i] = troupe::tensor::float_to_bf16_bits(1.0f);
   }
   std::function<void()> ours, theirs;
   if (collective == "allreduce") {
@@ -130,18 +135,23 @@ Result measure(tc::Communicator& comm, const std::string& collective, DType dtyp
   }
   if (twin) {
     tc::Communicator& other = *twin;
-    if (collective == "allreduce") theirs = [&] { other.allreduce(in, out); };
-    else if (gathers) theirs = [&] { other.allgather(in, out); };
-    else if (scatters) theirs = [&] { other.reduce_scatter(in, out); };
-    else theirs = [&] { other.broadcast(out, 0); };
+    if (collective == "allreduce")
+      theirs = [&] { other.allreduce(in, out); };
+    else if (gathers)
+      theirs = [&] { other.allgather(in, out); };
+    else if (scatters)
+      theirs = [&] { other.reduce_scatter(in, out); };
+    else
+      theirs = [&] { other.broadcast(out, 0); };
   }
   // Verify troupe's result once (nccl-tests' rule: a fast wrong answer is no answer).
   ours();
   if (dtype == DType::f32 && collective != "broadcast") {
     const float want = collective == "allgather" ? 1.0f : static_cast<float>(n);
     for (std::size_t i = 0; i < out.count; i += 1 + out.count / 4096) {
-      if (out_f[i] != want) fail(collective + " " + human(bytes) + ": element " + std::to_string(i) + " is " +
-                                 std::to_string(out_f[i]) + ", want " + std::to_string(want));
+      if (out_f[i] != want)
+        fail(collective + " " + human(bytes) + ": element " + std::to_string(i) + " is " + std::to_string(out_f[i]) +
+             ", want " + std::to_string(want));
     }
   }
   if (dtype == DType::bf16 && collective == "allreduce") {
@@ -154,14 +164,18 @@ Result measure(tc::Communicator& comm, const std::string& collective, DType dtyp
   // The round whose ratio is the median.
   std::vector<std::size_t> order(times.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](auto a, auto b) {
-    return times[a].second / times[a].first < times[b].second / times[b].first;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](auto a, auto b) { return times[a].second / times[a].first < times[b].second / times[b].first; });
   const auto [t_ours, t_mpi] = times[order[order.size() / 2]];
   const double size_bytes = static_cast<double>((gathers || scatters) ? c * n * es : c * es);
   const double f = bus_factor(collective, n);
-  return {collective, std::string(troupe::tensor::dtype_name(dtype)), static_cast<std::size_t>(size_bytes),
-          t_ours * 1e6, t_mpi * 1e6, size_bytes / t_ours * f / 1e9, size_bytes / t_mpi * f / 1e9};
+  return {collective,
+          std::string(troupe::tensor::dtype_name(dtype)),
+          static_cast<std::size_t>(size_bytes),
+          t_ours * 1e6,
+          t_mpi * 1e6,
+          size_bytes / t_ours * f / 1e9,
+          size_bytes / t_mpi * f / 1e9};
 }
 
 std::string machine() {
@@ -196,10 +210,14 @@ int main(int argc, char** argv) {
   Args args;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick") args.quick = true;
-    else if (a == "--transport" && i + 1 < argc) args.transport = argv[++i];
-    else if (a == "--json" && i + 1 < argc) args.json = argv[++i];
-    else if (a == "--checks-only") args.checks_only = true;
+    if (a == "--quick")
+      args.quick = true;
+    else if (a == "--transport" && i + 1 < argc)
+      args.transport = argv[++i];
+    else if (a == "--json" && i + 1 < argc)
+      args.json = argv[++i];
+    else if (a == "--checks-only")
+      args.checks_only = true;
     else {
       if (mpi.rank() == 0)
         std::fprintf(stderr, "usage: collectives_bench [--quick] [--transport NAME] [--json PATH] [--checks-only]\n");
@@ -216,7 +234,8 @@ int main(int argc, char** argv) {
     if (args.quick) {
       sizes = {8, 4096, std::size_t{1} << 20, std::size_t{8} << 20, std::size_t{32} << 20};
     } else {
-      for (std::size_t s = 8; s <= (std::size_t{256} << 20); s *= (s < (std::size_t{1} << 20) ? 8 : 2)) sizes.push_back(s);
+      for (std::size_t s = 8; s <= (std::size_t{256} << 20); s *= (s < (std::size_t{1} << 20) ? 8 : 2))
+        sizes.push_back(s);
     }
     const int rounds = args.quick ? 1 : 5;
     if (g_rank == 0) {
@@ -240,9 +259,9 @@ int main(int argc, char** argv) {
     }
     // bf16 against f32 at the same element count: half the bytes should take well
     // under the f32 time (target <= 0.6x) when the ring moves 16-bit words.
-    std::vector<std::size_t> counts = args.quick ? std::vector<std::size_t>{std::size_t{1} << 20}
-                                                 : std::vector<std::size_t>{std::size_t{1} << 20, std::size_t{4} << 20,
-                                                                            std::size_t{16} << 20};
+    std::vector<std::size_t> counts =
+        args.quick ? std::vector<std::size_t>{std::size_t{1} << 20}
+                   : std::vector<std::size_t>{std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};
     for (std::size_t count : counts) {
       Result bf = measure(comm, "allreduce", DType::bf16, count * 2, rounds);
       Result f32 = measure(comm, "allreduce", DType::f32, count * 4, rounds);
@@ -268,7 +287,7 @@ int main(int argc, char** argv) {
     if (g_rank == 0) std::printf("# the signature check: the same call with it on and off\n");
     const std::vector<std::pair<const char*, std::size_t>> cases = {
         {"allreduce", 8}, {"allreduce", 4096}, {"allreduce", 64 << 10}, {"allreduce", 1 << 20},
-        {"broadcast", 8}, {"allgather", 8}, {"allreduce", 8 << 20}};
+        {"broadcast", 8}, {"allgather", 8},    {"allreduce", 8 << 20}};
     for (const auto& [collective, bytes] : cases) {
       Result r = measure(checked, collective, DType::f32, bytes, rounds, &unchecked);
       r.collective += " check";
@@ -289,8 +308,8 @@ int main(int argc, char** argv) {
       std::string row;
       const std::string where = args.transport;
       if (r.collective == "allreduce bf16 vs f32") {
-        row = json_row("allreduce bf16 vs f32, " + std::to_string(r.bytes >> 20) + "M elements " + where, "us",
-                       "lower", r.troupe_us, "troupe allreduce f32, same element count", r.mpi_us, "<= 0.6x f32",
+        row = json_row("allreduce bf16 vs f32, " + std::to_string(r.bytes >> 20) + "M elements " + where, "us", "lower",
+                       r.troupe_us, "troupe allreduce f32, same element count", r.mpi_us, "<= 0.6x f32",
                        r.troupe_us <= 0.6 * r.mpi_us, date);
       } else if (r.bytes <= 4096) {
         row = json_row(r.collective + " f32 " + human(r.bytes) + " " + where, "us", "lower", r.troupe_us,
@@ -303,8 +322,8 @@ int main(int argc, char** argv) {
         const bool mid = r.bytes >= (std::size_t{1} << 20);
         const std::string target = big ? ">= 2x MPI busbw" : mid ? ">= 0.95x MPI busbw" : "";
         const int met = big ? r.troupe_bus >= 2 * r.mpi_bus : mid ? r.troupe_bus >= 0.95 * r.mpi_bus : -1;
-        row = json_row(r.collective + " f32 " + human(r.bytes) + " " + where + " busbw", "GB/s", "higher",
-                       r.troupe_bus, "direct MPI call, Open MPI", r.mpi_bus, target, met, date);
+        row = json_row(r.collective + " f32 " + human(r.bytes) + " " + where + " busbw", "GB/s", "higher", r.troupe_bus,
+                       "direct MPI call, Open MPI", r.mpi_bus, target, met, date);
       }
       out << (first ? "" : ",\n") << row;
       first = false;

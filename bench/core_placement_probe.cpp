@@ -81,13 +81,16 @@ Handoff slot_handoff(bool streaming) {
     }
   });
   for (long r = 0; r < kRounds; ++r) {
-    while (r >= static_cast<long>(kSlots) && consumed.load(std::memory_order_acquire) < r - static_cast<long>(kSlots) + 1) {
+    while (r >= static_cast<long>(kSlots) &&
+           consumed.load(std::memory_order_acquire) < r - static_cast<long>(kSlots) + 1) {
     }
     std::byte* slot = slots.data() + (r % kSlots) * kSlot;
     const std::byte* piece = source.data() + (r * kSlot) % kSource;
     const auto t = Clock::now();
-    if (streaming) troupe::collectives::detail::copy_streaming(slot, piece, kSlot);
-    else std::memcpy(slot, piece, kSlot);
+    if (streaming)
+      troupe::collectives::detail::copy_streaming(slot, piece, kSlot);
+    else
+      std::memcpy(slot, piece, kSlot);
     producer += seconds_since(t);
     posted.store(r + 1, std::memory_order_release);
   }

@@ -70,12 +70,18 @@ Flags parse_flags(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw InvalidArgument("ddp_bench: " + flag + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--model") f.models.push_back(value);
-    else if (flag == "--steps") f.steps = std::stoi(value);
-    else if (flag == "--repeats") f.repeats = std::stoi(value);
-    else if (flag == "--bucket-mb") f.bucket_mb = std::stod(value);
-    else if (flag == "--progress-thread") f.progress_thread = value != "0";
-    else throw InvalidArgument("ddp_bench: unknown flag " + flag);
+    if (flag == "--model")
+      f.models.push_back(value);
+    else if (flag == "--steps")
+      f.steps = std::stoi(value);
+    else if (flag == "--repeats")
+      f.repeats = std::stoi(value);
+    else if (flag == "--bucket-mb")
+      f.bucket_mb = std::stod(value);
+    else if (flag == "--progress-thread")
+      f.progress_thread = value != "0";
+    else
+      throw InvalidArgument("ddp_bench: unknown flag " + flag);
   }
   if (f.models.empty()) f.models = {"digits", "large"};
   return f;
@@ -102,8 +108,8 @@ std::string run_model(const ModelSpec& spec, const Flags& flags, collectives::Co
     model.emplace<nn::Linear>(spec.widths[l], spec.widths[l + 1], gen);
     if (l + 2 < spec.widths.size()) model.emplace<nn::ReLU>();
   }
-  train::DistributedDataParallel ddp(
-      model, comm, {.bucket_bytes = static_cast<std::size_t>(flags.bucket_mb * 1024 * 1024)});
+  train::DistributedDataParallel ddp(model, comm,
+                                     {.bucket_bytes = static_cast<std::size_t>(flags.bucket_mb * 1024 * 1024)});
   nn::SGD sgd(model.named_parameters(), 0.01, 0.9);
   nn::CrossEntropyLoss loss_fn;
 

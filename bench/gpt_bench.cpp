@@ -63,10 +63,14 @@ Flags parse_flags(int argc, char** argv) {
     const std::string flag = argv[i];
     TROUPE_CHECK(i + 1 < argc, "gpt_bench: ", flag, " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--model") f.models.push_back(value);
-    else if (flag == "--repeats") f.repeats = std::stoi(value);
-    else if (flag == "--min-time") f.min_time = std::stod(value);
-    else throw InvalidArgument("gpt_bench: unknown flag " + flag);
+    if (flag == "--model")
+      f.models.push_back(value);
+    else if (flag == "--repeats")
+      f.repeats = std::stoi(value);
+    else if (flag == "--min-time")
+      f.min_time = std::stod(value);
+    else
+      throw InvalidArgument("gpt_bench: unknown flag " + flag);
   }
   if (f.models.empty()) f.models = {"tiny", "small"};
   TROUPE_CHECK(f.repeats >= 1 && f.min_time > 0, "gpt_bench: --repeats must be >= 1 and --min-time > 0");
@@ -115,11 +119,12 @@ void time_model(const Model& m, const Flags& flags, bool first) {
   }
   TROUPE_CHECK(std::isfinite(loss), "gpt_bench: the loss of ", m.name, " is not finite");
   const double median = bench::lower_median(repeats);
-  std::printf("%s\n {\"model\": \"%s\", \"params\": %lld, \"batch\": %lld, \"time\": %lld, \"tokens_per_s\": %.1f, "
-              "\"step_ms\": %.2f, \"repeats\": [",
-              first ? "" : ",", m.name.c_str(), static_cast<long long>(model.parameter_count()),
-              static_cast<long long>(m.batch), static_cast<long long>(m.config.block_size), median,
-              1e3 * static_cast<double>(m.batch * m.config.block_size) / median);
+  std::printf(
+      "%s\n {\"model\": \"%s\", \"params\": %lld, \"batch\": %lld, \"time\": %lld, \"tokens_per_s\": %.1f, "
+      "\"step_ms\": %.2f, \"repeats\": [",
+      first ? "" : ",", m.name.c_str(), static_cast<long long>(model.parameter_count()),
+      static_cast<long long>(m.batch), static_cast<long long>(m.config.block_size), median,
+      1e3 * static_cast<double>(m.batch * m.config.block_size) / median);
   for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.1f", i ? ", " : "", repeats[i]);
   std::printf("], \"steps_per_repeat\": %lld, \"loss\": %.6g}", static_cast<long long>(steps), loss);
   std::fflush(stdout);
@@ -133,8 +138,8 @@ int main(int argc, char** argv) {
     tensor::set_num_threads(1);
     std::printf("[");
     for (std::size_t i = 0; i < flags.models.size(); ++i) {
-      const auto it = std::find_if(models().begin(), models().end(),
-                                   [&](const Model& m) { return m.name == flags.models[i]; });
+      const auto it =
+          std::find_if(models().begin(), models().end(), [&](const Model& m) { return m.name == flags.models[i]; });
       TROUPE_CHECK(it != models().end(), "gpt_bench: unknown model '", flags.models[i], "' (small or tiny)");
       time_model(*it, flags, i == 0);
     }

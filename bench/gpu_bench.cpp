@@ -68,12 +68,18 @@ Flags parse_flags(int argc, char** argv) {
     if (i + 1 >= argc) throw InvalidArgument("gpu_bench: " + flag + " needs a value");
     const std::string value = argv[++i];
     try {
-      if (flag == "--model") f.models.push_back(value);
-      else if (flag == "--precision") f.precisions.push_back(value);
-      else if (flag == "--batch") f.batch = std::stoll(value);
-      else if (flag == "--repeats") f.repeats = std::stoi(value);
-      else if (flag == "--steps") f.steps = std::stoi(value);
-      else throw InvalidArgument("gpu_bench: unknown flag " + flag);
+      if (flag == "--model")
+        f.models.push_back(value);
+      else if (flag == "--precision")
+        f.precisions.push_back(value);
+      else if (flag == "--batch")
+        f.batch = std::stoll(value);
+      else if (flag == "--repeats")
+        f.repeats = std::stoi(value);
+      else if (flag == "--steps")
+        f.steps = std::stoi(value);
+      else
+        throw InvalidArgument("gpu_bench: unknown flag " + flag);
     } catch (const std::logic_error&) {
       throw InvalidArgument("gpu_bench: bad value '" + value + "' for " + flag);
     }
@@ -145,8 +151,8 @@ StepResult time_step(const std::string& model_name, const std::string& precision
     Tensor y = Tensor::empty({flags.batch}, DType::i64);
     for (std::int64_t i = 0; i < flags.batch; ++i)
       y.data<std::int64_t>()[i] = static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(widths.back()));
-    batches.push_back({tensor::uniform({flags.batch, widths.front()}, 0, 1, gen, bf16 ? DType::bf16 : DType::f32, gpu),
-                       y.to(gpu)});
+    batches.push_back(
+        {tensor::uniform({flags.batch, widths.front()}, 0, 1, gen, bf16 ? DType::bf16 : DType::f32, gpu), y.to(gpu)});
   }
 
   std::int64_t count = 0;
@@ -155,8 +161,10 @@ StepResult time_step(const std::string& model_name, const std::string& precision
     const Batch& b = batches[static_cast<std::size_t>(count++ % 8)];
     model.zero_grad();
     loss = loss_fn.forward(ddp ? ddp->forward(b.x) : model.forward(b.x), b.y);
-    if (ddp) ddp->backward(loss_fn.backward());
-    else model.backward(loss_fn.backward());
+    if (ddp)
+      ddp->backward(loss_fn.backward());
+    else
+      model.backward(loss_fn.backward());
     if (master) master->copy_gradients_to_master();
     optimizer.step();
     if (master) master->copy_master_to_model();
@@ -201,10 +209,11 @@ int main(int argc, char** argv) {
       for (const auto& precision : flags.precisions) {
         for (bool with_ddp : {false, true}) {
           const StepResult r = time_step(model, precision, with_ddp, &nccl, flags);
-          std::printf("%s\n  {\"model\": \"%s\", \"precision\": \"%s\", \"wrapper\": \"%s\", \"batch\": %lld, "
-                      "\"params\": %lld, \"step_ms\": %.4f, \"loss\": %.6g}",
-                      first ? "" : ",", model.c_str(), precision.c_str(), with_ddp ? "ddp-nccl" : "plain",
-                      static_cast<long long>(flags.batch), static_cast<long long>(r.params), r.step_ms, r.loss);
+          std::printf(
+              "%s\n  {\"model\": \"%s\", \"precision\": \"%s\", \"wrapper\": \"%s\", \"batch\": %lld, "
+              "\"params\": %lld, \"step_ms\": %.4f, \"loss\": %.6g}",
+              first ? "" : ",", model.c_str(), precision.c_str(), with_ddp ? "ddp-nccl" : "plain",
+              static_cast<long long>(flags.batch), static_cast<long long>(r.params), r.step_ms, r.loss);
           std::fflush(stdout);
           first = false;
           tensor::cuda_empty_cache();

@@ -71,11 +71,16 @@ Flags parse_flags(int argc, char** argv) {
     if (i + 1 >= argc) throw InvalidArgument("gpu_gpt_bench: " + flag + " needs a value");
     const std::string value = argv[++i];
     try {
-      if (flag == "--precision") f.precisions.push_back(value);
-      else if (flag == "--batch") f.batch = std::stoll(value);
-      else if (flag == "--repeats") f.repeats = std::stoi(value);
-      else if (flag == "--steps") f.steps = std::stoi(value);
-      else throw InvalidArgument("gpu_gpt_bench: unknown flag " + flag);
+      if (flag == "--precision")
+        f.precisions.push_back(value);
+      else if (flag == "--batch")
+        f.batch = std::stoll(value);
+      else if (flag == "--repeats")
+        f.repeats = std::stoi(value);
+      else if (flag == "--steps")
+        f.steps = std::stoi(value);
+      else
+        throw InvalidArgument("gpu_gpt_bench: unknown flag " + flag);
     } catch (const std::logic_error&) {
       throw InvalidArgument("gpu_gpt_bench: bad value '" + value + "' for " + flag);
     }
@@ -97,7 +102,8 @@ double median_ms_per_call(const std::function<void()>& f, int repeats, int steps
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < steps; ++i) f();
     tensor::cuda_synchronize();
-    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() / steps);
+    times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count() /
+                    steps);
   }
   std::sort(times.begin(), times.end());
   return times[(times.size() - 1) / 2];  // the lower median, as the baseline's median_low
@@ -143,7 +149,8 @@ StepResult time_step(DType dtype, const Flags& flags) {
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int i = 0; i < 2; ++i) {
     Tensor x = random_ids(flags.batch, kGpt2Small.block_size, kGpt2Small.vocab_size, rng);
-    batches.emplace_back(x, random_ids(flags.batch, kGpt2Small.block_size, kGpt2Small.vocab_size, rng).to(Device::cuda()));
+    batches.emplace_back(x,
+                         random_ids(flags.batch, kGpt2Small.block_size, kGpt2Small.vocab_size, rng).to(Device::cuda()));
   }
   std::size_t n = 0;
   Tensor loss;
@@ -165,12 +172,15 @@ StepResult time_step(DType dtype, const Flags& flags) {
     phase(2, "loss forward", [&] { loss = loss_fn.forward(logits, y); });
     phase(3, "loss backward", [&] { logits = loss_fn.backward(); });
     phase(4, "model backward", [&] { model.backward(logits); });
-    phase(5, "gradients to f32 masters", [&] { if (master) master->copy_gradients_to_master(); });
-    phase(6, "clip_grad_norm", [&] {
-      nn::clip_grad_norm(master ? master->named_parameters() : model.named_parameters(), 1.0);
+    phase(5, "gradients to f32 masters", [&] {
+      if (master) master->copy_gradients_to_master();
     });
+    phase(6, "clip_grad_norm",
+          [&] { nn::clip_grad_norm(master ? master->named_parameters() : model.named_parameters(), 1.0); });
     phase(7, "AdamW step", [&] { opt.step(); });
-    phase(8, "masters to the bf16 model", [&] { if (master) master->copy_master_to_model(); });
+    phase(8, "masters to the bf16 model", [&] {
+      if (master) master->copy_master_to_model();
+    });
   };
   if (flags.breakdown) {
     for (int i = 0; i < 3; ++i) step();
@@ -193,8 +203,7 @@ StepResult time_step(DType dtype, const Flags& flags) {
 // Each kind of layer of a GPT-2-small block, the loss and the head alone, on the
 // step's shapes: one JSON line of milliseconds per call.
 void time_ops(DType dtype, const Flags& flags) {
-  const std::int64_t T = kGpt2Small.block_size, N = flags.batch * T, C = kGpt2Small.n_embd,
-                     V = kGpt2Small.vocab_size;
+  const std::int64_t T = kGpt2Small.block_size, N = flags.batch * T, C = kGpt2Small.n_embd, V = kGpt2Small.vocab_size;
   const Device gpu = Device::cuda();
   tensor::Generator gen(0);
   const auto rows_of = [&](std::int64_t cols) { return tensor::normal({N, cols}, 0, 1, gen, dtype, gpu); };
@@ -269,8 +278,10 @@ int main(int argc, char** argv) {
     if (flags.breakdown || flags.ops) {
       for (const auto& p : flags.precisions) {
         const DType dtype = p == "bf16" ? DType::bf16 : DType::f32;
-        if (flags.ops) time_ops(dtype, flags);
-        else time_step(dtype, flags);
+        if (flags.ops)
+          time_ops(dtype, flags);
+        else
+          time_step(dtype, flags);
       }
       return 0;
     }

@@ -296,6 +296,10 @@ is fsync'd, every load is from a cold cache (`posix_fadvise(DONTNEED)` after fsy
   folder, as many rounds; then `dd conv=fsync` of the same bytes, once.
 - Parallel save: `bench/checkpoint_parallel_bench.cpp`, one `mpirun -np 2` job timing the
   parallel save next to the gathered save and the raw writes, in turns each round.
+- The inspector: `troupe-ckpt ls` and `h5ls -r` on one ~5 MB checkpoint that
+  `checkpoint_bench --keep 1` leaves, 7 runs each, alternating, the median wall time
+  and peak RSS (`wait4`) of each; warm cache. Targets (issue 50): within 2x h5ls's time,
+  under 40 MB.
 - Targets: save >= 0.8x a raw write+fsync of a rewritten file, >= 0.9x one of a new
   file (what a save that keeps the previous checkpoint writes) and >= 1.0x h5py and
   torch.save. The disk's write+fsync rate bounds any format, and h5py and torch.save

@@ -73,9 +73,9 @@
 // Output (rank 0): one JSON object; byte counts and RSS are the largest over ranks.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -85,12 +85,10 @@
 
 #include <mpi.h>
 
+#include "sharding_trainer.hpp"
 #include "troupe/checkpoint/file_reader.hpp"
 #include "troupe/checkpoint/parallel_checkpoint.hpp"
 #include "troupe/checkpoint/section.hpp"
-#include "troupe/tensor/host_memory.hpp"
-#include "troupe/train/training_checkpoint.hpp"
-#include "troupe/peak_rss.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/mpi/environment.hpp"
@@ -100,13 +98,15 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/peak_rss.hpp"
+#include "troupe/tensor/host_memory.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/oss.hpp"
 #include "troupe/train/sharded_model.hpp"
-#include "sharding_trainer.hpp"
+#include "troupe/train/training_checkpoint.hpp"
 
 using namespace troupe;
 using Clock = std::chrono::steady_clock;
@@ -122,7 +122,7 @@ struct Flags {
   int steps = 5;
   int warmup = 2;
   std::string save_dir;  // empty: no save
-  int save_rounds = 5;    // timed saves of each kind (synchronous, background)
+  int save_rounds = 5;   // timed saves of each kind (synchronous, background)
   bool init_meta = false;
   std::string resume_file;  // --resume: load it instead of training
   train::FsdpOptions::BackwardPrefetch backward_prefetch = train::FsdpOptions{}.backward_prefetch;
@@ -134,21 +134,31 @@ Flags parse_flags(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) throw InvalidArgument("sharding_bench: " + flag + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--model") f.model = value;
-    else if (flag == "--mode") f.mode = train::parse_sharding(value);
-    else if (flag == "--steps") f.steps = std::stoi(value);
-    else if (flag == "--warmup") f.warmup = std::stoi(value);
-    else if (flag == "--save") f.save_dir = value;
-    else if (flag == "--save-rounds") f.save_rounds = std::stoi(value);
-    else if (flag == "--resume") f.resume_file = value;
-    else if (flag == "--init" && (value == "cpu" || value == "meta")) f.init_meta = value == "meta";
-    else if (flag == "--init") throw InvalidArgument("sharding_bench: --init is cpu or meta, got " + value);
+    if (flag == "--model")
+      f.model = value;
+    else if (flag == "--mode")
+      f.mode = train::parse_sharding(value);
+    else if (flag == "--steps")
+      f.steps = std::stoi(value);
+    else if (flag == "--warmup")
+      f.warmup = std::stoi(value);
+    else if (flag == "--save")
+      f.save_dir = value;
+    else if (flag == "--save-rounds")
+      f.save_rounds = std::stoi(value);
+    else if (flag == "--resume")
+      f.resume_file = value;
+    else if (flag == "--init" && (value == "cpu" || value == "meta"))
+      f.init_meta = value == "meta";
+    else if (flag == "--init")
+      throw InvalidArgument("sharding_bench: --init is cpu or meta, got " + value);
     else if (flag == "--backward-prefetch" && (value == "pre" || value == "post"))
       f.backward_prefetch = value == "pre" ? train::FsdpOptions::BackwardPrefetch::backward_pre
                                            : train::FsdpOptions::BackwardPrefetch::backward_post;
     else if (flag == "--backward-prefetch")
       throw InvalidArgument("sharding_bench: --backward-prefetch is pre or post, got " + value);
-    else throw InvalidArgument("sharding_bench: unknown flag " + flag);
+    else
+      throw InvalidArgument("sharding_bench: unknown flag " + flag);
   }
   if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
   if (f.save_rounds < 1) throw InvalidArgument("sharding_bench: --save-rounds must be >= 1");
@@ -256,7 +266,6 @@ struct Peak {
   }
 };
 
-
 // FNV-1a over the full model and optimizer state (gathered a tensor at a time), the
 // same on every rank: equal for two runs exactly when their states are.
 std::uint64_t state_hash(train::FullyShardedDataParallel& fsdp) {
@@ -298,8 +307,8 @@ std::string run_resume(const Flags& flags, collectives::Communicator& comm) {
                 "\"formula_bytes\": %.0f, \"unit_bytes\": %lld, \"resume\": {\"seconds\": %.3f, "
                 "\"peak_live_bytes\": %lld, \"rss_growth_bytes\": %lld, \"state_hash\": \"%016llx\"}}",
                 flags.model.c_str(), comm.size(), static_cast<long long>(n),
-                formula_bytes(train::Sharding::fsdp, static_cast<double>(n), comm.size()),
-                static_cast<long long>(unit), seconds, static_cast<long long>(max_over_ranks(comm, live)),
+                formula_bytes(train::Sharding::fsdp, static_cast<double>(n), comm.size()), static_cast<long long>(unit),
+                seconds, static_cast<long long>(max_over_ranks(comm, live)),
                 static_cast<long long>(max_over_ranks(comm, rss)),
                 static_cast<unsigned long long>(state_hash(*t.fsdp)));
   return text;
@@ -333,8 +342,11 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
     return ids;
   };
   for (int b = 0; b < 4; ++b) {
-    if (gpt) batches.emplace_back(random_ids(kGptTokens).reshape({1, kGptTokens}), random_ids(kGptTokens));
-    else batches.emplace_back(tensor::uniform({kBatch, widths_of(flags.model).front()}, 0, 1, data_gen), random_ids(kBatch));
+    if (gpt)
+      batches.emplace_back(random_ids(kGptTokens).reshape({1, kGptTokens}), random_ids(kGptTokens));
+    else
+      batches.emplace_back(tensor::uniform({kBatch, widths_of(flags.model).front()}, 0, 1, data_gen),
+                           random_ids(kBatch));
   }
   std::size_t next = 0;
   auto batch = [&]() -> const std::pair<Tensor, Tensor>& { return batches[next++ % batches.size()]; };

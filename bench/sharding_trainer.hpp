@@ -66,10 +66,10 @@ inline double median(std::vector<double> v) {
 struct Trainer {
   train::Sharding mode;
   nn::Module& model;
-  std::unique_ptr<train::DistributedDataParallel> ddp;   // ddp, zero1
-  std::unique_ptr<nn::Optimizer> plain;                  // ddp
-  std::unique_ptr<train::OSS> oss;                       // zero1
-  std::unique_ptr<train::FullyShardedDataParallel> fsdp; // zero2 (shard_grad_op), fsdp (full_shard)
+  std::unique_ptr<train::DistributedDataParallel> ddp;    // ddp, zero1
+  std::unique_ptr<nn::Optimizer> plain;                   // ddp
+  std::unique_ptr<train::OSS> oss;                        // zero1
+  std::unique_ptr<train::FullyShardedDataParallel> fsdp;  // zero2 (shard_grad_op), fsdp (full_shard)
 
   Trainer(train::Sharding m, nn::Module& mdl, collectives::Communicator& comm,
           train::FsdpOptions::BackwardPrefetch backward_prefetch)
@@ -79,11 +79,13 @@ struct Trainer {
     };
     switch (mode) {
       case train::Sharding::ddp:
-        ddp = std::make_unique<train::DistributedDataParallel>(model, comm, train::DdpOptions{.bucket_bytes = kBucketBytes});
+        ddp = std::make_unique<train::DistributedDataParallel>(model, comm,
+                                                               train::DdpOptions{.bucket_bytes = kBucketBytes});
         plain = adamw(model.named_parameters());
         break;
       case train::Sharding::zero1:
-        ddp = std::make_unique<train::DistributedDataParallel>(model, comm, train::DdpOptions{.bucket_bytes = kBucketBytes});
+        ddp = std::make_unique<train::DistributedDataParallel>(model, comm,
+                                                               train::DdpOptions{.bucket_bytes = kBucketBytes});
         oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
         break;
       case train::Sharding::zero2:
@@ -114,8 +116,10 @@ struct Trainer {
     const bool tokens = out.dim() == 3;  // a GPT's [B, T, V] logits
     const double loss = loss_fn.forward(tokens ? out.reshape({-1, out.size(-1)}) : out, y).item();
     const Tensor grad = tokens ? loss_fn.backward().reshape(out.shape()) : loss_fn.backward();
-    if (fsdp) fsdp->backward(grad);
-    else ddp->backward(grad);
+    if (fsdp)
+      fsdp->backward(grad);
+    else
+      ddp->backward(grad);
     return loss;
   }
   void step_and_zero() {

@@ -114,8 +114,10 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--quick")
+      quick = true;
+    else if (a == "--json" && i + 1 < argc)
+      json_path = argv[++i];
     else {
       std::cerr << "usage: supervisor_bench [--quick] [--json FILE]\n";
       return 2;
@@ -203,7 +205,9 @@ int main(int argc, char** argv) {
   std::string json = "{\n";
   for (std::size_t i = 0; i < rows.size(); ++i) json += "  " + rows[i] + (i + 1 < rows.size() ? ",\n" : "\n");
   json += "}\n";
-  if (json_path.empty()) std::cout << json;
-  else std::ofstream(json_path) << json;
+  if (json_path.empty())
+    std::cout << json;
+  else
+    std::ofstream(json_path) << json;
   return 0;
 }

@@ -82,8 +82,8 @@ Tensor& buffer(DType dtype, std::int64_t rows, std::int64_t cols, int slot) {
   auto it = cache.find(key);
   if (it == cache.end()) {
     tt::Generator gen(static_cast<std::uint64_t>(slot) + 1);
-    Tensor t = tt::is_floating(dtype) ? tt::uniform({rows, cols}, -1, 1, gen, dtype)
-                                      : Tensor::full({rows, cols}, 1, dtype);
+    Tensor t =
+        tt::is_floating(dtype) ? tt::uniform({rows, cols}, -1, 1, gen, dtype) : Tensor::full({rows, cols}, 1, dtype);
     it = cache.emplace(key, std::move(t)).first;
   }
   return it->second;
@@ -107,8 +107,8 @@ struct Gemm {
 // The baseline: OpenBLAS called directly, with the arguments matmul_out derives.
 void sgemm(const Gemm& g, const float* a, const float* b, float* c) {
   const auto m = static_cast<blasint>(g.m), n = static_cast<blasint>(g.n), k = static_cast<blasint>(g.k);
-  cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f,
-              a, g.ta ? m : k, b, g.tb ? k : n, 0.0f, c, n);
+  cblas_sgemm(CblasRowMajor, g.ta ? CblasTrans : CblasNoTrans, g.tb ? CblasTrans : CblasNoTrans, m, n, k, 1.0f, a,
+              g.ta ? m : k, b, g.tb ? k : n, 0.0f, c, n);
 }
 
 // "cblas_sgemm, OpenBLAS 0.3.21 Haswell": the version and the kernels it picked here.
@@ -120,8 +120,8 @@ std::string openblas_name() {
 }
 
 void register_gemm(const Gemm& g) {
-  const std::string name = "matmul " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" +
-                           std::to_string(g.k) + (g.what.empty() ? "" : " " + g.what);
+  const std::string name = "matmul " + std::to_string(g.m) + "x" + std::to_string(g.n) + "x" + std::to_string(g.k) +
+                           (g.what.empty() ? "" : " " + g.what);
   const double gflop = 2.0 * static_cast<double>(g.m * g.n * g.k) * 1e-9;
   const Transpose ta = g.ta ? Transpose::yes : Transpose::no, tb = g.tb ? Transpose::yes : Transpose::no;
 
@@ -166,8 +166,8 @@ void register_matmul() {
   struct Layer {
     std::int64_t batch, in, out;
   };
-  for (const Layer& l : {Layer{64, 64, 256}, Layer{64, 256, 256}, Layer{64, 256, 10}, Layer{32, 1024, 4096},
-                         Layer{32, 4096, 4096}}) {
+  for (const Layer& l :
+       {Layer{64, 64, 256}, Layer{64, 256, 256}, Layer{64, 256, 10}, Layer{32, 1024, 4096}, Layer{32, 4096, 4096}}) {
     const std::string fc =
         "fc " + std::to_string(l.in) + "->" + std::to_string(l.out) + " batch " + std::to_string(l.batch);
     // forward  y[B, out] = x[B, in] W[out, in]^T

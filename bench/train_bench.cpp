@@ -65,11 +65,16 @@ Flags parse_flags(int argc, char** argv) {
     if (i + 1 >= argc) throw InvalidArgument("train_bench: " + flag + " needs a value");
     const std::string value = argv[++i];
     try {
-      if (flag == "--hidden") f.hidden.push_back(std::stoll(value));
-      else if (flag == "--batch") f.batch = std::stoll(value);
-      else if (flag == "--repeats") f.repeats = std::stoi(value);
-      else if (flag == "--min-time") f.min_time = std::stod(value);
-      else throw InvalidArgument("train_bench: unknown flag " + flag);
+      if (flag == "--hidden")
+        f.hidden.push_back(std::stoll(value));
+      else if (flag == "--batch")
+        f.batch = std::stoll(value);
+      else if (flag == "--repeats")
+        f.repeats = std::stoi(value);
+      else if (flag == "--min-time")
+        f.min_time = std::stod(value);
+      else
+        throw InvalidArgument("train_bench: unknown flag " + flag);
     } catch (const std::logic_error&) {  // stoll/stod: not a number, or out of range
       throw InvalidArgument("train_bench: bad value '" + value + "' for " + flag);
     }
@@ -91,7 +96,8 @@ std::vector<Batch> random_batches(std::int64_t batch, tensor::Generator& gen) {
   std::vector<Batch> out;
   for (int b = 0; b < kBatches; ++b) {
     tensor::Tensor labels = tensor::Tensor::empty({batch}, tensor::DType::i64);
-    for (std::int64_t i = 0; i < batch; ++i) labels.data<std::int64_t>()[i] = static_cast<std::int64_t>(label_rng() % kClasses);
+    for (std::int64_t i = 0; i < batch; ++i)
+      labels.data<std::int64_t>()[i] = static_cast<std::int64_t>(label_rng() % kClasses);
     out.push_back({tensor::uniform({batch, kInputs}, 0, 1, gen), labels});
   }
   return out;
@@ -159,9 +165,10 @@ int main(int argc, char** argv) {
       const Result r = time_model(flags.hidden[m], flags);
       const double samples_per_s = bench::lower_median(r.repeats);
       if (!std::isfinite(r.loss)) throw Error("train_bench: the loss of " + r.model + " is not finite");
-      std::printf("%s\n {\"model\": \"%s\", \"batch\": %lld, \"samples_per_s\": %.1f, \"step_us\": %.2f, \"repeats\": [",
-                  m ? "," : "", r.model.c_str(), static_cast<long long>(flags.batch), samples_per_s,
-                  1e6 * static_cast<double>(flags.batch) / samples_per_s);
+      std::printf(
+          "%s\n {\"model\": \"%s\", \"batch\": %lld, \"samples_per_s\": %.1f, \"step_us\": %.2f, \"repeats\": [",
+          m ? "," : "", r.model.c_str(), static_cast<long long>(flags.batch), samples_per_s,
+          1e6 * static_cast<double>(flags.batch) / samples_per_s);
       for (std::size_t i = 0; i < r.repeats.size(); ++i) std::printf("%s%.1f", i ? ", " : "", r.repeats[i]);
       std::printf("], \"steps_per_repeat\": %lld, \"loss\": %.6g}", static_cast<long long>(r.steps_per_repeat), r.loss);
       std::fflush(stdout);

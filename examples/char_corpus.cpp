@@ -49,17 +49,23 @@ std::vector<char32_t> decode_utf8(std::string_view bytes, const std::string& wha
     const auto lead = static_cast<unsigned char>(bytes[i]);
     int extra = 0;
     char32_t c = 0;
-    if (lead < 0x80) c = lead;
-    else if ((lead & 0xE0) == 0xC0) extra = 1, c = lead & 0x1F;
-    else if ((lead & 0xF0) == 0xE0) extra = 2, c = lead & 0x0F;
-    else if ((lead & 0xF8) == 0xF0) extra = 3, c = lead & 0x07;
-    else TROUPE_THROW(FormatError, what, ": byte ", i, " (value ", int{lead}, ") does not start a UTF-8 character");
+    if (lead < 0x80)
+      c = lead;
+    else if ((lead & 0xE0) == 0xC0)
+      extra = 1, c = lead & 0x1F;
+    else if ((lead & 0xF0) == 0xE0)
+      extra = 2, c = lead & 0x0F;
+    else if ((lead & 0xF8) == 0xF0)
+      extra = 3, c = lead & 0x07;
+    else
+      TROUPE_THROW(FormatError, what, ": byte ", i, " (value ", int{lead}, ") does not start a UTF-8 character");
     if (i + static_cast<std::size_t>(extra) >= bytes.size())
       TROUPE_THROW(FormatError, what, ": the UTF-8 character at byte ", i, " is cut off by the end of the text");
     for (int k = 1; k <= extra; ++k) {
       const auto next = static_cast<unsigned char>(bytes[i + static_cast<std::size_t>(k)]);
       if ((next & 0xC0) != 0x80)
-        TROUPE_THROW(FormatError, what, ": byte ", i + static_cast<std::size_t>(k), " is not a UTF-8 continuation byte");
+        TROUPE_THROW(FormatError, what, ": byte ", i + static_cast<std::size_t>(k),
+                     " is not a UTF-8 continuation byte");
       c = (c << 6) | (next & 0x3F);
     }
     static constexpr char32_t kSmallest[] = {0, 0x80, 0x800, 0x10000};

@@ -53,8 +53,7 @@ std::string parse_line(const char* line, float* pixels, std::int64_t* label) {
 }  // namespace
 
 Dataset load_digits(const std::string& path) {
-  if (!std::filesystem::exists(path))
-    TROUPE_THROW(InvalidArgument, "digits data file '", path, "' does not exist");
+  if (!std::filesystem::exists(path)) TROUPE_THROW(InvalidArgument, "digits data file '", path, "' does not exist");
   // gzopen reads plain files too, so either form works.
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
   if (!file) TROUPE_THROW(InvalidArgument, "cannot open digits data file '", path, "': ", std::strerror(errno));

@@ -64,8 +64,8 @@ void unflatten(nn::Module& model, const Bytes& flat, bool gradients) {
   std::size_t offset = 0;
   for (auto& p : model.named_parameters()) {
     const std::size_t bytes = static_cast<std::size_t>(p.param->data.numel()) * sizeof(float);
-    TROUPE_CHECK(offset + bytes <= flat.size(), "parameter_server: buffer of ", flat.size(),
-                 " bytes is too short for ", p.name);
+    TROUPE_CHECK(offset + bytes <= flat.size(), "parameter_server: buffer of ", flat.size(), " bytes is too short for ",
+                 p.name);
     tensor::Tensor& t = gradients ? p.param->grad : p.param->data;
     if (!t.defined()) t = tensor::Tensor::zeros(p.param->data.shape());
     std::memcpy(t.raw_data(), flat.data() + offset, bytes);
@@ -160,12 +160,18 @@ Flags parse_flags(int argc, char** argv) {
     if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value\n" + usage);
     const std::string value = argv[++i];
     try {
-      if (flag == "--data") f.data = value;
-      else if (flag == "--updates") f.updates = std::stoi(value);
-      else if (flag == "--batch") f.batch = std::stoi(value);
-      else if (flag == "--lr") f.lr = std::stod(value);
-      else if (flag == "--require-accuracy") f.require_accuracy = std::stod(value);
-      else throw InvalidArgument("unknown flag " + flag + "\n" + usage);
+      if (flag == "--data")
+        f.data = value;
+      else if (flag == "--updates")
+        f.updates = std::stoi(value);
+      else if (flag == "--batch")
+        f.batch = std::stoi(value);
+      else if (flag == "--lr")
+        f.lr = std::stod(value);
+      else if (flag == "--require-accuracy")
+        f.require_accuracy = std::stod(value);
+      else
+        throw InvalidArgument("unknown flag " + flag + "\n" + usage);
     } catch (const std::logic_error&) {
       throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + usage);
     }

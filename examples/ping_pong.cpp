@@ -86,9 +86,12 @@ int main(int argc, char** argv) {
   bool json = false;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag == "--iterations" && i + 1 < argc) iterations = std::stoi(argv[++i]);
-    else if (flag == "--threads" && i + 1 < argc) options.threads = std::stoi(argv[++i]);
-    else if (flag == "--json") json = true;
+    if (flag == "--iterations" && i + 1 < argc)
+      iterations = std::stoi(argv[++i]);
+    else if (flag == "--threads" && i + 1 < argc)
+      options.threads = std::stoi(argv[++i]);
+    else if (flag == "--json")
+      json = true;
     else {
       std::fprintf(stderr, "usage: ping_pong [--iterations N] [--threads N] [--json]\n");
       return 2;

@@ -46,11 +46,11 @@ struct Flags {
   std::uint64_t seed = 0;
   double require_accuracy = 0;  // exit status 3 if the final test accuracy is lower
   int accum_steps = 1;
-  std::string sharding = "ddp";  // ddp, zero1, zero2 or fsdp
-  std::string device = "cpu";    // cpu or cuda (gradients over NCCL)
-  std::string precision = "f32"; // f32 or bf16 (bf16 model, f32 master weights; ddp)
-  std::string metrics;          // JSONL metrics log; empty for none
-  std::string best;             // file for the model with the best test accuracy; empty for none
+  std::string sharding = "ddp";   // ddp, zero1, zero2 or fsdp
+  std::string device = "cpu";     // cpu or cuda (gradients over NCCL)
+  std::string precision = "f32";  // f32 or bf16 (bf16 model, f32 master weights; ddp)
+  std::string metrics;            // JSONL metrics log; empty for none
+  std::string best;               // file for the model with the best test accuracy; empty for none
   // Checkpoints: the folder (default: troupe-run's TROUPE_CHECKPOINT_DIR, if any), a
   // save every N optimizer steps besides the one at each epoch's end, and how many to keep.
   std::string checkpoint_dir;
@@ -100,31 +100,49 @@ Flags parse_flags(int argc, char** argv) {
         if (used != value.size()) throw std::invalid_argument(value);
         return parsed;
       };
-      if (flag == "--data") f.data = value;
-      else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
-      else if (flag == "--save-every") f.save_every = whole(std::stoi(value, &used));
-      else if (flag == "--keep-last") f.keep_last = whole(std::stoi(value, &used));
-      else if (flag == "--epochs") f.epochs = whole(std::stoi(value, &used));
-      else if (flag == "--batch-size") f.batch_size = whole(std::stoi(value, &used));
-      else if (flag == "--hidden") f.hidden = whole(std::stoi(value, &used));
-      else if (flag == "--lr") f.lr = whole(std::stod(value, &used));
-      else if (flag == "--momentum") f.momentum = whole(std::stod(value, &used));
-      else if (flag == "--seed") f.seed = whole(std::stoull(value, &used));
-      else if (flag == "--require-accuracy") f.require_accuracy = whole(std::stod(value, &used));
-      else if (flag == "--accum-steps") f.accum_steps = whole(std::stoi(value, &used));
-      else if (flag == "--sharding") f.sharding = value;
-      else if (flag == "--device") f.device = value;
-      else if (flag == "--precision") f.precision = value;
-      else if (flag == "--metrics") f.metrics = value;
-      else if (flag == "--best") f.best = value;
-      else throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
+      if (flag == "--data")
+        f.data = value;
+      else if (flag == "--checkpoint-dir")
+        f.checkpoint_dir = value;
+      else if (flag == "--save-every")
+        f.save_every = whole(std::stoi(value, &used));
+      else if (flag == "--keep-last")
+        f.keep_last = whole(std::stoi(value, &used));
+      else if (flag == "--epochs")
+        f.epochs = whole(std::stoi(value, &used));
+      else if (flag == "--batch-size")
+        f.batch_size = whole(std::stoi(value, &used));
+      else if (flag == "--hidden")
+        f.hidden = whole(std::stoi(value, &used));
+      else if (flag == "--lr")
+        f.lr = whole(std::stod(value, &used));
+      else if (flag == "--momentum")
+        f.momentum = whole(std::stod(value, &used));
+      else if (flag == "--seed")
+        f.seed = whole(std::stoull(value, &used));
+      else if (flag == "--require-accuracy")
+        f.require_accuracy = whole(std::stod(value, &used));
+      else if (flag == "--accum-steps")
+        f.accum_steps = whole(std::stoi(value, &used));
+      else if (flag == "--sharding")
+        f.sharding = value;
+      else if (flag == "--device")
+        f.device = value;
+      else if (flag == "--precision")
+        f.precision = value;
+      else if (flag == "--metrics")
+        f.metrics = value;
+      else if (flag == "--best")
+        f.best = value;
+      else
+        throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
     } catch (const std::logic_error&) {  // stoi/stod: not a number, or out of range
       throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + kUsage);
     }
   }
   if (f.epochs < 1 || f.batch_size < 1 || f.hidden < 1 || f.accum_steps < 1 || !(f.lr > 0))
-    throw InvalidArgument(std::string("--epochs, --batch-size, --hidden and --accum-steps must be >= 1 and --lr > 0\n") +
-                          kUsage);
+    throw InvalidArgument(
+        std::string("--epochs, --batch-size, --hidden and --accum-steps must be >= 1 and --lr > 0\n") + kUsage);
   if (f.sharding != "ddp" && f.sharding != "zero1" && f.sharding != "zero2" && f.sharding != "fsdp")
     throw InvalidArgument("bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp\n" + kUsage);
   if (f.device != "cpu" && f.device != "cuda")
@@ -178,9 +196,7 @@ struct DigitsRecipe {
     static const examples::DigitsSplit split = examples::split_dataset(examples::load_digits(c.data), 0.2, 1234);
     return split;
   }
-  static train::TensorDataset train_set(const Config& c) {
-    return {split(c).train.inputs, split(c).train.labels};
-  }
+  static train::TensorDataset train_set(const Config& c) { return {split(c).train.inputs, split(c).train.labels}; }
   static train::TensorDataset test_set(const Config& c) { return {split(c).test.inputs, split(c).test.labels}; }
 
   // 64-H-H-10 with ReLU, PyTorch's default initialisation. Every rank draws it from
@@ -229,15 +245,16 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
   const auto& split = DigitsRecipe::split({flags.data});
   std::printf("digits: %lld train, %lld test samples from %s\n", static_cast<long long>(split.train.size()),
               static_cast<long long>(split.test.size()), flags.data.c_str());
-  const auto params = 64LL * flags.hidden + flags.hidden + 1LL * flags.hidden * flags.hidden + flags.hidden +
-                      10LL * flags.hidden + 10;
+  const auto params =
+      64LL * flags.hidden + flags.hidden + 1LL * flags.hidden * flags.hidden + flags.hidden + 10LL * flags.hidden + 10;
   std::printf("model: %lld parameters; SGD lr %.3g momentum %.3g; batch %d\n", params, flags.lr, flags.momentum,
               flags.batch_size);
   const auto micro = flags.batch_size / flags.accum_steps;
   status.summary({{"world", std::to_string(world) + " rank(s), batch " + std::to_string(micro / world) +
-                                (micro % world ? "-" + std::to_string(micro / world + 1) : "") + " per rank x " + std::to_string(flags.accum_steps) + " micro-batch(es)"},
-                  {"model", "MLP 64-" + std::to_string(flags.hidden) + "-" + std::to_string(flags.hidden) +
-                                "-10, " + std::to_string(params) + " parameters"},
+                                (micro % world ? "-" + std::to_string(micro / world + 1) : "") + " per rank x " +
+                                std::to_string(flags.accum_steps) + " micro-batch(es)"},
+                  {"model", "MLP 64-" + std::to_string(flags.hidden) + "-" + std::to_string(flags.hidden) + "-10, " +
+                                std::to_string(params) + " parameters"},
                   {"optimizer", "SGD " + format("lr %g momentum %g", flags.lr, flags.momentum)},
                   {"sharding", flags.sharding},
                   {"data", flags.data + ", seed " + std::to_string(flags.seed)},

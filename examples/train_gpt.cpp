@@ -68,9 +68,12 @@ void apply_preset(Flags& f) {
     double dropout, lr, min_lr;
   };
   Preset p;
-  if (f.preset == "quick") p = {2, 4, 128, 64, 32, 800, 40, 100, 256, 0.0, 3e-3, 3e-4};
-  else if (f.preset == "default") p = {4, 4, 128, 128, 32, 2000, 100, 250, 512, 0.0, 2e-3, 2e-4};
-  else throw InvalidArgument("bad value '" + f.preset + "' for --preset: quick or default");
+  if (f.preset == "quick")
+    p = {2, 4, 128, 64, 32, 800, 40, 100, 256, 0.0, 3e-3, 3e-4};
+  else if (f.preset == "default")
+    p = {4, 4, 128, 128, 32, 2000, 100, 250, 512, 0.0, 2e-3, 2e-4};
+  else
+    throw InvalidArgument("bad value '" + f.preset + "' for --preset: quick or default");
   const auto pick = [](auto& value, auto preset) {
     if (value < 0) value = preset;
   };
@@ -113,36 +116,66 @@ Flags parse_flags(int argc, char** argv) {
       };
       auto integer = [&] { return whole(std::stoll(value, &used)); };
       auto real = [&] { return whole(std::stod(value, &used)); };
-      if (flag == "--data") f.data = value;
-      else if (flag == "--preset") f.preset = value;
-      else if (flag == "--n-layer") f.n_layer = integer();
-      else if (flag == "--n-head") f.n_head = integer();
-      else if (flag == "--n-embd") f.n_embd = integer();
-      else if (flag == "--block-size") f.block_size = integer();
-      else if (flag == "--dropout") f.dropout = real();
-      else if (flag == "--batch-size") f.batch_size = integer();
-      else if (flag == "--accum-steps") f.accum_steps = static_cast<int>(integer());
-      else if (flag == "--steps") f.steps = integer();
-      else if (flag == "--lr") f.lr = real();
-      else if (flag == "--min-lr") f.min_lr = real();
-      else if (flag == "--warmup-steps") f.warmup_steps = integer();
-      else if (flag == "--weight-decay") f.weight_decay = real();
-      else if (flag == "--grad-clip") f.grad_clip = real();
-      else if (flag == "--beta2") f.beta2 = real();
-      else if (flag == "--seed") f.seed = whole(std::stoull(value, &used));
-      else if (flag == "--eval-every") f.eval_every = integer();
-      else if (flag == "--eval-samples") f.eval_samples = integer();
-      else if (flag == "--sample-chars") f.sample_chars = integer();
-      else if (flag == "--temperature") f.temperature = real();
-      else if (flag == "--sharding") f.sharding = value;
-      else if (flag == "--device") f.device = value;
-      else if (flag == "--precision") f.precision = value;
-      else if (flag == "--metrics") f.metrics = value;
-      else if (flag == "--checkpoint-dir") f.checkpoint_dir = value;
-      else if (flag == "--save-every") f.save_every = static_cast<int>(integer());
-      else if (flag == "--keep-last") f.keep_last = static_cast<int>(integer());
-      else if (flag == "--require-val-loss") f.require_val_loss = real();
-      else throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
+      if (flag == "--data")
+        f.data = value;
+      else if (flag == "--preset")
+        f.preset = value;
+      else if (flag == "--n-layer")
+        f.n_layer = integer();
+      else if (flag == "--n-head")
+        f.n_head = integer();
+      else if (flag == "--n-embd")
+        f.n_embd = integer();
+      else if (flag == "--block-size")
+        f.block_size = integer();
+      else if (flag == "--dropout")
+        f.dropout = real();
+      else if (flag == "--batch-size")
+        f.batch_size = integer();
+      else if (flag == "--accum-steps")
+        f.accum_steps = static_cast<int>(integer());
+      else if (flag == "--steps")
+        f.steps = integer();
+      else if (flag == "--lr")
+        f.lr = real();
+      else if (flag == "--min-lr")
+        f.min_lr = real();
+      else if (flag == "--warmup-steps")
+        f.warmup_steps = integer();
+      else if (flag == "--weight-decay")
+        f.weight_decay = real();
+      else if (flag == "--grad-clip")
+        f.grad_clip = real();
+      else if (flag == "--beta2")
+        f.beta2 = real();
+      else if (flag == "--seed")
+        f.seed = whole(std::stoull(value, &used));
+      else if (flag == "--eval-every")
+        f.eval_every = integer();
+      else if (flag == "--eval-samples")
+        f.eval_samples = integer();
+      else if (flag == "--sample-chars")
+        f.sample_chars = integer();
+      else if (flag == "--temperature")
+        f.temperature = real();
+      else if (flag == "--sharding")
+        f.sharding = value;
+      else if (flag == "--device")
+        f.device = value;
+      else if (flag == "--precision")
+        f.precision = value;
+      else if (flag == "--metrics")
+        f.metrics = value;
+      else if (flag == "--checkpoint-dir")
+        f.checkpoint_dir = value;
+      else if (flag == "--save-every")
+        f.save_every = static_cast<int>(integer());
+      else if (flag == "--keep-last")
+        f.keep_last = static_cast<int>(integer());
+      else if (flag == "--require-val-loss")
+        f.require_val_loss = real();
+      else
+        throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
     } catch (const std::logic_error&) {  // stoll/stod: not a number, or out of range
       throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + kUsage);
     }
@@ -153,22 +186,23 @@ Flags parse_flags(int argc, char** argv) {
   };
   require(f.n_layer >= 1 && f.n_head >= 1 && f.n_embd >= 1 && f.block_size >= 1,
           "--n-layer, --n-head, --n-embd and --block-size must be >= 1");
-  require(f.n_embd % f.n_head == 0, "--n-embd " + std::to_string(f.n_embd) + " must be a multiple of --n-head " +
-                                        std::to_string(f.n_head));
+  require(f.n_embd % f.n_head == 0,
+          "--n-embd " + std::to_string(f.n_embd) + " must be a multiple of --n-head " + std::to_string(f.n_head));
   require(f.dropout >= 0 && f.dropout < 1, "--dropout must be in [0, 1)");
   require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
           "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
   require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,
           "--warmup-steps, --eval-samples and --sample-chars must be >= 0");
-  require(f.warmup_steps < f.steps, "--warmup-steps " + std::to_string(f.warmup_steps) + " must be < --steps " +
-                                        std::to_string(f.steps));
+  require(f.warmup_steps < f.steps,
+          "--warmup-steps " + std::to_string(f.warmup_steps) + " must be < --steps " + std::to_string(f.steps));
   require(f.lr > 0 && f.min_lr >= 0 && f.min_lr <= f.lr, "--lr must be > 0 and --min-lr in [0, lr]");
   require(f.weight_decay >= 0 && f.grad_clip >= 0 && f.beta2 > 0 && f.beta2 < 1 && f.temperature >= 0,
           "--weight-decay, --grad-clip and --temperature must be >= 0 and --beta2 in (0, 1)");
   require(f.sharding == "ddp" || f.sharding == "zero1" || f.sharding == "zero2" || f.sharding == "fsdp",
           "bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp");
   require(f.device == "cpu" || f.device == "cuda", "bad value '" + f.device + "' for --device: cpu or cuda");
-  require(f.precision == "f32" || f.precision == "bf16", "bad value '" + f.precision + "' for --precision: f32 or bf16");
+  require(f.precision == "f32" || f.precision == "bf16",
+          "bad value '" + f.precision + "' for --precision: f32 or bf16");
   require(f.save_every >= 0 && f.keep_last >= 1, "--save-every must be >= 0 and --keep-last >= 1");
   if (f.checkpoint_dir.empty()) {
     if (const char* dir = std::getenv("TROUPE_CHECKPOINT_DIR")) f.checkpoint_dir = dir;
@@ -188,8 +222,7 @@ std::int64_t train_characters(const examples::CharCorpus& c) { return c.tokens.n
 
 // The validation text must hold one window: a block size larger than it is the user's
 // mistake, named with the file, rather than an empty evaluation.
-train::TokenWindows windows(const std::string& path, const Tensor& tokens, std::int64_t block_size,
-                            const char* part) {
+train::TokenWindows windows(const std::string& path, const Tensor& tokens, std::int64_t block_size, const char* part) {
   if (tokens.numel() < block_size + 1)
     TROUPE_THROW(InvalidArgument, "--block-size ", block_size, " is too large for ", path, ": its ", part, " part has ",
                  tokens.numel(), " characters, and one window needs ", block_size + 1);
@@ -212,8 +245,12 @@ struct GptRecipe {
         warmup_steps, steps);
     }
     nn::GPTConfig model() const {
-      return {.block_size = block_size, .vocab_size = vocab_size, .n_layer = n_layer, .n_head = n_head,
-              .n_embd = n_embd, .dropout = dropout};
+      return {.block_size = block_size,
+              .vocab_size = vocab_size,
+              .n_layer = n_layer,
+              .n_head = n_head,
+              .n_embd = n_embd,
+              .dropout = dropout};
     }
   };
 
@@ -223,8 +260,7 @@ struct GptRecipe {
   }
   static train::TokenWindows test_set(const Config& c) {
     const auto& text = corpus(c.data);
-    return windows(c.data, text.tokens.slice(train_characters(text), text.tokens.numel()), c.block_size,
-                   "validation");
+    return windows(c.data, text.tokens.slice(train_characters(text), text.tokens.numel()), c.block_size, "validation");
   }
 
   // GPT-2's initialisation from the seed on every rank (DDP broadcasts rank 0's anyway).
@@ -324,17 +360,16 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
   train::Status status(true, {.metrics_path = flags.metrics});
   const examples::CharCorpus& text = corpus(config.data);
   const std::int64_t parameters = nn::GPT(config.model(), config.seed).parameter_count();
-  status.summary(
-      {{"data", config.data + ": " + std::to_string(text.tokens.numel()) + " characters, " +
-                    std::to_string(text.vocab_size()) + " distinct; first 90% train, the rest validate"},
-       {"model", "GPT " + model_args_json(config) + ", " + std::to_string(parameters) + " parameters"},
-       {"optimizer", format("AdamW lr %g -> %g", flags.lr, flags.min_lr) + " (warm-up " +
-                         std::to_string(flags.warmup_steps) + ", cosine), " +
-                         format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
-       {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) + " x " +
-                     std::to_string(config.block_size) + " characters, " + flags.sharding + ", " + flags.device +
-                     ", " + flags.precision},
-       {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
+  status.summary({{"data", config.data + ": " + std::to_string(text.tokens.numel()) + " characters, " +
+                               std::to_string(text.vocab_size()) + " distinct; first 90% train, the rest validate"},
+                  {"model", "GPT " + model_args_json(config) + ", " + std::to_string(parameters) + " parameters"},
+                  {"optimizer", format("AdamW lr %g -> %g", flags.lr, flags.min_lr) + " (warm-up " +
+                                    std::to_string(flags.warmup_steps) + ", cosine), " +
+                                    format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
+                  {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) +
+                                " x " + std::to_string(config.block_size) + " characters, " + flags.sharding + ", " +
+                                flags.device + ", " + flags.precision},
+                  {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
 
   std::int64_t step = 0;
   if (!flags.checkpoint_dir.empty()) {
@@ -405,11 +440,20 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     const examples::CharCorpus& text = corpus(flags.data);  // a bad file stops every rank here, before any worker
-    const GptRecipe::Config config{.data = flags.data, .n_layer = flags.n_layer, .n_head = flags.n_head,
-                                   .n_embd = flags.n_embd, .block_size = flags.block_size,
-                                   .vocab_size = text.vocab_size(), .dropout = flags.dropout, .seed = flags.seed,
-                                   .lr = flags.lr, .min_lr = flags.min_lr, .weight_decay = flags.weight_decay,
-                                   .beta2 = flags.beta2, .warmup_steps = flags.warmup_steps, .steps = flags.steps};
+    const GptRecipe::Config config{.data = flags.data,
+                                   .n_layer = flags.n_layer,
+                                   .n_head = flags.n_head,
+                                   .n_embd = flags.n_embd,
+                                   .block_size = flags.block_size,
+                                   .vocab_size = text.vocab_size(),
+                                   .dropout = flags.dropout,
+                                   .seed = flags.seed,
+                                   .lr = flags.lr,
+                                   .min_lr = flags.min_lr,
+                                   .weight_decay = flags.weight_decay,
+                                   .beta2 = flags.beta2,
+                                   .warmup_steps = flags.warmup_steps,
+                                   .steps = flags.steps};
     train::WorkerOptions options{
         .global_batch = flags.batch_size,
         .accum_steps = flags.accum_steps,
@@ -427,8 +471,8 @@ int main(int argc, char** argv) {
         .eval_batch = 64,
         .eval_samples = flags.eval_samples};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
-    status = train::drive_then_stop(workers, runtime.rank(),
-                                    [&] { return drive(flags, config, workers, runtime.size()); });
+    status =
+        train::drive_then_stop(workers, runtime.rank(), [&] { return drive(flags, config, workers, runtime.size()); });
   } catch (const std::exception& e) {
     actors::print_error("train_gpt", e, runtime.rank());
     status = 1;

@@ -52,8 +52,8 @@ bool split_attached(Message& message, const Bytes& whole) {
   std::uint64_t end = 0;
   std::memcpy(&end, whole.data() + sizeof h + h.attachments * sizeof end, sizeof end);
   if (end < sizeof h + table || end > whole.size())
-    return dropped(message, "its payload claims to end at byte " + std::to_string(end) + " of " +
-                                std::to_string(whole.size()));
+    return dropped(message,
+                   "its payload claims to end at byte " + std::to_string(end) + " of " + std::to_string(whole.size()));
   std::size_t offset = static_cast<std::size_t>(end);
   for (std::size_t i = 0; i < h.attachments; ++i) {
     std::uint64_t size = 0;
@@ -114,7 +114,8 @@ Transport::HeldState Transport::advance(Held& held) {
       TROUPE_MPI_CHECK(MPI_Iprobe(source, held.tag, comm_, &arrived, &status));
       if (!arrived) {
         if (Clock::now() < held.deadline) return HeldState::waiting;
-        dropped(held.message, which() + " did not arrive within " + std::to_string(attachment_timeout_.count()) + " ms");
+        dropped(held.message,
+                which() + " did not arrive within " + std::to_string(attachment_timeout_.count()) + " ms");
         return HeldState::dropped;
       }
       int count = 0;
@@ -127,7 +128,8 @@ Transport::HeldState Transport::advance(Held& held) {
           std::vector<std::byte> discard(static_cast<std::size_t>(count));
           TROUPE_MPI_CHECK(MPI_Mrecv(discard.data(), count, MPI_BYTE, &handle, &status));
         }
-        dropped(held.message, which() + " has " + std::to_string(count) + " bytes, the table says " + std::to_string(size));
+        dropped(held.message,
+                which() + " has " + std::to_string(count) + " bytes, the table says " + std::to_string(size));
         return HeldState::dropped;
       }
       held.buffer = pool_->acquire(static_cast<std::size_t>(size));

@@ -64,8 +64,10 @@ bool StateBase::wait_until(std::optional<Clock::time_point> deadline) {
   bool done = true;
   {
     std::unique_lock lock(mutex_);
-    if (deadline) done = cv_.wait_until(lock, *deadline, [this] { return ready(); });
-    else cv_.wait(lock, [this] { return ready(); });
+    if (deadline)
+      done = cv_.wait_until(lock, *deadline, [this] { return ready(); });
+    else
+      cv_.wait(lock, [this] { return ready(); });
   }
   if (progress_ != nullptr) progress_->end_blocking();
   return done;

@@ -21,11 +21,15 @@ constexpr int kLostNoticeTag = kActorTag + 1;
 }  // namespace
 
 PeerLiveness::PeerLiveness(MPI_Comm comm, int rank, int size, std::chrono::milliseconds period,
-                           std::chrono::milliseconds timeout,
-                           std::function<void(int, const std::string&)> on_lost)
-    : rank_(rank), size_(size), period_(period), timeout_(timeout), on_lost_(std::move(on_lost)),
+                           std::chrono::milliseconds timeout, std::function<void(int, const std::string&)> on_lost)
+    : rank_(rank),
+      size_(size),
+      period_(period),
+      timeout_(timeout),
+      on_lost_(std::move(on_lost)),
       last_heard_(new std::atomic<Clock::rep>[static_cast<std::size_t>(size)]),
-      lost_(new std::atomic<bool>[static_cast<std::size_t>(size)]), rank_numbers_(static_cast<std::size_t>(size)),
+      lost_(new std::atomic<bool>[static_cast<std::size_t>(size)]),
+      rank_numbers_(static_cast<std::size_t>(size)),
       heartbeat_(sizeof(Header), '\0') {
   for (int r = 0; r < size; ++r) rank_numbers_[static_cast<std::size_t>(r)] = r;
   TROUPE_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
@@ -151,8 +155,8 @@ void PeerLiveness::run() {
     }
     // Sleep in poll() on the neighbours' pidfds: one becomes readable when its
     // process exits. stop() is noticed within a period.
-    const auto wait_ms = std::max<long long>(
-        0, std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - Clock::now()).count());
+    const auto wait_ms =
+        std::max<long long>(0, std::chrono::duration_cast<std::chrono::milliseconds>(wake_at - Clock::now()).count());
     lock.unlock();
     const int ready = poll(fds.data(), fds.size(), static_cast<int>(wait_ms));
     if (ready > 0)
@@ -187,8 +191,10 @@ void PeerLiveness::receive_beats() {
       int lost_rank = -1;
       MPI_Recv(&lost_rank, 1, MPI_INT, status.MPI_SOURCE, kLostNoticeTag, comm_, MPI_STATUS_IGNORE);
       if (lost_rank >= 0 && lost_rank < size_ && lost_rank != rank_)
-        declare_lost(lost_rank, "rank " + std::to_string(status.MPI_SOURCE) + ", which watches it, heard nothing from it for " +
-                                    std::to_string(timeout_.count()) + " ms or saw its process exit", false);
+        declare_lost(lost_rank,
+                     "rank " + std::to_string(status.MPI_SOURCE) + ", which watches it, heard nothing from it for " +
+                         std::to_string(timeout_.count()) + " ms or saw its process exit",
+                     false);
       continue;
     }
     MPI_Recv(buffer, sizeof buffer, MPI_BYTE, status.MPI_SOURCE, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
@@ -207,8 +213,8 @@ void PeerLiveness::check() {
   }
   const auto limit = std::chrono::duration_cast<Clock::duration>(timeout_).count();
   if (now - last_heard_[static_cast<std::size_t>(r)].load() <= limit) return;
-  declare_lost(r, "nothing heard from it for " + std::to_string(timeout_.count()) + " ms (its process has probably died)",
-               true);
+  declare_lost(
+      r, "nothing heard from it for " + std::to_string(timeout_.count()) + " ms (its process has probably died)", true);
 }
 
 }  // namespace troupe::actors::detail

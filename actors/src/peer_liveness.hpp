@@ -34,8 +34,7 @@ namespace troupe::actors::detail {
 class PeerLiveness {
  public:
   using Clock = std::chrono::steady_clock;
-  PeerLiveness(MPI_Comm comm, int rank, int size, std::chrono::milliseconds period,
-               std::chrono::milliseconds timeout,
+  PeerLiveness(MPI_Comm comm, int rank, int size, std::chrono::milliseconds period, std::chrono::milliseconds timeout,
                std::function<void(int rank, const std::string& why)> on_lost);
   ~PeerLiveness();
 
@@ -47,7 +46,9 @@ class PeerLiveness {
   // Heartbeats and loss notices this rank has sent (for the liveness-cost benchmark).
   std::uint64_t messages_sent() const { return sent_.load(std::memory_order_relaxed); }
   // CPU time the liveness thread has used, as of its last wake-up (the same benchmark).
-  std::chrono::nanoseconds cpu_time() const { return std::chrono::nanoseconds(cpu_ns_.load(std::memory_order_relaxed)); }
+  std::chrono::nanoseconds cpu_time() const {
+    return std::chrono::nanoseconds(cpu_ns_.load(std::memory_order_relaxed));
+  }
   // Called from the heartbeat thread every `period` (the supervisor's heartbeat).
   void set_hook(std::function<void()> hook, std::chrono::milliseconds period);
 
@@ -69,15 +70,15 @@ class PeerLiveness {
   std::atomic<bool> any_lost_{false};
   std::atomic<std::uint64_t> sent_{0};
   std::atomic<std::int64_t> cpu_ns_{0};
-  int watched_ = -1;  // the predecessor being watched; its grace restarts when it changes
+  int watched_ = -1;               // the predecessor being watched; its grace restarts when it changes
   std::vector<int> rank_numbers_;  // 0..size-1: the payloads of loss notices
-  std::string heartbeat_;  // sent as is, so it outlives every MPI_Isend of it
+  std::string heartbeat_;          // sent as is, so it outlives every MPI_Isend of it
   std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
   std::function<void()> hook_;
-  std::vector<int> pidfds_;        // per rank; -1 for self, other hosts, or no pidfd support
-  std::vector<int> pidfd_ranks_;   // the ranks behind the open pidfds, for poll()
+  std::vector<int> pidfds_;       // per rank; -1 for self, other hosts, or no pidfd support
+  std::vector<int> pidfd_ranks_;  // the ranks behind the open pidfds, for poll()
   std::chrono::milliseconds hook_period_{1000};
   std::thread thread_;
 };

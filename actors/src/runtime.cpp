@@ -59,9 +59,7 @@ detail::Header header_of(const std::string& bytes) {
   return h;
 }
 
-std::string_view payload_of(const std::string& bytes) {
-  return std::string_view(bytes).substr(sizeof(detail::Header));
-}
+std::string_view payload_of(const std::string& bytes) { return std::string_view(bytes).substr(sizeof(detail::Header)); }
 
 }  // namespace
 
@@ -114,13 +112,12 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
   actor_comm_ = reinterpret_cast<void*>(actors);
   system_comm_ = reinterpret_cast<void*>(system);
   scheduler_ = std::make_unique<detail::Scheduler>(
-      options_.threads, [this](detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call) {
-        execute(cell, std::move(call));
-      },
+      options_.threads,
+      [this](detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call) { execute(cell, std::move(call)); },
       [this] { transport_->wake(); }, [this] { return transport_->receive(); });
-  liveness_ = std::make_unique<detail::PeerLiveness>(actors, rank_, size_, options_.heartbeat_period,
-                                                     options_.liveness_timeout,
-      [this](int r, const std::string& why) { on_rank_lost(r, why); });
+  liveness_ =
+      std::make_unique<detail::PeerLiveness>(actors, rank_, size_, options_.heartbeat_period, options_.liveness_timeout,
+                                             [this](int r, const std::string& why) { on_rank_lost(r, why); });
   transport_ = std::make_unique<detail::Transport>(
       actors, [this](detail::Message m) { handle(std::move(m)); }, *scheduler_, liveness_.get(), options_.threads == 0,
       options_.attachment_timeout);
@@ -195,8 +192,8 @@ void Runtime::send_with_reply(int rank, detail::Header header, std::string paylo
                               std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments) {
   TROUPE_CHECK(rank >= 0 && rank < size_, reply->what(), ": rank ", rank, " is outside the world of ", size_, " ranks");
   if (liveness_->lost(rank)) {
-    reply->on_error(std::make_exception_ptr(RemoteError(
-        {ErrorCode::rank_lost, rank, "", reply->what(), "", "the rank was lost earlier"})));
+    reply->on_error(std::make_exception_ptr(
+        RemoteError({ErrorCode::rank_lost, rank, "", reply->what(), "", "the rank was lost earlier"})));
     return;
   }
   header.request = next_request_id_.fetch_add(1);
@@ -329,28 +326,29 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
   if (h.method >= cell->method_count())
     return fail(ErrorCode::unknown_method, cell->label(), "method #" + std::to_string(h.method),
                 detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
-  post_call(
-      cell, detail::make_call(
-                h.method,
-                [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
-                  std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
-                  std::vector<Bytes> out;
-                  {
-                    detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);
-                    detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
-                    cell->invoke(h.method, payload_of(held.bytes), result);
-                  }
-                  if (wants_reply) reply_value(source, h.request, std::move(result), out);
-                },
-                [this, source, h, wants_reply](const ErrorInfo& info) {
-                  try {
-                    if (wants_reply) reply_error(source, h.request, info);
-                    else report_failed_tell(source, info);
-                  } catch (const std::exception& e) {
-                    std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_,
-                                 source, e.what());
-                  }
-                }));
+  post_call(cell, detail::make_call(
+                      h.method,
+                      [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
+                        std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
+                        std::vector<Bytes> out;
+                        {
+                          detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);
+                          detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
+                          cell->invoke(h.method, payload_of(held.bytes), result);
+                        }
+                        if (wants_reply) reply_value(source, h.request, std::move(result), out);
+                      },
+                      [this, source, h, wants_reply](const ErrorInfo& info) {
+                        try {
+                          if (wants_reply)
+                            reply_error(source, h.request, info);
+                          else
+                            report_failed_tell(source, info);
+                        } catch (const std::exception& e) {
+                          std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_,
+                                       source, e.what());
+                        }
+                      }));
 }
 
 }  // namespace troupe::actors

@@ -33,7 +33,7 @@ R Runtime::system_call(int rank, detail::Header header, std::string payload, con
 }
 
 std::uint64_t Runtime::spawn_bytes(int rank, const std::string& key, const SpawnOptions& options,
-                                  const std::string& args) {
+                                   const std::string& args) {
   TROUPE_CHECK(options.max_restarts >= 0, "spawn: max_restarts must be >= 0, got ", options.max_restarts);
   if (rank == rank_) return spawn_local(key, options, args);
   std::string payload = new_message();
@@ -156,9 +156,9 @@ void Runtime::register_name(const std::string& name, int rank, std::uint64_t id,
     std::lock_guard lock(names_mutex_);
     auto [it, inserted] = names_.emplace(name, NameEntry{rank, id, type});
     if (!inserted)
-      throw RemoteError({ErrorCode::spawn_failed, 0, type, "register name", "",
-                         detail::concat("the name '", name, "' is taken by a ", it->second.type, " on rank ",
-                                        it->second.rank)});
+      throw RemoteError(
+          {ErrorCode::spawn_failed, 0, type, "register name", "",
+           detail::concat("the name '", name, "' is taken by a ", it->second.type, " on rank ", it->second.rank)});
     return;
   }
   std::string payload = new_message();
@@ -180,8 +180,8 @@ Runtime::NameEntry Runtime::lookup_entry(const std::string& name) {
   detail::append_serialized(payload, name);
   detail::Header h;
   h.kind = detail::Kind::lookup;
-  const auto entry = system_call<std::tuple<int, std::uint64_t, std::string>>(0, h, std::move(payload),
-                                                                               "lookup '" + name + "'");
+  const auto entry =
+      system_call<std::tuple<int, std::uint64_t, std::string>>(0, h, std::move(payload), "lookup '" + name + "'");
   return {std::get<0>(entry), std::get<1>(entry), std::get<2>(entry)};
 }
 
@@ -202,7 +202,8 @@ void Runtime::handle_system(detail::Message& message) {
     } catch (const RemoteError& e) {
       reply_error(source, h.request, e.info());
     } catch (const detail::BadMessage& e) {
-      reply_error(source, h.request, {ErrorCode::bad_message, rank_, "runtime", "system request", "BadMessage", e.what()});
+      reply_error(source, h.request,
+                  {ErrorCode::bad_message, rank_, "runtime", "system request", "BadMessage", e.what()});
     } catch (...) {
       reply_error(source, h.request, describe_current_exception(rank_, "runtime", "system request"));
     }

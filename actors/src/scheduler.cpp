@@ -21,7 +21,9 @@ thread_local Clock::duration t_excluded{0};
 }  // namespace
 
 Scheduler::Scheduler(int threads, Execute execute, std::function<void()> wake_progress, std::function<bool()> receive)
-    : threads_(threads), execute_(std::move(execute)), wake_progress_(std::move(wake_progress)),
+    : threads_(threads),
+      execute_(std::move(execute)),
+      wake_progress_(std::move(wake_progress)),
       receive_(std::move(receive)) {}
 
 Scheduler::~Scheduler() { stop(); }
@@ -75,8 +77,10 @@ void Scheduler::post_task(std::function<void()> task) {
     ready_count_.fetch_add(1, std::memory_order_release);
     wake = sleeping_ > 0;
   }
-  if (threads_ == 0) wake_progress_();
-  else if (wake) cv_.notify_one();
+  if (threads_ == 0)
+    wake_progress_();
+  else if (wake)
+    cv_.notify_one();
 }
 
 void Scheduler::make_ready(std::shared_ptr<ActorCellBase> cell) {
@@ -88,8 +92,10 @@ void Scheduler::make_ready(std::shared_ptr<ActorCellBase> cell) {
     // A spinning pool thread will see it; otherwise wake a sleeping one.
     wake = sleeping_ > 0 && spinning_.load() == 0;
   }
-  if (threads_ == 0) wake_progress_();
-  else if (wake) cv_.notify_one();
+  if (threads_ == 0)
+    wake_progress_();
+  else if (wake)
+    cv_.notify_one();
 }
 
 void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
@@ -137,7 +143,8 @@ bool Scheduler::run_shared_one() {
   if (task) task();
   // Run on the receiving thread like its own actors: watched, so that a stand-in
   // receives should the call run long.
-  else drain(std::move(cell), threads_ > 0);
+  else
+    drain(std::move(cell), threads_ > 0);
   return true;
 }
 
@@ -258,10 +265,11 @@ void Scheduler::worker() {
       }
       ready_count_.fetch_sub(1, std::memory_order_relaxed);
     }
-    if (task) task();
-    else drain(std::move(cell), false);
+    if (task)
+      task();
+    else
+      drain(std::move(cell), false);
   }
 }
 
 }  // namespace troupe::actors::detail
-

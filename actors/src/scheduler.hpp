@@ -111,12 +111,12 @@ class Scheduler {
   // stand-in can take them (one receiving thread parks at a time).
   std::vector<std::shared_ptr<ActorCellBase>> parked_;
   bool parking_ = false;
-  std::atomic<int> ready_count_{0};  // ready_ + tasks_, readable without the lock
-  int sleeping_ = 0;                  // pool threads waiting on cv_
+  std::atomic<int> ready_count_{0};    // ready_ + tasks_, readable without the lock
+  int sleeping_ = 0;                   // pool threads waiting on cv_
   std::atomic<int> deep_sleeping_{0};  // of which, waiting without a timeout
   // steady_clock ticks when the current inline call began; 0 when none runs.
   std::atomic<std::int64_t> inline_since_{0};
-  std::atomic<int> spinning_{0};      // pool threads looking for work before they sleep
+  std::atomic<int> spinning_{0};  // pool threads looking for work before they sleep
   bool stop_ = false;
   std::vector<std::thread> pool_;
 };

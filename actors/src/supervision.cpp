@@ -26,9 +26,9 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
   const std::uint32_t method = call->method();
   if (cell->dead()) return call->fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
   if (cell->restarting() && cell->queued_.load() >= cell->options().max_queued)
-    return call->fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
-                                 detail::concat("the actor is restarting and ", cell->queued_.load(),
-                                                " calls already wait (max_queued)")));
+    return call->fail(cell_error(
+        ErrorCode::overloaded, rank_, *cell, method,
+        detail::concat("the actor is restarting and ", cell->queued_.load(), " calls already wait (max_queued)")));
   // The time posted only matters for a call re-delivered after a restart (its
   // queue_deadline); an actor that cannot restart is spared the clock read.
   const bool may_restart = cell->options().max_restarts > 0;
@@ -37,9 +37,9 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
   const std::size_t queued = cell->queued_.fetch_add(1, std::memory_order_relaxed);
   if (const std::size_t capacity = cell->options().mailbox_capacity; capacity > 0 && queued >= capacity) {
     cell->queued_.fetch_sub(1, std::memory_order_relaxed);
-    return call->fail(cell_error(ErrorCode::overloaded, rank_, *cell, method,
-                                 detail::concat("the mailbox is full (", capacity,
-                                                " calls wait: SpawnOptions::mailbox_capacity)")));
+    return call->fail(
+        cell_error(ErrorCode::overloaded, rank_, *cell, method,
+                   detail::concat("the mailbox is full (", capacity, " calls wait: SpawnOptions::mailbox_capacity)")));
   }
   queued_calls_.fetch_add(1, std::memory_order_relaxed);
   scheduler_->post(cell, std::move(call));
@@ -58,16 +58,17 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
   if (call->epoch() < cell.epoch()) {
     // The call was queued when the actor failed.
     if (!cell.idempotent(method))
-      return call->fail(cell_error(ErrorCode::actor_restarted, rank_, cell, method,
-                                   detail::concat("the call was queued when the actor failed; it was restarted (restart ",
-                                                  cell.epoch(), ") and the call was not re-delivered (its method is "
-                                                  "not listed in troupe_idempotent)")));
+      return call->fail(cell_error(
+          ErrorCode::actor_restarted, rank_, cell, method,
+          detail::concat("the call was queued when the actor failed; it was restarted (restart ", cell.epoch(),
+                         ") and the call was not re-delivered (its method is "
+                         "not listed in troupe_idempotent)")));
     const auto waited = Clock::now() - Clock::time_point(Clock::duration(call->posted_ticks()));
     if (waited > cell.options().queue_deadline)
-      return call->fail(cell_error(ErrorCode::overloaded, rank_, cell, method,
-                                   detail::concat("the call waited ",
-                                                  std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
-                                                  " ms for the actor's restart (queue_deadline)")));
+      return call->fail(cell_error(
+          ErrorCode::overloaded, rank_, cell, method,
+          detail::concat("the call waited ", std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
+                         " ms for the actor's restart (queue_deadline)")));
   }
   try {
     call->run();
@@ -99,7 +100,8 @@ void Runtime::restart_or_bury(detail::ActorCellBase& cell) {
       cell.dead_ = true;
       cell.restarting_ = false;
       cell.bury();
-      std::fprintf(stderr, "troupe: rank %d: %s is dead: %s\n", rank_, cell.label().c_str(), dead_message(cell).c_str());
+      std::fprintf(stderr, "troupe: rank %d: %s is dead: %s\n", rank_, cell.label().c_str(),
+                   dead_message(cell).c_str());
       return;
     }
     if (options.backoff.count() > 0) {

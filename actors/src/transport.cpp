@@ -32,8 +32,12 @@ thread_local bool t_receiving = false;
 
 Transport::Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
                      bool runs_actor_calls, std::chrono::milliseconds attachment_timeout)
-    : comm_(comm), deliver_(std::move(deliver)), scheduler_(scheduler), runs_actor_calls_(runs_actor_calls),
-      liveness_(liveness), attachment_timeout_(attachment_timeout) {}
+    : comm_(comm),
+      deliver_(std::move(deliver)),
+      scheduler_(scheduler),
+      runs_actor_calls_(runs_actor_calls),
+      liveness_(liveness),
+      attachment_timeout_(attachment_timeout) {}
 
 void Transport::wake() {
   // Taking the lock orders this wake after a sleeper's check of its condition, so
@@ -100,8 +104,8 @@ void isend_attached(const std::string& message, const std::vector<Bytes>& attach
     offset += attachment.size();
   }
   MPI_Datatype type = MPI_DATATYPE_NULL;
-  TROUPE_MPI_CHECK(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), addresses.data(), MPI_BYTE,
-                                            &type));
+  TROUPE_MPI_CHECK(
+      MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(), addresses.data(), MPI_BYTE, &type));
   TROUPE_MPI_CHECK(MPI_Type_commit(&type));
   TROUPE_MPI_CHECK(MPI_Isend(MPI_BOTTOM, 1, type, destination, kActorTag, comm, request));
   MPI_Type_free(&type);  // freed once the send no longer needs it
@@ -197,8 +201,9 @@ bool Transport::receive_some() {
       TROUPE_MPI_CHECK(MPI_Mrecv(message.bytes.data(), count, MPI_BYTE, &handle, &status));
     }
     received_.fetch_add(1, std::memory_order_relaxed);
-    const std::string_view view = whole.empty() ? std::string_view(message.bytes)
-                                                : std::string_view(reinterpret_cast<const char*>(whole.data()), whole.size());
+    const std::string_view view = whole.empty()
+                                      ? std::string_view(message.bytes)
+                                      : std::string_view(reinterpret_cast<const char*>(whole.data()), whole.size());
     Header h;
     if (view.size() >= sizeof h) std::memcpy(&h, view.data(), sizeof h);
     any = true;

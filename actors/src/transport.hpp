@@ -34,8 +34,8 @@ namespace troupe::actors::detail {
 
 struct Message {
   int source = -1;
-  std::string bytes;                // header + payload (the size table removed)
-  std::vector<Bytes> attachments;   // received beside it, in order
+  std::string bytes;               // header + payload (the size table removed)
+  std::vector<Bytes> attachments;  // received beside it, in order
 };
 
 // Splits a message that carries its attachments within it (`whole`, received into a
@@ -62,8 +62,8 @@ class Transport final : public Progress {
   // `runs_actor_calls`: there are no pool threads, so the progress thread runs every
   // actor call itself (RuntimeOptions::threads == 0).
   // `attachment_timeout`: RuntimeOptions::attachment_timeout.
-  Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
-            bool runs_actor_calls = false, std::chrono::milliseconds attachment_timeout = std::chrono::seconds(10));
+  Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness, bool runs_actor_calls = false,
+            std::chrono::milliseconds attachment_timeout = std::chrono::seconds(10));
   ~Transport() override;
 
   void start();
@@ -137,8 +137,8 @@ class Transport final : public Progress {
   const bool runs_actor_calls_;
   std::mutex receive_mutex_;
   std::atomic<int> pollers_{0};
-  std::atomic<int> blocked_{0};           // callers asleep on an answer
-  std::atomic<Clock::rep> hot_until_{0};  // steady_clock ticks; stay hot until then
+  std::atomic<int> blocked_{0};            // callers asleep on an answer
+  std::atomic<Clock::rep> hot_until_{0};   // steady_clock ticks; stay hot until then
   std::atomic<Clock::rep> poll_ended_{0};  // steady_clock ticks when a caller last stopped polling
   std::atomic<bool> stop_{false};
   std::mutex idle_mutex_;

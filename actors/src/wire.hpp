@@ -61,10 +61,12 @@ inline std::size_t align_attached(std::size_t offset) {
 
 // Parses the header of `bytes`; returns an explanation when it is not one of ours.
 inline std::string read_header(std::string_view bytes, Header& h) {
-  if (bytes.size() < sizeof(Header)) return "message of " + std::to_string(bytes.size()) + " bytes is shorter than a header";
+  if (bytes.size() < sizeof(Header))
+    return "message of " + std::to_string(bytes.size()) + " bytes is shorter than a header";
   std::memcpy(&h, bytes.data(), sizeof h);
   if (h.magic != kMagic) return "bad magic number";
-  if (h.version != kVersion) return "wire version " + std::to_string(h.version) + ", expected " + std::to_string(kVersion);
+  if (h.version != kVersion)
+    return "wire version " + std::to_string(h.version) + ", expected " + std::to_string(kVersion);
   if (h.kind < Kind::request || h.kind > Kind::heartbeat)
     return "unknown message kind " + std::to_string(static_cast<int>(h.kind));
   return {};

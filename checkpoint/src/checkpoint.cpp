@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <thread>
 
 #include "troupe/checkpoint/error.hpp"
 #include "troupe/checkpoint/file_writer.hpp"
@@ -62,9 +62,10 @@ class MissingSection : public FormatError {
 };
 
 std::string verdict_of(const std::exception& e) {
-  const char mark = dynamic_cast<const StorageError*>(&e)                                    ? kStorageMark
-                    : dynamic_cast<const MissingSection*>(&e) || dynamic_cast<const FormatNotAllowed*>(&e) ? kOtherRunMark
-                                                                                                             : kDamagedMark;
+  const char mark = dynamic_cast<const StorageError*>(&e) ? kStorageMark
+                    : dynamic_cast<const MissingSection*>(&e) || dynamic_cast<const FormatNotAllowed*>(&e)
+                        ? kOtherRunMark
+                        : kDamagedMark;
   return mark + std::string(e.what());
 }
 
@@ -98,7 +99,8 @@ std::optional<std::string> key_value_diff(const std::string& recorded, const std
     if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
   for (const std::string& key : keys) {
     const std::string mine = value_in(*a, key), theirs = value_in(*b, key);
-    if (mine != theirs) out += (out.empty() ? "" : "; ") + key + " " + mine + " in the file, " + theirs + " in this run";
+    if (mine != theirs)
+      out += (out.empty() ? "" : "; ") + key + " " + mine + " in the file, " + theirs + " in this run";
   }
   return out;
 }
@@ -144,12 +146,10 @@ Checkpoint::Checkpoint(fs::path folder, std::size_t keep_last)
 }
 
 void Checkpoint::register_state(std::string section, StateSource source) {
-  TROUPE_CHECK(!section.empty() && section.find('/') == std::string::npos,
-               "Checkpoint::register_state: section name '", section,
-               "' must be a plain group name without '/'");
+  TROUPE_CHECK(!section.empty() && section.find('/') == std::string::npos, "Checkpoint::register_state: section name '",
+               section, "' must be a plain group name without '/'");
   for (const Registered& r : sources_)
-    TROUPE_CHECK(r.section != section, "Checkpoint::register_state: section '", section,
-                 "' is registered twice");
+    TROUPE_CHECK(r.section != section, "Checkpoint::register_state: section '", section, "' is registered twice");
   TROUPE_CHECK(source.save && source.load, "Checkpoint::register_state: section '", section,
                "' needs both a save and a load function");
   sources_.push_back({std::move(section), std::move(source)});
@@ -252,7 +252,8 @@ void Checkpoint::check_run_attributes(const FileReader& file) const {
     const auto one_line = [](const std::string& v) {
       return v.size() <= kShown && std::none_of(v.begin(), v.end(), [](char c) { return c == '\n' || c == '\r'; });
     };
-    const auto at = std::mismatch(recorded.begin(), recorded.end(), value.begin(), value.end()).first - recorded.begin();
+    const auto at =
+        std::mismatch(recorded.begin(), recorded.end(), value.begin(), value.end()).first - recorded.begin();
     const std::optional<std::string> by_key = key_value_diff(recorded, value);
     const std::string difference =
         by_key ? "differs: " + *by_key
@@ -294,7 +295,6 @@ Metadata Checkpoint::load(const fs::path& path) {
   restore(file);
   return meta;
 }
-
 
 std::optional<Metadata> Checkpoint::load_latest() {
   finish_in_flight();  // the save in flight may be the latest
@@ -352,7 +352,7 @@ std::optional<Metadata> Checkpoint::load_pass(std::string& unreadable) {
     }
     std::error_code gone;
     if (!verdict.empty() && !share_.agree && !fs::exists(candidate, gone) && !gone)
-      continue;  // gone: another rank set it aside
+      continue;                                         // gone: another rank set it aside
     if (share_.agree) verdict = share_.agree(verdict);  // one verdict on every rank
     if (!verdict.empty() && verdict.front() == kStorageMark) {
       unreadable = verdict.substr(1);
@@ -377,10 +377,11 @@ std::optional<Metadata> Checkpoint::load_pass(std::string& unreadable) {
       }
       TROUPE_THROW(StorageError, e.what(), " (while restoring from it: the state is partly restored and not ",
                    "usable; nothing was deleted)");
-    } catch (const FormatError& e) {  // damage in the data, found while restoring
+    } catch (const FormatError& e) {                 // damage in the data, found while restoring
       if (verify_ == Verify::before_restore) throw;  // verified just now: the program's own load failed
       set_aside(candidate,
-                std::string(e.what()) + " (state partly restored from it; the next older checkpoint restores all of it again)",
+                std::string(e.what()) +
+                    " (state partly restored from it; the next older checkpoint restores all of it again)",
                 true);
       partly_restored = candidate.string();
     }

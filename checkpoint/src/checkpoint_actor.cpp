@@ -25,8 +25,8 @@ void CheckpointActor::drop_open() {
 void CheckpointActor::begin(SaveManifest manifest) {
   if (open_ && open_->manifest.step == manifest.step) {
     if (!(open_->manifest == manifest))
-      TROUPE_THROW(InvalidArgument, "checkpoint actor: ranks disagree on the manifest of step ", manifest.step,
-                   " (", open_->manifest.tensors.size(), " vs ", manifest.tensors.size(), " tensors)");
+      TROUPE_THROW(InvalidArgument, "checkpoint actor: ranks disagree on the manifest of step ", manifest.step, " (",
+                   open_->manifest.tensors.size(), " vs ", manifest.tensors.size(), " tensors)");
     return;  // another rank's begin for the save already open
   }
   drop_open();
@@ -148,15 +148,14 @@ void CheckpointActor::discard(std::int64_t step) {
   if (open_ && open_->manifest.step == step) drop_open();
 }
 
-actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step,
-                                std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece,
-                                std::int64_t from_rank) {
+actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step, std::int64_t index,
+                                std::int64_t elem_offset, const tensor::Tensor& piece, std::int64_t from_rank) {
   tensor::Tensor host = piece.device().is_cpu() ? piece : piece.to(tensor::Device::cpu());
   // A view of the tensor's own storage: the attachment is sent from it without a copy.
   actors::Bytes bytes(std::shared_ptr<const void>(host.storage(), host.raw_data()),
                       static_cast<const std::byte*>(host.raw_data()), host.nbytes());
-  return actor.ask(&CheckpointActor::piece, step, index,
-                   elem_offset * static_cast<std::int64_t>(host.element_bytes()), from_rank, bytes);
+  return actor.ask(&CheckpointActor::piece, step, index, elem_offset * static_cast<std::int64_t>(host.element_bytes()),
+                   from_rank, bytes);
 }
 
 }  // namespace troupe::checkpoint

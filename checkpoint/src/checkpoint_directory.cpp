@@ -76,8 +76,7 @@ CheckpointDirectory::CheckpointDirectory(fs::path folder, std::size_t keep_last)
 }
 
 fs::path CheckpointDirectory::final_path(std::int64_t step) const {
-  TROUPE_CHECK(step >= 0 && step <= 999'999'999, "checkpoint: step ", step,
-               " does not fit the 9-digit file name");
+  TROUPE_CHECK(step >= 0 && step <= 999'999'999, "checkpoint: step ", step, " does not fit the 9-digit file name");
   return folder_ / file_name(step);
 }
 
@@ -128,8 +127,7 @@ std::vector<fs::path> CheckpointDirectory::list() const {
   std::vector<std::pair<std::int64_t, fs::path>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(folder_, ec))
-    if (auto step = step_of(entry.path()); step && entry.is_regular_file(ec))
-      found.emplace_back(*step, entry.path());
+    if (auto step = step_of(entry.path()); step && entry.is_regular_file(ec)) found.emplace_back(*step, entry.path());
   if (ec) throw_os_error("opendir", folder_.string(), ec.value());
   std::sort(found.begin(), found.end());
   std::vector<fs::path> out;

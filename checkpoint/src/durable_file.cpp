@@ -13,9 +13,7 @@ namespace troupe::checkpoint::detail {
 namespace fs = std::filesystem;
 
 namespace {
-[[noreturn]] void os_fail(const char* call, const fs::path& path, int err) {
-  throw_os_error(call, path.string(), err);
-}
+[[noreturn]] void os_fail(const char* call, const fs::path& path, int err) { throw_os_error(call, path.string(), err); }
 
 }  // namespace
 

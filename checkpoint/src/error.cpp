@@ -7,13 +7,33 @@ namespace troupe::checkpoint {
 
 bool is_storage_errno(int err) {
   switch (err) {
-    case EIO: case EACCES: case EPERM: case ESTALE: case EAGAIN: case EBUSY: case EINTR:
-    case EMFILE: case ENFILE: case ENOMEM: case ENOSPC: case EDQUOT: case EROFS: case EFBIG:
-    case ETIMEDOUT: case ENOLCK: case EREMOTEIO: case ENOTCONN: case ECONNRESET: case ECONNABORTED:
-    case EHOSTDOWN: case EHOSTUNREACH: case ENETDOWN: case ENETUNREACH: case ENOBUFS: case ETXTBSY:
-      return true;
-    default:
-      return false;
+    case EIO:
+    case EACCES:
+    case EPERM:
+    case ESTALE:
+    case EAGAIN:
+    case EBUSY:
+    case EINTR:
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+    case ENOSPC:
+    case EDQUOT:
+    case EROFS:
+    case EFBIG:
+    case ETIMEDOUT:
+    case ENOLCK:
+    case EREMOTEIO:
+    case ENOTCONN:
+    case ECONNRESET:
+    case ECONNABORTED:
+    case EHOSTDOWN:
+    case EHOSTUNREACH:
+    case ENETDOWN:
+    case ENETUNREACH:
+    case ENOBUFS:
+    case ETXTBSY: return true;
+    default: return false;
   }
 }
 

@@ -24,8 +24,8 @@
 namespace troupe::checkpoint {
 
 using detail::Failure;
-using detail::Handle;
 using detail::h5_check;
+using detail::Handle;
 
 std::size_t TensorInfo::nbytes() const {
   return static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
@@ -133,9 +133,7 @@ std::string join(const std::string& group, const std::string& name) {
 // file, which HDF5 would open to follow it (a FIFO there blocks forever, a device or a
 // network path worse). The reader refuses such links before following any; this makes
 // sure one it did not see cannot open a file either.
-herr_t refuse_external_link(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) {
-  return -1;
-}
+herr_t refuse_external_link(const char*, const char*, const char*, const char*, unsigned*, hid_t, void*) { return -1; }
 
 // A link access list (H5P_LINK_ACCESS, or H5P_DATASET_ACCESS, which extends it) on which
 // external links fail and at most one soft link is followed in a path.
@@ -253,8 +251,8 @@ LinkList FileReader::Impl::links(const std::string& group) const {
   LinkList out;
   out.lapl = lapl.get();
   hsize_t idx = 0;
-  h5_check(H5Literate(g.get(), (order & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME, H5_ITER_INC,
-                      &idx, collect_link, &out),
+  h5_check(H5Literate(g.get(), (order & H5P_CRT_ORDER_TRACKED) ? H5_INDEX_CRT_ORDER : H5_INDEX_NAME, H5_ITER_INC, &idx,
+                      collect_link, &out),
            "checkpoint " + where + ": cannot list the group's links (damaged?)", Failure::format);
   if (!out.refused.empty())
     TROUPE_THROW(FormatError, "checkpoint ", where, (group == "/" ? "" : "/"), printable(out.refused), ": ", out.why);
@@ -298,8 +296,8 @@ TensorInfo FileReader::Impl::describe(const std::string& dataset) const {
   TensorInfo out;
   out.path = dataset;
   const std::string where = at(dataset);
-  Handle dset(h5_check(H5Dopen2(file.get(), dataset.c_str(), dapl.get()), "checkpoint " + where + ": cannot open the dataset",
-                       Failure::format),
+  Handle dset(h5_check(H5Dopen2(file.get(), dataset.c_str(), dapl.get()),
+                       "checkpoint " + where + ": cannot open the dataset", Failure::format),
               H5Dclose);
   out.dtype = detail::dtype_of_dataset(dset.get(), where, strings);
   const detail::Extent extent = detail::checked_extent(dset.get(), tensor::element_size(out.dtype), where);
@@ -316,8 +314,7 @@ FileReader::FileReader(std::string path, ReadOptions options)
   auto lock = detail::h5_lock();
   detail::h5_init();
   std::error_code ec;
-  if (!std::filesystem::exists(path_, ec))
-    TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": no such file");
+  if (!std::filesystem::exists(path_, ec)) TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": no such file");
   if (std::filesystem::is_directory(path_, ec))
     TROUPE_THROW(CheckpointError, "checkpoint ", path_, ": is a directory, not a checkpoint file");
   probe_readable(path_);
@@ -327,8 +324,8 @@ FileReader::FileReader(std::string path, ReadOptions options)
   if (is_hdf5 < 0) detail::h5_fail(detail::Failure::format, "checkpoint " + path_ + ": cannot read the HDF5 signature");
   if (is_hdf5 == 0) {
     H5Eclear2(H5E_DEFAULT);
-    TROUPE_THROW(FormatError, "checkpoint ", path_, ": not an HDF5 file (",
-                 std::filesystem::file_size(path_, ec), " bytes, no HDF5 signature)");
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": not an HDF5 file (", std::filesystem::file_size(path_, ec),
+                 " bytes, no HDF5 signature)");
   }
   impl_->path = path_;
   impl_->file_size = std::filesystem::file_size(path_, ec);
@@ -337,13 +334,12 @@ FileReader::FileReader(std::string path, ReadOptions options)
   Handle fapl(h5_check(H5Pcreate(H5P_FILE_ACCESS), "H5Pcreate"), H5Pclose);
   h5_check(H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG), "H5Pset_fclose_degree");
   impl_->file = Handle(h5_check(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl.get()),
-                                "checkpoint " + path_ + ": cannot open (truncated or damaged?)",
-                                Failure::format),
+                                "checkpoint " + path_ + ": cannot open (truncated or damaged?)", Failure::format),
                        H5Fclose);
   {
-    Handle root(h5_check(H5Oopen(impl_->file.get(), "/", impl_->lapl.get()), "H5Oopen " + path_ + ":/",
-                         Failure::format),
-                H5Oclose);
+    Handle root(
+        h5_check(H5Oopen(impl_->file.get(), "/", impl_->lapl.get()), "H5Oopen " + path_ + ":/", Failure::format),
+        H5Oclose);
     impl_->strings = detail::string_storage_of(root.get(), path_ + ":/");
   }
   // Told by the type of format_version alone: no variable-length string is read first.
@@ -353,26 +349,23 @@ FileReader::FileReader(std::string path, ReadOptions options)
                  "only when asked (ReadOptions::allow_format_1, troupe-ckpt --allow-format-1)");
   Attributes root = attributes("/");
   const AttrValue* format = root.find(kAttrFormat);
-  if (!format || !std::holds_alternative<std::string>(*format) ||
-      std::get<std::string>(*format) != kFormatName)
-    TROUPE_THROW(FormatError, "checkpoint ", path_, ": not a troupe checkpoint (root attribute '",
-                 kAttrFormat, "' is ", format ? printable(to_string(*format)) : std::string("missing"),
-                 ", expected \"", kFormatName, "\")");
+  if (!format || !std::holds_alternative<std::string>(*format) || std::get<std::string>(*format) != kFormatName)
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": not a troupe checkpoint (root attribute '", kAttrFormat, "' is ",
+                 format ? printable(to_string(*format)) : std::string("missing"), ", expected \"", kFormatName, "\")");
   const AttrValue* version = root.find(kAttrFormatVersion);
   const std::string* v = version ? std::get_if<std::string>(version) : nullptr;
   int major = v ? std::atoi(v->c_str()) : 0;
   if (major < kOldestFormatMajor || major > kFormatMajor)
     TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ",
                  version ? printable(to_string(*version)) : std::string("missing"),
-                 " is not readable by this troupe (reads major versions ", kOldestFormatMajor,
-                 " to ", kFormatMajor, ")");
+                 " is not readable by this troupe (reads major versions ", kOldestFormatMajor, " to ", kFormatMajor,
+                 ")");
   if ((impl_->strings == detail::StringStorage::variable) != (major == 1))
     TROUPE_THROW(FormatError, "checkpoint ", path_, ": format_version ", printable(*v), " is stored as a ",
                  impl_->strings == detail::StringStorage::variable ? "variable" : "fixed",
                  "-length string, which no troupe writer of that version wrote");
   if (!root.contains(kAttrComplete))
-    TROUPE_THROW(FormatError, "checkpoint ", path_,
-                 ": no 'complete' marker, the writer stopped before finishing");
+    TROUPE_THROW(FormatError, "checkpoint ", path_, ": no 'complete' marker, the writer stopped before finishing");
 }
 
 FileReader::~FileReader() {
@@ -385,8 +378,7 @@ Attributes FileReader::attributes(std::string_view group) const {
   std::string g(group);
   std::string where = impl_->at(g);
   impl_->through_hard_links(g);  // a missing one fails to open below, with HDF5's words
-  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), impl_->lapl.get()), "H5Oopen " + where,
-                         Failure::format),
+  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), impl_->lapl.get()), "H5Oopen " + where, Failure::format),
                 H5Oclose);
   return detail::read_attributes(object.get(), where, impl_->strings);
 }
@@ -455,8 +447,7 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
   auto lock = detail::h5_lock();
   TensorInfo meta = info(path);
   const std::string where = impl_->at(meta.path);
-  TROUPE_CHECK(dst.defined() && dst.device().is_cpu(), "checkpoint ", where,
-               ": read_into needs a defined CPU tensor");
+  TROUPE_CHECK(dst.defined() && dst.device().is_cpu(), "checkpoint ", where, ": read_into needs a defined CPU tensor");
   TROUPE_CHECK(dst.dtype() == meta.dtype && dst.numel() == tensor::shape_numel(meta.shape), "checkpoint ", where,
                ": the file holds ", tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape),
                ", the destination is ", tensor::dtype_name(dst.dtype()), " ", tensor::to_string(dst.shape()));
@@ -467,10 +458,11 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
   constexpr std::size_t kHashWhileReading = std::size_t{64} << 20;
   std::optional<std::uint64_t> hashed;
   if (dst.numel() > 0) {
-    Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), impl_->dapl.get()),
-                         "H5Dopen " + where, Failure::format),
+    Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), impl_->dapl.get()), "H5Dopen " + where,
+                         Failure::format),
                 H5Dclose);
-    const haddr_t offset = verify && dst.nbytes() >= kHashWhileReading ? raw_offset(dset.get(), meta.dtype) : HADDR_UNDEF;
+    const haddr_t offset =
+        verify && dst.nbytes() >= kHashWhileReading ? raw_offset(dset.get(), meta.dtype) : HADDR_UNDEF;
     if (offset != HADDR_UNDEF) {
       hashed = read_raw(path_, offset, static_cast<std::byte*>(dst.raw_data()), dst.nbytes(), true,
                         where + ": cannot read " + std::to_string(dst.nbytes()) + " bytes");
@@ -482,9 +474,9 @@ void FileReader::read_into(std::string_view path, const tensor::Tensor& dst, boo
   if (verify) {
     std::uint64_t actual = hashed ? *hashed : xxh64(dst.raw_data(), dst.nbytes());
     if (actual != meta.checksum)
-      TROUPE_THROW(FormatError, "checkpoint ", where, ": checksum mismatch, stored ",
-                   hex(meta.checksum), ", data hashes to ", hex(actual), " (",
-                   tensor::dtype_name(meta.dtype), " ", tensor::to_string(meta.shape), ")");
+      TROUPE_THROW(FormatError, "checkpoint ", where, ": checksum mismatch, stored ", hex(meta.checksum),
+                   ", data hashes to ", hex(actual), " (", tensor::dtype_name(meta.dtype), " ",
+                   tensor::to_string(meta.shape), ")");
   }
 }
 
@@ -507,11 +499,12 @@ void FileReader::read_range_into(std::string_view path, std::int64_t begin, cons
                out.numel(), " elements from ", begin, " is outside its ", numel, " elements");
   const std::int64_t end = begin + out.numel();
   TROUPE_CHECK(out.device().is_cpu() && out.dtype() == meta.dtype, "checkpoint ", where, ": read_range_into needs a ",
-               tensor::dtype_name(meta.dtype), " CPU tensor, got ", tensor::dtype_name(out.dtype()), " on ", out.device());
+               tensor::dtype_name(meta.dtype), " CPU tensor, got ", tensor::dtype_name(out.dtype()), " on ",
+               out.device());
   if (end == begin) return;
-  Handle dset(h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), impl_->dapl.get()), "H5Dopen " + where,
-                       Failure::format),
-              H5Dclose);
+  Handle dset(
+      h5_check(H5Dopen2(impl_->file.get(), meta.path.c_str(), impl_->dapl.get()), "H5Dopen " + where, Failure::format),
+      H5Dclose);
   const haddr_t offset = raw_offset(dset.get(), meta.dtype);
   if (offset == HADDR_UNDEF) {
     // Chunked or byte-swapped (a file from elsewhere): read it whole, keep the slice.
@@ -559,8 +552,8 @@ HashVerdict hash_extents(const std::string& file, const std::vector<RawExtent>& 
       if (n <= 0) {
         const int err = n == 0 ? 0 : errno;
         verdict.storage = err != 0 && is_storage_errno(err);
-        error = troupe::detail::concat(file, ":", t.path, ": cannot read ", bytes, " bytes: ",
-                                       n == 0 ? "file ends early (truncated?)" : errno_text(err));
+        error = troupe::detail::concat(file, ":", t.path, ": cannot read ", bytes,
+                                       " bytes: ", n == 0 ? "file ends early (truncated?)" : errno_text(err));
         break;
       }
       state.update(buffer.data(), static_cast<std::size_t>(n));
@@ -616,8 +609,10 @@ void FileReader::verify_share(int part, int parts) const {
                          Failure::format),
                 H5Dclose);
     const haddr_t offset = raw_offset(dset.get(), t.dtype);
-    if (offset == HADDR_UNDEF) other.push_back(&t);
-    else raw.push_back({&t, offset});
+    if (offset == HADDR_UNDEF)
+      other.push_back(&t);
+    else
+      raw.push_back({&t, offset});
   }
   std::size_t total = 0;
   for (const RawExtent& e : raw) total += e.tensor->nbytes();
@@ -639,8 +634,7 @@ void FileReader::verify_share(int part, int parts) const {
   std::size_t largest = 0;
   for (const TensorInfo* t : other) largest = std::max(largest, t->nbytes());
   auto buffer = tensor::Storage::allocate(largest, tensor::Device::cpu());
-  for (const TensorInfo* t : other)
-    read_into(t->path, tensor::Tensor::from_storage(buffer, t->shape, t->dtype), true);
+  for (const TensorInfo* t : other) read_into(t->path, tensor::Tensor::from_storage(buffer, t->shape, t->dtype), true);
 }
 
 }  // namespace troupe::checkpoint

@@ -14,14 +14,14 @@
 #include "h5_call.hpp"
 #include "h5_layout.hpp"
 #include "h5_types.hpp"
-#include "write_driver.hpp"
 #include "troupe/checkpoint/format.hpp"
 #include "troupe/checkpoint/xxhash64.hpp"
+#include "write_driver.hpp"
 
 namespace troupe::checkpoint {
 
-using detail::Handle;
 using detail::h5_check;
+using detail::Handle;
 
 struct FileWriter::Impl {
   struct Piecewise {
@@ -45,9 +45,9 @@ FileWriter::FileWriter(std::string path) : impl_(std::make_unique<Impl>()), path
   detail::set_checkpoint_file_access(fapl.get());
   detail::use_write_driver(fapl.get());
   Handle fcpl = detail::checkpoint_file_create_plist();
-  impl_->file = Handle(h5_check(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()),
-                                "checkpoint: cannot create " + path_),
-                       H5Fclose);
+  impl_->file = Handle(
+      h5_check(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get()), "checkpoint: cannot create " + path_),
+      H5Fclose);
   impl_->group_plist = detail::checkpoint_group_create_plist();
   impl_->dataset_plist = detail::checkpoint_dataset_create_plist();
   impl_->groups = std::make_unique<detail::GroupMaker>(path_);
@@ -147,8 +147,8 @@ std::uint64_t FileWriter::create_dataset(std::string_view path, tensor::DType dt
   Handle dcpl(h5_check(H5Pcopy(impl_->dataset_plist.get()), "H5Pcopy"), H5Pclose);
   // Early: the bytes get their place in the file now, so pieces can go straight there.
   h5_check(H5Pset_alloc_time(dcpl.get(), H5D_ALLOC_TIME_EARLY), "H5Pset_alloc_time");
-  Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), detail::h5_type_of(dtype), space.get(),
-                                  H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+  Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), detail::h5_type_of(dtype), space.get(), H5P_DEFAULT,
+                                  dcpl.get(), H5P_DEFAULT),
                        "checkpoint: cannot create dataset " + where),
               H5Dclose);
   std::size_t nbytes = static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
@@ -167,8 +167,8 @@ void FileWriter::write_range(std::string_view path, std::size_t byte_offset, con
   auto it = impl_->piecewise.find(path);
   TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path,
                ": write_range before create_dataset (or after finish_dataset)");
-  TROUPE_CHECK(byte_offset + size <= it->second.nbytes, "checkpoint ", path_, ":", path, ": piece [",
-               byte_offset, ", ", byte_offset + size, ") is past the tensor's ", it->second.nbytes, " bytes");
+  TROUPE_CHECK(byte_offset + size <= it->second.nbytes, "checkpoint ", path_, ":", path, ": piece [", byte_offset, ", ",
+               byte_offset + size, ") is past the tensor's ", it->second.nbytes, " bytes");
   const char* p = static_cast<const char*>(data);
   off_t at = static_cast<off_t>(it->second.file_offset + byte_offset);
   while (size > 0) {
@@ -186,7 +186,8 @@ void FileWriter::write_range(std::string_view path, std::size_t byte_offset, con
 void FileWriter::finish_dataset(std::string_view path) {
   auto lock = detail::h5_lock();
   auto it = impl_->piecewise.find(path);
-  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path, ": finish_dataset without create_dataset");
+  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path,
+               ": finish_dataset without create_dataset");
   constexpr std::size_t kChunk = 4 << 20;
   std::vector<char> buffer(std::min(kChunk, it->second.nbytes));
   Xxh64 hash;
@@ -195,8 +196,9 @@ void FileWriter::finish_dataset(std::string_view path) {
     ssize_t n = ::pread(raw_fd_, buffer.data(), want, static_cast<off_t>(it->second.file_offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw_os_error("pread", troupe::detail::concat(path_, ", tensor ", path), errno);
-    if (n == 0) TROUPE_THROW(CheckpointError, "checkpoint: pread of ", path, " in ", path_,
-                             " failed: end of file (pieces missing?)");
+    if (n == 0)
+      TROUPE_THROW(CheckpointError, "checkpoint: pread of ", path, " in ", path_,
+                   " failed: end of file (pieces missing?)");
     hash.update(buffer.data(), static_cast<std::size_t>(n));
     done += static_cast<std::size_t>(n);
   }
@@ -206,7 +208,8 @@ void FileWriter::finish_dataset(std::string_view path) {
 void FileWriter::finish_dataset(std::string_view path, std::uint64_t checksum) {
   auto lock = detail::h5_lock();
   auto it = impl_->piecewise.find(path);
-  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path, ": finish_dataset without create_dataset");
+  TROUPE_CHECK(it != impl_->piecewise.end(), "checkpoint ", path_, ":", path,
+               ": finish_dataset without create_dataset");
   std::string name(path);
   Handle dset(h5_check(H5Dopen2(impl_->file.get(), name.c_str(), H5P_DEFAULT), "H5Dopen " + name), H5Dclose);
   detail::write_u64_attribute(dset.get(), kAttrChecksum, checksum, path_ + ":" + name);
@@ -220,14 +223,12 @@ void FileWriter::ensure_group(std::string_view group) {
   impl_->groups->ensure(impl_->file.get(), impl_->group_plist.get(), group);
 }
 
-void FileWriter::set_attribute(std::string_view group, std::string_view name,
-                               const AttrValue& value) {
+void FileWriter::set_attribute(std::string_view group, std::string_view name, const AttrValue& value) {
   auto lock = detail::h5_lock();
   ensure_group(group);
   std::string g(group);
   std::string where = path_ + ":" + g;
-  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), H5P_DEFAULT), "H5Oopen " + where),
-                H5Oclose);
+  Handle object(h5_check(H5Oopen(impl_->file.get(), g.c_str(), H5P_DEFAULT), "H5Oopen " + where), H5Oclose);
   detail::write_attribute(object.get(), name, value, where);
 }
 
@@ -258,15 +259,13 @@ void FileWriter::write_tensor(std::string_view path, const tensor::Tensor& t) {
   Handle dset(h5_check(H5Dcreate2(impl_->file.get(), name.c_str(), type, space.get(), H5P_DEFAULT,
                                   impl_->dataset_plist.get(), H5P_DEFAULT),
                        "checkpoint: cannot create dataset " + where + " (" +
-                           std::string(tensor::dtype_name(host.dtype())) + " " +
-                           tensor::to_string(host.shape()) + ")"),
+                           std::string(tensor::dtype_name(host.dtype())) + " " + tensor::to_string(host.shape()) + ")"),
               H5Dclose);
   // Memory type == file type: HDF5 converts nothing and hands the buffer to write(2).
   herr_t written = host.numel() > 0 ? H5Dwrite(dset.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) : 0;
   if (hashing.valid()) checksum = hashing.get();  // joined before any throw below
   h5_check(written, "checkpoint: cannot write " + where + " (" + std::to_string(host.nbytes()) + " bytes)");
-  detail::write_attribute(dset.get(), kAttrDType, std::string(tensor::dtype_name(host.dtype())),
-                          where);
+  detail::write_attribute(dset.get(), kAttrDType, std::string(tensor::dtype_name(host.dtype())), where);
   detail::write_u64_attribute(dset.get(), kAttrChecksum, checksum, where);
   // Closing writes what HDF5 kept back (its sieve buffer holds up to 64 kB of a small
   // dataset): a failure there is a failed write, not one to drop with the handle.
@@ -302,8 +301,7 @@ void FileWriter::close() {
     throw_os_error(f.call, path_ + " at byte " + std::to_string(f.offset) + " while closing", f.error);
   // The reservation beyond the end of allocation is not part of the file.
   if (reserved_ > eoa && ::ftruncate(raw_fd(), static_cast<off_t>(eoa)) != 0) throw_os_error("ftruncate", path_, errno);
-  if (raw_fd_ >= 0 && ::close(std::exchange(raw_fd_, -1)) != 0)
-    throw_os_error("close", path_, errno);
+  if (raw_fd_ >= 0 && ::close(std::exchange(raw_fd_, -1)) != 0) throw_os_error("close", path_, errno);
 }
 
 }  // namespace troupe::checkpoint

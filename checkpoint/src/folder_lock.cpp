@@ -45,11 +45,16 @@ std::optional<FolderLock::Owner> parse(const std::string& line) {
     if (eq == std::string::npos) return std::nullopt;
     const std::string key = token.substr(0, eq), value = token.substr(eq + 1);
     char* end = nullptr;
-    if (key == "run") owner.run_id = value;
-    else if (key == "host") owner.host = value;
-    else if (key == "pid") owner.pid = static_cast<pid_t>(std::strtol(value.c_str(), &end, 10));
-    else if (key == "lease_until") owner.lease_until = std::strtod(value.c_str(), &end);
-    else return std::nullopt;
+    if (key == "run")
+      owner.run_id = value;
+    else if (key == "host")
+      owner.host = value;
+    else if (key == "pid")
+      owner.pid = static_cast<pid_t>(std::strtol(value.c_str(), &end, 10));
+    else if (key == "lease_until")
+      owner.lease_until = std::strtod(value.c_str(), &end);
+    else
+      return std::nullopt;
     if (end && *end != '\0') return std::nullopt;
     ++fields;
   }
@@ -126,7 +131,7 @@ FolderLock::~FolderLock() {
   if (renewer_.joinable()) renewer_.join();
   if (fd_ < 0) return;
   try {
-    write_record(0);  // released: the next job need not wait out the lease
+    write_record(0);        // released: the next job need not wait out the lease
   } catch (const Error&) {  // the lease then runs out by itself
   }
   ::flock(fd_, LOCK_UN);

@@ -47,8 +47,7 @@ int errno_in_stack(const std::string& stack) {
 void fail_if_storage_error(const std::string& what) {
   std::string stack;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, collect, &stack);
-  if (const int err = errno_in_stack(stack); err != 0 && is_storage_errno(err))
-    h5_fail(Failure::io, what);
+  if (const int err = errno_in_stack(stack); err != 0 && is_storage_errno(err)) h5_fail(Failure::io, what);
   H5Eclear2(H5E_DEFAULT);
 }
 

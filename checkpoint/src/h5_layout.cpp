@@ -53,9 +53,9 @@ Handle checkpoint_dataset_create_plist() {
 Handle dataspace_of(const tensor::Shape& shape, const std::string& where) {
   if (shape.empty()) return Handle(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + where), H5Sclose);
   std::vector<hsize_t> dims(shape.begin(), shape.end());
-  return Handle(h5_check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr),
-                         "H5Screate_simple " + where),
-                H5Sclose);
+  return Handle(
+      h5_check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), "H5Screate_simple " + where),
+      H5Sclose);
 }
 
 namespace {
@@ -84,8 +84,8 @@ Extent checked_extent(hid_t dataset, std::size_t item_size, const std::string& w
     TROUPE_THROW(FormatError, "checkpoint ", where, ": a null dataspace (not even a scalar), which no tensor has");
   if (kind != H5S_SCALAR && kind != H5S_SIMPLE)
     TROUPE_THROW(FormatError, "checkpoint ", where, ": a dataspace of unknown class ", static_cast<int>(kind));
-  const int rank = h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims " + where,
-                            Failure::format);
+  const int rank =
+      h5_check(H5Sget_simple_extent_ndims(space.get()), "H5Sget_simple_extent_ndims " + where, Failure::format);
   if (rank > kMaxRank)
     TROUPE_THROW(FormatError, "checkpoint ", where, ": rank ", rank, ", above HDF5's limit of ", kMaxRank);
   std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
@@ -135,7 +135,8 @@ std::uint64_t max_expansion(hid_t dcpl, const std::string& where) {
     const H5Z_filter_t id =
         h5_check(H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &values, nullptr, sizeof name, name, &config),
                  "H5Pget_filter2 " + where, Failure::format);
-    if (id == H5Z_FILTER_DEFLATE) ratio = kDeflateMaxRatio;
+    if (id == H5Z_FILTER_DEFLATE)
+      ratio = kDeflateMaxRatio;
     else if (id != H5Z_FILTER_SHUFFLE && id != H5Z_FILTER_FLETCHER32)
       TROUPE_THROW(FormatError, "checkpoint ", where, ": chunks pass through HDF5 filter ", id, " '",
                    printable(std::string_view(name, strnlen(name, sizeof name))),
@@ -153,8 +154,7 @@ void check_chunks(hid_t dcpl, const Extent& extent, std::uint64_t stored, const 
   chunk.resize(static_cast<std::size_t>(rank));
   // HDF5 holds a whole chunk in memory to read any of it.
   std::optional<std::uint64_t> chunk_bytes = extent.item_size;
-  for (const hsize_t d : chunk)
-    chunk_bytes = d == 0 || !chunk_bytes ? std::nullopt : product(*chunk_bytes, d);
+  for (const hsize_t d : chunk) chunk_bytes = d == 0 || !chunk_bytes ? std::nullopt : product(*chunk_bytes, d);
   if (!chunk_bytes || *chunk_bytes > std::max(extent.bytes, kSmallChunk))
     TROUPE_THROW(FormatError, "checkpoint ", where, ": chunks of ", dims_text(chunk), " elements for a dataset of ",
                  extent.bytes, " bytes");

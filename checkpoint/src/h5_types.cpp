@@ -76,8 +76,8 @@ DType dtype_of_dataset(hid_t dataset, const std::string& where, StringStorage st
   std::optional<AttrValue> attr = read_attribute(dataset, kAttrDType, where, strings);
   if (!attr) {
     if (!inferred || *inferred == DType::bf16)
-      TROUPE_THROW(FormatError, where, ": HDF5 type (class ", H5Tget_class(type.get()), ", ",
-                   H5Tget_size(type.get()), " bytes) has no troupe dtype and no dtype attribute");
+      TROUPE_THROW(FormatError, where, ": HDF5 type (class ", H5Tget_class(type.get()), ", ", H5Tget_size(type.get()),
+                   " bytes) has no troupe dtype and no dtype attribute");
     return *inferred;
   }
   const std::string* name = std::get_if<std::string>(&*attr);
@@ -88,16 +88,13 @@ DType dtype_of_dataset(hid_t dataset, const std::string& where, StringStorage st
   } catch (const InvalidArgument&) {
     TROUPE_THROW(FormatError, where, ": unknown dtype attribute \"", printable(*name), "\"");
   }
-  if (!inferred || *inferred != declared ||
-      H5Tget_size(type.get()) != tensor::element_size(declared))
-    TROUPE_THROW(FormatError, where, ": dtype attribute says ", printable(*name),
-                 " but the HDF5 type is class ", H5Tget_class(type.get()), " of ",
-                 H5Tget_size(type.get()), " bytes");
+  if (!inferred || *inferred != declared || H5Tget_size(type.get()) != tensor::element_size(declared))
+    TROUPE_THROW(FormatError, where, ": dtype attribute says ", printable(*name), " but the HDF5 type is class ",
+                 H5Tget_class(type.get()), " of ", H5Tget_size(type.get()), " bytes");
   return declared;
 }
 
-void write_attribute(hid_t object, std::string_view name, const AttrValue& value,
-                     const std::string& where) {
+void write_attribute(hid_t object, std::string_view name, const AttrValue& value, const std::string& where) {
   std::string key(name);
   std::string what = "attribute '" + key + "' on " + where;
   // Replacing keeps set_attribute idempotent (a section may set a value twice).
@@ -105,39 +102,41 @@ void write_attribute(hid_t object, std::string_view name, const AttrValue& value
     h5_check(H5Adelete(object, key.c_str()), "H5Adelete " + what);
   Handle space(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + what), H5Sclose);
   if (const auto* i = std::get_if<std::int64_t>(&value)) {
-    Handle a(h5_check(H5Acreate2(object, key.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT,
-                                 H5P_DEFAULT), "H5Acreate2 " + what), H5Aclose);
+    Handle a(h5_check(H5Acreate2(object, key.c_str(), H5T_STD_I64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                      "H5Acreate2 " + what),
+             H5Aclose);
     h5_check(H5Awrite(a.get(), H5T_NATIVE_INT64, i), "H5Awrite " + what);
   } else if (const auto* d = std::get_if<double>(&value)) {
-    Handle a(h5_check(H5Acreate2(object, key.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT,
-                                 H5P_DEFAULT), "H5Acreate2 " + what), H5Aclose);
+    Handle a(h5_check(H5Acreate2(object, key.c_str(), H5T_IEEE_F64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                      "H5Acreate2 " + what),
+             H5Aclose);
     h5_check(H5Awrite(a.get(), H5T_NATIVE_DOUBLE, d), "H5Awrite " + what);
   } else {
     // Fixed-length (format 2): a variable-length string lives in the global heap, which
     // libhdf5 1.10 reads without bounds checks (docs/CHECKPOINT_FORMAT.md).
     const std::string& s = std::get<std::string>(value);
     Handle type(utf8_string_type(std::max<size_t>(s.size(), 1)), H5Tclose);
-    Handle a(h5_check(H5Acreate2(object, key.c_str(), type.get(), space.get(), H5P_DEFAULT,
-                                 H5P_DEFAULT), "H5Acreate2 " + what), H5Aclose);
+    Handle a(h5_check(H5Acreate2(object, key.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                      "H5Acreate2 " + what),
+             H5Aclose);
     std::string padded = s.empty() ? std::string(1, '\0') : s;
     h5_check(H5Awrite(a.get(), type.get(), padded.data()), "H5Awrite " + what);
   }
 }
 
-void write_u64_attribute(hid_t object, std::string_view name, std::uint64_t value,
-                         const std::string& where) {
+void write_u64_attribute(hid_t object, std::string_view name, std::uint64_t value, const std::string& where) {
   std::string key(name);
   std::string what = "attribute '" + key + "' on " + where;
   Handle space(h5_check(H5Screate(H5S_SCALAR), "H5Screate " + what), H5Sclose);
-  Handle a(h5_check(H5Acreate2(object, key.c_str(), H5T_STD_U64LE, space.get(), H5P_DEFAULT,
-                               H5P_DEFAULT), "H5Acreate2 " + what), H5Aclose);
+  Handle a(h5_check(H5Acreate2(object, key.c_str(), H5T_STD_U64LE, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+                    "H5Acreate2 " + what),
+           H5Aclose);
   h5_check(H5Awrite(a.get(), H5T_NATIVE_UINT64, &value), "H5Awrite " + what);
 }
 
 namespace {
 
-std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what,
-                                            StringStorage strings) {
+std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what, StringStorage strings) {
   Handle space(h5_check(H5Aget_space(a), "H5Aget_space " + what, Failure::format), H5Sclose);
   if (H5Sget_simple_extent_type(space.get()) != H5S_SCALAR) return std::nullopt;
   Handle type(h5_check(H5Aget_type(a), "H5Aget_type " + what, Failure::format), H5Tclose);
@@ -165,8 +164,8 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what,
     case H5T_STRING: {
       if (H5Tis_variable_str(type.get()) > 0) {
         if (strings != StringStorage::variable)
-          TROUPE_THROW(FormatError, what, " is a variable-length string, which a format ",
-                       kFormatMajor, " file never holds: the file is damaged, or it was added "
+          TROUPE_THROW(FormatError, what, " is a variable-length string, which a format ", kFormatMajor,
+                       " file never holds: the file is damaged, or it was added "
                        "by another tool (store it fixed-length, e.g. h5py's "
                        "attrs.create(name, numpy.bytes_(text)))");
         Handle mem(utf8_string_type(H5T_VARIABLE), H5Tclose);
@@ -178,8 +177,8 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what,
       }
       size_t size = H5Tget_size(type.get());
       if (size == 0 || size > H5Aget_storage_size(a))
-        TROUPE_THROW(FormatError, what, ": a string of ", size, " bytes in ",
-                     H5Aget_storage_size(a), " bytes of storage");
+        TROUPE_THROW(FormatError, what, ": a string of ", size, " bytes in ", H5Aget_storage_size(a),
+                     " bytes of storage");
       std::string s(size, '\0');
       h5_check(H5Aread(a, type.get(), s.data()), "H5Aread " + what, Failure::format);
       s.resize(std::strlen(s.c_str()));  // fixed-length strings are NUL padded
@@ -191,19 +190,17 @@ std::optional<AttrValue> read_open_attribute(hid_t a, const std::string& what,
 
 }  // namespace
 
-std::optional<AttrValue> read_attribute(hid_t object, std::string_view name,
-                                        const std::string& where, StringStorage strings) {
+std::optional<AttrValue> read_attribute(hid_t object, std::string_view name, const std::string& where,
+                                        StringStorage strings) {
   std::string key(name);
   std::string what = "attribute '" + key + "' on " + where;
-  if (h5_check(H5Aexists(object, key.c_str()), "H5Aexists " + what, Failure::format) <= 0)
-    return std::nullopt;
-  Handle a(h5_check(H5Aopen(object, key.c_str(), H5P_DEFAULT), "H5Aopen " + what,
-                    Failure::format), H5Aclose);
+  if (h5_check(H5Aexists(object, key.c_str()), "H5Aexists " + what, Failure::format) <= 0) return std::nullopt;
+  Handle a(h5_check(H5Aopen(object, key.c_str(), H5P_DEFAULT), "H5Aopen " + what, Failure::format), H5Aclose);
   return read_open_attribute(a.get(), what, strings);
 }
 
-std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view name,
-                                                const std::string& where, StringStorage strings) {
+std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view name, const std::string& where,
+                                                StringStorage strings) {
   std::optional<AttrValue> v = read_attribute(object, name, where, strings);
   if (!v) return std::nullopt;
   const auto* i = std::get_if<std::int64_t>(&*v);
@@ -215,8 +212,7 @@ std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view n
 
 Attributes read_attributes(hid_t object, const std::string& where, StringStorage strings) {
   H5O_info_t info;
-  h5_check(H5Oget_info2(object, &info, H5O_INFO_NUM_ATTRS), "H5Oget_info " + where,
-           Failure::format);
+  h5_check(H5Oget_info2(object, &info, H5O_INFO_NUM_ATTRS), "H5Oget_info " + where, Failure::format);
   Attributes out;
   if (info.num_attrs == 0) return out;
   // Creation order when the object tracks it (ours do), name order otherwise -- its
@@ -228,13 +224,12 @@ Attributes read_attributes(hid_t object, const std::string& where, StringStorage
                           "the creation properties of " + where, Failure::format),
                  H5Pclose);
     unsigned order = 0;
-    h5_check(H5Pget_attr_creation_order(plist.get(), &order), "H5Pget_attr_creation_order " + where,
-             Failure::format);
+    h5_check(H5Pget_attr_creation_order(plist.get(), &order), "H5Pget_attr_creation_order " + where, Failure::format);
     if (order & H5P_CRT_ORDER_TRACKED) index = H5_INDEX_CRT_ORDER;
   }
   for (hsize_t i = 0; i < info.num_attrs; ++i) {
-    Handle a(h5_check(H5Aopen_by_idx(object, ".", index, H5_ITER_INC, i, H5P_DEFAULT,
-                                     H5P_DEFAULT), "H5Aopen_by_idx " + where, Failure::format),
+    Handle a(h5_check(H5Aopen_by_idx(object, ".", index, H5_ITER_INC, i, H5P_DEFAULT, H5P_DEFAULT),
+                      "H5Aopen_by_idx " + where, Failure::format),
              H5Aclose);
     ssize_t len = H5Aget_name(a.get(), 0, nullptr);
     std::string name(static_cast<size_t>(len > 0 ? len : 0), '\0');
@@ -248,14 +243,11 @@ Attributes read_attributes(hid_t object, const std::string& where, StringStorage
 StringStorage string_storage_of(hid_t root, const std::string& where) {
   std::string key(kAttrFormatVersion);
   std::string what = "attribute '" + key + "' on " + where;
-  if (h5_check(H5Aexists(root, key.c_str()), "H5Aexists " + what, Failure::format) <= 0)
-    return StringStorage::fixed;
-  Handle a(h5_check(H5Aopen(root, key.c_str(), H5P_DEFAULT), "H5Aopen " + what, Failure::format),
-           H5Aclose);
+  if (h5_check(H5Aexists(root, key.c_str()), "H5Aexists " + what, Failure::format) <= 0) return StringStorage::fixed;
+  Handle a(h5_check(H5Aopen(root, key.c_str(), H5P_DEFAULT), "H5Aopen " + what, Failure::format), H5Aclose);
   Handle type(h5_check(H5Aget_type(a.get()), "H5Aget_type " + what, Failure::format), H5Tclose);
-  return H5Tget_class(type.get()) == H5T_STRING && H5Tis_variable_str(type.get()) > 0
-             ? StringStorage::variable
-             : StringStorage::fixed;
+  return H5Tget_class(type.get()) == H5T_STRING && H5Tis_variable_str(type.get()) > 0 ? StringStorage::variable
+                                                                                      : StringStorage::fixed;
 }
 
 }  // namespace troupe::checkpoint::detail

@@ -31,14 +31,12 @@ hid_t h5_type_of(tensor::DType dtype);
 // HDF5 type (for files written by h5py). `where` names file and dataset for errors.
 tensor::DType dtype_of_dataset(hid_t dataset, const std::string& where, StringStorage strings);
 
-void write_attribute(hid_t object, std::string_view name, const AttrValue& value,
-                     const std::string& where);
-void write_u64_attribute(hid_t object, std::string_view name, std::uint64_t value,
-                         const std::string& where);
-std::optional<AttrValue> read_attribute(hid_t object, std::string_view name,
-                                        const std::string& where, StringStorage strings);
-std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view name,
-                                                const std::string& where, StringStorage strings);
+void write_attribute(hid_t object, std::string_view name, const AttrValue& value, const std::string& where);
+void write_u64_attribute(hid_t object, std::string_view name, std::uint64_t value, const std::string& where);
+std::optional<AttrValue> read_attribute(hid_t object, std::string_view name, const std::string& where,
+                                        StringStorage strings);
+std::optional<std::uint64_t> read_u64_attribute(hid_t object, std::string_view name, const std::string& where,
+                                                StringStorage strings);
 // Every scalar attribute of `object` that maps onto AttrValue, in creation order when the
 // file tracks it; others (arrays, compound types, numbers wider than 8 bytes) are skipped.
 Attributes read_attributes(hid_t object, const std::string& where, StringStorage strings);

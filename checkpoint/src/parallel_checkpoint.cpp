@@ -19,12 +19,11 @@ namespace {
 
 // The manifest as lines, so ranks that disagree are told the first line that differs.
 std::vector<std::string> describe(const SaveManifest& m) {
-  std::vector<std::string> lines{
-      "step " + std::to_string(m.step) + ", epoch " + std::to_string(m.epoch) + ", world_size " +
-          std::to_string(m.world_size),
-      "run_id " + m.run_id, "config " + m.config_json,
-      std::to_string(m.tensors.size()) + " tensors, " + std::to_string(m.attributes.size()) + " attributes, " +
-          std::to_string(m.groups.size()) + " groups"};
+  std::vector<std::string> lines{"step " + std::to_string(m.step) + ", epoch " + std::to_string(m.epoch) +
+                                     ", world_size " + std::to_string(m.world_size),
+                                 "run_id " + m.run_id, "config " + m.config_json,
+                                 std::to_string(m.tensors.size()) + " tensors, " + std::to_string(m.attributes.size()) +
+                                     " attributes, " + std::to_string(m.groups.size()) + " groups"};
   for (const TensorSpec& t : m.tensors) {
     std::string line = "tensor " + t.path + " " + t.dtype + " [";
     for (std::size_t i = 0; i < t.shape.size(); ++i) line += (i ? ", " : "") + std::to_string(t.shape[i]);

@@ -76,9 +76,9 @@ std::vector<int> check_tiling(const std::vector<Range>& ranges, std::int64_t num
     covered = s.end;
   }
   if (covered != numel)
-    agreement.fail(detail::RankAgreement::kInvalidArgument,
-                   what + ": elements [" + std::to_string(covered) + ", " + std::to_string(numel) +
-                       ") are in no rank's slice (the slices end early)");
+    agreement.fail(detail::RankAgreement::kInvalidArgument, what + ": elements [" + std::to_string(covered) + ", " +
+                                                                std::to_string(numel) +
+                                                                ") are in no rank's slice (the slices end early)");
   return order;
 }
 
@@ -94,7 +94,7 @@ Slice Slice::rows(std::int64_t first_row, tensor::Tensor rows) {
 struct ParallelWriter::Layout {
   std::vector<tensor::DType> dtypes;
   std::vector<std::int64_t> numels;
-  std::vector<Range> mine;              // this rank's elements
+  std::vector<Range> mine;             // this rank's elements
   std::vector<std::uint64_t> offsets;  // where the dataset's bytes start in the file
 };
 
@@ -260,8 +260,8 @@ std::vector<std::uint64_t> ParallelWriter::chain_checksums(std::span<const Slice
     Xxh64 hash;
     if (at != chain.begin()) {
       Xxh64::State state;
-      TROUPE_MPI_CHECK(MPI_Recv(&state, static_cast<int>(sizeof state), MPI_BYTE, *(at - 1), kHashTag, m.comm,
-                                MPI_STATUS_IGNORE));
+      TROUPE_MPI_CHECK(
+          MPI_Recv(&state, static_cast<int>(sizeof state), MPI_BYTE, *(at - 1), kHashTag, m.comm, MPI_STATUS_IGNORE));
       hash = Xxh64(state);
     }
     try {  // (a failed device copy must not leave the chain waiting: the state goes on)
@@ -285,8 +285,8 @@ std::vector<std::uint64_t> ParallelWriter::chain_checksums(std::span<const Slice
   return digests;
 }
 
-void ParallelWriter::write_bytes(std::span<const TensorSpec> specs, std::span<const Slice> slices,
-                                 const Layout& layout, const std::function<void(std::size_t)>& written) {
+void ParallelWriter::write_bytes(std::span<const TensorSpec> specs, std::span<const Slice> slices, const Layout& layout,
+                                 const std::function<void(std::size_t)>& written) {
   Impl& m = *impl_;
   const std::size_t n = specs.size();
   auto start_of = [&](std::size_t i) {
@@ -320,9 +320,9 @@ void ParallelWriter::write_bytes(std::span<const TensorSpec> specs, std::span<co
       int status = MPI_SUCCESS;
       for (std::uint64_t r = 0; r < rounds; ++r) {
         const std::size_t from = std::min(total, r * kRound), count = std::min(kRound, total - from);
-        const int rc = MPI_File_write_at_all(m.mpi_file, static_cast<MPI_Offset>(start_of(i) + from),
-                                             p ? p + from : nullptr, static_cast<int>(count), MPI_BYTE,
-                                             MPI_STATUS_IGNORE);
+        const int rc =
+            MPI_File_write_at_all(m.mpi_file, static_cast<MPI_Offset>(start_of(i) + from), p ? p + from : nullptr,
+                                  static_cast<int>(count), MPI_BYTE, MPI_STATUS_IGNORE);
         if (status == MPI_SUCCESS) status = rc;  // every rank makes every round's call
       }
       if (status != MPI_SUCCESS)

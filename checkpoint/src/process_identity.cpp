@@ -30,8 +30,7 @@ bool process_gone(pid_t pid) {
   std::string line;
   if (!std::getline(stat, line)) return false;
   const auto paren = line.rfind(')');  // "pid (comm) S ...": comm may hold spaces and ')'
-  return paren != std::string::npos && paren + 2 < line.size() &&
-         (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 }  // namespace troupe::checkpoint::detail

@@ -84,8 +84,8 @@ void RankAgreement::settle(std::exception_ptr local) {
   int failed_rank = 0, failed_kind = kNone;
   std::string failed_message;
   if (first_failure(kind, message, &failed_rank, &failed_kind, &failed_message))
-    fail(failed_kind, "rank " + std::to_string(failed_rank) + " of " + std::to_string(size_) +
-                          " failed: " + failed_message);
+    fail(failed_kind,
+         "rank " + std::to_string(failed_rank) + " of " + std::to_string(size_) + " failed: " + failed_message);
 }
 
 void RankAgreement::agree(const std::vector<std::string>& call, const std::string& problem) {

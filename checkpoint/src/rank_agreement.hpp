@@ -4,11 +4,10 @@
 // that throws on its own while the others go on into a collective leaves them hanging.
 // So nothing in the parallel writer throws alone. Each call starts with agree(): one
 // allgather of (digest of the call's description, "I have a problem"), then, for a
-// write, one of every rank's slice ranges. If any rank found a problem with its own arguments, or the descriptions differ, every
-// rank throws the same InvalidArgument -- the first problem, or the first line where a
-// rank's description differs from rank 0's, both versions quoted. Each step that calls
-// HDF5 then runs under all_or_none(): a failure on any rank is learnt by all (an
-// allreduce) and rethrown on every rank with the failing rank's message. The extra
+// write, one of every rank's slice ranges. If any rank found a problem with its own arguments, or the descriptions
+// differ, every rank throws the same InvalidArgument -- the first problem, or the first line where a rank's description
+// differs from rank 0's, both versions quoted. Each step that calls HDF5 then runs under all_or_none(): a failure on
+// any rank is learnt by all (an allreduce) and rethrown on every rank with the failing rank's message. The extra
 // messages on the error path (the texts) are sent only once every rank knows it is on it.
 #pragma once
 

@@ -17,8 +17,7 @@ bool SaveHandle::test() const {
 void SaveHandle::wait(std::chrono::milliseconds timeout) const {
   if (skipped()) return;
   if (done_.wait_for(timeout) != std::future_status::ready)
-    TROUPE_THROW(TimeoutError, "checkpoint save of step ", step_, " still writing after ",
-                 timeout.count(), " ms");
+    TROUPE_THROW(TimeoutError, "checkpoint save of step ", step_, " still writing after ", timeout.count(), " ms");
 }
 
 std::filesystem::path SaveHandle::get() const {

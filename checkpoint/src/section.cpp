@@ -6,16 +6,15 @@ namespace troupe::checkpoint {
 
 namespace {
 void check_name(std::string_view name, const std::string& group) {
-  bool bad = name.empty() || name.front() == '/' || name.back() == '/' ||
-             name.find("//") != std::string_view::npos || name == "." ;
+  bool bad = name.empty() || name.front() == '/' || name.back() == '/' || name.find("//") != std::string_view::npos ||
+             name == ".";
   if (bad)
     TROUPE_THROW(InvalidArgument, "checkpoint section ", group, ": '", name,
                  "' is not a usable tensor name (no leading, trailing or doubled '/')");
 }
 }  // namespace
 
-SectionWriter::SectionWriter(Sink& file, std::string section)
-    : file_(file), group_(std::string("/").append(section)) {
+SectionWriter::SectionWriter(Sink& file, std::string section) : file_(file), group_(std::string("/").append(section)) {
   file_.ensure_group(group_);
 }
 
@@ -30,8 +29,7 @@ void SectionWriter::attribute(std::string_view name, const AttrValue& value) {
 
 SectionReader::SectionReader(const FileReader& file, std::string section)
     : file_(file), group_(std::string("/").append(section)) {
-  if (!file_.has_group(group_))
-    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": no section ", group_);
+  if (!file_.has_group(group_)) TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": no section ", group_);
   infos_ = file_.tensors(group_);
   for (const TensorInfo& info : infos_) names_.push_back(info.path.substr(group_.size() + 1));
   attributes_ = file_.attributes(group_);
@@ -43,15 +41,15 @@ bool SectionReader::has_tensor(std::string_view name) const {
 
 tensor::Tensor SectionReader::tensor(std::string_view name) const {
   if (!has_tensor(name))
-    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '",
-                 name, "' (it has ", names_.size(), ")");
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '", name, "' (it has ",
+                 names_.size(), ")");
   return file_.read(group_ + "/" + std::string(name));
 }
 
 void SectionReader::read_into(std::string_view name, const tensor::Tensor& dst) const {
   if (!has_tensor(name))
-    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '",
-                 name, "' (it has ", names_.size(), ")");
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '", name, "' (it has ",
+                 names_.size(), ")");
   file_.read_into(group_ + "/" + std::string(name), dst);
 }
 
@@ -70,8 +68,8 @@ void SectionReader::read_range_into(std::string_view name, std::int64_t begin, c
 
 std::string SectionReader::checked_path(std::string_view name) const {
   if (!has_tensor(name))
-    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '",
-                 name, "' (it has ", names_.size(), ")");
+    TROUPE_THROW(FormatError, "checkpoint ", file_.path(), ": section ", group_, " has no tensor '", name, "' (it has ",
+                 names_.size(), ")");
   return group_ + "/" + std::string(name);
 }
 

@@ -11,8 +11,8 @@
 #include <cstring>
 #include <iterator>
 #include <map>
-#include <utility>
 #include <new>
+#include <utility>
 
 #include "h5_call.hpp"
 

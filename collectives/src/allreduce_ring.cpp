@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "reduce_kernels.hpp"
 #include "mpi_types.hpp"
+#include "reduce_kernels.hpp"
 #include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 
@@ -36,7 +36,7 @@ AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int
   const std::size_t n = static_cast<std::size_t>(size_);
   // An allreduce's (and a reduce's) count is the whole buffer; a reduce_scatter's one block.
   const std::size_t count = this->collective().kind != CollectiveKind::reduce_scatter ? this->collective().count
-                                                                                       : this->collective().count * n;
+                                                                                      : this->collective().count * n;
   // Balanced blocks: sizes differ by at most one element.
   block_offset_.resize(n + 1);
   std::size_t largest = 0;
@@ -55,9 +55,7 @@ AllreduceRing::~AllreduceRing() {
   }
 }
 
-bool AllreduceRing::reducing(std::size_t step) const {
-  return step < static_cast<std::size_t>(size_ - 1);
-}
+bool AllreduceRing::reducing(std::size_t step) const { return step < static_cast<std::size_t>(size_ - 1); }
 
 int AllreduceRing::send_block(std::size_t step) const {
   const int k = static_cast<int>(step);
@@ -193,8 +191,10 @@ bool AllreduceRing::progress() {
 }
 
 std::string AllreduceRing::waiting_on() const {
-  if (!recvs_.empty()) return troupe::detail::concat("rank ", left_, " (ring message ", recvs_done_, " of ", total_, ")");
-  if (!sends_.empty()) return troupe::detail::concat("rank ", right_, " (ring message ", sends_done_, " of ", total_, ")");
+  if (!recvs_.empty())
+    return troupe::detail::concat("rank ", left_, " (ring message ", recvs_done_, " of ", total_, ")");
+  if (!sends_.empty())
+    return troupe::detail::concat("rank ", right_, " (ring message ", sends_done_, " of ", total_, ")");
   return {};
 }
 

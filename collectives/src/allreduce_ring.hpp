@@ -87,12 +87,12 @@ class AllreduceRing : public Operation {
 
   MPI_Comm comm_;
   int rank_, size_, left_, right_, tag_;
-  bool gather_half_;                // an allreduce's (or a reduce's) second half runs
-  int shift_;                       // 0 for an allreduce or a reduce; -1 for a reduce_scatter
+  bool gather_half_;  // an allreduce's (or a reduce's) second half runs
+  int shift_;         // 0 for an allreduce or a reduce; -1 for a reduce_scatter
   std::size_t element_bytes_;
   std::size_t segment_elements_;
-  std::size_t segments_per_block_ = 0;  // m
-  std::size_t total_ = 0;               // messages each way: 2(n-1) * m
+  std::size_t segments_per_block_ = 0;     // m
+  std::size_t total_ = 0;                  // messages each way: 2(n-1) * m
   std::vector<std::size_t> block_offset_;  // n+1 entries, in elements
   std::size_t window_;
 

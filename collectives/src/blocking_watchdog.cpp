@@ -33,8 +33,8 @@ void BlockingWatchdog::end() {
 
 void BlockingWatchdog::watch() {
   using Clock = std::chrono::steady_clock;
-  const auto period = std::clamp<std::chrono::milliseconds>(timeout_ / 4, std::chrono::milliseconds(1),
-                                                            std::chrono::seconds(1));
+  const auto period =
+      std::clamp<std::chrono::milliseconds>(timeout_ / 4, std::chrono::milliseconds(1), std::chrono::seconds(1));
   // The call seen at the last look, and when it was first seen.
   const Collective* seen = nullptr;
   std::uint64_t seen_sequence = 0;

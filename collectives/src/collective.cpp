@@ -26,9 +26,10 @@ std::string Collective::describe() const {
   text += troupe::detail::concat(" (");
   if (has_op()) text += troupe::detail::concat(reduce_op_name(op), ", ");
   if (has_root()) text += troupe::detail::concat("root ", root, ", ");
-  if (is_point_to_point()) text += troupe::detail::concat(kind == CollectiveKind::send ? "to " : "from ", root, " tag ", tag, ", ");
-  text += troupe::detail::concat(count, " x ", tensor::dtype_name(dtype), " = ",
-                         count * tensor::element_size(dtype), " B)");
+  if (is_point_to_point())
+    text += troupe::detail::concat(kind == CollectiveKind::send ? "to " : "from ", root, " tag ", tag, ", ");
+  text += troupe::detail::concat(count, " x ", tensor::dtype_name(dtype), " = ", count * tensor::element_size(dtype),
+                                 " B)");
   return text;
 }
 

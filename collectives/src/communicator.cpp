@@ -42,8 +42,7 @@ void check_same_kind(std::string_view name, const Buffer& input, const Buffer& o
 }
 
 void check_root(std::string_view name, int root, int size) {
-  TROUPE_CHECK(root >= 0 && root < size, name, ": root ", root, " is not a rank of this communicator of size ",
-               size);
+  TROUPE_CHECK(root >= 0 && root < size, name, ": root ", root, " is not a rank of this communicator of size ", size);
 }
 
 // Copies rank i's block of a flat allgather result into outputs[i].
@@ -51,7 +50,10 @@ class ScatterToOutputs : public Operation {
  public:
   ScatterToOutputs(Collective c, std::shared_ptr<std::vector<std::byte>> staging, std::vector<Buffer> outputs,
                    Work gather)
-      : Operation(std::move(c)), staging_(std::move(staging)), outputs_(std::move(outputs)), gather_(std::move(gather)) {}
+      : Operation(std::move(c)),
+        staging_(std::move(staging)),
+        outputs_(std::move(outputs)),
+        gather_(std::move(gather)) {}
   void start() override {}
   bool progress() override {
     // The flat allgather runs just before this on the same engine, which advances
@@ -99,7 +101,8 @@ Work Communicator::launch(std::shared_ptr<Operation> operation, bool blocking) {
 Work Communicator::submit(Collective&& c, bool blocking) {
   const std::string_view name = collective_name(c.kind);
   if (engine_->failed()) {
-    TROUPE_THROW(CommunicatorFailed, name, " on rank ", rank_, ": the communicator failed earlier: ", engine_->failure());
+    TROUPE_THROW(CommunicatorFailed, name, " on rank ", rank_,
+                 ": the communicator failed earlier: ", engine_->failure());
   }
   const int n = size_;
   // broadcast and reduce: a valid root, where input and output must match in kind and size.
@@ -165,7 +168,8 @@ Work Communicator::submit(Collective&& c, bool blocking) {
     case K::barrier: break;
     case K::send:
     case K::recv:
-      TROUPE_CHECK(c.root >= 0 && c.root < n, name, ": peer ", c.root, " is not a rank of this communicator of size ", n);
+      TROUPE_CHECK(c.root >= 0 && c.root < n, name, ": peer ", c.root, " is not a rank of this communicator of size ",
+                   n);
       TROUPE_CHECK(c.tag >= 0, name, ": tag ", c.tag, " is negative");
       c.count = c.kind == K::send ? c.input.count : c.output.count;
       break;

@@ -10,8 +10,7 @@ namespace {
 // Counts a thread as waiting, so the progress thread stays parked while it polls.
 class WaiterScope {
  public:
-  WaiterScope(std::atomic<int>& waiters, std::condition_variable& wake)
-      : waiters_(waiters), wake_(wake) {
+  WaiterScope(std::atomic<int>& waiters, std::condition_variable& wake) : waiters_(waiters), wake_(wake) {
     waiters_.fetch_add(1, std::memory_order_acq_rel);
   }
   ~WaiterScope() {
@@ -42,8 +41,8 @@ void Engine::stop() {
 void Engine::launch(const std::shared_ptr<Operation>& operation, bool blocking) {
   std::unique_lock lock(mutex_);
   if (failed_) {
-    TROUPE_THROW(CommunicatorFailed, operation->collective().describe(), ": the communicator failed earlier: ",
-                 failure_);
+    TROUPE_THROW(CommunicatorFailed, operation->collective().describe(),
+                 ": the communicator failed earlier: ", failure_);
   }
   operation->engine_ = shared_from_this();
   operation->launch_index_ = launches_++;
@@ -119,7 +118,8 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
   // once any later handle's wait returns (MPI may complete collectives out of order).
   WaiterScope waiting(waiters_, wake_);
   const bool forever = timeout == kNoTimeout;
-  const auto deadline = forever ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
+  const auto deadline =
+      forever ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
   std::chrono::steady_clock::time_point began{};
   for (int polls = 0;; ++polls) {
     if (polls == 1) began = std::chrono::steady_clock::now();
@@ -162,8 +162,8 @@ void Engine::wait_all(std::chrono::milliseconds timeout) {
 }
 
 bool Engine::drain(std::chrono::milliseconds timeout) noexcept {
-  const auto deadline = timeout == kNoTimeout ? std::chrono::steady_clock::time_point::max()
-                                              : std::chrono::steady_clock::now() + timeout;
+  const auto deadline =
+      timeout == kNoTimeout ? std::chrono::steady_clock::time_point::max() : std::chrono::steady_clock::now() + timeout;
   WaiterScope waiting(waiters_, wake_);
   while (true) {
     {
@@ -175,7 +175,7 @@ bool Engine::drain(std::chrono::milliseconds timeout) noexcept {
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         fail_locked(troupe::detail::concat("the communicator was destroyed with collectives still in flight after ",
-                                   format_ms(timeout)));
+                                           format_ms(timeout)));
         return false;
       }
     }
@@ -219,9 +219,8 @@ void Engine::progress_loop() {
   int idle = 0;
   std::unique_lock lock(mutex_);
   while (true) {
-    wake_.wait(lock, [&] {
-      return stopping_ || (!in_flight_.empty() && waiters_.load(std::memory_order_acquire) == 0);
-    });
+    wake_.wait(lock,
+               [&] { return stopping_ || (!in_flight_.empty() && waiters_.load(std::memory_order_acquire) == 0); });
     if (stopping_) return;
     const std::size_t before = in_flight_.size();
     try {

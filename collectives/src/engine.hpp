@@ -56,7 +56,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Time callers spent in wait() on operations not yet done when they came to it: on a
   // healthy rank mostly waiting for slower peers. Only a wait that polls more than once
   // reads the clock, so a collective that is already done costs nothing extra.
-  std::chrono::nanoseconds waited() const { return std::chrono::nanoseconds(waited_ns_.load(std::memory_order_relaxed)); }
+  std::chrono::nanoseconds waited() const {
+    return std::chrono::nanoseconds(waited_ns_.load(std::memory_order_relaxed));
+  }
   // How many of those waits there were: the host blocked on an unfinished collective.
   std::uint64_t blocked_waits() const { return blocked_waits_.load(std::memory_order_relaxed); }
 

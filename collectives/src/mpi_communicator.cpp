@@ -75,9 +75,8 @@ void MpiCommunicator::set_up() {
   }
   if (options().shared_memory) shm_ = detail::ShmChannel::create(comm_, options().shm_slot_bytes, options().shm_slots);
   if (watchdog_ && shm_ && options().check_signatures)
-    watchdog_->set_mismatch_probe([board = shm_.get()](const Collective& c) {
-      return detail::board_verdict(*board, c).value_or(std::string());
-    });
+    watchdog_->set_mismatch_probe(
+        [board = shm_.get()](const Collective& c) { return detail::board_verdict(*board, c).value_or(std::string()); });
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -109,8 +108,8 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key) {
 }
 
 void MpiCommunicator::check_host(const Collective& c, const Buffer& b, const char* which) const {
-  TROUPE_CHECK(b.count == 0 || b.device.is_cpu(), c.describe(), ": the MPI backend needs host memory, but the ",
-               which, " buffer is on ", b.device, " [rank ", rank(), "]; use the NCCL backend for CUDA buffers");
+  TROUPE_CHECK(b.count == 0 || b.device.is_cpu(), c.describe(), ": the MPI backend needs host memory, but the ", which,
+               " buffer is on ", b.device, " [rank ", rank(), "]; use the NCCL backend for CUDA buffers");
 }
 
 Work MpiCommunicator::start(const Collective& c, bool blocking) {

@@ -83,9 +83,7 @@ void post_mpi(const Collective& c, const MpiSite& site, MPI_Request* r) {
                          : MPI_Scatter(send, count, type, recv, count, type, c.root, comm));
       return;
     }
-    case K::barrier:
-      TROUPE_MPI_CHECK(r ? MPI_Ibarrier(comm, r) : MPI_Barrier(comm));
-      return;
+    case K::barrier: TROUPE_MPI_CHECK(r ? MPI_Ibarrier(comm, r) : MPI_Barrier(comm)); return;
     case K::send:
       TROUPE_CHECK(r, c.describe(), ": send/recv have no blocking fast path");
       TROUPE_MPI_CHECK(MPI_Isend(in, count, type, c.root, c.tag, site.p2p, r));
@@ -110,7 +108,8 @@ void finish_mpi(const Collective& c, const MpiSite& site, const MPI_Status& stat
     std::memmove(c.output.data, c.input.data, c.output.nbytes());
   }
   // avg is a sum followed by a division by the communicator size, where a result is.
-  const bool has_result = c.kind == K::allreduce || c.kind == K::reduce_scatter || (c.kind == K::reduce && site.rank == c.root);
+  const bool has_result =
+      c.kind == K::allreduce || c.kind == K::reduce_scatter || (c.kind == K::reduce && site.rank == c.root);
   if (c.op == ReduceOp::avg && c.has_op() && has_result) scale(c.dtype, c.output.data, c.count, 1.0 / site.size);
 }
 

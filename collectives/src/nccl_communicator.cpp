@@ -17,7 +17,8 @@ namespace {
 const detail::NcclLibrary& api() { return detail::nccl_library("the NCCL backend"); }
 
 void check_cuda(cudaError_t status, const char* what, const std::string& context) {
-  if (status != cudaSuccess) TROUPE_THROW(NcclError, context, ": ", what, " failed: ", api().cudaGetErrorString(status));
+  if (status != cudaSuccess)
+    TROUPE_THROW(NcclError, context, ": ", what, " failed: ", api().cudaGetErrorString(status));
 }
 void check_nccl(ncclResult_t status, const char* what, const std::string& context) {
   if (status != ncclSuccess && status != ncclInProgress) {
@@ -155,20 +156,22 @@ class NcclOperation : public Operation {
     void* out = c.output.data;
     switch (c.kind) {
       case K::allreduce:
-        return check_nccl(api().ncclAllReduce(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclAllReduce", what);
+        return check_nccl(api().ncclAllReduce(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclAllReduce",
+                          what);
       case K::broadcast:
         return check_nccl(api().ncclBroadcast(s.rank == c.root ? in : out, out, n, type, c.root, s.comm, s.stream),
                           "ncclBroadcast", what);
       case K::reduce:
-        return check_nccl(api().ncclReduce(in, s.rank == c.root ? out : in, n, type, nccl_op(c.op), c.root, s.comm, s.stream),
-                          "ncclReduce", what);
+        return check_nccl(
+            api().ncclReduce(in, s.rank == c.root ? out : in, n, type, nccl_op(c.op), c.root, s.comm, s.stream),
+            "ncclReduce", what);
       case K::allgather:
-        return check_nccl(api().ncclAllGather(c.in_place ? static_cast<std::byte*>(out) + s.rank * block : in, out, n, type,
-                                        s.comm, s.stream),
+        return check_nccl(api().ncclAllGather(c.in_place ? static_cast<std::byte*>(out) + s.rank * block : in, out, n,
+                                              type, s.comm, s.stream),
                           "ncclAllGather", what);
       case K::reduce_scatter:
-        return check_nccl(api().ncclReduceScatter(in, out, n, type, nccl_op(c.op), s.comm, s.stream), "ncclReduceScatter",
-                          what);
+        return check_nccl(api().ncclReduceScatter(in, out, n, type, nccl_op(c.op), s.comm, s.stream),
+                          "ncclReduceScatter", what);
       case K::gather:
       case K::scatter: {
         // Point to point in one group: the root sends (scatter) or receives (gather)
@@ -178,23 +181,26 @@ class NcclOperation : public Operation {
         if (s.rank == c.root) {
           for (int peer = 0; peer < size_; ++peer) {
             std::byte* slot = static_cast<std::byte*>(gather ? out : in) + peer * block;
-            if (gather) check_nccl(api().ncclRecv(slot, n, type, peer, s.comm, s.stream), "ncclRecv", what);
-            else check_nccl(api().ncclSend(slot, n, type, peer, s.comm, s.stream), "ncclSend", what);
+            if (gather)
+              check_nccl(api().ncclRecv(slot, n, type, peer, s.comm, s.stream), "ncclRecv", what);
+            else
+              check_nccl(api().ncclSend(slot, n, type, peer, s.comm, s.stream), "ncclSend", what);
           }
         }
-        if (gather) check_nccl(api().ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
-        else check_nccl(api().ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
+        if (gather)
+          check_nccl(api().ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
+        else
+          check_nccl(api().ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
         return check_nccl(api().ncclGroupEnd(), "ncclGroupEnd", what);
       }
       case K::barrier:
         // A one-element allreduce on device scratch: NCCL has no barrier.
         if (!scratch_) check_cuda(api().cudaMallocAsync(&scratch_, sizeof(float), s.stream), "cudaMallocAsync", what);
-        check_nccl(api().ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, s.comm, s.stream), "ncclAllReduce", what);
+        check_nccl(api().ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, s.comm, s.stream), "ncclAllReduce",
+                   what);
         return check_cuda(api().cudaFreeAsync(scratch_, s.stream), "cudaFreeAsync", what);
-      case K::send:
-        return check_nccl(api().ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
-      case K::recv:
-        return check_nccl(api().ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
+      case K::send: return check_nccl(api().ncclSend(in, n, type, c.root, s.comm, s.stream), "ncclSend", what);
+      case K::recv: return check_nccl(api().ncclRecv(out, n, type, c.root, s.comm, s.stream), "ncclRecv", what);
     }
   }
 
@@ -239,7 +245,9 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, Optio
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<detail::NcclState> state, std::unique_ptr<Communicator> host,
                                    MPI_Comm check_comm, int rank, int size, Options options)
-    : Communicator(rank, size, options), state_(std::move(state)), host_(std::move(host)),
+    : Communicator(rank, size, options),
+      state_(std::move(state)),
+      host_(std::move(host)),
       check_comm_(returning_errors(check_comm)) {}
 
 NcclCommunicator::~NcclCommunicator() {
@@ -306,8 +314,8 @@ std::shared_ptr<Operation> NcclCommunicator::signed_operation(const Collective& 
   if (!options().check_signatures || c.is_point_to_point()) return op;
   // The kernels are queued at once, beside the signature exchange; a mismatch aborts
   // the NCCL communicator, whose mismatched kernels would otherwise never return.
-  return detail::with_signature_check(std::move(op), nullptr, check_comm_, rank(), size(), options().timeout,
-                                      nullptr, [state = state_] { state->abort_communicator(); });
+  return detail::with_signature_check(std::move(op), nullptr, check_comm_, rank(), size(), options().timeout, nullptr,
+                                      [state = state_] { state->abort_communicator(); });
 }
 
 }  // namespace troupe::collectives

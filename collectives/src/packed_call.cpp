@@ -112,8 +112,10 @@ struct Reduction {
   void take(Blocks, const std::byte* data, bool result) {
     std::byte* partial = work.data() + kHeaderBytes;
     // a + b on one rank is b + a on its peer: both get the same bits.
-    if (result) std::memcpy(partial, data, data_bytes);
-    else if (count) reduce(op, dtype, partial, partial, data, count);
+    if (result)
+      std::memcpy(partial, data, data_bytes);
+    else if (count)
+      reduce(op, dtype, partial, partial, data, count);
   }
 };
 
@@ -218,8 +220,8 @@ void reduce_packed(const Collective& c, const MpiSite& site, MPI_Comm check_comm
   if (c.op == ReduceOp::avg) scale(c.dtype, c.output.data, c.count, 1.0 / site.size);
 }
 
-void allgather_packed(const Collective& c, const MpiSite& site, MPI_Comm check_comm,
-                      std::chrono::milliseconds timeout, Scratch& s) {
+void allgather_packed(const Collective& c, const MpiSite& site, MPI_Comm check_comm, std::chrono::milliseconds timeout,
+                      Scratch& s) {
   const std::size_t block = c.count * element_size(c.dtype);
   const Layout at{site.size, largest_power_of_two(site.size)};
   s.work.resize(block * static_cast<std::size_t>(site.size));
@@ -256,8 +258,8 @@ void broadcast_packed(const Collective& c, int rank, int n, MPI_Comm comm, Scrat
   } else {
     while (!(rel & mask)) mask <<= 1;  // the parent is rel - mask
     MPI_Status status;
-    TROUPE_MPI_CHECK(MPI_Recv(s.incoming.data(), static_cast<int>(kMessageBytes), MPI_BYTE,
-                              (rel - mask + c.root) % n, kTag, comm, &status));
+    TROUPE_MPI_CHECK(MPI_Recv(s.incoming.data(), static_cast<int>(kMessageBytes), MPI_BYTE, (rel - mask + c.root) % n,
+                              kTag, comm, &status));
     TROUPE_MPI_CHECK(MPI_Get_count(&status, MPI_BYTE, &length));
   }
   for (mask >>= 1; mask > 0; mask >>= 1)  // forwarded before any check, so no child waits on a failure
@@ -286,14 +288,10 @@ void run_packed(const Collective& c, const MpiSite& site, MPI_Comm check_comm, s
   switch (c.kind) {
     case K::barrier:
     case K::allreduce:
-    case K::reduce_scatter:
-      return reduce_packed(c, site, check_comm, timeout, scratch);
-    case K::allgather:
-      return allgather_packed(c, site, check_comm, timeout, scratch);
-    case K::broadcast:
-      return broadcast_packed(c, site.rank, site.size, check_comm, scratch);
-    default:
-      TROUPE_THROW(InvalidArgument, c.describe(), ": not a call that travels packed");
+    case K::reduce_scatter: return reduce_packed(c, site, check_comm, timeout, scratch);
+    case K::allgather: return allgather_packed(c, site, check_comm, timeout, scratch);
+    case K::broadcast: return broadcast_packed(c, site.rank, site.size, check_comm, scratch);
+    default: TROUPE_THROW(InvalidArgument, c.describe(), ": not a call that travels packed");
   }
 }
 

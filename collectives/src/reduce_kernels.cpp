@@ -86,12 +86,11 @@ template <template <class> class F>
   combine_bf16_loop<F>(dst, a, b, n, scale);
 }
 const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
-const bool kHaveAvx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl");
+const bool kHaveAvx512 =
+    __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
 #else
 template <template <class> class F>
-void combine_bf16_avx2(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
-                       float scale) {
+void combine_bf16_avx2(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n, float scale) {
   combine_bf16_loop<F>(dst, a, b, n, scale);
 }
 template <template <class> class F>
@@ -103,15 +102,13 @@ const bool kHaveAvx2 = false;
 const bool kHaveAvx512 = false;
 #endif
 template <template <class> class F>
-void combine_bf16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
-                  float scale) {
+void combine_bf16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n, float scale) {
   if (kHaveAvx512) return combine_bf16_avx512<F>(dst, a, b, n, scale);
   if (kHaveAvx2) return combine_bf16_avx2<F>(dst, a, b, n, scale);
   combine_bf16_loop<F>(dst, a, b, n, scale);
 }
 template <template <class> class F>
-void combine_f16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n,
-                 float scale) {
+void combine_f16(std::uint16_t* dst, const std::uint16_t* a, const std::uint16_t* b, std::size_t n, float scale) {
   for (std::size_t i = 0; i < n; ++i) {
     const float r = F<float>::apply(tensor::half_bits_to_float(a[i]), tensor::half_bits_to_float(b[i])) * scale;
     dst[i] = tensor::float_to_half_bits(r);
@@ -122,11 +119,11 @@ template <template <class> class F>
 void reduce_with(DType dtype, void* dst, const void* a, const void* b, std::size_t n, double scale) {
   switch (dtype) {
     case DType::f32:
-      return combine<float, F>(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b),
-                               n, scale);
+      return combine<float, F>(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b), n,
+                               scale);
     case DType::f64:
-      return combine<double, F>(static_cast<double*>(dst), static_cast<const double*>(a),
-                                static_cast<const double*>(b), n, scale);
+      return combine<double, F>(static_cast<double*>(dst), static_cast<const double*>(a), static_cast<const double*>(b),
+                                n, scale);
     case DType::i32:
       return combine<std::int32_t, F>(static_cast<std::int32_t*>(dst), static_cast<const std::int32_t*>(a),
                                       static_cast<const std::int32_t*>(b), n, 1.0);

@@ -16,8 +16,7 @@ namespace troupe::collectives::detail {
 // dst[i] = (a[i] op b[i]) * scale for i < count. dst may be a or b. `scale` is
 // applied to floating dtypes only (the last step of an avg) and is 1 otherwise.
 // `op` must not be avg (callers reduce with sum and scale).
-void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, std::size_t count,
-            double scale = 1.0);
+void reduce(ReduceOp op, DType dtype, void* dst, const void* a, const void* b, std::size_t count, double scale = 1.0);
 
 // out = part(0) op part(1) op ... op part(size - 1), combined in rank order so that
 // every rank that runs it gets the same bits; an avg divides at the last combine.

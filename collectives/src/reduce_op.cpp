@@ -17,9 +17,7 @@ std::string_view reduce_op_name(ReduceOp op) {
 
 std::ostream& operator<<(std::ostream& out, ReduceOp op) { return out << reduce_op_name(op); }
 
-bool reduce_op_supports(ReduceOp op, DType dtype) {
-  return op != ReduceOp::avg || tensor::is_floating(dtype);
-}
+bool reduce_op_supports(ReduceOp op, DType dtype) { return op != ReduceOp::avg || tensor::is_floating(dtype); }
 
 void check_reduce_op(ReduceOp op, DType dtype, std::string_view collective) {
   TROUPE_CHECK(static_cast<int>(op) <= static_cast<int>(ReduceOp::prod), collective, ": corrupt ReduceOp value ",

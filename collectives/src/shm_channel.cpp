@@ -59,7 +59,9 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
                             static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
                             made.fetch_add(1)};
   TROUPE_MPI_CHECK(MPI_Bcast(token, 3, MPI_UINT64_T, 0, comm));
-  const auto name = [&](int q) { return troupe::detail::concat("/troupe-", token[0], "-", token[1], "-", token[2], "-", q); };
+  const auto name = [&](int q) {
+    return troupe::detail::concat("/troupe-", token[0], "-", token[1], "-", token[2], "-", q);
+  };
 
   std::unique_ptr<ShmChannel> channel(new ShmChannel());
   channel->rank_ = rank;
@@ -75,7 +77,8 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   bool mapped = created;
   if (agree(comm, created)) {
     for (int q = 0; q < size; ++q) {
-      if (q != rank) mapped = (bases[static_cast<std::size_t>(q)] = map_segment(name(q), channel->segment_bytes_, false)) && mapped;
+      if (q != rank)
+        mapped = (bases[static_cast<std::size_t>(q)] = map_segment(name(q), channel->segment_bytes_, false)) && mapped;
     }
   } else {
     mapped = false;

@@ -69,7 +69,8 @@ class ShmChannel {
 
   // Slot of `rank` for `round`.
   std::byte* slot(int rank, std::uint64_t round) const {
-    return bases_[static_cast<std::size_t>(rank)] + kHeaderBytes + (round % static_cast<std::uint64_t>(slots_)) * slot_bytes_;
+    return bases_[static_cast<std::size_t>(rank)] + kHeaderBytes +
+           (round % static_cast<std::uint64_t>(slots_)) * slot_bytes_;
   }
   // How many rounds `rank` has completed of `stage`.
   std::uint64_t load(int rank, Stage stage) const { return counter(rank, stage).load(std::memory_order_acquire); }

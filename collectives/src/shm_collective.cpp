@@ -108,8 +108,7 @@ void ShmCollective::post(std::uint64_t round) {
       if (rank_ != c.root) return;
       channel_.writer.copy(slot, in + begin * eb, length * eb);
       return;
-    default:
-      channel_.writer.copy(slot, in + begin * eb, length * eb);
+    default: channel_.writer.copy(slot, in + begin * eb, length * eb);
   }
 }
 
@@ -183,7 +182,8 @@ bool ShmCollective::progress() {
 
 std::string ShmCollective::waiting_on() const {
   if (laggard_ < 0) return {};
-  const std::uint64_t done = channel_.next[ShmChannel::consumed] > first_ ? channel_.next[ShmChannel::consumed] - first_ : 0;
+  const std::uint64_t done =
+      channel_.next[ShmChannel::consumed] > first_ ? channel_.next[ShmChannel::consumed] - first_ : 0;
   return troupe::detail::concat("rank ", laggard_, " (shared-memory round ", done, " of ", rounds_, ", ",
                                 kStageName[waiting_stage_], ")");
 }

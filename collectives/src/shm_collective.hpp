@@ -64,11 +64,11 @@ class ShmCollective : public Operation {
   ShmChannel& channel_;
   const int rank_, size_;
   const std::size_t element_bytes_;
-  std::size_t chunk_ = 0;         // elements per round (per block for reduce_scatter)
+  std::size_t chunk_ = 0;  // elements per round (per block for reduce_scatter)
   std::uint64_t rounds_ = 0;
-  std::uint64_t first_ = 0;       // the channel's number of my first round
+  std::uint64_t first_ = 0;         // the channel's number of my first round
   std::vector<std::byte> scratch_;  // partial sums (allreduce on ranks >= 2)
-  int laggard_ = -1;              // the rank last seen behind, for waiting_on()
+  int laggard_ = -1;                // the rank last seen behind, for waiting_on()
   ShmChannel::Stage waiting_stage_ = ShmChannel::posted;
 };
 

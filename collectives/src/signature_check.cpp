@@ -18,16 +18,19 @@
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/options.hpp"
 #include "troupe/cpu_relax.hpp"
+#include "troupe/error.hpp"
 #include "troupe/keep_until_exit.hpp"
 #include "troupe/mpi/mpi_error.hpp"
-#include "troupe/error.hpp"
 
 namespace troupe::collectives::detail {
 
 Signature signature_of(const Collective& c) {
-  return {static_cast<std::int64_t>(c.sequence), static_cast<std::int64_t>(c.kind),
-          static_cast<std::int64_t>(c.count),    static_cast<std::int64_t>(c.dtype),
-          c.has_op() ? static_cast<std::int64_t>(c.op) : -1, c.has_root() ? c.root : -1};
+  return {static_cast<std::int64_t>(c.sequence),
+          static_cast<std::int64_t>(c.kind),
+          static_cast<std::int64_t>(c.count),
+          static_cast<std::int64_t>(c.dtype),
+          c.has_op() ? static_cast<std::int64_t>(c.op) : -1,
+          c.has_root() ? c.root : -1};
 }
 
 namespace {
@@ -146,10 +149,10 @@ void publish_signature(ShmChannel& board, const Collective& collective, std::chr
             board.board_floor = floor;
             return floor >= needed;
           },
-          timeout, [&] {
-            TROUPE_THROW(TimeoutError, "publishing the signature of ", collective.describe(), " on rank ",
-                         board.rank(), ": a peer has not checked call #", needed - 1, " within ", timeout.count(),
-                         " ms");
+          timeout,
+          [&] {
+            TROUPE_THROW(TimeoutError, "publishing the signature of ", collective.describe(), " on rank ", board.rank(),
+                         ": a peer has not checked call #", needed - 1, " within ", timeout.count(), " ms");
           });
     }
   }
@@ -213,15 +216,16 @@ void wait_for_board(ShmChannel& board, const Collective& collective, std::chrono
 
 void wait_for_peers(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout) {
   std::optional<std::string> verdict;
-  poll_until([&] { return (verdict = board_verdict(board, collective)).has_value(); }, timeout, [&] {
-    int missing = 0;
-    while (missing < board.size() - 1 &&
-           std::atomic_ref<std::uint64_t>(board.board_entry(missing, collective.sequence).sequence_plus_one)
-                   .load(std::memory_order_acquire) == collective.sequence + 1)
-      ++missing;
-    TROUPE_THROW(TimeoutError, collective.describe(), " on rank ", board.rank(), " of ", board.size(), ": rank ",
-                 missing, " did not issue this call within ", timeout.count(), " ms");
-  });
+  poll_until([&] { return (verdict = board_verdict(board, collective)).has_value(); }, timeout,
+             [&] {
+               int missing = 0;
+               while (missing < board.size() - 1 &&
+                      std::atomic_ref<std::uint64_t>(board.board_entry(missing, collective.sequence).sequence_plus_one)
+                              .load(std::memory_order_acquire) == collective.sequence + 1)
+                 ++missing;
+               TROUPE_THROW(TimeoutError, collective.describe(), " on rank ", board.rank(), " of ", board.size(),
+                            ": rank ", missing, " did not issue this call within ", timeout.count(), " ms");
+             });
   if (!verdict->empty()) TROUPE_THROW(CollectiveMismatch, *verdict);
 }
 
@@ -241,7 +245,8 @@ void verify_signature(MPI_Comm comm, const Collective& collective, int rank, int
   auto mine = std::make_unique<Signature>(signature_of(collective));
   auto all = std::make_unique<std::vector<Signature>>(static_cast<std::size_t>(size));
   MPI_Request request = MPI_REQUEST_NULL;
-  TROUPE_MPI_CHECK(MPI_Iallgather(mine->data(), kFields, MPI_INT64_T, all->data(), kFields, MPI_INT64_T, comm, &request));
+  TROUPE_MPI_CHECK(
+      MPI_Iallgather(mine->data(), kFields, MPI_INT64_T, all->data(), kFields, MPI_INT64_T, comm, &request));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int flag = 0, polls = 0; !flag; ++polls) {
     TROUPE_MPI_CHECK(MPI_Test(&request, &flag, MPI_STATUS_IGNORE));
@@ -311,13 +316,23 @@ class SignedOperation final : public Operation {
   SignedOperation(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm, int rank, int size,
                   std::chrono::milliseconds timeout, std::shared_ptr<StartOrder> order,
                   std::function<void()> on_mismatch)
-      : Operation(inner->collective()), inner_(std::move(inner)), board_(board), exchange_(inner_->collective()),
-        comm_(comm), rank_(rank), size_(size), timeout_(timeout), order_(std::move(order)),
-        ticket_(order_ ? order_->issued++ : 0), on_mismatch_(std::move(on_mismatch)) {}
+      : Operation(inner->collective()),
+        inner_(std::move(inner)),
+        board_(board),
+        exchange_(inner_->collective()),
+        comm_(comm),
+        rank_(rank),
+        size_(size),
+        timeout_(timeout),
+        order_(std::move(order)),
+        ticket_(order_ ? order_->issued++ : 0),
+        on_mismatch_(std::move(on_mismatch)) {}
 
   void start() override {
-    if (board_) publish_signature(*board_, collective(), timeout_);
-    else exchange_.start(comm_);
+    if (board_)
+      publish_signature(*board_, collective(), timeout_);
+    else
+      exchange_.start(comm_);
     if (!order_) start_inner();
   }
 
@@ -412,8 +427,7 @@ void finish_signature_check(SignatureExchange& exchange, MPI_Comm comm, const Co
 
 std::shared_ptr<Operation> with_signature_check(std::shared_ptr<Operation> inner, ShmChannel* board, MPI_Comm comm,
                                                 int rank, int size, std::chrono::milliseconds timeout,
-                                                std::shared_ptr<StartOrder> order,
-                                                std::function<void()> on_mismatch) {
+                                                std::shared_ptr<StartOrder> order, std::function<void()> on_mismatch) {
   return std::make_shared<SignedOperation>(std::move(inner), board, comm, rank, size, timeout, std::move(order),
                                            std::move(on_mismatch));
 }

@@ -38,8 +38,10 @@ void SlotWriter::copy(std::byte* slot, const std::byte* data, std::size_t bytes)
   bool stream = streaming_;
   if (rate_[!streaming_] == 0 || ++copies_ % kExploreEvery == 0) stream = !streaming_;
   const auto t0 = std::chrono::steady_clock::now();
-  if (stream) copy_streaming(slot, data, bytes);
-  else std::memcpy(slot, data, bytes);
+  if (stream)
+    copy_streaming(slot, data, bytes);
+  else
+    std::memcpy(slot, data, bytes);
   const auto ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   // The estimate is the best recent rate, decaying: a copy can only be made slower
   // by what is not its own doing (a context switch, a page fault, the compute thread

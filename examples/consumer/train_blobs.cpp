@@ -70,10 +70,12 @@ int main(int argc, char** argv) {
   const char* checkpoints = std::getenv("TROUPE_CHECKPOINT_DIR");
   int status = 0;
   try {
-    auto workers = runtime.spawn_on_each<Worker>(
-        train::WorkerOptions{.global_batch = 64, .epochs = epochs, .progress = false,
-                             .checkpoint_dir = checkpoints ? checkpoints : "", .save_every = checkpoints ? 10 : 0},
-        BlobsRecipe::Config{});
+    auto workers = runtime.spawn_on_each<Worker>(train::WorkerOptions{.global_batch = 64,
+                                                                      .epochs = epochs,
+                                                                      .progress = false,
+                                                                      .checkpoint_dir = checkpoints ? checkpoints : "",
+                                                                      .save_every = checkpoints ? 10 : 0},
+                                                 BlobsRecipe::Config{});
     if (runtime.rank() == 0) {
       const auto resumed = when_all(workers.ask(&Worker::resume)).get()[0];
       if (resumed.step > 0) std::printf("resumed at step %lld\n", static_cast<long long>(resumed.step));

@@ -49,8 +49,8 @@ std::string concat(Parts&&... parts) {
 // Strips the build-directory prefix so messages show "tensor/src/ops.cpp:12".
 inline const char* short_path(const char* file) {
   std::string_view path(file);
-  for (const char* root : {"/tensor/", "/nn/", "/mpi/", "/actors/", "/collectives/", "/checkpoint/",
-                           "/supervisor/", "/train/", "/examples/", "/tools/", "/bench/"}) {
+  for (const char* root : {"/tensor/", "/nn/", "/mpi/", "/actors/", "/collectives/", "/checkpoint/", "/supervisor/",
+                           "/train/", "/examples/", "/tools/", "/bench/"}) {
     auto at = path.rfind(root);
     if (at != std::string_view::npos) return file + at + 1;
   }
@@ -67,21 +67,19 @@ template <class E, class... Parts>
 
 // Throws InvalidArgument with the streamed message parts when cond is false.
 // A macro only so that the message is built on failure and stamped with file:line.
-#define TROUPE_CHECK(cond, ...)                                                            \
-  do {                                                                                     \
-    if (!(cond)) ::troupe::detail::fail<::troupe::InvalidArgument>(__FILE__, __LINE__,     \
-                                                                   __VA_ARGS__);           \
+#define TROUPE_CHECK(cond, ...)                                                                      \
+  do {                                                                                               \
+    if (!(cond)) ::troupe::detail::fail<::troupe::InvalidArgument>(__FILE__, __LINE__, __VA_ARGS__); \
   } while (0)
 
 // Like TROUPE_CHECK for a == b, and the message prints both values.
-#define TROUPE_CHECK_EQ(a, b, ...)                                                         \
-  do {                                                                                     \
-    const auto& troupe_a_ = (a);                                                           \
-    const auto& troupe_b_ = (b);                                                           \
-    if (!(troupe_a_ == troupe_b_))                                                         \
-      ::troupe::detail::fail<::troupe::InvalidArgument>(__FILE__, __LINE__, __VA_ARGS__,   \
-                                                        ", got ", troupe_a_, " vs ",       \
-                                                        troupe_b_);                        \
+#define TROUPE_CHECK_EQ(a, b, ...)                                                                                    \
+  do {                                                                                                                \
+    const auto& troupe_a_ = (a);                                                                                      \
+    const auto& troupe_b_ = (b);                                                                                      \
+    if (!(troupe_a_ == troupe_b_))                                                                                    \
+      ::troupe::detail::fail<::troupe::InvalidArgument>(__FILE__, __LINE__, __VA_ARGS__, ", got ", troupe_a_, " vs ", \
+                                                        troupe_b_);                                                   \
   } while (0)
 
 // Throws the given exception type with file:line, for errors that are not argument checks.

@@ -31,11 +31,11 @@ Environment::Environment(int* argc, char*** argv) {
   if (provided < MPI_THREAD_MULTIPLE) {
     if (owns_) MPI_Finalize();
     owns_ = false;
-    throw MpiError(detail::concat("troupe needs MPI_THREAD_MULTIPLE, but this MPI provides ",
-                                  thread_level_name(provided),
-                                  " (rebuild Open MPI with thread support, or initialise MPI with "
-                                  "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))"),
-                   0);
+    throw MpiError(
+        detail::concat("troupe needs MPI_THREAD_MULTIPLE, but this MPI provides ", thread_level_name(provided),
+                       " (rebuild Open MPI with thread support, or initialise MPI with "
+                       "MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...))"),
+        0);
   }
   TROUPE_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
   TROUPE_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));

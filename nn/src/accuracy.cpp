@@ -16,8 +16,8 @@ double accuracy(const Tensor& logits_in, const Tensor& target_in, std::int64_t i
   TROUPE_CHECK(target.defined() && target.dtype() == tensor::DType::i64 && target.device().is_cpu(), op,
                ": target must be an i64 tensor");
   const tensor::Shape rows_shape(logits.shape().begin(), logits.shape().end() - 1);
-  TROUPE_CHECK(target.shape() == rows_shape, op, ": logits ", tensor::to_string(logits.shape()),
-               " need target ", tensor::to_string(rows_shape), ", got ", tensor::to_string(target.shape()));
+  TROUPE_CHECK(target.shape() == rows_shape, op, ": logits ", tensor::to_string(logits.shape()), " need target ",
+               tensor::to_string(rows_shape), ", got ", tensor::to_string(target.shape()));
   const std::int64_t classes = logits.size(-1);
   const std::int64_t* y = target.data<std::int64_t>();
   std::int64_t counted = 0, correct = 0;

@@ -33,9 +33,12 @@ Tensor ReLU::backward_impl(const Tensor& grad_output) {
 }
 
 GELU::GELU(std::string_view approximate) {
-  if (approximate == "none") approximate_ = GeluApproximate::none;
-  else if (approximate == "tanh") approximate_ = GeluApproximate::tanh;
-  else TROUPE_THROW(InvalidArgument, "GELU: approximate must be 'none' or 'tanh', got '", approximate, "'");
+  if (approximate == "none")
+    approximate_ = GeluApproximate::none;
+  else if (approximate == "tanh")
+    approximate_ = GeluApproximate::tanh;
+  else
+    TROUPE_THROW(InvalidArgument, "GELU: approximate must be 'none' or 'tanh', got '", approximate, "'");
 }
 
 std::string GELU::type_name() const {

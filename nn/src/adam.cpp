@@ -10,8 +10,7 @@ namespace troupe::nn {
 Adam::Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay)
     : Adam(std::move(params), lr, betas, eps, weight_decay, false) {}
 
-Adam::Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay,
-           bool decoupled)
+Adam::Adam(std::vector<NamedParameter> params, double lr, Betas betas, double eps, double weight_decay, bool decoupled)
     : Optimizer(std::move(params), lr, decoupled ? "AdamW" : "Adam"),
       betas_(betas),
       eps_(eps),
@@ -32,11 +31,16 @@ std::vector<std::pair<std::string, double>> Adam::hyper_parameters() const {
 }
 
 void Adam::set_hyper_parameter(const std::string& key, double value) {
-  if (key == "betas.0") betas_.beta1 = value;
-  else if (key == "betas.1") betas_.beta2 = value;
-  else if (key == "eps") eps_ = value;
-  else if (key == "weight_decay") weight_decay_ = value;
-  else TROUPE_THROW(InvalidArgument, type_name(), ": unknown hyper-parameter '", key, "'");
+  if (key == "betas.0")
+    betas_.beta1 = value;
+  else if (key == "betas.1")
+    betas_.beta2 = value;
+  else if (key == "eps")
+    eps_ = value;
+  else if (key == "weight_decay")
+    weight_decay_ = value;
+  else
+    TROUPE_THROW(InvalidArgument, type_name(), ": unknown hyper-parameter '", key, "'");
   check();
 }
 
@@ -53,8 +57,13 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
   const std::vector<DecayRun> runs = decay_runs(name, param);
   // The fused steps' scalars for one run (tensor/fused_optim.hpp: the loop below's arithmetic).
   const auto fused_step = [&](const DecayRun& run) {
-    return tensor::AdamStep{.lr = lr(), .beta1 = betas_.beta1, .beta2 = betas_.beta2, .eps = eps_,
-                            .weight_decay = run.weight_decay, .decoupled = decoupled_, .step = t};
+    return tensor::AdamStep{.lr = lr(),
+                            .beta1 = betas_.beta1,
+                            .beta2 = betas_.beta2,
+                            .eps = eps_,
+                            .weight_decay = run.weight_decay,
+                            .decoupled = decoupled_,
+                            .step = t};
   };
   if (param.data.device().is_cpu() && param.data.dtype() == DType::f32) {
     // The host's f32 loop, compiled for each instruction set (tensor/fused_optim.hpp),
@@ -75,8 +84,10 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
     // Collected for finish_step(): one fused launch for every CUDA parameter
     // (tensor/fused_optim.hpp: these formulas, in f32). The moments live on the
     // parameter's device; made or loaded on the host, they move once.
-    TROUPE_CHECK(param.data.dtype() == DType::f32, type_name(), ".step '", name, "': a CUDA parameter must be f32 "
-                 "(keep f32 master weights for bf16/f16 models), got ", param.data.dtype());
+    TROUPE_CHECK(param.data.dtype() == DType::f32, type_name(), ".step '", name,
+                 "': a CUDA parameter must be f32 "
+                 "(keep f32 master weights for bf16/f16 models), got ",
+                 param.data.dtype());
     for (Tensor* moment : {&exp_avg, &exp_avg_sq})
       if (moment->device() != param.data.device()) *moment = moment->to(param.data.device());
     for (const DecayRun& run : runs) {
@@ -116,8 +127,10 @@ void Adam::update(const std::string& name, Parameter& param, StateDict& state) {
       for (std::int64_t i = run.begin; i < run.end; ++i) {
         C pi = static_cast<C>(p[i]);
         C gi = static_cast<C>(g[i]);
-        if (decoupled_) pi = pi * decay;
-        else if (wd != 0) gi = gi + wd * pi;
+        if (decoupled_)
+          pi = pi * decay;
+        else if (wd != 0)
+          gi = gi + wd * pi;
         const C mi = beta1 * static_cast<C>(m[i]) + one_minus_beta1 * gi;
         const C vi = beta2 * static_cast<C>(v[i]) + one_minus_beta2 * gi * gi;
         m[i] = T(mi);
@@ -139,13 +152,15 @@ std::vector<Adam::DecayRun> Adam::decay_runs(const std::string& name, const Para
   std::vector<DecayRun> runs;
   const auto add = [&](std::int64_t begin, std::int64_t end, double weight_decay) {
     if (begin == end) return;
-    if (!runs.empty() && runs.back().weight_decay == weight_decay) runs.back().end = end;
-    else runs.push_back({begin, end, weight_decay});
+    if (!runs.empty() && runs.back().weight_decay == weight_decay)
+      runs.back().end = end;
+    else
+      runs.push_back({begin, end, weight_decay});
   };
   std::int64_t at = 0;
   for (const ParameterSegment& segment : param.segments) {
-    TROUPE_CHECK(segment.begin >= at && segment.begin <= segment.end && segment.end <= n, type_name(), ".step '",
-                 name, "': segment '", segment.name, "' [", segment.begin, ", ", segment.end,
+    TROUPE_CHECK(segment.begin >= at && segment.begin <= segment.end && segment.end <= n, type_name(), ".step '", name,
+                 "': segment '", segment.name, "' [", segment.begin, ", ", segment.end,
                  ") is out of order or outside the ", n, " elements");
     add(at, segment.begin, runs.empty() ? 0.0 : runs.back().weight_decay);
     add(segment.begin, segment.end, decays_(segment.name, segment.shape) ? weight_decay_ : 0.0);

@@ -8,8 +8,8 @@ namespace troupe::nn {
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, tensor::Generator& gen, DType dtype,
                      tensor::Device device)
     : num_(num_embeddings), dim_(embedding_dim) {
-  TROUPE_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes must be > 0, got ", num_embeddings,
-               " x ", embedding_dim);
+  TROUPE_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes must be > 0, got ", num_embeddings, " x ",
+               embedding_dim);
   TROUPE_CHECK(tensor::is_floating(dtype), "Embedding: needs a floating dtype, got ", dtype);
   weight_ = &register_parameter("weight", tensor::normal({num_, dim_}, 0.0, 1.0, gen, dtype, device));
 }
@@ -21,8 +21,8 @@ std::string Embedding::type_name() const {
 Tensor Embedding::forward_impl(const Tensor& indices) {
   const std::string op = type_name() + ".forward";
   TROUPE_CHECK(indices.defined(), op, ": indices are undefined");
-  TROUPE_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, op,
-               ": indices must be i64 or i32, got ", indices.dtype());
+  TROUPE_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, op, ": indices must be i64 or i32, got ",
+               indices.dtype());
   // Checked on the host (indices on the GPU are copied back), so an error names the index.
   const Tensor idx = indices.to(tensor::Device::cpu()).to(DType::i64);
   const std::int64_t* ip = idx.data<std::int64_t>();

@@ -119,8 +119,8 @@ Tensor GPT::backward_impl(const Tensor& grad_logits) {
   return Tensor();
 }
 
-std::vector<std::int64_t> GPT::generate(std::vector<std::int64_t> ids, std::int64_t max_new_tokens,
-                                        double temperature, tensor::Generator& gen) {
+std::vector<std::int64_t> GPT::generate(std::vector<std::int64_t> ids, std::int64_t max_new_tokens, double temperature,
+                                        tensor::Generator& gen) {
   TROUPE_CHECK(!ids.empty(), type_name(), ".generate: the prompt is empty");
   TROUPE_CHECK(temperature >= 0, type_name(), ".generate: temperature must be >= 0, got ", temperature);
   const bool was_training = is_training();

@@ -32,8 +32,8 @@ Tensor LayerNorm::forward_impl(const Tensor& input) {
   TROUPE_CHECK(input.dim() >= 1 && input.size(-1) == size_, op, ": input ", tensor::to_string(input.shape()),
                " must end in ", size_);
   if (weight_)
-    TROUPE_CHECK(input.dtype() == weight_->data.dtype() && input.device() == weight_->data.device(), op,
-                 ": input is ", input.dtype(), " on ", input.device(), ", weight is ", weight_->data.dtype(), " on ",
+    TROUPE_CHECK(input.dtype() == weight_->data.dtype() && input.device() == weight_->data.device(), op, ": input is ",
+                 input.dtype(), " on ", input.device(), ", weight is ", weight_->data.dtype(), " on ",
                  weight_->data.device());
   input_ = input;
   saved_ = tensor::layer_norm_forward(input, weight_ ? weight_->data : Tensor(), bias_ ? bias_->data : Tensor(), eps_);

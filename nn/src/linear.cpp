@@ -41,9 +41,7 @@ Linear::Linear(Parameter& tied_weight) {
   weight_ = &register_shared_parameter("weight", tied_weight);
 }
 
-std::string Linear::type_name() const {
-  return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")";
-}
+std::string Linear::type_name() const { return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")"; }
 
 Tensor Linear::forward_impl(const Tensor& input) {
   const std::string op = type_name() + ".forward";
@@ -65,8 +63,8 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
   TROUPE_CHECK(input_.defined(), op, ": called before forward");
   Shape expected = input_.shape();
   expected.back() = out_;
-  TROUPE_CHECK(grad_output.defined() && grad_output.shape() == expected && grad_output.dtype() == input_.dtype(),
-               op, ": grad_output must be ", input_.dtype(), " ", tensor::to_string(expected), ", got ",
+  TROUPE_CHECK(grad_output.defined() && grad_output.shape() == expected && grad_output.dtype() == input_.dtype(), op,
+               ": grad_output must be ", input_.dtype(), " ", tensor::to_string(expected), ", got ",
                grad_output.defined() ? tensor::dtype_name(grad_output.dtype()) : "undefined", " ",
                tensor::to_string(grad_output.shape()));
   const std::int64_t rows = leading_rows(input_);
@@ -74,8 +72,10 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
   const Tensor x = input_.reshape({rows, in_});
 
   if (bias_) {
-    if (!bias_->grad.defined()) bias_->grad = tensor::sum(gy, 0);
-    else tensor::add_(grad_for_accumulation(*bias_, op.c_str(), "bias"), tensor::sum(gy, 0));
+    if (!bias_->grad.defined())
+      bias_->grad = tensor::sum(gy, 0);
+    else
+      tensor::add_(grad_for_accumulation(*bias_, op.c_str(), "bias"), tensor::sum(gy, 0));
     grad_ready(*bias_);
   }
   // dW (+)= gy^T x, written by the gemm straight into the gradient (beta 0 when fresh).

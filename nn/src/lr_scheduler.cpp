@@ -27,8 +27,8 @@ void LRScheduler::load_state_dict(const StateDict& dict) {
   const Tensor& step = dict.at("last_step");
   const Tensor& base = dict.at("base_lr");
   TROUPE_CHECK(step.numel() == 1 && step.dtype() == DType::i64 && base.numel() == 1 && base.dtype() == DType::f64,
-               "LRScheduler.load_state_dict: want one i64 'last_step' and one f64 'base_lr', got ", step.dtype(),
-               " ", tensor::to_string(step.shape()), " and ", base.dtype(), " ", tensor::to_string(base.shape()));
+               "LRScheduler.load_state_dict: want one i64 'last_step' and one f64 'base_lr', got ", step.dtype(), " ",
+               tensor::to_string(step.shape()), " and ", base.dtype(), " ", tensor::to_string(base.shape()));
   const auto last = static_cast<std::int64_t>(step.item());
   TROUPE_CHECK(last >= 0, "LRScheduler.load_state_dict: last_step must be >= 0, got ", last);
   last_step_ = last;

@@ -196,8 +196,10 @@ void Module::train(bool on) {
 void Module::zero_grad(bool set_to_none) {
   for (auto& [name, param] : parameters_) {
     param->uses_done = 0;
-    if (set_to_none) param->grad = Tensor();
-    else if (param->grad.defined()) param->grad.zero_();
+    if (set_to_none)
+      param->grad = Tensor();
+    else if (param->grad.defined())
+      param->grad.zero_();
   }
   for (auto& [name, child] : children_) child->zero_grad(set_to_none);
 }

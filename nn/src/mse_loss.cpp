@@ -11,8 +11,7 @@ Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
   const char* op = "MSELoss.forward";
   TROUPE_CHECK(input.defined() && target.defined(), op, ": input or target is undefined");
   TROUPE_CHECK(tensor::is_floating(input.dtype()), op, ": needs a floating dtype, got ", input.dtype());
-  TROUPE_CHECK(input.shape() == target.shape() && input.dtype() == target.dtype() &&
-                   input.device() == target.device(),
+  TROUPE_CHECK(input.shape() == target.shape() && input.dtype() == target.dtype() && input.device() == target.device(),
                op, ": input is ", input.dtype(), " ", tensor::to_string(input.shape()), " on ", input.device(),
                ", target is ", target.dtype(), " ", tensor::to_string(target.shape()), " on ", target.device());
   input_ = input;

@@ -23,13 +23,12 @@ Optimizer::Optimizer(std::vector<NamedParameter> params, double lr, const char* 
     const auto& [name, param] = params_[i];
     TROUPE_CHECK(param != nullptr, type, ": parameter '", name, "' is null");
     TROUPE_CHECK(param->data.defined(), type, ": parameter '", name, "' has no data");
-    TROUPE_CHECK(tensor::is_floating(param->data.dtype()), type, ": parameter '", name, "' is ",
-                 param->data.dtype(), ", needs a floating dtype");
+    TROUPE_CHECK(tensor::is_floating(param->data.dtype()), type, ": parameter '", name, "' is ", param->data.dtype(),
+                 ", needs a floating dtype");
     TROUPE_CHECK(name.find('/') == std::string::npos, type, ": parameter name '", name,
                  "' contains '/', which separates names from slots in state_dict keys");
     const auto [it, fresh] = seen.emplace(name, i);
-    TROUPE_CHECK(fresh, type, ": parameter name '", name, "' appears twice (positions ", it->second, " and ", i,
-                 ")");
+    TROUPE_CHECK(fresh, type, ": parameter name '", name, "' appears twice (positions ", it->second, " and ", i, ")");
   }
 }
 
@@ -44,8 +43,8 @@ void Optimizer::step() {
       auto& [name, param] = params_[i];
       if (!param->grad.defined()) continue;
       TROUPE_CHECK(param->grad.shape() == param->data.shape() && param->grad.dtype() == param->data.dtype(),
-                   type_name(), ".step: the gradient of '", name, "' is ", describe(param->grad),
-                   ", the parameter is ", describe(param->data));
+                   type_name(), ".step: the gradient of '", name, "' is ", describe(param->grad), ", the parameter is ",
+                   describe(param->data));
       // CPU parameters step in host loops, CUDA ones in tensor's fused kernels (SGD, Adam).
       TROUPE_CHECK(param->grad.device() == param->data.device(), type_name(), ".step: '", name, "' is on ",
                    param->data.device(), ", its gradient on ", param->grad.device());
@@ -61,8 +60,10 @@ void Optimizer::step() {
 
 void Optimizer::zero_grad(bool set_to_none) {
   for (auto& [name, param] : params_) {
-    if (set_to_none) param->grad = Tensor();
-    else if (param->grad.defined()) param->grad.zero_();
+    if (set_to_none)
+      param->grad = Tensor();
+    else if (param->grad.defined())
+      param->grad.zero_();
   }
 }
 
@@ -85,11 +86,13 @@ void Optimizer::load(const StateDict& dict, bool adopt) {
   std::vector<std::string> problems;
   const auto scalar = [&](const std::string& key, DType dtype) -> const Tensor* {
     const Tensor* t = dict.find(key);
-    if (t == nullptr) problems.push_back("missing '" + key + "'");
+    if (t == nullptr)
+      problems.push_back("missing '" + key + "'");
     else if (!t->defined() || t->numel() != 1 || t->dtype() != dtype)
       problems.push_back("'" + key + "' must be one " + std::string(tensor::dtype_name(dtype)) + " value, got " +
                          (t->defined() ? describe(*t) : "undefined"));
-    else return t;
+    else
+      return t;
     return nullptr;
   };
   scalar("lr", DType::f64);
@@ -118,7 +121,7 @@ void Optimizer::load(const StateDict& dict, bool adopt) {
     }
     const Tensor& data = params_[param->second].param->data;
     const bool ok = value.defined() && (slot->scalar ? value.numel() == 1 && value.dtype() == DType::i64
-                                                      : value.shape() == data.shape() && value.dtype() == data.dtype());
+                                                     : value.shape() == data.shape() && value.dtype() == data.dtype());
     if (!ok)
       problems.push_back("'" + key + "' is " + (value.defined() ? describe(value) : "undefined") + ", expected " +
                          (slot->scalar ? "one i64 value" : describe(data)));

@@ -18,11 +18,11 @@ Tensor& grad_for_write(Parameter& p, const char* op, const std::string& name, bo
     p.grad = Tensor::empty(p.data.shape(), p.data.dtype(), p.data.device());
     return p.grad;
   }
-  TROUPE_CHECK(p.grad.shape() == p.data.shape() && p.grad.dtype() == p.data.dtype() &&
-                   p.grad.device() == p.data.device(),
-               op, ": the gradient of '", name, "' is ", p.grad.dtype(), " ", tensor::to_string(p.grad.shape()),
-               " on ", p.grad.device(), ", the parameter is ", p.data.dtype(), " ",
-               tensor::to_string(p.data.shape()), " on ", p.data.device());
+  TROUPE_CHECK(
+      p.grad.shape() == p.data.shape() && p.grad.dtype() == p.data.dtype() && p.grad.device() == p.data.device(), op,
+      ": the gradient of '", name, "' is ", p.grad.dtype(), " ", tensor::to_string(p.grad.shape()), " on ",
+      p.grad.device(), ", the parameter is ", p.data.dtype(), " ", tensor::to_string(p.data.shape()), " on ",
+      p.data.device());
   return p.grad;
 }
 

@@ -67,11 +67,16 @@ std::vector<std::pair<std::string, double>> SGD::hyper_parameters() const {
 }
 
 void SGD::set_hyper_parameter(const std::string& key, double value) {
-  if (key == "momentum") momentum_ = value;
-  else if (key == "dampening") dampening_ = value;
-  else if (key == "weight_decay") weight_decay_ = value;
-  else if (key == "nesterov") nesterov_ = value != 0;
-  else TROUPE_THROW(InvalidArgument, "SGD: unknown hyper-parameter '", key, "'");
+  if (key == "momentum")
+    momentum_ = value;
+  else if (key == "dampening")
+    dampening_ = value;
+  else if (key == "weight_decay")
+    weight_decay_ = value;
+  else if (key == "nesterov")
+    nesterov_ = value != 0;
+  else
+    TROUPE_THROW(InvalidArgument, "SGD: unknown hyper-parameter '", key, "'");
   check();
 }
 
@@ -83,12 +88,20 @@ void SGD::update(const std::string& name, Parameter& param, StateDict& state) {
     // Collected for finish_step(): one fused launch for every CUDA parameter
     // (tensor/fused_optim.hpp: these formulas, in f32); the buffer lives on the
     // parameter's device, moved there once if made on the host.
-    TROUPE_CHECK(param.data.dtype() == DType::f32, "SGD.step '", name, "': a CUDA parameter must be f32 "
-                 "(keep f32 master weights for bf16/f16 models), got ", param.data.dtype());
+    TROUPE_CHECK(param.data.dtype() == DType::f32, "SGD.step '", name,
+                 "': a CUDA parameter must be f32 "
+                 "(keep f32 master weights for bf16/f16 models), got ",
+                 param.data.dtype());
     if (buffer && buffer->device() != param.data.device()) *buffer = buffer->to(param.data.device());
-    pending_.push_back({&param.data, &param.grad, buffer,
-                        {.lr = lr(), .momentum = momentum_, .dampening = dampening_,
-                         .weight_decay = weight_decay_, .nesterov = nesterov_, .first_step = first}});
+    pending_.push_back({&param.data,
+                        &param.grad,
+                        buffer,
+                        {.lr = lr(),
+                         .momentum = momentum_,
+                         .dampening = dampening_,
+                         .weight_decay = weight_decay_,
+                         .nesterov = nesterov_,
+                         .first_step = first}});
     return;
   }
   tensor::dispatch_floating(param.data.dtype(), "SGD.step '" + name + "'", [&](auto tag) {

@@ -35,11 +35,10 @@ const Tensor& StateDict::at(std::string_view name) const {
   // Show a few keys so a prefix mix-up ("module.0.weight" vs "0.weight") is obvious.
   std::ostringstream some;
   constexpr std::size_t kShown = 5;
-  for (std::size_t i = 0; i < entries_.size() && i < kShown; ++i)
-    some << (i ? ", '" : "'") << entries_[i].first << "'";
+  for (std::size_t i = 0; i < entries_.size() && i < kShown; ++i) some << (i ? ", '" : "'") << entries_[i].first << "'";
   if (entries_.size() > kShown) some << ", ...";
-  TROUPE_THROW(InvalidArgument, "StateDict::at: no key '", name, "' among ", entries_.size(), " keys (",
-               some.str(), ")");
+  TROUPE_THROW(InvalidArgument, "StateDict::at: no key '", name, "' among ", entries_.size(), " keys (", some.str(),
+               ")");
 }
 
 std::vector<std::string> StateDict::keys() const {

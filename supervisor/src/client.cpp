@@ -3,10 +3,10 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/socket.h>
 #include <poll.h>
-#include <sys/time.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,8 +24,8 @@ namespace {
 // "host:port" or "[v6]:port" -> (host, port).
 std::pair<std::string, std::string> split_address(const std::string& address) {
   auto colon = address.rfind(':');
-  TROUPE_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < address.size(), kEnvSupervisor,
-               "='", address, "' is not host:port");
+  TROUPE_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < address.size(), kEnvSupervisor, "='", address,
+               "' is not host:port");
   std::string host = address.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   return {host, address.substr(colon + 1)};
@@ -47,8 +47,7 @@ int connect_to(const std::string& address, std::chrono::milliseconds timeout) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   if (int rc = ::getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0)
-    TROUPE_THROW(Error, "supervisor client: cannot resolve ", address, " (", kEnvSupervisor,
-                 "): ", ::gai_strerror(rc));
+    TROUPE_THROW(Error, "supervisor client: cannot resolve ", address, " (", kEnvSupervisor, "): ", ::gai_strerror(rc));
   std::string last_error = "no address";
   int fd = -1;
   for (addrinfo* a = found; a && fd < 0; a = a->ai_next) {
@@ -67,8 +66,8 @@ int connect_to(const std::string& address, std::chrono::milliseconds timeout) {
   }
   ::freeaddrinfo(found);
   if (fd < 0)
-    TROUPE_THROW(Error, "supervisor client: cannot connect to troupe-run at ", address, " (",
-                 kEnvSupervisor, "): ", last_error);
+    TROUPE_THROW(Error, "supervisor client: cannot connect to troupe-run at ", address, " (", kEnvSupervisor,
+                 "): ", last_error);
   int one = 1;  // heartbeats are tiny; do not let Nagle hold them back
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
@@ -100,8 +99,7 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
       supervisor_timeout_(env.supervisor_timeout),
       on_lost_(std::move(on_lost)) {
   TROUPE_CHECK(env.supervised(), "SupervisorClient: ", kEnvSupervisor, " is not set (not under troupe-run)");
-  TROUPE_CHECK(rank >= 0 && rank < world_size, "SupervisorClient: rank ", rank, " not in a world of ",
-               world_size);
+  TROUPE_CHECK(rank >= 0 && rank < world_size, "SupervisorClient: rank ", rank, " not in a world of ", world_size);
   Hello hello{env.token,
               env.run_id,
               env.restart,
@@ -113,7 +111,8 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
   // the rank is unwelcome: connect again, a little later each time, until `timeout`.
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (std::chrono::milliseconds pause{10};; pause = std::min(2 * pause, std::chrono::milliseconds(200))) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     bool evicted = false;
     std::string failure = register_once(hello, std::max(left, std::chrono::milliseconds(1)), evicted);
     if (failure.empty()) break;
@@ -125,8 +124,8 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
   thread_ = std::thread([this] { heartbeat_loop(); });
 }
 
-std::unique_ptr<SupervisorClient> SupervisorClient::connect_if_supervised(const RunEnvironment& env,
-                                                                          int rank, int world_size) {
+std::unique_ptr<SupervisorClient> SupervisorClient::connect_if_supervised(const RunEnvironment& env, int rank,
+                                                                          int world_size) {
   if (!env.supervised()) return nullptr;
   return std::make_unique<SupervisorClient>(env, rank, world_size);
 }

@@ -105,8 +105,8 @@ void EventLog::write(std::string_view event, const JsonFields& fields) {
                    path_.c_str(), std::strerror(error));
     return;
   }
-  if (lost_ > 0) std::fprintf(stderr, "troupe-run: the events log %s is written again (%d line(s) lost)\n",
-                              path_.c_str(), lost_);
+  if (lost_ > 0)
+    std::fprintf(stderr, "troupe-run: the events log %s is written again (%d line(s) lost)\n", path_.c_str(), lost_);
   lost_ = 0;
 }
 

@@ -54,21 +54,27 @@ FaultPlan parse_fault(std::string_view text) {
       plan.step = parse_number<std::uint64_t>(value, key, text);
     } else if (key == "kind") {
       once(has_kind);
-      if (value == "crash") plan.kind = FaultKind::crash;
-      else if (value == "hang") plan.kind = FaultKind::hang;
-      else if (value == "throw") plan.kind = FaultKind::throw_error;
-      else if (value == "crash_in_save") plan.kind = FaultKind::crash_in_save;
-      else TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value, "' is not crash, hang, throw or crash_in_save");
+      if (value == "crash")
+        plan.kind = FaultKind::crash;
+      else if (value == "hang")
+        plan.kind = FaultKind::hang;
+      else if (value == "throw")
+        plan.kind = FaultKind::throw_error;
+      else if (value == "crash_in_save")
+        plan.kind = FaultKind::crash_in_save;
+      else
+        TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value, "' is not crash, hang, throw or crash_in_save");
     } else if (key == "restart") {
       TROUPE_CHECK(!plan.restart, kEnvFault, "='", text, "': 'restart' given twice");
       plan.restart = parse_number<std::uint32_t>(value, key, text);
     } else {
-      TROUPE_CHECK(false, kEnvFault, "='", text, "': unknown key '", key,
-                   "' (expected rank, step, kind, restart)");
+      TROUPE_CHECK(false, kEnvFault, "='", text, "': unknown key '", key, "' (expected rank, step, kind, restart)");
     }
   }
   TROUPE_CHECK(has_rank && has_step && has_kind, kEnvFault, "='", text, "': missing ",
-               !has_rank ? "rank" : !has_step ? "step" : "kind",
+               !has_rank   ? "rank"
+               : !has_step ? "step"
+                           : "kind",
                " (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])");
   return plan;
 }
@@ -95,8 +101,8 @@ FaultInjector FaultInjector::from_environment(int rank) {
   const std::uint32_t restart = run_environment().restart;
   FaultInjector injector(parse_fault(text), rank, restart);
   if (rank == 0)
-    say(std::string("troupe: fault injection ARMED on this launch (restart ") + std::to_string(restart) + "): " +
-        kEnvFault + "='" + text + "'\n");
+    say(std::string("troupe: fault injection ARMED on this launch (restart ") + std::to_string(restart) +
+        "): " + kEnvFault + "='" + text + "'\n");
   return injector;
 }
 
@@ -112,14 +118,10 @@ void FaultInjector::fire() const {
   [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, text.data(), text.size());
   switch (plan_.kind) {
     case FaultKind::crash:
-    case FaultKind::crash_in_save:
-      ::kill(::getpid(), SIGKILL);
-      break;
-    case FaultKind::hang:
-      break;
+    case FaultKind::crash_in_save: ::kill(::getpid(), SIGKILL); break;
+    case FaultKind::hang: break;
     case FaultKind::throw_error:
-      TROUPE_THROW(FaultInjected, "injected fault (", kEnvFault, ") on rank ", plan_.rank, " at step ",
-                   plan_.step);
+      TROUPE_THROW(FaultInjected, "injected fault (", kEnvFault, ") on rank ", plan_.rank, " at step ", plan_.step);
   }
   // hang, and the instant between kill() and its delivery.
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));

@@ -25,8 +25,7 @@ Phase deadline_phase(const std::vector<RankStatus>& ranks, const RunOptions& opt
   return phase;
 }
 
-HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout,
-                         Phase phase) {
+HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout, Phase phase) {
   HangReport report;
   std::string& detail = report.detail;
   detail = "no progress for " + fixed2(timeout.count()) + " s in " + std::string(phase_name(phase)) + ":";
@@ -44,15 +43,16 @@ HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point
       low = std::min(low.value_or(p.sequence), p.sequence);
       high = std::max(high.value_or(0), p.sequence);
     }
-    detail += " (" + std::string(phase_name(p.phase)) + (rank.host.empty() ? "" : " on " + rank.host) +
-              ", still for " + fixed2(stalled) + " s);";
-    json += std::string(json.size() > 1 ? ", " : "") +
-            json_object({{"rank", rank.rank},
-                         {"step", p.has_step ? Json(static_cast<unsigned long>(p.step)) : Json::raw("null")},
-                         {"collective", p.has_sequence ? Json(static_cast<unsigned long>(p.sequence)) : Json::raw("null")},
-                         {"stalled_s", stalled},
-                         {"phase", std::string(phase_name(p.phase))},
-                         {"host", rank.host}});
+    detail += " (" + std::string(phase_name(p.phase)) + (rank.host.empty() ? "" : " on " + rank.host) + ", still for " +
+              fixed2(stalled) + " s);";
+    json +=
+        std::string(json.size() > 1 ? ", " : "") +
+        json_object({{"rank", rank.rank},
+                     {"step", p.has_step ? Json(static_cast<unsigned long>(p.step)) : Json::raw("null")},
+                     {"collective", p.has_sequence ? Json(static_cast<unsigned long>(p.sequence)) : Json::raw("null")},
+                     {"stalled_s", stalled},
+                     {"phase", std::string(phase_name(p.phase))},
+                     {"host", rank.host}});
   }
   report.ranks_json = json + "]";
   if (low && high && *low < *high) {

@@ -1,9 +1,9 @@
 #include "troupe/supervisor/heartbeat_server.hpp"
 
+#include <unistd.h>
+#include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
-#include <boost/asio/read.hpp>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -66,9 +66,7 @@ asio::ip::address canonical(const asio::ip::address& address) {
   return address;
 }
 
-double seconds_since(Clock::time_point then) {
-  return std::chrono::duration<double>(Clock::now() - then).count();
-}
+double seconds_since(Clock::time_point then) { return std::chrono::duration<double>(Clock::now() - then).count(); }
 
 // Compares without an early exit, so the time taken says nothing about the token.
 bool same_token(std::string_view a, std::string_view b) {
@@ -128,8 +126,9 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     auto self = shared_from_this();
     asio::async_read(socket_, asio::buffer(header_), [self](boost::system::error_code ec, std::size_t) {
       if (self->closed_) return;
-      if (ec) return self->lost(ec == asio::error::eof ? "connection closed without goodbye"
-                                                       : "connection failed: " + ec.message());
+      if (ec)
+        return self->lost(ec == asio::error::eof ? "connection closed without goodbye"
+                                                 : "connection failed: " + ec.message());
       std::uint32_t length = 0;
       try {
         length = decode_length(self->header_.data());
@@ -241,9 +240,8 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     static const std::vector<std::uint8_t> frame = encode(Alive{});
     alive_in_flight_ = true;
     auto self = shared_from_this();
-    asio::async_write(socket_, asio::buffer(frame), [self](boost::system::error_code, std::size_t) {
-      self->alive_in_flight_ = false;
-    });
+    asio::async_write(socket_, asio::buffer(frame),
+                      [self](boost::system::error_code, std::size_t) { self->alive_in_flight_ = false; });
   }
 
   void close() {
@@ -267,8 +265,8 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
   std::vector<std::uint8_t> payload_;
 };
 
-HeartbeatServer::HeartbeatServer(asio::io_context& io, const std::string& host, unsigned short port,
-                                 std::string token, std::string run_id, Listener& listener)
+HeartbeatServer::HeartbeatServer(asio::io_context& io, const std::string& host, unsigned short port, std::string token,
+                                 std::string run_id, Listener& listener)
     : io_(io), acceptor_(io), token_(std::move(token)), run_id_(std::move(run_id)), listener_(listener) {
   boost::system::error_code ec;
   auto address = asio::ip::make_address(host, ec);
@@ -296,7 +294,8 @@ std::string HeartbeatServer::address() const {
     // Bound to every interface (--bind 0.0.0.0:P): ranks on other nodes cannot connect
     // to 0.0.0.0, so they get this host's name, which the cluster resolves.
     char name[256] = {};
-    if (::gethostname(name, sizeof name - 1) == 0 && name[0]) return std::string(name) + ":" + std::to_string(endpoint.port());
+    if (::gethostname(name, sizeof name - 1) == 0 && name[0])
+      return std::string(name) + ":" + std::to_string(endpoint.port());
   }
   if (endpoint.address().is_v6()) host = "[" + host + "]";
   return host + ":" + std::to_string(endpoint.port());

@@ -8,7 +8,11 @@
 namespace troupe::supervisor {
 
 HostPool::HostPool(JobHosts hosts, int np, int exclude_after, int min_ranks)
-    : hosts_(std::move(hosts)), np_wanted_(np), np_(np), exclude_after_(exclude_after), min_ranks_(min_ranks > 0 ? min_ranks : np) {}
+    : hosts_(std::move(hosts)),
+      np_wanted_(np),
+      np_(np),
+      exclude_after_(exclude_after),
+      min_ranks_(min_ranks > 0 ? min_ranks : np) {}
 
 void HostPool::begin_launch() { launch_ranks_.clear(); }
 
@@ -37,7 +41,8 @@ std::vector<JobHost> HostPool::remaining() const {
   for (const auto& host : hosts_.hosts) {
     if (std::find(excluded_.begin(), excluded_.end(), host.name) != excluded_.end()) continue;
     JobHost h = host;
-    if (auto seen = ranks_per_host_.find(host.name); seen != ranks_per_host_.end()) h.slots = std::max(h.slots, seen->second);
+    if (auto seen = ranks_per_host_.find(host.name); seen != ranks_per_host_.end())
+      h.slots = std::max(h.slots, seen->second);
     left.push_back(h);
   }
   return left;
@@ -90,8 +95,8 @@ HostPool::Plan HostPool::plan_next_launch() {
         if (auto seen = ranks_per_host_.find(name); seen != ranks_per_host_.end()) lost += seen->second;
       int np = all_known ? std::min(np_, slots) : np_ - lost;
       if (np < min_ranks_)
-        plan.refusal = "the hosts left hold " + std::to_string(np) + " rank(s), below --min-ranks " +
-                       std::to_string(min_ranks_);
+        plan.refusal =
+            "the hosts left hold " + std::to_string(np) + " rank(s), below --min-ranks " + std::to_string(min_ranks_);
       else
         np_ = np;
     }

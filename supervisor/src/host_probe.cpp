@@ -16,7 +16,11 @@ namespace troupe::supervisor {
 namespace asio = boost::asio;
 
 HostProbe::HostProbe(asio::io_context& io, RunOptions options, std::string mpirun, Say say)
-    : io_(io), options_(std::move(options)), mpirun_(std::move(mpirun)), say_(std::move(say)), timer_(io),
+    : io_(io),
+      options_(std::move(options)),
+      mpirun_(std::move(mpirun)),
+      say_(std::move(say)),
+      timer_(io),
       deadline_(io) {}
 
 HostProbe::~HostProbe() { stop(); }
@@ -71,8 +75,8 @@ void HostProbe::probe(const std::string& host) {
     say_("cannot probe host " + host + ": " + e.what());
     return schedule();
   }
-  deadline_.expires_after(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::max(Seconds(10), options_.probe_interval)));
+  deadline_.expires_after(
+      std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::max(Seconds(10), options_.probe_interval)));
   deadline_.async_wait([this](boost::system::error_code ec) {
     if (!ec && job_) job_->signal_group(SIGKILL);
   });

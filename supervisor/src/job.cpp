@@ -103,8 +103,7 @@ pid_t start_child(char** argv, char** envp) {
 
 }  // namespace
 
-Job::Job(boost::asio::io_context& io, const std::vector<std::string>& argv, const Environment& extra)
-    : pidfd_(io) {
+Job::Job(boost::asio::io_context& io, const std::vector<std::string>& argv, const Environment& extra) : pidfd_(io) {
   TROUPE_CHECK(!argv.empty(), "Job: empty command");
   std::map<std::string, std::string> env;
   for (char** e = environ; *e; ++e) {

@@ -21,8 +21,8 @@ namespace {
 int parse_slots(const std::string& text, const std::string& where) {
   int value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && value > 0, where,
-               ": slots '", text, "' is not a positive whole number");
+  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && value > 0, where, ": slots '",
+               text, "' is not a positive whole number");
   return value;
 }
 
@@ -181,7 +181,8 @@ void choose_heartbeat_address(RunOptions& options, const JobHosts& hosts) {
   if (remote.empty()) return;
   if (is_loopback_literal(options.bind_host))
     TROUPE_THROW(InvalidArgument, "--bind ", options.bind_host, " is a loopback address, but ", hosts.source,
-                 " puts ranks on ", names, ", which cannot reach it; leave --bind out (troupe-run then listens on "
+                 " puts ranks on ", names,
+                 ", which cannot reach it; leave --bind out (troupe-run then listens on "
                  "every interface) or give an address those hosts reach");
   // Every remote host must resolve, and have a route, before a launch is tried.
   std::string route;

@@ -28,8 +28,8 @@ RunOptions launch_options(const RunOptions& options, const HostPool& pool, const
   RunOptions launch = options;
   launch.np = pool.np();
   if (!pool.hosts_changed()) return launch;
-  static const std::vector<std::string> host_flags = {"--hostfile", "-hostfile", "--machinefile", "-machinefile",
-                                                      "--host", "-host", "-H"};
+  static const std::vector<std::string> host_flags = {
+      "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host", "-host", "-H"};
   launch.mpirun_args.clear();
   for (std::size_t i = 0; i < options.mpirun_args.size(); ++i) {
     if (std::find(host_flags.begin(), host_flags.end(), options.mpirun_args[i]) != host_flags.end()) {
@@ -46,9 +46,9 @@ RunOptions launch_options(const RunOptions& options, const HostPool& pool, const
 
 std::vector<std::string> probe_command(const RunOptions& options, const std::string& mpirun, const std::string& host) {
   // Options that place ranks make no sense for one process on a named host.
-  static const std::vector<std::string> dropped = {"--hostfile", "-hostfile", "--machinefile", "-machinefile",
-                                                   "--host", "-host", "-H", "--map-by", "-map-by", "--rank-by",
-                                                   "--npernode", "-npernode", "-N", "--output-filename"};
+  static const std::vector<std::string> dropped = {
+      "--hostfile", "-hostfile", "--machinefile", "-machinefile", "--host",    "-host", "-H",
+      "--map-by",   "-map-by",   "--rank-by",     "--npernode",   "-npernode", "-N",    "--output-filename"};
   std::vector<std::string> command = {mpirun, "--host", host + ":1", "-np", "1"};
   for (std::size_t i = 0; i < options.mpirun_args.size(); ++i) {
     if (std::find(dropped.begin(), dropped.end(), options.mpirun_args[i]) != dropped.end()) {

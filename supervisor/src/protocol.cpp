@@ -50,15 +50,15 @@ class Reader {
   }
   void finish(const char* kind) const {
     if (at_ != size_)
-      TROUPE_THROW(FormatError, "supervisor protocol: ", size_ - at_, " unexpected bytes after a ",
-                   kind, " message of ", size_, " bytes");
+      TROUPE_THROW(FormatError, "supervisor protocol: ", size_ - at_, " unexpected bytes after a ", kind,
+                   " message of ", size_, " bytes");
   }
 
  private:
   void need(std::size_t n, const char* what) const {
     if (size_ - at_ < n)
-      TROUPE_THROW(FormatError, "supervisor protocol: message of ", size_, " bytes ends inside field '",
-                   what, "' (needs ", n, " bytes at offset ", at_, ")");
+      TROUPE_THROW(FormatError, "supervisor protocol: message of ", size_, " bytes ends inside field '", what,
+                   "' (needs ", n, " bytes at offset ", at_, ")");
   }
   std::uint64_t get(int n, const char* what) {
     need(static_cast<std::size_t>(n), what);
@@ -123,8 +123,8 @@ std::uint32_t decode_length(const std::uint8_t header[kFrameHeader]) {
   for (int i = 0; i < 4; ++i) n |= std::uint32_t{header[i]} << (8 * i);
   if (n == 0) TROUPE_THROW(FormatError, "supervisor protocol: empty frame (length prefix 0)");
   if (n > kMaxPayload)
-    TROUPE_THROW(FormatError, "supervisor protocol: length prefix ", n, " exceeds the limit of ",
-                 kMaxPayload, " bytes");
+    TROUPE_THROW(FormatError, "supervisor protocol: length prefix ", n, " exceeds the limit of ", kMaxPayload,
+                 " bytes");
   return n;
 }
 
@@ -148,9 +148,7 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
       r.finish("hello");
       return h;
     }
-    case MessageKind::welcome:
-      r.finish("welcome");
-      return Welcome{};
+    case MessageKind::welcome: r.finish("welcome"); return Welcome{};
     case MessageKind::refused: {
       Refused m{r.str("reason")};
       r.finish("refused");
@@ -165,22 +163,17 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
       b.has_step = flags & 1;
       b.has_sequence = flags & 2;
       auto phase = r.u8("phase");
-      if (phase >= kPhases) TROUPE_THROW(FormatError, "supervisor protocol: heartbeat phase ", int{phase}, " not in 0..", kPhases - 1);
+      if (phase >= kPhases)
+        TROUPE_THROW(FormatError, "supervisor protocol: heartbeat phase ", int{phase}, " not in 0..", kPhases - 1);
       b.phase = static_cast<Phase>(phase);
       b.work_us = r.u64("work_us");
       b.work_steps = r.u64("work_steps");
       r.finish("heartbeat");
       return b;
     }
-    case MessageKind::goodbye:
-      r.finish("goodbye");
-      return Goodbye{};
-    case MessageKind::alive:
-      r.finish("alive");
-      return Alive{};
-    case MessageKind::stop:
-      r.finish("stop");
-      return Stop{};
+    case MessageKind::goodbye: r.finish("goodbye"); return Goodbye{};
+    case MessageKind::alive: r.finish("alive"); return Alive{};
+    case MessageKind::stop: r.finish("stop"); return Stop{};
     case MessageKind::notice: {
       Notice n;
       const auto kind = r.u8("notice kind");
@@ -199,8 +192,8 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
 }
 
 namespace {
-constexpr std::string_view kPhaseNames[kPhases] = {"startup", "training", "evaluation", "checkpoint_save",
-                                                   "checkpoint_load", "data_loading"};
+constexpr std::string_view kPhaseNames[kPhases] = {"startup",         "training",        "evaluation",
+                                                   "checkpoint_save", "checkpoint_load", "data_loading"};
 }  // namespace
 
 std::string_view phase_name(Phase phase) {
@@ -218,8 +211,8 @@ Phase parse_phase(std::string_view name) {
 }
 
 std::string_view kind_name(const Message& message) {
-  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat",
-                                               "goodbye", "alive", "stop", "notice"};
+  static constexpr std::string_view names[] = {"hello",   "welcome", "refused", "heartbeat",
+                                               "goodbye", "alive",   "stop",    "notice"};
   return names[message.index()];
 }
 

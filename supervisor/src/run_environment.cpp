@@ -67,8 +67,8 @@ RunEnvironment run_environment() {
   }
   if (auto text = variable(kEnvSupervisorTimeout); !text.empty())
     env.supervisor_timeout = std::chrono::milliseconds(number(kEnvSupervisorTimeout, text, 86'400'000));
-  TROUPE_CHECK(env.supervisor.empty() || !env.token.empty(), kEnvSupervisor, "='", env.supervisor,
-               "' is set but ", kEnvRunToken, " is not: both come from troupe-run");
+  TROUPE_CHECK(env.supervisor.empty() || !env.token.empty(), kEnvSupervisor, "='", env.supervisor, "' is set but ",
+               kEnvRunToken, " is not: both come from troupe-run");
   return env;
 }
 

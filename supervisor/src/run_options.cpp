@@ -15,15 +15,40 @@ namespace {
 // takes. Kept to the ones a training job plausibly needs; -np is troupe-run's own.
 const std::map<std::string, int>& mpirun_options() {
   static const std::map<std::string, int> options = {
-      {"--hostfile", 1},     {"-hostfile", 1},      {"--machinefile", 1}, {"-machinefile", 1},
-      {"--host", 1},         {"-host", 1},          {"-H", 1},            {"--mca", 2},
-      {"-mca", 2},           {"--gmca", 2},         {"-x", 1},            {"--map-by", 1},
-      {"-map-by", 1},        {"--bind-to", 1},      {"-bind-to", 1},      {"--rank-by", 1},
-      {"--npernode", 1},     {"-npernode", 1},      {"-N", 1},            {"--prefix", 1},
-      {"--wdir", 1},         {"-wdir", 1},          {"--output-filename", 1},
-      {"--oversubscribe", 0}, {"-oversubscribe", 0}, {"--tag-output", 0}, {"-tag-output", 0},
-      {"--timestamp-output", 0}, {"--report-bindings", 0}, {"--display-map", 0},
-      {"--nooversubscribe", 0}, {"--use-hwthread-cpus", 0}, {"-q", 0}, {"--quiet", 0},
+      {"--hostfile", 1},
+      {"-hostfile", 1},
+      {"--machinefile", 1},
+      {"-machinefile", 1},
+      {"--host", 1},
+      {"-host", 1},
+      {"-H", 1},
+      {"--mca", 2},
+      {"-mca", 2},
+      {"--gmca", 2},
+      {"-x", 1},
+      {"--map-by", 1},
+      {"-map-by", 1},
+      {"--bind-to", 1},
+      {"-bind-to", 1},
+      {"--rank-by", 1},
+      {"--npernode", 1},
+      {"-npernode", 1},
+      {"-N", 1},
+      {"--prefix", 1},
+      {"--wdir", 1},
+      {"-wdir", 1},
+      {"--output-filename", 1},
+      {"--oversubscribe", 0},
+      {"-oversubscribe", 0},
+      {"--tag-output", 0},
+      {"-tag-output", 0},
+      {"--timestamp-output", 0},
+      {"--report-bindings", 0},
+      {"--display-map", 0},
+      {"--nooversubscribe", 0},
+      {"--use-hwthread-cpus", 0},
+      {"-q", 0},
+      {"--quiet", 0},
   };
   return options;
 }
@@ -31,16 +56,16 @@ const std::map<std::string, int>& mpirun_options() {
 int parse_int(const std::string& flag, const std::string& text, int min) {
   int value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && value >= min,
-               flag, " '", text, "': expected a whole number >= ", min);
+  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && value >= min, flag, " '", text,
+               "': expected a whole number >= ", min);
   return value;
 }
 
 Seconds parse_seconds(const std::string& flag, const std::string& text, bool allow_zero) {
   double value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() &&
-                   std::isfinite(value) && (allow_zero ? value >= 0 : value > 0) && value <= 1e6,
+  TROUPE_CHECK(!text.empty() && ec == std::errc() && end == text.data() + text.size() && std::isfinite(value) &&
+                   (allow_zero ? value >= 0 : value > 0) && value <= 1e6,
                flag, " '", text, "': expected seconds, a number ", allow_zero ? ">= 0" : "> 0");
   return Seconds(value);
 }
@@ -149,8 +174,8 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
                "--regrow needs --checkpoint-dir: the job grows back at its next checkpoint");
   TROUPE_CHECK(!options.regrow || options.exclude_after > 0,
                "--regrow needs --exclude-after K: only a host left out can come back");
-  TROUPE_CHECK(separator && i < args.size(), "no program given: put it after '--', e.g. troupe-run -np ",
-               options.np, " -- ./train");
+  TROUPE_CHECK(separator && i < args.size(), "no program given: put it after '--', e.g. troupe-run -np ", options.np,
+               " -- ./train");
   options.program.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
   return options;
 }

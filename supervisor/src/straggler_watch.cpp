@@ -10,10 +10,12 @@ StragglerWatch::StragglerWatch(double ratio, Clock::duration window, std::uint64
 void StragglerWatch::begin_launch(int world_size) { tracks_.assign(static_cast<std::size_t>(world_size), Track{}); }
 
 bool StragglerWatch::straggling(int rank) const {
-  return rank >= 0 && static_cast<std::size_t>(rank) < tracks_.size() && tracks_[static_cast<std::size_t>(rank)].straggling;
+  return rank >= 0 && static_cast<std::size_t>(rank) < tracks_.size() &&
+         tracks_[static_cast<std::size_t>(rank)].straggling;
 }
 
-std::vector<StragglerWatch::Change> StragglerWatch::update(const std::vector<RankStatus>& ranks, Clock::time_point now) {
+std::vector<StragglerWatch::Change> StragglerWatch::update(const std::vector<RankStatus>& ranks,
+                                                           Clock::time_point now) {
   std::vector<Change> changes;
   if (ratio_ <= 0 || ranks.size() < 2 || tracks_.size() != ranks.size()) return changes;
   // Close each rank's window once it spans `window_` and min_steps_ steps.
@@ -28,7 +30,8 @@ std::vector<StragglerWatch::Change> StragglerWatch::update(const std::vector<Ran
     }
     const std::uint64_t steps = beat.work_steps - t.steps;
     if (now - t.since < window_ || steps < min_steps_) continue;
-    t.per_step_ms = static_cast<double>(beat.work_us - std::min(beat.work_us, t.us)) / 1000.0 / static_cast<double>(steps);
+    t.per_step_ms =
+        static_cast<double>(beat.work_us - std::min(beat.work_us, t.us)) / 1000.0 / static_cast<double>(steps);
     t.fresh = true;
     t.since = now;
     t.us = beat.work_us;
@@ -55,8 +58,12 @@ std::vector<StragglerWatch::Change> StragglerWatch::update(const std::vector<Ran
     const bool change = t.straggling ? t.below >= 2 : t.above >= 2;
     if (!change) continue;
     t.straggling = !t.straggling;
-    changes.push_back(Change{.rank = static_cast<int>(r), .host = ranks[r].host, .straggling = t.straggling,
-                             .work_ms = t.per_step_ms, .median_ms = median, .slower = slower,
+    changes.push_back(Change{.rank = static_cast<int>(r),
+                             .host = ranks[r].host,
+                             .straggling = t.straggling,
+                             .work_ms = t.per_step_ms,
+                             .median_ms = median,
+                             .slower = slower,
                              .step = ranks[r].progress.step});
   }
   return changes;

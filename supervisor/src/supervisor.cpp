@@ -71,7 +71,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (!options_.checkpoint_dir.empty()) {
       std::error_code ec;
       fs::create_directories(options_.checkpoint_dir, ec);
-      if (ec) TROUPE_THROW(Error, "troupe-run: cannot create --checkpoint-dir '", options_.checkpoint_dir, "': ", ec.message());
+      if (ec)
+        TROUPE_THROW(Error, "troupe-run: cannot create --checkpoint-dir '", options_.checkpoint_dir,
+                     "': ", ec.message());
       options_.checkpoint_dir = fs::absolute(options_.checkpoint_dir).lexically_normal().string();
       if (options_.events_file.empty()) options_.events_file = options_.checkpoint_dir + "/troupe-run-events.jsonl";
     }
@@ -81,8 +83,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     RunOptions quick = options_;  // waiting for a host is on the job's critical path
     quick.probe_interval = Seconds(0.5);
     host_wait_ = std::make_unique<HostProbe>(io_, quick, mpirun_, [this](const std::string& line) { say(line); });
-    address_ = options_.advertise.empty() ? server_->address()
-                                          : options_.advertise + ":" + std::to_string(server_->port());
+    address_ =
+        options_.advertise.empty() ? server_->address() : options_.advertise + ":" + std::to_string(server_->port());
   }
 
   int run() {
@@ -91,8 +93,11 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         (options_.events_file.empty() ? "" : ", events in " + options_.events_file));
     std::string command;
     for (const auto& a : options_.program) command += (command.empty() ? "" : " ") + a;
-    events_->write("start", {{"np", options_.np}, {"program", command}, {"supervisor", address_},
-                             {"max_restarts", options_.max_restarts}, {"checkpoint_dir", options_.checkpoint_dir},
+    events_->write("start", {{"np", options_.np},
+                             {"program", command},
+                             {"supervisor", address_},
+                             {"max_restarts", options_.max_restarts},
+                             {"checkpoint_dir", options_.checkpoint_dir},
                              {"hang_timeout_s", options_.hang_timeout.count()},
                              {"heartbeat_timeout_s", options_.heartbeat_timeout.count()}});
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
@@ -114,9 +119,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
           rank.host + ") directly: " + unwatched + "; stopping the job waits for mpirun instead");
     }
     pool_->rank_registered(rank.rank, rank.host);
-    JsonFields fields = {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host},
-                         {"pid", static_cast<unsigned>(rank.pid)}, {"peer", rank.peer},
-                         {"since_launch_s", seconds(Clock::now() - launched_)}};
+    JsonFields fields = {{"restart", restart_}, {"rank", rank.rank},
+                         {"host", rank.host},   {"pid", static_cast<unsigned>(rank.pid)},
+                         {"peer", rank.peer},   {"since_launch_s", seconds(Clock::now() - launched_)}};
     if (!unwatched.empty()) fields.emplace_back("not_signalled", unwatched);
     events_->write("rank_up", fields);
   }
@@ -130,8 +135,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         ranks_exited();
       return;
     }
-    fail("rank_lost", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
-                          "): " + reason + at_step(rank),
+    fail("rank_lost",
+         "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
+             "): " + reason + at_step(rank),
          {{"rank", rank.rank}}, rank.host);
   }
 
@@ -142,7 +148,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     report_held_refusals(now);
     if (refusal_lines_.admit(now, refusal)) say("refused a connection from " + refusal.peer + ": " + refusal.reason);
     if (refusal_events_.admit(now, refusal))
-      events_->write("refused", {{"peer", refusal.peer}, {"kind", refusal_name(refusal.kind)}, {"reason", refusal.reason}});
+      events_->write("refused",
+                     {{"peer", refusal.peer}, {"kind", refusal_name(refusal.kind)}, {"reason", refusal.reason}});
     schedule_refusal_report();
   }
 
@@ -160,8 +167,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (!resumed_ && state_ == State::running) {
       resumed_ = true;
       double since_launch = seconds(Clock::now() - launched_);
-      events_->write(restart_ == 0 ? "first_step" : "resume", {{"restart", restart_}, {"rank", rank.rank}, {"step", static_cast<unsigned long>(rank.progress.step)},
-                                {"since_launch_s", since_launch}});
+      events_->write(restart_ == 0 ? "first_step" : "resume", {{"restart", restart_},
+                                                               {"rank", rank.rank},
+                                                               {"step", static_cast<unsigned long>(rank.progress.step)},
+                                                               {"since_launch_s", since_launch}});
       if (summary_.resumed(rank.progress.step, Clock::now()))
         say("resumed at step " + std::to_string(rank.progress.step) + ", " + fixed(since_launch) + " s after relaunch");
     }
@@ -216,15 +225,20 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     server_->begin_launch(static_cast<std::uint32_t>(restart_), np);
     pool_->begin_launch();
     stragglers_.begin_launch(np);
-    RunEnvironment run{address_, token_, run_id_, static_cast<std::uint32_t>(restart_), options_.checkpoint_dir,
+    RunEnvironment run{address_,
+                       token_,
+                       run_id_,
+                       static_cast<std::uint32_t>(restart_),
+                       options_.checkpoint_dir,
                        std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()),
                        std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000)),
                        options_.fault,
                        options_.checkpoint_dir.empty() ? -1 : newest_checkpoint_step(options_.checkpoint_dir)};
     launch_step_ = run.checkpoint_step;
-    const auto liveness = options_.liveness_timeout.count() > 0
-                              ? std::chrono::milliseconds(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000)))
-                              : std::chrono::milliseconds(0);
+    const auto liveness =
+        options_.liveness_timeout.count() > 0
+            ? std::chrono::milliseconds(std::max(1L, std::lround(options_.liveness_timeout.count() * 1000)))
+            : std::chrono::milliseconds(0);
     auto [env, exported] = launch_environment(run, liveness);
     auto hostfile = (options_.checkpoint_dir.empty() ? fs::temp_directory_path().string() : options_.checkpoint_dir) +
                     "/troupe-run-hosts-" + run_id_;
@@ -241,18 +255,21 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     said_unwatched_ = false;
     std::string line;
     for (const auto& a : command) line += (line.empty() ? "" : " ") + a;
-    events_->write("launch", {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
+    events_->write("launch",
+                   {{"restart", restart_}, {"np", np}, {"pid", static_cast<int>(job_->pid())}, {"command", line}});
     job_->on_exit([this](int status) { job_exited(status); });
     schedule_tick();
     if (options_.regrow && !pool_->excluded().empty() && regrow_host_.empty())
-      probe_->start([this] { return pool_->excluded(); }, [this](const std::string& host) {
-        if (state_ == State::running) host_back(host);
-      });
+      probe_->start([this] { return pool_->excluded(); },
+                    [this](const std::string& host) {
+                      if (state_ == State::running) host_back(host);
+                    });
   }
 
   // The watchdog: heartbeats and progress of every live rank, a few times per timeout.
   void schedule_tick() {
-    double period = std::clamp(std::min(options_.heartbeat_timeout.count(), options_.hang_timeout.count()) / 20, 0.01, 0.25);
+    double period =
+        std::clamp(std::min(options_.heartbeat_timeout.count(), options_.hang_timeout.count()) / 20, 0.01, 0.25);
     tick_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(period)));
     tick_.async_wait([this](boost::system::error_code ec) {
       if (ec || state_ != State::running) return;
@@ -275,8 +292,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       for (const auto& rank : ranks)
         if (!rank.registered) missing += (missing.empty() ? "" : ", ") + std::to_string(rank.rank);
       if (!missing.empty())
-        return fail("hang", "rank(s) " + missing + " never registered within the hang timeout of " +
-                                fixed(options_.hang_timeout.count()) + " s after launch",
+        return fail("hang",
+                    "rank(s) " + missing + " never registered within the hang timeout of " +
+                        fixed(options_.hang_timeout.count()) + " s after launch",
                     {}, kBlameLast);
     }
     const Phase phase = deadline_phase(ranks, options_);
@@ -284,9 +302,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     for (const auto& rank : ranks) {
       if (!rank.registered || !rank.connected || rank.said_goodbye) continue;
       if (now - rank.last_heard > heartbeat_timeout)
-        return fail("heartbeat_timeout", "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) +
-                                             " on " + rank.host + ") sent no heartbeat for " +
-                                             fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
+        return fail("heartbeat_timeout",
+                    "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
+                        ") sent no heartbeat for " + fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
                     {{"rank", rank.rank}}, rank.host);
       if (now - rank.last_progress > deadline && !stuck) stuck = &rank;
     }
@@ -307,8 +325,12 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         say(who + " is no longer a straggler (" + fixed(change.work_ms) + " ms per step, median " +
             fixed(change.median_ms) + " ms)");
       events_->write(change.straggling ? "straggler" : "straggler_over",
-                     {{"restart", restart_}, {"rank", change.rank}, {"host", change.host},
-                      {"work_ms", change.work_ms}, {"median_ms", change.median_ms}, {"slower", change.slower},
+                     {{"restart", restart_},
+                      {"rank", change.rank},
+                      {"host", change.host},
+                      {"work_ms", change.work_ms},
+                      {"median_ms", change.median_ms},
+                      {"slower", change.slower},
                       {"step", static_cast<unsigned long>(change.step)}});
     }
   }
@@ -319,8 +341,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     regrow_host_ = host;
     regrow_after_step_ = newest_checkpoint_step(options_.checkpoint_dir);
     say("host " + host + " answers again; growing back onto it after the next checkpoint");
-    events_->write("host_back", {{"restart", restart_}, {"host", host},
-                                 {"checkpoint_step", static_cast<long>(regrow_after_step_)}});
+    events_->write("host_back",
+                   {{"restart", restart_}, {"host", host}, {"checkpoint_step", static_cast<long>(regrow_after_step_)}});
   }
 
   // The checkpoint the relaunch resumes from is on disk: stop and relaunch with the host.
@@ -331,11 +353,12 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     tick_.cancel();
     const long long step = newest_checkpoint_step(options_.checkpoint_dir);
     say("checkpoint of step " + std::to_string(step) + " written; stopping to grow back onto " + regrow_host_);
-    events_->write("regrow", {{"restart", restart_}, {"host", regrow_host_}, {"checkpoint_step", static_cast<long>(step)},
+    events_->write("regrow", {{"restart", restart_},
+                              {"host", regrow_host_},
+                              {"checkpoint_step", static_cast<long>(step)},
                               {"np_before", pool_->np()}});
     stop_job();
   }
-
 
   // Five heartbeats per heartbeat timeout, and at most 0.1 s apart: progress is seen
   // when a heartbeat carries it, so this bounds how late a hang is reported and how
@@ -363,7 +386,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     grace_timer_.cancel();
     kill_leftovers();
     double teardown = seconds(Clock::now() - stop_started_);
-    events_->write("stopped", {{"restart", restart_}, {"teardown_s", teardown}, {"mpirun", describe_wait_status(status)}});
+    events_->write("stopped",
+                   {{"restart", restart_}, {"teardown_s", teardown}, {"mpirun", describe_wait_status(status)}});
     job_.reset();
     after_stop();
   }
@@ -433,7 +457,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     grace_timer_.cancel();
     job_->signal_group(SIGKILL);
     job_.reset();  // reaps mpirun (SIGKILL is immediate)
-    events_->write("stopped", {{"restart", restart_}, {"teardown_s", seconds(Clock::now() - stop_started_)},
+    events_->write("stopped", {{"restart", restart_},
+                               {"teardown_s", seconds(Clock::now() - stop_started_)},
                                {"mpirun", "killed once every rank had exited"}});
     after_stop();
   }
@@ -488,15 +513,20 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       const double waited = seconds(Clock::now() - started);
       std::string silent_list;
       for (const auto& h : silent) silent_list += (silent_list.empty() ? "" : ",") + h;
-      events_->write("host_wait", {{"restart", restart_}, {"host", blamed}, {"hosts", static_cast<int>(hosts.size())},
-                                   {"answered", answered}, {"silent", silent_list}, {"failed_probes", failed},
+      events_->write("host_wait", {{"restart", restart_},
+                                   {"host", blamed},
+                                   {"hosts", static_cast<int>(hosts.size())},
+                                   {"answered", answered},
+                                   {"silent", silent_list},
+                                   {"failed_probes", failed},
                                    {"waited_s", waited}});
       if (answered && failed > 0) {  // one was unreachable: not the program's failure
         ++unreachable_launches_;
         say("every host answers again after " + fixed(waited) + " s; the launch that failed is not counted " +
             "against --max-restarts");
       } else if (!answered) {
-        say("host(s) " + silent_list + " did not answer within --host-wait " + fixed(options_.host_wait.count()) + " s");
+        say("host(s) " + silent_list + " did not answer within --host-wait " + fixed(options_.host_wait.count()) +
+            " s");
       }
       relaunch();
     };
@@ -515,19 +545,24 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (save_failures_ > 0) {  // the job's saves failed: is the disk still full?
       if (const std::string full = checkpoint_space_shortfall(options_.checkpoint_dir); !full.empty()) {
         events_->write("storage_full", {{"restart", restart_}, {"reason", full}});
-        return finish(1, "not relaunching: " + full + "; free space and run troupe-run again (it resumes from the "
-                         "newest checkpoint)");
+        return finish(1, "not relaunching: " + full +
+                             "; free space and run troupe-run again (it resumes from the "
+                             "newest checkpoint)");
       }
       save_failures_ = 0;
     }
     auto plan = pool_->plan_next_launch();
     for (const auto& host : plan.excluded_now) {
-      say("leaving out host " + host + " after " + std::to_string(pool_->failures_of(host)) + " failure(s) blamed on it" +
+      say("leaving out host " + host + " after " + std::to_string(pool_->failures_of(host)) +
+          " failure(s) blamed on it" +
           (plan.refusal.empty() ? "; relaunching on " + std::to_string(plan.np) + " rank(s)" +
                                       (plan.np < before ? " (was " + std::to_string(before) + ")" : "")
                                 : ""));
-      events_->write("exclude", {{"restart", restart_ + 1}, {"host", host}, {"failures", pool_->failures_of(host)},
-                                 {"np", plan.np}, {"np_before", before}});
+      events_->write("exclude", {{"restart", restart_ + 1},
+                                 {"host", host},
+                                 {"failures", pool_->failures_of(host)},
+                                 {"np", plan.np},
+                                 {"np_before", before}});
     }
     if (!plan.refusal.empty()) return finish(1, "cannot relaunch: " + plan.refusal);
     ++restart_;
@@ -540,7 +575,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     state_ = State::backing_off;
     say("restart " + std::to_string(restart_ - regrows_ - unreachable_launches_) + " of " +
         std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
-    events_->write("restart", {{"restart", restart_}, {"backoff_s", backoff}, {"failed_in_a_row", failed_in_a_row_},
+    events_->write("restart", {{"restart", restart_},
+                               {"backoff_s", backoff},
+                               {"failed_in_a_row", failed_in_a_row_},
                                {"cause", summary_.last_cause()}});
     backoff_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(Seconds(backoff)));
     backoff_timer_.async_wait([this](boost::system::error_code ec) {
@@ -586,10 +623,17 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     std::string causes = "[";
     for (const auto& c : totals.causes) causes += (causes.size() > 1 ? ", " : "") + json_quote(c);
     causes += "]";
-    events_->write("finish", {{"status", code == 0 ? "succeeded" : interrupted_ ? "interrupted" : code == 1 ? "gave_up" : "error"},
-                              {"exit_code", code}, {"restarts", restart_}, {"failures", static_cast<int>(summary_.failures())},
-                              {"causes", Json::raw(causes)}, {"time_lost_s", totals.lost_s},
-                              {"steps_redone", static_cast<unsigned long>(totals.steps_redone)}, {"total_s", total}});
+    events_->write("finish", {{"status", code == 0      ? "succeeded"
+                                         : interrupted_ ? "interrupted"
+                                         : code == 1    ? "gave_up"
+                                                        : "error"},
+                              {"exit_code", code},
+                              {"restarts", restart_},
+                              {"failures", static_cast<int>(summary_.failures())},
+                              {"causes", Json::raw(causes)},
+                              {"time_lost_s", totals.lost_s},
+                              {"steps_redone", static_cast<unsigned long>(totals.steps_redone)},
+                              {"total_s", total}});
     tick_.cancel();
     grace_timer_.cancel();
     backoff_timer_.cancel();
@@ -619,7 +663,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::unique_ptr<HostPool> pool_;
   std::string address_;  // what ranks are told (TROUPE_SUPERVISOR)
   std::unique_ptr<Job> job_;
-  LocalRanks local_{io_};  // this host's ranks, through pidfds
+  LocalRanks local_{io_};        // this host's ranks, through pidfds
   bool said_unwatched_ = false;  // a rank of this launch was not watched, and we said why
 
   State state_ = State::running;
@@ -648,7 +692,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   long long launch_step_ = -1;  // the newest checkpoint when this launch began
   int failed_in_a_row_ = 0;     // launches that failed with no new checkpoint: the backoff's exponent
   bool launch_failed_ = false;
-  int unreachable_launches_ = 0;   // checkpoint saves that ranks reported failed since the last relaunch
+  int unreachable_launches_ = 0;  // checkpoint saves that ranks reported failed since the last relaunch
 };
 
 Supervisor::Supervisor(RunOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}

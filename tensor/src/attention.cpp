@@ -32,8 +32,8 @@ Dims check_qkv(const Tensor& qkv, std::int64_t n_head, const char* op) {
   TROUPE_CHECK(three_c % 3 == 0, op, ": qkv's last dimension (", three_c, ") is not 3C");
   const std::int64_t c = three_c / 3;
   TROUPE_CHECK(n_head > 0 && c % n_head == 0, op, ": n_head ", n_head, " does not divide the embedding size ", c);
-  TROUPE_CHECK(qkv.device().is_cpu() || c / n_head <= kMaxCudaHeadDim, op, ": head size ", c / n_head,
-               " (n_embd ", c, " / n_head ", n_head, ") is above the ", kMaxCudaHeadDim, " the CUDA kernels hold");
+  TROUPE_CHECK(qkv.device().is_cpu() || c / n_head <= kMaxCudaHeadDim, op, ": head size ", c / n_head, " (n_embd ", c,
+               " / n_head ", n_head, ") is above the ", kMaxCudaHeadDim, " the CUDA kernels hold");
   return {qkv.size(0), qkv.size(1), c, n_head, c / n_head};
 }
 
@@ -244,8 +244,7 @@ Tensor backward_cpu(const Tensor& grad_out, const Tensor& qkv, const AttentionFo
 
 AttentionForward causal_attention_forward(const Tensor& qkv, std::int64_t n_head, double dropout_p, Generator& gen) {
   const Dims d = check_qkv(qkv, n_head, "causal_attention_forward");
-  TROUPE_CHECK(dropout_p >= 0 && dropout_p < 1, "causal_attention_forward: dropout must be in [0, 1), got ",
-               dropout_p);
+  TROUPE_CHECK(dropout_p >= 0 && dropout_p < 1, "causal_attention_forward: dropout must be in [0, 1), got ", dropout_p);
   if (qkv.device().is_cuda()) {
     AttentionForward f;
     f.out = Tensor::empty({d.batch, d.time, d.channels}, qkv.dtype(), qkv.device());
@@ -267,15 +266,14 @@ AttentionForward causal_attention_forward(const Tensor& qkv, std::int64_t n_head
 Tensor causal_attention_backward(const Tensor& grad_out, const Tensor& qkv, const AttentionForward& forward,
                                  std::int64_t n_head) {
   const Dims d = check_qkv(qkv, n_head, "causal_attention_backward");
-  TROUPE_CHECK(grad_out.defined() && grad_out.dtype() == qkv.dtype() &&
-                   grad_out.shape() == Shape({d.batch, d.time, d.channels}),
-               "causal_attention_backward: grad_out must be ", qkv.dtype(), " ",
-               to_string(Shape({d.batch, d.time, d.channels})), ", got ",
-               grad_out.defined() ? to_string(grad_out.shape()) : std::string("an undefined tensor"));
+  TROUPE_CHECK(
+      grad_out.defined() && grad_out.dtype() == qkv.dtype() && grad_out.shape() == Shape({d.batch, d.time, d.channels}),
+      "causal_attention_backward: grad_out must be ", qkv.dtype(), " ", to_string(Shape({d.batch, d.time, d.channels})),
+      ", got ", grad_out.defined() ? to_string(grad_out.shape()) : std::string("an undefined tensor"));
   TROUPE_CHECK(forward.log_sum_exp.defined() && forward.log_sum_exp.shape() == Shape({d.batch, d.heads, d.time}) &&
                    forward.log_sum_exp.dtype() == statistics_dtype(qkv.dtype()),
-               "causal_attention_backward: the forward's saved statistics do not match qkv ",
-               to_string(qkv.shape()), " ", qkv.dtype());
+               "causal_attention_backward: the forward's saved statistics do not match qkv ", to_string(qkv.shape()),
+               " ", qkv.dtype());
   TROUPE_CHECK(grad_out.device() == qkv.device() && forward.log_sum_exp.device() == qkv.device(),
                "causal_attention_backward: qkv is on ", qkv.device(), ", grad_out on ", grad_out.device(),
                ", the forward's statistics on ", forward.log_sum_exp.device());
@@ -285,15 +283,15 @@ Tensor causal_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
                "causal_attention_backward: the forward's kept probabilities do not match qkv ", to_string(qkv.shape()),
                " ", qkv.dtype());
   if (qkv.device().is_cuda()) {
-    TROUPE_CHECK(forward.out.defined() && forward.out.shape() == grad_out.shape() && forward.out.device() == qkv.device(),
-                 "causal_attention_backward: the forward's output is missing (CUDA's backward reads it)");
+    TROUPE_CHECK(
+        forward.out.defined() && forward.out.shape() == grad_out.shape() && forward.out.device() == qkv.device(),
+        "causal_attention_backward: the forward's output is missing (CUDA's backward reads it)");
     Tensor dqkv = Tensor::empty(qkv.shape(), qkv.dtype(), qkv.device());
     Tensor delta = Tensor::empty({d.batch, d.heads, d.time}, statistics_dtype(qkv.dtype()), qkv.device());
     if (qkv.numel() > 0)
-      cuda_backend::attention_backward(qkv.dtype(), qkv.raw_data(), forward.out.raw_data(), grad_out.raw_data(),
-                                       forward.log_sum_exp.raw_data(), shape_of(d),
-                                       {forward.dropout_p, forward.seed, forward.offset}, delta.raw_data(),
-                                       dqkv.raw_data());
+      cuda_backend::attention_backward(
+          qkv.dtype(), qkv.raw_data(), forward.out.raw_data(), grad_out.raw_data(), forward.log_sum_exp.raw_data(),
+          shape_of(d), {forward.dropout_p, forward.seed, forward.offset}, delta.raw_data(), dqkv.raw_data());
     return dqkv;
   }
   if (qkv.dtype() == DType::f64) return backward_cpu<double>(grad_out, qkv, forward, d);

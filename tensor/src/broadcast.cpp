@@ -26,10 +26,9 @@ bool is_suffix(const Shape& suffix, const Shape& shape) {
 BroadcastPlan plan_broadcast(const Tensor& a, const Tensor& b, const char* op) {
   a.check_defined(op);
   b.check_defined(op);
-  TROUPE_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ, ", a.dtype(), " ", to_string(a.shape()),
-               " and ", b.dtype(), " ", to_string(b.shape()), " (convert one with to(dtype))");
-  TROUPE_CHECK(a.device() == b.device(), op, ": tensors on different devices, ", a.device(), " and ",
-               b.device());
+  TROUPE_CHECK(a.dtype() == b.dtype(), op, ": dtypes differ, ", a.dtype(), " ", to_string(a.shape()), " and ",
+               b.dtype(), " ", to_string(b.shape()), " (convert one with to(dtype))");
+  TROUPE_CHECK(a.device() == b.device(), op, ": tensors on different devices, ", a.device(), " and ", b.device());
   BroadcastPlan plan;
   const Shape& sa = a.shape();
   const Shape& sb = b.shape();

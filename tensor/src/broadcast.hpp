@@ -17,7 +17,7 @@ struct BroadcastPlan {
   enum class Kind { same, scalar_b, scalar_a, row_b, general };
   Kind kind = Kind::same;
   Shape out_shape;
-  std::int64_t row = 0;  // row_b: length of b, which repeats along out
+  std::int64_t row = 0;                            // row_b: length of b, which repeats along out
   std::vector<std::int64_t> a_strides, b_strides;  // general: per output dim, 0 if stretched
 };
 

@@ -59,8 +59,8 @@ void CachingAllocator::release(void* data, int device) {
   std::lock_guard lock(mutex_);
   DeviceLists& lists = devices_[device];
   const auto it = lists.live.find(data);
-  TROUPE_CHECK(it != lists.live.end(), "CachingAllocator::release: block ", data,
-               " was not allocated here for device ", device, " (or was released twice)");
+  TROUPE_CHECK(it != lists.live.end(), "CachingAllocator::release: block ", data, " was not allocated here for device ",
+               device, " (or was released twice)");
   const std::size_t size = it->second;
   lists.live.erase(it);
   lists.stats.allocated_bytes -= size;

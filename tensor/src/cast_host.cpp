@@ -54,7 +54,7 @@ inline std::uint16_t to_half_bits(float value) {
   const std::uint32_t quiet_nan = (0x200u << 13) | (a & (0x3ffu << 13));  // the payload's top bits
   const std::uint32_t special = (0x7c00u << 13) | (mask_if(magnitude > 0x7f800000) & quiet_nan);
   std::uint32_t r = select(mask_if(magnitude < 0x38800000), subnormal, normal);  // below 2^-14
-  r = select(mask_if(magnitude >= 0x47800000), special, r);                        // 65536 and up
+  r = select(mask_if(magnitude >= 0x47800000), special, r);                      // 65536 and up
   const std::uint32_t sign = (f >> 3) & (0x8000u << 13);
   return static_cast<std::uint16_t>((sign | r) >> 13);
 }

@@ -15,8 +15,10 @@ constexpr bool is_half_like = std::is_same_v<T, Half> || std::is_same_v<T, BFloa
 // Value of x in its compute type (float for f16/bf16).
 template <class T>
 inline compute_t<T> load(T x) {
-  if constexpr (is_half_like<T>) return static_cast<float>(x);
-  else return x;
+  if constexpr (is_half_like<T>)
+    return static_cast<float>(x);
+  else
+    return x;
 }
 
 // A floating value goes to u8 through i64, wrapping modulo 256 (what x86 does for

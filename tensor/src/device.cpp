@@ -60,8 +60,8 @@ void check_device_usable(Device d, const char* op) {
   if (count == 0 && !cuda_backend::why_unavailable().empty())
     TROUPE_THROW(InvalidArgument, op, ": ", to_string(d), " requested, but ", cuda_backend::why_unavailable());
   if (d.index < 0 || d.index >= count)
-    TROUPE_THROW(InvalidArgument, op, ": ", to_string(d), " requested, but this machine has ",
-                 count, " usable CUDA device(s)");
+    TROUPE_THROW(InvalidArgument, op, ": ", to_string(d), " requested, but this machine has ", count,
+                 " usable CUDA device(s)");
 }
 
 }  // namespace troupe::tensor

@@ -7,8 +7,8 @@
 
 #include "broadcast.hpp"
 #include "convert.hpp"
-#include "math_loops.hpp"
 #include "cuda/cuda_backend.hpp"
+#include "math_loops.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::tensor {
@@ -18,18 +18,69 @@ namespace {
 using detail::convert;
 using detail::load;
 
-struct Add { template <class C> C operator()(C x, C y) const { return x + y; } };
-struct Sub { template <class C> C operator()(C x, C y) const { return x - y; } };
-struct Mul { template <class C> C operator()(C x, C y) const { return x * y; } };
-struct Div { template <class C> C operator()(C x, C y) const { return x / y; } };
-struct Eq { template <class C> bool operator()(C x, C y) const { return x == y; } };
-struct Ne { template <class C> bool operator()(C x, C y) const { return x != y; } };
-struct Lt { template <class C> bool operator()(C x, C y) const { return x < y; } };
-struct Le { template <class C> bool operator()(C x, C y) const { return x <= y; } };
-struct Gt { template <class C> bool operator()(C x, C y) const { return x > y; } };
-struct Ge { template <class C> bool operator()(C x, C y) const { return x >= y; } };
+struct Add {
+  template <class C>
+  C operator()(C x, C y) const {
+    return x + y;
+  }
+};
+struct Sub {
+  template <class C>
+  C operator()(C x, C y) const {
+    return x - y;
+  }
+};
+struct Mul {
+  template <class C>
+  C operator()(C x, C y) const {
+    return x * y;
+  }
+};
+struct Div {
+  template <class C>
+  C operator()(C x, C y) const {
+    return x / y;
+  }
+};
+struct Eq {
+  template <class C>
+  bool operator()(C x, C y) const {
+    return x == y;
+  }
+};
+struct Ne {
+  template <class C>
+  bool operator()(C x, C y) const {
+    return x != y;
+  }
+};
+struct Lt {
+  template <class C>
+  bool operator()(C x, C y) const {
+    return x < y;
+  }
+};
+struct Le {
+  template <class C>
+  bool operator()(C x, C y) const {
+    return x <= y;
+  }
+};
+struct Gt {
+  template <class C>
+  bool operator()(C x, C y) const {
+    return x > y;
+  }
+};
+struct Ge {
+  template <class C>
+  bool operator()(C x, C y) const {
+    return x >= y;
+  }
+};
 
-template <class Op> constexpr bool kIsComparison = std::is_same_v<std::invoke_result_t<Op, int, int>, bool>;
+template <class Op>
+constexpr bool kIsComparison = std::is_same_v<std::invoke_result_t<Op, int, int>, bool>;
 
 template <class T>
 void check_no_integer_division_by_zero(const Tensor& b, const char* op) {
@@ -43,29 +94,39 @@ void check_no_integer_division_by_zero(const Tensor& b, const char* op) {
 template <class Op>
 cuda_backend::BinaryOp cuda_op() {
   using B = cuda_backend::BinaryOp;
-  if constexpr (std::is_same_v<Op, Add>) return B::add;
-  else if constexpr (std::is_same_v<Op, Sub>) return B::sub;
-  else if constexpr (std::is_same_v<Op, Mul>) return B::mul;
-  else if constexpr (std::is_same_v<Op, Div>) return B::div;
-  else if constexpr (std::is_same_v<Op, Eq>) return B::eq;
-  else if constexpr (std::is_same_v<Op, Ne>) return B::ne;
-  else if constexpr (std::is_same_v<Op, Lt>) return B::lt;
-  else if constexpr (std::is_same_v<Op, Le>) return B::le;
-  else if constexpr (std::is_same_v<Op, Gt>) return B::gt;
-  else return B::ge;
+  if constexpr (std::is_same_v<Op, Add>)
+    return B::add;
+  else if constexpr (std::is_same_v<Op, Sub>)
+    return B::sub;
+  else if constexpr (std::is_same_v<Op, Mul>)
+    return B::mul;
+  else if constexpr (std::is_same_v<Op, Div>)
+    return B::div;
+  else if constexpr (std::is_same_v<Op, Eq>)
+    return B::eq;
+  else if constexpr (std::is_same_v<Op, Ne>)
+    return B::ne;
+  else if constexpr (std::is_same_v<Op, Lt>)
+    return B::lt;
+  else if constexpr (std::is_same_v<Op, Le>)
+    return B::le;
+  else if constexpr (std::is_same_v<Op, Gt>)
+    return B::gt;
+  else
+    return B::ge;
 }
 
 // a op b on the GPU: equal shapes and a one-element b take the flat kernel; every other
 // broadcast (a bias row, a column, a one-element a, ...) the strided one, with each
 // operand's strides over the output's dimensions.
 template <class Op>
-void binary_cuda(const detail::BroadcastPlan& plan, const Tensor& a, const Tensor& b, Tensor& out,
-                 const char* name) {
+void binary_cuda(const detail::BroadcastPlan& plan, const Tensor& a, const Tensor& b, Tensor& out, const char* name) {
   using Kind = detail::BroadcastPlan::Kind;
   if constexpr (std::is_same_v<Op, Div>) {
     // A GPU does not trap on integer division by zero; check the divisor on the host.
     if (!is_floating(a.dtype()))
-      dispatch(b.dtype(), [&](auto tag) { check_no_integer_division_by_zero<decltype(tag)>(b.to(Device::cpu()), name); });
+      dispatch(b.dtype(),
+               [&](auto tag) { check_no_integer_division_by_zero<decltype(tag)>(b.to(Device::cpu()), name); });
   }
   if (plan.kind == Kind::same || plan.kind == Kind::scalar_b) {
     cuda_backend::binary(cuda_op<Op>(), a.dtype(), a.raw_data(), b.raw_data(), plan.kind == Kind::scalar_b,
@@ -74,8 +135,8 @@ void binary_cuda(const detail::BroadcastPlan& plan, const Tensor& a, const Tenso
   }
   const auto nd = plan.out_shape.size();
   TROUPE_CHECK(nd <= static_cast<std::size_t>(cuda_backend::kMaxBroadcastDims), name, " on ", a.device(),
-               ": broadcasting over ", nd, " dimensions, CUDA kernels take at most ",
-               cuda_backend::kMaxBroadcastDims, " (shapes ", to_string(a.shape()), " and ", to_string(b.shape()), ")");
+               ": broadcasting over ", nd, " dimensions, CUDA kernels take at most ", cuda_backend::kMaxBroadcastDims,
+               " (shapes ", to_string(a.shape()), " and ", to_string(b.shape()), ")");
   cuda_backend::BroadcastIndex index;
   index.nd = static_cast<int>(nd);
   const auto sa = detail::broadcast_strides(a.shape(), plan.out_shape);
@@ -152,11 +213,26 @@ Tensor mul(const Tensor& a, const Tensor& b) { return binary<Mul>(a, b, "mul", n
 Tensor div(const Tensor& a, const Tensor& b) { return binary<Div>(a, b, "div", nullptr); }
 Tensor add(const Tensor& a, double b) { return binary<Add>(a, scalar_like(a, b), "add", nullptr); }
 Tensor mul(const Tensor& a, double b) { return binary<Mul>(a, scalar_like(a, b), "mul", nullptr); }
-Tensor& add_(Tensor& a, const Tensor& b) { binary<Add>(a, b, "add", &a); return a; }
-Tensor& sub_(Tensor& a, const Tensor& b) { binary<Sub>(a, b, "sub", &a); return a; }
-Tensor& mul_(Tensor& a, const Tensor& b) { binary<Mul>(a, b, "mul", &a); return a; }
-Tensor& div_(Tensor& a, const Tensor& b) { binary<Div>(a, b, "div", &a); return a; }
-Tensor& add_(Tensor& a, double b) { binary<Add>(a, scalar_like(a, b), "add", &a); return a; }
+Tensor& add_(Tensor& a, const Tensor& b) {
+  binary<Add>(a, b, "add", &a);
+  return a;
+}
+Tensor& sub_(Tensor& a, const Tensor& b) {
+  binary<Sub>(a, b, "sub", &a);
+  return a;
+}
+Tensor& mul_(Tensor& a, const Tensor& b) {
+  binary<Mul>(a, b, "mul", &a);
+  return a;
+}
+Tensor& div_(Tensor& a, const Tensor& b) {
+  binary<Div>(a, b, "div", &a);
+  return a;
+}
+Tensor& add_(Tensor& a, double b) {
+  binary<Add>(a, scalar_like(a, b), "add", &a);
+  return a;
+}
 
 Tensor eq(const Tensor& a, const Tensor& b) { return binary<Eq>(a, b, "eq", nullptr); }
 Tensor ne(const Tensor& a, const Tensor& b) { return binary<Ne>(a, b, "ne", nullptr); }
@@ -170,9 +246,9 @@ Tensor lt(const Tensor& a, double b) { return binary<Lt>(a, scalar_like(a, b), "
 Tensor& axpy_(Tensor& y, double alpha, const Tensor& x) {
   y.check_defined("axpy_");
   x.check_defined("axpy_");
-  TROUPE_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.device() == x.device(),
-               "axpy_: y is ", y.dtype(), " ", to_string(y.shape()), " on ", y.device(), ", x is ", x.dtype(),
-               " ", to_string(x.shape()), " on ", x.device(), "; they must match");
+  TROUPE_CHECK(y.dtype() == x.dtype() && y.shape() == x.shape() && y.device() == x.device(), "axpy_: y is ", y.dtype(),
+               " ", to_string(y.shape()), " on ", y.device(), ", x is ", x.dtype(), " ", to_string(x.shape()), " on ",
+               x.device(), "; they must match");
   if (y.device().is_cuda()) {
     cuda_backend::axpy(y.dtype(), y.raw_data(), alpha, x.raw_data(), y.numel());
     return y;
@@ -206,14 +282,26 @@ Tensor& scale_(Tensor& t, double alpha) {
 
 using U = cuda_backend::UnaryOp;
 
-Tensor neg(const Tensor& t) { return unary(t, "neg", U::neg, [](auto x) { return -x; }, true); }
-Tensor abs(const Tensor& t) {
-  return unary(t, "abs", U::abs, [](auto x) { return x < decltype(x){0} ? -x : x; }, true);
+Tensor neg(const Tensor& t) {
+  return unary(
+      t, "neg", U::neg, [](auto x) { return -x; }, true);
 }
-Tensor sqrt(const Tensor& t) { return unary(t, "sqrt", U::sqrt, [](auto x) { return std::sqrt(x); }); }
-Tensor exp(const Tensor& t) { return unary(t, "exp", U::exp, [](auto x) { return std::exp(x); }); }
-Tensor log(const Tensor& t) { return unary(t, "log", U::log, [](auto x) { return std::log(x); }); }
-Tensor tanh(const Tensor& t) { return unary(t, "tanh", U::tanh, [](auto x) { return std::tanh(x); }); }
+Tensor abs(const Tensor& t) {
+  return unary(
+      t, "abs", U::abs, [](auto x) { return x < decltype(x){0} ? -x : x; }, true);
+}
+Tensor sqrt(const Tensor& t) {
+  return unary(t, "sqrt", U::sqrt, [](auto x) { return std::sqrt(x); });
+}
+Tensor exp(const Tensor& t) {
+  return unary(t, "exp", U::exp, [](auto x) { return std::exp(x); });
+}
+Tensor log(const Tensor& t) {
+  return unary(t, "log", U::log, [](auto x) { return std::log(x); });
+}
+Tensor tanh(const Tensor& t) {
+  return unary(t, "tanh", U::tanh, [](auto x) { return std::tanh(x); });
+}
 Tensor sigmoid(const Tensor& t) {
   return unary(t, "sigmoid", U::sigmoid, [](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
 }
@@ -251,10 +339,13 @@ Tensor clamp(const Tensor& t, double lo, double hi) {
 Tensor& clamp_(Tensor& t, double lo, double hi) {
   TROUPE_CHECK(!(lo > hi), "clamp: lower bound ", lo, " is above upper bound ", hi);
   // NaN stays NaN, as in PyTorch: both comparisons are false for it.
-  unary(t, "clamp", U::clamp, [lo, hi](auto x) {
-    using C = decltype(x);
-    return x < static_cast<C>(lo) ? static_cast<C>(lo) : (x > static_cast<C>(hi) ? static_cast<C>(hi) : x);
-  }, true, &t, lo, hi);
+  unary(
+      t, "clamp", U::clamp,
+      [lo, hi](auto x) {
+        using C = decltype(x);
+        return x < static_cast<C>(lo) ? static_cast<C>(lo) : (x > static_cast<C>(hi) ? static_cast<C>(hi) : x);
+      },
+      true, &t, lo, hi);
   return t;
 }
 

@@ -16,9 +16,8 @@ namespace {
 void check_buffer(const Tensor& t, const Tensor& like, const char* op, const char* what) {
   TROUPE_CHECK(t.defined(), op, ": ", what, " is undefined");
   TROUPE_CHECK(t.dtype() == DType::f32, op, ": ", what, " must be f32, got ", t.dtype());
-  TROUPE_CHECK(t.numel() == like.numel() && t.device() == like.device(), op, ": ", what, " is ",
-               to_string(t.shape()), " on ", t.device(), ", the parameter ", to_string(like.shape()), " on ",
-               like.device());
+  TROUPE_CHECK(t.numel() == like.numel() && t.device() == like.device(), op, ": ", what, " is ", to_string(t.shape()),
+               " on ", t.device(), ", the parameter ", to_string(like.shape()), " on ", like.device());
 }
 
 // The checks of one SGD or Adam step, shared by the single and the list forms.
@@ -41,8 +40,12 @@ void check_adam(const Tensor& param, const Tensor& grad, const Tensor& exp_avg, 
 }
 
 detail::SgdScalars sgd_scalars(const SgdStep& o) {
-  return {static_cast<float>(o.lr),       static_cast<float>(o.weight_decay), static_cast<float>(o.momentum),
-          static_cast<float>(1 - o.dampening), o.nesterov,                    o.first_step};
+  return {static_cast<float>(o.lr),
+          static_cast<float>(o.weight_decay),
+          static_cast<float>(o.momentum),
+          static_cast<float>(1 - o.dampening),
+          o.nesterov,
+          o.first_step};
 }
 
 // As nn's Adam: the bias corrections in double, 1 - beta in double before rounding
@@ -224,7 +227,8 @@ void fused_scale_(std::span<Tensor* const> tensors, double factor) {
     return;
   }
   launch_lists<cuda_backend::ScaleList>(
-      tensors, [](cuda_backend::ScaleList& list, int t, Tensor* x) { list.data[t] = static_cast<float*>(x->raw_data()); },
+      tensors,
+      [](cuda_backend::ScaleList& list, int t, Tensor* x) { list.data[t] = static_cast<float*>(x->raw_data()); },
       [&](const cuda_backend::ScaleList& list) { cuda_backend::scale_chunks(list, static_cast<float>(factor)); });
 }
 

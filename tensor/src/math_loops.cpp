@@ -113,35 +113,35 @@ inline void softmax_backward_row_loop(const float* p, float* dp, std::int64_t n)
 
 // One copy: the loops above and row_loops.hpp's, inlined into functions compiled for
 // one instruction set. A macro, since a target attribute cannot be a template argument.
-#define TROUPE_HOST_LOOPS(ATTRIBUTE, SUFFIX)                                                                        \
-  ATTRIBUTE void gelu_tanh_##SUFFIX(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }       \
-  ATTRIBUTE void gelu_tanh_backward_##SUFFIX(const float* x, const float* gy, float* gx, std::int64_t n) {        \
-    gelu_tanh_backward_loop(x, gy, gx, n);                                                                          \
-  }                                                                                                                 \
-  ATTRIBUTE float softmax_row_##SUFFIX(float* s, std::int64_t n) { return softmax_row_loop(s, n); }              \
-  ATTRIBUTE void exp_shifted_##SUFFIX(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }  \
-  ATTRIBUTE void softmax_backward_row_##SUFFIX(const float* p, float* dp, std::int64_t n) {                       \
-    softmax_backward_row_loop(p, dp, n);                                                                            \
-  }                                                                                                                 \
-  ATTRIBUTE void sum_rows_##SUFFIX(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc, \
-                                   float* out) {                                                                    \
-    sum_rows_loop(in, rows, inner, mean, acc, out);                                                                 \
-  }                                                                                                                 \
-  ATTRIBUTE void layer_norm_forward_##SUFFIX(const float* x, const float* w, const float* b, std::int64_t rows,   \
-                                             std::int64_t n, double eps, float* y, double* means, double* rstds) {  \
-    layer_norm_forward_rows(x, w, b, rows, n, eps, y, means, rstds);                                                \
-  }                                                                                                                 \
-  ATTRIBUTE void layer_norm_backward_##SUFFIX(const float* x, const float* gy, const float* w, const double* means, \
-                                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,    \
-                                              const LayerNormGrads& grads) {                                        \
-    layer_norm_backward_rows(x, gy, w, means, rstds, rows, n, gx, grads);                                           \
-  }                                                                                                                 \
-  ATTRIBUTE void adam_##SUFFIX(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) { \
-    adam_loop(p, g, m, v, n, s);                                                                                    \
-  }                                                                                                                 \
-  constexpr MathLoops k_##SUFFIX = {gelu_tanh_##SUFFIX,        gelu_tanh_backward_##SUFFIX, softmax_row_##SUFFIX,  \
-                                    exp_shifted_##SUFFIX,      softmax_backward_row_##SUFFIX, sum_rows_##SUFFIX,   \
-                                    layer_norm_forward_##SUFFIX, layer_norm_backward_##SUFFIX, adam_##SUFFIX};
+#define TROUPE_HOST_LOOPS(ATTRIBUTE, SUFFIX)                                                                          \
+  ATTRIBUTE void gelu_tanh_##SUFFIX(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }            \
+  ATTRIBUTE void gelu_tanh_backward_##SUFFIX(const float* x, const float* gy, float* gx, std::int64_t n) {            \
+    gelu_tanh_backward_loop(x, gy, gx, n);                                                                            \
+  }                                                                                                                   \
+  ATTRIBUTE float softmax_row_##SUFFIX(float* s, std::int64_t n) { return softmax_row_loop(s, n); }                   \
+  ATTRIBUTE void exp_shifted_##SUFFIX(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }       \
+  ATTRIBUTE void softmax_backward_row_##SUFFIX(const float* p, float* dp, std::int64_t n) {                           \
+    softmax_backward_row_loop(p, dp, n);                                                                              \
+  }                                                                                                                   \
+  ATTRIBUTE void sum_rows_##SUFFIX(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc,    \
+                                   float* out) {                                                                      \
+    sum_rows_loop(in, rows, inner, mean, acc, out);                                                                   \
+  }                                                                                                                   \
+  ATTRIBUTE void layer_norm_forward_##SUFFIX(const float* x, const float* w, const float* b, std::int64_t rows,       \
+                                             std::int64_t n, double eps, float* y, double* means, double* rstds) {    \
+    layer_norm_forward_rows(x, w, b, rows, n, eps, y, means, rstds);                                                  \
+  }                                                                                                                   \
+  ATTRIBUTE void layer_norm_backward_##SUFFIX(const float* x, const float* gy, const float* w, const double* means,   \
+                                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,      \
+                                              const LayerNormGrads& grads) {                                          \
+    layer_norm_backward_rows(x, gy, w, means, rstds, rows, n, gx, grads);                                             \
+  }                                                                                                                   \
+  ATTRIBUTE void adam_##SUFFIX(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) {  \
+    adam_loop(p, g, m, v, n, s);                                                                                      \
+  }                                                                                                                   \
+  constexpr MathLoops k_##SUFFIX = {gelu_tanh_##SUFFIX,          gelu_tanh_backward_##SUFFIX,   softmax_row_##SUFFIX, \
+                                    exp_shifted_##SUFFIX,        softmax_backward_row_##SUFFIX, sum_rows_##SUFFIX,    \
+                                    layer_norm_forward_##SUFFIX, layer_norm_backward_##SUFFIX,  adam_##SUFFIX};
 
 TROUPE_HOST_LOOPS(, baseline)
 

@@ -32,9 +32,8 @@ struct MathLoops {
   void (*sum_rows)(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc, float* out);
   void (*layer_norm_forward)(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n,
                              double eps, float* y, double* means, double* rstds);
-  void (*layer_norm_backward)(const float* x, const float* gy, const float* w, const double* means,
-                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,
-                              const LayerNormGrads& grads);
+  void (*layer_norm_backward)(const float* x, const float* gy, const float* w, const double* means, const double* rstds,
+                              std::int64_t rows, std::int64_t n, float* gx, const LayerNormGrads& grads);
   // optim_step.hpp's adam_element over n elements.
   void (*adam)(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s);
 };

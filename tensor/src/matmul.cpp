@@ -32,8 +32,8 @@ GemmShape check_gemm(const Tensor& a, const Tensor& b, Transpose ta, Transpose t
   const GemmShape s{a.shape()[t_a ? 1 : 0], b.shape()[t_b ? 0 : 1], a.shape()[t_a ? 0 : 1]};
   const auto kb = b.shape()[t_b ? 1 : 0];
   TROUPE_CHECK(s.k == kb, op, ": inner dimensions differ, ", t_a ? "a^T" : "a", " is [", s.m, ", ", s.k, "], ",
-               t_b ? "b^T" : "b", " is [", kb, ", ", s.n, "] (a ", to_string(a.shape()), ", b ",
-               to_string(b.shape()), ")");
+               t_b ? "b^T" : "b", " is [", kb, ", ", s.n, "] (a ", to_string(a.shape()), ", b ", to_string(b.shape()),
+               ")");
   return s;
 }
 
@@ -97,8 +97,10 @@ void gemm_into(Tensor& out, const Tensor& a, const Tensor& b, const GemmShape& s
                double alpha, double beta) {
   if (s.m == 0 || s.n == 0) return;
   if (s.k == 0) {  // BLAS rejects a leading dimension of 0; the product is all zeros
-    if (beta == 0) out.zero_();
-    else scale_(out, beta);
+    if (beta == 0)
+      out.zero_();
+    else
+      scale_(out, beta);
     return;
   }
   if (out.device().is_cuda()) {
@@ -112,8 +114,7 @@ void gemm_into(Tensor& out, const Tensor& a, const Tensor& b, const GemmShape& s
 
 }  // namespace
 
-void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta, Transpose tb, double alpha,
-                double beta) {
+void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta, Transpose tb, double alpha, double beta) {
   const GemmShape s = check_gemm(a, b, ta, tb, "matmul");
   out.check_defined("matmul");
   TROUPE_CHECK(out.shape() == Shape({s.m, s.n}) && out.dtype() == a.dtype() && out.device() == a.device(),

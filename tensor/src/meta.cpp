@@ -23,15 +23,14 @@ void compute(T* out, const MetaFill& fill, std::uint64_t first, std::int64_t n) 
     }
     case MetaFill::Kind::uniform:
       for (std::int64_t i = 0; i < n; ++i)
-        out[i] = detail::convert<T>(fill.a + (fill.b - fill.a) * detail::philox_uniform(fill.seed, fill.offset,
-                                                                                        first + i));
+        out[i] =
+            detail::convert<T>(fill.a + (fill.b - fill.a) * detail::philox_uniform(fill.seed, fill.offset, first + i));
       return;
     case MetaFill::Kind::normal:
       for (std::int64_t i = 0; i < n; ++i)
         out[i] = detail::convert<T>(fill.a + fill.b * detail::philox_normal(fill.seed, fill.offset, first + i));
       return;
-    case MetaFill::Kind::unset:
-      break;
+    case MetaFill::Kind::unset: break;
   }
 }
 
@@ -50,8 +49,7 @@ void describe_meta_fill(const Tensor& t, const MetaFill& fill, const char* op) {
 void materialize_into(const Tensor& dst, const Tensor& meta, std::int64_t begin) {
   dst.check_defined("materialize_into");
   meta.check_defined("materialize_into");
-  TROUPE_CHECK(meta.device().is_meta(), "materialize_into: the source is on ", meta.device(),
-               ", not the meta device");
+  TROUPE_CHECK(meta.device().is_meta(), "materialize_into: the source is on ", meta.device(), ", not the meta device");
   TROUPE_CHECK(!dst.device().is_meta(), "materialize_into: the destination is on the meta device");
   TROUPE_CHECK(begin >= 0 && begin + dst.numel() <= meta.numel(), "materialize_into: elements [", begin, ", ",
                begin + dst.numel(), ") lie outside the ", meta.numel(), "-element meta tensor ",

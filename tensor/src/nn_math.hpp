@@ -23,8 +23,7 @@ TROUPE_HOST_DEVICE inline C activation_grad(ActivationGrad op, C saved, C gy) {
               kInvSqrt2Pi = C(0.3989422804014327), kCubic = C(0.044715);
   const C x = saved;
   switch (op) {
-    case ActivationGrad::relu:
-      return x > C(0) ? gy : C(0);
+    case ActivationGrad::relu: return x > C(0) ? gy : C(0);
     case ActivationGrad::gelu: {
       // d/dx [x Phi(x)] = Phi(x) + x phi(x).
       const C cdf = C(0.5) * (C(1) + erf(x * kInvSqrt2));

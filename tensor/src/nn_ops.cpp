@@ -4,17 +4,17 @@
 #include "troupe/tensor/nn_ops.hpp"
 
 #include <algorithm>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <initializer_list>
-#include <type_traits>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "convert.hpp"
+#include "cuda/cuda_backend.hpp"
 #include "math_loops.hpp"
 #include "row_loops.hpp"
-#include "cuda/cuda_backend.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::tensor {
@@ -62,8 +62,8 @@ Tensor relu_backward(const Tensor& grad_output, const Tensor& input) {
 }
 
 Tensor gelu_backward(const Tensor& grad_output, const Tensor& input, bool tanh_approximation) {
-  return activation_backward(tanh_approximation ? ActivationGrad::gelu_tanh : ActivationGrad::gelu, grad_output,
-                             input, "GELU.backward");
+  return activation_backward(tanh_approximation ? ActivationGrad::gelu_tanh : ActivationGrad::gelu, grad_output, input,
+                             "GELU.backward");
 }
 
 Tensor tanh_backward(const Tensor& grad_output, const Tensor& output) {
@@ -77,8 +77,8 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
   TROUPE_CHECK(logits.dim() >= 1, op, ": logits must have a class dimension, got a 0-dim tensor");
   TROUPE_CHECK(target.defined() && target.dtype() == DType::i64, op, ": target must be an i64 tensor, got ",
                target.defined() ? dtype_name(target.dtype()) : "undefined");
-  TROUPE_CHECK(target.device().is_cpu() || target.device() == logits.device(), op, ": target is on ",
-               target.device(), ", logits on ", logits.device(), "; the target must be on the CPU or with the logits");
+  TROUPE_CHECK(target.device().is_cpu() || target.device() == logits.device(), op, ": target is on ", target.device(),
+               ", logits on ", logits.device(), "; the target must be on the CPU or with the logits");
   const Shape rows_shape(logits.shape().begin(), logits.shape().end() - 1);
   TROUPE_CHECK(target.shape() == rows_shape, op, ": logits ", to_string(logits.shape()), " need target ",
                to_string(rows_shape), ", got ", to_string(target.shape()));
@@ -102,10 +102,9 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
   if (logits.device().is_cuda()) {
     Tensor row_loss = Tensor::empty({rows}, DType::f64, logits.device());
     if (rows > 0)
-      cuda_backend::cross_entropy_rows(logits.dtype(), logits.raw_data(),
-                                       static_cast<const std::int64_t*>(f.target.raw_data()), rows, classes,
-                                       ignore_index, eps, static_cast<double*>(f.log_sum_exp.raw_data()),
-                                       static_cast<double*>(row_loss.raw_data()));
+      cuda_backend::cross_entropy_rows(
+          logits.dtype(), logits.raw_data(), static_cast<const std::int64_t*>(f.target.raw_data()), rows, classes,
+          ignore_index, eps, static_cast<double*>(f.log_sum_exp.raw_data()), static_cast<double*>(row_loss.raw_data()));
     f.loss = f.counted > 0 ? mul(sum(row_loss), 1.0 / static_cast<double>(f.counted)).to(logits.dtype())
                            : Tensor::full({}, nan, logits.dtype(), logits.device());
     return f;
@@ -140,8 +139,8 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
 
 // d loss / d logit[i, c] = (p[i, c] - q[i, c]) * scale / counted, with the smoothed
 // target q = (1 - eps) * onehot(y_i) + eps / C; ignored rows get zero.
-Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f, std::int64_t ignore_index,
-                              double eps, double scale) {
+Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f, std::int64_t ignore_index, double eps,
+                              double scale) {
   const std::int64_t classes = logits.size(-1);
   const std::int64_t rows = f.target.numel();
   Tensor grad = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
@@ -150,8 +149,8 @@ Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f
   if (logits.device().is_cuda()) {
     cuda_backend::cross_entropy_grad(logits.dtype(), logits.raw_data(),
                                      static_cast<const std::int64_t*>(f.target.raw_data()),
-                                     static_cast<const double*>(f.log_sum_exp.raw_data()), rows, classes,
-                                     ignore_index, eps, factor, grad.raw_data());
+                                     static_cast<const double*>(f.log_sum_exp.raw_data()), rows, classes, ignore_index,
+                                     eps, factor, grad.raw_data());
     return grad;
   }
   const double off = eps / static_cast<double>(classes);
@@ -239,32 +238,30 @@ Tensor layer_norm_backward(const Tensor& grad_out, const Tensor& x, const LayerN
   const bool affine = weight.defined();
   if (affine)
     for (Tensor* g : {grad_weight, grad_bias})
-      TROUPE_CHECK(g && g->defined() && g->shape() == weight.shape() && g->dtype() == x.dtype() &&
-                       g->device() == x.device(),
-                   op, ": with a weight, grad_weight and grad_bias must be ", x.dtype(), " [", n, "]");
+      TROUPE_CHECK(
+          g && g->defined() && g->shape() == weight.shape() && g->dtype() == x.dtype() && g->device() == x.device(), op,
+          ": with a weight, grad_weight and grad_bias must be ", x.dtype(), " [", n, "]");
   Tensor gx = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (rows == 0) return gx;
   if (x.device().is_cuda()) {
-    cuda_backend::layer_norm_backward(x.dtype(), x.raw_data(), grad_out.raw_data(),
-                                      affine ? weight.raw_data() : nullptr,
-                                      static_cast<const double*>(forward.mean.raw_data()),
-                                      static_cast<const double*>(forward.rstd.raw_data()), rows, n, gx.raw_data(),
-                                      affine ? grad_weight->raw_data() : nullptr,
-                                      affine ? grad_bias->raw_data() : nullptr);
+    cuda_backend::layer_norm_backward(
+        x.dtype(), x.raw_data(), grad_out.raw_data(), affine ? weight.raw_data() : nullptr,
+        static_cast<const double*>(forward.mean.raw_data()), static_cast<const double*>(forward.rstd.raw_data()), rows,
+        n, gx.raw_data(), affine ? grad_weight->raw_data() : nullptr, affine ? grad_bias->raw_data() : nullptr);
     return gx;
   }
   std::vector<double> dweight(affine ? static_cast<std::size_t>(n) : 0, 0.0),
       dbias(affine ? static_cast<std::size_t>(n) : 0, 0.0), scratch(2 * static_cast<std::size_t>(n));
-  const detail::LayerNormGrads work{affine ? dweight.data() : nullptr, affine ? dbias.data() : nullptr,
-                                    scratch.data(), scratch.data() + n};
+  const detail::LayerNormGrads work{affine ? dweight.data() : nullptr, affine ? dbias.data() : nullptr, scratch.data(),
+                                    scratch.data() + n};
   const double* means = forward.mean.data<double>();
   const double* rstds = forward.rstd.data<double>();
   dispatch_floating(x.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     const T* w = affine ? weight.data<T>() : nullptr;
     if constexpr (std::is_same_v<T, float>)
-      detail::math_loops()->layer_norm_backward(x.data<T>(), grad_out.data<T>(), w, means, rstds, rows, n,
-                                                gx.data<T>(), work);
+      detail::math_loops()->layer_norm_backward(x.data<T>(), grad_out.data<T>(), w, means, rstds, rows, n, gx.data<T>(),
+                                                work);
     else
       detail::layer_norm_backward_rows(x.data<T>(), grad_out.data<T>(), w, means, rstds, rows, n, gx.data<T>(), work);
     if (affine) {  // both gradients are final only after the last row
@@ -298,8 +295,8 @@ Tensor gather_rows(const Tensor& table, const Tensor& indices) {
   if (n == 0 || dim == 0) return out;
   if (table.device().is_cuda()) {
     const Tensor idx = indices.to(table.device());
-    cuda_backend::gather_rows(table.dtype(), table.raw_data(), static_cast<const std::int64_t*>(idx.raw_data()), n,
-                              dim, out.raw_data());
+    cuda_backend::gather_rows(table.dtype(), table.raw_data(), static_cast<const std::int64_t*>(idx.raw_data()), n, dim,
+                              out.raw_data());
     return out;
   }
   const std::size_t row_bytes = static_cast<std::size_t>(dim) * table.element_bytes();
@@ -335,9 +332,7 @@ void scatter_add_rows_(Tensor& dst, const Tensor& indices, const Tensor& src) {
       }
     }
     offsets.push_back(n);
-    const auto upload = [&](const std::vector<std::int64_t>& v) {
-      return Tensor::from_vector(v).to(dst.device());
-    };
+    const auto upload = [&](const std::vector<std::int64_t>& v) { return Tensor::from_vector(v).to(dst.device()); };
     const Tensor d_rows = upload(rows), d_offsets = upload(offsets), d_positions = upload(order);
     cuda_backend::scatter_add_rows(dst.dtype(), dst.raw_data(), static_cast<const std::int64_t*>(d_rows.raw_data()),
                                    static_cast<const std::int64_t*>(d_offsets.raw_data()),

@@ -55,8 +55,10 @@ TROUPE_HOST_DEVICE inline void sgd_element(float& param, float grad, float* buff
 TROUPE_HOST_DEVICE inline void adam_element(float& param, float grad, float& exp_avg, float& exp_avg_sq,
                                             const AdamScalars& s) {
   float p = param, g = grad;
-  if (s.decoupled) p = p * s.decay;
-  else if (s.weight_decay != 0) g = g + s.weight_decay * p;
+  if (s.decoupled)
+    p = p * s.decay;
+  else if (s.weight_decay != 0)
+    g = g + s.weight_decay * p;
   const float m = s.beta1 * exp_avg + s.one_minus_beta1 * g;
   const float v = s.beta2 * exp_avg_sq + s.one_minus_beta2 * g * g;
   exp_avg = m;

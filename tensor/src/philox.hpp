@@ -15,9 +15,8 @@ struct PhiloxWords {
   std::uint32_t w[4];
 };
 
-TROUPE_HOST_DEVICE inline PhiloxWords philox4x32_10(std::uint32_t c0, std::uint32_t c1,
-                                                    std::uint32_t c2, std::uint32_t c3,
-                                                    std::uint32_t k0, std::uint32_t k1) {
+TROUPE_HOST_DEVICE inline PhiloxWords philox4x32_10(std::uint32_t c0, std::uint32_t c1, std::uint32_t c2,
+                                                    std::uint32_t c3, std::uint32_t k0, std::uint32_t k1) {
   for (int round = 0; round < 10; ++round) {
     const std::uint64_t p0 = static_cast<std::uint64_t>(0xD2511F53u) * c0;
     const std::uint64_t p1 = static_cast<std::uint64_t>(0xCD9E8D57u) * c2;
@@ -35,21 +34,19 @@ TROUPE_HOST_DEVICE inline PhiloxWords philox4x32_10(std::uint32_t c0, std::uint3
 
 // Block `block` of the stream for `seed`: counter = (block, 0), key = seed.
 TROUPE_HOST_DEVICE inline PhiloxWords philox_block(std::uint64_t seed, std::uint64_t block) {
-  return philox4x32_10(static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0,
-                       0, static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
+  return philox4x32_10(static_cast<std::uint32_t>(block), static_cast<std::uint32_t>(block >> 32), 0, 0,
+                       static_cast<std::uint32_t>(seed), static_cast<std::uint32_t>(seed >> 32));
 }
 
 // Element i of a uniform draw starting at block `offset`: one word, mapped to [0, 1).
-TROUPE_HOST_DEVICE inline double philox_uniform(std::uint64_t seed, std::uint64_t offset,
-                                                std::uint64_t i) {
+TROUPE_HOST_DEVICE inline double philox_uniform(std::uint64_t seed, std::uint64_t offset, std::uint64_t i) {
   const PhiloxWords r = philox_block(seed, offset + i / 4);
   return r.w[i % 4] * 2.3283064365386963e-10;  // 2^-32
 }
 
 // Element i of a standard normal draw: each block holds two Box-Muller pairs.
 // Computed in double so that host and device libm agree after rounding to the dtype.
-TROUPE_HOST_DEVICE inline double philox_normal(std::uint64_t seed, std::uint64_t offset,
-                                               std::uint64_t i) {
+TROUPE_HOST_DEVICE inline double philox_normal(std::uint64_t seed, std::uint64_t offset, std::uint64_t i) {
   const PhiloxWords r = philox_block(seed, offset + i / 4);
   const unsigned lane = static_cast<unsigned>(i % 4);
   const unsigned pair = lane / 2;

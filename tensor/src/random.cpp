@@ -24,8 +24,10 @@ void draw(Tensor& t, Distribution dist, double a, double b, Generator& gen, cons
     return;
   }
   if (t.device().is_cuda()) {
-    if (dist == Distribution::uniform) cuda_backend::random_uniform(t.dtype(), t.raw_data(), t.numel(), gen.seed(), offset, a, b);
-    else cuda_backend::random_normal(t.dtype(), t.raw_data(), t.numel(), gen.seed(), offset, a, b);
+    if (dist == Distribution::uniform)
+      cuda_backend::random_uniform(t.dtype(), t.raw_data(), t.numel(), gen.seed(), offset, a, b);
+    else
+      cuda_backend::random_normal(t.dtype(), t.raw_data(), t.numel(), gen.seed(), offset, a, b);
     return;
   }
   const std::uint64_t seed = gen.seed();

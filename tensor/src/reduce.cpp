@@ -76,10 +76,18 @@ struct Accumulator {
         // NaN wins and stays, as in PyTorch's max/argmax.
         if (is_nan) break;
         if constexpr (!std::is_integral_v<T>) {
-          if (std::isnan(static_cast<double>(v))) { is_nan = true; value = v; best_index = k; break; }
+          if (std::isnan(static_cast<double>(v))) {
+            is_nan = true;
+            value = v;
+            best_index = k;
+            break;
+          }
         }
         const bool better = r == Reduction::min ? v < value : v > value;
-        if (best_index < 0 || better) { value = v; best_index = k; }
+        if (best_index < 0 || better) {
+          value = v;
+          best_index = k;
+        }
         break;
       }
     }
@@ -126,8 +134,10 @@ Tensor reduce(const Tensor& t, Reduction r, std::int64_t dim, bool whole, bool k
     for (std::size_t i = 0; i < d; ++i) outer *= t.shape()[i];
     for (std::size_t i = d + 1; i < t.shape().size(); ++i) inner *= t.shape()[i];
     out_shape = t.shape();
-    if (keepdim) out_shape[d] = 1;
-    else out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(d));
+    if (keepdim)
+      out_shape[d] = 1;
+    else
+      out_shape.erase(out_shape.begin() + static_cast<std::ptrdiff_t>(d));
   }
   const bool needs_element = r == Reduction::max || r == Reduction::min || r == Reduction::argmax;
   TROUPE_CHECK(!(needs_element && n == 0 && outer * inner > 0), name, ": reducing ",

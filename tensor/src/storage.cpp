@@ -62,8 +62,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   }));
 }
 
-std::shared_ptr<Storage> Storage::adopt(void* data, std::size_t nbytes, Device device,
-                                        Deleter deleter) {
+std::shared_ptr<Storage> Storage::adopt(void* data, std::size_t nbytes, Device device, Deleter deleter) {
   return std::shared_ptr<Storage>(new Storage(data, nbytes, device, std::move(deleter)));
 }
 

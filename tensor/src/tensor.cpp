@@ -1,7 +1,7 @@
 #include "troupe/tensor/tensor.hpp"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <ostream>
 #include <sstream>
@@ -30,31 +30,30 @@ namespace detail {
 
 void copy_host_to(const void* src, std::size_t nbytes, const Tensor& dst) {
   if (nbytes == 0) return;
-  if (dst.device().is_cpu()) std::memcpy(dst.raw_data(), src, nbytes);
-  else cuda_backend::copy(dst.raw_data(), src, nbytes, cuda_backend::CopyKind::host_to_device);
+  if (dst.device().is_cpu())
+    std::memcpy(dst.raw_data(), src, nbytes);
+  else
+    cuda_backend::copy(dst.raw_data(), src, nbytes, cuda_backend::CopyKind::host_to_device);
 }
 
 }  // namespace detail
 
 Tensor::Tensor(std::shared_ptr<Storage> storage, Shape shape, DType dtype, std::int64_t offset)
-    : storage_(std::move(storage)), shape_(std::move(shape)), numel_(shape_numel(shape_)),
-      offset_(offset), dtype_(dtype) {}
+    : storage_(std::move(storage)),
+      shape_(std::move(shape)),
+      numel_(shape_numel(shape_)),
+      offset_(offset),
+      dtype_(dtype) {}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  for (auto d : shape)
-    TROUPE_CHECK(d >= 0, "empty: negative dimension in shape ", to_string(shape));
+  for (auto d : shape) TROUPE_CHECK(d >= 0, "empty: negative dimension in shape ", to_string(shape));
   const auto n = shape_numel(shape);
-  return Tensor(Storage::allocate(static_cast<std::size_t>(n) * element_size(dtype), device), shape,
-                dtype, 0);
+  return Tensor(Storage::allocate(static_cast<std::size_t>(n) * element_size(dtype), device), shape, dtype, 0);
 }
 
-Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  return empty(shape, dtype, device).fill_(0);
-}
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) { return empty(shape, dtype, device).fill_(0); }
 
-Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) {
-  return empty(shape, dtype, device).fill_(1);
-}
+Tensor Tensor::ones(const Shape& shape, DType dtype, Device device) { return empty(shape, dtype, device).fill_(1); }
 
 Tensor Tensor::full(const Shape& shape, double value, DType dtype, Device device) {
   return empty(shape, dtype, device).fill_(value);
@@ -74,14 +73,13 @@ Tensor Tensor::arange(double start, double end, double step, DType dtype, Device
   return host.to(device);
 }
 
-Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype,
-                            std::int64_t offset) {
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype, std::int64_t offset) {
   TROUPE_CHECK(storage != nullptr, "from_storage: null storage");
   const auto n = shape_numel(shape);
   const auto needed = static_cast<std::size_t>(offset + n) * element_size(dtype);
-  TROUPE_CHECK(offset >= 0 && needed <= storage->nbytes(), "from_storage: a ", dtype_name(dtype),
-               " view ", to_string(shape), " at element offset ", offset, " needs ", needed,
-               " bytes, storage has ", storage->nbytes());
+  TROUPE_CHECK(offset >= 0 && needed <= storage->nbytes(), "from_storage: a ", dtype_name(dtype), " view ",
+               to_string(shape), " at element offset ", offset, " needs ", needed, " bytes, storage has ",
+               storage->nbytes());
   return Tensor(std::move(storage), std::move(shape), dtype, offset);
 }
 
@@ -121,19 +119,23 @@ Tensor Tensor::clone() const {
 Tensor& Tensor::copy_(const Tensor& src) {
   check_defined("copy_");
   src.check_defined("copy_");
-  TROUPE_CHECK(numel_ == src.numel_, "copy_: destination ", to_string(shape_), " has ", numel_,
-               " elements, source ", to_string(src.shape_), " has ", src.numel_);
+  TROUPE_CHECK(numel_ == src.numel_, "copy_: destination ", to_string(shape_), " has ", numel_, " elements, source ",
+               to_string(src.shape_), " has ", src.numel_);
   if (numel_ == 0 || (storage_ == src.storage_ && offset_ == src.offset_ && dtype_ == src.dtype_)) return *this;
   const Device from = src.device(), to = device();
   TROUPE_CHECK(!from.is_meta() && !to.is_meta(), "copy_: a ", to_string(src.shape_), " tensor from ", from, " to ", to,
                ": the meta device holds no data (tensor::materialize_into computes a meta tensor's values)");
   using cuda_backend::CopyKind;
   if (from.is_cpu() && to.is_cpu()) {
-    if (dtype_ == src.dtype_) std::memmove(raw_data(), src.raw_data(), nbytes());
-    else detail::cast_host(src.raw_data(), src.dtype_, raw_data(), dtype_, numel_);
+    if (dtype_ == src.dtype_)
+      std::memmove(raw_data(), src.raw_data(), nbytes());
+    else
+      detail::cast_host(src.raw_data(), src.dtype_, raw_data(), dtype_, numel_);
   } else if (from.is_cuda() && to.is_cuda()) {
-    if (dtype_ == src.dtype_) cuda_backend::copy(raw_data(), src.raw_data(), nbytes(), CopyKind::device_to_device);
-    else cuda_backend::cast(src.raw_data(), src.dtype_, raw_data(), dtype_, numel_);
+    if (dtype_ == src.dtype_)
+      cuda_backend::copy(raw_data(), src.raw_data(), nbytes(), CopyKind::device_to_device);
+    else
+      cuda_backend::cast(src.raw_data(), src.dtype_, raw_data(), dtype_, numel_);
   } else if (from.is_cpu()) {  // host -> device: convert on the host, then one transfer
     const Tensor staged = dtype_ == src.dtype_ ? src : src.to(dtype_);
     cuda_backend::copy(raw_data(), staged.raw_data(), nbytes(), CopyKind::host_to_device);
@@ -178,12 +180,12 @@ Tensor Tensor::reshape(Shape shape) const {
     }
   }
   if (inferred >= 0) {
-    TROUPE_CHECK(known != 0 && numel_ % known == 0, "reshape: cannot infer -1 in ", to_string(shape),
-                 " for ", numel_, " elements of ", to_string(shape_));
+    TROUPE_CHECK(known != 0 && numel_ % known == 0, "reshape: cannot infer -1 in ", to_string(shape), " for ", numel_,
+                 " elements of ", to_string(shape_));
     shape[static_cast<std::size_t>(inferred)] = numel_ / known;
   }
-  TROUPE_CHECK(shape_numel(shape) == numel_, "reshape: ", to_string(shape_), " (", numel_,
-               " elements) cannot become ", to_string(shape));
+  TROUPE_CHECK(shape_numel(shape) == numel_, "reshape: ", to_string(shape_), " (", numel_, " elements) cannot become ",
+               to_string(shape));
   return Tensor(storage_, std::move(shape), dtype_, offset_);
 }
 
@@ -202,8 +204,7 @@ Tensor Tensor::slice(std::int64_t begin, std::int64_t end) const {
 Tensor Tensor::select(std::int64_t i) const {
   check_defined("select");
   TROUPE_CHECK(dim() >= 1, "select: needs at least one dimension, tensor is 0-dim");
-  TROUPE_CHECK(0 <= i && i < shape_[0], "select: index ", i, " out of range for shape ",
-               to_string(shape_));
+  TROUPE_CHECK(0 <= i && i < shape_[0], "select: index ", i, " out of range for shape ", to_string(shape_));
   Shape shape(shape_.begin() + 1, shape_.end());
   const auto row = shape_numel(shape);
   return Tensor(storage_, std::move(shape), dtype_, offset_ + i * row);

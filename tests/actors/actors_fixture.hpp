@@ -59,7 +59,10 @@ struct Counter {
     for (auto& w : words) ++out[w];
     return out;
   }
-  Nested nested(Nested n) { n.weight *= 2; return n; }
+  Nested nested(Nested n) {
+    n.weight *= 2;
+    return n;
+  }
   std::vector<char> bytes(std::vector<char> b) { return b; }
   int fail(std::string message) { throw std::invalid_argument(message); }
   int slow(int ms) {
@@ -68,8 +71,8 @@ struct Counter {
   }
   int value;
   static constexpr auto troupe_methods =
-      troupe::methods<&Counter::add, &Counter::reset, &Counter::get, &Counter::echo, &Counter::count,
-                      &Counter::nested, &Counter::bytes, &Counter::fail, &Counter::slow>;
+      troupe::methods<&Counter::add, &Counter::reset, &Counter::get, &Counter::echo, &Counter::count, &Counter::nested,
+                      &Counter::bytes, &Counter::fail, &Counter::slow>;
 };
 
 }  // namespace troupe::test

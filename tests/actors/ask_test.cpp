@@ -89,7 +89,8 @@ TEST(Ask, OrderingHoldsUnderALoadOf100000AsksAcrossRanks) {
   for (int target = 0; target < n; ++target) {
     std::vector<Future<int>> answers;
     answers.reserve(static_cast<std::size_t>(per_target));
-    for (int i = 0; i < per_target; ++i) answers.push_back(group[static_cast<std::size_t>(target)].ask(&Counter::add, 1));
+    for (int i = 0; i < per_target; ++i)
+      answers.push_back(group[static_cast<std::size_t>(target)].ask(&Counter::add, 1));
     const std::vector<int> values = when_all(std::move(answers)).get();
     for (std::size_t i = 1; i < values.size(); ++i) out_of_order += values[i] <= values[i - 1];
   }

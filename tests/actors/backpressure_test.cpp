@@ -123,8 +123,8 @@ TEST(BackPressure, AFastSenderAndASlowActorHoldMemoryFlat) {
     // How many are refused depends on how fast they arrive; that none piles up does not.
     EXPECT_EQ(taken + static_cast<std::int64_t>(refused), kTells) << "taken " << taken << ", refused " << refused;
 #if !defined(__SANITIZE_ADDRESS__)  // ASan's quarantine keeps freed blocks resident: RSS says nothing there
-    EXPECT_LT(peak.load() - before, 48L << 20) << "resident memory grew by " << ((peak.load() - before) >> 20)
-                                               << " MB while 96 MB were sent";
+    EXPECT_LT(peak.load() - before, 48L << 20)
+        << "resident memory grew by " << ((peak.load() - before) >> 20) << " MB while 96 MB were sent";
 #endif
   }
   barrier();

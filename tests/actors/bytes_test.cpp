@@ -2,8 +2,8 @@
 #include <numeric>
 #include <thread>
 
-#include "actors_fixture.hpp"
 #include "../../actors/src/wire.hpp"
+#include "actors_fixture.hpp"
 #include "troupe/actors/bytes.hpp"
 
 using namespace troupe;
@@ -27,7 +27,8 @@ struct Store {
 
 Bytes pattern(std::size_t size, int seed) {
   std::vector<std::byte> data(size);
-  for (std::size_t i = 0; i < size; ++i) data[i] = static_cast<std::byte>((i * 131 + static_cast<std::size_t>(seed)) & 0xff);
+  for (std::size_t i = 0; i < size; ++i)
+    data[i] = static_cast<std::byte>((i * 131 + static_cast<std::size_t>(seed)) & 0xff);
   return Bytes(std::move(data));
 }
 }  // namespace
@@ -110,12 +111,12 @@ TEST(Bytes, AMessageCarryingAttachmentsItDoesNotHoldIsDroppedAndTheRankGoesOn) {
       return forged;
     };
     const std::string cases[] = {
-        forge(10, 48, 40),            // the table is cut short
-        forge(10, 1 << 20, 8192),     // the payload ends past the message
-        forge(10, 8, 8192),           // ... or inside the header
-        forge(1 << 20, 48, 8192),     // the attachment runs past the message
-        forge(100, 48, 8192),         // bytes follow the last attachment
-        forge(100, 48, 100),          // a small message, the attachment cut short
+        forge(10, 48, 40),         // the table is cut short
+        forge(10, 1 << 20, 8192),  // the payload ends past the message
+        forge(10, 8, 8192),        // ... or inside the header
+        forge(1 << 20, 48, 8192),  // the attachment runs past the message
+        forge(100, 48, 8192),      // bytes follow the last attachment
+        forge(100, 48, 100),       // a small message, the attachment cut short
     };
     for (const std::string& forged : cases) runtime().send_raw(last_rank(), forged);
     EXPECT_TRUE(store.ask(&Store::echo, pattern(100000, 1)).get() == pattern(100000, 1));

@@ -79,7 +79,8 @@ TEST(Errors, SpawnOnEachThrowsOneCollectiveErrorNamingEveryFailedRankOnce) {
     EXPECT_EQ(e.failed_ranks(), all);
     const std::string what = e.what();
     // Every rank threw the same: one text, its context once, the actor as written.
-    EXPECT_EQ(what.rfind(runtime().size() == 1 ? "spawn failed on rank 0 " : "spawn failed on ranks 0, 1", 0), 0u) << what;
+    EXPECT_EQ(what.rfind(runtime().size() == 1 ? "spawn failed on rank 0 " : "spawn failed on ranks 0, 1", 0), 0u)
+        << what;
     EXPECT_NE(what.find("[actor Exploding, constructor]: std::runtime_error: boom 5"), std::string::npos) << what;
     EXPECT_EQ(what.find("boom 5"), what.rfind("boom 5")) << what;
     EXPECT_EQ(what.find("[rank"), std::string::npos) << what;
@@ -138,7 +139,8 @@ TEST(Errors, ABadLivenessTimeoutFromTheLauncherIsRefusedByName) {
       ADD_FAILURE() << "TROUPE_LIVENESS_TIMEOUT_MS=" << bad << " was taken";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find(std::string("TROUPE_LIVENESS_TIMEOUT_MS is '") + bad + "'"),
-                std::string::npos) << e.what();
+                std::string::npos)
+          << e.what();
     }
   }
   ::unsetenv("TROUPE_LIVENESS_TIMEOUT_MS");
@@ -177,8 +179,8 @@ TEST(Errors, MalformedAndTruncatedMessagesAreReportedAndTheRankKeepsRunning) {
     for (std::uint32_t method : {3u, 4u}) {  // echo(std::string), count(std::vector<std::string>)
       e = remote_error_of([&] { ask_with(method, forged).get(); });
       EXPECT_EQ(e.code(), actors::ErrorCode::bad_message) << e.what();
-      EXPECT_NE(std::string(e.what()).find("a length of 1152921504606846976 with 4 bytes remaining"),
-                std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("a length of 1152921504606846976 with 4 bytes remaining"), std::string::npos)
+          << e.what();
     }
     EXPECT_EQ(c.ask(&Counter::get).get(), 8);  // nothing was applied twice or half
   }

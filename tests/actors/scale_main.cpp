@@ -73,11 +73,12 @@ int main(int argc, char** argv) {
   if (rt.rank() == 0) {
     const int n = rt.size();
     const double per_period = 1.0 / 0.1;  // RuntimeOptions::heartbeat_period, 100 ms
-    std::printf("control plane: %d ranks, startup %.2f s (slowest rank), ask every rank %.1f ms, "
-                "liveness %.0f messages/s in all (ring: %.0f, all-to-all would be %.0f), "
-                "CPU per rank idle %.2f%% of a core (highest %.2f%%), of which liveness %.3f%% (highest %.3f%%)\n",
-                n, worst[2], ask_all * 1000, total[0], n * per_period, n * (n - 1) * per_period,
-                100 * total[1] / n, 100 * worst[1], 100 * total[2] / n, 100 * worst[3]);
+    std::printf(
+        "control plane: %d ranks, startup %.2f s (slowest rank), ask every rank %.1f ms, "
+        "liveness %.0f messages/s in all (ring: %.0f, all-to-all would be %.0f), "
+        "CPU per rank idle %.2f%% of a core (highest %.2f%%), of which liveness %.3f%% (highest %.3f%%)\n",
+        n, worst[2], ask_all * 1000, total[0], n * per_period, n * (n - 1) * per_period, 100 * total[1] / n,
+        100 * worst[1], 100 * total[2] / n, 100 * worst[3]);
     if (wrong) {
       std::printf("control plane: FAILED: %d rank(s) answered with another rank's number\n", wrong);
       status = 1;

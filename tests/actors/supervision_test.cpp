@@ -25,9 +25,7 @@ struct Fragile {
   }
   int oops() { throw std::logic_error("an ordinary error"); }
   int restarts() const { return restarted; }
-  void arm_constructor_failure(int after) {
-    g_throw_on_construction = g_constructions.load() + after;
-  }
+  void arm_constructor_failure(int after) { g_throw_on_construction = g_constructions.load() + after; }
   void on_restart(int count) { restarted = count; }
 
   int value;

@@ -18,9 +18,7 @@ using tensor::DType;
 using tensor::Tensor;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // A "model" of `mb` MB in 16 tensors whose values training keeps changing.
 struct Model {
@@ -28,14 +26,16 @@ struct Model {
     for (int i = 0; i < 16; ++i) weights.push_back(Tensor::full({mb * 1024 * 1024 / 4 / 16}, i, DType::f32));
   }
   void register_with(Checkpoint& ckpt) {
-    ckpt.register_state("model", {.save = [this](SectionWriter& w) {
-                                    for (std::size_t i = 0; i < weights.size(); ++i)
-                                      w.tensor(std::string("w").append(std::to_string(i)), weights[i]);
-                                  },
-                                  .load = [this](const SectionReader& r) {
-                                    for (std::size_t i = 0; i < weights.size(); ++i)
-                                      weights[i].copy_(r.tensor(std::string("w").append(std::to_string(i))));
-                                  }});
+    ckpt.register_state("model", {.save =
+                                      [this](SectionWriter& w) {
+                                        for (std::size_t i = 0; i < weights.size(); ++i)
+                                          w.tensor(std::string("w").append(std::to_string(i)), weights[i]);
+                                      },
+                                  .load =
+                                      [this](const SectionReader& r) {
+                                        for (std::size_t i = 0; i < weights.size(); ++i)
+                                          weights[i].copy_(r.tensor(std::string("w").append(std::to_string(i))));
+                                      }});
   }
   std::vector<Tensor> weights;
 };

@@ -19,9 +19,9 @@ namespace troupe::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::TempDir;
 using tensor::DType;
 using tensor::Tensor;
+using testing::TempDir;
 
 // A small model and optimizer with live Adam state, and plain counters: what a trainer
 // registers. `seed` makes two differing instances.
@@ -37,26 +37,28 @@ struct Trainer {
   }
 
   void register_with(Checkpoint& ckpt) {
-    ckpt.register_state("model", {.save = [this](SectionWriter& w) { write_state_dict(w, model.state_dict()); },
-                                  .load = [this](const SectionReader& r) {
-                                    model.load_state_dict(read_state_dict<nn::StateDict>(r));
-                                  }});
+    ckpt.register_state(
+        "model",
+        {.save = [this](SectionWriter& w) { write_state_dict(w, model.state_dict()); },
+         .load = [this](const SectionReader& r) { model.load_state_dict(read_state_dict<nn::StateDict>(r)); }});
     // Hyper-parameters and the step count as group attributes, as DESIGN.md lays it out.
-    ckpt.register_state("optimizer",
-                        {.save = [this](SectionWriter& w) {
-                           write_state_dict(w, optimizer->state_dict(), Scalars::as_attributes);
-                         },
-                         .load = [this](const SectionReader& r) {
-                           optimizer->load_state_dict(read_state_dict<nn::StateDict>(r, Scalars::as_attributes));
-                         }});
-    ckpt.register_state("sampler", {.save = [this](SectionWriter& w) {
-                                      w.attribute("index", sampler_index);
-                                      w.attribute("loss", loss);
-                                    },
-                                    .load = [this](const SectionReader& r) {
-                                      sampler_index = r.attributes().get_int("index");
-                                      loss = r.attributes().get_double("loss");
-                                    }});
+    ckpt.register_state(
+        "optimizer",
+        {.save = [this](SectionWriter& w) { write_state_dict(w, optimizer->state_dict(), Scalars::as_attributes); },
+         .load =
+             [this](const SectionReader& r) {
+               optimizer->load_state_dict(read_state_dict<nn::StateDict>(r, Scalars::as_attributes));
+             }});
+    ckpt.register_state("sampler", {.save =
+                                        [this](SectionWriter& w) {
+                                          w.attribute("index", sampler_index);
+                                          w.attribute("loss", loss);
+                                        },
+                                    .load =
+                                        [this](const SectionReader& r) {
+                                          sampler_index = r.attributes().get_int("index");
+                                          loss = r.attributes().get_double("loss");
+                                        }});
   }
 
   tensor::Generator gen;
@@ -281,9 +283,9 @@ TEST(Checkpoint, AFileMissingARequiredSectionIsSkippedAnOptionalOneIsNot) {
     Trainer t(5);
     Checkpoint ckpt(dir.path(), 0);
     t.register_with(ckpt);
-    ckpt.register_state("best", {.save = [](SectionWriter&) {},
-                                 .load = [&](const SectionReader&) { ++extra_loads; },
-                                 .required = false});
+    ckpt.register_state(
+        "best",
+        {.save = [](SectionWriter&) {}, .load = [&](const SectionReader&) { ++extra_loads; }, .required = false});
     std::optional<Metadata> meta = ckpt.load_latest();
     ASSERT_TRUE(meta);
     EXPECT_EQ(meta->step, 3);
@@ -384,10 +386,11 @@ TEST(Checkpoint, AFailingSaveLeavesNoFileAndThePreviousCheckpointLatest) {
   TempDir dir;
   Checkpoint ckpt(dir.path());
   bool fail = false;
-  ckpt.register_state("model", {.save = [&](SectionWriter& w) {
-                                  w.tensor("w", Tensor::ones({3}));
-                                  if (fail) throw Error("deliberate failure in a state source");
-                                },
+  ckpt.register_state("model", {.save =
+                                    [&](SectionWriter& w) {
+                                      w.tensor("w", Tensor::ones({3}));
+                                      if (fail) throw Error("deliberate failure in a state source");
+                                    },
                                 .load = [](const SectionReader&) {}});
   ckpt.save(1);
   fail = true;

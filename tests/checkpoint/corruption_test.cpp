@@ -40,7 +40,8 @@ int load_and_compare(const std::string& path, const std::vector<Tensor>& expecte
 TEST(CheckpointCorruption, AFlippedByteAnywhereIsCaughtOrHarmlessNeverWrongDataOrACrash) {
   testing::TempDir dir;
   std::vector<Tensor> tensors;
-  for (int i = 0; i < 6; ++i) tensors.push_back(testing::random_tensor({17 + 50 * i, 3}, i % 2 ? DType::bf16 : DType::f32, i));
+  for (int i = 0; i < 6; ++i)
+    tensors.push_back(testing::random_tensor({17 + 50 * i, 3}, i % 2 ? DType::bf16 : DType::f32, i));
   {
     FileWriter out((dir / "good.h5").string());
     out.set_attribute("/", "step", std::int64_t{12});
@@ -71,9 +72,10 @@ TEST(CheckpointCorruption, AFlippedByteAnywhereIsCaughtOrHarmlessNeverWrongDataO
                     << WTERMSIG(status) << ")";
     }
   }
-  std::cout << "[          ] " << kTrials << " single-bit flips in a " << good.size() << "-byte file: " << counts[kRejected]
-            << " rejected, " << counts[kIdentical] << " harmless, " << counts[kWrongData] << " wrong data, "
-            << counts[kOtherError] << " other errors, " << crashed << " crashes\n";
+  std::cout << "[          ] " << kTrials << " single-bit flips in a " << good.size()
+            << "-byte file: " << counts[kRejected] << " rejected, " << counts[kIdentical] << " harmless, "
+            << counts[kWrongData] << " wrong data, " << counts[kOtherError] << " other errors, " << crashed
+            << " crashes\n";
   EXPECT_EQ(counts[kOtherError], 0);
 }
 

@@ -30,20 +30,22 @@ Tensor state_tensor(std::int64_t step, int i) {
 // Registers a model section whose save reports each written tensor on `progress` and,
 // when `go` is open, waits for a byte from it before writing the next one.
 void register_model(Checkpoint& ckpt, std::int64_t& step, int progress = -1, int go = -1) {
-  ckpt.register_state("model", {.save = [&step, progress, go](SectionWriter& w) {
-                                  for (int i = 0; i < kTensors; ++i) {
-                                    if (go >= 0) {
-                                      char c;
-                                      if (read(go, &c, 1) != 1) _exit(3);
-                                    }
-                                    w.tensor(std::string("t").append(std::to_string(i)), state_tensor(step, i));
-                                    if (progress >= 0 && write(progress, "x", 1) != 1) _exit(4);
-                                  }
-                                },
-                                .load = [](const SectionReader& r) {
-                                  // checked by the caller through the file, see below
-                                  (void)r;
-                                }});
+  ckpt.register_state("model", {.save =
+                                    [&step, progress, go](SectionWriter& w) {
+                                      for (int i = 0; i < kTensors; ++i) {
+                                        if (go >= 0) {
+                                          char c;
+                                          if (read(go, &c, 1) != 1) _exit(3);
+                                        }
+                                        w.tensor(std::string("t").append(std::to_string(i)), state_tensor(step, i));
+                                        if (progress >= 0 && write(progress, "x", 1) != 1) _exit(4);
+                                      }
+                                    },
+                                .load =
+                                    [](const SectionReader& r) {
+                                      // checked by the caller through the file, see below
+                                      (void)r;
+                                    }});
 }
 
 // Loads the latest checkpoint and checks that every tensor is the one of its step.
@@ -54,10 +56,11 @@ std::int64_t expect_loadable(const fs::path& folder) {
   std::int64_t loaded_step = -1;
   std::vector<Tensor> loaded;
   ckpt.register_state("model", {.save = [](SectionWriter&) {},
-                                .load = [&](const SectionReader& r) {
-                                  for (int i = 0; i < kTensors; ++i)
-                                    loaded.push_back(r.tensor(std::string("t").append(std::to_string(i))));
-                                }});
+                                .load =
+                                    [&](const SectionReader& r) {
+                                      for (int i = 0; i < kTensors; ++i)
+                                        loaded.push_back(r.tensor(std::string("t").append(std::to_string(i))));
+                                    }});
   std::optional<Metadata> meta = ckpt.load_latest();
   EXPECT_TRUE(meta);
   if (!meta) return -1;
@@ -145,8 +148,7 @@ TEST(CheckpointCrash, KillNineAtRandomMomentsNeverLosesACheckpoint) {
       ckpt.save(step);
       _exit(0);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(
-        std::uniform_int_distribution<long>(0, save_us * 2)(gen)));
+    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<long>(0, save_us * 2)(gen)));
     kill(child, SIGKILL);
     ASSERT_EQ(reap(child), child);
     std::int64_t loaded = expect_loadable(dir.path());

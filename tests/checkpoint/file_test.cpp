@@ -2,8 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 
 #include "test_util.hpp"
 #include "troupe/checkpoint/error.hpp"
@@ -13,10 +13,10 @@
 namespace troupe::checkpoint {
 namespace {
 
-using testing::TempDir;
 using tensor::DType;
 using tensor::Shape;
 using tensor::Tensor;
+using testing::TempDir;
 
 TEST(CheckpointFile, EveryDTypeAndShapeRoundTripsBitForBit) {
   TempDir dir;
@@ -118,8 +118,8 @@ TEST(CheckpointFile, FormatOneFilesWithVariableLengthStringsAreRead) {
     out.set_attribute("/model", "note", std::string("kept"));
     out.close();
   }
-  std::string cmd = "/usr/bin/python3 " TROUPE_SOURCE_DIR "/tests/checkpoint/as_format1.py " +
-                    (dir / "old.h5").string();
+  std::string cmd =
+      "/usr/bin/python3 " TROUPE_SOURCE_DIR "/tests/checkpoint/as_format1.py " + (dir / "old.h5").string();
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   FileReader in(dir / "old.h5", {.allow_format_1 = true});
   EXPECT_EQ(in.attributes("/").get_string("format_version"), "1.0");
@@ -276,10 +276,13 @@ TEST(CheckpointFile, TruncatedFileIsRejectedAtOpenOrRead) {
   std::vector<char> bytes = testing::read_bytes(dir / "t.h5");
   for (std::size_t keep : {bytes.size() / 2, bytes.size() - 1, std::size_t{100}, std::size_t{0}}) {
     testing::write_bytes(dir / "t.h5", std::vector<char>(bytes.begin(), bytes.begin() + keep));
-    EXPECT_THROW({
-      FileReader in(dir / "t.h5");
-      in.verify_all();
-    }, FormatError) << "kept " << keep << " of " << bytes.size() << " bytes";
+    EXPECT_THROW(
+        {
+          FileReader in(dir / "t.h5");
+          in.verify_all();
+        },
+        FormatError)
+        << "kept " << keep << " of " << bytes.size() << " bytes";
   }
 }
 
@@ -314,8 +317,8 @@ TEST(CheckpointFile, MissingNonHdf5AndIncompleteFilesGetClearErrors) {
 TEST(CheckpointFile, AForeignHdf5FileIsNotTakenForACheckpoint) {
   TempDir dir;
   std::string path = dir / "foreign.h5";
-  std::string cmd = "/usr/bin/python3 -c \"import h5py; f = h5py.File('" + path +
-                    "', 'w'); f['x'] = [1, 2, 3]; f.close()\"";
+  std::string cmd =
+      "/usr/bin/python3 -c \"import h5py; f = h5py.File('" + path + "', 'w'); f['x'] = [1, 2, 3]; f.close()\"";
   ASSERT_EQ(std::system(cmd.c_str()), 0);
   try {
     FileReader in(path);

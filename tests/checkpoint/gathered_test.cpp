@@ -14,22 +14,27 @@ namespace troupe::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::barrier;
-using testing::runtime;
 using tensor::DType;
 using tensor::Shape;
 using tensor::Tensor;
+using testing::barrier;
+using testing::runtime;
 
 using Case = testing::TensorCase;
 // Sizes below, at and above the world size, a 0-dim tensor (one rank holds it), an
 // empty one, and one of 256 KB.
-const Case kCases[] = {{"/model/a.weight", DType::f32, {7}},      {"/model/b.weight", DType::bf16, {3, 5}},
-                       {"/model/steps", DType::i64, {2}},          {"/model/scale", DType::f64, {}},
-                       {"/model/empty", DType::f32, {0}},          {"/model/big", DType::f32, {64, 1024}},
+const Case kCases[] = {{"/model/a.weight", DType::f32, {7}},
+                       {"/model/b.weight", DType::bf16, {3, 5}},
+                       {"/model/steps", DType::i64, {2}},
+                       {"/model/scale", DType::f64, {}},
+                       {"/model/empty", DType::f32, {0}},
+                       {"/model/big", DType::f32, {64, 1024}},
                        {"/optimizer/a.weight/exp_avg", DType::f16, {7}}};
 
 // The same full tensors on every rank (seeded by index).
-Tensor full_tensor(std::size_t i) { return testing::random_tensor(kCases[i].shape, kCases[i].dtype, 100 + static_cast<std::uint32_t>(i)); }
+Tensor full_tensor(std::size_t i) {
+  return testing::random_tensor(kCases[i].shape, kCases[i].dtype, 100 + static_cast<std::uint32_t>(i));
+}
 
 SaveManifest manifest(std::int64_t step) {
   SaveManifest m;
@@ -46,7 +51,7 @@ SaveManifest manifest(std::int64_t step) {
 void send_my_pieces(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step, bool skip = false) {
   actor.ask(&CheckpointActor::begin, manifest(step)).get();
   std::vector<actors::Future<void>> sent;
-  std::vector<Tensor> keep;  // the pieces must outlive their futures
+  std::vector<Tensor> keep;                            // the pieces must outlive their futures
   for (std::size_t i = std::size(kCases); i-- > 0;) {  // reverse order: order does not matter
     if (skip && i == 0) continue;
     Tensor flat = full_tensor(i).reshape({-1});
@@ -90,7 +95,8 @@ void expect_reslices(const FileReader& file, int world) {
       Tensor flat = full_tensor(i).reshape({-1});
       auto [b, e] = shard_range(flat.numel(), q, world);
       Tensor got = file.read_range(kCases[i].name, b, e);
-      EXPECT_TRUE(testing::same_bits(got, flat.slice(b, e).clone())) << kCases[i].name << " rank " << q << " of " << world;
+      EXPECT_TRUE(testing::same_bits(got, flat.slice(b, e).clone()))
+          << kCases[i].name << " rank " << q << " of " << world;
     }
   }
 }
@@ -179,7 +185,8 @@ TEST(GatheredSave, BadPiecesAreRefusedAndTheLastCheckpointStays) {
       // The rest of every tensor arrives, but the save was failed by the refusal.
       for (std::size_t i = 1; i < std::size(kCases); ++i) {
         const Tensor flat = full_tensor(i).reshape({-1});
-        if (flat.numel() > 0) EXPECT_THROW(send_piece(actor, step, static_cast<std::int64_t>(i), 0, flat, 0).get(), Error);
+        if (flat.numel() > 0)
+          EXPECT_THROW(send_piece(actor, step, static_cast<std::int64_t>(i), 0, flat, 0).get(), Error);
       }
       EXPECT_THROW(actor.ask(&CheckpointActor::commit, step).get(), Error) << bad.what;
       std::vector<std::string> left;

@@ -17,27 +17,31 @@ using tensor::Tensor;
 void write_known_checkpoint(const std::filesystem::path& folder) {
   Checkpoint ckpt(folder, 3);
   ckpt.set_run_info({.run_id = "h5py-run", .config_json = "{\"model\": \"mlp\", \"lr\": 0.5}", .world_size = 4});
-  ckpt.register_state("model", {.save = [](SectionWriter& w) {
-                                  w.tensor("layers.0.weight", Tensor::arange(0, 12, 1, DType::f32).reshape({3, 4}));
-                                  w.tensor("layers.0.bias", Tensor::arange(0, 3, 1, DType::f64));
-                                  w.tensor("half", Tensor::arange(0, 6, 1, DType::f32).to(DType::f16).reshape({2, 3}));
-                                  w.tensor("brain", Tensor::from_vector<float>({1.0f, 2.0f, -0.5f}).to(DType::bf16));
-                                  w.tensor("ids", Tensor::arange(-2, 3, 1, DType::i64));
-                                  w.tensor("count", Tensor::arange(5, 7, 1, DType::i32));
-                                  w.tensor("mask", Tensor::arange(250, 256, 1, DType::u8));
-                                  w.tensor("scalar", Tensor::full({}, 7.5, DType::f32));
-                                },
-                                .load = [](const SectionReader&) {}});
-  ckpt.register_state("optimizer", {.save = [](SectionWriter& w) {
-                                      w.attribute("lr", 0.5);
-                                      w.attribute("step", std::int64_t{9});
-                                      w.tensor("layers.0.weight/exp_avg", Tensor::full({3, 4}, 0.25));
-                                    },
+  ckpt.register_state("model",
+                      {.save =
+                           [](SectionWriter& w) {
+                             w.tensor("layers.0.weight", Tensor::arange(0, 12, 1, DType::f32).reshape({3, 4}));
+                             w.tensor("layers.0.bias", Tensor::arange(0, 3, 1, DType::f64));
+                             w.tensor("half", Tensor::arange(0, 6, 1, DType::f32).to(DType::f16).reshape({2, 3}));
+                             w.tensor("brain", Tensor::from_vector<float>({1.0f, 2.0f, -0.5f}).to(DType::bf16));
+                             w.tensor("ids", Tensor::arange(-2, 3, 1, DType::i64));
+                             w.tensor("count", Tensor::arange(5, 7, 1, DType::i32));
+                             w.tensor("mask", Tensor::arange(250, 256, 1, DType::u8));
+                             w.tensor("scalar", Tensor::full({}, 7.5, DType::f32));
+                           },
+                       .load = [](const SectionReader&) {}});
+  ckpt.register_state("optimizer", {.save =
+                                        [](SectionWriter& w) {
+                                          w.attribute("lr", 0.5);
+                                          w.attribute("step", std::int64_t{9});
+                                          w.tensor("layers.0.weight/exp_avg", Tensor::full({3, 4}, 0.25));
+                                        },
                                     .load = [](const SectionReader&) {}});
-  ckpt.register_state("sampler", {.save = [](SectionWriter& w) {
-                                    w.attribute("epoch", std::int64_t{2});
-                                    w.attribute("index", std::int64_t{640});
-                                  },
+  ckpt.register_state("sampler", {.save =
+                                      [](SectionWriter& w) {
+                                        w.attribute("epoch", std::int64_t{2});
+                                        w.attribute("index", std::int64_t{640});
+                                      },
                                   .load = [](const SectionReader&) {}});
   ckpt.save(42, 2);
 }

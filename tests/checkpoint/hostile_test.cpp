@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 using tensor::DType;
 using tensor::Tensor;
 
-Tensor state_of(std::int64_t step) { return testing::random_tensor({8, 8}, DType::f32, static_cast<std::uint32_t>(step)); }
+Tensor state_of(std::int64_t step) {
+  return testing::random_tensor({8, 8}, DType::f32, static_cast<std::uint32_t>(step));
+}
 
 // A Checkpoint of one tensor whose value is a function of the step, with its warnings kept.
 struct Resumer {

@@ -21,8 +21,8 @@ using tensor::Tensor;
 
 constexpr std::int64_t kMiB = 1 << 20;
 constexpr int kTensors = 48;
-constexpr std::int64_t kTensorBytes = 8 * kMiB;       // 384 MB in all
-constexpr std::int64_t kFixedBuffer = 64 * kMiB;      // the allowance
+constexpr std::int64_t kTensorBytes = 8 * kMiB;   // 384 MB in all
+constexpr std::int64_t kFixedBuffer = 64 * kMiB;  // the allowance
 
 std::int64_t status_kib(const char* key) {
   std::ifstream in("/proc/self/status");
@@ -49,19 +49,20 @@ std::int64_t peak_growth_of_save(const std::filesystem::path& folder, Source sou
     std::vector<Tensor> held;
     if (source == Source::live)
       for (int i = 0; i < kTensors; ++i) held.push_back(Tensor::full({kTensorBytes / 4}, i, DType::f32));
-    ckpt.register_state("model", {.save = [&](SectionWriter& w) {
-                                    for (int i = 0; i < kTensors; ++i) {
-                                      std::string name = "layers." + std::to_string(i) + ".weight";
-                                      if (source == Source::scratch) {
-                                        w.tensor(name, w.scratch({kTensorBytes / 4}, DType::f32).fill_(i));
-                                      } else if (source == Source::live) {
-                                        w.tensor(name, held[i]);
-                                      } else {
-                                        held.push_back(Tensor::full({kTensorBytes / 4}, i, DType::f32));
-                                        w.tensor(name, held.back());
-                                      }
-                                    }
-                                  },
+    ckpt.register_state("model", {.save =
+                                      [&](SectionWriter& w) {
+                                        for (int i = 0; i < kTensors; ++i) {
+                                          std::string name = "layers." + std::to_string(i) + ".weight";
+                                          if (source == Source::scratch) {
+                                            w.tensor(name, w.scratch({kTensorBytes / 4}, DType::f32).fill_(i));
+                                          } else if (source == Source::live) {
+                                            w.tensor(name, held[i]);
+                                          } else {
+                                            held.push_back(Tensor::full({kTensorBytes / 4}, i, DType::f32));
+                                            w.tensor(name, held.back());
+                                          }
+                                        }
+                                      },
                                   .load = [](const SectionReader&) {}});
     { std::ofstream("/proc/self/clear_refs") << "5"; }  // peak := current
     std::int64_t before = status_kib("VmRSS:");
@@ -88,9 +89,9 @@ TEST(CheckpointMemory, StreamingSaveOfAStateFiveTimesTheBoundStaysWithinIt) {
   std::int64_t streaming = peak_growth_of_save(dir / "stream", Source::scratch);
   std::int64_t live = peak_growth_of_save(dir / "live", Source::live);
   std::int64_t holding = peak_growth_of_save(dir / "hold", Source::hold);
-  std::cout << "[          ] peak RSS growth saving " << total / kMiB << " MB: built one at a time "
-            << streaming / kMiB << " MB (bound " << bound / kMiB << " MB), already live "
-            << live / kMiB << " MB, control holding every tensor " << holding / kMiB << " MB\n";
+  std::cout << "[          ] peak RSS growth saving " << total / kMiB << " MB: built one at a time " << streaming / kMiB
+            << " MB (bound " << bound / kMiB << " MB), already live " << live / kMiB
+            << " MB, control holding every tensor " << holding / kMiB << " MB\n";
   EXPECT_GE(streaming, 0);
   EXPECT_LE(streaming, bound);
   EXPECT_LE(live, kFixedBuffer) << "saving live tensors copies none of them";

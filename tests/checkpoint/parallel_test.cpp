@@ -17,11 +17,11 @@ namespace troupe::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::barrier;
-using testing::runtime;
 using tensor::DType;
 using tensor::Shape;
 using tensor::Tensor;
+using testing::barrier;
+using testing::runtime;
 
 using Case = testing::TensorCase;
 // Fewer rows than 4 ranks (3 rows: a rank gets 0 rows), 1-D, bf16 and f16, a 0-dim one
@@ -157,7 +157,8 @@ TEST(ParallelSave, EqualsTheGatheredSaveOfTheSameSlicesTensorForTensor) {
   std::vector<actors::Future<void>> sent;
   for (std::size_t i = 0; i < slices.size(); ++i)
     if (slices[i].data.defined() && slices[i].data.numel() > 0)
-      sent.push_back(send_piece(actor, 8, static_cast<std::int64_t>(i), slices[i].begin, slices[i].data, runtime().rank()));
+      sent.push_back(
+          send_piece(actor, 8, static_cast<std::int64_t>(i), slices[i].begin, slices[i].data, runtime().rank()));
   for (auto& f : sent) f.get();
   barrier();
   fs::path gathered = gathered_dir.path() / "ckpt-000000008.h5";
@@ -176,9 +177,9 @@ TEST(ParallelSave, EqualsTheGatheredSaveOfTheSameSlicesTensorForTensor) {
   }
   expect_whole_file(parallel, 8);
   if (runtime().rank() == 0) {  // diff(1)'s convention: 0 is identical, tensors and attributes
-    EXPECT_EQ(run(std::string(TROUPE_CKPT_BINARY) + " diff " + parallel.string() + " " + gathered.string() +
-                  " > /dev/null"),
-              0);
+    EXPECT_EQ(
+        run(std::string(TROUPE_CKPT_BINARY) + " diff " + parallel.string() + " " + gathered.string() + " > /dev/null"),
+        0);
   }
   barrier();
 }
@@ -240,9 +241,8 @@ TEST(ParallelSave, H5pyAndLoadInTorchReadItWithoutTroupe) {
   std::string file = ckpt.save(m, slices).string();
   if (runtime().rank() == 0) {
     std::string scripts = TROUPE_SOURCE_DIR "/tests/checkpoint/";
-    EXPECT_EQ(run("/usr/bin/python3 " + scripts + "check_with_h5py.py " + file + " " +
-                  std::to_string(runtime().size())),
-              0);
+    EXPECT_EQ(
+        run("/usr/bin/python3 " + scripts + "check_with_h5py.py " + file + " " + std::to_string(runtime().size())), 0);
     EXPECT_EQ(run("/usr/bin/python3 " + scripts + "check_load_in_torch.py " + file), 0);
   }
   barrier();
@@ -278,7 +278,8 @@ TEST(ParallelSave, OverlappingSlicesFailOnEveryRankAndKeepThePreviousCheckpoint)
   ckpt.save(manifest(1), slices);
   if (runtime().rank() == 1) {  // one element of rank 0's too
     Tensor flat = full_tensor(kBias);
-    slices[kBias] = Slice{slices[kBias].begin - 1, flat.slice(slices[kBias].begin - 1, slices[kBias].begin + slices[kBias].data.numel())};
+    slices[kBias] = Slice{slices[kBias].begin - 1,
+                          flat.slice(slices[kBias].begin - 1, slices[kBias].begin + slices[kBias].data.numel())};
   }
   expect_refused_everywhere(dir, [&] { ckpt.save(manifest(2), slices); },
                             {"/model/bias", "rank 0's slice [0, ", "rank 1's slice", "overlap"});
@@ -300,8 +301,9 @@ TEST(ParallelSave, RanksWithDifferentShapesAreToldWhichTensorDiffersOnEveryRank)
   ckpt.save(manifest(1), slices);
   SaveManifest other = manifest(2);
   if (runtime().rank() == 1) other.tensors[6].shape = {4, 3, 3};
-  expect_refused_everywhere(dir, [&] { ckpt.save(other, slices); },
-                            {"rank 0 has 'tensor /model/conv f32 [4, 3, 2]'", "rank 1 has 'tensor /model/conv f32 [4, 3, 3]'"});
+  expect_refused_everywhere(
+      dir, [&] { ckpt.save(other, slices); },
+      {"rank 0 has 'tensor /model/conv f32 [4, 3, 2]'", "rank 1 has 'tensor /model/conv f32 [4, 3, 3]'"});
 }
 
 TEST(ParallelSave, ASliceOfTheWrongDTypeOnOneRankFailsOnEveryRank) {
@@ -325,8 +327,9 @@ TEST(ParallelWriter, RanksThatWriteDifferentTensorsAreStoppedBeforeHdf5OnEveryRa
           try {
             file.write(spec, Slice{});
           } catch (const InvalidArgument& e) {
-            EXPECT_NE(std::string(e.what()).find("rank 0 has 'write /model/x f32 [4]', rank 1 has 'write /model/x f32 [5]'"),
-                      std::string::npos)
+            EXPECT_NE(
+                std::string(e.what()).find("rank 0 has 'write /model/x f32 [4]', rank 1 has 'write /model/x f32 [5]'"),
+                std::string::npos)
                 << e.what();
             throw;
           }

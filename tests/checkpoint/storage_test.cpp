@@ -26,7 +26,9 @@ namespace fs = std::filesystem;
 using tensor::DType;
 using tensor::Tensor;
 
-Tensor state_of(std::int64_t step) { return testing::random_tensor({64, 64}, DType::f32, static_cast<std::uint32_t>(step)); }
+Tensor state_of(std::int64_t step) {
+  return testing::random_tensor({64, 64}, DType::f32, static_cast<std::uint32_t>(step));
+}
 
 // A Checkpoint of one tensor whose value is a function of the step, with its warnings kept.
 struct Trial {
@@ -172,8 +174,9 @@ TEST(StorageFaults, StrayNamesInTheFolderAreIgnoredNeverACrash) {
     Trial writer(dir.path());
     writer.save(1);
   }
-  for (const char* name : {".ckpt-000000001.h5.tmp-99999999999999999999", ".ckpt-000000001.h5.tmp-", ".ckpt-x.h5.tmp--5",
-                           "ckpt-1.h5", "ckpt-0000000001.h5", "ckpt-00000000a.h5", "latest.tmp-abc", "notes.txt"})
+  for (const char* name :
+       {".ckpt-000000001.h5.tmp-99999999999999999999", ".ckpt-000000001.h5.tmp-", ".ckpt-x.h5.tmp--5", "ckpt-1.h5",
+        "ckpt-0000000001.h5", "ckpt-00000000a.h5", "latest.tmp-abc", "notes.txt"})
     std::ofstream(dir / name) << "stray";
   // A save in flight on another host (a shared folder): its writer cannot be seen from
   // here, so it is not debris.
@@ -253,9 +256,10 @@ TEST(StorageFaults, ADiskThatFillsDuringASaveFailsItAndTheProcessStillExitsClean
     int status = 0;
     {
       Checkpoint ckpt(dir / "small" / "ckpt", 0);
-      ckpt.register_state("model", {.save = [](SectionWriter& w) {
-                                      w.tensor("w", testing::random_tensor({128, 128}, DType::f32, 1));  // 64 KB
-                                    },
+      ckpt.register_state("model", {.save =
+                                        [](SectionWriter& w) {
+                                          w.tensor("w", testing::random_tensor({128, 128}, DType::f32, 1));  // 64 KB
+                                        },
                                     .load = [](const SectionReader&) {}});
       try {
         ckpt.save(1);
@@ -301,7 +305,8 @@ TEST(FolderLocks, ASecondJobIsRefusedNamingTheFirstUntilItReleases) {
 TEST(FolderLocks, ALeaseFromAnotherHostIsWaitedOutOrRefusedWhileRenewed) {
   testing::TempDir dir;
   const auto write_lease = [&](double until) {
-    std::ofstream(dir / ".troupe-lock") << "run=other host=elsewhere pid=4242 lease_until=" << std::fixed << until << "\n";
+    std::ofstream(dir / ".troupe-lock") << "run=other host=elsewhere pid=4242 lease_until=" << std::fixed << until
+                                        << "\n";
   };
   const auto now = [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

@@ -34,8 +34,7 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-inline tensor::Tensor random_tensor(const tensor::Shape& shape, tensor::DType dtype,
-                                    std::uint32_t seed) {
+inline tensor::Tensor random_tensor(const tensor::Shape& shape, tensor::DType dtype, std::uint32_t seed) {
   tensor::Tensor t = tensor::Tensor::empty(shape, dtype);
   std::mt19937 gen(seed);
   auto* p = static_cast<unsigned char*>(t.raw_data());

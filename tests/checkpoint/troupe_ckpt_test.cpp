@@ -33,8 +33,8 @@ std::string slurp(const fs::path& p) {
 class TroupeCkpt : public ::testing::Test {
  protected:
   ToolRun run(const std::string& arguments) {
-    std::string cmd = std::string(TROUPE_CKPT_BINARY) + " " + arguments + " >" + (dir_ / "stdout").string() +
-                      " 2>" + (dir_ / "stderr").string();
+    std::string cmd = std::string(TROUPE_CKPT_BINARY) + " " + arguments + " >" + (dir_ / "stdout").string() + " 2>" +
+                      (dir_ / "stderr").string();
     int status = std::system(cmd.c_str());
     ToolRun r;
     r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -45,7 +45,8 @@ class TroupeCkpt : public ::testing::Test {
   // True when python's json module parses `text`.
   bool is_json(const std::string& text) {
     testing::write_bytes(dir_ / "out.json", std::vector<char>(text.begin(), text.end()));
-    std::string cmd = "/usr/bin/python3 -c \"import json,sys; json.load(open(sys.argv[1]))\" " + (dir_ / "out.json").string();
+    std::string cmd =
+        "/usr/bin/python3 -c \"import json,sys; json.load(open(sys.argv[1]))\" " + (dir_ / "out.json").string();
     return std::system(cmd.c_str()) == 0;
   }
 
@@ -53,16 +54,19 @@ class TroupeCkpt : public ::testing::Test {
   std::string make(std::int64_t step, bool changed = false, bool extra = false) {
     Checkpoint ckpt(dir_ / "ckpt", 0);
     ckpt.set_run_info({.run_id = "tool-run", .config_json = "{\"lr\": 0.1}", .world_size = 2});
-    ckpt.register_state("model", {.save = [&](SectionWriter& w) {
-                                    float last = changed ? 4.5f : 4.0f;
-                                    w.tensor("fc.weight", Tensor::from_vector<float>({1, 2, 3, last, NAN, INFINITY}, {2, 3}));
-                                    w.tensor("fc.bias", Tensor::from_vector<float>({0.5f, -0.5f}).to(DType::bf16));
-                                    w.tensor("steps", Tensor::arange(0, 4, 1, DType::i64));
-                                    if (extra) w.tensor("new.weight", Tensor::ones({2}));
-                                  },
-                                  .load = [](const SectionReader&) {}});
-    ckpt.register_state("sampler", {.save = [&](SectionWriter& w) { w.attribute("index", std::int64_t{changed ? 7 : 3}); },
-                                    .load = [](const SectionReader&) {}});
+    ckpt.register_state(
+        "model", {.save =
+                      [&](SectionWriter& w) {
+                        float last = changed ? 4.5f : 4.0f;
+                        w.tensor("fc.weight", Tensor::from_vector<float>({1, 2, 3, last, NAN, INFINITY}, {2, 3}));
+                        w.tensor("fc.bias", Tensor::from_vector<float>({0.5f, -0.5f}).to(DType::bf16));
+                        w.tensor("steps", Tensor::arange(0, 4, 1, DType::i64));
+                        if (extra) w.tensor("new.weight", Tensor::ones({2}));
+                      },
+                  .load = [](const SectionReader&) {}});
+    ckpt.register_state("sampler",
+                        {.save = [&](SectionWriter& w) { w.attribute("index", std::int64_t{changed ? 7 : 3}); },
+                         .load = [](const SectionReader&) {}});
     return ckpt.save(step).string();
   }
 
@@ -79,7 +83,9 @@ TEST_F(TroupeCkpt, LsListsTensorsWithDTypesShapesAndTotals) {
   r = run("ls --json " + f);
   EXPECT_EQ(r.rc, 0);
   EXPECT_TRUE(is_json(r.out)) << r.out;
-  EXPECT_NE(r.out.find("{\"name\": \"/model/steps\", \"dtype\": \"i64\", \"shape\": [4], \"bytes\": 32}"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("{\"name\": \"/model/steps\", \"dtype\": \"i64\", \"shape\": [4], \"bytes\": 32}"),
+            std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("\"bytes\": 60}"), std::string::npos) << r.out;
 }
 
@@ -122,7 +128,10 @@ TEST_F(TroupeCkpt, VerifyGivesTheVerdictInItsExitStatus) {
 
   std::vector<char> bytes = testing::read_bytes(bad);
   std::vector<char> steps(32);
-  for (int i = 0; i < 4; ++i) { std::int64_t v = i; std::memcpy(steps.data() + 8 * i, &v, 8); }
+  for (int i = 0; i < 4; ++i) {
+    std::int64_t v = i;
+    std::memcpy(steps.data() + 8 * i, &v, 8);
+  }
   auto at = std::search(bytes.begin(), bytes.end(), steps.begin(), steps.end());
   ASSERT_NE(at, bytes.end());
   at[8] = 9;
@@ -151,7 +160,8 @@ TEST_F(TroupeCkpt, DiffExitsZeroOnlyWhenBitForBitIdentical) {
   std::string b = make(6, /*changed=*/true, /*extra=*/true);
   r = run("diff " + a + " " + b);
   EXPECT_EQ(r.rc, 1) << r.err;
-  EXPECT_NE(r.out.find("different  /model/fc.weight  max abs 0.5  max rel 0.111111  (1 elements)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("different  /model/fc.weight  max abs 0.5  max rel 0.111111  (1 elements)"), std::string::npos)
+      << r.out;
   EXPECT_NE(r.out.find("extra  /model/new.weight"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("attribute /sampler index: 3 -> 7"), std::string::npos) << r.out;
   r = run("diff --json " + b + " " + a);
@@ -181,11 +191,17 @@ TEST_F(TroupeCkpt, EveryCommandHasHelpAndFailsClearlyOnBadFiles) {
   std::vector<char> bytes = testing::read_bytes(good);
   testing::write_bytes(dir_ / "cut.h5", std::vector<char>(bytes.begin(), bytes.begin() + bytes.size() / 2));
   std::string foreign = (dir_ / "foreign.h5").string();
-  ASSERT_EQ(std::system(("/usr/bin/python3 -c \"import h5py; h5py.File('" + foreign + "', 'w')['x'] = [1]\"").c_str()), 0);
+  ASSERT_EQ(std::system(("/usr/bin/python3 -c \"import h5py; h5py.File('" + foreign + "', 'w')['x'] = [1]\"").c_str()),
+            0);
 
-  struct Case { const char* file; const char* message; };
-  const Case cases[] = {{"absent.h5", "no such file"}, {"text.h5", "not an HDF5 file"},
-                        {"cut.h5", "truncated"}, {"foreign.h5", "not a troupe checkpoint"}};
+  struct Case {
+    const char* file;
+    const char* message;
+  };
+  const Case cases[] = {{"absent.h5", "no such file"},
+                        {"text.h5", "not an HDF5 file"},
+                        {"cut.h5", "truncated"},
+                        {"foreign.h5", "not a troupe checkpoint"}};
   for (std::string command : {"ls", "show", "meta", "verify", "diff", "export"}) {
     ToolRun h = run(command + " --help");
     EXPECT_EQ(h.rc, 0) << command;

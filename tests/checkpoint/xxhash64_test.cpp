@@ -9,9 +9,7 @@
 namespace troupe::checkpoint {
 namespace {
 
-std::uint64_t hash(const std::string& s, std::uint64_t seed = 0) {
-  return xxh64(s.data(), s.size(), seed);
-}
+std::uint64_t hash(const std::string& s, std::uint64_t seed = 0) { return xxh64(s.data(), s.size(), seed); }
 
 // Published values: the empty input from xxHash's own sanity checks (xxhsum of an empty
 // file), the others from the python-xxhash README and xxHash's reference outputs.

@@ -31,8 +31,8 @@ void check_allreduce(Communicator& comm, ReduceOp op, DType dtype, bool in_place
     comm.allreduce(input.buffer(), output.buffer(), op);
   }
   const Data& got = in_place ? input : output;
-  EXPECT_EQ(compare(got, [&](std::size_t i) { return reduced(op, pattern, dtype, comm.size(), i); },
-                    tolerance(op, dtype)),
+  EXPECT_EQ(compare(
+                got, [&](std::size_t i) { return reduced(op, pattern, dtype, comm.size(), i); }, tolerance(op, dtype)),
             "")
       << "size " << n << " on rank " << comm.rank();
   if (!in_place) {

@@ -24,47 +24,55 @@ void expect_rejected(Communicator& comm, Call&& call, const std::string& part) {
 
 TEST(ArgumentChecks, RejectAnOutputOfTheWrongSizeNamingBothSizes) {
   std::vector<float> in(4), out(5);
-  expect_rejected(world(), [&] { world().allreduce(Buffer(in), Buffer(out)); },
-                  "size mismatch, input has 4 elements, output 5");
+  expect_rejected(
+      world(), [&] { world().allreduce(Buffer(in), Buffer(out)); }, "size mismatch, input has 4 elements, output 5");
 }
 
 TEST(ArgumentChecks, RejectAnAllgatherOutputThatIsNotSizeTimesTheInput) {
   std::vector<float> in(4), out(4 * world().size() + 1);
-  expect_rejected(world(), [&] { world().allgather(Buffer(in), Buffer(out)); }, "size mismatch");
+  expect_rejected(
+      world(), [&] { world().allgather(Buffer(in), Buffer(out)); }, "size mismatch");
 }
 
 TEST(ArgumentChecks, RejectACudaBufferGivenToTheMpiBackend) {
   // The pointer is never dereferenced: the device alone decides.
   float fake = 0;
   Buffer on_gpu(&fake, 1, DType::f32, Device::cuda(0));
-  expect_rejected(world(), [&] { world().allreduce(on_gpu); }, "needs host memory");
+  expect_rejected(
+      world(), [&] { world().allreduce(on_gpu); }, "needs host memory");
 }
 
 TEST(ArgumentChecks, RejectMixedDTypes) {
   std::vector<float> in(4);
   std::vector<double> out(4);
-  expect_rejected(world(), [&] { world().allreduce(Buffer(in), Buffer(out)); }, "input is f32 but output is f64");
+  expect_rejected(
+      world(), [&] { world().allreduce(Buffer(in), Buffer(out)); }, "input is f32 but output is f64");
 }
 
 TEST(ArgumentChecks, RejectAvgOnIntegers) {
   std::vector<std::uint8_t> data(3);
-  expect_rejected(world(), [&] { world().allreduce(Buffer(data), ReduceOp::avg); }, "avg is not defined on u8");
+  expect_rejected(
+      world(), [&] { world().allreduce(Buffer(data), ReduceOp::avg); }, "avg is not defined on u8");
 }
 
 TEST(ArgumentChecks, RejectARootOutsideTheCommunicator) {
   std::vector<float> data(3);
-  expect_rejected(world(), [&] { world().broadcast(Buffer(data), world().size()); }, "is not a rank");
-  expect_rejected(world(), [&] { world().reduce(Buffer(data), -1); }, "is not a rank");
+  expect_rejected(
+      world(), [&] { world().broadcast(Buffer(data), world().size()); }, "is not a rank");
+  expect_rejected(
+      world(), [&] { world().reduce(Buffer(data), -1); }, "is not a rank");
 }
 
 TEST(ArgumentChecks, RejectANullBufferWithElements) {
   Buffer null(static_cast<float*>(nullptr), 3);
-  expect_rejected(world(), [&] { world().allreduce(null); }, "null");
+  expect_rejected(
+      world(), [&] { world().allreduce(null); }, "null");
 }
 
 TEST(ArgumentChecks, RejectSendToARankThatDoesNotExist) {
   std::vector<float> data(3);
-  expect_rejected(world(), [&] { world().send(Buffer(data), world().size() + 2); }, "peer");
+  expect_rejected(
+      world(), [&] { world().send(Buffer(data), world().size() + 2); }, "peer");
 }
 
 TEST(SingleRank, CollectivesAreTheIdentityAndCompleteAtOnce) {

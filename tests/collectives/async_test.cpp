@@ -33,10 +33,14 @@ TEST(AsyncCollectives, OverlapAndEachDeliversItsOwnResult) {
   for (auto it = works.rbegin(); it != works.rend(); ++it) it->wait();
   for (auto& w : works) EXPECT_TRUE(w.is_success());
   for (auto& d : sums) {
-    EXPECT_EQ(compare(d, [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::f32, size, i); }), "");
+    EXPECT_EQ(compare(d, [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::f32, size, i); }),
+              "");
   }
   EXPECT_EQ(compare(bcast, [&](std::size_t i) { return value(Pattern::mixed, DType::i64, size - 1, i); }), "");
-  EXPECT_EQ(compare(gathered, [&](std::size_t i) { return value(Pattern::mixed, DType::bf16, static_cast<int>(i / 33), i % 33); }), "");
+  EXPECT_EQ(
+      compare(gathered,
+              [&](std::size_t i) { return value(Pattern::mixed, DType::bf16, static_cast<int>(i / 33), i % 33); }),
+      "");
 }
 
 TEST(AsyncCollectives, TestReportsCompletionWithoutBlocking) {
@@ -48,16 +52,20 @@ TEST(AsyncCollectives, TestReportsCompletionWithoutBlocking) {
   EXPECT_TRUE(work.is_success());
   EXPECT_EQ(work.exception(), nullptr);
   EXPECT_NO_THROW(work.wait(std::chrono::milliseconds(1)));
-  EXPECT_EQ(compare(data, [&](std::size_t i) { return reduced(ReduceOp::max, Pattern::mixed, DType::f64, world().size(), i); }), "");
+  EXPECT_EQ(
+      compare(data,
+              [&](std::size_t i) { return reduced(ReduceOp::max, Pattern::mixed, DType::f64, world().size(), i); }),
+      "");
 }
 
 TEST(AsyncCollectives, ADroppedHandleStillCompletesAndTheCommunicatorGoesOn) {
   Data data = input_of(Pattern::mixed, DType::i32, world().rank(), 100000);
-  {
-    Work dropped = world().allreduce_async(data.buffer());
-  }  // no terminate, no cancel
-  world().barrier();  // waiting drives everything in flight, in order
-  EXPECT_EQ(compare(data, [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::i32, world().size(), i); }), "");
+  { Work dropped = world().allreduce_async(data.buffer()); }  // no terminate, no cancel
+  world().barrier();                                          // waiting drives everything in flight, in order
+  EXPECT_EQ(
+      compare(data,
+              [&](std::size_t i) { return reduced(ReduceOp::sum, Pattern::mixed, DType::i32, world().size(), i); }),
+      "");
 }
 
 // A tensor dropped while its allreduce runs: the collective holds the storage until it

@@ -51,7 +51,7 @@ TEST(BoardCall, GivesTheBitsOfTheSharedMemoryRoundsOnEveryRank) {
         SCOPED_TRACE(::testing::Message() << dtype << " x " << count << " " << op);
         const Data input = noisy(dtype, count, rank, ++salt);
         Data on_board = input, in_rounds = input;
-        comm.allreduce(on_board.buffer(), op);              // blocking and small: the board
+        comm.allreduce(on_board.buffer(), op);                // blocking and small: the board
         comm.allreduce_async(in_rounds.buffer(), op).wait();  // async: the shared-memory rounds
         EXPECT_TRUE(same_bytes(on_board, in_rounds));
         EXPECT_TRUE(same_bytes(on_board, rank0s(on_board)));
@@ -88,13 +88,16 @@ TEST(BoardCall, InPlaceFormsReadTheirOwnDataBackFromTheBoard) {
   Data all(DType::f32, block * n);
   for (std::size_t i = 0; i < block; ++i) all.set(rank * block + i, rank * 10.0 + static_cast<double>(i));
   comm.allgather(all.buffer());
-  EXPECT_EQ(compare(all, [&](std::size_t i) { return static_cast<double>(i / block) * 10 + static_cast<double>(i % block); }), "");
+  EXPECT_EQ(
+      compare(all, [&](std::size_t i) { return static_cast<double>(i / block) * 10 + static_cast<double>(i % block); }),
+      "");
   Data sums(DType::f32, block * n);
   for (std::size_t i = 0; i < sums.count; ++i) sums.set(i, static_cast<double>(i));
   comm.reduce_scatter(sums.buffer());
   Data mine(DType::f32, block);
   std::memcpy(mine.bytes.data(), sums.bytes.data() + rank * block * sizeof(float), block * sizeof(float));
-  EXPECT_EQ(compare(mine, [&](std::size_t i) { return static_cast<double>(n) * static_cast<double>(rank * block + i); }), "");
+  EXPECT_EQ(
+      compare(mine, [&](std::size_t i) { return static_cast<double>(n) * static_cast<double>(rank * block + i); }), "");
 }
 
 TEST(BoardCall, ReusesItsEntriesFarPastTheBoardsSize) {

@@ -60,8 +60,8 @@ TEST_P(CollectivesOnEveryRank, BroadcastCopiesEachRootsBufferEverywhere) {
       } else {
         comm.broadcast(input.buffer(), output.buffer(), root);
       }
-      EXPECT_EQ(compare(in_place ? input : output, [&](std::size_t i) { return value(Pattern::mixed, dtype, root, i); }),
-                "")
+      EXPECT_EQ(
+          compare(in_place ? input : output, [&](std::size_t i) { return value(Pattern::mixed, dtype, root, i); }), "")
           << "size " << n << " root " << root;
       if (n > 1024) break;  // one root is enough at the large size
     }
@@ -82,8 +82,9 @@ TEST_P(CollectivesOnEveryRank, ReduceLeavesEveryReductionOnTheRoot) {
         comm.reduce(input.buffer(), output.buffer(), root, op);
       }
       if (rank == root) {
-        EXPECT_EQ(compare(in_place ? input : output,
-                          [&](std::size_t i) { return reduced(op, pattern, dtype, size, i); }, tolerance(op, dtype)),
+        EXPECT_EQ(compare(
+                      in_place ? input : output, [&](std::size_t i) { return reduced(op, pattern, dtype, size, i); },
+                      tolerance(op, dtype)),
                   "")
             << op << " size " << n;
       }
@@ -96,16 +97,17 @@ TEST_P(CollectivesOnEveryRank, AllgatherPutsRankIsInputAtBlockI) {
     Data output(dtype, n * n_ranks);
     if (in_place) {
       Data mine = input_of(Pattern::mixed, dtype, rank, n);
-      if (n) std::memcpy(output.bytes.data() + rank * mine.count * tensor::element_size(dtype), mine.bytes.data(),
-                         n * tensor::element_size(dtype));
+      if (n)
+        std::memcpy(output.bytes.data() + rank * mine.count * tensor::element_size(dtype), mine.bytes.data(),
+                    n * tensor::element_size(dtype));
       comm.allgather(output.buffer());
     } else {
       Data input = input_of(Pattern::mixed, dtype, rank, n);
       comm.allgather(input.buffer(), output.buffer());
     }
-    EXPECT_EQ(compare(output,
-                      [&](std::size_t i) { return value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n); }),
-              "")
+    EXPECT_EQ(
+        compare(output, [&](std::size_t i) { return value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n); }),
+        "")
         << "size " << n;
   }
 }
@@ -137,14 +139,16 @@ TEST_P(CollectivesOnEveryRank, ReduceScatterLeavesBlockIReducedOnRankI) {
       if (in_place) {
         comm.reduce_scatter(input.buffer(), op);
         Data mine(dtype, n);
-        if (n) std::memcpy(mine.bytes.data(), input.bytes.data() + first * tensor::element_size(dtype),
-                           n * tensor::element_size(dtype));
+        if (n)
+          std::memcpy(mine.bytes.data(), input.bytes.data() + first * tensor::element_size(dtype),
+                      n * tensor::element_size(dtype));
         output = mine;
       } else {
         comm.reduce_scatter(input.buffer(), output.buffer(), op);
       }
-      EXPECT_EQ(compare(output, [&](std::size_t i) { return reduced(op, pattern, dtype, size, first + i); },
-                        tolerance(op, dtype)),
+      EXPECT_EQ(compare(
+                    output, [&](std::size_t i) { return reduced(op, pattern, dtype, size, first + i); },
+                    tolerance(op, dtype)),
                 "")
           << op << " size " << n;
     }
@@ -157,17 +161,18 @@ TEST_P(CollectivesOnEveryRank, GatherCollectsEveryInputOnTheRoot) {
     Data output(dtype, rank == root ? n * n_ranks : 0);
     Data input = input_of(Pattern::mixed, dtype, rank, n);
     if (in_place && rank == root) {
-      if (n) std::memcpy(output.bytes.data() + rank * n * tensor::element_size(dtype), input.bytes.data(),
-                         n * tensor::element_size(dtype));
+      if (n)
+        std::memcpy(output.bytes.data() + rank * n * tensor::element_size(dtype), input.bytes.data(),
+                    n * tensor::element_size(dtype));
       Buffer whole = output.buffer();
       comm.gather(whole.slice(rank * n, n), whole, root);
     } else {
       comm.gather(input.buffer(), output.buffer(), root);
     }
     if (rank == root) {
-      EXPECT_EQ(compare(output,
-                        [&](std::size_t i) { return value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n); }),
-                "")
+      EXPECT_EQ(
+          compare(output, [&](std::size_t i) { return value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n); }),
+          "")
           << "size " << n;
     }
   }
@@ -178,13 +183,15 @@ TEST_P(CollectivesOnEveryRank, ScatterSendsBlockIOfTheRootToRankI) {
     const int root = static_cast<int>((n + 2) % n_ranks);
     // The root's input: block i holds rank i's pattern.
     Data input(dtype, rank == root ? n * n_ranks : 0);
-    for (std::size_t i = 0; i < input.count; ++i) input.set(i, value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n));
+    for (std::size_t i = 0; i < input.count; ++i)
+      input.set(i, value(Pattern::mixed, dtype, static_cast<int>(i / n), i % n));
     Data output(dtype, n);
     if (in_place && rank == root) {
       Buffer whole = input.buffer();
       comm.scatter(whole, whole.slice(rank * n, n), root);
-      if (n) std::memcpy(output.bytes.data(), input.bytes.data() + rank * n * tensor::element_size(dtype),
-                         n * tensor::element_size(dtype));
+      if (n)
+        std::memcpy(output.bytes.data(), input.bytes.data() + rank * n * tensor::element_size(dtype),
+                    n * tensor::element_size(dtype));
     } else {
       comm.scatter(input.buffer(), output.buffer(), root);
     }

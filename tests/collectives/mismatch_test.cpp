@@ -12,9 +12,9 @@
 
 #include "signature_check.hpp"
 #include "test_world.hpp"
-#include "troupe/tensor/half.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/operation.hpp"
+#include "troupe/tensor/half.hpp"
 
 namespace troupe::collectives::testing {
 namespace {
@@ -47,8 +47,8 @@ std::vector<Path> paths() {
 
 // Runs `call(comm, deviate)` on a fresh communicator, the last rank deviating, and
 // checks that every rank's first call threw CollectiveMismatch naming the deviation.
-void expect_mismatch(const Path& path, const std::string& what,
-                     const std::function<void(Communicator&, bool)>& call, const std::string& deviant_call) {
+void expect_mismatch(const Path& path, const std::string& what, const std::function<void(Communicator&, bool)>& call,
+                     const std::string& deviant_call) {
   MpiCommunicator comm(MPI_COMM_WORLD, path.options);
   const int last = comm.size() - 1;
   std::string message;
@@ -91,8 +91,10 @@ TEST_P(SignatureCheck, CatchesAnotherDtypeOfTheSameSize) {
       [&](Communicator& comm, bool deviate) {
         std::vector<float> f(p.count, 1.0f);
         std::vector<std::int32_t> i(p.count, 1);
-        if (deviate) comm.allreduce(Buffer(i));
-        else comm.allreduce(Buffer(f));
+        if (deviate)
+          comm.allreduce(Buffer(i));
+        else
+          comm.allreduce(Buffer(f));
       },
       "allreduce #0 (sum, " + std::to_string(p.count) + " x i32");
 }
@@ -102,7 +104,8 @@ TEST_P(SignatureCheck, CatchesAnotherDtypeOfTheSameSize) {
 // and a packed call's messages are received whatever their length (packed_call.cpp).
 TEST_P(SignatureCheck, CatchesAnotherCount) {
   const Path p = path();
-  if (p.direct && !p.packed) GTEST_SKIP() << "a blocking call of another size may hang inside MPI (the watchdog's case)";
+  if (p.direct && !p.packed)
+    GTEST_SKIP() << "a blocking call of another size may hang inside MPI (the watchdog's case)";
   expect_mismatch(
       p, "count",
       [&](Communicator& comm, bool deviate) {
@@ -219,8 +222,10 @@ TEST(PackedSignature, AnAllgatherOfAnotherDtypeFailsEveryRank) {
       [&](Communicator& comm, bool deviate) {
         std::vector<float> f(3, 1.0f), fs(3 * static_cast<std::size_t>(comm.size()));
         std::vector<std::int32_t> i(3, 1), is(fs.size());
-        if (deviate) comm.allgather(Buffer(i), Buffer(is));
-        else comm.allgather(Buffer(f), Buffer(fs));
+        if (deviate)
+          comm.allgather(Buffer(i), Buffer(is));
+        else
+          comm.allgather(Buffer(f), Buffer(fs));
       },
       "allgather #0 (3 x i32");
 }
@@ -314,11 +319,11 @@ class DeviceCall final : public Operation {
 struct CheckedDeviceCall {
   CheckedDeviceCall(MPI_Comm comm, int rank, int size, Collective c)
       : call(std::make_shared<DeviceCall>(c)),
-        checked(detail::with_signature_check(call, nullptr, comm, rank, size, std::chrono::seconds(30), nullptr,
-                                             [this] {
-                                               ++aborts;
-                                               call->aborted = true;
-                                             })) {
+        checked(
+            detail::with_signature_check(call, nullptr, comm, rank, size, std::chrono::seconds(30), nullptr, [this] {
+              ++aborts;
+              call->aborted = true;
+            })) {
     checked->start();
   }
   // Polls the checked call until it completes (true), fails (its error rethrown) or 20 s pass (false).
@@ -391,7 +396,7 @@ TEST_F(DeviceCallCheck, MatchingCallsCompleteWithTheirDevicePart) {
 }
 
 std::string path_name(const ::testing::TestParamInfo<int>& info) {
-  static const char* const names[] = {"OnTheBoard",       "DirectBoard", "SharedMemory",
+  static const char* const names[] = {"OnTheBoard",       "DirectBoard",    "SharedMemory",
                                       "DirectAllreduced", "NonBlockingMpi", "Ring"};
   return names[info.param];
 }

@@ -16,9 +16,7 @@ namespace {
 using tensor::Device;
 using tensor::Tensor;
 
-bool nccl_usable() {
-  return NcclCommunicator::available() && world().size() <= tensor::cuda_device_count();
-}
+bool nccl_usable() { return NcclCommunicator::available() && world().size() <= tensor::cuda_device_count(); }
 
 std::string why_no_nccl() {
   return troupe::detail::concat("needs NCCL and one CUDA device per rank (", world().size(), " ranks, ",

@@ -26,9 +26,9 @@ std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
 
 TEST(SlotWriter, StreamingCopiesAreExactAtEveryAlignmentAndLength) {
   constexpr std::size_t kGuard = 64;
-  for (std::size_t length : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17},
-                             std::size_t{63}, std::size_t{64}, std::size_t{65}, std::size_t{1000},
-                             std::size_t{(64 << 10) + 13}}) {
+  for (std::size_t length :
+       {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16}, std::size_t{17}, std::size_t{63},
+        std::size_t{64}, std::size_t{65}, std::size_t{1000}, std::size_t{(64 << 10) + 13}}) {
     for (std::size_t dst_offset = 0; dst_offset < 20; dst_offset += 3) {
       for (std::size_t src_offset : {std::size_t{0}, std::size_t{5}}) {
         const auto src = pattern(length + src_offset, static_cast<unsigned>(length));
@@ -55,8 +55,8 @@ TEST(SlotWriter, EveryCopyIsExactWhicheverKindOfStoresItPicks) {
     const std::size_t length = i % 3 == 0 ? SlotWriter::kTimedBytes - 1 : (256 << 10) - 16 * (i % 5);
     const auto data = pattern(length, i);
     writer.copy(slot.data() + i % 4, data.data(), length);
-    ASSERT_TRUE(std::equal(data.begin(), data.end(), slot.begin() + i % 4)) << "copy " << i << " of " << length
-                                                                            << " bytes";
+    ASSERT_TRUE(std::equal(data.begin(), data.end(), slot.begin() + i % 4))
+        << "copy " << i << " of " << length << " bytes";
   }
 }
 

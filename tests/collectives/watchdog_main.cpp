@@ -25,8 +25,10 @@ int main(int argc, char** argv) {
   if (mismatch) {
     std::vector<float> all(static_cast<std::size_t>(comm.size()));
     try {
-      if (comm.rank() == 0) comm.barrier();  // #1
-      else comm.allgather(troupe::collectives::Buffer(&value, 1), troupe::collectives::Buffer(all));  // #1
+      if (comm.rank() == 0)
+        comm.barrier();  // #1
+      else
+        comm.allgather(troupe::collectives::Buffer(&value, 1), troupe::collectives::Buffer(all));  // #1
     } catch (const std::exception& e) {  // MPI let the calls through: the check after them names it
       std::fprintf(stderr, "rank %d: %s\n", comm.rank(), e.what());
       return 1;

@@ -118,9 +118,9 @@ Type pick_type(Program& p, Ids& ids) {
 
 // Link and attribute names, among them ones a terminal or a path would misread.
 std::string pick_name(Program& p) {
-  static const char* const kNames[] = {"w", "model", "optimizer", "fc.weight", "exp_avg", "a", "b", "step",
-                                       "dtype", "xxh64", "complete", "format", "x\ny", "\x1b[31mred", "..",
-                                       "caf\xc3\xa9", "\xff\xfe", " "};
+  static const char* const kNames[] = {"w",    "model",       "optimizer", "fc.weight",   "exp_avg",  "a",
+                                       "b",    "step",        "dtype",     "xxh64",       "complete", "format",
+                                       "x\ny", "\x1b[31mred", "..",        "caf\xc3\xa9", "\xff\xfe", " "};
   const std::size_t i = p.pick(std::size(kNames) + 2);
   if (i < std::size(kNames)) return kNames[i];
   if (i == std::size(kNames)) return std::string(200 + p.pick(200), 'n');
@@ -128,8 +128,20 @@ std::string pick_name(Program& p) {
 }
 
 hsize_t pick_dim(Program& p) {
-  static const hsize_t kDims[] = {0, 1, 2, 3, 5, 16, 255, 4096, hsize_t{1} << 20, hsize_t{1} << 31,
-                                  hsize_t{1} << 32, hsize_t{1} << 40, hsize_t{1} << 62, (hsize_t{1} << 63) - 1,
+  static const hsize_t kDims[] = {0,
+                                  1,
+                                  2,
+                                  3,
+                                  5,
+                                  16,
+                                  255,
+                                  4096,
+                                  hsize_t{1} << 20,
+                                  hsize_t{1} << 31,
+                                  hsize_t{1} << 32,
+                                  hsize_t{1} << 40,
+                                  hsize_t{1} << 62,
+                                  (hsize_t{1} << 63) - 1,
                                   ~hsize_t{0} - 1};
   return kDims[p.pick(std::size(kDims))];
 }

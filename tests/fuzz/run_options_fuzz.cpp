@@ -11,8 +11,10 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::vector<std::string> args(1);
   for (std::size_t i = 0; i < size; ++i) {
-    if (data[i] == 0) args.emplace_back();
-    else args.back().push_back(static_cast<char>(data[i]));
+    if (data[i] == 0)
+      args.emplace_back();
+    else
+      args.back().push_back(static_cast<char>(data[i]));
   }
   try {
     troupe::supervisor::parse_run_options(args);

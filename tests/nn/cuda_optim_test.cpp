@@ -39,10 +39,26 @@ void expect_cuda_steps_match_cpu(const MakeOptimizer& make, const char* what) {
 
 TEST(CudaOptim, SgdAdamAndAdamWStepCudaParametersLikeCpuOnes) {
   if (!tensor::cuda_available()) GTEST_SKIP() << (tensor::cuda_built() ? "no CUDA device" : "built without CUDA");
-  expect_cuda_steps_match_cpu([](Parameter& p) { return std::make_unique<SGD>(std::vector<NamedParameter>{{"p", &p}}, 0.1, 0.9, 0.0, 1e-2, true); }, "SGD nesterov");
-  expect_cuda_steps_match_cpu([](Parameter& p) { return std::make_unique<SGD>(std::vector<NamedParameter>{{"p", &p}}, 0.1); }, "SGD plain");
-  expect_cuda_steps_match_cpu([](Parameter& p) { return std::make_unique<Adam>(std::vector<NamedParameter>{{"p", &p}}, 1e-2, Betas{0.9, 0.999}, 1e-8, 0.1); }, "Adam");
-  expect_cuda_steps_match_cpu([](Parameter& p) { return std::make_unique<AdamW>(std::vector<NamedParameter>{{"p", &p}}, 1e-2); }, "AdamW");
+  expect_cuda_steps_match_cpu(
+      [](Parameter& p) {
+        return std::make_unique<SGD>(std::vector<NamedParameter>{{"p", &p}}, 0.1, 0.9, 0.0, 1e-2, true);
+      },
+      "SGD nesterov");
+  expect_cuda_steps_match_cpu(
+      [](Parameter& p) {
+        return std::make_unique<SGD>(std::vector<NamedParameter>{{"p", &p}}, 0.1);
+      },
+      "SGD plain");
+  expect_cuda_steps_match_cpu(
+      [](Parameter& p) {
+        return std::make_unique<Adam>(std::vector<NamedParameter>{{"p", &p}}, 1e-2, Betas{0.9, 0.999}, 1e-8, 0.1);
+      },
+      "Adam");
+  expect_cuda_steps_match_cpu(
+      [](Parameter& p) {
+        return std::make_unique<AdamW>(std::vector<NamedParameter>{{"p", &p}}, 1e-2);
+      },
+      "AdamW");
 }
 
 TEST(CudaOptim, ACudaParameterOtherThanF32IsAClearError) {

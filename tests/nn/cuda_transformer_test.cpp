@@ -40,7 +40,6 @@ double relative_error(const Tensor& a, const Tensor& b) {
 
 double bound_for(DType t) { return t == DType::f64 ? 1e-12 : t == DType::f32 ? 1e-5 : 2e-2; }
 
-
 }  // namespace
 
 // Head sizes 8, 32 (the 32-wide kernels), 48, 64 (64-wide) and 96, 128 (128-wide);
@@ -50,8 +49,8 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheCpuForEveryHeadSizeAndLength) {
   struct Case {
     std::int64_t batch, time, heads, head_dim;
   };
-  const std::vector<Case> cases = {{2, 1, 2, 8},  {2, 63, 2, 32}, {1, 64, 3, 48},
-                                   {2, 130, 2, 64}, {1, 70, 1, 96}, {1, 65, 2, 128}, {1, 300, 2, 64}};
+  const std::vector<Case> cases = {{2, 1, 2, 8},   {2, 63, 2, 32},  {1, 64, 3, 48}, {2, 130, 2, 64},
+                                   {1, 70, 1, 96}, {1, 65, 2, 128}, {1, 300, 2, 64}};
   for (DType t : {DType::f32, DType::f64, DType::bf16}) {
     for (const Case& c : cases) {
       const std::int64_t C = c.heads * c.head_dim;

@@ -59,9 +59,11 @@ int main(int argc, char** argv) {
   const nn::GPTConfig config{.block_size = kTime, .vocab_size = 65, .n_layer = 2, .n_head = 4, .n_embd = 64};
   nn::GPT model(config, 1234);
   checkpoint::FileWriter out(argv[1]);
-  for (const auto& [key, value] : std::vector<std::pair<const char*, std::int64_t>>{
-           {"block_size", config.block_size}, {"vocab_size", config.vocab_size}, {"n_layer", config.n_layer},
-           {"n_head", config.n_head}, {"n_embd", config.n_embd}})
+  for (const auto& [key, value] : std::vector<std::pair<const char*, std::int64_t>>{{"block_size", config.block_size},
+                                                                                    {"vocab_size", config.vocab_size},
+                                                                                    {"n_layer", config.n_layer},
+                                                                                    {"n_head", config.n_head},
+                                                                                    {"n_embd", config.n_embd}})
     out.set_attribute("/", key, value);
   write_state(out, "/init", model.state_dict());
 

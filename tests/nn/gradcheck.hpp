@@ -66,13 +66,15 @@ inline void expect_module_gradients(Module& module, const Tensor& input, const G
 
   if (tensor::is_floating(input.dtype())) {
     double* x = input.data<double>();
-    expect_close(grad_input, [&](std::int64_t i) { return central_difference(x + i, opt.eps, loss); }, opt,
-                 module.type_name() + " input");
+    expect_close(
+        grad_input, [&](std::int64_t i) { return central_difference(x + i, opt.eps, loss); }, opt,
+        module.type_name() + " input");
   }
   for (auto& [name, param] : module.named_parameters()) {
     double* p = param->data.data<double>();
-    expect_close(param->grad, [&](std::int64_t i) { return central_difference(p + i, opt.eps, loss); }, opt,
-                 module.type_name() + " parameter '" + name + "'");
+    expect_close(
+        param->grad, [&](std::int64_t i) { return central_difference(p + i, opt.eps, loss); }, opt,
+        module.type_name() + " parameter '" + name + "'");
   }
 }
 
@@ -80,7 +82,8 @@ inline void expect_module_gradients(Module& module, const Tensor& input, const G
 inline void expect_gradient(const std::function<double()>& f, const Tensor& x, const Tensor& analytic,
                             const std::string& what, const GradCheck& opt = {}) {
   double* v = x.data<double>();
-  expect_close(analytic, [&](std::int64_t i) { return central_difference(v + i, opt.eps, f); }, opt, what);
+  expect_close(
+      analytic, [&](std::int64_t i) { return central_difference(v + i, opt.eps, f); }, opt, what);
 }
 
 }  // namespace troupe::nn::gradcheck

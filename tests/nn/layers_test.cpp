@@ -14,8 +14,8 @@
 
 using namespace troupe;
 using namespace troupe::nn;
-using tensor::Generator;
 using gradcheck::expect_module_gradients;
+using tensor::Generator;
 
 namespace {
 
@@ -192,7 +192,7 @@ TEST(Dropout, SameGeneratorStateGivesTheSameMaskAndTheStateAdvances) {
   EXPECT_GT(offset, 0u);
   const Tensor second = a.forward(x);
   EXPECT_FALSE(tensor::equal(first, second));  // a new mask each step
-  a.generator().set_state(42, offset);          // as a resumed run would
+  a.generator().set_state(42, offset);         // as a resumed run would
   EXPECT_TRUE(tensor::equal(a.forward(x), second));
 }
 

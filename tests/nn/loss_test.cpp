@@ -25,7 +25,7 @@ void expect_cross_entropy_gradient(CrossEntropyLoss& loss, const Tensor& logits,
   loss.forward(logits, target);
   const Tensor analytic = loss.backward(scale);
   gradcheck::expect_gradient([&] { return scale * loss.forward(logits, target).item(); }, logits, analytic,
-                           "CrossEntropyLoss logits");
+                             "CrossEntropyLoss logits");
 }
 
 }  // namespace
@@ -43,8 +43,8 @@ TEST(CrossEntropyLoss, ForwardMatchesAHandComputedValue) {
 TEST(CrossEntropyLoss, LabelSmoothingFollowsPyTorchsFormula) {
   // (1 - eps) * nll + eps * mean over classes of -log p
   CrossEntropyLoss smooth(-100, 0.1);
-  EXPECT_NEAR(smooth.forward(Tensor::from_vector<double>({1, 2, 3}, {1, 3}), targets({2})).item(),
-              0.5076059644443801, 1e-15);
+  EXPECT_NEAR(smooth.forward(Tensor::from_vector<double>({1, 2, 3}, {1, 3}), targets({2})).item(), 0.5076059644443801,
+              1e-15);
   CrossEntropyLoss smoother(-100, 0.2);
   EXPECT_NEAR(smoother.forward(Tensor::from_vector<double>({1, 2, 3, 0.5, -1, 2}, {2, 3}), targets({2, 0})).item(),
               1.1744586305507687, 1e-15);

@@ -80,8 +80,8 @@ TEST(Module, StateDictListsOwnParametersAndBuffersBeforeChildrensAndSharesStorag
   Block block(gen);
   const StateDict dict = block.state_dict();
   // Block's own buffer first, then each child's entries: torch.nn.Module's order.
-  EXPECT_EQ(dict.keys(), (std::vector<std::string>{"scale", "norm.weight", "norm.bias", "mlp.0.weight",
-                                                   "mlp.0.bias", "mlp.2.weight", "mlp.2.bias"}));
+  EXPECT_EQ(dict.keys(), (std::vector<std::string>{"scale", "norm.weight", "norm.bias", "mlp.0.weight", "mlp.0.bias",
+                                                   "mlp.2.weight", "mlp.2.bias"}));
   EXPECT_TRUE(dict.at("mlp.0.weight").shares_storage_with(block.named_parameters()[2].param->data));
 }
 
@@ -117,7 +117,7 @@ TEST(Module, StrictLoadListsAllMissingUnexpectedAndMismatchedKeysInOneError) {
   build_mlp(model, gen);
   StateDict dict;
   dict.insert("0.weight", Tensor::zeros({5, 3}));
-  dict.insert("0.bias", Tensor::zeros({4}));                // wrong shape
+  dict.insert("0.bias", Tensor::zeros({4}));                   // wrong shape
   dict.insert("2.weight", Tensor::zeros({2, 5}, DType::f64));  // wrong dtype
   dict.insert("fc.weight", Tensor::zeros({1}));
   dict.insert("2.running_mean", Tensor::zeros({1}));
@@ -174,8 +174,8 @@ TEST(Module, HookUsesFullNamesInNestedModulesAndCanBeRemoved) {
   block.set_grad_ready_hook([&](const std::string& name, Parameter&) { fired.push_back(name); });
   block.forward(Tensor::ones({2, 4}));
   block.backward(Tensor::ones({2, 4}));
-  EXPECT_EQ(fired, (std::vector<std::string>{"mlp.2.bias", "mlp.2.weight", "mlp.0.bias", "mlp.0.weight",
-                                             "norm.bias", "norm.weight"}));
+  EXPECT_EQ(fired, (std::vector<std::string>{"mlp.2.bias", "mlp.2.weight", "mlp.0.bias", "mlp.0.weight", "norm.bias",
+                                             "norm.weight"}));
   block.set_grad_ready_hook(nullptr);
   block.backward(Tensor::ones({2, 4}));
   EXPECT_EQ(fired.size(), 6u);

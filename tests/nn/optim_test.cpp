@@ -140,7 +140,7 @@ TEST(AdamW, DecayFilterAppliesToTheParametersAFlatShardPacks) {
     EXPECT_NEAR(got[i], decayed[i], 1e-14) << "matrix element " << i;
     EXPECT_EQ(got[3 + i], undecayed[i]) << "bias element " << i;
   }
-  EXPECT_EQ(got[6], 0.0);  // padding
+  EXPECT_EQ(got[6], 0.0);                                   // padding
   flat.segments = {{"b", {3}, 3, 6}, {"w", {3, 2}, 0, 3}};  // out of order: refused, naming both
   flat.grad = Tensor::zeros({7}, DType::f64);
   try {
@@ -187,8 +187,8 @@ TEST(Optimizer, StateDictRoundTripResumesExactly) {
   a.grad = Tensor::from_vector(kGrads[1]);
   first.step();
   const StateDict saved = first.state_dict();
-  EXPECT_EQ(saved.keys(), (std::vector<std::string>{"lr", "step", "betas.0", "betas.1", "eps", "weight_decay",
-                                                    "p/step", "p/exp_avg", "p/exp_avg_sq"}));
+  EXPECT_EQ(saved.keys(), (std::vector<std::string>{"lr", "step", "betas.0", "betas.1", "eps", "weight_decay", "p/step",
+                                                    "p/exp_avg", "p/exp_avg_sq"}));
 
   Adam second({{"p", &resumed}}, 0.5);  // different hyper-parameters: the dict wins
   resumed.data.copy_(a.data);
@@ -227,9 +227,9 @@ TEST(Optimizer, LoadStateDictReportsEveryProblemInOneError) {
     FAIL() << "no exception";
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
-    for (const char* part : {"missing 'step'", "missing 'betas.1'", "unexpected key 'q/exp_avg'",
-                             "unexpected key 'momentum'", "'p/exp_avg' is f64 [4], expected f64 [3]",
-                             "incomplete state for 'p'"})
+    for (const char* part :
+         {"missing 'step'", "missing 'betas.1'", "unexpected key 'q/exp_avg'", "unexpected key 'momentum'",
+          "'p/exp_avg' is f64 [4], expected f64 [3]", "incomplete state for 'p'"})
       EXPECT_NE(msg.find(part), std::string::npos) << "missing \"" << part << "\" in: " << msg;
   }
   EXPECT_EQ(opt.step_count(), 0);

@@ -29,7 +29,6 @@ GPTConfig tiny_config(double dropout = 0.0) {
   return {.block_size = 6, .vocab_size = 7, .n_layer = 2, .n_head = 2, .n_embd = 8, .dropout = dropout};
 }
 
-
 }  // namespace
 
 TEST(CausalSelfAttention, BackwardMatchesFiniteDifferences) {
@@ -104,8 +103,7 @@ DenseAttention dense_attention(const std::vector<double>& qkv, const std::vector
   const std::int64_t C = H * D;
   const double scale = 1 / std::sqrt(static_cast<double>(D));
   DenseAttention r{std::vector<double>(static_cast<std::size_t>(B * T * C)),
-                   std::vector<double>(static_cast<std::size_t>(B * H * T)),
-                   std::vector<double>(qkv.size())};
+                   std::vector<double>(static_cast<std::size_t>(B * H * T)), std::vector<double>(qkv.size())};
   const auto at = [&](std::int64_t b, std::int64_t t, std::int64_t part, std::int64_t h, std::int64_t e) {
     return static_cast<std::size_t>((b * T + t) * 3 * C + part * C + h * D + e);
   };
@@ -248,10 +246,10 @@ TEST(GPT, HasNanoGPTsNamesWithTheHeadTiedToTheTokenTable) {
   EXPECT_EQ(names.front(), "transformer.wte.weight");
   EXPECT_EQ(names[1], "transformer.wpe.weight");
   EXPECT_EQ(std::count(names.begin(), names.end(), "lm_head.weight"), 0);
-  for (const char* name : {"transformer.h.0.ln_1.weight", "transformer.h.0.attn.c_attn.weight",
-                           "transformer.h.0.attn.c_proj.bias", "transformer.h.1.ln_2.bias",
-                           "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight",
-                           "transformer.ln_f.weight", "transformer.ln_f.bias"})
+  for (const char* name :
+       {"transformer.h.0.ln_1.weight", "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_proj.bias",
+        "transformer.h.1.ln_2.bias", "transformer.h.1.mlp.c_fc.weight", "transformer.h.1.mlp.c_proj.weight",
+        "transformer.ln_f.weight", "transformer.ln_f.bias"})
     EXPECT_EQ(std::count(names.begin(), names.end(), name), 1) << name;
   EXPECT_EQ(names.size(), 2u + 2 * 12 + 2);
   const StateDict state = model.state_dict();

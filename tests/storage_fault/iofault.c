@@ -47,7 +47,7 @@ static __thread int in_shim __attribute__((tls_model("initial-exec")));
 static pthread_once_t loaded = PTHREAD_ONCE_INIT;
 
 // The shim's own output bypasses every wrapper.
-static void say(const char *line, size_t len) { syscall(SYS_write, 2, line, len); }
+static void say(const char* line, size_t len) { syscall(SYS_write, 2, line, len); }
 
 static void reset_counts_in_child(void) {
   // A forked child counts its own calls, as an exec'd one would.
@@ -57,7 +57,7 @@ static void reset_counts_in_child(void) {
 static void load(void) {
   in_shim = 1;
   char why[2 * PATH_MAX + 128];
-  const char *text = getenv("TROUPE_IOFAULT");
+  const char* text = getenv("TROUPE_IOFAULT");
   if (iofault_parse(text, getenv("TROUPE_IOFAULT_COUNTS"), &spec, why, sizeof why) != 0) {
     char line[sizeof why + 2 * PATH_MAX + 64];
     int n = snprintf(line, sizeof line, "troupe-iofault: bad TROUPE_IOFAULT='%s': %s\n", text ? text : "", why);
@@ -77,8 +77,8 @@ static int active(void) {
   return spec.active;
 }
 
-void *iofault_real(const char *name, void *_Atomic *slot) {
-  void *fn = atomic_load_explicit(slot, memory_order_acquire);
+void* iofault_real(const char* name, void* _Atomic* slot) {
+  void* fn = atomic_load_explicit(slot, memory_order_acquire);
   if (fn || in_shim) return fn;  // NULL while in_shim: the caller falls back to a syscall
   in_shim = 1;
   fn = dlsym(RTLD_NEXT, name);
@@ -108,7 +108,7 @@ void iofault_clear_fds(unsigned first, unsigned last) {
 // The absolute path a call names: `path` against the cwd, or against the directory
 // `dirfd` is open on. Returns 0 when that path is under the prefix, 1 when it is not,
 // -1 when it cannot be made absolute (then it is not watched either).
-static int resolve_watched(int dirfd, const char *path, char *out, size_t out_len) {
+static int resolve_watched(int dirfd, const char* path, char* out, size_t out_len) {
   if (!path) return -1;
   char base[PATH_MAX] = "/";
   if (path[0] != '/') {
@@ -135,7 +135,7 @@ static void sleep_ms(long ms) {
 // Counts one watched call and says what to do with it: 0 perform it, an errno to fail
 // with, or (err=short) 0 with *bytes halved. `what` names the file for the message; when
 // NULL, the name is read from /proc for `fd`, only if the call misbehaves.
-static int decide(int op, const char *what, int fd, size_t *bytes) {
+static int decide(int op, const char* what, int fd, size_t* bytes) {
   unsigned long n = atomic_fetch_add(&calls[op], 1) + 1;
   if (op != spec.op || n < spec.nth || (spec.count && n - spec.nth >= spec.count)) return 0;
   int saved_errno = errno;
@@ -169,13 +169,13 @@ static int decide(int op, const char *what, int fd, size_t *bytes) {
   return err == IOFAULT_SHORT ? 0 : err;
 }
 
-int iofault_on_path(int op, int dirfd, const char *path, int *watched) {
+int iofault_on_path(int op, int dirfd, const char* path, int* watched) {
   char absolute[PATH_MAX];
   *watched = active() && resolve_watched(dirfd, path, absolute, sizeof absolute) == 0;
   return *watched ? decide(op, absolute, -1, NULL) : 0;
 }
 
-int iofault_on_rename(int old_dirfd, const char *old_path, int new_dirfd, const char *new_path) {
+int iofault_on_rename(int old_dirfd, const char* old_path, int new_dirfd, const char* new_path) {
   if (!active()) return 0;
   char from[PATH_MAX], to[PATH_MAX], what[2 * PATH_MAX + 8];
   int from_found = resolve_watched(old_dirfd, old_path, from, sizeof from);
@@ -185,7 +185,7 @@ int iofault_on_rename(int old_dirfd, const char *old_path, int new_dirfd, const 
   return decide(IOFAULT_RENAME, what, -1, NULL);
 }
 
-int iofault_on_fd(int op, int fd, size_t *bytes) {
+int iofault_on_fd(int op, int fd, size_t* bytes) {
   return iofault_fd_watched(fd) && !in_shim ? decide(op, NULL, fd, bytes) : 0;
 }
 

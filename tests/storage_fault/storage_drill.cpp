@@ -18,8 +18,8 @@
 
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/parallel_checkpoint.hpp"
-#include "troupe/mpi/environment.hpp"
 #include "troupe/error.hpp"
+#include "troupe/mpi/environment.hpp"
 
 namespace {
 
@@ -65,19 +65,22 @@ int run(int argc, char** argv) {
   const std::int64_t step = mode == "save" ? std::atoll(argv[3]) : 0;
   bool torn = false;
   std::int64_t loaded_at = -1;
-  ckpt.register_state("model", {.save = [step](checkpoint::SectionWriter& w) {
-                                  w.attribute("step", step);
-                                  for (int i = 0; i < kTensors; ++i) w.tensor("t" + std::to_string(i), state_of(step, i));
-                                },
-                                .load = [&torn, &loaded_at](const checkpoint::SectionReader& r) {
-                                  const std::int64_t at = loaded_at = r.attributes().get_int("step");
-                                  for (int i = 0; i < kTensors; ++i) {
-                                    const tensor::Tensor got = r.tensor("t" + std::to_string(i));
-                                    const tensor::Tensor want = state_of(at, i);
-                                    torn |= got.nbytes() != want.nbytes() ||
-                                            std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()) != 0;
-                                  }
-                                }});
+  ckpt.register_state("model", {.save =
+                                    [step](checkpoint::SectionWriter& w) {
+                                      w.attribute("step", step);
+                                      for (int i = 0; i < kTensors; ++i)
+                                        w.tensor("t" + std::to_string(i), state_of(step, i));
+                                    },
+                                .load =
+                                    [&torn, &loaded_at](const checkpoint::SectionReader& r) {
+                                      const std::int64_t at = loaded_at = r.attributes().get_int("step");
+                                      for (int i = 0; i < kTensors; ++i) {
+                                        const tensor::Tensor got = r.tensor("t" + std::to_string(i));
+                                        const tensor::Tensor want = state_of(at, i);
+                                        torn |= got.nbytes() != want.nbytes() ||
+                                                std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()) != 0;
+                                      }
+                                    }});
   if (mode == "save") {
     ckpt.save(step);
     std::printf("saved %lld\n", static_cast<long long>(step));

@@ -24,9 +24,7 @@ namespace {
 
 int fd = -1;
 
-std::string outcome(long result) {
-  return result >= 0 ? std::to_string(result) : std::string(strerrorname_np(errno));
-}
+std::string outcome(long result) { return result >= 0 ? std::to_string(result) : std::string(strerrorname_np(errno)); }
 
 // Runs the call at argv[i] and returns how many arguments it took.
 int run(int argc, char** argv, int i, std::string& line) {
@@ -49,7 +47,8 @@ int run(int argc, char** argv, int i, std::string& line) {
   }
   if (call == "writev") {  // two buffers, so a short transfer must cut across them
     buffer.assign(bytes(1), 'v');
-    iovec parts[2] = {{buffer.data(), buffer.size() / 2}, {buffer.data() + buffer.size() / 2, buffer.size() - buffer.size() / 2}};
+    iovec parts[2] = {{buffer.data(), buffer.size() / 2},
+                      {buffer.data() + buffer.size() / 2, buffer.size() - buffer.size() / 2}};
     return line = outcome(writev(fd, parts, 2)), 2;
   }
   if (call == "read") {

@@ -2,8 +2,8 @@
 // (LD_PRELOAD and TROUPE_IOFAULT in the child's environment only) and prints what each
 // of its file calls returned; the tests read those lines, the shim's stderr and the
 // counts file.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -65,7 +65,8 @@ class IoFaultShim : public ::testing::Test {
       envp.push_back(nullptr);
       rlimit no_core{0, 0};  // the malformed-spec test aborts the child on purpose
       setrlimit(RLIMIT_CORE, &no_core);
-      int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644), e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644),
+          e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0) _exit(126);
       close_range(3, ~0U, 0);  // so the probe's first open is fd 3, as the tests expect
       execve(argv[0], argv.data(), envp.data());
@@ -107,8 +108,8 @@ TEST_F(IoFaultShim, TheThirdWriteToAWatchedFileFailsWithTheErrorAsked) {
   Child child = probe(watch() + ",op=write,nth=3,err=ENOSPC",
                       {"open", file("a"), "write", "10", "write", "10", "write", "10", "write", "10"});
   ASSERT_TRUE(child.exited_ok()) << child.err;
-  EXPECT_EQ(results(child), (std::vector<std::string>{"open -> 3", "write -> 10", "write -> 10", "write -> ENOSPC",
-                                                     "write -> 10"}));
+  EXPECT_EQ(results(child),
+            (std::vector<std::string>{"open -> 3", "write -> 10", "write -> 10", "write -> ENOSPC", "write -> 10"}));
   EXPECT_NE(child.err.find("troupe-iofault: failing write #3 on " + file("a") + ": ENOSPC\n"), std::string::npos)
       << child.err;
   EXPECT_EQ(fs::file_size(file("a")), 30u);
@@ -120,25 +121,25 @@ TEST_F(IoFaultShim, CallsOutsideThePrefixAreNeverCounted) {
                       {"open", other, "write", "4", "write", "4", "close", "open", file("b"), "write", "4"});
   ASSERT_TRUE(child.exited_ok()) << child.err;
   EXPECT_EQ(results(child), (std::vector<std::string>{"open -> 3", "write -> 4", "write -> 4", "close -> 0",
-                                                     "open -> 3", "write -> EIO"}));
+                                                      "open -> 3", "write -> EIO"}));
 }
 
 TEST_F(IoFaultShim, RelativePathsAreJudgedAgainstTheWorkingDirectory) {
   Child child = probe(watch() + ",op=open,nth=2,err=EACCES",
                       {"cd", dir_.string(), "open", "watched/c", "close", "open", "./x/../watched/c", "open", "c"});
   ASSERT_TRUE(child.exited_ok()) << child.err;
-  EXPECT_EQ(results(child), (std::vector<std::string>{"cd -> 0", "open -> 3", "close -> 0", "open -> EACCES",
-                                                     "open -> 3"}));
+  EXPECT_EQ(results(child),
+            (std::vector<std::string>{"cd -> 0", "open -> 3", "close -> 0", "open -> EACCES", "open -> 3"}));
   EXPECT_NE(child.err.find("failing open #2 on " + file("c") + ": EACCES"), std::string::npos) << child.err;
 }
 
 TEST_F(IoFaultShim, ErrShortTransfersHalfTheBytes) {
-  Child child = probe(watch() + ",op=write,nth=1,count=2,err=short",
-                      {"open", file("d"), "write", "10", "writev", "9", "write", "1", "close", "openr", file("d"),
-                       "read", "100"});
+  Child child = probe(
+      watch() + ",op=write,nth=1,count=2,err=short",
+      {"open", file("d"), "write", "10", "writev", "9", "write", "1", "close", "openr", file("d"), "read", "100"});
   ASSERT_TRUE(child.exited_ok()) << child.err;
   EXPECT_EQ(results(child), (std::vector<std::string>{"open -> 3", "write -> 5", "writev -> 4", "write -> 1",
-                                                     "close -> 0", "openr -> 3", "read -> 10"}));
+                                                      "close -> 0", "openr -> 3", "read -> 10"}));
   EXPECT_NE(child.err.find("failing write #1 on " + file("d") + ": short (5 of 10 bytes)"), std::string::npos)
       << child.err;
 
@@ -149,8 +150,8 @@ TEST_F(IoFaultShim, ErrShortTransfersHalfTheBytes) {
 TEST_F(IoFaultShim, CountZeroFailsEveryCallFromTheNth) {
   Child child = probe(watch() + ",op=write,nth=2,count=0,err=EDQUOT",
                       {"open", file("e"), "write", "1", "write", "1", "write", "1", "write", "1"});
-  EXPECT_EQ(results(child), (std::vector<std::string>{"open -> 3", "write -> 1", "write -> EDQUOT",
-                                                     "write -> EDQUOT", "write -> EDQUOT"}));
+  EXPECT_EQ(results(child), (std::vector<std::string>{"open -> 3", "write -> 1", "write -> EDQUOT", "write -> EDQUOT",
+                                                      "write -> EDQUOT"}));
 }
 
 TEST_F(IoFaultShim, AStallDelaysTheCallThenPerformsIt) {
@@ -167,15 +168,15 @@ TEST_F(IoFaultShim, ADuplicateCarriesTheMarkAndACloseClearsIt) {
   Child child = probe(watch() + ",op=write,nth=1,err=EROFS",
                       {"open", file("g"), "dup", "write", "1", "close", "open", (dir_ / "h").string(), "write", "1"});
   EXPECT_EQ(results(child), (std::vector<std::string>{"open -> 3", "dup -> 4", "write -> EROFS", "close -> 0",
-                                                     "open -> 4", "write -> 1"}));
+                                                      "open -> 4", "write -> 1"}));
 }
 
 TEST_F(IoFaultShim, TheCountsFileListsEveryWatchedCallByKind) {
   const std::string counts = (dir_ / "counts").string();
-  Child child = probe(watch(),
-                      {"open", file("i"), "write", "3", "writev", "3", "fsync", "close", "openr", file("i"), "read", "8",
-                       "read", "8", "rename", file("i"), file("j"), "unlink", file("j"), "open", (dir_ / "k").string(),
-                       "write", "1"},
+  Child child = probe(watch(), {"open",   file("i"), "write",   "3",      "writev",  "3",    "fsync",
+                                "close",  "openr",   file("i"), "read",   "8",       "read", "8",
+                                "rename", file("i"), file("j"), "unlink", file("j"), "open", (dir_ / "k").string(),
+                                "write",  "1"},
                       counts);
   ASSERT_TRUE(child.exited_ok()) << child.err;
   EXPECT_EQ(child.err, "");
@@ -187,12 +188,13 @@ TEST_F(IoFaultShim, TheCountsFileListsEveryWatchedCallByKind) {
 
 TEST_F(IoFaultShim, StreamsAndFilesystemCallsAreCounted) {
   const std::string counts = (dir_ / "counts").string();
-  Child child = probe(watch(), {"ofstream", file("l"), "5", "ifstream", file("l"), "fs_rename", file("l"), file("m"),
-                                "fs_remove", file("m")},
-                      counts);
+  Child child = probe(
+      watch(),
+      {"ofstream", file("l"), "5", "ifstream", file("l"), "fs_rename", file("l"), file("m"), "fs_remove", file("m")},
+      counts);
   ASSERT_TRUE(child.exited_ok()) << child.err;
-  EXPECT_EQ(results(child), (std::vector<std::string>{"ofstream -> ok", "ifstream -> 5", "fs_rename -> 0",
-                                                     "fs_remove -> 0"}));
+  EXPECT_EQ(results(child),
+            (std::vector<std::string>{"ofstream -> ok", "ifstream -> 5", "fs_rename -> 0", "fs_remove -> 0"}));
   // ifstream reads until a read returns 0: two reads for a 5-byte file.
   EXPECT_NE(read(counts).find("open=2 read=2 write=1 fsync=0 rename=1 unlink=1 "), std::string::npos) << read(counts);
 
@@ -201,9 +203,9 @@ TEST_F(IoFaultShim, StreamsAndFilesystemCallsAreCounted) {
 }
 
 TEST_F(IoFaultShim, AMalformedSpecAbortsTheProcessAtLoad) {
-  for (const std::string& spec : std::vector<std::string>{watch() + ",op=write,nth=0,err=EIO", watch() + ",op=write,nth=1",
-                                                          watch() + ",op=fsync,nth=1,err=short", "op=write,nth=1,err=EIO",
-                                                          watch() + ",op=write,nth=1,err=ENOPE", watch() + ",colour=red"}) {
+  for (const std::string& spec : std::vector<std::string>{
+           watch() + ",op=write,nth=0,err=EIO", watch() + ",op=write,nth=1", watch() + ",op=fsync,nth=1,err=short",
+           "op=write,nth=1,err=EIO", watch() + ",op=write,nth=1,err=ENOPE", watch() + ",colour=red"}) {
     Child child = probe(spec, {"open", file("o")});
     EXPECT_TRUE(WIFSIGNALED(child.status) && WTERMSIG(child.status) == SIGABRT) << spec << ": status " << child.status;
     EXPECT_EQ(child.out, "") << spec;

@@ -118,7 +118,7 @@ TEST(HostPool, ASpareHostKeepsTheRankCountAndMinRanksRefusesTooSmallAJob) {
   spare.rank_registered(1, "b");
   spare.blame("b");
   auto plan = spare.plan_next_launch();
-  EXPECT_EQ(plan.np, 2);  // a and c hold two slots
+  EXPECT_EQ(plan.np, 2);                       // a and c hold two slots
   sv::HostPool tight(three_nodes(), 3, 1, 0);  // min_ranks 0: -np, no shrink
   for (int r = 0; r < 3; ++r) tight.rank_registered(r, "node" + std::to_string(r + 1));
   tight.blame("node2");
@@ -164,8 +164,8 @@ TEST(HostPool, AReturningHostIsReadmittedWithACleanRecordAndTheJobGrowsBack) {
 }
 
 TEST(MpirunCommand, TheProbeStartsOneTrueOnTheHostThroughTheJobsLauncherOptions) {
-  auto options = with_args({"--hostfile", "/h", "--mca", "plm_rsh_agent", "/x/rsh", "--map-by", "node", "--bind-to",
-                            "none", "-x", "FOO"});
+  auto options = with_args(
+      {"--hostfile", "/h", "--mca", "plm_rsh_agent", "/x/rsh", "--map-by", "node", "--bind-to", "none", "-x", "FOO"});
   EXPECT_EQ(sv::probe_command(options, "/usr/bin/mpirun", "node3"),
             (std::vector<std::string>{"/usr/bin/mpirun", "--host", "node3:1", "-np", "1", "--mca", "plm_rsh_agent",
                                       "/x/rsh", "--bind-to", "none", "-x", "FOO", "true"}));
@@ -240,10 +240,12 @@ TEST(RunOptions, RegrowNeedsACheckpointDirAndExclusionAndStragglerRatioIsChecked
     }
     return std::string("no error");
   };
-  EXPECT_NE(message({"-np", "3", "--exclude-after", "1", "--regrow", "--", "x"}).find("--regrow needs --checkpoint-dir"),
-            std::string::npos);
-  EXPECT_NE(message({"-np", "3", "--checkpoint-dir", "/tmp/c", "--regrow", "--", "x"}).find("--regrow needs --exclude-after"),
-            std::string::npos);
+  EXPECT_NE(
+      message({"-np", "3", "--exclude-after", "1", "--regrow", "--", "x"}).find("--regrow needs --checkpoint-dir"),
+      std::string::npos);
+  EXPECT_NE(
+      message({"-np", "3", "--checkpoint-dir", "/tmp/c", "--regrow", "--", "x"}).find("--regrow needs --exclude-after"),
+      std::string::npos);
   EXPECT_NE(message({"-np", "3", "--straggler-ratio", "0.5", "--", "x"}).find("expected a ratio above 1"),
             std::string::npos);
 }

@@ -100,8 +100,8 @@ TEST(LocalRanks, ARankOfThisLaunchIsWatchedAndSignalled) {
 TEST(LocalRanks, APidOutsideTheLaunchIsNeverSignalled) {
   boost::asio::io_context io;
   sv::LocalRanks local(io);
-  Sleeper bystander;   // this host, but not a descendant of the "mpirun" below
-  Sleeper launcher;    // stands for mpirun; the bystander is its sibling
+  Sleeper bystander;  // this host, but not a descendant of the "mpirun" below
+  Sleeper launcher;   // stands for mpirun; the bystander is its sibling
   local.begin_launch(1, launcher.pid);
   const std::string why = local.watch(rank_at(bystander.pid, "127.0.0.1"), [] {});
   EXPECT_NE(why.find("is not a descendant of this launch's mpirun"), std::string::npos) << why;

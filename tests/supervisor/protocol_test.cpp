@@ -77,8 +77,9 @@ TEST(Protocol, PhasesHaveNamesAndAnUnknownOneIsRefused) {
   // A heartbeat whose phase byte is out of range is a format error, not a crash.
   auto frame = sv::encode(sv::Heartbeat{});
   frame[sv::kFrameHeader + 1 + 8 + 8 + 1] = 77;  // kind, step, sequence, flags, then the phase
-  EXPECT_NE(error_of([&] { sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader); })
-                .find("heartbeat phase 77"),
+  EXPECT_NE(error_of([&] {
+              sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader);
+            }).find("heartbeat phase 77"),
             std::string::npos);
 }
 
@@ -90,9 +91,13 @@ TEST(RunOptions, EachPhaseHasADeadlineAndTrainingTakesTheHangTimeout) {
   EXPECT_DOUBLE_EQ(sv::phase_timeout(o, sv::Phase::startup).count(), 600);
   auto slow = parse({"-np", "2", "--hang-timeout", "5000", "--", "x"});  // never below the hang timeout
   EXPECT_DOUBLE_EQ(sv::phase_timeout(slow, sv::Phase::checkpoint_load).count(), 5000);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--phase-timeout", "saving=3", "--", "x"}); }).find("unknown phase 'saving'"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--phase-timeout", "saving=3", "--", "x"});
+            }).find("unknown phase 'saving'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--phase-timeout", "evaluation", "--", "x"}); }).find("PHASE=SECONDS"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--phase-timeout", "evaluation", "--", "x"});
+            }).find("PHASE=SECONDS"),
             std::string::npos);
 }
 
@@ -125,10 +130,35 @@ TEST(Protocol, TruncatedUnknownOrPaddedPayloadsAreFormatErrors) {
 }
 
 TEST(RunOptions, ParsesOwnFlagsPassesMpirunOptionsAndKeepsTheProgram) {
-  auto o = parse({"-np", "4", "--max-restarts", "5", "--checkpoint-dir", "ck", "--hang-timeout", "1.5",
-                  "--heartbeat-timeout", "2", "--backoff", "0", "--grace", "0.5", "--bind", "0.0.0.0:7000",
-                  "--events", "ev.jsonl", "--hostfile", "hosts", "--mca", "btl", "self,tcp", "--oversubscribe",
-                  "--", "./train", "--epochs", "3", "--max-restarts"});
+  auto o = parse({"-np",
+                  "4",
+                  "--max-restarts",
+                  "5",
+                  "--checkpoint-dir",
+                  "ck",
+                  "--hang-timeout",
+                  "1.5",
+                  "--heartbeat-timeout",
+                  "2",
+                  "--backoff",
+                  "0",
+                  "--grace",
+                  "0.5",
+                  "--bind",
+                  "0.0.0.0:7000",
+                  "--events",
+                  "ev.jsonl",
+                  "--hostfile",
+                  "hosts",
+                  "--mca",
+                  "btl",
+                  "self,tcp",
+                  "--oversubscribe",
+                  "--",
+                  "./train",
+                  "--epochs",
+                  "3",
+                  "--max-restarts"});
   EXPECT_EQ(o.np, 4);
   EXPECT_EQ(o.max_restarts, 5);
   EXPECT_EQ(o.checkpoint_dir, "ck");
@@ -139,7 +169,8 @@ TEST(RunOptions, ParsesOwnFlagsPassesMpirunOptionsAndKeepsTheProgram) {
   EXPECT_EQ(o.bind_host, "0.0.0.0");
   EXPECT_EQ(o.bind_port, 7000);
   EXPECT_EQ(o.events_file, "ev.jsonl");
-  EXPECT_EQ(o.mpirun_args, (std::vector<std::string>{"--hostfile", "hosts", "--mca", "btl", "self,tcp", "--oversubscribe"}));
+  EXPECT_EQ(o.mpirun_args,
+            (std::vector<std::string>{"--hostfile", "hosts", "--mca", "btl", "self,tcp", "--oversubscribe"}));
   EXPECT_EQ(o.program, (std::vector<std::string>{"./train", "--epochs", "3", "--max-restarts"}));
 }
 
@@ -149,7 +180,9 @@ TEST(RunOptions, ClusterFlagsAndTheirDefaults) {
   EXPECT_DOUBLE_EQ(d.heartbeat_timeout.count(), 1.5);
   EXPECT_DOUBLE_EQ(d.liveness_timeout.count(), 0);  // the program's own
   EXPECT_DOUBLE_EQ(parse({"-np", "3", "--liveness-timeout", "7.5", "--", "x"}).liveness_timeout.count(), 7.5);
-  EXPECT_NE(error_of([] { parse({"-np", "3", "--liveness-timeout", "0", "--", "x"}); }).find("--liveness-timeout"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "3", "--liveness-timeout", "0", "--", "x"});
+            }).find("--liveness-timeout"),
             std::string::npos);
   EXPECT_EQ(d.exclude_after, 0);
   EXPECT_EQ(d.min_ranks, 0);
@@ -157,25 +190,41 @@ TEST(RunOptions, ClusterFlagsAndTheirDefaults) {
   EXPECT_EQ(o.exclude_after, 2);
   EXPECT_EQ(o.min_ranks, 2);
   EXPECT_EQ(o.advertise, "10.0.0.1");
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--min-ranks", "3", "--", "x"}); }).find("--min-ranks 3 is above -np 2"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--min-ranks", "3", "--", "x"});
+            }).find("--min-ranks 3 is above -np 2"),
             std::string::npos);
 }
 
 TEST(RunOptions, BadFlagsAreNamedInTheError) {
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--frobnicate", "--", "x"}); }).find("unknown option '--frobnicate'"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--frobnicate", "--", "x"});
+            }).find("unknown option '--frobnicate'"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse({"-np", "zero", "--", "x"}); }).find("-np 'zero'"), std::string::npos);
   EXPECT_NE(error_of([] { parse({"-np", "0", "--", "x"}); }).find(">= 1"), std::string::npos);
   EXPECT_NE(error_of([] { parse({"--", "x"}); }).find("-np N is required"), std::string::npos);
   EXPECT_NE(error_of([] { parse({"-np", "2"}); }).find("no program given"), std::string::npos);
   EXPECT_NE(error_of([] { parse({"-np", "2", "--"}); }).find("no program given"), std::string::npos);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--hang-timeout", "-1", "--", "x"}); }).find("--hang-timeout '-1'"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--hang-timeout", "-1", "--", "x"});
+            }).find("--hang-timeout '-1'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--backoff", "1s", "--", "x"}); }).find("--backoff '1s'"), std::string::npos);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--bind", "localhost", "--", "x"}); }).find("ADDR:PORT"), std::string::npos);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--bind", "1.2.3.4:70000", "--", "x"}); }).find("above 65535"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--backoff", "1s", "--", "x"});
+            }).find("--backoff '1s'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--mca", "btl", "--", "x"}); }).find("--mca needs a value"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--bind", "localhost", "--", "x"});
+            }).find("ADDR:PORT"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--bind", "1.2.3.4:70000", "--", "x"});
+            }).find("above 65535"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--mca", "btl", "--", "x"});
+            }).find("--mca needs a value"),
             std::string::npos);
   EXPECT_NE(error_of([] { parse({"-np", "2", "./train"}); }).find("after '--'"), std::string::npos);
   EXPECT_TRUE(parse({"--help"}).help);
@@ -205,7 +254,8 @@ TEST(Fault, ParsesEveryKeyAndRejectsMalformedText) {
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=37,kind=explode"); }).find("kind='explode'"), std::string::npos);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=x,kind=crash"); }).find("step='x'"), std::string::npos);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,kind=crash"); }).find("missing step"), std::string::npos);
-  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,rank=2,step=1,kind=crash"); }).find("given twice"), std::string::npos);
+  EXPECT_NE(error_of([] { sv::parse_fault("rank=1,rank=2,step=1,kind=crash"); }).find("given twice"),
+            std::string::npos);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=1,step=1,kind=crash,when=now"); }).find("unknown key 'when'"),
             std::string::npos);
   EXPECT_NE(error_of([] { sv::parse_fault("rank=-1,step=1,kind=crash"); }).find("rank='-1'"), std::string::npos);
@@ -237,7 +287,9 @@ TEST(Fault, FromTheEnvironmentOnlyWhenArmedAndTroupeRunArmsItsOwn) {
   ::unsetenv("TROUPE_FAULT_ARMED");
 
   EXPECT_EQ(parse({"-np", "2", "--fault", "rank=1,step=9,kind=crash", "--", "x"}).fault, "rank=1,step=9,kind=crash");
-  EXPECT_NE(error_of([] { parse({"-np", "2", "--fault", "rank=1,kind=crash", "--", "x"}); }).find("missing step"),
+  EXPECT_NE(error_of([] {
+              parse({"-np", "2", "--fault", "rank=1,kind=crash", "--", "x"});
+            }).find("missing step"),
             std::string::npos);
   sv::RunEnvironment run;
   run.fault = "rank=1,step=9,kind=crash";
@@ -263,17 +315,24 @@ TEST(Protocol, ANoticeSurvivesARoundTripAndABadOneIsRefused) {
   EXPECT_EQ(cut.text.size(), sv::kMaxNoticeText);
   auto frame = sv::encode(notice);
   frame[sv::kFrameHeader + 1] = 9;  // an unknown notice kind
-  EXPECT_THROW(sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader), troupe::FormatError);
+  EXPECT_THROW(sv::decode_payload(frame.data() + sv::kFrameHeader, frame.size() - sv::kFrameHeader),
+               troupe::FormatError);
 }
 
 TEST(EventLog, QuotesControlCharactersSoEachEventStaysOneLine) {
   EXPECT_EQ(sv::json_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
-  EXPECT_EQ(sv::json_object({{"n", 3}, {"s", "x"}, {"raw", sv::Json::raw("[1]")}}), "{\"n\": 3, \"s\": \"x\", \"raw\": [1]}");
+  EXPECT_EQ(sv::json_object({{"n", 3}, {"s", "x"}, {"raw", sv::Json::raw("[1]")}}),
+            "{\"n\": 3, \"s\": \"x\", \"raw\": [1]}");
 }
 
 TEST(LaunchEnvironment, IsWhatARankReadsBack) {
-  sv::RunEnvironment run{"10.0.0.1:4242", sv::new_run_token(), sv::new_run_id(), 3, "/ckpt",
-                         std::chrono::milliseconds(100), std::chrono::milliseconds(4000)};
+  sv::RunEnvironment run{"10.0.0.1:4242",
+                         sv::new_run_token(),
+                         sv::new_run_id(),
+                         3,
+                         "/ckpt",
+                         std::chrono::milliseconds(100),
+                         std::chrono::milliseconds(4000)};
   const auto launch = sv::launch_environment(run, std::chrono::milliseconds(2500));
   for (const auto& [name, value] : launch.variables) ::setenv(name.c_str(), value.c_str(), 1);
   const sv::RunEnvironment read = sv::run_environment();
@@ -299,9 +358,11 @@ TEST(LaunchEnvironment, IsWhatARankReadsBack) {
 
 TEST(LaunchEnvironment, ForwardsTheBlasKernelsAndTroupeSettingsToEveryNode) {
   // A node's own environment could pick other GEMM kernels: the head's choice travels.
-  const std::vector<std::pair<const char*, const char*>> set = {
-      {"OPENBLAS_CORETYPE", "Haswell"}, {"OMP_NUM_THREADS", "1"}, {sv::kEnvFault, "rank=1,step=3,kind=crash"},
-      {sv::kEnvRunId, "stale"}, {"UNRELATED_TROUPE_TEST_VARIABLE", "1"}};
+  const std::vector<std::pair<const char*, const char*>> set = {{"OPENBLAS_CORETYPE", "Haswell"},
+                                                                {"OMP_NUM_THREADS", "1"},
+                                                                {sv::kEnvFault, "rank=1,step=3,kind=crash"},
+                                                                {sv::kEnvRunId, "stale"},
+                                                                {"UNRELATED_TROUPE_TEST_VARIABLE", "1"}};
   for (const auto& [name, value] : set) ::setenv(name, value, 1);
   const auto launch = sv::launch_environment(sv::RunEnvironment{}, std::chrono::milliseconds(0));
   for (const auto& [name, value] : set) ::unsetenv(name);
@@ -327,7 +388,8 @@ TEST(EventLog, AFullDiskLosesWholeLinesAndTheLogSaysHowManyOnceItWritesAgain) {
   const std::string dir = ::testing::TempDir() + "troupe-eventlog-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/events.jsonl";
-  struct sigaction ignore {}, old {};
+  struct sigaction ignore {
+  }, old{};
   ignore.sa_handler = SIG_IGN;
   ::sigaction(SIGXFSZ, &ignore, &old);
   rlimit saved{};

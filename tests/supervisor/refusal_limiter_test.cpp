@@ -19,7 +19,8 @@ TEST(RefusalLimiter, LetsTheFirstFewThroughAndCountsTheRestByKind) {
   const auto t0 = sv::Clock::now();
   int admitted = 0;
   for (int i = 0; i < 100; ++i)
-    admitted += limiter.admit(t0 + i * 1ms, from("10.0.0.1", i % 2 ? sv::RefusalKind::evicted : sv::RefusalKind::silent));
+    admitted +=
+        limiter.admit(t0 + i * 1ms, from("10.0.0.1", i % 2 ? sv::RefusalKind::evicted : sv::RefusalKind::silent));
   EXPECT_EQ(admitted, 5);
   EXPECT_EQ(limiter.held(), 95u);
   EXPECT_FALSE(limiter.end_window(t0 + 500ms)) << "the window is not over yet";

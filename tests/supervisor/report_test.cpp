@@ -10,7 +10,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-sv::RankStatus rank_at(int rank, std::uint64_t step, std::optional<std::uint64_t> sequence, sv::Clock::time_point since) {
+sv::RankStatus rank_at(int rank, std::uint64_t step, std::optional<std::uint64_t> sequence,
+                       sv::Clock::time_point since) {
   sv::RankStatus r;
   r.rank = rank;
   r.registered = r.connected = true;
@@ -33,11 +34,13 @@ TEST(HangReport, NamesTheRanksThatNeverEnteredTheCollectiveTheOthersWaitIn) {
   EXPECT_EQ(report.behind, (std::vector<int>{0, 2}));
   EXPECT_NE(report.detail.find("no progress for 1.50 s in training: rank 0 at step 12 in collective 24 (training, "
                                "still for 2.00 s);"),
-            std::string::npos) << report.detail;
+            std::string::npos)
+      << report.detail;
   EXPECT_NE(report.detail.find("behind: rank 0 rank 2 (never entered collective 25)"), std::string::npos)
       << report.detail;
   EXPECT_NE(report.ranks_json.find("{\"rank\": 1, \"step\": 12, \"collective\": 25, \"stalled_s\": 2.0"),
-            std::string::npos) << report.ranks_json;
+            std::string::npos)
+      << report.ranks_json;
 }
 
 TEST(HangReport, RanksThatAgreeOrReportNoCollectiveNameNobodyBehind) {
@@ -67,7 +70,8 @@ TEST(RunSummary, CountsStepsRedoneAndTimeLostPerFailure) {
   EXPECT_EQ(totals.steps_redone, 17u + 5u);
   EXPECT_EQ(totals.causes, (std::vector<std::string>{"rank_lost", "hang"}));
   auto text = summary.text("finished", 2, 12.5, 0);
-  EXPECT_NE(text.find("summary: finished after 2 failure(s), 2 restart(s), in 12.50 s (exit status 0)"), std::string::npos);
+  EXPECT_NE(text.find("summary: finished after 2 failure(s), 2 restart(s), in 12.50 s (exit status 0)"),
+            std::string::npos);
   EXPECT_NE(text.find("resumed at step 25 (5 step(s) redone, 2.00 s lost)"), std::string::npos) << text;
   EXPECT_NE(text.find("time lost 3.00 s, steps redone 22"), std::string::npos) << text;
 }
@@ -103,7 +107,7 @@ TEST(RankStatus, TheLongestSilentRankIsFoundAndAStopEndsWhenEveryRankIsGoneOrSil
   EXPECT_EQ(silent->rank, 1);
   EXPECT_EQ(sv::longest_silent(ranks, now, 5s), nullptr);
   EXPECT_FALSE(sv::every_rank_gone(ranks, now, 1500ms));  // rank 0 still talks
-  ranks[0].connected = false;                              // ... and now it exited
+  ranks[0].connected = false;                             // ... and now it exited
   EXPECT_TRUE(sv::every_rank_gone(ranks, now, 1500ms));
   ranks[2].registered = false;  // a rank that never registered may still be running
   EXPECT_FALSE(sv::every_rank_gone(ranks, now, 1500ms));

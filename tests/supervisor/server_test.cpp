@@ -8,10 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <deque>

@@ -36,7 +36,7 @@ struct Args {
   std::int64_t save_every = 5;
   int step_ms = 10;
   int no_client_rank = -1;  // this rank does not register (tests the registration timeout)
-  int save_ms = 0;  // every save takes this long, on every rank, in the checkpoint_save phase
+  int save_ms = 0;          // every save takes this long, on every rank, in the checkpoint_save phase
 };
 
 Args parse(int argc, char** argv) {
@@ -45,12 +45,18 @@ Args parse(int argc, char** argv) {
     std::string flag = argv[i];
     TROUPE_CHECK(i + 1 < argc, "toy_trainer: ", flag, " needs a value");
     long value = std::stol(argv[++i]);
-    if (flag == "--steps") args.steps = value;
-    else if (flag == "--save-every") args.save_every = value;
-    else if (flag == "--step-ms") args.step_ms = static_cast<int>(value);
-    else if (flag == "--no-client-rank") args.no_client_rank = static_cast<int>(value);
-    else if (flag == "--save-ms") args.save_ms = static_cast<int>(value);
-    else TROUPE_CHECK(false, "toy_trainer: unknown flag ", flag);
+    if (flag == "--steps")
+      args.steps = value;
+    else if (flag == "--save-every")
+      args.save_every = value;
+    else if (flag == "--step-ms")
+      args.step_ms = static_cast<int>(value);
+    else if (flag == "--no-client-rank")
+      args.no_client_rank = static_cast<int>(value);
+    else if (flag == "--save-ms")
+      args.save_ms = static_cast<int>(value);
+    else
+      TROUPE_CHECK(false, "toy_trainer: unknown flag ", flag);
   }
   TROUPE_CHECK(args.steps >= 0 && args.save_every > 0 && args.step_ms >= 0, "toy_trainer: bad arguments");
   return args;
@@ -79,8 +85,7 @@ void train(const troupe::mpi::Environment& mpi, const Args& args, const sv::RunE
       TROUPE_THROW(troupe::FormatError, "toy_trainer: ", run.checkpoint_dir, "/toy-step.txt is not 'step value'");
   }
   comm->broadcast(coll::Buffer(state, 2), 0);
-  if (rank == 0)
-    std::cout << "toy_trainer: restart " << run.restart << ", starting at step " << state[0] << std::endl;
+  if (rank == 0) std::cout << "toy_trainer: restart " << run.restart << ", starting at step " << state[0] << std::endl;
 
   for (std::int64_t step = state[0]; step < args.steps; ++step) {
     if (client) client->report_step(static_cast<std::uint64_t>(step));

@@ -105,7 +105,7 @@ TEST(CachingAllocator, OutOfMemoryEmptiesTheCacheAndRetriesOnce) {
   device.limit = 8192;
   CachingAllocator allocator = device.make();
   allocator.release(allocator.allocate(6000, 0), 0);  // 6144 cached
-  void* big = allocator.allocate(8000, 0);             // 8192 fits only once the cache is gone
+  void* big = allocator.allocate(8000, 0);            // 8192 fits only once the cache is gone
   EXPECT_NE(big, nullptr);
   EXPECT_EQ(device.frees, 1);
   EXPECT_THROW(allocator.allocate(1, 0), std::bad_alloc);  // still full: nothing cached to give back

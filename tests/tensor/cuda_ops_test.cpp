@@ -63,8 +63,9 @@ TEST(CudaOps, NegAbsAndClampWorkOnIntegers) {
 TEST(CudaOps, ArithmeticBroadcastsLikeTheCpu) {
   TROUPE_SKIP_WITHOUT_GPU();
   const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{5, 7}, {5, 7}}, {{5, 7}, {}}, {{}, {5, 7}}, {{5, 7}, {7}},          {{5, 1}, {1, 7}},
-      {{2, 3, 4}, {3, 1}}, {{4, 1, 3}, {2, 1}}, {{1}, {6, 5}}, {{2, 1, 3, 1, 2}, {4, 1, 5, 1}}};
+      {{5, 7}, {5, 7}},    {{5, 7}, {}},     {{}, {5, 7}},
+      {{5, 7}, {7}},       {{5, 1}, {1, 7}}, {{2, 3, 4}, {3, 1}},
+      {{4, 1, 3}, {2, 1}}, {{1}, {6, 5}},    {{2, 1, 3, 1, 2}, {4, 1, 5, 1}}};
   for (DType t : {DType::f32, DType::bf16, DType::f16, DType::i64}) {
     for (const auto& [sa, sb] : shapes) {
       const Tensor a = random_input(sa, t, 21), b = random_input(sb, t, 22);

@@ -32,11 +32,13 @@ TEST(Cuda, RandomDrawsEqualTheCpuDraws) {
   if (!cuda_available()) GTEST_SKIP() << no_gpu_reason();
   for (DType t : {DType::f32, DType::bf16, DType::f16}) {
     Generator cpu(77), gpu(77);
-    EXPECT_TRUE(equal(uniform({4099}, -1, 1, cpu, t), uniform({4099}, -1, 1, gpu, t, Device::cuda()).to(Device::cpu())));
+    EXPECT_TRUE(
+        equal(uniform({4099}, -1, 1, cpu, t), uniform({4099}, -1, 1, gpu, t, Device::cuda()).to(Device::cpu())));
   }
   Generator cpu(5), gpu(5);
   // Box-Muller uses libm on the host and CUDA's on the device: equal to within an ulp of f32.
-  EXPECT_TRUE(allclose(normal({4099}, 0, 1, cpu), normal({4099}, 0, 1, gpu, DType::f32, Device::cuda()).to(Device::cpu()), 1e-6, 1e-6));
+  EXPECT_TRUE(allclose(normal({4099}, 0, 1, cpu),
+                       normal({4099}, 0, 1, gpu, DType::f32, Device::cuda()).to(Device::cpu()), 1e-6, 1e-6));
 }
 
 TEST(Cuda, ArithmeticAndMatmulAgreeWithTheCpu) {
@@ -127,9 +129,8 @@ TEST(Cuda, LinearWithBiasMatchesTheCpuWhetherOrNotTheEpilogueTakesIt) {
     ASSERT_EQ(got.shape(), want.shape());
     const auto gv = got.to_vector<double>(), wv = want.to_vector<double>(), mv = magnitude.to_vector<double>();
     for (std::size_t i = 0; i < gv.size(); ++i)
-      ASSERT_LE(std::fabs(gv[i] - wv[i]), 1e-5 * mv[i]) << "element " << i << " of [" << c.m << ", " << c.n
-                                                        << "], k " << c.k << ", offsets " << c.offset << " and "
-                                                        << c.bias_offset;
+      ASSERT_LE(std::fabs(gv[i] - wv[i]), 1e-5 * mv[i]) << "element " << i << " of [" << c.m << ", " << c.n << "], k "
+                                                        << c.k << ", offsets " << c.offset << " and " << c.bias_offset;
     EXPECT_TRUE(equal(linear(x, w, b).to(Device::cpu()), got)) << "repeated, [" << c.m << ", " << c.n << "]";
   }
 }
@@ -171,5 +172,6 @@ TEST(CudaOnDemand, CpuWorkLoadsNoCudaLibraryUntilADeviceIsAskedFor) {
   for (const char* library : {"libcudart", "libcublas", "libtroupe_tensor_cuda"})
     EXPECT_FALSE(troupe::testing::library_mapped(library)) << library << " is mapped after CPU work only";
   cuda_device_count();
-  EXPECT_EQ(troupe::testing::library_mapped("libtroupe_tensor_cuda"), cuda_built()) << "asking for devices loads the backend in a CUDA build";
+  EXPECT_EQ(troupe::testing::library_mapped("libtroupe_tensor_cuda"), cuda_built())
+      << "asking for devices loads the backend in a CUDA build";
 }

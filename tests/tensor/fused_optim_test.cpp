@@ -67,8 +67,10 @@ TEST(FusedOptim, AdamAndAdamWFollowPyTorch) {
       fused_adam_step_(b.param, b.grad, b.a, b.b, o);
       for (std::size_t i = 0; i < p.size(); ++i) {
         double gi = g[i];
-        if (decoupled) p[i] *= 1 - 1e-2 * 0.1;
-        else gi += 0.1 * p[i];
+        if (decoupled)
+          p[i] *= 1 - 1e-2 * 0.1;
+        else
+          gi += 0.1 * p[i];
         m[i] = 0.9 * m[i] + 0.1 * gi;
         v[i] = 0.999 * v[i] + 0.001 * gi * gi;
         const double bc1 = 1 - std::pow(0.9, t), bc2 = 1 - std::pow(0.999, t);
@@ -151,8 +153,8 @@ static void check_list_forms(Device device, const std::vector<std::int64_t>& siz
     std::vector<AdamEntry> adam;
     std::vector<SgdEntry> sgd;
     for (std::size_t i = 0; i < sizes.size(); ++i) {
-      const AdamStep step{.lr = 1e-2, .weight_decay = 0.01, .decoupled = i % 2 == 0,
-                          .step = static_cast<std::int64_t>(1 + i % 5)};
+      const AdamStep step{
+          .lr = 1e-2, .weight_decay = 0.01, .decoupled = i % 2 == 0, .step = static_cast<std::int64_t>(1 + i % 5)};
       adam.push_back({&list.p[i], &list.grad[i], &list.m[i], &list.v[i], step});
       fused_adam_step_(single.p[i], single.grad[i], single.m[i], single.v[i], step);
       const SgdStep sgd_step{.lr = 0.1, .momentum = i % 3 == 0 ? 0.0 : 0.9, .nesterov = i % 2 == 1};

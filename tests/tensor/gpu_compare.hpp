@@ -12,9 +12,7 @@
 
 namespace troupe::tensor::testing {
 
-inline const char* no_gpu_reason() {
-  return cuda_built() ? "no CUDA device on this machine" : "built without CUDA";
-}
+inline const char* no_gpu_reason() { return cuda_built() ? "no CUDA device on this machine" : "built without CUDA"; }
 
 #define TROUPE_SKIP_WITHOUT_GPU() \
   if (!::troupe::tensor::cuda_available()) GTEST_SKIP() << ::troupe::tensor::testing::no_gpu_reason()

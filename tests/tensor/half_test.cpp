@@ -15,8 +15,16 @@
 using namespace troupe::tensor;
 
 namespace {
-float from_bits(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
-std::uint32_t to_bits(float f) { std::uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+std::uint32_t to_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
 }  // namespace
 
 TEST(Half, RoundsNormalNumbersToKnownBitPatterns) {
@@ -31,8 +39,8 @@ TEST(Half, RoundsNormalNumbersToKnownBitPatterns) {
 TEST(Half, BreaksTiesToEven) {
   EXPECT_EQ(float_to_half_bits(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // halfway, 0x3C00 is even
   EXPECT_EQ(float_to_half_bits(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // halfway, rounds up to even
-  EXPECT_EQ(float_to_half_bits(65519.0f), 0x7BFF);                           // just below the overflow tie
-  EXPECT_EQ(float_to_half_bits(65520.0f), 0x7C00);                           // the tie goes to Inf
+  EXPECT_EQ(float_to_half_bits(65519.0f), 0x7BFF);                          // just below the overflow tie
+  EXPECT_EQ(float_to_half_bits(65520.0f), 0x7C00);                          // the tie goes to Inf
 }
 
 TEST(Half, RoundsSubnormalsToNearestEven) {
@@ -73,11 +81,11 @@ TEST(Half, EveryNonNaNBitPatternSurvivesARoundTripThroughFloat) {
 TEST(BFloat16, RoundsToKnownBitPatterns) {
   EXPECT_EQ(float_to_bf16_bits(1.0f), 0x3F80);
   EXPECT_EQ(float_to_bf16_bits(3.14159265f), 0x4049);
-  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F808000u)), 0x3F80);  // tie -> even
-  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F818000u)), 0x3F82);  // tie -> even (up)
-  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F808001u)), 0x3F81);  // above the tie
-  EXPECT_EQ(float_to_bf16_bits(from_bits(0x00018000u)), 0x0002);  // subnormal tie -> even
-  EXPECT_EQ(float_to_bf16_bits(from_bits(0x00010000u)), 0x0001);  // subnormal, exact
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F808000u)), 0x3F80);             // tie -> even
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F818000u)), 0x3F82);             // tie -> even (up)
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x3F808001u)), 0x3F81);             // above the tie
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x00018000u)), 0x0002);             // subnormal tie -> even
+  EXPECT_EQ(float_to_bf16_bits(from_bits(0x00010000u)), 0x0001);             // subnormal, exact
   EXPECT_EQ(float_to_bf16_bits(std::numeric_limits<float>::max()), 0x7F80);  // rounds to Inf
 }
 
@@ -160,8 +168,7 @@ std::vector<float> f32_patterns() {
   }
   for (std::uint32_t u = 0x477fe000u; u < 0x47800100u; ++u) p.push_back(u);  // 65504 .. past 65536
   for (std::uint32_t u = 0; u < 0x20000u; ++u) p.push_back(u);               // the smallest f32 subnormals
-  for (std::uint32_t u : {0x7f800000u, 0x7f7fffffu, 0x007fffffu, 0x00800000u, 0x7fffffffu, 0x7fc00000u})
-    p.push_back(u);
+  for (std::uint32_t u : {0x7f800000u, 0x7f7fffffu, 0x007fffffu, 0x00800000u, 0x7fffffffu, 0x7fc00000u}) p.push_back(u);
   for (std::uint64_t u = 0; u < (1ull << 32); u += 4099) p.push_back(static_cast<std::uint32_t>(u));
   std::mt19937 rng(7);
   for (int i = 0; i < 1 << 20; ++i) p.push_back(rng());
@@ -223,16 +230,16 @@ TEST(HostCast, ShortRunsAtAnyOffsetMatchTheScalarFunctionsAndWriteNothingElse) {
           detail::cast_host(out.data() + begin, dtype, back.data() + begin, DType::f32, n, loops);
           for (std::size_t i = 0; i < 64; ++i) {
             const bool inside = begin <= i && i < end;
-            const std::uint16_t want = !inside             ? guard
+            const std::uint16_t want = !inside               ? guard
                                        : dtype == DType::f16 ? float_to_half_bits(in[i])
                                                              : float_to_bf16_bits(in[i]);
-            const float back_want = !inside             ? -1.0f
+            const float back_want = !inside               ? -1.0f
                                     : dtype == DType::f16 ? half_bits_to_float(want)
                                                           : bf16_bits_to_float(want);
             ASSERT_EQ(out[i], want) << name(loops) << ", " << dtype_name(dtype) << " [" << begin << ", " << end
                                     << ") at " << i;
-            ASSERT_EQ(to_bits(back[i]), to_bits(back_want)) << name(loops) << ", back from " << dtype_name(dtype)
-                                                            << " [" << begin << ", " << end << ") at " << i;
+            ASSERT_EQ(to_bits(back[i]), to_bits(back_want))
+                << name(loops) << ", back from " << dtype_name(dtype) << " [" << begin << ", " << end << ") at " << i;
           }
         }
 }

@@ -166,9 +166,16 @@ TEST(MathLoops, EveryCompiledCopyOfTheRowLoopsAndAdamGivesTheSameBits) {
     // Two AdamW steps from zero moments, so that both moments feed the second.
     std::vector<float> p = x, m(size), v(size);
     for (const std::int64_t step : {1, 2}) {
-      const detail::AdamScalars s{0.9f, 0.95f, 0.1f, 0.05f, 1e-8f, 0.1f, 1.0f - 6e-5f,
+      const detail::AdamScalars s{0.9f,
+                                  0.95f,
+                                  0.1f,
+                                  0.05f,
+                                  1e-8f,
+                                  0.1f,
+                                  1.0f - 6e-5f,
                                   static_cast<float>(6e-4 / (1 - std::pow(0.9, step))),
-                                  static_cast<float>(std::sqrt(1 - std::pow(0.95, step))), true};
+                                  static_cast<float>(std::sqrt(1 - std::pow(0.95, step))),
+                                  true};
       loops->adam(p.data(), gy.data(), m.data(), v.data(), static_cast<std::int64_t>(size), s);
     }
     std::vector<std::uint64_t> out;

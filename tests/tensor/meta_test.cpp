@@ -99,8 +99,8 @@ TEST(Meta, RefusesWhatItCannotDescribe) {
   Tensor part = whole.slice(0, 5);
   EXPECT_THROW(normal_(part, 0, 1, gen), InvalidArgument);
   Tensor dst = Tensor::empty({4});
-  EXPECT_THROW(materialize_into(dst, whole, 8), InvalidArgument);   // past the end
-  EXPECT_THROW(materialize_into(dst, whole, -1), InvalidArgument);  // before the start
+  EXPECT_THROW(materialize_into(dst, whole, 8), InvalidArgument);                // past the end
+  EXPECT_THROW(materialize_into(dst, whole, -1), InvalidArgument);               // before the start
   EXPECT_THROW(materialize_into(dst, Tensor::zeros({10}), 0), InvalidArgument);  // not meta
   // A view at an offset materialises its own elements.
   Generator a(9), b(9);

@@ -68,7 +68,7 @@ TEST(DistributedDataParallel, AllRanksTogetherTrainLikeOneRankWithTheWholeBatch)
   ASSERT_EQ(kGlobalBatch % comm.size(), 0);
   const std::int64_t local_batch = kGlobalBatch / comm.size();
   auto model = testing::make_mlp(kModelSeed + static_cast<std::uint64_t>(comm.rank()));  // broadcast fixes it
-  DistributedDataParallel ddp(*model, comm, {.bucket_bytes = 5000});  // several buckets
+  DistributedDataParallel ddp(*model, comm, {.bucket_bytes = 5000});                     // several buckets
   const TensorDataset data = testing::make_data(kGlobalBatch * kSteps, kDataSeed);
   nn::SGD sgd(model->named_parameters(), 0.1, 0.9);
   nn::CrossEntropyLoss loss_fn;
@@ -174,8 +174,7 @@ TEST(DistributedDataParallel, FourMicroBatchesAccumulatedEqualOneBatchOfTheirSum
     EXPECT_EQ(r.stepped, last) << "micro-step " << micro;
     EXPECT_EQ(r.window, 4);
     // Inside a window nothing is sent; the window's end sends one all-reduce per bucket.
-    EXPECT_EQ(comm.next_sequence() - before, last ? ddp.bucket_parameter_names().size() : 0u)
-        << "micro-step " << micro;
+    EXPECT_EQ(comm.next_sequence() - before, last ? ddp.bucket_parameter_names().size() : 0u) << "micro-step " << micro;
   }
   EXPECT_EQ(ddp.micro_step(), 0) << "the position wraps at the end of the epoch";
   EXPECT_TRUE(testing::same_on_every_rank(testing::parameter_hash(*model)));
@@ -223,13 +222,15 @@ TEST(DistributedDataParallel, NoSyncSendsNothingAndTheNextBackwardAveragesTheSum
   auto& comm = world();
   auto model = testing::make_mlp(kModelSeed);
   DistributedDataParallel ddp(*model, comm, {.bucket_bytes = 5000});
-  const TensorDataset data = testing::make_data(3 * 8 * comm.size(), kDataSeed + static_cast<std::uint64_t>(comm.rank()));
+  const TensorDataset data =
+      testing::make_data(3 * 8 * comm.size(), kDataSeed + static_cast<std::uint64_t>(comm.rank()));
   nn::CrossEntropyLoss loss_fn;
 
   // Local sums of three backwards, computed by a plain copy of the model.
   auto plain = testing::make_mlp(kModelSeed);
   for (int k = 0; k < 3; ++k) {
-    const TensorBatch batch = data.rows({8 * k, 8 * k + 1, 8 * k + 2, 8 * k + 3, 8 * k + 4, 8 * k + 5, 8 * k + 6, 8 * k + 7});
+    const TensorBatch batch =
+        data.rows({8 * k, 8 * k + 1, 8 * k + 2, 8 * k + 3, 8 * k + 4, 8 * k + 5, 8 * k + 6, 8 * k + 7});
     loss_fn.forward(plain->forward(batch.inputs), batch.targets);
     plain->backward(loss_fn.backward());
   }

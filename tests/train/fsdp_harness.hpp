@@ -102,8 +102,7 @@ struct FsdpRun {
   double last_norm = -1;
 
   FsdpRun(collectives::Communicator& comm, Shape shape, Opt opt, std::uint64_t seed = kModelSeed,
-          bool cpu_offload = false,
-          FsdpOptions::ShardingStrategy strategy = FsdpOptions::ShardingStrategy::full_shard)
+          bool cpu_offload = false, FsdpOptions::ShardingStrategy strategy = FsdpOptions::ShardingStrategy::full_shard)
       : model(make_model(shape, seed + static_cast<std::uint64_t>(comm.rank()))) {
     FsdpOptions options = wrapping(shape);
     options.cpu_offload = cpu_offload;
@@ -184,6 +183,5 @@ struct DdpRun {
     opt->zero_grad();
   }
 };
-
 
 }  // namespace troupe::train::fsdp_testing

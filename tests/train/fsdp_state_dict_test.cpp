@@ -100,7 +100,6 @@ TEST(FullyShardedDataParallel, FullStateDictsContinueAtAnotherWorldSizeInFsdpAnd
   EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*model), want), 1e-5);
 }
 
-
 TEST(FullyShardedDataParallel, LoadFullStateDictRejectsAWrongShapeOnEveryRank) {
   FsdpRun run(world(), Shape::mlp, Opt::adamw);
   const nn::StateDict good = run.fsdp->full_state_dict();
@@ -116,17 +115,17 @@ TEST(FullyShardedDataParallel, LoadFullStateDictRejectsAWrongShapeOnEveryRank) {
   for (const auto& [key, value] : good)
     if (key != "4.bias") missing.insert(key, value);
   EXPECT_THROW(run.fsdp->load_full_state_dict(missing), InvalidArgument);
-  EXPECT_EQ(testing::max_relative_difference(run.params(), [&] {
-              std::vector<double> v;
-              for (const auto& [key, value] : good) {
-                const auto x = value.to_vector<double>();
-                v.insert(v.end(), x.begin(), x.end());
-              }
-              return v;
-            }()),
+  EXPECT_EQ(testing::max_relative_difference(run.params(),
+                                             [&] {
+                                               std::vector<double> v;
+                                               for (const auto& [key, value] : good) {
+                                                 const auto x = value.to_vector<double>();
+                                                 v.insert(v.end(), x.begin(), x.end());
+                                               }
+                                               return v;
+                                             }()),
             0.0);
 }
-
 
 // A full-state-dict checkpoint with no gathering at all: each rank hands its shard's
 // pieces to the parallel save, and the one HDF5 file holds exactly full_state_dict()
@@ -158,7 +157,8 @@ TEST(FullyShardedDataParallel, LocalSlicesWriteTheFullStateDictsThroughTheParall
   const nn::StateDict model = run.fsdp->full_state_dict();
   const nn::StateDict optim = run.fsdp->full_optimizer_state_dict();
   checkpoint::FileReader reader(file.string());
-  for (const auto& [group, dict] : {std::pair{std::string("/model/"), &model}, std::pair{std::string("/optimizer/"), &optim}})
+  for (const auto& [group, dict] :
+       {std::pair{std::string("/model/"), &model}, std::pair{std::string("/optimizer/"), &optim}})
     for (const auto& [key, value] : *dict) {
       if (key.find('/') == std::string::npos && group == "/optimizer/") continue;  // hyper-parameters: attributes
       const Tensor saved = reader.read(group + key);
@@ -202,10 +202,11 @@ TEST(FullyShardedDataParallel, ParallelSaveOfA100MbModelGrowsNoRanksPeakRssPastS
     std::int64_t worst = growth;
     if (comm.size() > 1) comm.allreduce(collectives::Buffer(&worst, 1), collectives::ReduceOp::max);
     if (comm.rank() == 0)
-      std::printf("parallel save of %.0f MB from fsdp at %d ranks: peak RSS growth %.1f MB on the worst rank "
-                  "(bound %.1f MB = shard + largest tensor + 64 MB)\n",
-                  static_cast<double>(8 * largest) / 1e6, comm.size(), static_cast<double>(worst) / 1e6,
-                  static_cast<double>(bound) / 1e6);
+      std::printf(
+          "parallel save of %.0f MB from fsdp at %d ranks: peak RSS growth %.1f MB on the worst rank "
+          "(bound %.1f MB = shard + largest tensor + 64 MB)\n",
+          static_cast<double>(8 * largest) / 1e6, comm.size(), static_cast<double>(worst) / 1e6,
+          static_cast<double>(bound) / 1e6);
   }
   // The measurement sees materialisation: full_state_dict() holds the whole model.
   testing::reset_peak_rss();

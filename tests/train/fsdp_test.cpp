@@ -46,23 +46,19 @@ TEST_P(FsdpMatchesDdp, After20Steps) {
   if (world().rank() == 0) std::printf("fsdp %s vs ddp: max relative difference %.3g\n", c.name, diff);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, FsdpMatchesDdp,
-                         ::testing::Values(Case{Shape::mlp, Opt::sgd_momentum, 1, "sgd_momentum"},
-                                           Case{Shape::mlp, Opt::adamw, 1, "adamw"},
-                                           Case{Shape::mlp, Opt::adamw, 2, "adamw_no_sync_accumulate"},
-                                           Case{Shape::mlp, Opt::sgd_momentum, 3, "sgd_no_sync_accumulate"},
-                                           Case{Shape::odd, Opt::adamw, 1, "padded_unit"},
-                                           Case{Shape::nested, Opt::sgd_momentum, 2, "nested_units"},
-                                           // ZeRO-2: gradients and optimizer state sharded only
-                                           Case{Shape::mlp, Opt::sgd_momentum, 1, "shard_grad_op_sgd_momentum",
-                                                Strategy::shard_grad_op},
-                                           Case{Shape::mlp, Opt::adamw, 2, "shard_grad_op_adamw_accumulate",
-                                                Strategy::shard_grad_op},
-                                           Case{Shape::odd, Opt::adamw, 1, "shard_grad_op_padded_unit",
-                                                Strategy::shard_grad_op},
-                                           Case{Shape::nested, Opt::sgd_momentum, 2, "shard_grad_op_nested_units",
-                                                Strategy::shard_grad_op}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, FsdpMatchesDdp,
+    ::testing::Values(Case{Shape::mlp, Opt::sgd_momentum, 1, "sgd_momentum"}, Case{Shape::mlp, Opt::adamw, 1, "adamw"},
+                      Case{Shape::mlp, Opt::adamw, 2, "adamw_no_sync_accumulate"},
+                      Case{Shape::mlp, Opt::sgd_momentum, 3, "sgd_no_sync_accumulate"},
+                      Case{Shape::odd, Opt::adamw, 1, "padded_unit"},
+                      Case{Shape::nested, Opt::sgd_momentum, 2, "nested_units"},
+                      // ZeRO-2: gradients and optimizer state sharded only
+                      Case{Shape::mlp, Opt::sgd_momentum, 1, "shard_grad_op_sgd_momentum", Strategy::shard_grad_op},
+                      Case{Shape::mlp, Opt::adamw, 2, "shard_grad_op_adamw_accumulate", Strategy::shard_grad_op},
+                      Case{Shape::odd, Opt::adamw, 1, "shard_grad_op_padded_unit", Strategy::shard_grad_op},
+                      Case{Shape::nested, Opt::sgd_momentum, 2, "shard_grad_op_nested_units", Strategy::shard_grad_op}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(FullyShardedDataParallel, PadsAUnitTheWorldSizeDoesNotDivideAndKeepsTheRestInTheRootUnit) {
   FsdpRun run(world(), Shape::odd, Opt::adamw);
@@ -74,7 +70,8 @@ TEST(FullyShardedDataParallel, PadsAUnitTheWorldSizeDoesNotDivideAndKeepsTheRest
   EXPECT_EQ(f.unit_numel("0"), 119);
   EXPECT_EQ(f.unit_padded_numel("0"), (119 + w - 1) / w * w);
   EXPECT_EQ(f.unit_padded_numel("0") % w, 0);
-  EXPECT_EQ(f.shard_parameter_bytes(), static_cast<std::size_t>((f.unit_padded_numel("0") + f.unit_padded_numel("")) / w * 4));
+  EXPECT_EQ(f.shard_parameter_bytes(),
+            static_cast<std::size_t>((f.unit_padded_numel("0") + f.unit_padded_numel("")) / w * 4));
   EXPECT_THROW(f.unit_numel("1"), InvalidArgument);
 }
 
@@ -125,8 +122,9 @@ TEST(FullyShardedDataParallel, EmbeddingAndLayerNormUnitsTrainLikeDdp) {
   auto ddp_model = build(), fsdp_model = build();
   DistributedDataParallel ddp(*ddp_model, comm);
   nn::AdamW opt(ddp_model->named_parameters(), 1e-2);
-  FullyShardedDataParallel fsdp(*fsdp_model, comm, factory(Opt::adamw),
-                                {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Embedding, nn::LayerNorm, nn::Linear>()});
+  FullyShardedDataParallel fsdp(
+      *fsdp_model, comm, factory(Opt::adamw),
+      {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Embedding, nn::LayerNorm, nn::Linear>()});
   EXPECT_EQ(fsdp.unit_paths(), (std::vector<std::string>{"0", "1", "2"}));
   tensor::Generator data(17 + static_cast<std::uint64_t>(comm.rank()));
   for (int s = 0; s < 10; ++s) {
@@ -160,7 +158,8 @@ TEST(FullyShardedDataParallel, GptBlocksAsUnitsTrainLikeDdpWithTheTiedHead) {
     opt->set_weight_decay_filter(nn::decay_matrices_only);
     return opt;
   };
-  for (const auto strategy : {FsdpOptions::ShardingStrategy::full_shard, FsdpOptions::ShardingStrategy::shard_grad_op}) {
+  for (const auto strategy :
+       {FsdpOptions::ShardingStrategy::full_shard, FsdpOptions::ShardingStrategy::shard_grad_op}) {
     nn::GPT ddp_model(config, kModelSeed), fsdp_model(config, kModelSeed);
     DistributedDataParallel ddp(ddp_model, comm);
     const auto opt_owner = adamw(ddp_model.named_parameters());
@@ -203,7 +202,8 @@ TEST(FullyShardedDataParallel, AForwardOrBackwardThatThrowsLeavesNothingGathered
   got.fsdp->forward(Tensor::zeros({2, 16}));
   EXPECT_THROW(got.fsdp->backward(Tensor::zeros({2, 5})), InvalidArgument);
   EXPECT_EQ(got.fsdp->local_full_gradient_bytes(), 0u);
-  for (const auto& [name, p] : got.model->named_parameters()) EXPECT_FALSE(p->data.defined() || p->grad.defined()) << name;
+  for (const auto& [name, p] : got.model->named_parameters())
+    EXPECT_FALSE(p->data.defined() || p->grad.defined()) << name;
   got.fsdp->zero_grad();
   for (int s = 1; s < 5; ++s) {
     want.step(a.next());
@@ -263,10 +263,11 @@ TEST(FullyShardedDataParallel, HoldsAbout16NOverWBytesPerRankWithAdam) {
     EXPECT_EQ(f.stats().peak_gathered_bytes, c.peak_units * unit_bytes);  // reached and not passed: 8 units
     EXPECT_EQ(f.stats().prefetched, c.prefetch ? 14 : 0);
     if (comm.rank() == 0)
-      std::printf("fsdp adam at %d ranks, prefetch %d/%s: %zu B resident per rank, 16N/W = %.0f B, peak gathered "
-                  "%zu B (unit %zu B)\n",
-                  comm.size(), c.prefetch ? 1 : 0, c.backward == Prefetch::backward_pre ? "pre" : "post", resident,
-                  formula, f.stats().peak_gathered_bytes, unit_bytes);
+      std::printf(
+          "fsdp adam at %d ranks, prefetch %d/%s: %zu B resident per rank, 16N/W = %.0f B, peak gathered "
+          "%zu B (unit %zu B)\n",
+          comm.size(), c.prefetch ? 1 : 0, c.backward == Prefetch::backward_pre ? "pre" : "post", resident, formula,
+          f.stats().peak_gathered_bytes, unit_bytes);
   }
 }
 
@@ -347,7 +348,8 @@ TEST(FullyShardedDataParallel, ClipGradNormIsTheGlobalNorm) {
 // everywhere, as DDP (whose averaged gradient is inf on every rank) does.
 TEST(FullyShardedDataParallel, GradScalerSkipsTheStepOnEveryRankWhenAnyShardOverflows) {
   auto& comm = world();
-  GradScaler s1(&comm, {.init_scale = 1024, .growth_interval = 4}), s2(&comm, {.init_scale = 1024, .growth_interval = 4});
+  GradScaler s1(&comm, {.init_scale = 1024, .growth_interval = 4}),
+      s2(&comm, {.init_scale = 1024, .growth_interval = 4});
   DdpRun want(Shape::mlp, Opt::adamw);
   FsdpRun got(comm, Shape::mlp, Opt::adamw);
   Batches a(comm), b(comm);
@@ -400,10 +402,11 @@ TEST(FullyShardedDataParallel, CpuOffloadKeepsShardsGradientsAndOptimizerStateIn
     EXPECT_EQ(st.offload_bytes_to_host, shard);
     EXPECT_GT(st.offload_seconds, 0.0);
     if (world().rank() == 0)
-      std::printf("cpu offload: pool %zu B (%zu B mapped, %zu B pinned), moved %zu B to device and %zu B back in "
-                  "%.1f us\n",
-                  pool.bytes(), pool.mapped_bytes(), pool.pinned_bytes(), st.offload_bytes_to_device,
-                  st.offload_bytes_to_host, st.offload_seconds * 1e6);
+      std::printf(
+          "cpu offload: pool %zu B (%zu B mapped, %zu B pinned), moved %zu B to device and %zu B back in "
+          "%.1f us\n",
+          pool.bytes(), pool.mapped_bytes(), pool.pinned_bytes(), st.offload_bytes_to_device, st.offload_bytes_to_host,
+          st.offload_seconds * 1e6);
   }
 }
 
@@ -470,8 +473,7 @@ TEST_P(Bf16MasterShards, TrainLikeDdpWithMasterWeights) {
   EXPECT_EQ(optim.at("0.weight/exp_avg").dtype(), DType::f32);
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, Bf16MasterShards,
-                         ::testing::Values(Strategy::full_shard, Strategy::shard_grad_op),
+INSTANTIATE_TEST_SUITE_P(Strategies, Bf16MasterShards, ::testing::Values(Strategy::full_shard, Strategy::shard_grad_op),
                          [](const auto& info) {
                            return std::string(info.param == Strategy::full_shard ? "full_shard" : "shard_grad_op");
                          });

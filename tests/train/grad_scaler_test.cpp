@@ -114,15 +114,17 @@ TEST(GradScaler, WithAccumulationEveryRankSkipsTheOverflowingWindow) {
   int steps = 0, skipped = 0;
   for (int micro = 0; micro < 8; ++micro) {
     loss_fn.forward(ddp.forward(data.inputs), data.targets);
-    const auto r = ddp.optimizer_step_with_gradient_accumulation(
-        sgd,
-        [&](double scale) {
-          Tensor g = loss_fn.backward(scale);
-          // The second window's first micro-batch overflows on rank 0 only.
-          if (micro == 2 && comm.rank() == 0) g.data<float>()[0] = std::numeric_limits<float>::infinity();
-          return g;
-        },
-        2, 8, {.max_grad_norm = 1.0, .scaler = &scaler});
+    const auto r = ddp.optimizer_step_with_gradient_accumulation(sgd,
+                                                                 [&](double scale) {
+                                                                   Tensor g = loss_fn.backward(scale);
+                                                                   // The second window's first micro-batch overflows on
+                                                                   // rank 0 only.
+                                                                   if (micro == 2 && comm.rank() == 0)
+                                                                     g.data<float>()[0] =
+                                                                         std::numeric_limits<float>::infinity();
+                                                                   return g;
+                                                                 },
+                                                                 2, 8, {.max_grad_norm = 1.0, .scaler = &scaler});
     steps += r.stepped;
     skipped += r.skipped;
   }

@@ -7,7 +7,6 @@
 #include "train_world.hpp"
 #include "troupe/mpi/environment.hpp"
 
-
 int main(int argc, char** argv) {
   troupe::mpi::Environment mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);

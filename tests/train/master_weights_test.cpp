@@ -32,7 +32,8 @@ TEST(MasterWeights, UpdatesBelowBf16SpacingAccumulateInTheMastersAndReachTheMode
   }
   EXPECT_EQ(plain.weight().data.to_vector<float>()[0], 1.0f) << "pure bf16 loses every update";
   EXPECT_NEAR(master.named_parameters()[0].param->data.to_vector<float>()[0], 0.99, 1e-4);
-  EXPECT_EQ(with_master.weight().data.to_vector<float>()[0], 0.98828125f) << "0.99 rounded to bf16 (spacing 2^-8 below 1)";
+  EXPECT_EQ(with_master.weight().data.to_vector<float>()[0], 0.98828125f)
+      << "0.99 rounded to bf16 (spacing 2^-8 below 1)";
 }
 
 TEST(MasterWeights, Bf16DataParallelTrainingWithScalingAndAccumulationTracksTheF32Run) {
@@ -51,9 +52,8 @@ TEST(MasterWeights, Bf16DataParallelTrainingWithScalingAndAccumulationTracksTheF
       for (std::int64_t i = 0; i < 8; ++i) idx.push_back(8 * k + i);
       const TensorBatch batch = data.rows(idx);
       loss_fn.forward(ddp.forward(bf16 ? batch.inputs.to(DType::bf16) : batch.inputs), batch.targets);
-      ddp.optimizer_step_with_gradient_accumulation(
-          sgd, [&](double s) { return loss_fn.backward(s); }, 2, 40,
-          {.max_grad_norm = 5.0, .scaler = &scaler, .master = master.get()});
+      ddp.optimizer_step_with_gradient_accumulation(sgd, [&](double s) { return loss_fn.backward(s); }, 2, 40,
+                                                    {.max_grad_norm = 5.0, .scaler = &scaler, .master = master.get()});
     }
     EXPECT_TRUE(testing::same_on_every_rank(testing::parameter_hash(*model)));
     EXPECT_EQ(scaler.skipped_steps(), 0);

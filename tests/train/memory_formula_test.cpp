@@ -17,12 +17,12 @@
 #include <memory>
 
 #include "train_world.hpp"
+#include "troupe/nn/activation.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
-#include "troupe/nn/activation.hpp"
-#include "troupe/tensor/random.hpp"
 #include "troupe/tensor/host_memory.hpp"
+#include "troupe/tensor/random.hpp"
 #include "troupe/train/ddp.hpp"
 #include "troupe/train/sharded_model.hpp"
 
@@ -33,8 +33,8 @@ using testing::world;
 
 constexpr std::int64_t kBatch = 2;
 constexpr std::int64_t kWidth = 1024;
-constexpr int kLayers = 8;                        // 8 x Linear(1024, 1024): N = 8.4M, 33.6 MB
-constexpr std::size_t kBucketBytes = 1u << 20;    // small next to the model state
+constexpr int kLayers = 8;                      // 8 x Linear(1024, 1024): N = 8.4M, 33.6 MB
+constexpr std::size_t kBucketBytes = 1u << 20;  // small next to the model state
 
 std::unique_ptr<nn::Sequential> make_model() {
   tensor::Generator gen(3);

@@ -33,7 +33,7 @@ TEST(OSS, PartitionsAreDisjointCoverEveryParameterAndAgreeAcrossRanks) {
       EXPECT_EQ(oss.owner(name), r);
       largest = std::max(largest, p->data.nbytes());
     }
-  ASSERT_EQ(seen.size(), params.size());  // covers, and ...
+  ASSERT_EQ(seen.size(), params.size());                                         // covers, and ...
   for (const auto& [name, p] : params) EXPECT_EQ(seen.count(name), 1u) << name;  // ... disjoint
   // The base optimizer was built over this rank's partition exactly.
   const auto mine = oss.partition(comm.rank());
@@ -121,9 +121,9 @@ TEST(OSS, ClipGradNormIsTheGlobalNorm) {
       clipped += want.last_norm > want.clip ? 1 : 0;
     }
     EXPECT_GT(clipped, 0);  // the clip mattered
-    EXPECT_LE(testing::max_relative_difference(testing::flat_parameters(*got.model),
-                                               testing::flat_parameters(*want.model)),
-              1e-5)
+    EXPECT_LE(
+        testing::max_relative_difference(testing::flat_parameters(*got.model), testing::flat_parameters(*want.model)),
+        1e-5)
         << mode_name(mode);
   }
 }
@@ -202,8 +202,7 @@ TEST(OSS, LoadStateDictRejectsBadInputOnEveryRankAndKeepsTheOldState) {
     if (t.oss->owner(name) == comm.size() - 1) victim = name;
   ASSERT_FALSE(victim.empty());
   nn::StateDict wrong;
-  for (const auto& [key, value] : before)
-    wrong.insert(key, key == victim + "/exp_avg" ? Tensor::zeros({3}) : value);
+  for (const auto& [key, value] : before) wrong.insert(key, key == victim + "/exp_avg" ? Tensor::zeros({3}) : value);
   EXPECT_THROW(t.oss->load_state_dict(wrong), InvalidArgument);
 
   const nn::StateDict after = t.oss->state_dict();

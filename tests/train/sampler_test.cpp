@@ -6,10 +6,10 @@
 #include <atomic>
 #include <chrono>
 #include <mutex>
-#include <thread>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "troupe/error.hpp"
 #include "troupe/train/data_loader.hpp"
@@ -18,7 +18,8 @@
 namespace troupe::train {
 namespace {
 
-std::vector<std::vector<std::int64_t>> parts(std::int64_t n, int replicas, SamplerOptions options, std::int64_t epoch = 0) {
+std::vector<std::vector<std::int64_t>> parts(std::int64_t n, int replicas, SamplerOptions options,
+                                             std::int64_t epoch = 0) {
   std::vector<std::vector<std::int64_t>> out;
   for (int r = 0; r < replicas; ++r) {
     DistributedSampler s(n, replicas, r, options);
@@ -273,7 +274,8 @@ TEST(DistributedSampler, RefusesAStateForAnotherDataSet) {
 
 TEST(DataLoader, YieldsTheSamplersIndicesInBatchesAndMovesItsPositionOnlyWhenHandedOut) {
   DistributedSampler sampler(23, 1, 0, {.seed = 2});
-  DataLoader<std::vector<std::int64_t>> loader(sampler, 5, [](const std::vector<std::int64_t>& idx) { return idx; }, 3);
+  DataLoader<std::vector<std::int64_t>> loader(
+      sampler, 5, [](const std::vector<std::int64_t>& idx) { return idx; }, 3);
   EXPECT_EQ(loader.batches_per_epoch(), 5);
   std::vector<std::int64_t> seen;
   int batches = 0;
@@ -312,7 +314,8 @@ TEST(DataLoader, ResumesFromARestoredSamplerPosition) {
 
 TEST(DataLoader, DropLastLeavesOutTheShortBatchAndCollateErrorsReachNext) {
   DistributedSampler sampler(10, 1, 0);
-  DataLoader<std::size_t> loader(sampler, 4, [](const auto& idx) { return idx.size(); }, 2, /*drop_last=*/true);
+  DataLoader<std::size_t> loader(
+      sampler, 4, [](const auto& idx) { return idx.size(); }, 2, /*drop_last=*/true);
   EXPECT_EQ(loader.batches_per_epoch(), 2);
   int n = 0;
   while (auto b = loader.next()) {
@@ -336,11 +339,14 @@ TEST(DataLoader, CollatesOnItsOwnThreadAheadOfTheConsumer) {
   std::mutex mutex;
   std::set<std::thread::id> threads;
   std::atomic<int> collated{0};
-  DataLoader<int> loader(sampler, 4, [&](const auto&) {
-    std::lock_guard lock(mutex);
-    threads.insert(std::this_thread::get_id());
-    return ++collated;
-  }, /*prefetch=*/3);
+  DataLoader<int> loader(
+      sampler, 4,
+      [&](const auto&) {
+        std::lock_guard lock(mutex);
+        threads.insert(std::this_thread::get_id());
+        return ++collated;
+      },
+      /*prefetch=*/3);
   ASSERT_EQ(*loader.next(), 1);
   // While the consumer holds batch 1, the loader fills its queue of 3 on its own.
   for (int i = 0; i < 2000 && collated.load() < 4; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));

@@ -236,7 +236,8 @@ TEST(ShardedCheckpoint, AShardedResumeReadsAFileOfAnotherModeAndWorldSize) {
     ASSERT_TRUE(ckpt.resume().has_value()) << sharding_name(mode);
     const StateGroups restored = fresh.state->state_dicts();
     for (const char* group : {"model", "optimizer", "status"})
-      expect_same_dict(group_of(restored, group), group_of(gathered, group), std::string(sharding_name(mode)) + " " + group);
+      expect_same_dict(group_of(restored, group), group_of(gathered, group),
+                       std::string(sharding_name(mode)) + " " + group);
   }
 }
 
@@ -269,7 +270,8 @@ TEST(ShardedCheckpoint, ADamagedNewestFileIsSkippedByEveryRank) {
     auto at = std::search(bytes.begin(), bytes.end(), needle, needle + 64);
     EXPECT_NE(at, bytes.end());
     if (at != bytes.end()) at[8] ^= 0x10;
-    std::ofstream(newest, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    std::ofstream(newest, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   world().barrier();
   ShardedRun fresh(Sharding::fsdp);
@@ -354,9 +356,10 @@ TEST(ShardedCheckpoint, AShardedResumePeaksBelowItsSteadyStatePlusOneUnit) {
   const double peak = static_cast<double>(tensor::host_memory_stats().peak_bytes - live);
   EXPECT_LE(peak, 1.2 * steady + unit) << "rank " << comm.rank();
   if (comm.rank() == 0)
-    std::printf("fsdp resume of %.1f MB of parameters at %d ranks: peak %.1f MB from construction to the end of "
-                "resume; steady state 16N/W = %.1f MB, one unit %.1f MB\n",
-                4.0 * kLayers * kWidth * kWidth / 1e6, comm.size(), peak / 1e6, steady / 1e6, unit / 1e6);
+    std::printf(
+        "fsdp resume of %.1f MB of parameters at %d ranks: peak %.1f MB from construction to the end of "
+        "resume; steady state 16N/W = %.1f MB, one unit %.1f MB\n",
+        4.0 * kLayers * kWidth * kWidth / 1e6, comm.size(), peak / 1e6, steady / 1e6, unit / 1e6);
 }
 
 std::int64_t max_over_ranks(std::int64_t v) {
@@ -425,12 +428,13 @@ TEST(ShardedCheckpoint, FsdpSaveOfA100MbModelGrowsNoRanksPeakRssPastShardPlusLar
   }
   gathered_growth = max_over_ranks(gathered_growth);
   if (comm.rank() == 0) {
-    std::printf("fsdp save through TrainingCheckpoint of %.0f MB of parameters + %.0f MB of momentum at %d ranks: "
-                "%.2f s, peak RSS growth %.1f MB on the worst rank (rank 0's pieces %.1f MB, bound = pieces + largest "
-                "tensor + 64 MB = %.1f MB; worst margin %.1f MB); the gathered groups alone grew it by %.1f MB\n",
-                8.0 * static_cast<double>(largest) / 1e6, 8.0 * static_cast<double>(largest) / 1e6, comm.size(),
-                seconds, static_cast<double>(worst) / 1e6, static_cast<double>(shard) / 1e6, static_cast<double>(bound) / 1e6,
-                static_cast<double>(-worst_over) / 1e6, static_cast<double>(gathered_growth) / 1e6);
+    std::printf(
+        "fsdp save through TrainingCheckpoint of %.0f MB of parameters + %.0f MB of momentum at %d ranks: "
+        "%.2f s, peak RSS growth %.1f MB on the worst rank (rank 0's pieces %.1f MB, bound = pieces + largest "
+        "tensor + 64 MB = %.1f MB; worst margin %.1f MB); the gathered groups alone grew it by %.1f MB\n",
+        8.0 * static_cast<double>(largest) / 1e6, 8.0 * static_cast<double>(largest) / 1e6, comm.size(), seconds,
+        static_cast<double>(worst) / 1e6, static_cast<double>(shard) / 1e6, static_cast<double>(bound) / 1e6,
+        static_cast<double>(-worst_over) / 1e6, static_cast<double>(gathered_growth) / 1e6);
     checkpoint::FileReader reader(file.string());
     EXPECT_TRUE(reader.has_group("/rng"));  // an empty section, as the gathered save writes it
     EXPECT_EQ(reader.tensors("/model").size(), 16u);

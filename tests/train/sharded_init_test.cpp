@@ -31,9 +31,7 @@ std::unique_ptr<nn::Sequential> linear_stack(int layers, std::int64_t width, ten
   return model;
 }
 
-nn::GPTConfig small_gpt() {
-  return {.block_size = 16, .vocab_size = 37, .n_layer = 3, .n_head = 2, .n_embd = 24};
-}
+nn::GPTConfig small_gpt() { return {.block_size = 16, .vocab_size = 37, .n_layer = 3, .n_head = 2, .n_embd = 24}; }
 
 // This rank's pieces of every tensor, as the parallel save would write them.
 void expect_same_pieces(FullyShardedDataParallel& want, FullyShardedDataParallel& got, const char* what) {
@@ -46,8 +44,8 @@ void expect_same_pieces(FullyShardedDataParallel& want, FullyShardedDataParallel
     if (!a[i].data.defined()) continue;
     const Tensor &x = a[i].data, &y = b[i].data;
     ASSERT_EQ(x.nbytes(), y.nbytes());
-    EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0) << what << " rank " << world().rank() << " "
-                                                                       << a[i].name;
+    EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0)
+        << what << " rank " << world().rank() << " " << a[i].name;
   }
 }
 
@@ -95,9 +93,9 @@ TEST(ShardedConstruction, HoldsOnlyWhatTheModeKeeps) {
       tensor::reset_host_memory_peak();
       auto model = linear_stack(kLayers, kWidth, device);
       const double model_bytes = 4.0 * static_cast<double>(model->parameter_count());
-      FullyShardedDataParallel f(*model, world(), factory(Opt::adamw),
-                                 {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>(),
-                                  .sharding_strategy = strategy});
+      FullyShardedDataParallel f(
+          *model, world(), factory(Opt::adamw),
+          {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>(), .sharding_strategy = strategy});
       const double peak = static_cast<double>(tensor::host_memory_stats().peak_bytes - live);
       double kept = 0;  // what the mode keeps after construction
       for (const auto& path : f.unit_paths())
@@ -127,9 +125,9 @@ TEST(ShardedConstruction, Zero1MaterialisesTheWholeModelOnEveryRank) {
 
 TEST(ShardedConstruction, AMetaTargetDeviceOrAnUndescribedTensorIsAClearError) {
   auto meta = linear_stack(2, 8, tensor::Device::meta());
-  EXPECT_THROW(FullyShardedDataParallel(*meta, world(), factory(Opt::adamw),
-                                        {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>(),
-                                         .device = tensor::Device::meta()}),
+  EXPECT_THROW(FullyShardedDataParallel(
+                   *meta, world(), factory(Opt::adamw),
+                   {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>(), .device = tensor::Device::meta()}),
                InvalidArgument);
 }
 

@@ -42,8 +42,8 @@ struct ModeRun {
   double largest_norm = 0;  // of the steps' gradients, before clipping
 
   ModeRun(Sharding mode, std::uint64_t seed) : model(testing::make_mlp(seed)) {
-    sampler = std::make_unique<DistributedSampler>(data.size(), world().size(), world().rank(),
-                                                   SamplerOptions{.seed = seed});
+    sampler =
+        std::make_unique<DistributedSampler>(data.size(), world().size(), world().rank(), SamplerOptions{.seed = seed});
     if (mode == Sharding::ddp) {
       ddp = std::make_unique<DistributedDataParallel>(*model, world());
       optimizer = sgd(model->named_parameters());
@@ -124,8 +124,7 @@ TEST(ShardedModel, ASnapshotRestoresBitForBitInItsOwnModeAndLoadsIntoAnother) {
 }
 
 TEST(ShardedModel, ParsesTheFourModeNamesAndRefusesOthers) {
-  for (const char* name : {"ddp", "zero1", "zero2", "fsdp"})
-    EXPECT_STREQ(sharding_name(parse_sharding(name)), name);
+  for (const char* name : {"ddp", "zero1", "zero2", "fsdp"}) EXPECT_STREQ(sharding_name(parse_sharding(name)), name);
   try {
     parse_sharding("zero3");
     FAIL() << "expected InvalidArgument";

@@ -51,8 +51,8 @@ inline OptimizerFactory factory(Opt opt) {
 struct Trainer {
   Mode mode;
   std::unique_ptr<nn::Sequential> model;
-  std::unique_ptr<nn::Optimizer> plain;  // ddp
-  std::unique_ptr<OSS> oss;              // zero1, zero2
+  std::unique_ptr<nn::Optimizer> plain;          // ddp
+  std::unique_ptr<OSS> oss;                      // zero1, zero2
   std::unique_ptr<DistributedDataParallel> ddp;  // ddp, zero1
   std::unique_ptr<ShardedDataParallel> sdp;      // zero2
   nn::CrossEntropyLoss loss_fn;
@@ -74,8 +74,10 @@ struct Trainer {
           *model, *oss, comm, ShardedDdpOptions{.bucket_bytes = kBucketBytes, .reduction = reduction});
     } else {
       ddp = std::make_unique<DistributedDataParallel>(*model, comm, DdpOptions{.bucket_bytes = kBucketBytes});
-      if (mode == Mode::zero1) oss = std::make_unique<OSS>(model->named_parameters(), comm, factory(opt));
-      else plain = make_optimizer(opt, model->named_parameters());
+      if (mode == Mode::zero1)
+        oss = std::make_unique<OSS>(model->named_parameters(), comm, factory(opt));
+      else
+        plain = make_optimizer(opt, model->named_parameters());
     }
   }
 
@@ -107,11 +109,15 @@ struct Trainer {
         if (name == victim && (!oss || oss->owns(name))) p->grad.data<float>()[0] = INFINITY;
     if (clip > 0) last_norm = oss ? oss->clip_grad_norm(clip) : nn::clip_grad_norm(model->named_parameters(), clip);
     if (scaler) {
-      if (oss) oss->step(*scaler);
-      else scaler->step(*plain);
+      if (oss)
+        oss->step(*scaler);
+      else
+        scaler->step(*plain);
       scaler->update();
-      if (oss) oss->zero_grad();
-      else plain->zero_grad();
+      if (oss)
+        oss->zero_grad();
+      else
+        plain->zero_grad();
     } else if (oss) {
       oss->step();
       oss->zero_grad();

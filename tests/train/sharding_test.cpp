@@ -163,8 +163,10 @@ TEST(Sharding, RanksThatOwnNothingStillTakePart) {
       sdp = std::make_unique<ShardedDataParallel>(model, *oss, comm);
     } else {
       ddp = std::make_unique<DistributedDataParallel>(model, comm);
-      if (mode == Mode::zero1) oss = std::make_unique<OSS>(model.named_parameters(), comm, factory(Opt::adamw));
-      else plain = make_optimizer(Opt::adamw, model.named_parameters());
+      if (mode == Mode::zero1)
+        oss = std::make_unique<OSS>(model.named_parameters(), comm, factory(Opt::adamw));
+      else
+        plain = make_optimizer(Opt::adamw, model.named_parameters());
     }
     if (oss && comm.size() > 2 && comm.rank() >= 2) {
       EXPECT_TRUE(oss->partition(comm.rank()).empty());
@@ -174,8 +176,10 @@ TEST(Sharding, RanksThatOwnNothingStillTakePart) {
     for (int s = 0; s < 5; ++s) {
       const TensorBatch b = batches.next();
       loss_fn.forward(model.forward(b.inputs), b.targets);
-      if (sdp) sdp->backward(loss_fn.backward());
-      else ddp->backward(loss_fn.backward());
+      if (sdp)
+        sdp->backward(loss_fn.backward());
+      else
+        ddp->backward(loss_fn.backward());
       if (oss) {
         oss->step();
         oss->zero_grad();

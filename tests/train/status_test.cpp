@@ -7,10 +7,10 @@
 #include <regex>
 #include <string>
 
+#include "train_world.hpp"
 #include "troupe/error.hpp"
 #include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/status.hpp"
-#include "train_world.hpp"
 
 namespace troupe::train {
 namespace {

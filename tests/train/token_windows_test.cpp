@@ -60,7 +60,8 @@ TEST(Objectives, CrossEntropyCountsCorrectSamplesAndMseReportsOnlyItsLoss) {
   EXPECT_EQ(ce.backward(1.0).shape(), logits.shape());
 
   MSEObjective mse;
-  const Tensor out = Tensor::from_vector(std::vector<float>{1, 2}), want = Tensor::from_vector(std::vector<float>{0, 0});
+  const Tensor out = Tensor::from_vector(std::vector<float>{1, 2}),
+               want = Tensor::from_vector(std::vector<float>{0, 0});
   EXPECT_DOUBLE_EQ(mse.forward(out, want), 2.5);
   MetricSums none;
   mse.add_metrics(out, want, 2, none);

@@ -87,5 +87,4 @@ bool same_on_every_rank(std::uint64_t hash) {
   return std::all_of(all.begin(), all.end(), [&](std::int64_t h) { return h == all[0]; });
 }
 
-
 }  // namespace troupe::train::testing

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "troupe/collectives/communicator.hpp"
-#include "troupe/peak_rss.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/peak_rss.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 
 namespace troupe::train::testing {

@@ -44,8 +44,8 @@ struct TrainingRun {
     model->emplace<nn::Linear>(32, 4, gen);
     ddp = std::make_unique<DistributedDataParallel>(*model, world());
     sgd = std::make_unique<nn::SGD>(model->named_parameters(), 0.05, 0.9);
-    sampler = std::make_unique<DistributedSampler>(data.size(), world().size(), world().rank(),
-                                                   SamplerOptions{.seed = seed});
+    sampler =
+        std::make_unique<DistributedSampler>(data.size(), world().size(), world().rank(), SamplerOptions{.seed = seed});
     scaler = std::make_unique<GradScaler>(&world(), GradScalerOptions{.init_scale = 256, .growth_interval = 3});
     state = std::make_unique<TrainingState>(*model, *sgd, *sampler, ddp.get(), scaler.get());
   }
@@ -55,8 +55,8 @@ struct TrainingRun {
       if (sampler->exhausted()) sampler->set_epoch(++state->epoch);
       const TensorBatch batch = data.rows(sampler->take(kMicroBatch));
       loss_fn.forward(ddp->forward(batch.inputs), batch.targets);
-      const auto r = ddp->optimizer_step_with_gradient_accumulation(
-          *sgd, [&](double s) { return loss_fn.backward(s); }, 2, kMicroPerEpoch, {.scaler = scaler.get()});
+      const auto r = ddp->optimizer_step_with_gradient_accumulation(*sgd, [&](double s) { return loss_fn.backward(s); },
+                                                                    2, kMicroPerEpoch, {.scaler = scaler.get()});
       state->step += r.stepped;
     }
   }

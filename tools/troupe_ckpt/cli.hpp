@@ -25,7 +25,7 @@ struct Args {
   std::vector<std::string> positional;
   bool json = false;
   bool help = false;
-  bool allow_format_1 = false;  // --allow-format-1: read format 1 files (checkpoint::ReadOptions)
+  bool allow_format_1 = false;                 // --allow-format-1: read format 1 files (checkpoint::ReadOptions)
   std::map<std::string, std::string> options;  // --to PATH, --section NAME, --count N
 };
 

@@ -22,8 +22,8 @@ struct TensorDiff {
   std::int64_t differing = 0;
 };
 
-TensorDiff compare(const checkpoint::FileReader& a, const checkpoint::FileReader& b,
-                   const checkpoint::TensorInfo& ia, const checkpoint::TensorInfo& ib) {
+TensorDiff compare(const checkpoint::FileReader& a, const checkpoint::FileReader& b, const checkpoint::TensorInfo& ia,
+                   const checkpoint::TensorInfo& ib) {
   TensorDiff d;
   d.name = ia.path;
   if (ia.dtype != ib.dtype) {
@@ -71,8 +71,10 @@ int cmd_diff(const Args& args, std::ostream& out) {
   std::vector<TensorDiff> diffs;
   for (const auto& t : ta) {
     auto it = in_b.find(t.path);
-    if (it == in_b.end()) diffs.push_back({t.path, "missing", "only in A"});
-    else diffs.push_back(compare(a, b, t, *it->second));
+    if (it == in_b.end())
+      diffs.push_back({t.path, "missing", "only in A"});
+    else
+      diffs.push_back(compare(a, b, t, *it->second));
   }
   std::map<std::string, bool> in_a;
   for (const auto& t : ta) in_a[t.path] = true;
@@ -86,8 +88,10 @@ int cmd_diff(const Args& args, std::ostream& out) {
     checkpoint::Attributes y = b.has_group(g) ? b.attributes(g) : checkpoint::Attributes{};
     for (const auto& [k, v] : x) {
       const checkpoint::AttrValue* w = y.find(k);
-      if (!w) attr_diffs.push_back(g + " " + k + ": " + checkpoint::to_string(v) + " -> (absent)");
-      else if (*w != v) attr_diffs.push_back(g + " " + k + ": " + checkpoint::to_string(v) + " -> " + checkpoint::to_string(*w));
+      if (!w)
+        attr_diffs.push_back(g + " " + k + ": " + checkpoint::to_string(v) + " -> (absent)");
+      else if (*w != v)
+        attr_diffs.push_back(g + " " + k + ": " + checkpoint::to_string(v) + " -> " + checkpoint::to_string(*w));
     }
     for (const auto& [k, w] : y)
       if (!x.contains(k)) attr_diffs.push_back(g + " " + k + ": (absent) -> " + checkpoint::to_string(w));
@@ -109,7 +113,9 @@ int cmd_diff(const Args& args, std::ostream& out) {
       o.add("name", json_string(d.name)).add("status", json_string(d.kind));
       if (!d.detail.empty()) o.add("detail", json_string(d.detail));
       if (d.kind == "different")
-        o.add("max_abs", json_number(d.max_abs)).add("max_rel", json_number(d.max_rel)).add("differing", json_int(d.differing));
+        o.add("max_abs", json_number(d.max_abs))
+            .add("max_rel", json_number(d.max_rel))
+            .add("differing", json_int(d.differing));
       items.push_back(o.str());
     }
     for (const std::string& s : attr_diffs) attrs.push_back(json_string(s));
@@ -129,14 +135,15 @@ int cmd_diff(const Args& args, std::ostream& out) {
     out << "  " << d.kind << "  " << d.name;
     if (!d.detail.empty()) out << "  " << d.detail;
     if (d.kind == "different")
-      out << "  max abs " << number(d.max_abs) << "  max rel " << number(d.max_rel) << "  (" << d.differing << " elements)";
+      out << "  max abs " << number(d.max_abs) << "  max rel " << number(d.max_rel) << "  (" << d.differing
+          << " elements)";
     out << "\n";
   }
   for (const std::string& s : attr_diffs) out << "  attribute " << s << "\n";
   out << (same ? "identical: " : "different: ") << counts["identical"] << " of " << diffs.size()
       << " tensors identical, " << counts["different"] << " different, " << counts["dtype"] + counts["shape"]
-      << " changed dtype/shape, " << counts["missing"] << " only in A, " << counts["extra"]
-      << " only in B; " << attr_diffs.size() << " attribute differences\n";
+      << " changed dtype/shape, " << counts["missing"] << " only in A, " << counts["extra"] << " only in B; "
+      << attr_diffs.size() << " attribute differences\n";
   return same ? kOk : kNo;
 }
 

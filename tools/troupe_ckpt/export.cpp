@@ -5,11 +5,11 @@
 // padded with spaces to a multiple of 8, then the tensors' raw little-endian bytes back to
 // back, offsets relative to the end of the header. Tensors are streamed one at a time
 // (read, checksum verified, appended), so memory stays at the largest tensor.
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <ostream>
-#include <unistd.h>
 
 #include "cli.hpp"
 #include "json.hpp"
@@ -100,8 +100,8 @@ int cmd_export(const Args& args, std::ostream& out) {
                .str()
         << "\n";
   } else {
-    out << "wrote " << tensors.size() << " tensors of " << group << " (" << human_bytes(offset)
-        << ") to " << target.string() << "\n";
+    out << "wrote " << tensors.size() << " tensors of " << group << " (" << human_bytes(offset) << ") to "
+        << target.string() << "\n";
   }
   return kOk;
 }

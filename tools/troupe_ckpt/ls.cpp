@@ -43,12 +43,14 @@ int cmd_ls(const Args& args, std::ostream& out) {
         << "\n";
     return kOk;
   }
-  out << std::left << std::setw(static_cast<int>(width)) << "name" << "  " << std::setw(5) << "dtype"
-      << "  " << std::setw(16) << "shape" << "  " << "bytes\n";
+  out << std::left << std::setw(static_cast<int>(width)) << "name"
+      << "  " << std::setw(5) << "dtype"
+      << "  " << std::setw(16) << "shape"
+      << "  "
+      << "bytes\n";
   for (const auto& t : tensors)
-    out << std::setw(static_cast<int>(width)) << t.path << "  " << std::setw(5)
-        << tensor::dtype_name(t.dtype) << "  " << std::setw(16) << shape_string(t.shape) << "  "
-        << human_bytes(t.nbytes()) << "\n";
+    out << std::setw(static_cast<int>(width)) << t.path << "  " << std::setw(5) << tensor::dtype_name(t.dtype) << "  "
+        << std::setw(16) << shape_string(t.shape) << "  " << human_bytes(t.nbytes()) << "\n";
   out << tensors.size() << " tensors, " << human_bytes(total) << " (" << total << " bytes)\n";
   return kOk;
 }

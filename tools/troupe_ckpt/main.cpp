@@ -30,31 +30,43 @@ struct Entry {
 };
 
 const Entry kCommands[] = {
-    {"ls", cmd_ls, {"section"},
+    {"ls",
+     cmd_ls,
+     {"section"},
      "usage: troupe-ckpt ls FILE [--section NAME] [--json]\n"
      "Lists every tensor (dataset) of the checkpoint with its dtype, shape and size, in the\n"
      "order it was saved, then the totals. --section model limits it to /model."},
-    {"show", cmd_show, {"count"},
+    {"show",
+     cmd_show,
+     {"count"},
      "usage: troupe-ckpt show FILE NAME [--count N] [--json]\n"
      "Statistics of one tensor: min, max, mean, std (population), L2 norm, NaN and Inf\n"
      "counts, and its first N values (default 8). NAME is a full path (/optimizer/fc.weight/\n"
      "exp_avg), a name in /model (fc.weight), or a unique path suffix. The checksum is verified."},
-    {"meta", cmd_meta, {},
+    {"meta",
+     cmd_meta,
+     {},
      "usage: troupe-ckpt meta FILE [--json]\n"
      "The root attributes (format, version, step, epoch, world size, creation time, run id,\n"
      "config JSON) and the attributes of every group (sampler, status, optimizer, ...)."},
-    {"verify", cmd_verify, {},
+    {"verify",
+     cmd_verify,
+     {},
      "usage: troupe-ckpt verify FILE|DIR [--json]\n"
      "Checks structure and every dataset's XXH64 checksum. For a directory: every\n"
      "ckpt-*.h5 in it, which one `latest` names, and leftover temporary files.\n"
      "Exit status: 0 all valid, 1 something invalid, 2 trouble (no such file or folder)."},
-    {"diff", cmd_diff, {},
+    {"diff",
+     cmd_diff,
+     {},
      "usage: troupe-ckpt diff A B [--json]\n"
      "Compares two checkpoints tensor by tensor (dtype and shape changes, max absolute and\n"
      "relative difference, names only in A or only in B) and the attributes of their groups;\n"
      "root metadata such as creation time is shown but not compared.\n"
      "Exit status as diff(1): 0 identical bit for bit, 1 different, 2 trouble."},
-    {"export", cmd_export, {"to", "section"},
+    {"export",
+     cmd_export,
+     {"to", "section"},
      "usage: troupe-ckpt export FILE --to OUT.safetensors [--section NAME] [--json]\n"
      "Writes the tensors of /model (or --section) as a safetensors file (8-byte header\n"
      "length, JSON header, raw little-endian bytes), loadable by the Hugging Face\n"

@@ -29,8 +29,14 @@ int cmd_show(const Args& args, std::ostream& out) {
   std::int64_t nan = 0, inf = 0, finite = 0;
   double lo = std::numeric_limits<double>::infinity(), hi = -lo, sum = 0, sq = 0;
   for (double x : v) {
-    if (std::isnan(x)) { ++nan; continue; }
-    if (std::isinf(x)) { ++inf; continue; }
+    if (std::isnan(x)) {
+      ++nan;
+      continue;
+    }
+    if (std::isinf(x)) {
+      ++inf;
+      continue;
+    }
     ++finite;
     lo = std::min(lo, x);
     hi = std::max(hi, x);
@@ -66,10 +72,10 @@ int cmd_show(const Args& args, std::ostream& out) {
         << "\n";
     return kOk;
   }
-  out << path << "  " << tensor::dtype_name(t.dtype()) << " " << shape_string(t.shape()) << "  ("
-      << t.numel() << " elements, " << human_bytes(t.nbytes()) << ", checksum ok)\n";
-  out << "min " << number(lo) << "  max " << number(hi) << "  mean " << number(mean) << "  std "
-      << number(stddev) << "  l2 " << number(l2) << "  nan " << nan << "  inf " << inf << "\n";
+  out << path << "  " << tensor::dtype_name(t.dtype()) << " " << shape_string(t.shape()) << "  (" << t.numel()
+      << " elements, " << human_bytes(t.nbytes()) << ", checksum ok)\n";
+  out << "min " << number(lo) << "  max " << number(hi) << "  mean " << number(mean) << "  std " << number(stddev)
+      << "  l2 " << number(l2) << "  nan " << nan << "  inf " << inf << "\n";
   out << "first " << first << ":";
   for (std::size_t i = 0; i < first; ++i) out << (i ? ", " : " ") << number(v[i]);
   out << "\n";

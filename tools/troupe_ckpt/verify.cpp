@@ -46,8 +46,11 @@ Verdict verify_file(const std::string& path, const checkpoint::ReadOptions& opti
 std::string encode(const Verdict& v) {
   JsonObject o;
   o.add("file", json_string(v.path)).add("valid", v.valid ? "true" : "false");
-  if (v.valid) o.add("tensors", json_int(static_cast<std::int64_t>(v.tensors))).add("bytes", json_int(static_cast<std::int64_t>(v.bytes)));
-  else o.add("error", json_string(v.error));
+  if (v.valid)
+    o.add("tensors", json_int(static_cast<std::int64_t>(v.tensors)))
+        .add("bytes", json_int(static_cast<std::int64_t>(v.bytes)));
+  else
+    o.add("error", json_string(v.error));
   return o.str();
 }
 
@@ -57,8 +60,10 @@ void report(const Verdict& v) {
 }
 
 void print(const Verdict& v, std::ostream& out) {
-  if (v.valid) out << "ok       " << v.path << "  (" << v.tensors << " tensors, " << human_bytes(v.bytes) << ")\n";
-  else out << "INVALID  " << v.path << ": " << v.error << "\n";
+  if (v.valid)
+    out << "ok       " << v.path << "  (" << v.tensors << " tensors, " << human_bytes(v.bytes) << ")\n";
+  else
+    out << "INVALID  " << v.path << ": " << v.error << "\n";
 }
 
 }  // namespace
@@ -71,8 +76,10 @@ int cmd_verify(const Args& args, std::ostream& out) {
 
   if (!fs::is_directory(target, ec)) {
     Verdict v = verify_file(target, read_options(args));
-    if (args.json) out << encode(v) << "\n";
-    else print(v, out);
+    if (args.json)
+      out << encode(v) << "\n";
+    else
+      print(v, out);
     report(v);
     return v.valid ? kOk : kNo;
   }
@@ -103,7 +110,8 @@ int cmd_verify(const Args& args, std::ostream& out) {
     for (const Verdict& v : verdicts) print(v, out);
     if (verdicts.empty()) out << "no checkpoints (ckpt-<step>.h5) in " << target << "\n";
     out << "latest -> " << (latest ? latest->filename().string() : std::string("(none)")) << "\n";
-    for (const std::string& d : debris) out << "leftover temporary file (ignored, removed by the next save): " << d << "\n";
+    for (const std::string& d : debris)
+      out << "leftover temporary file (ignored, removed by the next save): " << d << "\n";
   }
   for (const Verdict& v : verdicts) report(v);
   return all_valid ? kOk : kNo;

@@ -15,8 +15,8 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
     std::int64_t steps_per_epoch, const AccumulationOptions& options) {
   TROUPE_CHECK(accum_steps >= 1, "optimizer_step_with_gradient_accumulation: accum_steps must be >= 1, got ",
                accum_steps);
-  TROUPE_CHECK(steps_per_epoch >= 1,
-               "optimizer_step_with_gradient_accumulation: steps_per_epoch must be >= 1, got ", steps_per_epoch);
+  TROUPE_CHECK(steps_per_epoch >= 1, "optimizer_step_with_gradient_accumulation: steps_per_epoch must be >= 1, got ",
+               steps_per_epoch);
   TROUPE_CHECK(micro_step_ < steps_per_epoch, "optimizer_step_with_gradient_accumulation: micro-step ", micro_step_,
                " is past the epoch's ", steps_per_epoch, " steps (steps_per_epoch changed mid-epoch?)");
   TROUPE_CHECK(options.max_grad_norm >= 0, "optimizer_step_with_gradient_accumulation: max_grad_norm must be >= 0");
@@ -57,8 +57,10 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
     }
     // Either way the next window starts from zero; the bucket views are restored by
     // the next backward when the grads are dropped.
-    if (options.set_to_none) optimizer.zero_grad(true);
-    else zero_grad();
+    if (options.set_to_none)
+      optimizer.zero_grad(true);
+    else
+      zero_grad();
   }
   micro_step_ = (micro_step_ + 1) % steps_per_epoch;
   return result;

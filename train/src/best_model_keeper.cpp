@@ -89,7 +89,8 @@ BestModelFile BestModelKeeper::load_file(const std::string& path) {
     std::string magic;
     std::uint32_t version = 0;
     archive(magic);
-    if (magic != kMagic) TROUPE_THROW(FormatError, "'", path, "' is not a troupe best-model file (magic '", magic, "')");
+    if (magic != kMagic)
+      TROUPE_THROW(FormatError, "'", path, "' is not a troupe best-model file (magic '", magic, "')");
     archive(version);
     if (version != kVersion)
       TROUPE_THROW(FormatError, "'", path, "' has format version ", version, ", this build reads ", kVersion);

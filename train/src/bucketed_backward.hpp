@@ -19,7 +19,9 @@ tensor::Tensor bucketed_backward(nn::Module& module, const tensor::Tensor& grad_
                                  std::vector<Bucket>& buckets, SyncStats& stats, FinishSync finish_sync,
                                  std::chrono::steady_clock::time_point start) {
   using Clock = std::chrono::steady_clock;
-  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const auto seconds_since = [](Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
   in_backward = true;
   tensor::Tensor grad_input;
   try {

@@ -106,8 +106,8 @@ Tensor DistributedDataParallel::backward(const Tensor& grad_output) {
   TROUPE_CHECK(!in_backward_, "DistributedDataParallel::backward: called from inside a backward");
   const auto start = std::chrono::steady_clock::now();
   bind_gradients();
-  return detail::bucketed_backward(module_, grad_output, in_backward_, sync_, buckets_, stats_,
-                                   [this] { finish_sync(); }, start);
+  return detail::bucketed_backward(
+      module_, grad_output, in_backward_, sync_, buckets_, stats_, [this] { finish_sync(); }, start);
 }
 
 void DistributedDataParallel::on_grad_ready(const std::string& name, nn::Parameter& param) {

@@ -17,8 +17,8 @@ int env_int(const char* name, int fallback) {
   char* end = nullptr;
   errno = 0;
   const long value = std::strtol(text, &end, 10);
-  TROUPE_CHECK(errno == 0 && *end == '\0' && value >= 0 && value < (1L << 30), "environment variable ", name,
-               " is '", text, "', not a rank");
+  TROUPE_CHECK(errno == 0 && *end == '\0' && value >= 0 && value < (1L << 30), "environment variable ", name, " is '",
+               text, "', not a rank");
   return static_cast<int>(value);
 }
 }  // namespace

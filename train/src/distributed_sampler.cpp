@@ -30,8 +30,9 @@ DistributedSampler::DistributedSampler(std::int64_t dataset_size, int num_replic
   TROUPE_CHECK(num_replicas >= 1, "DistributedSampler: num_replicas must be >= 1, got ", num_replicas);
   TROUPE_CHECK(rank >= 0 && rank < num_replicas, "DistributedSampler: rank ", rank, " is outside [0, ", num_replicas,
                ")");
-  TROUPE_CHECK(options.global_batch == 0 || options.global_batch >= num_replicas, "DistributedSampler: a global batch of ",
-               options.global_batch, " leaves some of the ", num_replicas, " ranks without a sample");
+  TROUPE_CHECK(options.global_batch == 0 || options.global_batch >= num_replicas,
+               "DistributedSampler: a global batch of ", options.global_batch, " leaves some of the ", num_replicas,
+               " ranks without a sample");
   TROUPE_CHECK(options.global_batch >= 0, "DistributedSampler: global_batch must be >= 0, got ", options.global_batch);
   build_indices();
 }
@@ -42,11 +43,13 @@ std::int64_t DistributedSampler::samples_per_replica(std::int64_t count, std::in
 
 void DistributedSampler::build_indices() {
   std::vector<std::int64_t> order(static_cast<std::size_t>(dataset_size_));
-  if (options_.shuffle) order = epoch_permutation(dataset_size_, options_.seed, epoch_);
-  else std::iota(order.begin(), order.end(), std::int64_t{0});
+  if (options_.shuffle)
+    order = epoch_permutation(dataset_size_, options_.seed, epoch_);
+  else
+    std::iota(order.begin(), order.end(), std::int64_t{0});
   order.erase(order.begin(), order.begin() + start_);
-  total_size_ = samples_per_replica(static_cast<std::int64_t>(order.size()), num_replicas_, options_.drop_last) *
-                num_replicas_;
+  total_size_ =
+      samples_per_replica(static_cast<std::int64_t>(order.size()), num_replicas_, options_.drop_last) * num_replicas_;
   const std::size_t total = static_cast<std::size_t>(total_size_);
   // Padding repeats the permutation from its start (several times over if the data
   // set is smaller than the number of replicas).
@@ -143,7 +146,7 @@ void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
   const std::int64_t global_batch = dict.contains("global_batch") ? get("global_batch") : 0;
   // `consumed` is the same on every rank; a state from before it existed had equal
   // shares, so position * replicas (or the whole epoch at its end) says the same.
-  const std::int64_t done = dict.contains("consumed") ? get("consumed")
+  const std::int64_t done = dict.contains("consumed")            ? get("consumed")
                             : position * replicas >= saved_total ? saved_total
                                                                  : position * replicas;
   TROUPE_CHECK(epoch >= 0 && position >= 0 && global_batch >= 0 && done >= 0 && done <= saved_total,
@@ -157,10 +160,14 @@ void DistributedSampler::load_state_dict(const nn::StateDict& dict) {
   const bool same_split = replicas == num_replicas_ && global_batch == options_.global_batch;
   start_ = same_split ? start : done == saved_total ? size : std::min(size, start + done);
   build_indices();
-  if (!same_split || done == 0) position_ = 0;
-  else if (done == total_size_) position_ = num_samples_;
-  else if (options_.global_batch == 0) position_ = done / num_replicas_;
-  else position_ = done / options_.global_batch * local_batch();
+  if (!same_split || done == 0)
+    position_ = 0;
+  else if (done == total_size_)
+    position_ = num_samples_;
+  else if (options_.global_batch == 0)
+    position_ = done / num_replicas_;
+  else
+    position_ = done / options_.global_batch * local_batch();
 }
 
 }  // namespace troupe::train

@@ -16,9 +16,7 @@ namespace troupe::train {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 }  // namespace
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
@@ -57,7 +55,8 @@ void FullyShardedDataParallel::launch_gather(std::size_t u, bool ahead) {
       note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
     }
     if (!keeps_parameters() && !pool_ && flat.shard->data.dtype() == flat.dtype) {
-      unit.gathers.push_back(comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
+      unit.gathers.push_back(
+          comm_.allgather_async(collectives::Buffer(flat.shard->data), collectives::Buffer(flat.full)));
       continue;
     }
     // Offload or master shards: the shard goes (from the pool, rounded to the model's
@@ -142,9 +141,8 @@ void FullyShardedDataParallel::launch_reduce_scatter(std::size_t u) {
   for (auto& flat : unit.flats) {
     for (auto& entry : flat.entries) entry.param->grad = Tensor();
     flat.reduced = Tensor::empty({flat.shard_numel}, flat.dtype, flat.device);
-    unit.reduce_scatters.push_back(comm_.reduce_scatter_async(collectives::Buffer(flat.full_grad),
-                                                              collectives::Buffer(flat.reduced),
-                                                              collectives::ReduceOp::avg));
+    unit.reduce_scatters.push_back(comm_.reduce_scatter_async(
+        collectives::Buffer(flat.full_grad), collectives::Buffer(flat.reduced), collectives::ReduceOp::avg));
   }
   ++stats_.reduce_scatters;
   pending_reduce_ = u;
@@ -327,7 +325,8 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
       tensor::dispatch_floating(host.dtype(), "FullyShardedDataParallel::clip_grad_norm", [&](auto tag) {
         using T = decltype(tag);
         const T* p = host.data<T>();
-        for (std::int64_t i = 0; i < host.numel(); ++i) sum_squares += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+        for (std::int64_t i = 0; i < host.numel(); ++i)
+          sum_squares += static_cast<double>(p[i]) * static_cast<double>(p[i]);
       });
     }
   if (!on_gpu.empty()) sum_squares += tensor::fused_sum_of_squares(on_gpu);

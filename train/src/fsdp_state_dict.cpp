@@ -135,7 +135,8 @@ void FullyShardedDataParallel::load_full_state_dict(const nn::StateDict& dict) {
   for (const auto& key : state_keys_) {
     const Tensor* source = dict.find(key);
     const auto [shape, dtype] = full_tensor_type(key);
-    if (source == nullptr || !source->defined()) why << "missing '" << key << "'; ";
+    if (source == nullptr || !source->defined())
+      why << "missing '" << key << "'; ";
     else if (source->shape() != shape || source->dtype() != dtype)
       why << "'" << key << "' is " << tensor::dtype_name(dtype) << " " << tensor::to_string(shape)
           << " in the model but " << describe(*source) << " in the dict; ";
@@ -183,8 +184,10 @@ nn::StateDict FullyShardedDataParallel::full_optimizer_state_dict() {
     for (const auto& [key, value] : shard) {
       if (key.compare(0, prefix.size(), prefix) != 0) continue;
       const std::string slot = key.substr(prefix.size());
-      if (value.dim() == 0) out.insert(name + "/" + slot, value.clone());
-      else out.insert(name + "/" + slot, gather_range(flat, value, entry.offset, entry.numel).reshape(entry.shape));
+      if (value.dim() == 0)
+        out.insert(name + "/" + slot, value.clone());
+      else
+        out.insert(name + "/" + slot, gather_range(flat, value, entry.offset, entry.numel).reshape(entry.shape));
     }
   }
   return out;
@@ -257,14 +260,16 @@ void FullyShardedDataParallel::load_local_slices(const StateSliceSource& model, 
   std::ostringstream why;
   for (const auto& key : state_keys_) {
     const auto [shape, dtype] = full_tensor_type(key);
-    if (!model.contains(key)) why << "missing '" << key << "'; ";
+    if (!model.contains(key))
+      why << "missing '" << key << "'; ";
     else if (model.shape(key) != shape || model.dtype(key) != dtype)
       why << "'" << key << "' is " << tensor::dtype_name(dtype) << " " << tensor::to_string(shape)
           << " in the model but " << tensor::dtype_name(model.dtype(key)) << " " << tensor::to_string(model.shape(key))
           << " in the file; ";
   }
   for (const auto& key : model.names())
-    if (std::find(state_keys_.begin(), state_keys_.end(), key) == state_keys_.end()) why << "unexpected '" << key << "'; ";
+    if (std::find(state_keys_.begin(), state_keys_.end(), key) == state_keys_.end())
+      why << "unexpected '" << key << "'; ";
   if (const std::string error = why.str(); !error.empty()) why.str(model.where() + ": " + error);
   agree_or_throw(why.str(), op);
 

@@ -18,8 +18,8 @@ std::string join(const std::string& prefix, const std::string& name) {
 
 // True when parameter/module `name` lies in the module at `path` ("" holds everything).
 bool inside(const std::string& name, const std::string& path) {
-  return path.empty() || name == path || (name.size() > path.size() && name.compare(0, path.size(), path) == 0 &&
-                                          name[path.size()] == '.');
+  return path.empty() || name == path ||
+         (name.size() > path.size() && name.compare(0, path.size(), path) == 0 && name[path.size()] == '.');
 }
 
 nn::Module* find_module(nn::Module& root, const std::string& path) {
@@ -66,9 +66,8 @@ struct PolicyWalk {
 
 AutoWrapPolicy size_based_auto_wrap_policy(std::int64_t min_num_params) {
   TROUPE_CHECK(min_num_params > 0, "size_based_auto_wrap_policy: min_num_params must be > 0, got ", min_num_params);
-  return [min_num_params](nn::Module&, const std::string&, std::int64_t unwrapped) {
-    return unwrapped >= min_num_params;
-  };
+  return
+      [min_num_params](nn::Module&, const std::string&, std::int64_t unwrapped) { return unwrapped >= min_num_params; };
 }
 
 FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectives::Communicator& comm,
@@ -142,7 +141,8 @@ std::vector<std::pair<std::string, std::string>> FullyShardedDataParallel::share
 std::vector<std::string> FullyShardedDataParallel::choose_unit_paths() {
   std::set<std::string> paths;
   for (const auto& path : options_.wrap) {
-    TROUPE_CHECK(!path.empty(), "FullyShardedDataParallel: wrap names the root module (\"\"); the root is always a unit");
+    TROUPE_CHECK(!path.empty(),
+                 "FullyShardedDataParallel: wrap names the root module (\"\"); the root is always a unit");
     TROUPE_CHECK(find_module(module_, path) != nullptr, "FullyShardedDataParallel: wrap names '", path,
                  "', which is not a submodule of ", module_.type_name());
     paths.insert(path);
@@ -186,9 +186,8 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
     Unit& unit = units_[unit_of_path[owner[i]]];
     const Tensor& data = named[i].param->data;
     const tensor::Device device = tensor::is_meta(data) ? options_.device : data.device();
-    auto flat = std::find_if(unit.flats.begin(), unit.flats.end(), [&](const Flat& f) {
-      return f.dtype == data.dtype() && f.device == device;
-    });
+    auto flat = std::find_if(unit.flats.begin(), unit.flats.end(),
+                             [&](const Flat& f) { return f.dtype == data.dtype() && f.device == device; });
     if (flat == unit.flats.end()) {
       unit.flats.emplace_back();
       flat = unit.flats.end() - 1;
@@ -219,8 +218,10 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
         note_bytes(static_cast<std::ptrdiff_t>(flat.full.nbytes()));
         for (auto& entry : flat.entries) {
           Tensor view = flat.full.slice(entry.offset, entry.offset + entry.numel);
-          if (tensor::is_meta(entry.param->data)) tensor::materialize_into(view, entry.param->data, 0);
-          else view.copy_(entry.param->data.flatten());
+          if (tensor::is_meta(entry.param->data))
+            tensor::materialize_into(view, entry.param->data, 0);
+          else
+            view.copy_(entry.param->data.flatten());
           entry.param->data = view.reshape(entry.shape);
         }
       }
@@ -228,7 +229,8 @@ void FullyShardedDataParallel::build_units(const std::vector<std::string>& paths
       if (keeps_parameters() && !pool_ && master == flat.dtype) {
         shard = flat.full.slice(lo, hi);
       } else {
-        shard = pool_ ? pool_->zeros({flat.shard_numel}, master) : Tensor::zeros({flat.shard_numel}, master, flat.device);
+        shard =
+            pool_ ? pool_->zeros({flat.shard_numel}, master) : Tensor::zeros({flat.shard_numel}, master, flat.device);
         for (const auto& entry : flat.entries) {
           const std::int64_t a = std::max(lo, entry.offset), b = std::min(hi, entry.offset + entry.numel);
           if (a >= b) continue;

@@ -60,8 +60,7 @@ tensor::Tensor HostPool::empty(const tensor::Shape& shape, tensor::DType dtype) 
                                      [counters = counters_, b, block](void*) { counters->remove(b); });
   } else {
     void* data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (data == MAP_FAILED)
-      TROUPE_THROW(Error, "HostPool: mmap of ", mapped, " bytes failed: ", std::strerror(errno));
+    if (data == MAP_FAILED) TROUPE_THROW(Error, "HostPool: mmap of ", mapped, " bytes failed: ", std::strerror(errno));
     // Locking is best effort: RLIMIT_MEMLOCK is often small in containers.
     const Counters::Block b{data, nbytes, mapped, mlock(data, mapped) == 0};
     counters_->add(b);

@@ -91,8 +91,8 @@ OSS::OSS(std::vector<nn::NamedParameter> params, collectives::Communicator& comm
   TROUPE_CHECK(static_cast<bool>(factory), "OSS: the optimizer factory is empty");
   TROUPE_CHECK(options.sync_bucket_bytes > 0, "OSS: sync_bucket_bytes must be > 0");
   for (std::size_t i = 0; i < params_.size(); ++i) {
-    TROUPE_CHECK(params_[i].param != nullptr && params_[i].param->data.defined(), "OSS: parameter '",
-                 params_[i].name, "' has no data");
+    TROUPE_CHECK(params_[i].param != nullptr && params_[i].param->data.defined(), "OSS: parameter '", params_[i].name,
+                 "' has no data");
     const auto [it, fresh] = index_.emplace(params_[i].name, i);
     TROUPE_CHECK(fresh, "OSS: parameter name '", params_[i].name, "' appears twice");
   }
@@ -171,8 +171,10 @@ bool OSS::step(GradScaler& scaler) {
 
 void OSS::share() {
   if (comm_.size() == 1 || params_.empty()) return;
-  if (all_gather_) share_by_all_gather();
-  else share_by_broadcast();
+  if (all_gather_)
+    share_by_all_gather();
+  else
+    share_by_broadcast();
 }
 
 // Each rank's partition sits packed in its segment of a virtual flat buffer (segment_
@@ -195,8 +197,10 @@ void OSS::share_by_all_gather() {
     if (begin >= end) return;
     Tensor part = data.reshape({data.numel()}).slice(begin - flat_offset_[i], end - flat_offset_[i]);
     Tensor slot = buffer.slice(owners_[i] * window + begin - lo, owners_[i] * window + end - lo);
-    if (into_buffer) slot.copy_(part);
-    else part.copy_(slot);
+    if (into_buffer)
+      slot.copy_(part);
+    else
+      part.copy_(slot);
   };
   for (std::int64_t lo = 0; lo < segment_; lo += window) {
     const std::int64_t hi = std::min(segment_, lo + window);
@@ -219,8 +223,10 @@ void OSS::share_by_broadcast() {
 
 void OSS::zero_grad(bool set_to_none) {
   for (auto& [name, param] : params_) {
-    if (set_to_none) param->grad = Tensor();
-    else if (param->grad.defined()) param->grad.zero_();
+    if (set_to_none)
+      param->grad = Tensor();
+    else if (param->grad.defined())
+      param->grad.zero_();
   }
 }
 
@@ -278,7 +284,8 @@ AllRanks allgather_bytes(collectives::Communicator& comm, std::vector<std::uint8
 template <class Fn>
 void decode_slots(const AllRanks& ranks, Fn&& fn) {
   for (int r = 0; r < static_cast<int>(ranks.sizes.size()); ++r) {
-    Reader reader(ranks.all.data() + r * ranks.stride, static_cast<std::size_t>(ranks.sizes[static_cast<std::size_t>(r)]), r);
+    Reader reader(ranks.all.data() + r * ranks.stride,
+                  static_cast<std::size_t>(ranks.sizes[static_cast<std::size_t>(r)]), r);
     const auto n = reader.get<std::uint64_t>();
     for (std::uint64_t k = 0; k < n; ++k) {
       StateSlice slot;
@@ -356,8 +363,10 @@ void OSS::load_state_dict(const nn::StateDict& dict) {
       continue;
     }
     const auto it = index_.find(param_of(key));
-    if (it == index_.end()) unknown.push_back(key);
-    else if (owners_[it->second] == comm_.rank()) mine.insert(key, value);
+    if (it == index_.end())
+      unknown.push_back(key);
+    else if (owners_[it->second] == comm_.rank())
+      mine.insert(key, value);
   }
   if (!unknown.empty()) {
     problem = "OSS::load_state_dict: " + std::to_string(unknown.size()) + " key(s) name no parameter of this model, " +

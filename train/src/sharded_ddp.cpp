@@ -149,8 +149,8 @@ Tensor ShardedDataParallel::backward(const Tensor& grad_output) {
   TROUPE_CHECK(!in_backward_, "ShardedDataParallel::backward: called from inside a backward");
   const auto start = std::chrono::steady_clock::now();
   prepare();
-  return detail::bucketed_backward(module_, grad_output, in_backward_, sync_, buckets_, stats_,
-                                   [this] { finish_sync(); }, start);
+  return detail::bucketed_backward(
+      module_, grad_output, in_backward_, sync_, buckets_, stats_, [this] { finish_sync(); }, start);
 }
 
 void ShardedDataParallel::on_grad_ready(const std::string& name, nn::Parameter& param) {
@@ -207,8 +207,10 @@ void ShardedDataParallel::harvest(std::size_t b) {
     } else {
       for (auto& slot : bucket.slots) {
         Tensor home = place_of(bucket.kept, slot.offset, slot.param->data);
-        if (slot.live) tensor::add_(home, slot.view);
-        else home.copy_(slot.view);
+        if (slot.live)
+          tensor::add_(home, slot.view);
+        else
+          home.copy_(slot.view);
         slot.param->grad = home;
       }
     }

@@ -50,8 +50,8 @@ ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Commun
           break;
         }
       ddp_ = std::make_unique<DistributedDataParallel>(model, comm, DdpOptions{.bucket_bytes = bucket_bytes});
-      oss_ = std::make_unique<OSS>(model.named_parameters(), comm, factory,
-                                   OssOptions{.sync_bucket_bytes = bucket_bytes});
+      oss_ =
+          std::make_unique<OSS>(model.named_parameters(), comm, factory, OssOptions{.sync_bucket_bytes = bucket_bytes});
       break;
     case Sharding::zero2:
     case Sharding::fsdp:
@@ -89,8 +89,10 @@ void backward_with(Wrapper& wrapper, const Tensor& grad, bool sync) {
 }  // namespace
 
 void ShardedModel::backward(const Tensor& grad, bool sync) {
-  if (ddp_) backward_with(*ddp_, grad, sync);
-  else backward_with(*fsdp_, grad, sync);
+  if (ddp_)
+    backward_with(*ddp_, grad, sync);
+  else
+    backward_with(*fsdp_, grad, sync);
 }
 
 // The window arithmetic is DDP's (accumulation.cpp), so every mode takes its steps at
@@ -163,7 +165,8 @@ std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
   LocalStateSlices out;
   if (fsdp_) {
     for (auto& piece : fsdp_->local_model_slices())
-      out.model.push_back({std::move(piece.name), piece.dtype, std::move(piece.shape), piece.begin, std::move(piece.data)});
+      out.model.push_back(
+          {std::move(piece.name), piece.dtype, std::move(piece.shape), piece.begin, std::move(piece.data)});
     for (const auto& [key, value] : fsdp_->optimizer().state_dict())
       if (key.find('/') == std::string::npos) out.optimizer_scalars.insert(key, value);
     for (auto& piece : fsdp_->local_optimizer_slices())
@@ -200,7 +203,8 @@ void ShardedModel::load_local_state_slices(const StateSliceSource& model, const 
   const nn::StateDict live = model_.state_dict();  // the module's own tensors
   std::ostringstream why;
   for (const auto& [key, value] : live) {
-    if (!model.contains(key)) why << "missing '" << key << "'; ";
+    if (!model.contains(key))
+      why << "missing '" << key << "'; ";
     else if (model.shape(key) != value.shape() || model.dtype(key) != value.dtype())
       why << "'" << key << "' is " << tensor::dtype_name(value.dtype()) << " " << tensor::to_string(value.shape())
           << " in the model but " << tensor::dtype_name(model.dtype(key)) << " " << tensor::to_string(model.shape(key))
@@ -237,13 +241,17 @@ void ShardedModel::load_local_state_slices(const StateSliceSource& model, const 
 
 void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {
   // zero1: every rank holds the whole model and reads the same file.
-  if (fsdp_) fsdp_->load_full_state_dict(dict);
-  else model_.load_state_dict(dict, /*strict=*/true);
+  if (fsdp_)
+    fsdp_->load_full_state_dict(dict);
+  else
+    model_.load_state_dict(dict, /*strict=*/true);
 }
 
 void ShardedModel::load_optimizer_state_dict(const nn::StateDict& dict) {
-  if (fsdp_) fsdp_->load_full_optimizer_state_dict(dict);
-  else oss_->load_state_dict(dict);
+  if (fsdp_)
+    fsdp_->load_full_optimizer_state_dict(dict);
+  else
+    oss_->load_state_dict(dict);
 }
 
 }  // namespace troupe::train

@@ -20,8 +20,10 @@ std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const long s = std::lround(seconds);
   char text[32];
-  if (s >= 3600) std::snprintf(text, sizeof text, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-  else std::snprintf(text, sizeof text, "%ld:%02ld", s / 60, s % 60);
+  if (s >= 3600)
+    std::snprintf(text, sizeof text, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+  else
+    std::snprintf(text, sizeof text, "%ld:%02ld", s / 60, s % 60);
   return text;
 }
 
@@ -54,8 +56,7 @@ std::string json_number(double value) {
 }
 
 Status::Status(bool primary, StatusOptions options)
-    : primary_(primary), options_(std::move(options)), start_(Clock::now()), epoch_start_(start_),
-      last_plain_(start_) {
+    : primary_(primary), options_(std::move(options)), start_(Clock::now()), epoch_start_(start_), last_plain_(start_) {
   if (!primary_) return;
   TROUPE_CHECK(options_.out != nullptr, "Status: output stream is null");
   bar_ = options_.progress_bar == 1 || (options_.progress_bar == -1 && stream_is_terminal(options_.out));

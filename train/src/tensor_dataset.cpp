@@ -19,8 +19,7 @@ Tensor gather_rows(const Tensor& source, const std::vector<std::int64_t>& indice
   auto* dst = static_cast<std::byte*>(out.raw_data());
   for (std::size_t i = 0; i < indices.size(); ++i) {
     const std::int64_t row = indices[i];
-    TROUPE_CHECK(row >= 0 && row < rows, "gather_rows: index ", row, " (position ", i, ") is outside [0, ", rows,
-                 ")");
+    TROUPE_CHECK(row >= 0 && row < rows, "gather_rows: index ", row, " (position ", i, ") is outside [0, ", rows, ")");
     std::memcpy(dst + i * row_bytes, src + static_cast<std::size_t>(row) * row_bytes, row_bytes);
   }
   return out;
@@ -29,9 +28,9 @@ Tensor gather_rows(const Tensor& source, const std::vector<std::int64_t>& indice
 TensorDataset::TensorDataset(Tensor in, Tensor tg) : inputs(std::move(in)), targets(std::move(tg)) {
   inputs.check_defined("TensorDataset");
   targets.check_defined("TensorDataset");
-  TROUPE_CHECK(inputs.dim() >= 1 && targets.dim() >= 1 && inputs.size(0) == targets.size(0),
-               "TensorDataset: inputs ", tensor::to_string(inputs.shape()), " and targets ",
-               tensor::to_string(targets.shape()), " must have the same number of rows");
+  TROUPE_CHECK(inputs.dim() >= 1 && targets.dim() >= 1 && inputs.size(0) == targets.size(0), "TensorDataset: inputs ",
+               tensor::to_string(inputs.shape()), " and targets ", tensor::to_string(targets.shape()),
+               " must have the same number of rows");
 }
 
 TensorBatch TensorDataset::rows(const std::vector<std::int64_t>& indices) const {

@@ -12,11 +12,11 @@ TokenWindows::TokenWindows(Tensor tokens, std::int64_t block_size, std::int64_t 
   TROUPE_CHECK(tokens_.dim() == 1 && tokens_.dtype() == tensor::DType::i64 && tokens_.device().is_cpu(),
                "TokenWindows: tokens must be an i64 vector on the CPU, got ", tensor::to_string(tokens_.shape()), " ",
                tensor::dtype_name(tokens_.dtype()));
-  TROUPE_CHECK(block_size_ >= 1 && stride_ >= 1, "TokenWindows: block_size and stride must be >= 1, got ",
-               block_size_, " and ", stride_);
+  TROUPE_CHECK(block_size_ >= 1 && stride_ >= 1, "TokenWindows: block_size and stride must be >= 1, got ", block_size_,
+               " and ", stride_);
   const std::int64_t n = tokens_.numel();
-  TROUPE_CHECK(n >= block_size_ + 1, "TokenWindows: a block size of ", block_size_, " needs at least ",
-               block_size_ + 1, " tokens, the stream has ", n);
+  TROUPE_CHECK(n >= block_size_ + 1, "TokenWindows: a block size of ", block_size_, " needs at least ", block_size_ + 1,
+               " tokens, the stream has ", n);
   windows_ = (n - block_size_ - 1) / stride_ + 1;
 }
 

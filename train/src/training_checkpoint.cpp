@@ -64,8 +64,10 @@ tensor::DType SectionSlices::dtype(const std::string& name) const { return secti
 tensor::Shape SectionSlices::shape(const std::string& name) const { return section_.info(name).shape; }
 
 void SectionSlices::read(const std::string& name, std::int64_t begin, const tensor::Tensor& dst) const {
-  if (dst.device().is_cpu() && dst.dtype() == section_.info(name).dtype) section_.read_range_into(name, begin, dst);
-  else tensor::Tensor(dst).copy_(section_.read_range(name, begin, begin + dst.numel()));  // a handle: same storage
+  if (dst.device().is_cpu() && dst.dtype() == section_.info(name).dtype)
+    section_.read_range_into(name, begin, dst);
+  else
+    tensor::Tensor(dst).copy_(section_.read_range(name, begin, begin + dst.numel()));  // a handle: same storage
 }
 
 nn::StateDict SectionSlices::scalars() const {
@@ -79,7 +81,11 @@ std::string SectionSlices::where() const { return section_.file_path() + ":" + s
 
 TrainingCheckpoint::TrainingCheckpoint(std::filesystem::path folder, TrainingState& state, checkpoint::RunInfo run,
                                        bool writer, std::size_t keep_last, MPI_Comm comm)
-    : folder_(std::move(folder)), state_(state), writer_(writer), source_{&state, {}}, checkpoint_(folder_, keep_last),
+    : folder_(std::move(folder)),
+      state_(state),
+      writer_(writer),
+      source_{&state, {}},
+      checkpoint_(folder_, keep_last),
       run_(run) {
   checkpoint_.set_run_info(std::move(run));
   checkpoint_.set_quarantine(writer_);  // one process renames a damaged file; the others skip it
@@ -112,33 +118,39 @@ void TrainingCheckpoint::register_sliced_groups() {
     const std::string name = names[i];
     const bool last = i + 1 == names.size();
     checkpoint_.register_state(
-        name, {.save = [name](checkpoint::SectionWriter&) {
-                 TROUPE_THROW(InvalidArgument, "TrainingCheckpoint: section ", name, " of a sharded state is written by ",
-                              "the parallel save only");
-               },
-               .load = [this, name, first = i == 0, last](const checkpoint::SectionReader& r) {
-                 if (first) {  // nothing left over from a file whose restore failed part way
-                   small_.clear();
-                   model_section_.reset();
-                   optimizer_section_.reset();
-                 }
-                 if (name == "model" || name == "optimizer") (name == "model" ? model_section_ : optimizer_section_).emplace(r);
-                 else small_.emplace_back(name, checkpoint::read_state_dict<nn::StateDict>(r, checkpoint::scalars_for_group(name)));
-                 if (!last) return;
-                 StateGroups small = std::move(small_);
-                 small_.clear();
-                 TROUPE_CHECK(model_section_ && optimizer_section_, "TrainingCheckpoint: the file lacks a model or optimizer section");
-                 const SectionSlices model(*model_section_), optimizer(*optimizer_section_);
-                 try {
-                   state_.load_state_slices(small, model, optimizer);
-                 } catch (...) {
-                   model_section_.reset();
-                   optimizer_section_.reset();
-                   throw;
-                 }
-                 model_section_.reset();
-                 optimizer_section_.reset();
-               }});
+        name, {.save =
+                   [name](checkpoint::SectionWriter&) {
+                     TROUPE_THROW(InvalidArgument, "TrainingCheckpoint: section ", name,
+                                  " of a sharded state is written by ", "the parallel save only");
+                   },
+               .load =
+                   [this, name, first = i == 0, last](const checkpoint::SectionReader& r) {
+                     if (first) {  // nothing left over from a file whose restore failed part way
+                       small_.clear();
+                       model_section_.reset();
+                       optimizer_section_.reset();
+                     }
+                     if (name == "model" || name == "optimizer")
+                       (name == "model" ? model_section_ : optimizer_section_).emplace(r);
+                     else
+                       small_.emplace_back(
+                           name, checkpoint::read_state_dict<nn::StateDict>(r, checkpoint::scalars_for_group(name)));
+                     if (!last) return;
+                     StateGroups small = std::move(small_);
+                     small_.clear();
+                     TROUPE_CHECK(model_section_ && optimizer_section_,
+                                  "TrainingCheckpoint: the file lacks a model or optimizer section");
+                     const SectionSlices model(*model_section_), optimizer(*optimizer_section_);
+                     try {
+                       state_.load_state_slices(small, model, optimizer);
+                     } catch (...) {
+                       model_section_.reset();
+                       optimizer_section_.reset();
+                       throw;
+                     }
+                     model_section_.reset();
+                     optimizer_section_.reset();
+                   }});
   }
 }
 
@@ -202,8 +214,9 @@ checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std:
   // A small group: its scalars become attributes, its tensors rank 0 writes whole.
   const auto whole = [&](const std::string& group, const nn::StateDict& dict) {
     checkpoint::add_state_group(manifest, group, dict, [&](const tensor::Tensor& value) {
-      slices.push_back(rank == 0 ? checkpoint::Slice{0, value.device().is_cpu() ? value : value.to(tensor::Device::cpu())}
-                                 : checkpoint::Slice{});
+      slices.push_back(rank == 0
+                           ? checkpoint::Slice{0, value.device().is_cpu() ? value : value.to(tensor::Device::cpu())}
+                           : checkpoint::Slice{});
     });
   };
   pieces("/model/", local->model);
@@ -245,11 +258,11 @@ void TrainingCheckpoint::account_previous_save() {
   if (on_save_failure_) on_save_failure_(last_.step(), error);
   if (max_failed_saves_ <= 0 || failed_in_a_row_ < max_failed_saves_) return;
   const auto latest = checkpoint_.directory().latest_pointer();
-  TROUPE_THROW(checkpoint::CheckpointError, "checkpoint: ", failed_in_a_row_, " saves in a row failed in ",
-               folder_.string(), ", the last (step ", last_.step(), "): ", error,
-               ". Stopping rather than training on with nothing durable; ",
-               latest ? "the last durable checkpoint is " + latest->filename().string() + ", which a relaunch resumes from"
-                      : std::string("no checkpoint is durable yet"));
+  TROUPE_THROW(
+      checkpoint::CheckpointError, "checkpoint: ", failed_in_a_row_, " saves in a row failed in ", folder_.string(),
+      ", the last (step ", last_.step(), "): ", error, ". Stopping rather than training on with nothing durable; ",
+      latest ? "the last durable checkpoint is " + latest->filename().string() + ", which a relaunch resumes from"
+             : std::string("no checkpoint is durable yet"));
 }
 
 void TrainingCheckpoint::start_fresh() {

@@ -18,9 +18,7 @@ Tensor i64(std::int64_t v) {
   *t.data<std::int64_t>() = v;
   return t;
 }
-std::int64_t as_i64(const nn::StateDict& dict, const char* key) {
-  return dict.at(key).to_vector<std::int64_t>().at(0);
-}
+std::int64_t as_i64(const nn::StateDict& dict, const char* key) { return dict.at(key).to_vector<std::int64_t>().at(0); }
 
 // Every Dropout in the tree, with its full module name ("3" or "block.drop").
 void find_dropouts(nn::Module& module, const std::string& prefix,
@@ -35,8 +33,8 @@ const nn::StateDict& group(const StateGroups& groups, const std::string& name) {
     if (key == name) return dict;
   std::string present;
   for (const auto& [key, dict] : groups) present += (present.empty() ? "" : ", ") + key;
-  TROUPE_THROW(InvalidArgument, "TrainingState::load_state_dicts: group '", name, "' is missing (present: ",
-               present.empty() ? "none" : present, ")");
+  TROUPE_THROW(InvalidArgument, "TrainingState::load_state_dicts: group '", name,
+               "' is missing (present: ", present.empty() ? "none" : present, ")");
 }
 
 }  // namespace
@@ -79,7 +77,7 @@ std::vector<std::string> TrainingState::group_names() const {
 
 StateGroups TrainingState::state_dicts() const {
   StateGroups groups;
-  groups.emplace_back("model", sharded_ != nullptr ? sharded_->model_state_dict()
+  groups.emplace_back("model", sharded_ != nullptr  ? sharded_->model_state_dict()
                                : master_ != nullptr ? master_->state_dict(model_)
                                                     : model_.state_dict());
   groups.emplace_back("optimizer", sharded_ != nullptr ? sharded_->optimizer_state_dict() : optimizer_.state_dict());
@@ -123,8 +121,10 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
     sharded_->load_model_state_dict(model);
     sharded_->load_optimizer_state_dict(optimizer);
   } else {
-    if (master_ != nullptr) master_->load_state_dict(model_, model, /*strict=*/true);
-    else model_.load_state_dict(model, /*strict=*/true);
+    if (master_ != nullptr)
+      master_->load_state_dict(model_, model, /*strict=*/true);
+    else
+      model_.load_state_dict(model, /*strict=*/true);
     optimizer_.load_state_dict(optimizer);
   }
   load_small_groups(groups);

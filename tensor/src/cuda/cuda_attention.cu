@@ -22,21 +22,23 @@ namespace troupe::tensor::cuda_backend {
 
 namespace {
 
-template <class T> using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
+template <class T>
+using Acc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 // Rows per block (and threads per block): 32 for f64, whose tiles are twice the bytes.
-template <class T> constexpr int kTile = std::is_same_v<T, double> ? 32 : 64;
+template <class T>
+constexpr int kTile = std::is_same_v<T, double> ? 32 : 64;
 
 __device__ inline std::int64_t lesser(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 
-using attention::Geometry;
 using attention::dropout_factor;
+using attention::Geometry;
 
 // Rows [first, first + TILE) of one head's q, k or v (column offset `part` = 0, C or
 // 2C of each qkv row) into tile[TILE][pitch] as A, zero past the sequence and past
 // head_dim. Consecutive threads read consecutive columns of a row.
 template <class T, int DMAX, class A>
-__device__ inline void load_rows(const T* head, const Geometry& g, std::int64_t part, std::int64_t first,
-                                 A* tile, int pitch) {
+__device__ inline void load_rows(const T* head, const Geometry& g, std::int64_t part, std::int64_t first, A* tile,
+                                 int pitch) {
   constexpr int kRows = kTile<T>;
   const std::int64_t stride = 3 * g.channels;
   for (int e = threadIdx.x; e < kRows * DMAX; e += kRows) {
@@ -113,9 +115,9 @@ __global__ void __launch_bounds__(kTile<T>) forward_kernel(const T* qkv, Geometr
 }
 
 template <class T, int DMAX, bool kDropout>
-__global__ void __launch_bounds__(kTile<T>) backward_dq_kernel(const T* qkv, const T* out, const T* grad_out,
-                                                               const Acc<T>* lse, Geometry g, Acc<T>* delta,
-                                                               T* grad_qkv) {
+__global__ void __launch_bounds__(kTile<T>)
+    backward_dq_kernel(const T* qkv, const T* out, const T* grad_out, const Acc<T>* lse, Geometry g, Acc<T>* delta,
+                       T* grad_qkv) {
   using A = Acc<T>;
   constexpr int kRows = kTile<T>;
   extern __shared__ unsigned char shared[];
@@ -166,9 +168,8 @@ __global__ void __launch_bounds__(kTile<T>) backward_dq_kernel(const T* qkv, con
 }
 
 template <class T, int DMAX, bool kDropout>
-__global__ void __launch_bounds__(kTile<T>) backward_dkdv_kernel(const T* qkv, const T* grad_out,
-                                                                 const Acc<T>* lse, const Acc<T>* delta, Geometry g,
-                                                                 T* grad_qkv) {
+__global__ void __launch_bounds__(kTile<T>) backward_dkdv_kernel(const T* qkv, const T* grad_out, const Acc<T>* lse,
+                                                                 const Acc<T>* delta, Geometry g, T* grad_qkv) {
   using A = Acc<T>;
   constexpr int kRows = kTile<T>, kPitch = DMAX + 1;  // own rows padded: thread t reads row t, bank t
   extern __shared__ unsigned char shared[];
@@ -248,13 +249,18 @@ __global__ void __launch_bounds__(kTile<T>) backward_dkdv_kernel(const T* qkv, c
 template <class Body>
 void dispatch_attention(DType dtype, std::int64_t head_dim, bool dropout, const char* what, Body&& body) {
   const auto by_dropout = [&](auto tag, auto width) {
-    if (dropout) body(tag, width, std::true_type{});
-    else body(tag, width, std::false_type{});
+    if (dropout)
+      body(tag, width, std::true_type{});
+    else
+      body(tag, width, std::false_type{});
   };
   const auto by_width = [&](auto tag) {
-    if (head_dim <= 32) by_dropout(tag, std::integral_constant<int, 32>{});
-    else if (head_dim <= 64) by_dropout(tag, std::integral_constant<int, 64>{});
-    else by_dropout(tag, std::integral_constant<int, 128>{});
+    if (head_dim <= 32)
+      by_dropout(tag, std::integral_constant<int, 32>{});
+    else if (head_dim <= 64)
+      by_dropout(tag, std::integral_constant<int, 64>{});
+    else
+      by_dropout(tag, std::integral_constant<int, 128>{});
   };
   switch (dtype) {
     case DType::f64: return by_width(double{});
@@ -264,8 +270,8 @@ void dispatch_attention(DType dtype, std::int64_t head_dim, bool dropout, const 
 
 }  // namespace
 
-void attention_forward(DType dtype, const void* qkv, const AttentionShape& s, const AttentionDropout& drop,
-                       void* out, void* lse) {
+void attention_forward(DType dtype, const void* qkv, const AttentionShape& s, const AttentionDropout& drop, void* out,
+                       void* lse) {
   if (dtype == DType::bf16) {
     attention::forward_bf16(static_cast<const BFloat16*>(qkv), s, drop, static_cast<BFloat16*>(out),
                             static_cast<float*>(lse));
@@ -282,7 +288,7 @@ void attention_forward(DType dtype, const void* qkv, const AttentionShape& s, co
     constexpr int DMAX = decltype(width)::value, rows = kTile<T>;
     constexpr bool drop_on = decltype(dropout)::value;
     attention::launch(forward_kernel<T, DMAX, drop_on>, s, rows, rows, 2 * rows * DMAX * sizeof(A), "causal attention",
-           static_cast<const T*>(qkv), g, static_cast<T*>(out), static_cast<A*>(lse));
+                      static_cast<const T*>(qkv), g, static_cast<T*>(out), static_cast<A*>(lse));
   });
 }
 
@@ -301,21 +307,23 @@ void attention_backward(DType dtype, const void* qkv, const void* out, const voi
     return;
   }
   const Geometry g = attention::geometry_of(s, drop);
-  dispatch_attention(dtype, s.head_dim, drop.p > 0, "causal attention backward", [&](auto tag, auto width, auto dropout) {
-    using T = decltype(tag);
-    using A = Acc<T>;
-    constexpr int DMAX = decltype(width)::value, rows = kTile<T>;
-    constexpr bool drop_on = decltype(dropout)::value;
-    const auto* q = static_cast<const T*>(qkv);
-    const auto* gy = static_cast<const T*>(grad_out);
-    const auto* l = static_cast<const A*>(lse);
-    auto* dl = static_cast<A*>(delta);
-    auto* gq = static_cast<T*>(grad_qkv);
-    attention::launch(backward_dq_kernel<T, DMAX, drop_on>, s, rows, rows, 2 * rows * DMAX * sizeof(A), "causal attention backward (dq)", q,
-           static_cast<const T*>(out), gy, l, g, dl, gq);
-    attention::launch(backward_dkdv_kernel<T, DMAX, drop_on>, s, rows, rows, (2 * rows * (DMAX + 1) + 2 * rows * DMAX + 2 * rows) * sizeof(A),
-           "causal attention backward (dk, dv)", q, gy, l, static_cast<const A*>(dl), g, gq);
-  });
+  dispatch_attention(
+      dtype, s.head_dim, drop.p > 0, "causal attention backward", [&](auto tag, auto width, auto dropout) {
+        using T = decltype(tag);
+        using A = Acc<T>;
+        constexpr int DMAX = decltype(width)::value, rows = kTile<T>;
+        constexpr bool drop_on = decltype(dropout)::value;
+        const auto* q = static_cast<const T*>(qkv);
+        const auto* gy = static_cast<const T*>(grad_out);
+        const auto* l = static_cast<const A*>(lse);
+        auto* dl = static_cast<A*>(delta);
+        auto* gq = static_cast<T*>(grad_qkv);
+        attention::launch(backward_dq_kernel<T, DMAX, drop_on>, s, rows, rows, 2 * rows * DMAX * sizeof(A),
+                          "causal attention backward (dq)", q, static_cast<const T*>(out), gy, l, g, dl, gq);
+        attention::launch(backward_dkdv_kernel<T, DMAX, drop_on>, s, rows, rows,
+                          (2 * rows * (DMAX + 1) + 2 * rows * DMAX + 2 * rows) * sizeof(A),
+                          "causal attention backward (dk, dv)", q, gy, l, static_cast<const A*>(dl), g, gq);
+      });
 }
 
 }  // namespace troupe::tensor::cuda_backend

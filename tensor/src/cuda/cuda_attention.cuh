@@ -27,8 +27,15 @@ struct Geometry {
 };
 
 inline Geometry geometry_of(const AttentionShape& s, const AttentionDropout& drop) {
-  return {s.time,  s.channels, s.heads, s.head_dim, 1.0 / std::sqrt(static_cast<double>(s.head_dim)),
-          drop.p,  static_cast<float>(1.0 - drop.p), drop.seed, drop.offset};
+  return {s.time,
+          s.channels,
+          s.heads,
+          s.head_dim,
+          1.0 / std::sqrt(static_cast<double>(s.head_dim)),
+          drop.p,
+          static_cast<float>(1.0 - drop.p),
+          drop.seed,
+          drop.offset};
 }
 
 // The dropout multiplier of score (i, j) of head bh: 0 or 1 / keep. Score (i, j) of
@@ -46,8 +53,8 @@ __device__ inline A dropout_factor(const Geometry& g, std::int64_t bh, std::int6
 template <class Kernel, class... Args>
 void launch(Kernel kernel, const AttentionShape& s, int rows, int threads, std::size_t bytes, const char* what,
             Args... args) {
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
-             what, __FILE__, __LINE__);
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)), what,
+             __FILE__, __LINE__);
   const dim3 grid(static_cast<unsigned>(s.batch * s.heads), static_cast<unsigned>((s.time + rows - 1) / rows));
   kernel<<<grid, threads, bytes>>>(args...);
   finish(what);
@@ -195,8 +202,8 @@ __device__ inline void store_lse(const float (&m)[2], const float (&total)[2], s
 // scores and the rows' log-sum-exp (base 2), zero above the diagonal; dropout scales dP.
 template <bool kDropout>
 __device__ void ds_of_tile(float (&s)[8][4], const float (&dp)[8][4], bool diagonal, float scale,
-                           const float (&row_lse)[2], const float (&row_delta)[2], std::int64_t row0,
-                           std::int64_t col0, const Lane& l, const Geometry& g, std::int64_t bh) {
+                           const float (&row_lse)[2], const float (&row_delta)[2], std::int64_t row0, std::int64_t col0,
+                           const Lane& l, const Geometry& g, std::int64_t bh) {
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -264,8 +271,8 @@ __device__ inline void store_float(float& dst, float x) { dst = x; }
 // delta = rowsum(dO * O) for the 64 rows from `first`, a warp per row, into delta_s and
 // (for dkdv) delta.
 template <class E>
-__device__ void row_deltas(Rows<const E*> y, Rows<const E*> dy, std::int64_t first, const Geometry& g,
-                           std::int64_t bh, float* delta_s, float* delta) {
+__device__ void row_deltas(Rows<const E*> y, Rows<const E*> dy, std::int64_t first, const Geometry& g, std::int64_t bh,
+                           float* delta_s, float* delta) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp * 16; r < warp * 16 + 16; ++r) {
     const std::int64_t row = first + r;
@@ -302,8 +309,8 @@ __device__ void start_dq_block(const E* qkv, const E* out, const E* grad_out, co
 // Stores a 16 x D accumulator as the warp's rows [row0, row0 + 16) of `dst`, row r
 // times factor[r >= 8], skipping rows past time and columns past head_dim.
 template <int D, class E>
-__device__ void store_rows(const float (&c)[D / 8][4], float factor0, float factor1, Rows<E*> dst,
-                           std::int64_t row0, const Geometry& g, const Lane& l) {
+__device__ void store_rows(const float (&c)[D / 8][4], float factor0, float factor1, Rows<E*> dst, std::int64_t row0,
+                           const Geometry& g, const Lane& l) {
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
@@ -320,12 +327,17 @@ __device__ void store_rows(const float (&c)[D / 8][4], float factor0, float fact
 template <class Body>
 void dispatch_head(std::int64_t head_dim, bool dropout, Body&& body) {
   const auto by_dropout = [&](auto width) {
-    if (dropout) body(width, std::true_type{});
-    else body(width, std::false_type{});
+    if (dropout)
+      body(width, std::true_type{});
+    else
+      body(width, std::false_type{});
   };
-  if (head_dim <= 32) by_dropout(std::integral_constant<int, 32>{});
-  else if (head_dim <= 64) by_dropout(std::integral_constant<int, 64>{});
-  else by_dropout(std::integral_constant<int, 128>{});
+  if (head_dim <= 32)
+    by_dropout(std::integral_constant<int, 32>{});
+  else if (head_dim <= 64)
+    by_dropout(std::integral_constant<int, 64>{});
+  else
+    by_dropout(std::integral_constant<int, 128>{});
 }
 
 // bf16 on tensor cores (cuda_attention_mma.cu); head_dim <= 128.

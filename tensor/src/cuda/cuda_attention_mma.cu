@@ -32,9 +32,11 @@ using Bits = std::uint16_t;  // a bf16 as stored
 
 constexpr int kRows = kTileRows;
 constexpr int kThreads = kTileThreads;
-template <int D> constexpr int kPitch = D + 8;  // a tile's row, in bf16
+template <int D>
+constexpr int kPitch = D + 8;  // a tile's row, in bf16
 // A tile's size, in bf16 (a multiple of 8: tiles stay 16-byte aligned).
-template <int D> constexpr int kTileBits = kRows * kPitch<D>;
+template <int D>
+constexpr int kTileBits = kRows* kPitch<D>;
 
 __device__ __forceinline__ std::uint32_t word(const Bits* tile, int index) {
   return *reinterpret_cast<const std::uint32_t*>(tile + index);
@@ -44,7 +46,6 @@ __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
 }
-
 
 // c += a b for a 16x16 A (row-major fragment) and a 16x8 B (column fragment).
 __device__ __forceinline__ void mma(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
@@ -78,8 +79,7 @@ __device__ __forceinline__ void mma_row(float (&c)[N][4], const std::uint32_t (&
 // B operands of the 8-column blocks n0 and n0 + 8 for rows [k0, k0 + 16) of a
 // row-major [k][n] tile: b[0], b[1] for block n0, b[2], b[3] for n0 + 8. Lanes 8m to
 // 8m + 7 name the rows of matrix m: rows k0 + 8 (m & 1), columns n0 + 8 (m >> 1).
-__device__ __forceinline__ void load_b_along_rows(const Bits* tile, int pitch, int k0, int n0,
-                                                  std::uint32_t (&b)[4]) {
+__device__ __forceinline__ void load_b_along_rows(const Bits* tile, int pitch, int k0, int n0, std::uint32_t (&b)[4]) {
   const int lane = threadIdx.x % 32, m = lane / 8;
   const Bits* row = tile + (k0 + lane % 8 + (m & 1) * 8) * pitch + n0 + (m >> 1) * 8;
   const auto address = static_cast<std::uint32_t>(__cvta_generic_to_shared(row));
@@ -114,8 +114,8 @@ __device__ __forceinline__ void as_a(const float (&c)[8][4], int kk, std::uint32
 }
 
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geometry g, bool vector, Bits* out,
-                                                           float* lse) {
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(const Bits* qkv, Geometry g, bool vector, Bits* out, float* lse) {
   extern __shared__ __align__(16) unsigned char shared[];
   Bits* qs = reinterpret_cast<Bits*>(shared);  // [64][D + 8]
   Bits* ks = qs + kTileBits<D>;                // [64][D + 8]
@@ -156,14 +156,14 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(const Bits* qkv, Geom
 }
 
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, const Bits* out, const Bits* grad_out,
-                                                               const float* lse, Geometry g, bool vector,
-                                                               float* delta, Bits* grad_qkv) {
+__global__ void __launch_bounds__(kThreads)
+    backward_dq_kernel(const Bits* qkv, const Bits* out, const Bits* grad_out, const float* lse, Geometry g,
+                       bool vector, float* delta, Bits* grad_qkv) {
   extern __shared__ __align__(16) unsigned char shared[];
-  Bits* qs = reinterpret_cast<Bits*>(shared);  // [64][D + 8]
-  Bits* dys = qs + kTileBits<D>;               // [64][D + 8]
-  Bits* ks = dys + kTileBits<D>;               // [64][D + 8]
-  Bits* vs = ks + kTileBits<D>;                // [64][D + 8]
+  Bits* qs = reinterpret_cast<Bits*>(shared);                    // [64][D + 8]
+  Bits* dys = qs + kTileBits<D>;                                 // [64][D + 8]
+  Bits* ks = dys + kTileBits<D>;                                 // [64][D + 8]
+  Bits* vs = ks + kTileBits<D>;                                  // [64][D + 8]
   float* delta_s = reinterpret_cast<float*>(vs + kTileBits<D>);  // [64]
   const Lane l;
   const Heads at(g);
@@ -204,21 +204,22 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const Bits* qkv, 
 }
 
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) backward_dkdv_kernel(const Bits* qkv, const Bits* grad_out,
-                                                                 const float* lse, const float* delta, Geometry g,
-                                                                 bool vector, Bits* grad_qkv) {
+__global__ void __launch_bounds__(kThreads)
+    backward_dkdv_kernel(const Bits* qkv, const Bits* grad_out, const float* lse, const float* delta, Geometry g,
+                         bool vector, Bits* grad_qkv) {
   extern __shared__ __align__(16) unsigned char shared[];
-  Bits* ks = reinterpret_cast<Bits*>(shared);  // own keys [64][D + 8]
-  Bits* vs = ks + kTileBits<D>;                // own values [64][D + 8]
-  Bits* qs = vs + kTileBits<D>;                // [64][D + 8]
-  Bits* dys = qs + kTileBits<D>;               // [64][D + 8]
+  Bits* ks = reinterpret_cast<Bits*>(shared);                   // own keys [64][D + 8]
+  Bits* vs = ks + kTileBits<D>;                                 // own values [64][D + 8]
+  Bits* qs = vs + kTileBits<D>;                                 // [64][D + 8]
+  Bits* dys = qs + kTileBits<D>;                                // [64][D + 8]
   float* lse_s = reinterpret_cast<float*>(dys + kTileBits<D>);  // [64], base 2
-  float* delta_s = lse_s + kRows;                                // [64]
+  float* delta_s = lse_s + kRows;                               // [64]
   const Lane l;
   const Heads at(g);
   const int warp = threadIdx.x / 32;
-  const std::int64_t first = static_cast<std::int64_t>(blockIdx.y) * kRows;  // the first key tiles have the most queries
-  const std::int64_t key0 = first + warp * 16 + l.group;                   // this lane's keys: key0 and key0 + 8
+  const std::int64_t first =
+      static_cast<std::int64_t>(blockIdx.y) * kRows;      // the first key tiles have the most queries
+  const std::int64_t key0 = first + warp * 16 + l.group;  // this lane's keys: key0 and key0 + 8
   const float scale = static_cast<float>(g.scale) * kLog2e;
   const auto dy = out_rows(grad_out, g, at);
   load_tile<D, kPitch<D>>(qkv_rows(qkv, g, at, 1), first, g, vector, ks);
@@ -264,8 +265,7 @@ void forward_bf16(const BFloat16* qkv, const AttentionShape& s, const AttentionD
   dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
     launch(forward_kernel<D, decltype(dropout)::value>, s, kRows, kThreads, 3 * kTileBits<D> * sizeof(Bits),
-           "causal attention (bf16)", reinterpret_cast<const Bits*>(qkv), g, vector, reinterpret_cast<Bits*>(out),
-           lse);
+           "causal attention (bf16)", reinterpret_cast<const Bits*>(qkv), g, vector, reinterpret_cast<Bits*>(out), lse);
   });
 }
 

@@ -21,7 +21,8 @@ namespace {
 
 constexpr int kRows = kTileRows;
 constexpr int kThreads = kTileThreads;
-template <int D> constexpr int kAcross = D + 4;  // a tile's row pitch, in floats
+template <int D>
+constexpr int kAcross = D + 4;  // a tile's row pitch, in floats
 
 // x as big + small, both TF32, each rounded to nearest (ties away, as cvt.rna): the
 // rounding adds half a TF32 ulp to the bits, and the tensor core ignores an operand's
@@ -101,8 +102,8 @@ __device__ __forceinline__ void accumulator_times(float (&c)[N][4], const float 
 // Four blocks an SM (128 registers a thread; 24 bytes spilled without dropout), as
 // many as its shared memory allows.
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads, 4) forward_kernel(const float* qkv, Geometry g, bool vector, float* out,
-                                                           float* lse) {
+__global__ void __launch_bounds__(kThreads, 4)
+    forward_kernel(const float* qkv, Geometry g, bool vector, float* out, float* lse) {
   extern __shared__ __align__(16) unsigned char shared[];
   float* qs = reinterpret_cast<float*>(shared);  // [64][D + 4]
   float* ks = qs + kRows * kAcross<D>;           // [64][D + 4]
@@ -124,7 +125,8 @@ __global__ void __launch_bounds__(kThreads, 4) forward_kernel(const float* qkv, 
     __syncthreads();
     float s[8][4] = {};
 #pragma unroll
-    for (int kk = 0; kk < D / 8; ++kk) mma_across<kAcross<D>>(s, load_a<kAcross<D>>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
+    for (int kk = 0; kk < D / 8; ++kk)
+      mma_across<kAcross<D>>(s, load_a<kAcross<D>>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
     online_softmax<kDropout>(s, o, m, sum, k0 == first, scale, row0, k0, l, g, at.bh);
     accumulator_times<kAcross<D>>(o, s, vs, l);
   }
@@ -134,9 +136,9 @@ __global__ void __launch_bounds__(kThreads, 4) forward_kernel(const float* qkv, 
 }
 
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv, const float* out,
-                                                               const float* grad_out, const float* lse, Geometry g,
-                                                               bool vector, float* delta, float* grad_qkv) {
+__global__ void __launch_bounds__(kThreads)
+    backward_dq_kernel(const float* qkv, const float* out, const float* grad_out, const float* lse, Geometry g,
+                       bool vector, float* delta, float* grad_qkv) {
   constexpr int P = kAcross<D>;
   extern __shared__ __align__(16) unsigned char shared[];
   float* qs = reinterpret_cast<float*>(shared);  // [64][P]
@@ -176,9 +178,9 @@ __global__ void __launch_bounds__(kThreads) backward_dq_kernel(const float* qkv,
 // Three blocks an SM (168 registers a thread, a few bytes spilled without dropout): at
 // two, the SM had too few warps to hide the mma and load latencies.
 template <int D, bool kDropout>
-__global__ void __launch_bounds__(kThreads, 3) backward_dkdv_kernel(const float* qkv, const float* grad_out,
-                                                                 const float* lse, const float* delta, Geometry g,
-                                                                 bool vector, float* grad_qkv) {
+__global__ void __launch_bounds__(kThreads, 3)
+    backward_dkdv_kernel(const float* qkv, const float* grad_out, const float* lse, const float* delta, Geometry g,
+                         bool vector, float* grad_qkv) {
   constexpr int P = kAcross<D>;
   extern __shared__ __align__(16) unsigned char shared[];
   float* ks = reinterpret_cast<float*>(shared);  // own keys [64][P]
@@ -244,8 +246,8 @@ void backward_f32(const float* qkv, const float* out, const float* grad_out, con
     launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, dq_floats * sizeof(float),
            "causal attention backward (f32, dq)", qkv, out, grad_out, lse, g, vector, delta, grad_qkv);
     launch(backward_dkdv_kernel<D, drop_on>, s, kRows, kThreads, dkdv_floats * sizeof(float),
-           "causal attention backward (f32, dk, dv)", qkv, grad_out, lse, static_cast<const float*>(delta), g,
-           vector, grad_qkv);
+           "causal attention backward (f32, dk, dv)", qkv, grad_out, lse, static_cast<const float*>(delta), g, vector,
+           grad_qkv);
   });
 }
 

@@ -46,12 +46,12 @@ __global__ void copy_rows_2byte_kernel(const std::uint16_t* src, std::int64_t sr
 }
 
 template <class T>
-__global__ void random_kernel(bool normal, T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
-                              double a, double b) {
+__global__ void random_kernel(bool normal, T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double a,
+                              double b) {
   TROUPE_GRID_LOOP(i, n) {
     const auto k = static_cast<std::uint64_t>(i);
-    const double v = normal ? a + b * detail::philox_normal(seed, offset, k)
-                            : a + (b - a) * detail::philox_uniform(seed, offset, k);
+    const double v =
+        normal ? a + b * detail::philox_normal(seed, offset, k) : a + (b - a) * detail::philox_uniform(seed, offset, k);
     out[i] = convert_to<T>(v);
   }
 }
@@ -61,21 +61,43 @@ __global__ void random_kernel(bool normal, T* out, std::int64_t n, std::uint64_t
 // value plus the index that produced it, -1 while empty); partials are combined in any
 // order, so ties and NaNs are settled by index: the first NaN wins max/min/argmax and
 // the first of equal maxima wins argmax, as on the host.
-template <class T> struct AccumulatorOf { using type = double; };
-template <> struct AccumulatorOf<Half> { using type = float; };
-template <> struct AccumulatorOf<BFloat16> { using type = float; };
-template <> struct AccumulatorOf<std::int32_t> { using type = std::int64_t; };
-template <> struct AccumulatorOf<std::int64_t> { using type = std::int64_t; };
-template <> struct AccumulatorOf<std::uint8_t> { using type = std::int64_t; };
+template <class T>
+struct AccumulatorOf {
+  using type = double;
+};
+template <>
+struct AccumulatorOf<Half> {
+  using type = float;
+};
+template <>
+struct AccumulatorOf<BFloat16> {
+  using type = float;
+};
+template <>
+struct AccumulatorOf<std::int32_t> {
+  using type = std::int64_t;
+};
+template <>
+struct AccumulatorOf<std::int64_t> {
+  using type = std::int64_t;
+};
+template <>
+struct AccumulatorOf<std::uint8_t> {
+  using type = std::int64_t;
+};
 
-template <class A> struct Partial {
+template <class A>
+struct Partial {
   A value;
   std::int64_t index;
 };
 
-template <class A> __device__ inline bool is_nan(A v) {
-  if constexpr (std::is_floating_point_v<A>) return v != v;
-  else return false;
+template <class A>
+__device__ inline bool is_nan(A v) {
+  if constexpr (std::is_floating_point_v<A>)
+    return v != v;
+  else
+    return false;
 }
 
 template <class A>
@@ -180,8 +202,8 @@ void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, st
   finish("copy_rows_2byte");
 }
 
-void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* out, std::int64_t outer,
-            std::int64_t n, std::int64_t inner) {
+void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* out, std::int64_t outer, std::int64_t n,
+            std::int64_t inner) {
   const std::int64_t outputs = outer * inner;
   if (outputs == 0) return;
   // Rows split into parts of >= 8192 elements until about 2048 blocks are in flight;
@@ -206,8 +228,10 @@ void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* 
     const auto launch_finish = [&](auto* o) {
       reduce_finish_kernel<<<blocks_for(outputs), kThreads>>>(op, partials, parts, outputs, n, o);
     };
-    if (out_dtype == DType::i64) launch_finish(static_cast<std::int64_t*>(out));
-    else launch_finish(static_cast<T*>(out));
+    if (out_dtype == DType::i64)
+      launch_finish(static_cast<std::int64_t*>(out));
+    else
+      launch_finish(static_cast<T*>(out));
     try {
       finish("reduce");
     } catch (...) {

@@ -44,31 +44,30 @@ void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind);
 void fill(void* data, DType dtype, std::int64_t n, double value);
 void cast(const void* src, DType src_dtype, void* dst, DType dst_dtype, std::int64_t n);
 // out = a op b elementwise, all n long; b_is_scalar reads b[0] for every element.
-void binary(BinaryOp op, DType dtype, const void* a, const void* b, bool b_is_scalar, void* out,
-            std::int64_t n);
+void binary(BinaryOp op, DType dtype, const void* a, const void* b, bool b_is_scalar, void* out, std::int64_t n);
 // out[i] = a[ia(i)] op b[ib(i)] for the n elements of index.out_shape.
-void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, const BroadcastIndex& index,
-                      void* out, std::int64_t n);
+void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, const BroadcastIndex& index, void* out,
+                      std::int64_t n);
 // out[i] = op(in[i]); in may equal out.
 void unary(UnaryOp op, DType dtype, const void* in, void* out, std::int64_t n, double lo, double hi);
 // in seen as [outer, n, inner] -> out [outer, inner] of out_dtype (in_dtype, or i64 for
 // argmax and integer sums). Accumulates f16/bf16 in f32, f32/f64 in f64, integers in i64.
-void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* out, std::int64_t outer,
-            std::int64_t n, std::int64_t inner);
+void reduce(ReduceOp op, DType in_dtype, const void* in, DType out_dtype, void* out, std::int64_t outer, std::int64_t n,
+            std::int64_t inner);
 void axpy(DType dtype, void* y, double alpha, const void* x, std::int64_t n);
 void scale(DType dtype, void* data, double alpha, std::int64_t n);
-void random_uniform(DType dtype, void* out, std::int64_t n, std::uint64_t seed,
-                    std::uint64_t offset, double lo, double hi);
-void random_normal(DType dtype, void* out, std::int64_t n, std::uint64_t seed,
-                   std::uint64_t offset, double mean, double std);
+void random_uniform(DType dtype, void* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double lo,
+                    double hi);
+void random_normal(DType dtype, void* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double mean,
+                   double std);
 // The [dst_rows, dst_cols] block at dst (rows dst_ld apart) from the [rows, cols] block
 // at src (rows src_ld apart), zeros where src has no cell; 2-byte elements (the padded
 // operands of gemm's 16-bit products).
 void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, std::int64_t cols, void* dst,
                      std::int64_t dst_ld, std::int64_t dst_rows, std::int64_t dst_cols);
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through cuBLAS.
-void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
-          std::int64_t k, double alpha, const void* a, const void* b, double beta, void* c);
+void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
+          const void* a, const void* b, double beta, void* c);
 // Row-major y[m,n] = x[m,k] w[n,k]^T + bias[n] in one cuBLASLt call, the bias added in
 // the product's epilogue (f32). False, with nothing done, where that path does not
 // take the product (another dtype, a degenerate shape, a misaligned bias, no kernel):
@@ -78,8 +77,8 @@ bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, co
 
 // ---- fused optimizer steps and the GradScaler check over flat f32 buffers (cuda_optim.cu) ----
 // Each is one kernel launch over n elements; the scalars are computed on the host.
-using detail::SgdScalars;
 using detail::AdamScalars;
+using detail::SgdScalars;
 void sgd_step(float* param, const float* grad, float* momentum_buffer, std::int64_t n, const SgdScalars& s);
 void adam_step(float* param, const float* grad, float* exp_avg, float* exp_avg_sq, std::int64_t n,
                const AdamScalars& s);
@@ -145,8 +144,8 @@ void cross_entropy_rows(DType dtype, const void* logits, const std::int64_t* tar
                         double* row_loss);
 // grad[r, c] = (softmax - smoothed one-hot) * factor, 0 on ignored rows.
 void cross_entropy_grad(DType dtype, const void* logits, const std::int64_t* target, const double* log_sum_exp,
-                        std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps,
-                        double factor, void* grad);
+                        std::int64_t rows, std::int64_t classes, std::int64_t ignore_index, double eps, double factor,
+                        void* grad);
 
 // LayerNorm (tensor/nn_ops.hpp's contract) over rows of n: a block per row.
 // weight/bias may be null (both).

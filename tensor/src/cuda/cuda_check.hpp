@@ -12,7 +12,7 @@ namespace troupe::tensor::cuda_backend {
 inline void cuda_check(cudaError_t status, const char* call, const char* file, int line) {
   if (status != cudaSuccess)
     ::troupe::detail::fail<Error>(file, line, "CUDA: ", call, " failed: ", cudaGetErrorName(status), ": ",
-                        cudaGetErrorString(status));
+                                  cudaGetErrorString(status));
 }
 
 inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {

@@ -10,13 +10,17 @@ namespace troupe::tensor::cuda_backend {
 
 namespace {
 
-
 // The per-element functions of the packed elementwise kernels (cuda_device.cuh's map).
-template <class D> struct CastTo {
-  template <class S> __device__ D operator()(S x) const { return convert_to<D>(x); }
+template <class D>
+struct CastTo {
+  template <class S>
+  __device__ D operator()(S x) const {
+    return convert_to<D>(x);
+  }
 };
 
-template <class T> struct Constant {
+template <class T>
+struct Constant {
   T value;
   __device__ T operator()(T) const { return value; }
 };
@@ -61,7 +65,8 @@ bool is_arithmetic(BinaryOp op) {
 }
 
 // x op y in T for the four arithmetic ops: store_binary's arithmetic, returned.
-template <class T> struct Arithmetic {
+template <class T>
+struct Arithmetic {
   BinaryOp op;
   __device__ T operator()(T a, T b) const {
     const auto x = to_compute(a), y = to_compute(b);
@@ -75,7 +80,8 @@ template <class T> struct Arithmetic {
 };
 
 // x op b[0]: the scalar is read where it lives, on the device.
-template <class T> struct ArithmeticWithScalar {
+template <class T>
+struct ArithmeticWithScalar {
   Arithmetic<T> f;
   const T* b;
   __device__ T operator()(T a) const { return f(a, *b); }
@@ -85,8 +91,7 @@ template <class T> struct ArithmeticWithScalar {
 // coordinates, innermost dimension first (a div/mod per dimension; the same-shape and
 // scalar cases take binary_kernel instead).
 template <class T>
-__global__ void broadcast_kernel(BinaryOp op, const T* a, const T* b, BroadcastIndex index, void* out,
-                                 std::int64_t n) {
+__global__ void broadcast_kernel(BinaryOp op, const T* a, const T* b, BroadcastIndex index, void* out, std::int64_t n) {
   TROUPE_GRID_LOOP(i, n) {
     std::int64_t rest = i, ia = 0, ib = 0;
     for (int d = index.nd - 1; d >= 0; --d) {
@@ -150,7 +155,8 @@ __device__ inline C apply_unary(UnaryOp op, C x, double lo, double hi) {
     case UnaryOp::neg: return -x;
     case UnaryOp::abs: return x < C(0) ? -x : x;
     case UnaryOp::relu: return x > C(0) ? x : C(0);
-    case UnaryOp::clamp: return x < static_cast<C>(lo) ? static_cast<C>(lo) : (x > static_cast<C>(hi) ? static_cast<C>(hi) : x);
+    case UnaryOp::clamp:
+      return x < static_cast<C>(lo) ? static_cast<C>(lo) : (x > static_cast<C>(hi) ? static_cast<C>(hi) : x);
     default: break;
   }
   if constexpr (std::is_floating_point_v<C>) {
@@ -169,14 +175,16 @@ __device__ inline C apply_unary(UnaryOp op, C x, double lo, double hi) {
   return x;  // unreachable: the host lets only floating dtypes reach the math ops
 }
 
-template <class T> struct Unary {
+template <class T>
+struct Unary {
   UnaryOp op;
   double lo, hi;
   __device__ T operator()(T x) const { return convert_to<T>(apply_unary(op, to_compute(x), lo, hi)); }
 };
 
 // y + alpha * x, and x * alpha, in the compute type.
-template <class T> struct Axpy {
+template <class T>
+struct Axpy {
   double alpha;
   __device__ T operator()(T y, T x) const {
     using C = decltype(to_compute(y));
@@ -184,7 +192,8 @@ template <class T> struct Axpy {
   }
 };
 
-template <class T> struct Scale {
+template <class T>
+struct Scale {
   double alpha;
   __device__ T operator()(T x) const {
     using C = decltype(to_compute(x));
@@ -198,10 +207,14 @@ void fill(void* data, DType dtype, std::int64_t n, double value) {
   dispatch(dtype, [&](auto tag) {
     using T = decltype(tag);
     T v;
-    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>) v = T(static_cast<float>(value));
-    else v = static_cast<T>(value);
-    if (aligned16(data)) fill_kernel<<<blocks_for(n / kPackOf<T, T> + 1), kThreads>>>(static_cast<T*>(data), v, n);
-    else map(Constant<T>{v}, static_cast<const T*>(data), static_cast<T*>(data), n);
+    if constexpr (std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>)
+      v = T(static_cast<float>(value));
+    else
+      v = static_cast<T>(value);
+    if (aligned16(data))
+      fill_kernel<<<blocks_for(n / kPackOf<T, T> + 1), kThreads>>>(static_cast<T*>(data), v, n);
+    else
+      map(Constant<T>{v}, static_cast<const T*>(data), static_cast<T*>(data), n);
   });
   finish("fill");
 }
@@ -222,15 +235,18 @@ void binary(BinaryOp op, DType dtype, const void* a, const void* b, bool b_is_sc
     using T = decltype(tag);
     const auto* x = static_cast<const T*>(a);
     const auto* y = static_cast<const T*>(b);
-    if (!is_arithmetic(op)) binary_kernel<<<blocks_for(n), kThreads>>>(op, x, y, b_is_scalar, out, n);
-    else if (b_is_scalar) map(ArithmeticWithScalar<T>{{op}, y}, x, static_cast<T*>(out), n);
-    else map2(Arithmetic<T>{op}, x, y, static_cast<T*>(out), n);
+    if (!is_arithmetic(op))
+      binary_kernel<<<blocks_for(n), kThreads>>>(op, x, y, b_is_scalar, out, n);
+    else if (b_is_scalar)
+      map(ArithmeticWithScalar<T>{{op}, y}, x, static_cast<T*>(out), n);
+    else
+      map2(Arithmetic<T>{op}, x, y, static_cast<T*>(out), n);
   });
   finish("binary op");
 }
 
-void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, const BroadcastIndex& index,
-                      void* out, std::int64_t n) {
+void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, const BroadcastIndex& index, void* out,
+                      std::int64_t n) {
   const std::int64_t cols = index.nd > 0 ? index.out_shape[index.nd - 1] : 1;
   const bool rows_of_b = n > 0 && cols > 0 && is_row_broadcast(index);
   dispatch(dtype, [&](auto tag) {
@@ -244,11 +260,10 @@ void binary_broadcast(BinaryOp op, DType dtype, const void* a, const void* b, co
       const std::int64_t rows = n / cols;
       const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
                       static_cast<unsigned>(rows < 65535 ? rows : 65535));
-      broadcast_row_kernel<<<grid, kThreads>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), rows, cols,
-                                               out);
+      broadcast_row_kernel<<<grid, kThreads>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), rows, cols, out);
     } else {
-      broadcast_kernel<<<blocks_for(n), kThreads>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), index,
-                                                    out, n);
+      broadcast_kernel<<<blocks_for(n), kThreads>>>(op, static_cast<const T*>(a), static_cast<const T*>(b), index, out,
+                                                    n);
     }
   });
   finish("broadcast binary op");

@@ -196,8 +196,7 @@ void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t 
     if (beta != 0) copy_rows_2byte(c, n, m, n, pc, np, mp, np);
   }
   gemm_ex(h, dtype, trans_a, trans_b, static_cast<int>(mp), static_cast<int>(np), static_cast<int>(kp), alpha, pa,
-          static_cast<int>(trans_a ? mp : kp), pb, static_cast<int>(trans_b ? kp : np), beta, pc,
-          static_cast<int>(np));
+          static_cast<int>(trans_a ? mp : kp), pb, static_cast<int>(trans_b ? kp : np), beta, pc, static_cast<int>(np));
   if (pc != c) copy_rows_2byte(pc, np, m, n, c, n, m, n);
 }
 
@@ -249,9 +248,8 @@ bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, co
   if (plan->second.workspace > 0) workspace = Scratch(plan->second.workspace, device);
   const float alpha = 1, beta = 0;
   // Stream 0, the legacy default stream, as the cuBLAS handle and every kernel here.
-  const cublasStatus_t status = cublasLtMatmul(lt, desc.op, &alpha, w, desc.a, x, desc.b, &beta, y, desc.d, y,
-                                               desc.d, &plan->second.algo, workspace.get(),
-                                               plan->second.workspace, nullptr);
+  const cublasStatus_t status = cublasLtMatmul(lt, desc.op, &alpha, w, desc.a, x, desc.b, &beta, y, desc.d, y, desc.d,
+                                               &plan->second.algo, workspace.get(), plan->second.workspace, nullptr);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
     plan->second.found = false;
     return false;

@@ -120,7 +120,7 @@ void copy(void* dst, const void* src, std::size_t nbytes, CopyKind kind) {
   if (kind == CopyKind::host_to_device && nbytes > 0 && nbytes <= UploadRing::kLargest &&
       upload_ring().upload(dst, src, nbytes))
     return;
-  const cudaMemcpyKind k = kind == CopyKind::host_to_device ? cudaMemcpyHostToDevice
+  const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
                            : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
                                                               : cudaMemcpyDeviceToDevice;
   TROUPE_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, k));

@@ -80,8 +80,8 @@ __global__ void __launch_bounds__(kListThreads) sgd_list_kernel(const __grid_con
 
 using BlockSum = cub::BlockReduce<double, kListThreads>;
 
-__global__ void __launch_bounds__(kListThreads) squares_list_kernel(const __grid_constant__ SquaresList list,
-                                                                    double* partials) {
+__global__ void __launch_bounds__(kListThreads)
+    squares_list_kernel(const __grid_constant__ SquaresList list, double* partials) {
   __shared__ typename BlockSum::TempStorage scratch;
   const auto [t, begin, end] = block_chunk(list);
   const float* x = list.data[t];
@@ -94,8 +94,7 @@ __global__ void __launch_bounds__(kListThreads) squares_list_kernel(const __grid
   if (threadIdx.x == 0) partials[blockIdx.x] = total;
 }
 
-__global__ void __launch_bounds__(kListThreads) sum_in_order_kernel(const double* values, std::int64_t n,
-                                                                    double* out) {
+__global__ void __launch_bounds__(kListThreads) sum_in_order_kernel(const double* values, std::int64_t n, double* out) {
   __shared__ typename BlockSum::TempStorage scratch;
   double sum = 0;
   for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += values[i];
@@ -105,8 +104,8 @@ __global__ void __launch_bounds__(kListThreads) sum_in_order_kernel(const double
 
 // Four elements per access where the chunk allows, as adam_list_kernel; the product is
 // scale's, so the bits are those of scale_ on each tensor.
-__global__ void __launch_bounds__(kListThreads) scale_list_kernel(const __grid_constant__ ScaleList list,
-                                                                  float factor) {
+__global__ void __launch_bounds__(kListThreads)
+    scale_list_kernel(const __grid_constant__ ScaleList list, float factor) {
   const auto [t, begin, end] = block_chunk(list);
   float* x = list.data[t];
   std::int64_t first = begin;

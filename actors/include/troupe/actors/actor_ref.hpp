@@ -35,28 +35,30 @@ class ActorRef {
     if (rank_ == runtime().rank()) {
       auto cell = runtime().local_actor(id_);
       if (!cell) {
-        state->set_error(std::make_exception_ptr(
-            RemoteError({ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
-                         detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"})));
+        state->set_error(std::make_exception_ptr(RemoteError(
+            {ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
+             detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"})));
         return Future<R>(state);
       }
-      runtime().post_call(
-          cell, detail::make_call(index, [cell = cell.get(), state, method, packed = std::move(packed)]() mutable {
-            T& self = *static_cast<T*>(cell->object());
-            if constexpr (std::is_void_v<R>) {
-              std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
-              state->set_value();
-            } else {
-              state->set_value(std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
-            }
-          },
-          [state](const ErrorInfo& info) {
-            try {
-              throw_remote(info);
-            } catch (...) {
-              state->set_error(std::current_exception());
-            }
-          }));
+      runtime().post_call(cell, detail::make_call(
+                                    index,
+                                    [cell = cell.get(), state, method, packed = std::move(packed)]() mutable {
+                                      T& self = *static_cast<T*>(cell->object());
+                                      if constexpr (std::is_void_v<R>) {
+                                        std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
+                                        state->set_value();
+                                      } else {
+                                        state->set_value(std::apply(
+                                            [&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
+                                      }
+                                    },
+                                    [state](const ErrorInfo& info) {
+                                      try {
+                                        throw_remote(info);
+                                      } catch (...) {
+                                        state->set_error(std::current_exception());
+                                      }
+                                    }));
     } else {
       std::string message = Runtime::new_message();
       std::vector<Bytes> attachments;
@@ -78,14 +80,18 @@ class ActorRef {
       auto cell = runtime().local_actor(id_);
       if (!cell)
         return runtime().report_failed_tell(
-            rank_, {ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
-                    detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"});
-      runtime().post_call(
-          cell, detail::make_call(index, [cell = cell.get(), method, packed = std::move(packed)]() mutable {
-            T& self = *static_cast<T*>(cell->object());
-            std::apply([&](auto&... a) { (void)(self.*method)(std::move(a)...); }, packed);
-          },
-          [runtime = runtime_, rank = rank_](const ErrorInfo& info) { runtime->report_failed_tell(rank, info); }));
+            rank_,
+            {ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
+             detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"});
+      runtime().post_call(cell, detail::make_call(
+                                    index,
+                                    [cell = cell.get(), method, packed = std::move(packed)]() mutable {
+                                      T& self = *static_cast<T*>(cell->object());
+                                      std::apply([&](auto&... a) { (void)(self.*method)(std::move(a)...); }, packed);
+                                    },
+                                    [runtime = runtime_, rank = rank_](const ErrorInfo& info) {
+                                      runtime->report_failed_tell(rank, info);
+                                    }));
       return;
     }
     std::string message = Runtime::new_message();
@@ -150,7 +156,8 @@ void load(Archive& archive, ActorRef<T>& ref) {
   std::uint64_t id = 0;
   archive(rank, id);
   Runtime* runtime = detail::current_runtime();
-  if (runtime == nullptr) throw detail::BadMessage("an ActorRef was deserialized outside the runtime's message handling");
+  if (runtime == nullptr)
+    throw detail::BadMessage("an ActorRef was deserialized outside the runtime's message handling");
   ref = ActorRef<T>(runtime, rank, id);
 }
 

@@ -111,8 +111,8 @@ void load(Archive& archive, Bytes& bytes) {
     archive(index);
     const auto* in = detail::incoming_attachments();
     if (in == nullptr || index >= in->size())
-      throw detail::BadMessage(detail::concat("attachment #", index, " is not among the message's ",
-                                              in ? in->size() : 0, " attachments"));
+      throw detail::BadMessage(
+          detail::concat("attachment #", index, " is not among the message's ", in ? in->size() : 0, " attachments"));
     bytes = (*in)[index];
     return;
   }

@@ -125,9 +125,16 @@ class State<void> : public StateBase {
   void take() { rethrow_if_error(); }
 };
 
-template <class F, class T> struct ThenResult { using type = std::invoke_result_t<F, T>; };
-template <class F> struct ThenResult<F, void> { using type = std::invoke_result_t<F>; };
-template <class F, class T> using then_result_t = typename ThenResult<F, T>::type;
+template <class F, class T>
+struct ThenResult {
+  using type = std::invoke_result_t<F, T>;
+};
+template <class F>
+struct ThenResult<F, void> {
+  using type = std::invoke_result_t<F>;
+};
+template <class F, class T>
+using then_result_t = typename ThenResult<F, T>::type;
 
 }  // namespace detail
 
@@ -179,7 +186,9 @@ class Promise {
       : state_(std::make_shared<detail::State<T>>(progress, std::move(what))) {}
   Future<T> get_future() const { return Future<T>(state_); }
   template <class... V>
-  void set_value(V&&... v) { state_->set_value(std::forward<V>(v)...); }
+  void set_value(V&&... v) {
+    state_->set_value(std::forward<V>(v)...);
+  }
   void set_error(std::exception_ptr e) { state_->set_error(std::move(e)); }
   const std::shared_ptr<detail::State<T>>& state() const { return state_; }
 
@@ -194,9 +203,19 @@ void chain(State<T>& in, State<R>& out, F& f) {
   try {
     if constexpr (std::is_void_v<T>) {
       in.take();
-      if constexpr (std::is_void_v<R>) { f(); out.set_value(); } else { out.set_value(f()); }
+      if constexpr (std::is_void_v<R>) {
+        f();
+        out.set_value();
+      } else {
+        out.set_value(f());
+      }
     } else {
-      if constexpr (std::is_void_v<R>) { f(in.take()); out.set_value(); } else { out.set_value(f(in.take())); }
+      if constexpr (std::is_void_v<R>) {
+        f(in.take());
+        out.set_value();
+      } else {
+        out.set_value(f(in.take()));
+      }
     }
   } catch (...) {
     out.set_error(std::current_exception());
@@ -217,8 +236,7 @@ auto Future<T>::then(F f) -> Future<detail::then_result_t<F, T>> {
 // Resolves when every input has: with all values in input order, or with the error
 // of the first input (by position) that failed.
 template <class T>
-auto when_all(std::vector<Future<T>> futures)
-    -> Future<std::conditional_t<std::is_void_v<T>, void, std::vector<T>>> {
+auto when_all(std::vector<Future<T>> futures) -> Future<std::conditional_t<std::is_void_v<T>, void, std::vector<T>>> {
   using Out = std::conditional_t<std::is_void_v<T>, void, std::vector<T>>;
   detail::Progress* progress = futures.empty() ? nullptr : futures.front().state()->progress();
   auto out = std::make_shared<detail::State<Out>>(progress, "when_all of " + std::to_string(futures.size()));
@@ -259,8 +277,7 @@ Future<std::size_t> when_any(const std::vector<Future<T>>& futures) {
   TROUPE_CHECK(!futures.empty(), "when_any: needs at least one future");
   auto out = std::make_shared<detail::State<std::size_t>>(futures.front().state()->progress(),
                                                           "when_any of " + std::to_string(futures.size()));
-  for (std::size_t i = 0; i < futures.size(); ++i)
-    futures[i].state()->on_ready([out, i] { out->set_value(i); });
+  for (std::size_t i = 0; i < futures.size(); ++i) futures[i].state()->on_ready([out, i] { out->set_value(i); });
   return Future<std::size_t>(out);
 }
 

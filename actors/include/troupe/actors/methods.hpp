@@ -19,8 +19,8 @@
 #include <string>
 #include <string_view>
 #include <tuple>
-#include <typeinfo>
 #include <type_traits>
+#include <typeinfo>
 #include <vector>
 
 #include "troupe/error.hpp"

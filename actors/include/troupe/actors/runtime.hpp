@@ -21,8 +21,8 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -72,7 +72,6 @@ struct RuntimeOptions {
   std::chrono::milliseconds attachment_timeout{10000};
 };
 
-
 template <class T>
 class ActorRef;
 template <class T>
@@ -101,7 +100,8 @@ class ReplyHandler {
 template <class R>
 class TypedReply final : public ReplyHandler {
  public:
-  TypedReply(std::string what, std::shared_ptr<State<R>> state) : ReplyHandler(std::move(what)), state_(std::move(state)) {}
+  TypedReply(std::string what, std::shared_ptr<State<R>> state)
+      : ReplyHandler(std::move(what)), state_(std::move(state)) {}
   void on_value(std::string_view bytes) override {
     try {
       if constexpr (std::is_void_v<R>) {
@@ -122,8 +122,7 @@ class TypedReply final : public ReplyHandler {
   std::shared_ptr<State<R>> state_;
 };
 
-using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, SpawnOptions options,
-                                                             std::string args)>;
+using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, SpawnOptions options, std::string args)>;
 struct FactoryEntry {
   Factory make;
   std::string actor;  // actor_name<T>(), for errors
@@ -310,13 +309,13 @@ class Runtime {
 
 namespace troupe {
 using actors::ActorDead;
-using actors::ActorRestarted;
-using actors::FatalError;
-using actors::CollectiveError;
-using actors::RemoteError;
-using actors::print_error;
 using actors::ActorGroup;
 using actors::ActorRef;
+using actors::ActorRestarted;
+using actors::CollectiveError;
+using actors::FatalError;
+using actors::print_error;
+using actors::RemoteError;
 using actors::Runtime;
 using actors::RuntimeOptions;
 using actors::SpawnOptions;

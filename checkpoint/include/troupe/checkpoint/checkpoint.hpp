@@ -21,8 +21,8 @@
 // (either kind) that starts while another is writing waits for it, or with
 // SaveOptions{.if_busy = IfBusy::skip} an async one is skipped. Destroying the
 // Checkpoint, load() and load_latest() wait for the save in flight. Between async saves
-// the Checkpoint keeps the last snapshot's host buffers to copy the next one into. The warning handler may be called from the
-// writer thread (a failed async save is reported there as well as through its handle).
+// the Checkpoint keeps the last snapshot's host buffers to copy the next one into. The warning handler may be called
+// from the writer thread (a failed async save is reported there as well as through its handle).
 //
 // load_latest() first warns of debris (temporary files of saves killed mid-write, which
 // are never read), then tries the newest checkpoint first. A file is used only if it opens, is a
@@ -45,11 +45,11 @@
 #include <functional>
 #include <future>
 #include <mutex>
-#include <thread>
-#include <utility>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "troupe/checkpoint/checkpoint_directory.hpp"

@@ -68,7 +68,7 @@ class CheckpointActor {
     std::filesystem::path temp;
     std::unique_ptr<FileWriter> file;
     std::vector<std::map<std::int64_t, std::int64_t>> written;  // per tensor: disjoint byte ranges, begin -> end
-    std::string refused;                                         // the first refused piece, if any
+    std::string refused;                                        // the first refused piece, if any
   };
   Open& open_for(std::int64_t step, const char* what);
   void drop_open();
@@ -78,8 +78,7 @@ class CheckpointActor {
 };
 
 // Step 2 of the protocol above, for one piece held by rank `from_rank` (named in errors).
-actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step,
-                                std::int64_t index, std::int64_t elem_offset, const tensor::Tensor& piece,
-                                std::int64_t from_rank);
+actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step, std::int64_t index,
+                                std::int64_t elem_offset, const tensor::Tensor& piece, std::int64_t from_rank);
 
 }  // namespace troupe::checkpoint

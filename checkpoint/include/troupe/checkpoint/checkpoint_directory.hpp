@@ -32,8 +32,8 @@ class CheckpointDirectory {
   const std::filesystem::path& folder() const { return folder_; }
   std::size_t keep_last() const { return keep_last_; }
 
-  std::filesystem::path final_path(std::int64_t step) const;   // <dir>/ckpt-000000042.h5
-  std::filesystem::path temp_path(std::int64_t step) const;    // <dir>/.ckpt-000000042.h5.tmp-<pid>
+  std::filesystem::path final_path(std::int64_t step) const;  // <dir>/ckpt-000000042.h5
+  std::filesystem::path temp_path(std::int64_t step) const;   // <dir>/.ckpt-000000042.h5.tmp-<pid>
   // Makes the finished temporary file the checkpoint of `step` (see above); returns its path.
   std::filesystem::path commit(const std::filesystem::path& temp, std::int64_t step);
 

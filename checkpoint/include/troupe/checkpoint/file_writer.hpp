@@ -13,9 +13,9 @@
 // fsync (DurableFile does that around it). The file's blocks are reserved (fallocate)
 // ahead of every write, so a full disk fails a write before HDF5 caches anything it
 // cannot flush: HDF5 1.10 cannot close a file whose flush failed, and crashes on it at
-// exit. The reservation beyond HDF5's end of allocation is trimmed at close. A writer destroyed without close() leaves a
-// file without "complete", which readers reject. Not thread-safe: one writer per thread,
-// and HDF5 itself must not be entered from two threads at once (see h5_call.cpp).
+// exit. The reservation beyond HDF5's end of allocation is trimmed at close. A writer destroyed without close() leaves
+// a file without "complete", which readers reject. Not thread-safe: one writer per thread, and HDF5 itself must not be
+// entered from two threads at once (see h5_call.cpp).
 #pragma once
 
 #include <cstdint>

@@ -40,8 +40,8 @@
 #include "troupe/checkpoint/checkpoint_directory.hpp"
 #include "troupe/checkpoint/parallel_writer.hpp"
 #include "troupe/checkpoint/save_handle.hpp"
-#include "troupe/tensor/storage.hpp"
 #include "troupe/checkpoint/save_manifest.hpp"
+#include "troupe/tensor/storage.hpp"
 
 namespace troupe::checkpoint {
 
@@ -49,8 +49,7 @@ class ParallelCheckpoint {
  public:
   // Collective. Every rank names the same folder, on a file system every rank sees; the
   // communicator is duplicated.
-  ParallelCheckpoint(std::filesystem::path folder, std::size_t keep_last, MPI_Comm comm,
-                     ParallelOptions options = {});
+  ParallelCheckpoint(std::filesystem::path folder, std::size_t keep_last, MPI_Comm comm, ParallelOptions options = {});
   ParallelCheckpoint(const ParallelCheckpoint&) = delete;
   ParallelCheckpoint& operator=(const ParallelCheckpoint&) = delete;
   ~ParallelCheckpoint();  // collective (waits for the save in flight, frees the communicator's duplicate)

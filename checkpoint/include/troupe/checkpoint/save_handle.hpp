@@ -16,8 +16,7 @@ namespace troupe::checkpoint {
 class SaveHandle {
  public:
   SaveHandle() = default;
-  SaveHandle(std::int64_t step, std::shared_future<std::filesystem::path> done)
-      : step_(step), done_(std::move(done)) {}
+  SaveHandle(std::int64_t step, std::shared_future<std::filesystem::path> done) : step_(step), done_(std::move(done)) {}
   static SaveHandle skipped_save(std::int64_t step);
 
   std::int64_t step() const { return step_; }

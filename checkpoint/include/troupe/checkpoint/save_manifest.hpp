@@ -24,11 +24,14 @@
 namespace troupe::checkpoint {
 
 struct TensorSpec {
-  std::string path;  // "/model/layers.0.weight"
+  std::string path;   // "/model/layers.0.weight"
   std::string dtype;  // "f32"
   std::vector<std::int64_t> shape;
   bool operator==(const TensorSpec&) const = default;
-  template <class A> void serialize(A& ar) { ar(path, dtype, shape); }
+  template <class A>
+  void serialize(A& ar) {
+    ar(path, dtype, shape);
+  }
 };
 
 struct AttributeSpec {
@@ -36,7 +39,10 @@ struct AttributeSpec {
   std::string name;
   AttrValue value;
   bool operator==(const AttributeSpec&) const = default;
-  template <class A> void serialize(A& ar) { ar(group, name, value); }
+  template <class A>
+  void serialize(A& ar) {
+    ar(group, name, value);
+  }
 };
 
 struct SaveManifest {
@@ -45,8 +51,8 @@ struct SaveManifest {
   std::int64_t world_size = 1;
   std::string run_id;
   std::string config_json = "{}";
-  std::vector<TensorSpec> tensors;         // file order
-  std::vector<AttributeSpec> attributes;   // section attributes (sampler, status, ...)
+  std::vector<TensorSpec> tensors;        // file order
+  std::vector<AttributeSpec> attributes;  // section attributes (sampler, status, ...)
   // Groups created first, in this order, even when nothing is written into them: the
   // sections ("/model", ..., "/rng"), so that an empty one (a model without Dropout has
   // an empty /rng) exists as it does in a Checkpoint's file, and the groups come in its order.
@@ -55,7 +61,10 @@ struct SaveManifest {
   // Adds a tensor by full name and a tensor of its full shape and dtype; returns its index.
   std::int64_t add_tensor(std::string path, tensor::DType dtype, const tensor::Shape& shape);
   bool operator==(const SaveManifest&) const = default;
-  template <class A> void serialize(A& ar) { ar(step, epoch, world_size, run_id, config_json, tensors, attributes, groups); }
+  template <class A>
+  void serialize(A& ar) {
+    ar(step, epoch, world_size, run_id, config_json, tensors, attributes, groups);
+  }
 };
 
 // The contiguous flat range [begin, end) of a tensor of `numel` elements that `rank` of

@@ -31,9 +31,7 @@ class SectionWriter {
   SectionWriter(Sink& sink, std::string section);
   void tensor(std::string_view name, const tensor::Tensor& t);
   // The writer's reusable buffer (FileWriter::scratch): fill it, then pass it to tensor().
-  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype) {
-    return file_.scratch(shape, dtype);
-  }
+  tensor::Tensor scratch(const tensor::Shape& shape, tensor::DType dtype) { return file_.scratch(shape, dtype); }
   // An attribute on the section's group ("/sampler": epoch=3, index=1280).
   void attribute(std::string_view name, const AttrValue& value);
   const std::string& group() const { return group_; }

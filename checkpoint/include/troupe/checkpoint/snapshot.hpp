@@ -46,7 +46,7 @@ class Snapshot final : public Sink {
   };
   std::vector<Op> ops_;
   std::unordered_set<const tensor::Storage*> scratch_;  // handed out by scratch(), ours
-  std::multimap<std::size_t, tensor::Tensor> spare_;     // by byte size
+  std::multimap<std::size_t, tensor::Tensor> spare_;    // by byte size
   std::size_t bytes_ = 0;
 };
 

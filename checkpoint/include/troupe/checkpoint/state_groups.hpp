@@ -36,22 +36,22 @@ void register_state_groups(Checkpoint& ckpt, Source& source, const std::vector<s
   for (std::size_t i = 0; i < names.size(); ++i) {
     const std::string name = names[i];
     const bool last = i + 1 == names.size();
-    ckpt.register_state(
-        name, {.save =
-                   [&source, name](SectionWriter& w) {
-                     Groups groups = source.state_dicts();
-                     for (const auto& [group, dict] : groups)
-                       if (group == name) return write_state_dict(w, dict, scalars_for_group(name));
-                     TROUPE_THROW(InvalidArgument, "register_state_groups: the source has no group '", name, "'");
-                   },
-               .load =
-                   [&source, name, last, pending](const SectionReader& r) {
-                     pending->emplace_back(name, read_state_dict<Dict>(r, scalars_for_group(name)));
-                     if (!last) return;
-                     Groups groups = std::move(*pending);
-                     pending->clear();
-                     source.load_state_dicts(groups);
-                   }});
+    ckpt.register_state(name, {.save =
+                                   [&source, name](SectionWriter& w) {
+                                     Groups groups = source.state_dicts();
+                                     for (const auto& [group, dict] : groups)
+                                       if (group == name) return write_state_dict(w, dict, scalars_for_group(name));
+                                     TROUPE_THROW(InvalidArgument, "register_state_groups: the source has no group '",
+                                                  name, "'");
+                                   },
+                               .load =
+                                   [&source, name, last, pending](const SectionReader& r) {
+                                     pending->emplace_back(name, read_state_dict<Dict>(r, scalars_for_group(name)));
+                                     if (!last) return;
+                                     Groups groups = std::move(*pending);
+                                     pending->clear();
+                                     source.load_state_dicts(groups);
+                                   }});
   }
 }
 

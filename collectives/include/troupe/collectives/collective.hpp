@@ -49,12 +49,10 @@ struct Collective {
            kind == CollectiveKind::reduce_scatter;
   }
   bool has_root() const {
-    return kind == CollectiveKind::broadcast || kind == CollectiveKind::reduce ||
-           kind == CollectiveKind::gather || kind == CollectiveKind::scatter;
+    return kind == CollectiveKind::broadcast || kind == CollectiveKind::reduce || kind == CollectiveKind::gather ||
+           kind == CollectiveKind::scatter;
   }
-  bool is_point_to_point() const {
-    return kind == CollectiveKind::send || kind == CollectiveKind::recv;
-  }
+  bool is_point_to_point() const { return kind == CollectiveKind::send || kind == CollectiveKind::recv; }
   // "allreduce #12 (sum, 1023 x bf16 = 2046 B)", for messages.
   std::string describe() const;
 };

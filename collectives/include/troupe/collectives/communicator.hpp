@@ -152,9 +152,9 @@ class Communicator {
   int rank_;
   int size_;
   Options options_;
-  std::mutex submit_mutex_;          // numbering and starting are one step
-  std::uint64_t sequence_ = 0;       // next collective
-  std::uint64_t p2p_sequence_ = 0;   // next send/recv
+  std::mutex submit_mutex_;         // numbering and starting are one step
+  std::uint64_t sequence_ = 0;      // next collective
+  std::uint64_t p2p_sequence_ = 0;  // next send/recv
   std::shared_ptr<detail::Engine> engine_;
 };
 

@@ -31,7 +31,7 @@ namespace detail {
 class BlockingWatchdog;
 class ShmChannel;
 struct StartOrder;
-}
+}  // namespace detail
 
 class MpiCommunicator : public Communicator {
  public:
@@ -68,13 +68,13 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<Operation> signed_operation(const Collective& collective);
   std::shared_ptr<Operation> operation_for(const Collective& collective);
 
-  MPI_Comm comm_ = MPI_COMM_NULL;        // collectives and the ring's messages
-  MPI_Comm p2p_comm_ = MPI_COMM_NULL;    // user send/recv, so user tags cannot meet ring tags
-  MPI_Comm check_comm_ = MPI_COMM_NULL;  // signature exchanges (signature_check.hpp)
-  int tag_limit_ = 32767;                // MPI_TAG_UB
+  MPI_Comm comm_ = MPI_COMM_NULL;                       // collectives and the ring's messages
+  MPI_Comm p2p_comm_ = MPI_COMM_NULL;                   // user send/recv, so user tags cannot meet ring tags
+  MPI_Comm check_comm_ = MPI_COMM_NULL;                 // signature exchanges (signature_check.hpp)
+  int tag_limit_ = 32767;                               // MPI_TAG_UB
   std::unique_ptr<detail::BlockingWatchdog> watchdog_;  // null without a timeout
   std::shared_ptr<detail::StartOrder> start_order_;     // of MPI's collectives that wait for their check
-  std::unique_ptr<detail::ShmChannel> shm_;  // null unless Options::shared_memory and one node
+  std::unique_ptr<detail::ShmChannel> shm_;             // null unless Options::shared_memory and one node
 };
 
 }  // namespace troupe::collectives

@@ -47,8 +47,7 @@ struct NcclState;
 class NcclCommunicator : public Communicator {
  public:
   // Collective over `bootstrap`'s ranks. `device` < 0 picks the local rank's device.
-  explicit NcclCommunicator(MpiCommunicator& bootstrap, int device = -1,
-                            Options options = options_from_environment());
+  explicit NcclCommunicator(MpiCommunicator& bootstrap, int device = -1, Options options = options_from_environment());
   ~NcclCommunicator() override;
 
   // Built with NCCL, and a CUDA device is visible.
@@ -67,7 +66,7 @@ class NcclCommunicator : public Communicator {
                    int rank, int size, Options options);
   std::shared_ptr<Operation> signed_operation(const Collective& c);
   std::shared_ptr<detail::NcclState> state_;
-  std::unique_ptr<Communicator> host_;     // MPI, for collectives on host buffers
+  std::unique_ptr<Communicator> host_;   // MPI, for collectives on host buffers
   MPI_Comm check_comm_ = MPI_COMM_NULL;  // the device calls' signature exchanges
 };
 

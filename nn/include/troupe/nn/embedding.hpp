@@ -19,8 +19,8 @@ namespace troupe::nn {
 
 class Embedding : public Module {
  public:
-  Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, tensor::Generator& gen,
-            DType dtype = DType::f32, tensor::Device device = tensor::Device::cpu());
+  Embedding(std::int64_t num_embeddings, std::int64_t embedding_dim, tensor::Generator& gen, DType dtype = DType::f32,
+            tensor::Device device = tensor::Device::cpu());
 
   Tensor forward_impl(const Tensor& indices) override;
   Tensor backward_impl(const Tensor& grad_output) override;

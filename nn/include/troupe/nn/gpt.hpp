@@ -49,8 +49,7 @@ struct GPTConfig {
 
 class MLP : public Module {
  public:
-  MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype,
-      tensor::Device device);
+  MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device);
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "MLP"; }
@@ -83,7 +82,8 @@ class GPT : public Module {
  public:
   // On Device::meta() the model is described, not computed: FSDP then materialises
   // each rank's shards alone, bit for bit what a CPU build would hold (tensor/meta.hpp).
-  GPT(const GPTConfig& config, std::uint64_t seed, DType dtype = DType::f32, tensor::Device device = tensor::Device::cpu());
+  GPT(const GPTConfig& config, std::uint64_t seed, DType dtype = DType::f32,
+      tensor::Device device = tensor::Device::cpu());
 
   Tensor forward_impl(const Tensor& idx) override;
   Tensor backward_impl(const Tensor& grad_logits) override;
@@ -98,8 +98,8 @@ class GPT : public Module {
   // Appends `max_new_tokens` ids to `prompt`, each drawn from softmax(logits /
   // temperature) of the last position, the context cropped to block_size; eval mode
   // for the duration. temperature 0 takes the argmax.
-  std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::int64_t max_new_tokens,
-                                     double temperature, tensor::Generator& gen);
+  std::vector<std::int64_t> generate(std::vector<std::int64_t> prompt, std::int64_t max_new_tokens, double temperature,
+                                     tensor::Generator& gen);
 
  private:
   GPTConfig config_;

@@ -46,8 +46,8 @@
 
 namespace troupe::nn {
 
-using tensor::DType;
 using tensor::Device;
+using tensor::DType;
 
 using GradReadyHook = std::function<void(const std::string& name, Parameter& param)>;
 

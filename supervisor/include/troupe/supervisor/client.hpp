@@ -63,8 +63,7 @@ class SupervisorClient {
                    std::chrono::milliseconds timeout = std::chrono::seconds(10), LostHandler on_lost = nullptr);
   // A client when env.supervised(), else null: the same program runs with and without
   // troupe-run.
-  static std::unique_ptr<SupervisorClient> connect_if_supervised(const RunEnvironment& env, int rank,
-                                                                 int world_size);
+  static std::unique_ptr<SupervisorClient> connect_if_supervised(const RunEnvironment& env, int rank, int world_size);
   SupervisorClient(const SupervisorClient&) = delete;
   SupervisorClient& operator=(const SupervisorClient&) = delete;
   // Says goodbye (close()), unless the destructor runs because an exception is
@@ -90,9 +89,7 @@ class SupervisorClient {
   Phase phase() const noexcept { return static_cast<Phase>(phase_.load(std::memory_order_relaxed)); }
   // The sequence number of the collective the rank is about to enter (call it before
   // the collective, so a rank stuck inside one reports the one it is stuck in).
-  void report_collective(std::uint64_t sequence) noexcept {
-    sequence_.store(sequence, std::memory_order_relaxed);
-  }
+  void report_collective(std::uint64_t sequence) noexcept { sequence_.store(sequence, std::memory_order_relaxed); }
 
   // The rank's own work in the step just finished: its wall time less the time spent
   // waiting for peers inside collectives (Communicator::wait_time). Heartbeats carry

@@ -65,7 +65,7 @@ struct Refusal {
   std::string peer;     // "address:port"
   std::string address;  // the peer's IP address alone, what per-peer limits count by
   RefusalKind kind = RefusalKind::protocol;
-  std::string reason;   // printable
+  std::string reason;  // printable
 };
 
 struct RankStatus {
@@ -75,7 +75,7 @@ struct RankStatus {
   bool said_goodbye = false;
   std::string host;  // as the rank reported it, made printable
   std::uint32_t pid = 0;
-  std::string peer;  // the connection's remote address and port, printable
+  std::string peer;                       // the connection's remote address and port, printable
   boost::asio::ip::address peer_address;  // the same address, to tell a local rank (local_ranks.hpp)
   Clock::time_point last_heard{};
   Clock::time_point last_progress{};  // when (step, collective, phase) last changed
@@ -141,7 +141,7 @@ class HeartbeatServer {
   Listener& listener_;
   std::uint32_t restart_ = 0;
   std::vector<RankStatus> ranks_;
-  std::vector<std::weak_ptr<Connection>> connections_;  // in order of arrival: the oldest first
+  std::vector<std::weak_ptr<Connection>> connections_;      // in order of arrival: the oldest first
   std::shared_ptr<void> alive_ = std::make_shared<char>();  // expires with the server (accept)
 };
 

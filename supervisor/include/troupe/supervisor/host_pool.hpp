@@ -65,8 +65,8 @@ class HostPool {
   int min_ranks_;
   std::vector<std::string> excluded_;
   std::map<std::string, int> failures_;
-  std::map<int, std::string> launch_ranks_;     // rank -> host in this launch
-  std::map<std::string, int> ranks_per_host_;   // of the last launch where every rank registered
+  std::map<int, std::string> launch_ranks_;    // rank -> host in this launch
+  std::map<std::string, int> ranks_per_host_;  // of the last launch where every rank registered
   std::string last_blamed_;
 };
 

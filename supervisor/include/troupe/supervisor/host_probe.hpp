@@ -58,7 +58,7 @@ class HostProbe {
   boost::asio::steady_timer timer_, deadline_;
   Hosts hosts_;
   Answered answered_;
-  std::vector<std::string> waiting_;  // start_all's hosts yet to answer
+  std::vector<std::string> waiting_;    // start_all's hosts yet to answer
   std::function<void()> all_answered_;  // set: start_all's mode
   std::unique_ptr<Job> job_;
   bool active_ = false;

@@ -27,8 +27,9 @@ struct JobHosts {
 // Reads --hostfile (lines "name [slots=N] ...", '#' comments) or --host
 // ("a,b:2,c"), else SLURM_JOB_NODELIST through `getenv`. Throws InvalidArgument
 // naming the file and line for an unreadable or malformed hostfile.
-JobHosts job_hosts(const RunOptions& options,
-                   const std::function<const char*(const char*)>& getenv = [](const char* n) { return std::getenv(n); });
+JobHosts job_hosts(
+    const RunOptions& options,
+    const std::function<const char*(const char*)>& getenv = [](const char* n) { return std::getenv(n); });
 
 // Slurm's compressed host list: "node[1-3,07],login" -> node1 node2 node3 node07 login.
 // Throws InvalidArgument on unbalanced brackets or a bad range.

@@ -31,12 +31,19 @@ inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
 
 enum class MessageKind : std::uint8_t {
-  hello = 1, welcome = 2, refused = 3, heartbeat = 4, goodbye = 5, alive = 6, stop = 7, notice = 8
+  hello = 1,
+  welcome = 2,
+  refused = 3,
+  heartbeat = 4,
+  goodbye = 5,
+  alive = 6,
+  stop = 7,
+  notice = 8
 };
 
 struct Hello {
-  std::string token;   // the run's random token (TROUPE_RUN_TOKEN)
-  std::string run_id;  // TROUPE_RUN_ID, so a rank of another run is told apart
+  std::string token;          // the run's random token (TROUPE_RUN_TOKEN)
+  std::string run_id;         // TROUPE_RUN_ID, so a rank of another run is told apart
   std::uint32_t restart = 0;  // TROUPE_RESTART the rank was started with
   std::uint32_t rank = 0;
   std::uint32_t world_size = 0;
@@ -58,8 +65,8 @@ inline constexpr std::string_view kEvictedReason = "evicted";
 // (RunOptions::phase_timeouts): a ten-minute save is not a hang, a stuck collective in
 // the middle of training still is.
 enum class Phase : std::uint8_t {
-  startup = 0,          // connected, before its first step (MPI, data, model)
-  training = 1,         // steps; the hang timeout applies
+  startup = 0,   // connected, before its first step (MPI, data, model)
+  training = 1,  // steps; the hang timeout applies
   evaluation = 2,
   checkpoint_save = 3,
   checkpoint_load = 4,  // resume

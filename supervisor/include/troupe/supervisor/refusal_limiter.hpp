@@ -28,7 +28,7 @@ class RefusalLimiter {
     std::size_t count = 0;
     Clock::duration span{};  // from the window's first refusal to its end
     std::map<RefusalKind, std::size_t> by_kind;
-    std::string reasons() const;      // "evicted 93, silent 2"
+    std::string reasons() const;       // "evicted 93, silent 2"
     std::string reasons_json() const;  // {"evicted": 93, "silent": 2}
   };
 

@@ -42,15 +42,15 @@ inline constexpr const char* kEnvFaultArmed = "TROUPE_FAULT_ARMED";
 inline constexpr const char* kEnvLivenessTimeout = "TROUPE_LIVENESS_TIMEOUT_MS";
 
 struct RunEnvironment {
-  std::string supervisor;      // "host:port", empty when not under troupe-run
+  std::string supervisor;  // "host:port", empty when not under troupe-run
   std::string token;
   std::string run_id;
   std::uint32_t restart = 0;
   std::string checkpoint_dir;  // empty when troupe-run was given none
   std::chrono::milliseconds heartbeat_interval{1000};
   std::chrono::milliseconds supervisor_timeout{0};  // 0: never fence
-  std::string fault;  // troupe-run --fault: set as TROUPE_FAULT, armed; empty: none
-  long long checkpoint_step = -1;  // the newest checkpoint troupe-run saw at launch; -1: none
+  std::string fault;                                // troupe-run --fault: set as TROUPE_FAULT, armed; empty: none
+  long long checkpoint_step = -1;                   // the newest checkpoint troupe-run saw at launch; -1: none
 
   bool supervised() const { return !supervisor.empty(); }
 };

@@ -50,8 +50,8 @@ class StragglerWatch {
     Clock::time_point since{};
     std::uint64_t us = 0, steps = 0;  // totals at `since`
     bool started = false;
-    double per_step_ms = 0;  // over the last full window; 0: none yet
-    bool fresh = false;      // per_step_ms is from a window that closed in this update
+    double per_step_ms = 0;    // over the last full window; 0: none yet
+    bool fresh = false;        // per_step_ms is from a window that closed in this update
     int above = 0, below = 0;  // windows in a row at or above / below the ratio
     bool straggling = false;
   };

@@ -31,13 +31,13 @@
 namespace troupe::tensor {
 
 struct AttentionForward {
-  Tensor out;            // [B, T, C], qkv's dtype
-  Tensor log_sum_exp;    // [B, n_head, T], f64 for f64 qkv, else f32: each row's logsumexp of the scaled, masked scores
+  Tensor out;          // [B, T, C], qkv's dtype
+  Tensor log_sum_exp;  // [B, n_head, T], f64 for f64 qkv, else f32: each row's logsumexp of the scaled, masked scores
   // CPU, T <= 6 D only: [B, n_head, T, T], P before dropout (zero above the diagonal up
   // to the end of the row's 64-row block, unspecified past it); undefined elsewhere,
   // and then the backward recomputes P from log_sum_exp.
   Tensor probs;
-  double dropout_p = 0;  // the probability the forward dropped with (0: none)
+  double dropout_p = 0;                // the probability the forward dropped with (0: none)
   std::uint64_t seed = 0, offset = 0;  // where its dropout mask was drawn
 };
 

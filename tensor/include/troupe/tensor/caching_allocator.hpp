@@ -64,7 +64,7 @@ class CachingAllocator {
  private:
   struct DeviceLists {
     std::unordered_map<std::size_t, std::vector<void*>> free;  // class size -> cached blocks
-    std::unordered_map<void*, std::size_t> live;                // block -> class size
+    std::unordered_map<void*, std::size_t> live;               // block -> class size
     Stats stats;
   };
   void free_cached_locked(DeviceLists& lists, int device);

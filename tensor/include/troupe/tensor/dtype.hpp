@@ -41,21 +41,54 @@ std::string_view dtype_name(DType t);
 DType dtype_from_name(std::string_view name);
 std::ostream& operator<<(std::ostream& out, DType t);
 
-template <class T> struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::f32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::f64; };
-template <> struct DTypeOf<Half> { static constexpr DType value = DType::f16; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::bf16; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::i32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::i64; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::u8; };
-template <class T> inline constexpr DType dtype_of = DTypeOf<T>::value;
+template <class T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::f32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::f64;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::f16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::bf16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::i32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::i64;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::u8;
+};
+template <class T>
+inline constexpr DType dtype_of = DTypeOf<T>::value;
 
 // The type arithmetic on T is done in: f16/bf16 compute in float, like PyTorch on CPU.
-template <class T> struct ComputeOf { using type = T; };
-template <> struct ComputeOf<Half> { using type = float; };
-template <> struct ComputeOf<BFloat16> { using type = float; };
-template <class T> using compute_t = typename ComputeOf<T>::type;
+template <class T>
+struct ComputeOf {
+  using type = T;
+};
+template <>
+struct ComputeOf<Half> {
+  using type = float;
+};
+template <>
+struct ComputeOf<BFloat16> {
+  using type = float;
+};
+template <class T>
+using compute_t = typename ComputeOf<T>::type;
 
 // Calls f(T{}) with T the element type of t. f returns the same type for every T.
 template <class F>
@@ -83,8 +116,7 @@ decltype(auto) dispatch_floating(DType t, std::string_view op, F&& f) {
     case DType::bf16: return f(BFloat16{});
     default: break;
   }
-  TROUPE_THROW(InvalidArgument, op, ": needs a floating dtype (f32, f64, f16, bf16), got ",
-               dtype_name(t));
+  TROUPE_THROW(InvalidArgument, op, ": needs a floating dtype (f32, f64, f16, bf16), got ", dtype_name(t));
 }
 
 }  // namespace troupe::tensor

@@ -39,8 +39,7 @@ struct AdamStep {
   bool decoupled = false;  // AdamW: decay the parameter, not the gradient
   std::int64_t step = 1;   // the step count after this step (1 on the first), for the bias corrections
 };
-void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq,
-                      const AdamStep& options);
+void fused_adam_step_(Tensor& param, const Tensor& grad, Tensor& exp_avg, Tensor& exp_avg_sq, const AdamStep& options);
 
 // Many steps at once (PyTorch's multi_tensor_apply, optimizers' fused=True): each
 // entry its own tensors and scalars (its own step count), on CUDA as few launches as

@@ -39,12 +39,11 @@ TROUPE_HOST_DEVICE inline std::uint16_t float_to_half_bits(float value) {
   const std::uint32_t sign = (f >> 16) & 0x8000u;
   f &= 0x7fffffffu;
   if (f >= 0x7f800000u) {  // Inf stays Inf; NaN stays a quiet NaN with its top payload bits.
-    return static_cast<std::uint16_t>(sign | 0x7c00u |
-                                      (f > 0x7f800000u ? 0x200u | ((f >> 13) & 0x3ffu) : 0u));
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (f > 0x7f800000u ? 0x200u | ((f >> 13) & 0x3ffu) : 0u));
   }
   if (f >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65520: Inf
-  if (f < 0x38800000u) {  // below 2^-14: a half subnormal or zero
-    const std::uint32_t magic = 126u << 23;  // 0.5f
+  if (f < 0x38800000u) {                                                    // below 2^-14: a half subnormal or zero
+    const std::uint32_t magic = 126u << 23;                                 // 0.5f
     const std::uint32_t o = detail::float_bits(detail::bits_float(f) + detail::bits_float(magic)) - magic;
     return static_cast<std::uint16_t>(sign | o);
   }
@@ -82,7 +81,11 @@ struct Half {
   Half() = default;
   TROUPE_HOST_DEVICE Half(float f) : bits(float_to_half_bits(f)) {}  // NOLINT: implicit by design
   TROUPE_HOST_DEVICE operator float() const { return half_bits_to_float(bits); }
-  TROUPE_HOST_DEVICE static Half from_bits(std::uint16_t b) { Half h; h.bits = b; return h; }
+  TROUPE_HOST_DEVICE static Half from_bits(std::uint16_t b) {
+    Half h;
+    h.bits = b;
+    return h;
+  }
 };
 
 struct BFloat16 {
@@ -90,7 +93,11 @@ struct BFloat16 {
   BFloat16() = default;
   TROUPE_HOST_DEVICE BFloat16(float f) : bits(float_to_bf16_bits(f)) {}  // NOLINT: implicit by design
   TROUPE_HOST_DEVICE operator float() const { return bf16_bits_to_float(bits); }
-  TROUPE_HOST_DEVICE static BFloat16 from_bits(std::uint16_t b) { BFloat16 h; h.bits = b; return h; }
+  TROUPE_HOST_DEVICE static BFloat16 from_bits(std::uint16_t b) {
+    BFloat16 h;
+    h.bits = b;
+    return h;
+  }
 };
 
 }  // namespace troupe::tensor

@@ -21,9 +21,9 @@ Tensor tanh_backward(const Tensor& grad_output, const Tensor& output);
 // target is `ignore_index` left out. The targets are range-checked on the host (a
 // CUDA target is copied there: rows * 8 bytes, and a wait for the work before it).
 struct CrossEntropyForward {
-  Tensor loss;         // 0-dim, the logits' dtype and device: the mean over counted rows (NaN if none)
-  Tensor log_sum_exp;  // f64 [rows] on the logits' device, for the backward
-  Tensor target;       // the targets on the logits' device
+  Tensor loss;               // 0-dim, the logits' dtype and device: the mean over counted rows (NaN if none)
+  Tensor log_sum_exp;        // f64 [rows] on the logits' device, for the backward
+  Tensor target;             // the targets on the logits' device
   std::int64_t counted = 0;  // rows not ignored
 };
 CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& target, std::int64_t ignore_index,

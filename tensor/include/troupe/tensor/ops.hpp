@@ -91,8 +91,7 @@ enum class Transpose : std::uint8_t { no, yes };
 // op(a) @ op(b) for 2-D tensors, op = transpose when asked. f32/f64 go straight to
 // BLAS (cblas on CPU, cuBLAS on CUDA); f16/bf16 multiply in f32 and round on store;
 // integer dtypes use a plain loop.
-Tensor matmul(const Tensor& a, const Tensor& b, Transpose ta = Transpose::no,
-              Transpose tb = Transpose::no);
+Tensor matmul(const Tensor& a, const Tensor& b, Transpose ta = Transpose::no, Transpose tb = Transpose::no);
 // out = alpha * op(a) @ op(b) + beta * out, into an existing tensor (which may be a
 // view into a gradient bucket): beta = 1 accumulates.
 void matmul_out(Tensor& out, const Tensor& a, const Tensor& b, Transpose ta = Transpose::no,

@@ -19,9 +19,16 @@ class Generator {
   std::uint64_t seed() const { return seed_; }
   // Philox blocks already used; the next draw starts here.
   std::uint64_t offset() const { return offset_; }
-  void set_state(std::uint64_t seed, std::uint64_t offset) { seed_ = seed; offset_ = offset; }
+  void set_state(std::uint64_t seed, std::uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
   // Claims n blocks (4 random 32-bit words each) and returns the first.
-  std::uint64_t reserve(std::uint64_t blocks) { const auto first = offset_; offset_ += blocks; return first; }
+  std::uint64_t reserve(std::uint64_t blocks) {
+    const auto first = offset_;
+    offset_ += blocks;
+    return first;
+  }
 
  private:
   std::uint64_t seed_;
@@ -29,11 +36,11 @@ class Generator {
 };
 
 // Uniform on [lo, hi) (each element from one 32-bit word).
-Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen,
-               DType dtype = DType::f32, Device device = Device::cpu());
+Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype = DType::f32,
+               Device device = Device::cpu());
 // Normal(mean, std) by Box-Muller, computed in double and rounded to dtype.
-Tensor normal(const Shape& shape, double mean, double std, Generator& gen,
-              DType dtype = DType::f32, Device device = Device::cpu());
+Tensor normal(const Shape& shape, double mean, double std, Generator& gen, DType dtype = DType::f32,
+              Device device = Device::cpu());
 void uniform_(Tensor& t, double lo, double hi, Generator& gen);
 void normal_(Tensor& t, double mean, double std, Generator& gen);
 

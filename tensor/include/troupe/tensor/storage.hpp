@@ -33,8 +33,7 @@ class Storage {
   // storage would hold.
   // Adopts memory owned elsewhere (a received message, a mapped file); `deleter` runs
   // when the last tensor viewing it goes away. A null deleter means not owned.
-  static std::shared_ptr<Storage> adopt(void* data, std::size_t nbytes, Device device,
-                                        Deleter deleter);
+  static std::shared_ptr<Storage> adopt(void* data, std::size_t nbytes, Device device, Deleter deleter);
 
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

@@ -38,18 +38,15 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
   static Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = Device::cpu());
-  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32,
-                     Device device = Device::cpu());
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = Device::cpu());
   // [start, end) by step, as torch.arange.
   static Tensor arange(double start, double end, double step = 1, DType dtype = DType::i64,
                        Device device = Device::cpu());
   // Copies `values` into a new tensor; an empty `shape` means 1-D of values.size().
   template <class T>
-  static Tensor from_vector(const std::vector<T>& values, Shape shape = {},
-                            Device device = Device::cpu());
+  static Tensor from_vector(const std::vector<T>& values, Shape shape = {}, Device device = Device::cpu());
   // A view of existing storage; checks that the view fits.
-  static Tensor from_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype,
-                             std::int64_t offset = 0);
+  static Tensor from_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype, std::int64_t offset = 0);
 
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
@@ -69,9 +66,11 @@ class Tensor {
   // Address of the first element (host or device).
   void* raw_data() const;
   // Typed host pointer; throws if T is not the dtype or the tensor is not on the CPU.
-  template <class T> T* data() const;
+  template <class T>
+  T* data() const;
   // Host copy of the elements as T (converting from the tensor's dtype).
-  template <class T> std::vector<T> to_vector() const;
+  template <class T>
+  std::vector<T> to_vector() const;
   // The single element of a one-element tensor, converted to double.
   double item() const;
 
@@ -121,8 +120,8 @@ void copy_host_to(const void* src, std::size_t nbytes, const Tensor& dst);
 template <class T>
 Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape, Device device) {
   if (shape.empty()) shape = {static_cast<std::int64_t>(values.size())};
-  TROUPE_CHECK(shape_numel(shape) == static_cast<std::int64_t>(values.size()),
-               "from_vector: ", values.size(), " values do not fill shape ", to_string(shape));
+  TROUPE_CHECK(shape_numel(shape) == static_cast<std::int64_t>(values.size()), "from_vector: ", values.size(),
+               " values do not fill shape ", to_string(shape));
   Tensor t = empty(shape, dtype_of<T>, device);
   detail::copy_host_to(values.data(), values.size() * sizeof(T), t);
   return t;
@@ -131,10 +130,9 @@ Tensor Tensor::from_vector(const std::vector<T>& values, Shape shape, Device dev
 template <class T>
 T* Tensor::data() const {
   check_defined("data");
-  TROUPE_CHECK(dtype_of<T> == dtype_, "data<", dtype_name(dtype_of<T>), ">: tensor is ",
-               dtype_name(dtype_), " ", to_string(shape_));
-  TROUPE_CHECK(device().is_cpu(), "data: tensor is on ", to_string(device()),
-               "; use to(Device::cpu()) first");
+  TROUPE_CHECK(dtype_of<T> == dtype_, "data<", dtype_name(dtype_of<T>), ">: tensor is ", dtype_name(dtype_), " ",
+               to_string(shape_));
+  TROUPE_CHECK(device().is_cpu(), "data: tensor is on ", to_string(device()), "; use to(Device::cpu()) first");
   return static_cast<T*>(raw_data());
 }
 

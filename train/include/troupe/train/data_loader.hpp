@@ -41,7 +41,10 @@ class DataLoader {
   // `drop_last`: leave out the rank's final batch when it is shorter than batch_size.
   DataLoader(DistributedSampler& sampler, std::int64_t batch_size, Collate collate, int prefetch = 2,
              bool drop_last = false)
-      : sampler_(sampler), batch_size_(batch_size), collate_(std::move(collate)), prefetch_(prefetch),
+      : sampler_(sampler),
+        batch_size_(batch_size),
+        collate_(std::move(collate)),
+        prefetch_(prefetch),
         drop_last_(drop_last) {
     TROUPE_CHECK(batch_size >= 1, "DataLoader: batch_size must be >= 1, got ", batch_size);
     TROUPE_CHECK(prefetch >= 1, "DataLoader: prefetch must be >= 1, got ", prefetch);

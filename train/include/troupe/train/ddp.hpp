@@ -57,9 +57,9 @@ struct DdpOptions {
 
 // What the last synchronising backward() cost, for benchmarks and logs.
 struct SyncStats {
-  double backward_seconds = 0;  // the whole call, compute and communication
-  double wait_seconds = 0;      // spent waiting for all-reduces after compute ended
-  int buckets = 0;              // all-reduces launched
+  double backward_seconds = 0;               // the whole call, compute and communication
+  double wait_seconds = 0;                   // spent waiting for all-reduces after compute ended
+  int buckets = 0;                           // all-reduces launched
   int buckets_launched_during_backward = 0;  // of those, started before compute ended
 };
 
@@ -80,11 +80,11 @@ struct AccumulationOptions {
 };
 
 struct AccumulationStep {
-  bool stepped = false;    // the optimizer ran (false inside a window or on overflow)
-  bool synced = false;     // this micro-step all-reduced the gradients
-  bool skipped = false;    // a window ended but the scaler found inf/NaN
-  double grad_norm = -1;   // before clipping, when max_grad_norm > 0
-  int window = 0;          // micro-batches in the current window
+  bool stepped = false;   // the optimizer ran (false inside a window or on overflow)
+  bool synced = false;    // this micro-step all-reduced the gradients
+  bool skipped = false;   // a window ended but the scaler found inf/NaN
+  double grad_norm = -1;  // before clipping, when max_grad_norm > 0
+  int window = 0;         // micro-batches in the current window
 };
 
 class DistributedDataParallel {

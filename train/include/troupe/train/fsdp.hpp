@@ -171,8 +171,8 @@ struct FsdpOptions {
 
 // Counters over the last forward + backward (reset by forward()).
 struct FsdpStats {
-  int gathers = 0;             // all-gathers of a unit
-  int prefetched = 0;          // ... of which were started ahead, before the unit was needed
+  int gathers = 0;     // all-gathers of a unit
+  int prefetched = 0;  // ... of which were started ahead, before the unit was needed
   int reduce_scatters = 0;
   std::size_t peak_gathered_bytes = 0;  // max of (gathered parameters + full gradients) at once
   // CPU offload only: bytes copied from the pool to the compute device (shards before
@@ -300,15 +300,15 @@ class FullyShardedDataParallel {
     std::int64_t numel = 0;
   };
   struct Flat {
-    std::string name;  // the shard's name in the optimizer: "_fsdp.<unit>.flat_param[.<dtype>]"
+    std::string name;                          // the shard's name in the optimizer: "_fsdp.<unit>.flat_param[.<dtype>]"
     tensor::DType dtype = tensor::DType::f32;  // the model's (gathered buffers, full gradients)
     tensor::Device device = tensor::Device::cpu();
     std::vector<Entry> entries;
     std::int64_t numel = 0, padded = 0, shard_numel = 0;
     std::unique_ptr<nn::Parameter> shard;  // stable address: the optimizer holds it; master dtype
-    Tensor full;       // gathered parameters, while the unit is gathered
-    Tensor full_grad;  // the unit's full local gradient, in backward and under no_sync
-    Tensor reduced;    // this rank's block of a reduce-scatter in flight
+    Tensor full;                           // gathered parameters, while the unit is gathered
+    Tensor full_grad;                      // the unit's full local gradient, in backward and under no_sync
+    Tensor reduced;                        // this rank's block of a reduce-scatter in flight
   };
   enum class UnitState { sharded, gathering, gathered };
   struct Unit {
@@ -356,8 +356,8 @@ class FullyShardedDataParallel {
   FsdpOptions options_;
   std::vector<Unit> units_;
   std::vector<Leaf> leaves_;
-  std::vector<nn::Module*> hooked_;  // hook mode (install_hooks): the units' modules
-  std::size_t root_unit_ = kNoUnit;   // hook mode: the unit of the root's own parameters
+  std::vector<nn::Module*> hooked_;                          // hook mode (install_hooks): the units' modules
+  std::size_t root_unit_ = kNoUnit;                          // hook mode: the unit of the root's own parameters
   std::vector<std::size_t> forward_order_, backward_order_;  // units by first use
   std::vector<std::size_t> first_leaf_, last_leaf_;          // per unit, leaf indices
   std::vector<std::string> state_keys_;                      // module.state_dict() order
@@ -365,11 +365,9 @@ class FullyShardedDataParallel {
   std::unordered_map<std::string, std::size_t> entry_of_;                         // param -> entry index
   std::unordered_map<std::string, Tensor*> buffers_;
   std::unordered_set<std::string> aliases_;  // a shared parameter's other names (flat_of_ has them too)
-  std::shared_ptr<HostPool> pool_;  // before optimizer_: its state is allocated here
+  std::shared_ptr<HostPool> pool_;           // before optimizer_: its state is allocated here
   std::unique_ptr<nn::Optimizer> optimizer_;
-  bool keeps_parameters() const {
-    return options_.sharding_strategy == FsdpOptions::ShardingStrategy::shard_grad_op;
-  }
+  bool keeps_parameters() const { return options_.sharding_strategy == FsdpOptions::ShardingStrategy::shard_grad_op; }
   // shard_grad_op: whether the gathered parameters may lag the shards (the optimizer
   // stepped since they were gathered, or a state dict was loaded).
   void mark_parameters_stale() { parameters_stale_ = true; }

@@ -27,11 +27,11 @@
 namespace troupe::train {
 
 struct GradScalerOptions {
-  double init_scale = 65536.0;   // 2^16: large enough that f16 gradients rarely underflow
+  double init_scale = 65536.0;  // 2^16: large enough that f16 gradients rarely underflow
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   std::int64_t growth_interval = 2000;  // good steps in a row before the scale grows
-  bool enabled = true;           // disabled: scale() is 1 and step() always steps
+  bool enabled = true;                  // disabled: scale() is 1 and step() always steps
 };
 
 class GradScaler {

@@ -51,9 +51,12 @@ template <class Recipe>
 OptimizerFactory recipe_optimizer_factory(const typename Recipe::Config& config, const std::string& sharding) {
   using Config = typename Recipe::Config;
   if constexpr (requires(std::vector<nn::NamedParameter> params, const Config& c) {
-                  { Recipe::make_optimizer(std::move(params), c) } -> std::convertible_to<std::unique_ptr<nn::Optimizer>>;
+                  {
+                    Recipe::make_optimizer(std::move(params), c)
+                    } -> std::convertible_to<std::unique_ptr<nn::Optimizer>>;
                 }) {
-    return [config](std::vector<nn::NamedParameter> params) { return Recipe::make_optimizer(std::move(params), config); };
+    return
+        [config](std::vector<nn::NamedParameter> params) { return Recipe::make_optimizer(std::move(params), config); };
   } else {
     TROUPE_THROW(InvalidArgument, "TrainWorker: sharding ", sharding,
                  " needs the recipe's make_optimizer(std::vector<nn::NamedParameter>, const Config&), "
@@ -79,7 +82,9 @@ std::unique_ptr<nn::Module> recipe_model(const typename Recipe::Config& config, 
 
 template <class Recipe>
 FsdpOptions recipe_fsdp_options(const typename Recipe::Config& config) {
-  if constexpr (requires { { Recipe::fsdp_options(config) } -> std::convertible_to<FsdpOptions>; })
+  if constexpr (requires {
+                  { Recipe::fsdp_options(config) } -> std::convertible_to<FsdpOptions>;
+                })
     return Recipe::fsdp_options(config);
   else
     return {};
@@ -87,7 +92,9 @@ FsdpOptions recipe_fsdp_options(const typename Recipe::Config& config) {
 
 template <class Recipe>
 std::unique_ptr<Objective> recipe_objective(const typename Recipe::Config& config) {
-  if constexpr (requires { { Recipe::make_objective(config) } -> std::convertible_to<std::unique_ptr<Objective>>; })
+  if constexpr (requires {
+                  { Recipe::make_objective(config) } -> std::convertible_to<std::unique_ptr<Objective>>;
+                })
     return Recipe::make_objective(config);
   else
     return std::make_unique<CrossEntropyObjective>();
@@ -97,7 +104,9 @@ std::unique_ptr<Objective> recipe_objective(const typename Recipe::Config& confi
 template <class Recipe>
 std::unique_ptr<nn::LRScheduler> recipe_scheduler(nn::Optimizer& optimizer, const typename Recipe::Config& config) {
   if constexpr (requires {
-                  { Recipe::make_scheduler(optimizer, config) } -> std::convertible_to<std::unique_ptr<nn::LRScheduler>>;
+                  {
+                    Recipe::make_scheduler(optimizer, config)
+                    } -> std::convertible_to<std::unique_ptr<nn::LRScheduler>>;
                 })
     return Recipe::make_scheduler(optimizer, config);
   else

@@ -67,7 +67,6 @@ class Status {
   double wall_seconds() const;
 
  private:
-
   bool primary_;
   StatusOptions options_;
   bool bar_ = false;

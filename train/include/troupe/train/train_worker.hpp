@@ -17,11 +17,11 @@
 // All of a worker's state that a checkpoint needs is in training_state().
 #pragma once
 
+#include <algorithm>
 #include <cereal/cereal.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/utility.hpp>
 #include <cereal/types/vector.hpp>
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -52,13 +52,12 @@
 #include "troupe/train/distributed.hpp"
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/master_weights.hpp"
+#include "troupe/train/recipe.hpp"
 #include "troupe/train/sharded_model.hpp"
 #include "troupe/train/status.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
-#include "troupe/tensor/meta.hpp"
-#include "troupe/train/recipe.hpp"
 #include "troupe/train/worker_driver.hpp"
 #include "troupe/train/worker_options.hpp"
 #include "troupe/train/worker_setup.hpp"
@@ -72,9 +71,14 @@ class TrainWorker {
   using Dataset = std::remove_cvref_t<decltype(Recipe::train_set(std::declval<const Config&>()))>;
 
   TrainWorker(WorkerOptions options, Config config)
-      : options_(options), config_(std::move(config)), sharding_(parse_sharding(options_.sharding)),
-        device_(worker_device(options_)), comm_(worker_communicator(options, device_)),
-        model_(recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)), train_(Recipe::train_set(config_)), test_(Recipe::test_set(config_)),
+      : options_(options),
+        config_(std::move(config)),
+        sharding_(parse_sharding(options_.sharding)),
+        device_(worker_device(options_)),
+        comm_(worker_communicator(options, device_)),
+        model_(recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)),
+        train_(Recipe::train_set(config_)),
+        test_(Recipe::test_set(config_)),
         objective_(recipe_objective<Recipe>(config_)) {
     TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
@@ -97,8 +101,8 @@ class TrainWorker {
                  options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ", comm_->size(),
                  " ranks without a sample");
     if (sharding_ == Sharding::ddp) {
-      ddp_ = std::make_unique<DistributedDataParallel>(*model_, *comm_,
-                                                       DdpOptions{.bucket_bytes = options_.bucket_bytes});
+      ddp_ =
+          std::make_unique<DistributedDataParallel>(*model_, *comm_, DdpOptions{.bucket_bytes = options_.bucket_bytes});
       if (options_.precision == "bf16") {  // after DDP's broadcast, so every rank's masters are rank 0's
         master_ = std::make_unique<MasterWeights>(*model_);
         optimizer_ = recipe_optimizer_factory<Recipe>(config_, options_.sharding)(master_->named_parameters());
@@ -115,19 +119,20 @@ class TrainWorker {
         train_.size(), comm_->size(), comm_->rank(),
         SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
     loader_ = std::make_unique<DataLoader<TensorBatch>>(
-        *sampler_, sampler_->local_batch(),
-        [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
-    state_ = sharded_ ? std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_)
-                      : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr,
-                                                        master_.get());
+        *sampler_, sampler_->local_batch(), [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
+    state_ = sharded_
+                 ? std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_)
+                 : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr, master_.get());
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
     if (!options_.checkpoint_dir.empty()) {
       checkpoint_ = std::make_unique<TrainingCheckpoint>(
           options_.checkpoint_dir, *state_,
-          checkpoint::RunInfo{.run_id = options_.run_id, .config_json = options_.config_json,
-                              .world_size = comm_->size(), .attributes = options_.checkpoint_attributes,
+          checkpoint::RunInfo{.run_id = options_.run_id,
+                              .config_json = options_.config_json,
+                              .world_size = comm_->size(),
+                              .attributes = options_.checkpoint_attributes,
                               .allow_other_run = options_.allow_other_run},
           comm_->rank() == 0, static_cast<std::size_t>(std::max(1, options_.keep_last)));
     }
@@ -233,8 +238,7 @@ class TrainWorker {
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::evaluation);
     model_->eval();
     EvalResult result;
-    const std::int64_t total =
-        options_.eval_samples > 0 ? std::min(options_.eval_samples, test_.size()) : test_.size();
+    const std::int64_t total = options_.eval_samples > 0 ? std::min(options_.eval_samples, test_.size()) : test_.size();
     std::vector<std::int64_t> mine;
     for (std::int64_t i = comm_->rank(); i < total; i += comm_->size()) mine.push_back(i);
     const auto kBatch = static_cast<std::size_t>(options_.eval_batch);
@@ -249,8 +253,9 @@ class TrainWorker {
         sharded_->forward(model_input(test_.rows(std::vector<std::int64_t>{0}).inputs));
         continue;
       }
-      const std::vector<std::int64_t> idx(mine.begin() + static_cast<std::ptrdiff_t>(begin),
-                                          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
+      const std::vector<std::int64_t> idx(
+          mine.begin() + static_cast<std::ptrdiff_t>(begin),
+          mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
       const Tensor input = model_input(batch.inputs);
       const Tensor output = collective ? sharded_->forward(input) : model_->forward(input);
@@ -264,8 +269,12 @@ class TrainWorker {
 
   WorkerState state() {
     begin_call("state");
-    return {comm_->rank(), state_->step, state_->epoch, sampler_->position(),
-            sharded_ ? sharded_->parameter_hash() : parameter_hash(*model_), sampler_->exhausted()};
+    return {comm_->rank(),
+            state_->step,
+            state_->epoch,
+            sampler_->position(),
+            sharded_ ? sharded_->parameter_hash() : parameter_hash(*model_),
+            sampler_->exhausted()};
   }
 
   // The driver's value of the best-model metric for the current parameters: keeps a
@@ -278,8 +287,8 @@ class TrainWorker {
       nn::StateDict full = sharded_->model_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
     }
-    return keeper_->update({{options_.best_metric, value}}, master_ ? master_->state_dict(*model_) : model_->state_dict(),
-                           step);
+    return keeper_->update({{options_.best_metric, value}},
+                           master_ ? master_->state_dict(*model_) : model_->state_dict(), step);
   }
 
   // The model's full state dict (the f32 master weights in bf16 mode), for the driver
@@ -350,8 +359,10 @@ class TrainWorker {
 
   void start_epoch(std::int64_t epoch) {
     sampler_->set_epoch(epoch);
-    if (sharded_) sharded_->set_micro_step(0);
-    else ddp_->set_micro_step(0);
+    if (sharded_)
+      sharded_->set_micro_step(0);
+    else
+      ddp_->set_micro_step(0);
     state_->epoch = epoch;
   }
 
@@ -428,7 +439,8 @@ class TrainWorker {
       Tensor flag = Tensor::full({1}, failed ? 1.0 : 0.0, tensor::DType::f32, device_);
       comm_->allreduce(flag, collectives::ReduceOp::max);
       if (!failed && flag.to(tensor::Device::cpu()).item() > 0)
-        TROUPE_THROW(checkpoint::CheckpointError, "rank ", comm_->rank(), " stops with the checkpoint writer (rank 0), ",
+        TROUPE_THROW(checkpoint::CheckpointError, "rank ", comm_->rank(),
+                     " stops with the checkpoint writer (rank 0), ",
                      "whose save failed (its log says why); the last durable checkpoint stays");
     }
     if (failed) std::rethrow_exception(failed);
@@ -464,9 +476,9 @@ class TrainWorker {
   std::unique_ptr<nn::Module> model_;
   Dataset train_, test_;
   std::unique_ptr<Objective> objective_;
-  std::unique_ptr<DistributedDataParallel> ddp_;       // ddp
-  std::unique_ptr<ShardedModel> sharded_;              // zero1, zero2, fsdp
-  std::unique_ptr<MasterWeights> master_;  // precision bf16
+  std::unique_ptr<DistributedDataParallel> ddp_;  // ddp
+  std::unique_ptr<ShardedModel> sharded_;         // zero1, zero2, fsdp
+  std::unique_ptr<MasterWeights> master_;         // precision bf16
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<nn::LRScheduler> scheduler_;  // the recipe's, if any: sets the lr before each step
   std::unique_ptr<DistributedSampler> sampler_;

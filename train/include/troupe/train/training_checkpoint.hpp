@@ -135,7 +135,7 @@ class TrainingCheckpoint {
   checkpoint::Checkpoint checkpoint_;
   checkpoint::RunInfo run_;
   std::unique_ptr<checkpoint::ParallelCheckpoint> parallel_;  // sharded states: see above
-  MPI_Comm comm_ = MPI_COMM_NULL;                              // its duplicate, for rank 0's attributes
+  MPI_Comm comm_ = MPI_COMM_NULL;                             // its duplicate, for rank 0's attributes
   checkpoint::SaveHandle save_parallel(std::int64_t step, std::int64_t epoch);
   void register_sliced_groups();
   // The sharded resume's sections while a file is restored (see register_sliced_groups).

@@ -52,10 +52,10 @@ struct StateSlice {
 
 // The model and optimizer groups as each rank's pieces, with no tensor gathered.
 struct LocalStateSlices {
-  std::vector<StateSlice> model;       // model_state_dict()'s entries, in its order
-  nn::StateDict optimizer_scalars;     // optimizer_state_dict()'s entries without '/' (lr, step,
-                                       // hyper-parameters): the same, whole, on every rank
-  std::vector<StateSlice> optimizer;   // its "<param>/<slot>" entries, in its order
+  std::vector<StateSlice> model;      // model_state_dict()'s entries, in its order
+  nn::StateDict optimizer_scalars;    // optimizer_state_dict()'s entries without '/' (lr, step,
+                                      // hyper-parameters): the same, whole, on every rank
+  std::vector<StateSlice> optimizer;  // its "<param>/<slot>" entries, in its order
 };
 
 // One group of a checkpoint file (model or optimizer) read by ranges: a sharded resume
@@ -106,8 +106,7 @@ class TrainingState {
   // one. With `master` (a bf16/f16 model stepping f32 masters), the model group holds
   // the f32 masters (MasterWeights::state_dict), and loading it restores both exactly.
   TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
-                DistributedDataParallel* ddp = nullptr, GradScaler* scaler = nullptr,
-                MasterWeights* master = nullptr);
+                DistributedDataParallel* ddp = nullptr, GradScaler* scaler = nullptr, MasterWeights* master = nullptr);
   // A sharded model: `optimizer` is this rank's base optimizer (optimizer()); the model
   // and optimizer groups and micro_step are `sharded`'s.
   TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler, ShardedStateDicts& sharded);

@@ -17,9 +17,9 @@ namespace troupe::train {
 
 // What every worker needs besides the recipe's config; sent to every rank.
 struct WorkerOptions {
-  std::int64_t global_batch = 64;   // samples per optimizer step over all ranks
-  std::int32_t accum_steps = 1;     // micro-batches per step on each rank
-  std::uint64_t seed = 0;           // the sampler's shuffle seed
+  std::int64_t global_batch = 64;  // samples per optimizer step over all ranks
+  std::int32_t accum_steps = 1;    // micro-batches per step on each rank
+  std::uint64_t seed = 0;          // the sampler's shuffle seed
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
   // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
   // construction with InvalidArgument).
@@ -32,9 +32,9 @@ struct WorkerOptions {
   // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
   // checkpoints keep, so a resume is exact. ddp only.
   std::string precision = "f32";
-  double max_grad_norm = 0;         // 0: no clipping
-  std::int32_t epochs = 1;          // for the progress bar only
-  bool progress = true;             // draw progress on rank 0
+  double max_grad_norm = 0;  // 0: no clipping
+  std::int32_t epochs = 1;   // for the progress bar only
+  bool progress = true;      // draw progress on rank 0
   // How long a collective may wait for the other ranks. A worker that fails on one
   // rank leaves the others waiting in an all-reduce: this bounds the wait, and the
   // TimeoutError names the collective, instead of a silent hang.
@@ -71,17 +71,17 @@ struct WorkerOptions {
 
   template <class A>
   void serialize(A& a) {
-    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s,
-      best_metric, best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding,
-      device, precision, checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples);
+    a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
+      best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
+      checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples);
   }
 };
 
 // One rank's sums over an epoch (the driver adds them up).
 struct EpochResult {
   std::int64_t epoch = 0;
-  double loss_sum = 0;    // per-sample loss summed
-  MetricSums metrics;     // the objective's sums over samples ("correct", ...)
+  double loss_sum = 0;  // per-sample loss summed
+  MetricSums metrics;   // the objective's sums over samples ("correct", ...)
   std::int64_t samples = 0;
   std::int64_t steps = 0;  // optimizer steps taken in this call
   double seconds = 0;

@@ -26,8 +26,13 @@ class ActorCellBase {
  public:
   ActorCellBase(std::uint64_t id, SpawnOptions options, std::string constructor_args, std::string type,
                 std::string type_label, std::vector<std::string> methods, std::vector<bool> idempotent)
-      : id_(id), options_(std::move(options)), constructor_args_(std::move(constructor_args)), type_(std::move(type)),
-        type_label_(std::move(type_label)), method_names_(std::move(methods)), idempotent_(std::move(idempotent)) {}
+      : id_(id),
+        options_(std::move(options)),
+        constructor_args_(std::move(constructor_args)),
+        type_(std::move(type)),
+        type_label_(std::move(type_label)),
+        method_names_(std::move(methods)),
+        idempotent_(std::move(idempotent)) {}
   virtual ~ActorCellBase() = default;
 
   // Deserializes the arguments of method `index` from `args`, calls it, and appends
@@ -66,14 +71,14 @@ class ActorCellBase {
   void set_fast(bool fast) { fast_.store(fast, std::memory_order_relaxed); }
 
   // ---- supervision state: written by the actor's running call, read from any thread ----
-  int epoch() const { return epoch_.load(); }        // restarts so far
+  int epoch() const { return epoch_.load(); }  // restarts so far
   bool dead() const { return dead_.load(); }
   bool restarting() const { return restarting_.load(); }
   std::atomic<int> epoch_{0};
   std::atomic<bool> dead_{false};
   std::atomic<bool> restarting_{false};
-  std::atomic<std::int64_t> last_restart_ticks_{0};  // steady_clock ticks of the last failure
-  std::atomic<std::size_t> queued_{0};              // calls posted, not yet run
+  std::atomic<std::int64_t> last_restart_ticks_{0};             // steady_clock ticks of the last failure
+  std::atomic<std::size_t> queued_{0};                          // calls posted, not yet run
   std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; by its calls only
 
  private:
@@ -105,9 +110,8 @@ template <class T>
 std::vector<bool> idempotent_mask() {
   std::vector<bool> mask(method_table_t<T>::size, false);
   if constexpr (requires { T::troupe_idempotent; }) {
-    [&]<auto... Ms>(MethodTable<Ms...>) {
-      ((mask.at(checked_method_index<T>(Ms)) = true), ...);
-    }(std::remove_cv_t<decltype(T::troupe_idempotent)>{});
+    [&]<auto... Ms>(MethodTable<Ms...>) { ((mask.at(checked_method_index<T>(Ms)) = true), ...); }
+    (std::remove_cv_t<decltype(T::troupe_idempotent)>{});
   }
   return mask;
 }
@@ -132,7 +136,7 @@ class ActorCell final : public ActorCellBase {
   void rebuild(int restart_count) override {
     object_.reset();  // the old state is broken: release it before building the new one
     object_ = make_(constructor_args());
-    if constexpr (requires(T& t) { t.on_restart(restart_count); }) object_->on_restart(restart_count);
+    if constexpr (requires(T & t) { t.on_restart(restart_count); }) object_->on_restart(restart_count);
   }
   void bury() override { object_.reset(); }
 

@@ -54,8 +54,7 @@ class SpanInputArchive : public cereal::InputArchive<SpanInputArchive, cereal::A
       : InputArchive(this), at_(bytes.data()), end_(bytes.data() + bytes.size()) {}
 
   void loadBinary(void* data, std::size_t size) {
-    if (size > remaining())
-      throw cereal::Exception(concat("wants ", size, " more bytes, ", remaining(), " remain"));
+    if (size > remaining()) throw cereal::Exception(concat("wants ", size, " more bytes, ", remaining(), " remain"));
     if (size > 0) std::memcpy(data, at_, size);
     at_ += size;
   }
