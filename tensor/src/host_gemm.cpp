@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "avx512_target.hpp"
 #include "convert.hpp"
 #include "troupe/error.hpp"
 
@@ -61,7 +62,7 @@ struct Scratch {
   }
 };
 
-#define TROUPE_AVX512 [[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,prefer-vector-width=512")]]
+#define TROUPE_AVX512 TROUPE_AVX512_TARGET
 
 // The first `count` of 16 lanes.
 TROUPE_AVX512 inline __mmask16 first_lanes(i64 count) {

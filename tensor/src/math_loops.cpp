@@ -12,6 +12,7 @@
 // every copy of the loops.
 #include "math_loops.hpp"
 
+#include "avx512_target.hpp"
 #include "lane_sum.hpp"
 
 #include <bit>
@@ -149,7 +150,7 @@ TROUPE_HOST_LOOPS(, baseline)
 TROUPE_HOST_LOOPS([[gnu::target("avx2")]], avx2)
 // 512-bit vectors: twice the lanes per instruction where the core has full-width
 // AVX-512 units (Zen 5, Intel's server cores).
-TROUPE_HOST_LOOPS([[gnu::target("avx512f,avx512dq,avx512bw,avx512vl,prefer-vector-width=512")]], avx512)
+TROUPE_HOST_LOOPS(TROUPE_AVX512_TARGET, avx512)
 constexpr const MathLoops* kAvx2 = &k_avx2;
 constexpr const MathLoops* kAvx512 = &k_avx512;
 #else
