@@ -1,9 +1,11 @@
-// The parallel save: every rank writes its own slices into one file through parallel
-// HDF5. The file equals the gathered save's tensor for tensor, verifies, re-slices for
+// The parallel save: every rank writes its own slices into one file (rank 0 lays out
+// the HDF5 structure). The file equals the gathered save's tensor for tensor, verifies, re-slices for
 // other world sizes and reads in plain h5py; bad slices and ranks that disagree fail on
 // every rank and leave the previous checkpoint as it was.
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -283,6 +285,49 @@ TEST(ParallelSave, OverlappingSlicesFailOnEveryRankAndKeepThePreviousCheckpoint)
   }
   expect_refused_everywhere(dir, [&] { ckpt.save(manifest(2), slices); },
                             {"/model/bias", "rank 0's slice [0, ", "rank 1's slice", "overlap"});
+}
+
+// One rank's storage fails (RLIMIT_FSIZE there: its writes past 4 KB fail with EFBIG,
+// as one node's full disk fails them with ENOSPC): the save fails on every rank, naming
+// that rank, and leaves the previous checkpoint and nothing else.
+TEST(ParallelSave, AWriteThatFailsOnOneRankFailsTheSaveOnEveryRankAndKeepsThePreviousCheckpoint) {
+  testing::SharedDir dir;
+  ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
+  std::vector<Slice> slices = my_slices(Split::rows);
+  ckpt.save(manifest(1), slices);
+  const int victim = runtime().size() - 1;
+  struct sigaction ignore {
+  }, old{};
+  rlimit saved{};
+  if (runtime().rank() == victim) {
+    ignore.sa_handler = SIG_IGN;
+    ::sigaction(SIGXFSZ, &ignore, &old);
+    ::getrlimit(RLIMIT_FSIZE, &saved);
+    rlimit tight = saved;
+    tight.rlim_cur = 4096;
+    ::setrlimit(RLIMIT_FSIZE, &tight);
+  }
+  std::string what;
+  try {
+    ckpt.save(manifest(2), slices);
+    ADD_FAILURE() << "the save succeeded on rank " << runtime().rank();
+  } catch (const Error& e) {
+    what = e.what();
+  }
+  if (runtime().rank() == victim) {
+    ::setrlimit(RLIMIT_FSIZE, &saved);
+    ::sigaction(SIGXFSZ, &old, nullptr);
+  }
+  EXPECT_NE(what.find("rank " + std::to_string(victim) + " of"), std::string::npos) << what;
+  barrier();
+  if (runtime().rank() == 0) {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir.path())) names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"ckpt-000000001.h5", "latest"}));
+  }
+  expect_whole_file(dir.path() / "ckpt-000000001.h5", 1);
+  barrier();
 }
 
 TEST(ParallelSave, SlicesThatLeaveAGapFailOnEveryRankAndKeepThePreviousCheckpoint) {
