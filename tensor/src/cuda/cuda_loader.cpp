@@ -2,6 +2,8 @@
 // libtroupe_tensor_cuda.so, opened with dlopen on the first call (cuda_table.hpp says
 // why). Where the plugin is absent -- a build without CUDA, or its library missing or
 // unloadable -- the queries answer "no device" and everything else throws, saying why.
+// A static build links the backend itself in: its functions are the real ones, and
+// this file only says that nothing is missing.
 #include <dlfcn.h>
 
 #include <string>
@@ -11,6 +13,10 @@
 #include "troupe/tensor/device.hpp"
 
 namespace troupe::tensor::cuda_backend {
+
+#if defined(TROUPE_CUDA_LINKED)
+std::string why_unavailable() { return {}; }
+#else
 namespace {
 
 struct Loaded {
@@ -19,9 +25,6 @@ struct Loaded {
 };
 
 Loaded load() {
-#if defined(TROUPE_CUDA_LINKED)
-  return {troupe_tensor_cuda_table(), {}};  // a static build links the backend in
-#else
   if (!cuda_built())
     return {nullptr,
             "troupe was built without CUDA (configure with -DTROUPE_CUDA=ON where the CUDA toolkit is installed)"};
@@ -41,7 +44,6 @@ Loaded load() {
                          " of the CUDA backend, this library needs " + std::to_string(kTableVersion) +
                          " (a stale build or install?)"};
   return {table, {}};
-#endif
 }
 
 const Loaded& loaded() {
@@ -241,5 +243,7 @@ bool is_pinned(const void* data) {
   const Table* t = loaded().table;
   return t ? t->is_pinned(data) : false;
 }
+
+#endif  // TROUPE_CUDA_LINKED
 
 }  // namespace troupe::tensor::cuda_backend
