@@ -46,8 +46,15 @@ std::string fixed(double v, int digits = 2) {
 
 }  // namespace
 
-// fail()'s host for "blame the host blamed last" (a name no host can have).
-const std::string kBlameLast = "\x01last";
+// Whom fail() blames (HostPool): nobody, a host, or the host blamed last (a launch
+// that failed before its ranks said where they run).
+struct Blame {
+  enum class Kind { nobody, host, last_blamed };
+  Kind kind = Kind::nobody;
+  std::string host;  // Kind::host
+  static Blame on(std::string host) { return host.empty() ? Blame{} : Blame{Kind::host, std::move(host)}; }
+  static Blame last_blamed() { return {Kind::last_blamed, {}}; }
+};
 
 class Supervisor::Impl : public HeartbeatServer::Listener {
  public:
@@ -138,7 +145,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     fail("rank_lost",
          "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
              "): " + reason + at_step(rank),
-         {{"rank", rank.rank}}, rank.host);
+         {{"rank", rank.rank}}, Blame::on(rank.host));
   }
 
   // Every refusal is counted; only so many are written out (refusal_limiter.hpp), the
@@ -295,7 +302,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         return fail("hang",
                     "rank(s) " + missing + " never registered within the hang timeout of " +
                         fixed(options_.hang_timeout.count()) + " s after launch",
-                    {}, kBlameLast);
+                    {}, Blame::last_blamed());
     }
     const Phase phase = deadline_phase(ranks, options_);
     auto deadline = std::chrono::duration_cast<Clock::duration>(phase_timeout(options_, phase));
@@ -305,7 +312,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         return fail("heartbeat_timeout",
                     "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
                         ") sent no heartbeat for " + fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
-                    {{"rank", rank.rank}}, rank.host);
+                    {{"rank", rank.rank}}, Blame::on(rank.host));
       if (now - rank.last_progress > deadline && !stuck) stuck = &rank;
     }
     if (stuck) return report_hang(now, phase);
@@ -380,7 +387,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       const auto& ranks = server_->ranks();
       bool all = std::all_of(ranks.begin(), ranks.end(), [](const RankStatus& r) { return r.registered; });
       launch_failed_ = !all;
-      fail("mpirun_exit", "mpirun " + describe_wait_status(status), {}, all ? "" : kBlameLast);
+      fail("mpirun_exit", "mpirun " + describe_wait_status(status), {}, all ? Blame{} : Blame::last_blamed());
     }
     if (state_ != State::stopping) return;
     grace_timer_.cancel();
@@ -392,23 +399,21 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     after_stop();
   }
 
-  // `host`: the host the failure is blamed on (HostPool), kBlameLast for the one
-  // blamed last, empty for none.
-  void fail(const std::string& cause, const std::string& given_detail, JsonFields fields, std::string host = "") {
+  void fail(const std::string& cause, const std::string& given_detail, JsonFields fields, Blame blame = {}) {
     if (state_ != State::running) return;  // the first cause is the cause
     state_ = State::stopping;
     std::string detail = given_detail;
     // A rank that ends because a peer went silent (the actors' own liveness check
     // aborts the job within a second) is not the culprit: the silent rank's host is.
     const RankStatus* silent = longest_silent(server_->ranks(), Clock::now(), 5 * heartbeat_interval());
-    if (silent && !host.empty() && silent->host != host) {
+    if (silent && blame.kind != Blame::Kind::nobody && silent->host != blame.host) {
       detail += "; rank " + std::to_string(silent->rank) + " on " + silent->host + " had been silent for " +
                 fixed(seconds(Clock::now() - silent->last_heard)) + " s";
-      host = silent->host;
+      blame = Blame::on(silent->host);
     }
     blamed_host_.clear();
-    if (!host.empty()) {
-      auto blamed = pool_->blame(host == kBlameLast ? "" : host);
+    if (blame.kind != Blame::Kind::nobody) {
+      auto blamed = pool_->blame(blame.kind == Blame::Kind::last_blamed ? "" : blame.host);
       if (!blamed.empty()) fields.emplace_back("host", blamed);
       blamed_host_ = blamed;
     }
