@@ -20,8 +20,8 @@
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/grad_scaler.hpp"
-#include "troupe/train/host_pool.hpp"
 #include "troupe/train/master_weights.hpp"
+#include "troupe/train/offload_memory.hpp"
 
 namespace troupe::train::fsdp_testing {
 

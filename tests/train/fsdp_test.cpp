@@ -368,13 +368,13 @@ TEST(FullyShardedDataParallel, GradScalerSkipsTheStepOnEveryRankWhenAnyShardOver
 // (the forward and the backward gathers) and the reduced gradient blocks come back once.
 // In both strategies; shard_grad_op keeps its full parameters on the compute device
 // and its shards (not views, then) in the pool.
-TEST(FullyShardedDataParallel, CpuOffloadKeepsShardsGradientsAndOptimizerStateInTheHostPool) {
+TEST(FullyShardedDataParallel, CpuOffloadKeepsShardsGradientsAndOptimizerStateInTheOffloadMemory) {
   for (const Strategy strategy : {Strategy::full_shard, Strategy::shard_grad_op}) {
     SCOPED_TRACE(strategy == Strategy::full_shard ? "full_shard" : "shard_grad_op");
     FsdpRun plain(world(), Shape::odd, Opt::adamw, kModelSeed, false, strategy);
     FsdpRun offload(world(), Shape::odd, Opt::adamw, kModelSeed, /*cpu_offload=*/true, strategy);
-    EXPECT_EQ(plain.fsdp->host_pool(), nullptr);
-    ASSERT_NE(offload.fsdp->host_pool(), nullptr);
+    EXPECT_EQ(plain.fsdp->offload_memory(), nullptr);
+    ASSERT_NE(offload.fsdp->offload_memory(), nullptr);
     Batches a(world()), b(world());
     for (int s = 0; s < kSteps; ++s) {
       plain.step(a.next());
@@ -387,7 +387,7 @@ TEST(FullyShardedDataParallel, CpuOffloadKeepsShardsGradientsAndOptimizerStateIn
     const TensorBatch batch = b.next();
     offload.loss_fn.forward(offload.fsdp->forward(batch.inputs), batch.targets);
     offload.fsdp->backward(offload.loss_fn.backward());
-    const HostPool& pool = *offload.fsdp->host_pool();
+    const OffloadMemory& pool = *offload.fsdp->offload_memory();
     for (const auto& [name, p] : offload.fsdp->optimizer().named_parameters()) {
       EXPECT_TRUE(pool.owns(p->data)) << name;
       EXPECT_TRUE(pool.owns(p->grad)) << name;

@@ -96,7 +96,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(nn::Module& module, collectiv
         compute = param->data.device();
         break;
       }
-    pool_ = std::make_shared<HostPool>(compute);
+    pool_ = std::make_shared<OffloadMemory>(compute);
   }
   state_keys_ = module_.state_dict().keys();
   for (const auto& [name, buffer] : module_.named_buffers()) buffers_[name] = buffer;

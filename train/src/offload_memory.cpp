@@ -1,4 +1,4 @@
-#include "troupe/train/host_pool.hpp"
+#include "troupe/train/offload_memory.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,7 +15,7 @@
 
 namespace troupe::train {
 
-struct HostPool::Counters {
+struct OffloadMemory::Counters {
   // One allocation: its requested and mapped bytes, and whether they are page-locked.
   struct Block {
     const void* data;
@@ -43,9 +43,9 @@ struct HostPool::Counters {
   std::set<const void*> live;
 };
 
-HostPool::HostPool(tensor::Device compute) : counters_(std::make_shared<Counters>()), compute_(compute) {}
+OffloadMemory::OffloadMemory(tensor::Device compute) : counters_(std::make_shared<Counters>()), compute_(compute) {}
 
-tensor::Tensor HostPool::empty(const tensor::Shape& shape, tensor::DType dtype) {
+tensor::Tensor OffloadMemory::empty(const tensor::Shape& shape, tensor::DType dtype) {
   const std::size_t nbytes = static_cast<std::size_t>(tensor::shape_numel(shape)) * tensor::element_size(dtype);
   static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
   const std::size_t mapped = std::max<std::size_t>(page, (nbytes + page - 1) / page * page);
@@ -60,7 +60,8 @@ tensor::Tensor HostPool::empty(const tensor::Shape& shape, tensor::DType dtype) 
                                      [counters = counters_, b, block](void*) { counters->remove(b); });
   } else {
     void* data = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (data == MAP_FAILED) TROUPE_THROW(Error, "HostPool: mmap of ", mapped, " bytes failed: ", std::strerror(errno));
+    if (data == MAP_FAILED)
+      TROUPE_THROW(Error, "OffloadMemory: mmap of ", mapped, " bytes failed: ", std::strerror(errno));
     // Locking is best effort: RLIMIT_MEMLOCK is often small in containers.
     const Counters::Block b{data, nbytes, mapped, mlock(data, mapped) == 0};
     counters_->add(b);
@@ -73,30 +74,30 @@ tensor::Tensor HostPool::empty(const tensor::Shape& shape, tensor::DType dtype) 
   return tensor::Tensor::from_storage(std::move(storage), shape, dtype);
 }
 
-tensor::Tensor HostPool::zeros(const tensor::Shape& shape, tensor::DType dtype) {
+tensor::Tensor OffloadMemory::zeros(const tensor::Shape& shape, tensor::DType dtype) {
   tensor::Tensor t = empty(shape, dtype);
   if (compute_.is_cuda()) t.zero_();  // fresh anonymous pages are zero already; cudaHostAlloc's are not
   return t;
 }
 
-std::size_t HostPool::bytes() const {
+std::size_t OffloadMemory::bytes() const {
   std::lock_guard lock(counters_->mutex);
   return counters_->bytes;
 }
-std::size_t HostPool::mapped_bytes() const {
+std::size_t OffloadMemory::mapped_bytes() const {
   std::lock_guard lock(counters_->mutex);
   return counters_->mapped;
 }
-std::size_t HostPool::pinned_bytes() const {
+std::size_t OffloadMemory::pinned_bytes() const {
   std::lock_guard lock(counters_->mutex);
   return counters_->pinned;
 }
-std::size_t HostPool::peak_bytes() const {
+std::size_t OffloadMemory::peak_bytes() const {
   std::lock_guard lock(counters_->mutex);
   return counters_->peak;
 }
 
-bool HostPool::owns(const tensor::Tensor& t) const {
+bool OffloadMemory::owns(const tensor::Tensor& t) const {
   if (!t.defined()) return false;
   std::lock_guard lock(counters_->mutex);
   return counters_->live.contains(t.storage()->data());

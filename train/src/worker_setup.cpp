@@ -11,10 +11,24 @@
 
 namespace troupe::train {
 
+WorkerDevice parse_worker_device(std::string_view name) {
+  if (name == "cpu") return WorkerDevice::cpu;
+  if (name == "cuda") return WorkerDevice::cuda;
+  TROUPE_THROW(InvalidArgument, "unknown device '", std::string(name), "' (cpu or cuda)");
+}
+
+Precision parse_precision(std::string_view name) {
+  if (name == "f32") return Precision::f32;
+  if (name == "bf16") return Precision::bf16;
+  TROUPE_THROW(InvalidArgument, "unknown precision '", std::string(name), "' (f32 or bf16)");
+}
+
+const char* worker_device_name(WorkerDevice device) { return device == WorkerDevice::cuda ? "cuda" : "cpu"; }
+
+const char* precision_name(Precision precision) { return precision == Precision::bf16 ? "bf16" : "f32"; }
+
 tensor::Device worker_device(const WorkerOptions& options) {
-  TROUPE_CHECK(options.device == "cpu" || options.device == "cuda", "TrainWorker: device must be cpu or cuda, got '",
-               options.device, "'");
-  if (options.device == "cpu") return tensor::Device::cpu();
+  if (options.device == WorkerDevice::cpu) return tensor::Device::cpu();
   tensor::check_device_usable(tensor::Device::cuda(), "TrainWorker");
   const tensor::Device device = tensor::Device::cuda(device_for_local_rank(tensor::cuda_device_count()));
   tensor::cuda_set_device(device);  // the constructor's own thread, before the model moves

@@ -6,55 +6,12 @@
 //                                 {.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>()});
 //   loss.forward(fsdp.forward(x), y); fsdp.backward(loss.backward()); fsdp.step(); fsdp.zero_grad();
 //
-// Units. The model's parameters are split into units: every module the auto-wrap
-// policy picks or `wrap` names (nested wrapping allowed: a unit inside a unit takes
-// its own parameters away from the outer one), plus the root unit holding whatever
-// no unit took. A unit's parameters are flattened, in named order, into one flat
-// buffer per dtype, padded with zeros to a multiple of W, and rank r keeps elements
-// [r*S, (r+1)*S) of it (S = padded / W) as an nn::Parameter -- the shard. The module's
-// own Parameter::data is left undefined between uses: the full values exist only
-// while the unit is gathered.
+// How it works -- units and flat shards, forward and backward (Sequential leaves or
+// module hooks), prefetch, the optimizer on the shards, accumulation, memory, sharded
+// construction, shard_grad_op, full state dicts, mixed precision, CPU offload -- is told
+// once, in docs/FSDP.md. The methods below say what each does; this is the contract:
 //
-// Forward and backward. nn modules have explicit forward/backward, so FSDP runs the
-// model itself: it walks the Sequentials from the root down to their non-Sequential
-// children (the leaves) and calls each leaf in turn, exactly what Sequential's own
-// forward/backward do. Before a leaf with parameters runs, its unit is all-gathered
-// (Parameter::data become views into the gathered flat buffer); after the unit's last
-// leaf in this pass the gathered buffer is freed. In backward the unit is gathered
-// again, its gradients accumulate into one zeroed flat gradient buffer (Parameter::grad
-// are views into it), and after its last leaf the flat gradient is reduce-scattered
-// (avg) and each rank adds its block to its shard's gradient. At most one
-// reduce-scatter is in flight: it is finished before the next unit's is started, so
-// at most two units' full gradients exist at once.
-//
-// Prefetch. Units are used in a fixed order (first use in forward order, and in
-// reverse for backward). In forward, when a unit's gather has completed, the next
-// unit's all-gather is started asynchronously, so it travels while the current unit
-// computes; in backward, by default once the current unit's gradients are computed
-// (FsdpOptions::backward_prefetch says when, and what each choice holds at its peak).
-// Every rank issues the same collectives in the same order.
-//
-// Optimizer. The factory builds the user's optimizer (SGD, Adam, AdamW) over the
-// rank's flat shards (one nn::Parameter per unit and dtype), so its state is 1/W of
-// the model's; step() is that optimizer's step and needs no communication (the next
-// forward gathers the updated shards). Elementwise optimizers on a flat shard do the
-// same arithmetic as on the separate parameters, so FSDP trains like DDP.
-//
-// Gradient accumulation. Inside no_sync() backward keeps each unit's full, unsharded
-// gradient locally (as PyTorch does: memory of a full model's gradients while the
-// window lasts) and the first synchronising backward after it reduce-scatters the sum.
-// Shard gradients follow DDP's rule: after zero_grad the next synchronising backward
-// leaves the average; without one it adds to it.
-//
-// Checkpoints. full_state_dict() has the unwrapped model's keys, order, shapes and
-// dtypes (module.state_dict()), gathered one tensor at a time; for_each_full_tensor()
-// streams them to a callback so only one full tensor exists at a time.
-// full_optimizer_state_dict() is what the unsharded optimizer would return (keys
-// "<param>/<slot>" under the full parameter names), so a checkpoint matches DDP's and
-// loads at any world size. local_model_slices()/local_optimizer_slices() give each
-// rank's pieces of those tensors without communicating, for a parallel save.
-//
-// Contract: every method that communicates (construction, forward, backward,
+// Every method that communicates (construction, forward, backward,
 // clip_grad_norm, step(GradScaler&), the state-dict methods) is a collective: every
 // rank calls it together, in the same order, from one thread. The module and the
 // communicator outlive this object. Between uses, Module::state_dict() and the
@@ -76,7 +33,7 @@
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
-#include "troupe/train/host_pool.hpp"
+#include "troupe/train/offload_memory.hpp"
 #include "troupe/train/oss.hpp"
 
 namespace troupe::train {
@@ -148,7 +105,7 @@ struct FsdpOptions {
   // Broadcast rank 0's parameters and buffers at construction, as DDP does.
   bool broadcast_from_rank0 = true;
   // CPU offload: the parameter shards, their gradients and the optimizer state live in
-  // a HostPool (host_pool.hpp) and the optimizer steps there; a unit's shard is copied
+  // a OffloadMemory (offload_memory.hpp) and the optimizer steps there; a unit's shard is copied
   // to the compute device just before its all-gather and the reduced gradient block
   // copied back after the reduce-scatter. For a model on the CPU the compute device is
   // host memory too, so the copies are host-to-host, but they are made and measured
@@ -246,7 +203,7 @@ class FullyShardedDataParallel {
   std::size_t local_full_gradient_bytes() const;
   const FsdpStats& stats() const { return stats_; }
   // The offload pool (null without cpu_offload).
-  const HostPool* host_pool() const { return pool_.get(); }
+  const OffloadMemory* offload_memory() const { return pool_.get(); }
 
   // The unwrapped model's state dict (same keys, order, shapes, dtypes), on every rank.
   nn::StateDict full_state_dict();
@@ -365,7 +322,7 @@ class FullyShardedDataParallel {
   std::unordered_map<std::string, std::size_t> entry_of_;                         // param -> entry index
   std::unordered_map<std::string, Tensor*> buffers_;
   std::unordered_set<std::string> aliases_;  // a shared parameter's other names (flat_of_ has them too)
-  std::shared_ptr<HostPool> pool_;           // before optimizer_: its state is allocated here
+  std::shared_ptr<OffloadMemory> pool_;      // before optimizer_: its state is allocated here
   std::unique_ptr<nn::Optimizer> optimizer_;
   bool keeps_parameters() const { return options_.sharding_strategy == FsdpOptions::ShardingStrategy::shard_grad_op; }
   // shard_grad_op: whether the gathered parameters may lag the shards (the optimizer

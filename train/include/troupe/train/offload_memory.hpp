@@ -1,4 +1,4 @@
-// HostPool: host memory kept apart from the tensors compute uses, for FSDP's CPU
+// OffloadMemory: host memory kept apart from the tensors compute uses, for FSDP's CPU
 // offload (parameter shards, their gradients and the optimizer state live here; the
 // step runs here; only gathered parameters and full gradients live on the compute
 // device).
@@ -21,10 +21,10 @@
 
 namespace troupe::train {
 
-class HostPool {
+class OffloadMemory {
  public:
   // `compute`: the device the pool's tensors are copied to and from.
-  explicit HostPool(tensor::Device compute = tensor::Device::cpu());
+  explicit OffloadMemory(tensor::Device compute = tensor::Device::cpu());
 
   tensor::Tensor empty(const tensor::Shape& shape, tensor::DType dtype);
   tensor::Tensor zeros(const tensor::Shape& shape, tensor::DType dtype);

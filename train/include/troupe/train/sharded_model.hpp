@@ -48,14 +48,9 @@
 #include "troupe/train/fsdp.hpp"
 #include "troupe/train/oss.hpp"
 #include "troupe/train/training_state.hpp"
+#include "troupe/train/worker_options.hpp"  // Sharding
 
 namespace troupe::train {
-
-enum class Sharding { ddp, zero1, zero2, fsdp };
-
-// "ddp", "zero1", "zero2", "fsdp"; anything else is an InvalidArgument listing them.
-Sharding parse_sharding(std::string_view name);
-const char* sharding_name(Sharding mode);
 
 // FSDP's default units for the worker group: every module without children that holds
 // parameters (each Linear of an MLP), so any model built of Sequentials gets one unit per

@@ -73,7 +73,7 @@ class TrainWorker {
   TrainWorker(WorkerOptions options, Config config)
       : options_(options),
         config_(std::move(config)),
-        sharding_(parse_sharding(options_.sharding)),
+        sharding_(options_.sharding),
         device_(worker_device(options_)),
         comm_(worker_communicator(options, device_)),
         model_(recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)),
@@ -83,11 +83,9 @@ class TrainWorker {
     TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
-    TROUPE_CHECK(options_.precision == "f32" || options_.precision == "bf16",
-                 "TrainWorker: precision must be f32 or bf16, got '", options_.precision, "'");
-    TROUPE_CHECK(options_.precision == "f32" || sharding_ == Sharding::ddp, "TrainWorker: precision bf16 is built for ",
-                 "ddp only, not ", options_.sharding);
-    if (options_.precision == "bf16") model_->to(tensor::DType::bf16);
+    TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
+                 "TrainWorker: precision bf16 is built for ddp only, not ", sharding_name(sharding_));
+    if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
     // Before DDP and the optimizer hold the parameters. A meta model stays described:
     // ShardedModel materialises each rank's part on device_.
     if (device_.is_cuda() && !is_meta_model()) model_->to(device_);
@@ -103,15 +101,15 @@ class TrainWorker {
     if (sharding_ == Sharding::ddp) {
       ddp_ =
           std::make_unique<DistributedDataParallel>(*model_, *comm_, DdpOptions{.bucket_bytes = options_.bucket_bytes});
-      if (options_.precision == "bf16") {  // after DDP's broadcast, so every rank's masters are rank 0's
+      if (options_.precision == Precision::bf16) {  // after DDP's broadcast, so every rank's masters are rank 0's
         master_ = std::make_unique<MasterWeights>(*model_);
-        optimizer_ = recipe_optimizer_factory<Recipe>(config_, options_.sharding)(master_->named_parameters());
+        optimizer_ = recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(master_->named_parameters());
       } else {
         optimizer_ = Recipe::make_optimizer(*model_, config_);
       }
     } else {
       sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_,
-                                                recipe_optimizer_factory<Recipe>(config_, options_.sharding),
+                                                recipe_optimizer_factory<Recipe>(config_, sharding_name(sharding_)),
                                                 options_.bucket_bytes, fsdp_options());
     }
     scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
@@ -353,7 +351,7 @@ class TrainWorker {
  private:
   // A batch's inputs as the model takes them: its dtype (token ids stay i64), on its device.
   Tensor model_input(const Tensor& inputs) const {
-    const bool to_bf16 = options_.precision == "bf16" && tensor::is_floating(inputs.dtype());
+    const bool to_bf16 = options_.precision == Precision::bf16 && tensor::is_floating(inputs.dtype());
     return inputs.to(to_bf16 ? tensor::DType::bf16 : inputs.dtype()).to(device_);
   }
 

@@ -8,6 +8,7 @@
 #include <cereal/types/vector.hpp>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -15,23 +16,35 @@
 
 namespace troupe::train {
 
+// How the model and its optimizer state are spread over the ranks (sharded_model.hpp).
+enum class Sharding { ddp, zero1, zero2, fsdp };
+// Where a worker computes: the CPU, or this rank's GPU (its local rank modulo the GPUs
+// it sees), the gradients (and the sharded modes' gathers) over NCCL and host-side
+// values (norms, state-dict metadata) over MPI beside it.
+enum class WorkerDevice { cpu, cuda };
+// f32, or bf16 mixed precision: a bf16 model (products and gradients in bf16, f32
+// accumulation) stepping f32 master weights (master_weights.hpp), which the checkpoints
+// keep, so a resume is exact. ddp only.
+enum class Precision { f32, bf16 };
+
+// From the names a command line uses ("ddp", "zero1", "zero2", "fsdp"; "cpu", "cuda";
+// "f32", "bf16"); anything else is an InvalidArgument listing them.
+Sharding parse_sharding(std::string_view name);
+WorkerDevice parse_worker_device(std::string_view name);
+Precision parse_precision(std::string_view name);
+const char* sharding_name(Sharding mode);
+const char* worker_device_name(WorkerDevice device);
+const char* precision_name(Precision precision);
+
 // What every worker needs besides the recipe's config; sent to every rank.
 struct WorkerOptions {
   std::int64_t global_batch = 64;  // samples per optimizer step over all ranks
   std::int32_t accum_steps = 1;    // micro-batches per step on each rank
   std::uint64_t seed = 0;          // the sampler's shuffle seed
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
-  // "ddp", "zero1", "zero2" or "fsdp" (parse_sharding; anything else fails the
-  // construction with InvalidArgument).
-  std::string sharding = "ddp";
-  // "cpu", or "cuda": the model, batches and gradients on this rank's GPU (its local
-  // rank modulo the GPUs it sees), the gradients (and the sharded modes' gathers) over
-  // NCCL, host-side values (norms, state-dict metadata) over MPI beside it.
-  std::string device = "cpu";
-  // "f32", or "bf16": mixed precision -- a bf16 model (products and gradients in bf16,
-  // f32 accumulation) stepping f32 master weights (master_weights.hpp), which the
-  // checkpoints keep, so a resume is exact. ddp only.
-  std::string precision = "f32";
+  Sharding sharding = Sharding::ddp;
+  WorkerDevice device = WorkerDevice::cpu;
+  Precision precision = Precision::f32;
   double max_grad_norm = 0;  // 0: no clipping
   std::int32_t epochs = 1;   // for the progress bar only
   bool progress = true;      // draw progress on rank 0
