@@ -46,14 +46,17 @@ def run(build: Path, root: Path, quick: bool, row, mpirun) -> list[dict]:
 
 
 def _time_and_rss(cmd: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one run of `cmd`, its output discarded."""
-    start = time.monotonic()
-    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
-    seconds = time.monotonic() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {os.waitstatus_to_exitcode(status)}")
-    return seconds, usage.ru_maxrss / 1024
+    """Wall seconds and peak RSS (MB) of one run of `cmd`, its output discarded. The RSS
+    comes from GNU time: a child's own ru_maxrss, as wait4 reports it to Python, counts
+    the Python pages it was forked with, so it is never below this interpreter's."""
+    with tempfile.NamedTemporaryFile(mode="r") as usage:
+        start = time.monotonic()
+        done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", usage.name, *cmd], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        seconds = time.monotonic() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}")
+        return seconds, int(usage.read().split()[-1]) / 1024
 
 
 def _run_inspect(build: Path, quick: bool, row) -> list[dict]:
