@@ -312,8 +312,16 @@ void ParallelWriter::write_bytes(std::span<const TensorSpec> specs, std::span<co
   constexpr std::size_t kRound = std::size_t{1} << 30;
   for (std::size_t i = 0; i < n; ++i) {
     m.agreement.all_or_none([&] {
-      const tensor::Tensor bytes = have(i) ? on_host(slices[i]) : tensor::Tensor();
-      const std::size_t total = have(i) ? bytes.nbytes() : 0;
+      // A failed device copy must not leave the other ranks in the collective calls:
+      // this rank takes part with nothing to write, then throws.
+      tensor::Tensor bytes;
+      std::exception_ptr copy_failed;
+      try {
+        if (have(i)) bytes = on_host(slices[i]);
+      } catch (...) {
+        copy_failed = std::current_exception();
+      }
+      const std::size_t total = bytes.defined() ? bytes.nbytes() : 0;
       std::uint64_t rounds = (total + kRound - 1) / kRound;
       TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rounds, 1, MPI_UINT64_T, MPI_MAX, m.comm));
       const auto* p = total ? static_cast<const char*>(bytes.raw_data()) : nullptr;
@@ -325,6 +333,7 @@ void ParallelWriter::write_bytes(std::span<const TensorSpec> specs, std::span<co
                                   static_cast<int>(count), MPI_BYTE, MPI_STATUS_IGNORE);
         if (status == MPI_SUCCESS) status = rc;  // every rank makes every round's call
       }
+      if (copy_failed) std::rethrow_exception(copy_failed);
       if (status != MPI_SUCCESS)
         TROUPE_THROW(StorageError, "checkpoint: cannot write ", path_, ":", specs[i].path, " (rank ", rank(),
                      ", MPI-IO: ", mpi_message(status), ")");
