@@ -14,9 +14,23 @@ namespace {
 int wrap(int value, int n) { return ((value % n) + n) % n; }
 }  // namespace
 
-bool AllreduceRing::supports(const Collective& c) {
-  return c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce ||
-         c.kind == CollectiveKind::reduce_scatter;
+bool RingRoute::supports(const Collective& c, bool) const {
+  const bool kind = c.kind == CollectiveKind::allreduce || c.kind == CollectiveKind::reduce ||
+                    c.kind == CollectiveKind::reduce_scatter;
+  const int size = site().mpi.size;
+  if (!kind || size < 2) return false;
+  const bool whole = c.kind != CollectiveKind::reduce_scatter;
+  const std::size_t min_count = whole ? static_cast<std::size_t>(size) : 1;
+  const std::size_t bytes = c.kind == CollectiveKind::reduce ? c.count * tensor::element_size(c.dtype)
+                                                             : std::max(c.input.nbytes(), c.output.nbytes());
+  return c.count >= min_count && bytes >= options().ring_threshold_bytes;
+}
+
+std::shared_ptr<Operation> RingRoute::run(const Collective& c) {
+  const int tag = static_cast<int>(c.sequence % (static_cast<std::uint64_t>(site().tag_limit) + 1));
+  return verify(std::make_shared<AllreduceRing>(c, site().mpi.comm, site().mpi.rank, site().mpi.size,
+                                                options().segment_bytes, options().ring_window, tag),
+                c);
 }
 
 AllreduceRing::AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes,

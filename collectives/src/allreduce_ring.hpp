@@ -1,6 +1,10 @@
-// AllreduceRing: allreduce as a reduce-scatter followed by an allgather around a ring
-// of ranks, pipelined in segments over MPI point-to-point messages -- and the first
-// half alone, as reduce_scatter.
+// The ring route (RingRoute): allreduce as a reduce-scatter followed by an allgather
+// around a ring of ranks, pipelined in segments over MPI point-to-point messages -- and
+// the first half alone, as reduce_scatter. It carries allreduces, reduces and
+// reduce_scatters of at least Options::ring_threshold_bytes (a reduce by its count,
+// which every rank has, not by a buffer that ranks other than the root may leave
+// empty; an allreduce or a reduce needs an element per rank for its blocks) that
+// shared memory does not: ranks on different nodes, or a job that turned it off.
 //
 // The buffer is cut into n blocks (n ranks) and each block into m segments of at most
 // Options::segment_bytes. Step k of 2(n-1) moves one block from each rank to its right
@@ -40,6 +44,11 @@
 // all on lower indices: send (k, j) waits for receive (k-1, j) to be reduced; an
 // allgather receive into block (r-t) waits for the send of that block at step t to
 // complete, since both use the same memory.
+//
+// The proof runs beside the ring (with_signature_check): the signatures are exchanged
+// on the check communicator while the segments move, and the call is done only when
+// both are. Each poll of the call tests the exchange too, so a mismatch ends the call
+// as soon as it shows, while the segments of calls of different sizes still wait.
 #pragma once
 
 #include <mpi.h>
@@ -49,16 +58,30 @@
 #include <memory>
 #include <vector>
 
+#include "route.hpp"
 #include "troupe/collectives/operation.hpp"
 
 namespace troupe::collectives::detail {
+
+class RingRoute : public Route {
+ public:
+  using Route::Route;
+  std::string_view name() const override { return "ring"; }
+  bool supports(const Collective& collective, bool blocking) const override;
+  bool on_caller() const override { return false; }
+  std::shared_ptr<Operation> run(const Collective& collective) override;
+
+ private:
+  std::shared_ptr<Operation> verify(std::shared_ptr<Operation> operation, const Collective& collective) const {
+    return checked(std::move(operation), collective, /*agree_first=*/false);
+  }
+};
 
 class AllreduceRing : public Operation {
  public:
   // The collective is an allreduce, a reduce or a reduce_scatter.
   AllreduceRing(Collective collective, MPI_Comm comm, int rank, int size, std::size_t segment_bytes, int window,
                 int tag);
-  static bool supports(const Collective& collective);
   ~AllreduceRing() override;
 
   void start() override;

@@ -59,4 +59,20 @@ class BlockingWatchdog {
   std::thread thread_;
 };
 
+// begin() and end() around one blocking call, if there is a watchdog.
+class WatchedCall {
+ public:
+  WatchedCall(BlockingWatchdog* watchdog, const Collective& collective) : watchdog_(watchdog) {
+    if (watchdog_) watchdog_->begin(collective);
+  }
+  ~WatchedCall() {
+    if (watchdog_) watchdog_->end();
+  }
+  WatchedCall(const WatchedCall&) = delete;
+  WatchedCall& operator=(const WatchedCall&) = delete;
+
+ private:
+  BlockingWatchdog* const watchdog_;
+};
+
 }  // namespace troupe::collectives::detail

@@ -6,10 +6,10 @@
 
 #include "allreduce_ring.hpp"
 #include "blocking_watchdog.hpp"
-#include "board_call.hpp"
+#include "board_route.hpp"
 #include "engine.hpp"
-#include "mpi_request_operation.hpp"
-#include "packed_call.hpp"
+#include "mpi_route.hpp"
+#include "packed_route.hpp"
 #include "shm_channel.hpp"
 #include "shm_collective.hpp"
 #include "signature_check.hpp"
@@ -77,6 +77,17 @@ void MpiCommunicator::set_up() {
   if (watchdog_ && shm_ && options().check_signatures)
     watchdog_->set_mismatch_probe(
         [board = shm_.get()](const Collective& c) { return detail::board_verdict(*board, c).value_or(std::string()); });
+  route_site_ = std::make_unique<detail::RouteSite>(detail::RouteSite{detail::MpiSite{comm_, p2p_comm_, rank(), size()},
+                                                                      check_comm_, tag_limit_, &options(), shm_.get(),
+                                                                      watchdog_.get(), start_order_});
+  // In the order they are asked: the small blocking routes first, the operations the
+  // engine advances after, MpiRoute (which carries every call) last.
+  routes_.push_back(std::make_unique<detail::BoardRoute>(*route_site_));
+  routes_.push_back(std::make_unique<detail::PackedRoute>(*route_site_));
+  routes_.push_back(std::make_unique<detail::MpiBlockingRoute>(*route_site_));
+  routes_.push_back(std::make_unique<detail::ShmRoute>(*route_site_));
+  routes_.push_back(std::make_unique<detail::RingRoute>(*route_site_));
+  routes_.push_back(std::make_unique<detail::MpiRoute>(*route_site_));
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -128,117 +139,39 @@ Work MpiCommunicator::start(const Collective& c, bool blocking) {
       throw;
     }
   }
-  if (try_direct(c, blocking)) return Work();
-  try {
-    return launch(signed_operation(c), blocking);
-  } catch (const std::exception& e) {
-    // A mismatch found as the call started, or a failure after its signature went out:
-    // either way the ranks are out of step now.
-    fail(e.what());
-    throw;
-  }
-}
-
-std::shared_ptr<Operation> MpiCommunicator::signed_operation(const Collective& c) {
-  std::shared_ptr<Operation> op = operation_for(c);
-  if (!options().check_signatures || c.is_point_to_point()) return op;
-  // MPI's own non-blocking collectives start only once the signatures agree (see
-  // with_signature_check); shared memory and the ring, troupe's own, start at once.
-  const bool mpi_collective = dynamic_cast<detail::MpiRequestOperation*>(op.get()) != nullptr;
-  return detail::with_signature_check(std::move(op), shm_.get(), check_comm_, rank(), size(), options().timeout,
-                                      mpi_collective ? start_order_ : nullptr);
-}
-
-std::shared_ptr<Operation> MpiCommunicator::operation_for(const Collective& c) {
-  if (shm_ && detail::ShmCollective::supports(c)) return std::make_shared<detail::ShmCollective>(c, *shm_);
-  // Off one node: the pipelined ring for large allreduces, reduces and reduce_scatters
-  // (an allreduce or a reduce needs an element per rank for its blocks); MPI's own
-  // non-blocking call for the rest (allgather: see allreduce_ring.hpp for why not the
-  // ring). A reduce decides by its count, which every rank has, not by a buffer that
-  // ranks other than the root may leave empty.
-  const bool whole = c.kind != CollectiveKind::reduce_scatter;
-  const std::size_t min_count = whole ? static_cast<std::size_t>(size()) : 1;
-  const std::size_t bytes = c.kind == CollectiveKind::reduce ? c.count * tensor::element_size(c.dtype)
-                                                             : std::max(c.input.nbytes(), c.output.nbytes());
-  const bool ring = detail::AllreduceRing::supports(c) && size() > 1 && c.count >= min_count &&
-                    bytes >= options().ring_threshold_bytes;
-  if (ring) {
-    const int tag = static_cast<int>(c.sequence % (static_cast<std::uint64_t>(tag_limit_) + 1));
-    return std::make_shared<detail::AllreduceRing>(c, comm_, rank(), size(), options().segment_bytes,
-                                                   options().ring_window, tag);
-  }
-  return std::make_shared<detail::MpiRequestOperation>(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()});
-}
-
-bool MpiCommunicator::try_direct(const Collective& c, bool blocking) {
-  if (!blocking || options().debug || c.is_point_to_point()) return false;
-  const std::size_t bytes = std::max(c.input.nbytes(), c.output.nbytes());
-  if (bytes > options().direct_blocking_bytes) return false;
-  // The choice of the blocking call must be the same on every rank -- MPI never matches
-  // a blocking collective with a non-blocking one -- so it cannot depend on whether this
-  // rank's earlier async work happens to be finished (a barrier after a dropped
-  // allreduce deadlocked at 3 ranks that way). Every rank issued that work before this
-  // call, so each finishes it first, then all take the blocking call.
-  engine().wait_all(options().timeout);
-  if (shm_ && options().check_signatures && detail::fits_on_board(c, size(), options().shm_board_bytes)) {
+  detail::Route& route = choose_route(c, blocking);
+  if (!route.on_caller()) {
     try {
-      detail::run_on_board(*shm_, c, options().timeout);
+      return launch(route.run(c), blocking);
     } catch (const std::exception& e) {
-      fail(c.describe() + " failed: " + e.what());
+      // A mismatch found as the call started, or a failure after its signature went
+      // out: either way the ranks are out of step now.
+      fail(e.what());
       throw;
     }
-    return true;
   }
-  if (watchdog_) watchdog_->begin(c);
-  // The signature is checked with the call, not before it (every small call would wait
-  // for the slowest rank twice): on one node on the board, published first and read
-  // after; across nodes inside the call's own message where packed_call.hpp can, else
-  // in a non-blocking all-reduce started first, which MPI matches with the same
-  // exchange of a call that took the engine's path, and which completes during the
-  // blocking call.
-  std::unique_ptr<detail::SignatureExchange> exchange;
+  // MPI never matches a blocking collective with a non-blocking one, so the choice of a
+  // route that finishes here cannot depend on whether this rank's earlier async work
+  // happens to be done (a barrier after a dropped allreduce deadlocked at 3 ranks that
+  // way): every rank issued that work before this call, so each finishes it first.
+  engine().wait_all(options().timeout);
   try {
-    // (On one node the board is cheaper: a store and a few reads, no message. The
-    // packed call was measured there when it was an MPI_Allreduce with a user-defined
-    // op: 2x the board's time at 4 KB.)
-    if (options().check_signatures && !shm_ && detail::can_pack(c)) {
-      detail::run_packed(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()}, check_comm_, options().timeout);
-      if (watchdog_) watchdog_->end();
-      return true;
-    }
-    if (options().check_signatures) {
-      if (shm_) {
-        detail::publish_signature(*shm_, c, options().timeout);
-      } else {
-        exchange = std::make_unique<detail::SignatureExchange>(c);
-        exchange->start(check_comm_);
-      }
-    }
-    try {
-      detail::run_mpi_blocking(c, detail::MpiSite{comm_, p2p_comm_, rank(), size()});
-    } catch (...) {
-      // Calls of different sizes can fail inside MPI: name the mismatch if that is it.
-      if (exchange) detail::throw_if_mismatched(*exchange, check_comm_, c, rank(), size(), options().timeout);
-      if (shm_ && options().check_signatures) detail::board_agrees(*shm_, c);
-      throw;
-    }
-    if (exchange) {
-      detail::finish_signature_check(*exchange, check_comm_, c, rank(), size(), options().timeout);
-    } else if (shm_ && options().check_signatures) {
-      // Every rank waits for every peer's entry, a broadcast's root too. (The board's
-      // small broadcast defers its root's wait to a later call, board_call.hpp; the
-      // calls here carry more than the board holds, and their data, not the round
-      // trip, is their cost.)
-      detail::wait_for_board(*shm_, c, options().timeout);
-    }
+    route.run(c);
   } catch (const std::exception& e) {
-    if (watchdog_) watchdog_->end();
-    troupe::detail::keep_until_exit(exchange.release());  // MPI may still write to it
     fail(c.describe() + " failed: " + e.what());
     throw;
   }
-  if (watchdog_) watchdog_->end();
-  return true;
+  return Work();
+}
+
+detail::Route& MpiCommunicator::choose_route(const Collective& c, bool blocking) const {
+  for (const std::unique_ptr<detail::Route>& route : routes_)
+    if (route->supports(c, blocking)) return *route;
+  TROUPE_THROW(Error, c.describe(), ": no route carries it");  // unreachable: MpiRoute carries every call
+}
+
+std::string_view MpiCommunicator::route_name(const Collective& c, bool blocking) const {
+  return choose_route(c, blocking).name();
 }
 
 std::unique_ptr<Communicator> world_communicator(Options options) {

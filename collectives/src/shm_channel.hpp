@@ -13,7 +13,7 @@
 //     counter and kBoardEntries entries ][ `slots` slots of `slot_bytes` ]
 // The board is where each rank publishes every collective's signature, whatever path
 // the collective takes, for its peers to compare (signature_check.hpp); a small
-// blocking call's data travels in the same entry (board_call.hpp).
+// blocking call's data travels in the same entry (board_route.hpp).
 // The counters are monotonic round numbers, written only by the segment's owner and
 // read by everyone: how many rounds it has `posted` (its data is in the slot), has
 // `reduced` (its share of the result is in the slot) and has `consumed` (it read what
@@ -97,7 +97,7 @@ class ShmChannel {
   // Entry sequence % kBoardEntries of a rank: its call `sequence`'s signature, valid
   // while `sequence_plus_one` reads sequence + 1 (0: never written), followed by up to
   // kBoardPayloadBytes of the call's data when it is a small call that the board
-  // carries whole (board_call.hpp): 8 bytes of it share the signature's cache line.
+  // carries whole (board_route.hpp): 8 bytes of it share the signature's cache line.
   // The owner writes the data and the fields, then publishes sequence_plus_one (release).
   static constexpr std::uint64_t kBoardEntries = 256;
   static constexpr int kSignatureFields = 6;
@@ -116,7 +116,7 @@ class ShmChannel {
   // This rank's last reading of the least of its peers' `checked` (not shared).
   std::uint64_t board_floor = 0;
   // The broadcasts this rank sent as the root on the board and returned from before
-  // their peers' entries were compared (board_call.cpp), oldest first, without their
+  // their peers' entries were compared (board_route.cpp), oldest first, without their
   // buffers: compared at this rank's next call that is not such a broadcast, once
   // kRootRunAhead are pending, or when the communicator goes. Not shared.
   std::vector<Collective> unverified;

@@ -13,9 +13,13 @@ using K = CollectiveKind;
 constexpr const char* kStageName[] = {"posting", "reducing", "gathering"};
 }  // namespace
 
-bool ShmCollective::supports(const Collective& c) {
-  return c.kind == K::allreduce || c.kind == K::reduce || c.kind == K::reduce_scatter || c.kind == K::allgather ||
-         c.kind == K::broadcast;
+bool ShmRoute::supports(const Collective& c, bool) const {
+  return site().shm && (c.kind == K::allreduce || c.kind == K::reduce || c.kind == K::reduce_scatter ||
+                        c.kind == K::allgather || c.kind == K::broadcast);
+}
+
+std::shared_ptr<Operation> ShmRoute::run(const Collective& c) {
+  return verify(std::make_shared<ShmCollective>(c, *site().shm), c);
 }
 
 namespace {

@@ -1,4 +1,6 @@
-// ShmCollective: allreduce, reduce, reduce_scatter, allgather or broadcast through a
+// The shared-memory route (ShmRoute): allreduce, reduce, reduce_scatter, allgather and
+// broadcast when every rank is on one node -- asynchronous calls, and blocking ones
+// too large for the small blocking routes -- run as a ShmCollective, through a
 // ShmChannel (shm_channel.hpp), in rounds of one slot each.
 //
 // A round moves one piece of the collective through three stages, each ending with
@@ -27,6 +29,12 @@
 // progress() never blocks: a stage whose peers are not there yet is left for the
 // next call. A peer that never comes leaves its counter behind, which waiting_on()
 // names when the engine's timeout fires.
+//
+// The proof runs beside the rounds, on the channel's signature board: the call starts
+// at once, and is done only when its rounds are and every peer's entry holds the same
+// call (with_signature_check). Each poll of the call reads the board too, so a
+// mismatch ends the call as soon as it shows there, while rounds of calls of
+// different sizes still wait for each other.
 #pragma once
 
 #include <cstddef>
@@ -34,15 +42,28 @@
 #include <string>
 #include <vector>
 
+#include "route.hpp"
 #include "shm_channel.hpp"
 #include "troupe/collectives/operation.hpp"
 
 namespace troupe::collectives::detail {
 
+class ShmRoute : public Route {
+ public:
+  using Route::Route;
+  std::string_view name() const override { return "shm"; }
+  bool supports(const Collective& collective, bool blocking) const override;
+  bool on_caller() const override { return false; }
+  std::shared_ptr<Operation> run(const Collective& collective) override;
+
+ private:
+  std::shared_ptr<Operation> verify(std::shared_ptr<Operation> operation, const Collective& collective) const {
+    return checked(std::move(operation), collective, /*agree_first=*/false);
+  }
+};
+
 class ShmCollective : public Operation {
  public:
-  static bool supports(const Collective& collective);
-
   ShmCollective(Collective collective, ShmChannel& channel);
 
   void start() override;

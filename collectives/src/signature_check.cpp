@@ -102,7 +102,7 @@ void throw_mismatch(const Collective& collective, int rank, int size,
 
 namespace {
 // The root's broadcasts are checked here, at a later call (`next`; null: the
-// communicator is going), rather than in the broadcast (board_call.cpp); the error
+// communicator is going), rather than in the broadcast (board_route.cpp); the error
 // says where it was found. All of ShmChannel::unverified at once, oldest first: the
 // peers' lines are fetched together first, so the batch costs about one cross-core
 // read, not one per broadcast.

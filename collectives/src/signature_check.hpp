@@ -50,7 +50,7 @@ Signature signature_of(const Collective& collective);
 
 // ---- on one node: the board ----
 // Writes `collective`'s signature into this rank's entry, after `payload` (at most
-// ShmChannel::kBoardPayloadBytes, for board_call.hpp). First compares the broadcasts
+// ShmChannel::kBoardPayloadBytes, for board_route.hpp). First compares the broadcasts
 // this rank sent as the root without waiting (ShmChannel::unverified), oldest first,
 // with its peers' entries, throwing CollectiveMismatch or TimeoutError for one --
 // unless this call is such a broadcast too (`root_runs_ahead`) and fewer than
@@ -62,7 +62,7 @@ void publish_signature(ShmChannel& board, const Collective& collective, std::chr
 // Whether every rank's entry holds this call's signature yet (false: a rank has not
 // published it); throws CollectiveMismatch if one differs. Never blocks.
 bool board_agrees(ShmChannel& board, const Collective& collective);
-// The call was checked another way (packed_call.hpp): its entry may be reused.
+// The call was checked another way (packed_route.hpp): its entry may be reused.
 void mark_checked(ShmChannel& board, const Collective& collective);
 // Without throwing: nullopt while a rank has not published the call, "" when all
 // agree, else the mismatch's message (for the watchdog of a blocking call).

@@ -1,7 +1,7 @@
 // Small blocking calls whose counts differ (issue 49, part 7): rank 0 all-reduces 1000
 // floats and the last rank 1001. Across nodes such a call travels packed, its signature
-// in the same message as its data (packed_call.hpp), so the messages themselves differ
-// in size; on one node it travels on the signature board (board_call.hpp). Either way
+// in the same message as its data (packed_route.hpp), so the messages themselves differ
+// in size; on one node it travels on the signature board (board_route.hpp). Either way
 // every rank must throw CollectiveMismatch naming both calls, within seconds -- not
 // MPI_ERR_TRUNCATE on one rank while the other waits for ever.
 //
@@ -96,7 +96,7 @@ TEST_P(CountMismatch, AReduceScatterOfAnotherCountFailsEveryRank) {
 }
 
 // A broadcast's ranks compare the root's signature with their own: the rank that
-// differs fails; the root is not told (packed_call.hpp, board_call.hpp), and other
+// differs fails; the root is not told (packed_route.hpp, board_route.hpp), and other
 // ranks get the root's data (packed) or see the mismatch too (on the board, which
 // shows them every entry). The last rank expects one element more, then one fewer,
 // than the root sends.

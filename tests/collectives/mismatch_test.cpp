@@ -24,7 +24,7 @@ struct Path {
   Options options;
   std::size_t count;  // elements per call on this path
   bool direct;        // a blocking MPI call, which a mismatch of sizes could leave hanging,
-  bool packed;        // unless it is packed (packed_call.hpp): then only another root or call
+  bool packed;        // unless it is packed (packed_route.hpp): then only another root or call
 };
 
 std::vector<Path> paths() {
@@ -101,7 +101,7 @@ TEST_P(SignatureCheck, CatchesAnotherDtypeOfTheSameSize) {
 
 // The rest change sizes or matching, which MPI may answer by waiting for ever inside a
 // blocking call: on the engine's paths the check runs beside the call and still ends it,
-// and a packed call's messages are received whatever their length (packed_call.cpp).
+// and a packed call's messages are received whatever their length (packed_route.cpp).
 TEST_P(SignatureCheck, CatchesAnotherCount) {
   const Path p = path();
   if (p.direct && !p.packed)
@@ -123,7 +123,7 @@ TEST_P(SignatureCheck, CatchesAnotherRoot) {
       [&](Communicator& comm, bool deviate) {
         std::vector<float> data(p.count, 1.0f);
         comm.broadcast(Buffer(data), deviate ? 1 : 0);
-        // A root on the board returns before comparing (board_call.hpp): rank 0, and a
+        // A root on the board returns before comparing (board_route.hpp): rank 0, and a
         // last rank 1 that takes itself for the root, are told at their next call.
         comm.barrier();
       },
@@ -214,7 +214,7 @@ TEST_P(SignatureCheck, LetsMatchingCallsThrough) {
 }
 
 // Across nodes a small blocking allgather or broadcast carries its signature in its
-// own message (packed_call.hpp), as the allreduces above do.
+// own message (packed_route.hpp), as the allreduces above do.
 TEST(PackedSignature, AnAllgatherOfAnotherDtypeFailsEveryRank) {
   if (world().size() < 2) GTEST_SKIP() << "needs two ranks to disagree";
   expect_mismatch(

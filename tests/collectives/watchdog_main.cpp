@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   const bool mismatch = argc > 1 && std::string(argv[1]) == "mismatch";
   troupe::collectives::Options options;
   options.timeout = mismatch ? std::chrono::milliseconds(60000) : std::chrono::milliseconds(300);
-  options.shm_board_bytes = 0;  // the calls go to MPI, not on the board (board_call.hpp)
+  options.shm_board_bytes = 0;  // the calls go to MPI, not on the board (board_route.hpp)
   troupe::collectives::MpiCommunicator comm(MPI_COMM_WORLD, options);
   float value = 1.0f;
   comm.allreduce(troupe::collectives::Buffer(&value, 1));  // #0: everyone comes

@@ -1,4 +1,4 @@
-// The errors collectives add to troupe's tree (include/troupe/error.hpp):
+// The errors collectives add to troupe's tree (core/include/troupe/error.hpp):
 //
 //   TimeoutError (troupe's own): a wait ran past its timeout. The message names the
 //     collective, its sequence number, its size and, when known, the peer not heard from.

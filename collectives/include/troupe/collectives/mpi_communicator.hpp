@@ -4,13 +4,11 @@
 // one for user send/recv, one for debug-mode checks — so its traffic can never match
 // a message of the actors' control communicator or of another Communicator.
 //
-// Collectives are MPI's non-blocking ones (MPI_Iallreduce, MPI_Ibcast, ...), posted on
-// the caller's thread and completed by polling MPI_Test (work.hpp), except:
-// allreduce, reduce, reduce_scatter, allgather and broadcast when all ranks share a node,
-// which go through shared memory (shm_collective.hpp, Options::shared_memory); large
-// allreduces across nodes, which run the pipelined ring (allreduce_ring.hpp) over
-// point-to-point; and small blocking calls, which call MPI's blocking function
-// directly under a watchdog (Options::direct_blocking_bytes).
+// Each call takes one of six routes, the first of these that carries it (route.hpp and
+// the table in docs/COLLECTIVES.md): small blocking calls on the signature board (one
+// node), packed with their signature (across nodes) or as MPI's blocking function;
+// then shared memory's rounds (one node), the pipelined ring (large reductions across
+// nodes) and, for the rest, MPI's non-blocking call, advanced by polling.
 // f16/bf16 reduce through user-defined MPI ops that combine in f32 (reduce_op.hpp).
 // Buffers must be host memory; a CUDA buffer is refused before anything is sent.
 //
@@ -22,6 +20,7 @@
 
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "troupe/collectives/communicator.hpp"
 
@@ -29,6 +28,8 @@ namespace troupe::collectives {
 
 namespace detail {
 class BlockingWatchdog;
+class Route;
+struct RouteSite;
 class ShmChannel;
 struct StartOrder;
 }  // namespace detail
@@ -51,6 +52,10 @@ class MpiCommunicator : public Communicator {
   // The communicator collectives run on (to bootstrap NCCL, or for a test's barrier).
   MPI_Comm comm() const { return comm_; }
 
+  // The route that would carry `collective` ("board", "packed", "mpi-blocking", "shm",
+  // "ring" or "mpi"), for tests and diagnostics.
+  std::string_view route_name(const Collective& collective, bool blocking) const;
+
  protected:
   Work start(const Collective& collective, bool blocking) override;
 
@@ -61,12 +66,8 @@ class MpiCommunicator : public Communicator {
   void set_up();
   void check_host(const Collective& collective, const Buffer& buffer, const char* which) const;
 
-  // Runs `collective` as one blocking MPI call if the fast path applies.
-  bool try_direct(const Collective& collective, bool blocking);
-  // The operation that runs `collective` (shared memory, the ring or an MPI request),
-  // wrapped with its signature check unless that is off.
-  std::shared_ptr<Operation> signed_operation(const Collective& collective);
-  std::shared_ptr<Operation> operation_for(const Collective& collective);
+  // The first of routes_ that supports the call: the one place a route is chosen.
+  detail::Route& choose_route(const Collective& collective, bool blocking) const;
 
   MPI_Comm comm_ = MPI_COMM_NULL;                       // collectives and the ring's messages
   MPI_Comm p2p_comm_ = MPI_COMM_NULL;                   // user send/recv, so user tags cannot meet ring tags
@@ -75,6 +76,8 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<detail::BlockingWatchdog> watchdog_;  // null without a timeout
   std::shared_ptr<detail::StartOrder> start_order_;     // of MPI's collectives that wait for their check
   std::unique_ptr<detail::ShmChannel> shm_;             // null unless Options::shared_memory and one node
+  std::unique_ptr<detail::RouteSite> route_site_;       // what the routes share of the above
+  std::vector<std::unique_ptr<detail::Route>> routes_;  // in the order they are asked
 };
 
 }  // namespace troupe::collectives

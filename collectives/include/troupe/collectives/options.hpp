@@ -64,7 +64,7 @@ struct Options {
   int shm_slots = 4;
 
   // Blocking collectives on one node whose input holds at most this many bytes (4 KB
-  // at most) travel whole in the signature board's entries (board_call.hpp), beside
+  // at most) travel whole in the signature board's entries (board_route.hpp), beside
   // the signature the check publishes anyway: one write and one read per peer, no MPI
   // call. Needs check_signatures (it is the check's board); 0 sends them to MPI as
   // direct_blocking_bytes says.

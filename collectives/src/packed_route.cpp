@@ -1,10 +1,11 @@
-#include "packed_call.hpp"
+#include "packed_route.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <span>
 #include <vector>
 
+#include "blocking_watchdog.hpp"
 #include "reduce_kernels.hpp"
 #include "signature_check.hpp"
 #include "troupe/collectives/collective_error.hpp"
@@ -23,7 +24,7 @@ struct Header {
 };
 constexpr std::size_t kHeaderBytes = sizeof(Header);
 // The longest message of any packed call: a header and at most kPackedCallBytes of data
-// (no message carries more than the call's larger buffer, which can_pack bounds). Every
+// (no message carries more than the call's larger buffer, which PackedRoute::supports bounds). Every
 // receive is posted this long, so a peer's message is never truncated, whatever call
 // the peer issued.
 constexpr std::size_t kMessageBytes = kHeaderBytes + kPackedCallBytes;
@@ -277,22 +278,27 @@ void broadcast_packed(const Collective& c, int rank, int n, MPI_Comm comm, Scrat
 
 }  // namespace
 
-bool can_pack(const Collective& c) {
+bool PackedRoute::supports(const Collective& c, bool blocking) const {
   const bool kind = c.kind == K::allreduce || c.kind == K::reduce_scatter || c.kind == K::allgather ||
                     c.kind == K::broadcast || c.kind == K::barrier;
-  return kind && std::max(c.input.nbytes(), c.output.nbytes()) <= kPackedCallBytes;
+  return kind && !site().shm && options().check_signatures && small_blocking(c, blocking) &&
+         std::max(c.input.nbytes(), c.output.nbytes()) <= kPackedCallBytes;
 }
 
-void run_packed(const Collective& c, const MpiSite& site, MPI_Comm check_comm, std::chrono::milliseconds timeout) {
+std::shared_ptr<Operation> PackedRoute::run(const Collective& c) {
   thread_local Scratch scratch;  // at most a few KB, reused
+  const WatchedCall watched(site().watchdog, c);
+  const MpiSite& mpi = site().mpi;
+  const MPI_Comm check = site().check_comm;
   switch (c.kind) {
     case K::barrier:
     case K::allreduce:
-    case K::reduce_scatter: return reduce_packed(c, site, check_comm, timeout, scratch);
-    case K::allgather: return allgather_packed(c, site, check_comm, timeout, scratch);
-    case K::broadcast: return broadcast_packed(c, site.rank, site.size, check_comm, scratch);
+    case K::reduce_scatter: reduce_packed(c, mpi, check, options().timeout, scratch); break;
+    case K::allgather: allgather_packed(c, mpi, check, options().timeout, scratch); break;
+    case K::broadcast: broadcast_packed(c, mpi.rank, mpi.size, check, scratch); break;
     default: TROUPE_THROW(InvalidArgument, c.describe(), ": not a call that travels packed");
   }
+  return nullptr;
 }
 
 }  // namespace troupe::collectives::detail

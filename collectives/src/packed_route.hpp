@@ -11,7 +11,7 @@
 // fail alike -- MPI's collectives, given such calls, truncated on one rank and left
 // the other waiting (issue 49).
 //   allreduce, reduce_scatter, allgather, barrier  one exchange (recursive doubling,
-//              packed_call.cpp) of the partial reduction -- a reduce_scatter's whole
+//              packed_route.cpp) of the partial reduction -- a reduce_scatter's whole
 //              input, of which each rank keeps its block -- or of the blocks gathered
 //              so far, or of the header alone: every rank ends with every header;
 //   broadcast  the root's message, forwarded down a binomial tree: each rank compares
@@ -24,13 +24,9 @@
 // either side of kPackedCallBytes.
 #pragma once
 
-#include <mpi.h>
-
-#include <chrono>
 #include <cstddef>
 
-#include "mpi_request_operation.hpp"
-#include "troupe/collectives/collective.hpp"
+#include "route.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -39,12 +35,21 @@ namespace troupe::collectives::detail {
 // every packed message's data, so receives are posted at kHeaderBytes + this.
 constexpr std::size_t kPackedCallBytes = 4096;
 
-bool can_pack(const Collective& collective);
-
-// Runs `collective` (can_pack) on the calling thread, its messages on `check_comm`
-// (the check communicator: collectives only, so no other message matches them).
-// Throws CollectiveMismatch on a mismatch.
-void run_packed(const Collective& collective, const MpiSite& site, MPI_Comm check_comm,
-                std::chrono::milliseconds timeout);
+class PackedRoute : public Route {
+ public:
+  using Route::Route;
+  std::string_view name() const override { return "packed"; }
+  // A small blocking allreduce, reduce_scatter, allgather, broadcast or barrier
+  // (Route::small_blocking) of at most kPackedCallBytes, across nodes (no board) with
+  // the signature check on.
+  bool supports(const Collective& collective, bool blocking) const override;
+  bool on_caller() const override { return true; }
+  // Its messages travel on the check communicator (collectives only, so no other
+  // message matches them), under the blocking watchdog. Throws CollectiveMismatch on a
+  // mismatch.
+  std::shared_ptr<Operation> run(const Collective& collective) override;
+  // The proof is in the messages: each carries the headers merged so far, and a
+  // peer's data is used only while they agree (packed_route.cpp).
+};
 
 }  // namespace troupe::collectives::detail

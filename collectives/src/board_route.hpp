@@ -21,23 +21,27 @@
 // call checked, which it does after reading the data.
 #pragma once
 
-#include <chrono>
-#include <cstddef>
-
-#include "troupe/collectives/collective.hpp"
+#include "route.hpp"
 
 namespace troupe::collectives::detail {
 
-class ShmChannel;
+class BoardRoute : public Route {
+ public:
+  using Route::Route;
+  std::string_view name() const override { return "board"; }
+  // A small blocking allreduce, reduce, reduce_scatter, allgather, broadcast or barrier
+  // (Route::small_blocking) on one node with the signature check on, whose input on
+  // every rank is at most Options::shm_board_bytes (capped at
+  // ShmChannel::kBoardPayloadBytes). Decided from the signature alone.
+  bool supports(const Collective& collective, bool blocking) const override;
+  bool on_caller() const override { return true; }
+  // Throws CollectiveMismatch if a peer issued another call, TimeoutError if one does
+  // not come within the timeout.
+  std::shared_ptr<Operation> run(const Collective& collective) override;
 
-// Whether `collective` can run on the board: allreduce, reduce, reduce_scatter,
-// allgather, broadcast or barrier, whose input on every rank of `size` is at most
-// `max_bytes` (capped at ShmChannel::kBoardPayloadBytes; 0: none). The answer depends
-// on the signature alone, so ranks that issued the same call agree on it.
-bool fits_on_board(const Collective& collective, int size, std::size_t max_bytes);
-
-// Runs `collective` (fits_on_board) on `board`. Throws CollectiveMismatch if a peer
-// issued another call, TimeoutError if one does not come within `timeout`.
-void run_on_board(ShmChannel& board, const Collective& collective, std::chrono::milliseconds timeout);
+ private:
+  // Waits until every peer's entry holds this call (the proof), before any peer's data is read.
+  void verify(const Collective& collective) const;
+};
 
 }  // namespace troupe::collectives::detail

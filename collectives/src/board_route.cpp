@@ -1,4 +1,4 @@
-#include "board_call.hpp"
+#include "board_route.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -33,11 +33,17 @@ std::size_t payload_bytes(const Collective& c, int size) {
 
 }  // namespace
 
-bool fits_on_board(const Collective& c, int size, std::size_t max_bytes) {
-  return max_bytes > 0 && payload_bytes(c, size) <= std::min(max_bytes, ShmChannel::kBoardPayloadBytes);
+bool BoardRoute::supports(const Collective& c, bool blocking) const {
+  const std::size_t max_bytes = options().shm_board_bytes;
+  return site().shm && options().check_signatures && small_blocking(c, blocking) && max_bytes > 0 &&
+         payload_bytes(c, site().mpi.size) <= std::min(max_bytes, ShmChannel::kBoardPayloadBytes);
 }
 
-void run_on_board(ShmChannel& board, const Collective& c, std::chrono::milliseconds timeout) {
+void BoardRoute::verify(const Collective& c) const { wait_for_peers(*site().shm, c, options().timeout); }
+
+std::shared_ptr<Operation> BoardRoute::run(const Collective& c) {
+  ShmChannel& board = *site().shm;
+  const std::chrono::milliseconds timeout = options().timeout;
   const int rank = board.rank(), size = board.size();
   const bool publishes = c.kind != K::broadcast || rank == c.root;
   const std::size_t bytes = publishes ? payload_bytes(c, size) : 0;
@@ -53,13 +59,13 @@ void run_on_board(ShmChannel& board, const Collective& c, std::chrono::milliseco
     sent.input = sent.output = Buffer();
     if (board.unverified.capacity() == 0) board.unverified.reserve(ShmChannel::kRootRunAhead);
     board.unverified.push_back(std::move(sent));
-    return;
+    return nullptr;
   }
   // A non-root of a run of broadcasts finds the root's entries written ahead of it:
   // fetching them early makes the cross-core reads overlap (0.20 -> 0.18 us a call
   // when the two cores sit far apart).
   if (c.kind == K::broadcast) __builtin_prefetch(&board.board_entry(c.root, c.sequence + 3));
-  wait_for_peers(board, c, timeout);
+  verify(c);
 
   const std::size_t element = element_size(c.dtype);
   const auto entry = [&](int q) -> const std::byte* { return board.board_payload(q, c.sequence); };
@@ -90,6 +96,7 @@ void run_on_board(ShmChannel& board, const Collective& c, std::chrono::milliseco
   }
   // Only now may the peers reuse their entries: I have read them.
   mark_checked(board, c);
+  return nullptr;
 }
 
 }  // namespace troupe::collectives::detail

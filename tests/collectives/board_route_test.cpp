@@ -1,5 +1,5 @@
 // Small blocking calls on one node, carried whole by the signature board
-// (collectives/src/board_call.hpp): the same bits as the shared-memory rounds that
+// (collectives/src/board_route.hpp): the same bits as the shared-memory rounds that
 // async calls take, on every rank; entries reused far past the board's size; a rank
 // that never comes named in a TimeoutError instead of a hang.
 #include <chrono>
