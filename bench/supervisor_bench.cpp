@@ -26,8 +26,8 @@
 #include <thread>
 #include <vector>
 
+#include "heartbeat_server.hpp"
 #include "troupe/supervisor/client.hpp"
-#include "troupe/supervisor/heartbeat_server.hpp"
 
 namespace sv = troupe::supervisor;
 using Clock = std::chrono::steady_clock;

@@ -5,7 +5,7 @@ include(CMakePackageConfigHelpers)
 
 set(troupe_libraries troupe_core troupe_tensor troupe_mpi troupe_collectives troupe_actors troupe_nn
                      troupe_checkpoint troupe_checkpoint_actor troupe_checkpoint_parallel troupe_supervisor_client
-                     troupe_supervisor troupe_train)
+                     troupe_train)
 foreach(target IN LISTS troupe_libraries)
   string(REPLACE "troupe_" "" name ${target})
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${name} VERSION ${PROJECT_VERSION}
@@ -22,7 +22,7 @@ install(TARGETS troupe-run troupe-ckpt RUNTIME DESTINATION ${CMAKE_INSTALL_BINDI
 if(TARGET troupe_tensor_cuda)
   install(TARGETS troupe_tensor_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
-foreach(dir include tensor/include mpi/include collectives/include actors/include nn/include checkpoint/include
+foreach(dir core/include tensor/include mpi/include collectives/include actors/include nn/include checkpoint/include
             supervisor/include train/include)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()

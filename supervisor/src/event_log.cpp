@@ -1,4 +1,4 @@
-#include "troupe/supervisor/event_log.hpp"
+#include "event_log.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

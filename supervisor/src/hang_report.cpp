@@ -1,10 +1,10 @@
-#include "troupe/supervisor/hang_report.hpp"
+#include "hang_report.hpp"
 
 #include <algorithm>
 #include <cstdio>
 #include <optional>
 
-#include "troupe/supervisor/event_log.hpp"
+#include "event_log.hpp"
 
 namespace troupe::supervisor {
 namespace {

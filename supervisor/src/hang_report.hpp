@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "troupe/supervisor/heartbeat_server.hpp"
-#include "troupe/supervisor/run_options.hpp"
+#include "heartbeat_server.hpp"
+#include "run_options.hpp"
 
 namespace troupe::supervisor {
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/heartbeat_server.hpp"
+#include "heartbeat_server.hpp"
 
 #include <unistd.h>
 #include <boost/asio/read.hpp>

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/host_pool.hpp"
+#include "host_pool.hpp"
 
 #include <algorithm>
 #include <fstream>

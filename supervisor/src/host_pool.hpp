@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/supervisor/job_hosts.hpp"
+#include "job_hosts.hpp"
 
 namespace troupe::supervisor {
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/host_probe.hpp"
+#include "host_probe.hpp"
 
 #include <signal.h>
 #include <sys/statvfs.h>
@@ -8,8 +8,8 @@
 #include <boost/asio/post.hpp>
 #include <filesystem>
 
+#include "mpirun_command.hpp"
 #include "troupe/error.hpp"
-#include "troupe/supervisor/mpirun_command.hpp"
 
 namespace troupe::supervisor {
 

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "troupe/supervisor/job.hpp"
-#include "troupe/supervisor/run_options.hpp"
+#include "job.hpp"
+#include "run_options.hpp"
 
 namespace troupe::supervisor {
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/job.hpp"
+#include "job.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

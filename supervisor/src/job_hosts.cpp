@@ -1,4 +1,4 @@
-#include "troupe/supervisor/job_hosts.hpp"
+#include "job_hosts.hpp"
 
 #include <arpa/inet.h>
 #include <netdb.h>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/supervisor/run_options.hpp"
+#include "run_options.hpp"
 
 namespace troupe::supervisor {
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/local_ranks.hpp"
+#include "local_ranks.hpp"
 
 #include <ifaddrs.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/mpirun_command.hpp"
+#include "mpirun_command.hpp"
 
 #include <algorithm>
 

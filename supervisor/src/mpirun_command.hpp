@@ -4,8 +4,8 @@
 #include <string>
 #include <vector>
 
-#include "troupe/supervisor/host_pool.hpp"
-#include "troupe/supervisor/run_options.hpp"
+#include "host_pool.hpp"
+#include "run_options.hpp"
 
 namespace troupe::supervisor {
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/refusal_limiter.hpp"
+#include "refusal_limiter.hpp"
 
 namespace troupe::supervisor {
 

@@ -17,7 +17,7 @@
 #include <optional>
 #include <string>
 
-#include "troupe/supervisor/heartbeat_server.hpp"
+#include "heartbeat_server.hpp"
 
 namespace troupe::supervisor {
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/run_options.hpp"
+#include "run_options.hpp"
 
 #include <algorithm>
 #include <charconv>

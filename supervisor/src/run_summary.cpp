@@ -1,4 +1,4 @@
-#include "troupe/supervisor/run_summary.hpp"
+#include "run_summary.hpp"
 
 #include <cstdio>
 #include <sstream>

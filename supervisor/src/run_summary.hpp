@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "troupe/supervisor/heartbeat_server.hpp"
+#include "heartbeat_server.hpp"
 
 namespace troupe::supervisor {
 

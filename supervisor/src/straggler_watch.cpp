@@ -1,4 +1,4 @@
-#include "troupe/supervisor/straggler_watch.hpp"
+#include "straggler_watch.hpp"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "troupe/supervisor/supervisor.hpp"
+#include "supervisor.hpp"
 
 #include <signal.h>
 #include <unistd.h>
@@ -15,19 +15,19 @@
 #include <sstream>
 #include <thread>
 
+#include "event_log.hpp"
+#include "hang_report.hpp"
+#include "heartbeat_server.hpp"
+#include "host_pool.hpp"
+#include "host_probe.hpp"
+#include "job.hpp"
+#include "local_ranks.hpp"
+#include "mpirun_command.hpp"
+#include "refusal_limiter.hpp"
+#include "run_summary.hpp"
+#include "straggler_watch.hpp"
 #include "troupe/error.hpp"
-#include "troupe/supervisor/event_log.hpp"
-#include "troupe/supervisor/hang_report.hpp"
-#include "troupe/supervisor/heartbeat_server.hpp"
-#include "troupe/supervisor/host_pool.hpp"
-#include "troupe/supervisor/host_probe.hpp"
-#include "troupe/supervisor/job.hpp"
-#include "troupe/supervisor/local_ranks.hpp"
-#include "troupe/supervisor/mpirun_command.hpp"
-#include "troupe/supervisor/refusal_limiter.hpp"
 #include "troupe/supervisor/run_environment.hpp"
-#include "troupe/supervisor/run_summary.hpp"
-#include "troupe/supervisor/straggler_watch.hpp"
 
 namespace troupe::supervisor {
 

@@ -24,7 +24,7 @@
 
 #include <memory>
 
-#include "troupe/supervisor/run_options.hpp"
+#include "run_options.hpp"
 
 namespace troupe::supervisor {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "run_options.hpp"
+#include "supervisor.hpp"
 #include "troupe/error.hpp"
-#include "troupe/supervisor/run_options.hpp"
-#include "troupe/supervisor/supervisor.hpp"
 #include "troupe/version.hpp"
 
 int main(int argc, char** argv) {

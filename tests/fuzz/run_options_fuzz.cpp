@@ -5,8 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "run_options.hpp"
 #include "troupe/error.hpp"
-#include "troupe/supervisor/run_options.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::vector<std::string> args(1);

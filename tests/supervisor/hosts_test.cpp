@@ -6,11 +6,11 @@
 #include <iterator>
 #include <map>
 
+#include "host_pool.hpp"
+#include "job_hosts.hpp"
+#include "mpirun_command.hpp"
+#include "straggler_watch.hpp"
 #include "troupe/error.hpp"
-#include "troupe/supervisor/host_pool.hpp"
-#include "troupe/supervisor/job_hosts.hpp"
-#include "troupe/supervisor/mpirun_command.hpp"
-#include "troupe/supervisor/straggler_watch.hpp"
 
 namespace sv = troupe::supervisor;
 

@@ -10,7 +10,7 @@
 #include <chrono>
 #include <thread>
 
-#include "troupe/supervisor/local_ranks.hpp"
+#include "local_ranks.hpp"
 
 namespace sv = troupe::supervisor;
 namespace ip = boost::asio::ip;

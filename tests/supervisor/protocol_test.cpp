@@ -11,13 +11,13 @@
 #include <fstream>
 #include <regex>
 
+#include "event_log.hpp"
+#include "mpirun_command.hpp"
+#include "run_options.hpp"
 #include "troupe/error.hpp"
-#include "troupe/supervisor/event_log.hpp"
 #include "troupe/supervisor/fault.hpp"
-#include "troupe/supervisor/mpirun_command.hpp"
 #include "troupe/supervisor/protocol.hpp"
 #include "troupe/supervisor/run_environment.hpp"
-#include "troupe/supervisor/run_options.hpp"
 
 namespace sv = troupe::supervisor;
 

@@ -1,7 +1,7 @@
 // RefusalLimiter: a flood of refused connections becomes a few lines and a count.
 #include <gtest/gtest.h>
 
-#include "troupe/supervisor/refusal_limiter.hpp"
+#include "refusal_limiter.hpp"
 
 namespace sv = troupe::supervisor;
 using namespace std::chrono_literals;

@@ -2,8 +2,8 @@
 // states and failures built by hand.
 #include <gtest/gtest.h>
 
-#include "troupe/supervisor/hang_report.hpp"
-#include "troupe/supervisor/run_summary.hpp"
+#include "hang_report.hpp"
+#include "run_summary.hpp"
 
 namespace sv = troupe::supervisor;
 using namespace std::chrono_literals;

@@ -19,9 +19,9 @@
 #include <mutex>
 #include <thread>
 
+#include "heartbeat_server.hpp"
 #include "troupe/error.hpp"
 #include "troupe/supervisor/client.hpp"
-#include "troupe/supervisor/heartbeat_server.hpp"
 #include "troupe/supervisor/protocol.hpp"
 
 namespace sv = troupe::supervisor;

@@ -82,7 +82,7 @@ class FileWriter final : public Sink {
   // above); throws StorageError (ENOSPC) when the disk has not got them.
   void reserve(std::size_t ahead);
   int raw_fd();  // raw_fd_, opened on first use
-  // Throws the first write HDF5's driver could not do (src/write_driver.hpp).
+  // Throws the first write HDF5's driver could not do (src/checkpoint/write_driver.hpp).
   void check_writes() const;
   std::uint64_t reserved_ = 0;
   bool reservable_ = true;  // false where the file system has no fallocate
