@@ -1,4 +1,4 @@
-// ddp_bench: data-parallel training steps with troupe::train::DistributedDataParallel,
+// ddp_bench: data-parallel training steps with troupe::parallel::DistributedDataParallel,
 // in samples/s over all ranks, with how much of the gradient all-reduce was hidden
 // behind backward. Run it under mpirun at 1 and 2 ranks (bench/run's `train` area
 // does), next to bench/torch_ddp.py, PyTorch DDP (gloo) on the same models and batches.
@@ -36,9 +36,9 @@
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
 #include "troupe/nn/sgd.hpp"
+#include "troupe/parallel/ddp.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
-#include "troupe/train/ddp.hpp"
 
 using namespace troupe;
 using Clock = std::chrono::steady_clock;
@@ -108,8 +108,8 @@ std::string run_model(const ModelSpec& spec, const Flags& flags, collectives::Co
     model.emplace<nn::Linear>(spec.widths[l], spec.widths[l + 1], gen);
     if (l + 2 < spec.widths.size()) model.emplace<nn::ReLU>();
   }
-  train::DistributedDataParallel ddp(model, comm,
-                                     {.bucket_bytes = static_cast<std::size_t>(flags.bucket_mb * 1024 * 1024)});
+  parallel::DistributedDataParallel ddp(model, comm,
+                                        {.bucket_bytes = static_cast<std::size_t>(flags.bucket_mb * 1024 * 1024)});
   nn::SGD sgd(model.named_parameters(), 0.01, 0.9);
   nn::CrossEntropyLoss loss_fn;
 

@@ -41,12 +41,12 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/master_weights.hpp"
 #include "troupe/tensor/cuda_memory.hpp"  // cuda_empty_cache
 #include "troupe/tensor/fused_optim.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
-#include "troupe/train/ddp.hpp"
-#include "troupe/train/master_weights.hpp"
 
 using namespace troupe;
 using tensor::Device;
@@ -136,10 +136,10 @@ StepResult time_step(const std::string& model_name, const std::string& precision
   const bool bf16 = precision == "bf16";
   if (bf16) model.to(DType::bf16);
   model.to(gpu);
-  std::unique_ptr<train::MasterWeights> master = bf16 ? std::make_unique<train::MasterWeights>(model) : nullptr;
+  std::unique_ptr<parallel::MasterWeights> master = bf16 ? std::make_unique<parallel::MasterWeights>(model) : nullptr;
   nn::Adam optimizer(bf16 ? master->named_parameters() : model.named_parameters(), 1e-3);
-  std::unique_ptr<train::DistributedDataParallel> ddp =
-      with_ddp ? std::make_unique<train::DistributedDataParallel>(model, *nccl) : nullptr;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp =
+      with_ddp ? std::make_unique<parallel::DistributedDataParallel>(model, *nccl) : nullptr;
   nn::CrossEntropyLoss loss_fn;
 
   struct Batch {

@@ -39,11 +39,11 @@
 #include "troupe/nn/layer_norm.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
+#include "troupe/parallel/master_weights.hpp"
 #include "troupe/tensor/attention.hpp"
 #include "troupe/tensor/cuda_memory.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
-#include "troupe/train/master_weights.hpp"
 
 using namespace troupe;
 using tensor::Device;
@@ -140,8 +140,8 @@ StepResult time_step(DType dtype, const Flags& flags) {
   nn::GPT model(kGpt2Small, 0);
   if (dtype == DType::bf16) model.to(DType::bf16);
   model.to(Device::cuda());
-  std::unique_ptr<train::MasterWeights> master =
-      dtype == DType::bf16 ? std::make_unique<train::MasterWeights>(model) : nullptr;
+  std::unique_ptr<parallel::MasterWeights> master =
+      dtype == DType::bf16 ? std::make_unique<parallel::MasterWeights>(model) : nullptr;
   nn::AdamW opt(master ? master->named_parameters() : model.named_parameters(), 6e-4, {0.9, 0.95}, 1e-8, 0.1);
   opt.set_weight_decay_filter(nn::decay_matrices_only);
   nn::CrossEntropyLoss loss_fn;

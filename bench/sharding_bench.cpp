@@ -98,14 +98,14 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/fsdp.hpp"
+#include "troupe/parallel/oss.hpp"
+#include "troupe/parallel/sharded_model.hpp"
 #include "troupe/peak_rss.hpp"
 #include "troupe/tensor/host_memory.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
-#include "troupe/train/ddp.hpp"
-#include "troupe/train/fsdp.hpp"
-#include "troupe/train/oss.hpp"
-#include "troupe/train/sharded_model.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 
 using namespace troupe;
@@ -118,14 +118,14 @@ constexpr std::int64_t kBatch = 32;  // per rank
 
 struct Flags {
   std::string model = "mlp25m";
-  train::Sharding mode = train::Sharding::ddp;
+  parallel::Sharding mode = parallel::Sharding::ddp;
   int steps = 5;
   int warmup = 2;
   std::string save_dir;  // empty: no save
   int save_rounds = 5;   // timed saves of each kind (synchronous, background)
   bool init_meta = false;
   std::string resume_file;  // --resume: load it instead of training
-  train::FsdpOptions::BackwardPrefetch backward_prefetch = train::FsdpOptions{}.backward_prefetch;
+  parallel::FsdpOptions::BackwardPrefetch backward_prefetch = parallel::FsdpOptions{}.backward_prefetch;
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -137,7 +137,7 @@ Flags parse_flags(int argc, char** argv) {
     if (flag == "--model")
       f.model = value;
     else if (flag == "--mode")
-      f.mode = train::parse_sharding(value);
+      f.mode = parallel::parse_sharding(value);
     else if (flag == "--steps")
       f.steps = std::stoi(value);
     else if (flag == "--warmup")
@@ -153,8 +153,8 @@ Flags parse_flags(int argc, char** argv) {
     else if (flag == "--init")
       throw InvalidArgument("sharding_bench: --init is cpu or meta, got " + value);
     else if (flag == "--backward-prefetch" && (value == "pre" || value == "post"))
-      f.backward_prefetch = value == "pre" ? train::FsdpOptions::BackwardPrefetch::backward_pre
-                                           : train::FsdpOptions::BackwardPrefetch::backward_post;
+      f.backward_prefetch = value == "pre" ? parallel::FsdpOptions::BackwardPrefetch::backward_pre
+                                           : parallel::FsdpOptions::BackwardPrefetch::backward_post;
     else if (flag == "--backward-prefetch")
       throw InvalidArgument("sharding_bench: --backward-prefetch is pre or post, got " + value);
     else
@@ -162,15 +162,15 @@ Flags parse_flags(int argc, char** argv) {
   }
   if (f.steps < 1) throw InvalidArgument("sharding_bench: --steps must be >= 1");
   if (f.save_rounds < 1) throw InvalidArgument("sharding_bench: --save-rounds must be >= 1");
-  if (!f.save_dir.empty() && f.mode != train::Sharding::fsdp)
+  if (!f.save_dir.empty() && f.mode != parallel::Sharding::fsdp)
     throw InvalidArgument("sharding_bench: --save is the fsdp full-state-dict save; use --mode fsdp");
-  if (!f.resume_file.empty() && f.mode != train::Sharding::fsdp)
+  if (!f.resume_file.empty() && f.mode != parallel::Sharding::fsdp)
     throw InvalidArgument("sharding_bench: --resume is the fsdp sharded resume; use --mode fsdp");
   return f;
 }
 
 // The fsdp save: returns the JSON fields, e.g. "\"save\": {...}".
-std::string save_full_state(train::FullyShardedDataParallel& fsdp, collectives::Communicator& comm,
+std::string save_full_state(parallel::FullyShardedDataParallel& fsdp, collectives::Communicator& comm,
                             const std::string& dir, int rounds, std::filesystem::path& file) {
   checkpoint::SaveManifest manifest;
   manifest.world_size = comm.size();
@@ -268,7 +268,7 @@ struct Peak {
 
 // FNV-1a over the full model and optimizer state (gathered a tensor at a time), the
 // same on every rank: equal for two runs exactly when their states are.
-std::uint64_t state_hash(train::FullyShardedDataParallel& fsdp) {
+std::uint64_t state_hash(parallel::FullyShardedDataParallel& fsdp) {
   std::uint64_t h = 1469598103934665603ull;
   const auto mix = [&](const Tensor& t) {
     const Tensor host = t.to(tensor::Device::cpu());
@@ -289,7 +289,7 @@ std::string run_resume(const Flags& flags, collectives::Communicator& comm) {
   const auto model = build_model(flags.model, tensor::Device::meta());
   std::int64_t n = 0;
   for (const auto& [name, p] : model->named_parameters()) n += p->data.numel();
-  Trainer t(train::Sharding::fsdp, *model, comm, flags.backward_prefetch);
+  Trainer t(parallel::Sharding::fsdp, *model, comm, flags.backward_prefetch);
   {
     checkpoint::FileReader reader(flags.resume_file);
     reader.verify_share(comm.rank(), comm.size());
@@ -307,8 +307,8 @@ std::string run_resume(const Flags& flags, collectives::Communicator& comm) {
                 "\"formula_bytes\": %.0f, \"unit_bytes\": %lld, \"resume\": {\"seconds\": %.3f, "
                 "\"peak_live_bytes\": %lld, \"rss_growth_bytes\": %lld, \"state_hash\": \"%016llx\"}}",
                 flags.model.c_str(), comm.size(), static_cast<long long>(n),
-                formula_bytes(train::Sharding::fsdp, static_cast<double>(n), comm.size()), static_cast<long long>(unit),
-                seconds, static_cast<long long>(max_over_ranks(comm, live)),
+                formula_bytes(parallel::Sharding::fsdp, static_cast<double>(n), comm.size()),
+                static_cast<long long>(unit), seconds, static_cast<long long>(max_over_ranks(comm, live)),
                 static_cast<long long>(max_over_ranks(comm, rss)),
                 static_cast<unsigned long long>(state_hash(*t.fsdp)));
   return text;
@@ -322,7 +322,7 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
   std::int64_t n = 0;
   for (const auto& [name, p] : model.named_parameters()) n += p->data.numel();
   // ddp and zero1 keep the whole model: materialised at once (ShardedModel does the same).
-  if (flags.init_meta && (flags.mode == train::Sharding::ddp || flags.mode == train::Sharding::zero1))
+  if (flags.init_meta && (flags.mode == parallel::Sharding::ddp || flags.mode == parallel::Sharding::zero1))
     model.to(tensor::Device::cpu());
   Trainer t(flags.mode, model, comm, flags.backward_prefetch);
   const auto [construct_live, construct_rss] = construction.since();
@@ -411,7 +411,7 @@ std::string run(const Flags& flags, collectives::Communicator& comm) {
       "\"peak_gathered_bytes\": %lld, \"unit_bytes\": %lld, \"peak_rss_bytes\": %lld, \"rss_start_bytes\": %lld, "
       "\"init\": \"%s\", \"construct_peak_live_bytes\": %lld, \"construct_rss_growth_bytes\": %lld, "
       "\"loss\": %.6g, %s, \"steps\": [",
-      flags.model.c_str(), train::sharding_name(flags.mode), comm.size(), static_cast<long long>(batch_size),
+      flags.model.c_str(), parallel::sharding_name(flags.mode), comm.size(), static_cast<long long>(batch_size),
       static_cast<long long>(n), static_cast<double>(batch_size * comm.size()) / step, step,
       static_cast<long long>(worst_state), static_cast<long long>(worst_params), static_cast<long long>(worst_grads),
       static_cast<long long>(worst_optim), formula_text(flags.mode),

@@ -17,11 +17,11 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sequential.hpp"
+#include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/fsdp.hpp"
+#include "troupe/parallel/oss.hpp"
+#include "troupe/parallel/sharded_model.hpp"
 #include "troupe/tensor/random.hpp"
-#include "troupe/train/ddp.hpp"
-#include "troupe/train/fsdp.hpp"
-#include "troupe/train/oss.hpp"
-#include "troupe/train/sharded_model.hpp"
 
 namespace troupe::sharding_bench {
 
@@ -64,43 +64,43 @@ inline double median(std::vector<double> v) {
 
 // The mode's wrapper and optimizer, behind one step and one byte count.
 struct Trainer {
-  train::Sharding mode;
+  parallel::Sharding mode;
   nn::Module& model;
-  std::unique_ptr<train::DistributedDataParallel> ddp;    // ddp, zero1
-  std::unique_ptr<nn::Optimizer> plain;                   // ddp
-  std::unique_ptr<train::OSS> oss;                        // zero1
-  std::unique_ptr<train::FullyShardedDataParallel> fsdp;  // zero2 (shard_grad_op), fsdp (full_shard)
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;    // ddp, zero1
+  std::unique_ptr<nn::Optimizer> plain;                      // ddp
+  std::unique_ptr<parallel::OSS> oss;                        // zero1
+  std::unique_ptr<parallel::FullyShardedDataParallel> fsdp;  // zero2 (shard_grad_op), fsdp (full_shard)
 
-  Trainer(train::Sharding m, nn::Module& mdl, collectives::Communicator& comm,
-          train::FsdpOptions::BackwardPrefetch backward_prefetch)
+  Trainer(parallel::Sharding m, nn::Module& mdl, collectives::Communicator& comm,
+          parallel::FsdpOptions::BackwardPrefetch backward_prefetch)
       : mode(m), model(mdl) {
-    const train::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
+    const parallel::OptimizerFactory adamw = [](std::vector<nn::NamedParameter> params) {
       return std::make_unique<nn::AdamW>(std::move(params), kLr);
     };
     switch (mode) {
-      case train::Sharding::ddp:
-        ddp = std::make_unique<train::DistributedDataParallel>(model, comm,
-                                                               train::DdpOptions{.bucket_bytes = kBucketBytes});
+      case parallel::Sharding::ddp:
+        ddp = std::make_unique<parallel::DistributedDataParallel>(model, comm,
+                                                                  parallel::DdpOptions{.bucket_bytes = kBucketBytes});
         plain = adamw(model.named_parameters());
         break;
-      case train::Sharding::zero1:
-        ddp = std::make_unique<train::DistributedDataParallel>(model, comm,
-                                                               train::DdpOptions{.bucket_bytes = kBucketBytes});
-        oss = std::make_unique<train::OSS>(model.named_parameters(), comm, adamw);
+      case parallel::Sharding::zero1:
+        ddp = std::make_unique<parallel::DistributedDataParallel>(model, comm,
+                                                                  parallel::DdpOptions{.bucket_bytes = kBucketBytes});
+        oss = std::make_unique<parallel::OSS>(model.named_parameters(), comm, adamw);
         break;
-      case train::Sharding::zero2:
-      case train::Sharding::fsdp:
+      case parallel::Sharding::zero2:
+      case parallel::Sharding::fsdp:
         // As the worker group's ShardedModel builds them: one unit per Linear (an MLP) or
         // per Block (a GPT, as train_gpt wraps it).
-        fsdp = std::make_unique<train::FullyShardedDataParallel>(
+        fsdp = std::make_unique<parallel::FullyShardedDataParallel>(
             model, comm, adamw,
-            train::FsdpOptions{.auto_wrap_policy = dynamic_cast<nn::GPT*>(&model) != nullptr
-                                                       ? train::module_type_auto_wrap_policy<nn::Block>()
-                                                       : train::parameterised_leaf_auto_wrap_policy(),
-                               .sharding_strategy = mode == train::Sharding::zero2
-                                                        ? train::FsdpOptions::ShardingStrategy::shard_grad_op
-                                                        : train::FsdpOptions::ShardingStrategy::full_shard,
-                               .backward_prefetch = backward_prefetch});
+            parallel::FsdpOptions{.auto_wrap_policy = dynamic_cast<nn::GPT*>(&model) != nullptr
+                                                          ? parallel::module_type_auto_wrap_policy<nn::Block>()
+                                                          : parallel::parameterised_leaf_auto_wrap_policy(),
+                                  .sharding_strategy = mode == parallel::Sharding::zero2
+                                                           ? parallel::FsdpOptions::ShardingStrategy::shard_grad_op
+                                                           : parallel::FsdpOptions::ShardingStrategy::full_shard,
+                                  .backward_prefetch = backward_prefetch});
         break;
     }
   }
@@ -157,22 +157,22 @@ struct Trainer {
 };
 
 // The ZeRO formula for Adam in f32 (bytes per rank): N parameters, W ranks.
-inline double formula_bytes(train::Sharding mode, double n, double w) {
+inline double formula_bytes(parallel::Sharding mode, double n, double w) {
   switch (mode) {
-    case train::Sharding::ddp: return 16 * n;
-    case train::Sharding::zero1: return 8 * n + 8 * n / w;
-    case train::Sharding::zero2: return 4 * n + 12 * n / w;
-    case train::Sharding::fsdp: return 16 * n / w;
+    case parallel::Sharding::ddp: return 16 * n;
+    case parallel::Sharding::zero1: return 8 * n + 8 * n / w;
+    case parallel::Sharding::zero2: return 4 * n + 12 * n / w;
+    case parallel::Sharding::fsdp: return 16 * n / w;
   }
   return 0;
 }
 
-inline const char* formula_text(train::Sharding mode) {
+inline const char* formula_text(parallel::Sharding mode) {
   switch (mode) {
-    case train::Sharding::ddp: return "16N";
-    case train::Sharding::zero1: return "8N + 8N/W";
-    case train::Sharding::zero2: return "4N + 12N/W";
-    case train::Sharding::fsdp: return "16N/W";
+    case parallel::Sharding::ddp: return "16N";
+    case parallel::Sharding::zero1: return "8N + 8N/W";
+    case parallel::Sharding::zero2: return "4N + 12N/W";
+    case parallel::Sharding::fsdp: return "16N/W";
   }
   return "?";
 }

@@ -5,7 +5,7 @@ include(CMakePackageConfigHelpers)
 
 set(troupe_libraries troupe_core troupe_tensor troupe_mpi troupe_collectives troupe_actors troupe_nn
                      troupe_checkpoint troupe_checkpoint_actor troupe_checkpoint_parallel troupe_supervisor_client
-                     troupe_train)
+                     troupe_parallel troupe_train)
 foreach(target IN LISTS troupe_libraries)
   string(REPLACE "troupe_" "" name ${target})
   set_target_properties(${target} PROPERTIES EXPORT_NAME ${name} VERSION ${PROJECT_VERSION}
@@ -23,7 +23,7 @@ if(TARGET troupe_tensor_cuda)
   install(TARGETS troupe_tensor_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 endif()
 foreach(dir core/include tensor/include mpi/include collectives/include actors/include nn/include checkpoint/include
-            supervisor/include train/include)
+            supervisor/include parallel/include train/include)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${dir}/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()
 install(FILES ${PROJECT_BINARY_DIR}/include/troupe/version.hpp DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/troupe)
@@ -44,7 +44,7 @@ install(FILES ${PROJECT_BINARY_DIR}/troupeConfig.cmake ${PROJECT_BINARY_DIR}/tro
 
 # pkg-config: every library, most dependent first, and the public definitions.
 set(TROUPE_PC_LIBS "")
-foreach(name train checkpoint_parallel checkpoint_actor checkpoint supervisor_client actors collectives nn tensor mpi
+foreach(name train parallel checkpoint_parallel checkpoint_actor checkpoint supervisor_client actors collectives nn tensor mpi
              core)
   string(APPEND TROUPE_PC_LIBS " -ltroupe_${name}")
 endforeach()

@@ -344,7 +344,7 @@ int main(int argc, char** argv) {
     train::WorkerOptions options{.global_batch = flags.batch_size,
                                  .accum_steps = flags.accum_steps,
                                  .seed = flags.seed,
-                                 .sharding = train::parse_sharding(flags.sharding),
+                                 .sharding = parallel::parse_sharding(flags.sharding),
                                  .device = train::parse_worker_device(flags.device),
                                  .precision = train::parse_precision(flags.precision),
                                  .epochs = flags.epochs,

@@ -283,8 +283,8 @@ struct GptRecipe {
   }
   // FSDP's units: the transformer blocks (the embeddings, ln_f and the tied head stay
   // in the root unit).
-  static train::FsdpOptions fsdp_options(const Config& c) {
-    train::FsdpOptions options;
+  static parallel::FsdpOptions fsdp_options(const Config& c) {
+    parallel::FsdpOptions options;
     for (std::int64_t i = 0; i < c.n_layer; ++i) options.wrap.push_back("transformer.h." + std::to_string(i));
     return options;
   }
@@ -458,7 +458,7 @@ int main(int argc, char** argv) {
         .global_batch = flags.batch_size,
         .accum_steps = flags.accum_steps,
         .seed = flags.seed,
-        .sharding = train::parse_sharding(flags.sharding),
+        .sharding = parallel::parse_sharding(flags.sharding),
         .device = train::parse_worker_device(flags.device),
         .precision = train::parse_precision(flags.precision),
         .max_grad_norm = flags.grad_clip,

@@ -31,8 +31,7 @@ class MpiBlockingRoute::Check {
   // their cost.)
   void verify() {
     if (exchange_) {
-      finish_signature_check(*exchange_, site_.check_comm, c_, site_.mpi.rank, site_.mpi.size,
-                             site_.options->timeout);
+      finish_signature_check(*exchange_, site_.check_comm, c_, site_.mpi.rank, site_.mpi.size, site_.options->timeout);
       exchange_.reset();
     } else if (site_.shm && site_.options->check_signatures) {
       wait_for_board(*site_.shm, c_, site_.options->timeout);

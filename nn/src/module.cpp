@@ -250,4 +250,14 @@ void Module::to(Device device) {
   for (auto& [name, child] : children_) child->to(device);
 }
 
+std::uint64_t parameter_hash(Module& model) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& [name, p] : model.named_parameters()) {
+    const Tensor host = p->data.to(tensor::Device::cpu());
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace troupe::nn

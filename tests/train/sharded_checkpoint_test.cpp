@@ -24,10 +24,10 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sgd.hpp"
+#include "troupe/parallel/sharded_model.hpp"
 #include "troupe/tensor/host_memory.hpp"
 #include "troupe/tensor/random.hpp"
 #include "troupe/train/distributed_sampler.hpp"
-#include "troupe/train/sharded_model.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
 
@@ -134,13 +134,13 @@ const nn::StateDict& group_of(const StateGroups& groups, const std::string& name
 struct ShardedRun {
   std::unique_ptr<nn::Sequential> model = testing::make_mlp(5);
   TensorDataset data = testing::make_data(kMicroBatch * kMicroPerEpoch * world().size(), 9);
-  std::unique_ptr<ShardedModel> sharded;
+  std::unique_ptr<parallel::ShardedModel> sharded;
   DistributedSampler sampler{data.size(), world().size(), world().rank(), SamplerOptions{.seed = 3}};
   std::unique_ptr<TrainingState> state;
   nn::CrossEntropyLoss loss_fn;
 
-  explicit ShardedRun(Sharding mode) {
-    sharded = std::make_unique<ShardedModel>(mode, *model, world(), adamw, std::size_t{2000});
+  explicit ShardedRun(parallel::Sharding mode) {
+    sharded = std::make_unique<parallel::ShardedModel>(mode, *model, world(), adamw, std::size_t{2000});
     state = std::make_unique<TrainingState>(*model, sharded->optimizer(), sampler, *sharded);
   }
   void train_epoch() {
@@ -156,12 +156,12 @@ struct ShardedRun {
 
 // The parallel save of each sharded mode writes the gathered save's file, and a
 // one-rank plain model (DDP's layout, another world size) resumes from it exactly.
-void check_mode(Sharding mode) {
+void check_mode(parallel::Sharding mode) {
   ShardedRun run(mode);
   run.train_epoch();
   const StateGroups gathered = clone(run.state->state_dicts());  // the old path, for reference
-  SharedFolder parallel_dir(std::string("sharded_ckpt_") + sharding_name(mode));
-  SharedFolder gathered_dir(std::string("gathered_ckpt_") + sharding_name(mode));
+  SharedFolder parallel_dir(std::string("sharded_ckpt_") + parallel::sharding_name(mode));
+  SharedFolder gathered_dir(std::string("gathered_ckpt_") + parallel::sharding_name(mode));
   fs::path file;
   {
     TrainingCheckpoint ckpt(parallel_dir.path, *run.state,
@@ -195,13 +195,19 @@ void check_mode(Sharding mode) {
   world().barrier();
 }
 
-TEST(ShardedCheckpoint, FsdpParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) { check_mode(Sharding::fsdp); }
-TEST(ShardedCheckpoint, Zero1ParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) { check_mode(Sharding::zero1); }
-TEST(ShardedCheckpoint, Zero2ParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) { check_mode(Sharding::zero2); }
+TEST(ShardedCheckpoint, FsdpParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) {
+  check_mode(parallel::Sharding::fsdp);
+}
+TEST(ShardedCheckpoint, Zero1ParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) {
+  check_mode(parallel::Sharding::zero1);
+}
+TEST(ShardedCheckpoint, Zero2ParallelSaveWritesTheGatheredFileAndLoadsIntoAPlainModel) {
+  check_mode(parallel::Sharding::zero2);
+}
 
 // The save resumes in the sharded mode itself, at the same world size, bit for bit
 // (zero2 and fsdp: the sharded resume, each rank reading only its slices).
-void check_resume(Sharding mode) {
+void check_resume(parallel::Sharding mode) {
   ShardedRun run(mode);
   run.train_epoch();
   SharedFolder dir("sharded_ckpt_resume");
@@ -216,35 +222,35 @@ void check_resume(Sharding mode) {
     expect_same_dict(group_of(restored, group), group_of(saved, group), group);
 }
 
-TEST(ShardedCheckpoint, FsdpResumesFromItsParallelSave) { check_resume(Sharding::fsdp); }
-TEST(ShardedCheckpoint, Zero2ResumesFromItsParallelSave) { check_resume(Sharding::zero2); }
-TEST(ShardedCheckpoint, Zero1ResumesFromItsParallelSave) { check_resume(Sharding::zero1); }
+TEST(ShardedCheckpoint, FsdpResumesFromItsParallelSave) { check_resume(parallel::Sharding::fsdp); }
+TEST(ShardedCheckpoint, Zero2ResumesFromItsParallelSave) { check_resume(parallel::Sharding::zero2); }
+TEST(ShardedCheckpoint, Zero1ResumesFromItsParallelSave) { check_resume(parallel::Sharding::zero1); }
 
 // A file another mode wrote at another world size (the gathered save: one writer, DDP's
 // layout) resumes a fresh sharded run, each rank reading its slices of it.
 TEST(ShardedCheckpoint, AShardedResumeReadsAFileOfAnotherModeAndWorldSize) {
-  ShardedRun run(Sharding::fsdp);
+  ShardedRun run(parallel::Sharding::fsdp);
   run.train_epoch();
   const StateGroups gathered = clone(run.state->state_dicts());
   SharedFolder dir("sharded_ckpt_foreign");
   if (world().rank() == 0) gathered_save(dir.path, gathered, run.state->step, run.state->epoch);
   world().barrier();
-  for (Sharding mode : {Sharding::fsdp, Sharding::zero2, Sharding::zero1}) {
+  for (parallel::Sharding mode : {parallel::Sharding::fsdp, parallel::Sharding::zero2, parallel::Sharding::zero1}) {
     ShardedRun fresh(mode);
     TrainingCheckpoint ckpt(dir.path, *fresh.state, {.run_id = "foreign", .world_size = world().size()},
                             world().rank() == 0);
-    ASSERT_TRUE(ckpt.resume().has_value()) << sharding_name(mode);
+    ASSERT_TRUE(ckpt.resume().has_value()) << parallel::sharding_name(mode);
     const StateGroups restored = fresh.state->state_dicts();
     for (const char* group : {"model", "optimizer", "status"})
       expect_same_dict(group_of(restored, group), group_of(gathered, group),
-                       std::string(sharding_name(mode)) + " " + group);
+                       std::string(parallel::sharding_name(mode)) + " " + group);
   }
 }
 
 // A damaged tensor in the newest file is found by whichever rank verifies its share,
 // and every rank skips the file together and resumes from the one before.
 TEST(ShardedCheckpoint, ADamagedNewestFileIsSkippedByEveryRank) {
-  ShardedRun run(Sharding::fsdp);
+  ShardedRun run(parallel::Sharding::fsdp);
   run.train_epoch();
   SharedFolder dir("sharded_ckpt_damaged");
   const StateGroups first = clone(run.state->state_dicts());
@@ -274,7 +280,7 @@ TEST(ShardedCheckpoint, ADamagedNewestFileIsSkippedByEveryRank) {
         .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   }
   world().barrier();
-  ShardedRun fresh(Sharding::fsdp);
+  ShardedRun fresh(parallel::Sharding::fsdp);
   TrainingCheckpoint ckpt(dir.path, *fresh.state, {.run_id = "d", .world_size = world().size()}, world().rank() == 0);
   const auto meta = ckpt.resume();
   ASSERT_TRUE(meta.has_value());
@@ -287,7 +293,7 @@ TEST(ShardedCheckpoint, ADamagedNewestFileIsSkippedByEveryRank) {
 // A file whose model does not fit (another architecture) is refused on every rank,
 // naming the file and the tensor; nothing is loaded.
 TEST(ShardedCheckpoint, AShardedResumeOfAnotherModelNamesTheFileAndTensor) {
-  ShardedRun run(Sharding::fsdp);
+  ShardedRun run(parallel::Sharding::fsdp);
   run.train_epoch();
   SharedFolder dir("sharded_ckpt_other_model");
   {
@@ -298,7 +304,7 @@ TEST(ShardedCheckpoint, AShardedResumeOfAnotherModelNamesTheFileAndTensor) {
   auto other = std::make_unique<nn::Sequential>();
   other->emplace<nn::Linear>(16, 9, gen);
   DistributedSampler sampler(run.data.size(), world().size(), world().rank(), SamplerOptions{.seed = 3});
-  ShardedModel sharded(Sharding::fsdp, *other, world(), adamw, std::size_t{2000});
+  parallel::ShardedModel sharded(parallel::Sharding::fsdp, *other, world(), adamw, std::size_t{2000});
   TrainingState state(*other, sharded.optimizer(), sampler, sharded);
   TrainingCheckpoint ckpt(dir.path, state, {.run_id = "o", .world_size = world().size()}, world().rank() == 0);
   try {
@@ -329,7 +335,7 @@ TEST(ShardedCheckpoint, AShardedResumePeaksBelowItsSteadyStatePlusOneUnit) {
   double steady = 0, unit = 0;
   {
     auto model = build(tensor::Device::cpu());
-    ShardedModel sharded(Sharding::fsdp, *model, comm, adamw, std::size_t{1} << 20);
+    parallel::ShardedModel sharded(parallel::Sharding::fsdp, *model, comm, adamw, std::size_t{1} << 20);
     DistributedSampler sampler(64, comm.size(), comm.rank(), SamplerOptions{.seed = 1});
     TrainingState state(*model, sharded.optimizer(), sampler, sharded);
     tensor::Generator data_gen(comm.rank() + 1);
@@ -340,14 +346,14 @@ TEST(ShardedCheckpoint, AShardedResumePeaksBelowItsSteadyStatePlusOneUnit) {
     TrainingCheckpoint ckpt(dir.path, state, {.run_id = "mem", .world_size = comm.size()}, comm.rank() == 0);
     ckpt.save(1, 0);
     const auto local = state.local_state_slices();
-    for (const StateSlice& piece : local->model)
+    for (const parallel::StateSlice& piece : local->model)
       if (piece.data.defined()) steady += 16.0 * static_cast<double>(piece.data.numel());  // params, grads, 2 moments
     unit = 4.0 * static_cast<double>(kWidth * kWidth + kWidth);
   }
   const auto live = tensor::host_memory_stats().live_bytes;
   tensor::reset_host_memory_peak();
   auto model = build(tensor::Device::meta());
-  ShardedModel sharded(Sharding::fsdp, *model, comm, adamw, std::size_t{1} << 20);
+  parallel::ShardedModel sharded(parallel::Sharding::fsdp, *model, comm, adamw, std::size_t{1} << 20);
   DistributedSampler sampler(64, comm.size(), comm.rank(), SamplerOptions{.seed = 1});
   TrainingState state(*model, sharded.optimizer(), sampler, sharded);
   TrainingCheckpoint ckpt(dir.path, state, {.run_id = "mem", .world_size = comm.size()}, comm.rank() == 0);
@@ -381,8 +387,9 @@ TEST(ShardedCheckpoint, FsdpSaveOfA100MbModelGrowsNoRanksPeakRssPastShardPlusLar
   auto sgd = [](std::vector<nn::NamedParameter> params) -> std::unique_ptr<nn::Optimizer> {
     return std::make_unique<nn::SGD>(std::move(params), 0.01, 0.9);
   };
-  ShardedModel sharded(Sharding::fsdp, model, comm, sgd, std::size_t{25} << 20,
-                       FsdpOptions{.auto_wrap_policy = module_type_auto_wrap_policy<nn::Linear>()});
+  parallel::ShardedModel sharded(
+      parallel::Sharding::fsdp, model, comm, sgd, std::size_t{25} << 20,
+      parallel::FsdpOptions{.auto_wrap_policy = parallel::module_type_auto_wrap_policy<nn::Linear>()});
   DistributedSampler sampler(64, comm.size(), comm.rank(), SamplerOptions{.seed = 1});
   TrainingState state(model, sharded.optimizer(), sampler, sharded);
   {  // one step, so the momentum buffers exist
@@ -410,7 +417,7 @@ TEST(ShardedCheckpoint, FsdpSaveOfA100MbModelGrowsNoRanksPeakRssPastShardPlusLar
     const auto local = state.local_state_slices();
     ASSERT_TRUE(local.has_value());
     for (const auto* pieces : {&local->model, &local->optimizer})
-      for (const StateSlice& piece : *pieces)
+      for (const parallel::StateSlice& piece : *pieces)
         if (piece.data.defined()) shard += static_cast<std::int64_t>(piece.data.nbytes());
   }
   const std::int64_t bound = shard + largest + (std::int64_t{64} << 20);

@@ -9,10 +9,10 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sgd.hpp"
+#include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/grad_scaler.hpp"
 #include "troupe/tensor/random.hpp"
-#include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed_sampler.hpp"
-#include "troupe/train/grad_scaler.hpp"
 #include "troupe/train/training_state.hpp"
 
 namespace troupe::train {
@@ -27,10 +27,10 @@ constexpr std::int64_t kMicroPerEpoch = 6;
 // loss scaler and gradient accumulation.
 struct TrainingRun {
   std::unique_ptr<nn::Sequential> model;
-  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<parallel::DistributedDataParallel> ddp;
   std::unique_ptr<nn::SGD> sgd;
   std::unique_ptr<DistributedSampler> sampler;
-  std::unique_ptr<GradScaler> scaler;
+  std::unique_ptr<parallel::GradScaler> scaler;
   std::unique_ptr<TrainingState> state;
   TensorDataset data = testing::make_data(kMicroBatch * kMicroPerEpoch * world().size(), 21);
   nn::CrossEntropyLoss loss_fn;
@@ -42,11 +42,12 @@ struct TrainingRun {
     model->emplace<nn::ReLU>();
     model->emplace<nn::Dropout>(0.25, seed);
     model->emplace<nn::Linear>(32, 4, gen);
-    ddp = std::make_unique<DistributedDataParallel>(*model, world());
+    ddp = std::make_unique<parallel::DistributedDataParallel>(*model, world());
     sgd = std::make_unique<nn::SGD>(model->named_parameters(), 0.05, 0.9);
     sampler =
         std::make_unique<DistributedSampler>(data.size(), world().size(), world().rank(), SamplerOptions{.seed = seed});
-    scaler = std::make_unique<GradScaler>(&world(), GradScalerOptions{.init_scale = 256, .growth_interval = 3});
+    scaler = std::make_unique<parallel::GradScaler>(
+        &world(), parallel::GradScalerOptions{.init_scale = 256, .growth_interval = 3});
     state = std::make_unique<TrainingState>(*model, *sgd, *sampler, ddp.get(), scaler.get());
   }
 

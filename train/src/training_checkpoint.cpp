@@ -191,7 +191,8 @@ checkpoint::SaveHandle TrainingCheckpoint::save(std::int64_t step, std::int64_t 
 // in group order, each group's tensors in its dict's order, its scalars laid out by
 // register_state_groups' rule (add_state_group).
 checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std::int64_t epoch) {
-  std::optional<LocalStateSlices> local = state_.local_state_slices();  // zero1/zero2: a collective (names only)
+  std::optional<parallel::LocalStateSlices> local =
+      state_.local_state_slices();  // zero1/zero2: a collective (names only)
   TROUPE_CHECK(local.has_value(), "TrainingCheckpoint: the sharded state has no local slices");
   int rank = 0;
   TROUPE_MPI_CHECK(MPI_Comm_rank(comm_, &rank));
@@ -205,8 +206,8 @@ checkpoint::SaveHandle TrainingCheckpoint::save_parallel(std::int64_t step, std:
   for (const auto& [name, value] : run_.attributes) manifest.attributes.push_back({"/", name, value});
   for (const std::string& name : state_.group_names()) manifest.groups.push_back("/" + name);
   std::vector<checkpoint::Slice> slices;
-  const auto pieces = [&](const std::string& group, std::vector<StateSlice>& from) {
-    for (StateSlice& piece : from) {
+  const auto pieces = [&](const std::string& group, std::vector<parallel::StateSlice>& from) {
+    for (parallel::StateSlice& piece : from) {
       manifest.add_tensor(group + piece.name, piece.dtype, piece.shape);
       slices.push_back(checkpoint::Slice{piece.begin, std::move(piece.data)});
     }

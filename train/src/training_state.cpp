@@ -4,10 +4,10 @@
 
 #include "troupe/error.hpp"
 #include "troupe/nn/dropout.hpp"
-#include "troupe/train/ddp.hpp"
+#include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/grad_scaler.hpp"
+#include "troupe/parallel/master_weights.hpp"
 #include "troupe/train/distributed_sampler.hpp"
-#include "troupe/train/grad_scaler.hpp"
-#include "troupe/train/master_weights.hpp"
 
 namespace troupe::train {
 
@@ -49,22 +49,13 @@ StateGroups clone(const StateGroups& groups) {
   return out;
 }
 
-std::uint64_t parameter_hash(nn::Module& model) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const auto& [name, p] : model.named_parameters()) {
-    const Tensor host = p->data.to(Device::cpu());
-    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
-    for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
-  }
-  return h;
-}
-
 TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
-                             DistributedDataParallel* ddp, GradScaler* scaler, MasterWeights* master)
+                             parallel::DistributedDataParallel* ddp, parallel::GradScaler* scaler,
+                             parallel::MasterWeights* master)
     : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(ddp), scaler_(scaler), master_(master) {}
 
 TrainingState::TrainingState(nn::Module& model, nn::Optimizer& optimizer, DistributedSampler& sampler,
-                             ShardedStateDicts& sharded)
+                             parallel::ShardedStateDicts& sharded)
     : model_(model), optimizer_(optimizer), sampler_(sampler), ddp_(nullptr), scaler_(nullptr), sharded_(&sharded) {}
 
 std::vector<std::string> TrainingState::group_names() const {
@@ -85,7 +76,7 @@ StateGroups TrainingState::state_dicts() const {
   return groups;
 }
 
-std::optional<LocalStateSlices> TrainingState::local_state_slices() const {
+std::optional<parallel::LocalStateSlices> TrainingState::local_state_slices() const {
   if (sharded_ == nullptr || !sharded_->has_local_state_slices()) return std::nullopt;
   return sharded_->local_state_slices();
 }
@@ -130,8 +121,8 @@ void TrainingState::load_state_dicts(const StateGroups& groups) {
   load_small_groups(groups);
 }
 
-void TrainingState::load_state_slices(const StateGroups& small, const StateSliceSource& model,
-                                      const StateSliceSource& optimizer) {
+void TrainingState::load_state_slices(const StateGroups& small, const parallel::StateSliceSource& model,
+                                      const parallel::StateSliceSource& optimizer) {
   TROUPE_CHECK(loads_local_state_slices(), "TrainingState::load_state_slices: the state cannot load its own slices");
   check_small_groups(small);
   sharded_->load_local_state_slices(model, optimizer);

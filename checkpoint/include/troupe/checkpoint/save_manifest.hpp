@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "troupe/checkpoint/attribute.hpp"
+#include "troupe/shard_range.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::checkpoint {
@@ -67,9 +68,7 @@ struct SaveManifest {
   }
 };
 
-// The contiguous flat range [begin, end) of a tensor of `numel` elements that `rank` of
-// `world` holds when split as evenly as possible, the first numel % world ranks taking
-// one more: the layout troupe's sharded optimizers use, and how load re-slices.
-std::pair<std::int64_t, std::int64_t> shard_range(std::int64_t numel, int rank, int world);
+// The layout troupe's sharded optimizers use, and how load re-slices (troupe/shard_range.hpp).
+using troupe::shard_range;
 
 }  // namespace troupe::checkpoint

@@ -165,4 +165,8 @@ class Module {
   std::string hook_prefix_;
 };
 
+// FNV-1a over every parameter's bytes, in named order: equal on two ranks (or two runs)
+// exactly when their parameters are bit-identical.
+std::uint64_t parameter_hash(Module& model);
+
 }  // namespace troupe::nn

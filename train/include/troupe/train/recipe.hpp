@@ -38,17 +38,18 @@
 #include "troupe/error.hpp"
 #include "troupe/nn/lr_scheduler.hpp"
 #include "troupe/nn/optimizer.hpp"
+#include "troupe/parallel/fsdp.hpp"
+#include "troupe/parallel/oss.hpp"
 #include "troupe/tensor/device.hpp"
-#include "troupe/train/fsdp.hpp"
 #include "troupe/train/objective.hpp"
-#include "troupe/train/oss.hpp"
 
 namespace troupe::train {
 
 // The recipe's optimizer over any parameters, for OSS's partition or FSDP's shards;
 // a recipe without one is an InvalidArgument naming `sharding`, the mode that needs it.
 template <class Recipe>
-OptimizerFactory recipe_optimizer_factory(const typename Recipe::Config& config, const std::string& sharding) {
+parallel::OptimizerFactory recipe_optimizer_factory(const typename Recipe::Config& config,
+                                                    const std::string& sharding) {
   using Config = typename Recipe::Config;
   if constexpr (requires(std::vector<nn::NamedParameter> params, const Config& c) {
                   {
@@ -81,9 +82,9 @@ std::unique_ptr<nn::Module> recipe_model(const typename Recipe::Config& config, 
 }
 
 template <class Recipe>
-FsdpOptions recipe_fsdp_options(const typename Recipe::Config& config) {
+parallel::FsdpOptions recipe_fsdp_options(const typename Recipe::Config& config) {
   if constexpr (requires {
-                  { Recipe::fsdp_options(config) } -> std::convertible_to<FsdpOptions>;
+                  { Recipe::fsdp_options(config) } -> std::convertible_to<parallel::FsdpOptions>;
                 })
     return Recipe::fsdp_options(config);
   else

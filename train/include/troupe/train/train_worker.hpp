@@ -41,6 +41,9 @@
 #include "troupe/error.hpp"
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
+#include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/master_weights.hpp"
+#include "troupe/parallel/sharded_model.hpp"
 #include "troupe/supervisor/client.hpp"
 #include "troupe/supervisor/fault.hpp"
 #include "troupe/supervisor/run_environment.hpp"
@@ -48,12 +51,9 @@
 #include "troupe/tensor/serialize.hpp"
 #include "troupe/train/best_model_keeper.hpp"
 #include "troupe/train/data_loader.hpp"
-#include "troupe/train/ddp.hpp"
 #include "troupe/train/distributed.hpp"
 #include "troupe/train/distributed_sampler.hpp"
-#include "troupe/train/master_weights.hpp"
 #include "troupe/train/recipe.hpp"
-#include "troupe/train/sharded_model.hpp"
 #include "troupe/train/status.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
@@ -84,7 +84,7 @@ class TrainWorker {
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
-                 "TrainWorker: precision bf16 is built for ddp only, not ", sharding_name(sharding_));
+                 "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
     if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
     // Before DDP and the optimizer hold the parameters. A meta model stays described:
     // ShardedModel materialises each rank's part on device_.
@@ -99,18 +99,18 @@ class TrainWorker {
                  options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ", comm_->size(),
                  " ranks without a sample");
     if (sharding_ == Sharding::ddp) {
-      ddp_ =
-          std::make_unique<DistributedDataParallel>(*model_, *comm_, DdpOptions{.bucket_bytes = options_.bucket_bytes});
+      ddp_ = std::make_unique<parallel::DistributedDataParallel>(
+          *model_, *comm_, parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes});
       if (options_.precision == Precision::bf16) {  // after DDP's broadcast, so every rank's masters are rank 0's
-        master_ = std::make_unique<MasterWeights>(*model_);
+        master_ = std::make_unique<parallel::MasterWeights>(*model_);
         optimizer_ = recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(master_->named_parameters());
       } else {
         optimizer_ = Recipe::make_optimizer(*model_, config_);
       }
     } else {
-      sharded_ = std::make_unique<ShardedModel>(sharding_, *model_, *comm_,
-                                                recipe_optimizer_factory<Recipe>(config_, sharding_name(sharding_)),
-                                                options_.bucket_bytes, fsdp_options());
+      sharded_ = std::make_unique<parallel::ShardedModel>(
+          sharding_, *model_, *comm_, recipe_optimizer_factory<Recipe>(config_, parallel::sharding_name(sharding_)),
+          options_.bucket_bytes, fsdp_options());
     }
     scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
     sampler_ = std::make_unique<DistributedSampler>(
@@ -383,12 +383,12 @@ class TrainWorker {
     const double weight = sampler_->batch_weight(sampler_->position() - n, n);
     const auto output_grad = [this, weight](double scale) { return objective_->backward(scale * weight); };
     const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
-    const AccumulationStep step =
+    const parallel::AccumulationStep step =
         sharded_ ? sharded_->optimizer_step_with_gradient_accumulation(output_grad, options_.accum_steps,
                                                                        micro_per_epoch, options_.max_grad_norm)
                  : ddp_->optimizer_step_with_gradient_accumulation(
                        *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
-                       AccumulationOptions{.max_grad_norm = options_.max_grad_norm, .master = master_.get()});
+                       parallel::AccumulationOptions{.max_grad_norm = options_.max_grad_norm, .master = master_.get()});
     if (step.stepped) {
       ++state_->step;
       ++result.steps;
@@ -455,8 +455,8 @@ class TrainWorker {
     const auto named = model_->named_parameters();
     return !named.empty() && tensor::is_meta(named.front().param->data);
   }
-  FsdpOptions fsdp_options() const {
-    FsdpOptions fsdp = recipe_fsdp_options<Recipe>(config_);
+  parallel::FsdpOptions fsdp_options() const {
+    parallel::FsdpOptions fsdp = recipe_fsdp_options<Recipe>(config_);
     fsdp.device = device_;  // where a meta model's shards are materialised
     return fsdp;
   }
@@ -474,9 +474,9 @@ class TrainWorker {
   std::unique_ptr<nn::Module> model_;
   Dataset train_, test_;
   std::unique_ptr<Objective> objective_;
-  std::unique_ptr<DistributedDataParallel> ddp_;  // ddp
-  std::unique_ptr<ShardedModel> sharded_;         // zero1, zero2, fsdp
-  std::unique_ptr<MasterWeights> master_;         // precision bf16
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // ddp
+  std::unique_ptr<parallel::ShardedModel> sharded_;         // zero1, zero2, fsdp
+  std::unique_ptr<parallel::MasterWeights> master_;         // precision bf16
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<nn::LRScheduler> scheduler_;  // the recipe's, if any: sets the lr before each step
   std::unique_ptr<DistributedSampler> sampler_;

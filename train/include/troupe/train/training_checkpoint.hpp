@@ -64,7 +64,7 @@ namespace troupe::train {
 // One section of an open checkpoint file as a StateSliceSource: what the sharded resume
 // reads the model and optimizer groups through (hyperslab reads, FileReader::read_range).
 // The section's file must stay open while it is used.
-class SectionSlices final : public StateSliceSource {
+class SectionSlices final : public parallel::StateSliceSource {
  public:
   explicit SectionSlices(const checkpoint::SectionReader& section) : section_(section) {}
   const std::vector<std::string>& names() const override;

@@ -12,12 +12,12 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/parallel/sharding.hpp"
 #include "troupe/train/objective.hpp"
 
 namespace troupe::train {
 
-// How the model and its optimizer state are spread over the ranks (sharded_model.hpp).
-enum class Sharding { ddp, zero1, zero2, fsdp };
+using parallel::Sharding;  // the worker's mode (troupe/parallel/sharding.hpp)
 // Where a worker computes: the CPU, or this rank's GPU (its local rank modulo the GPUs
 // it sees), the gradients (and the sharded modes' gathers) over NCCL and host-side
 // values (norms, state-dict metadata) over MPI beside it.
@@ -27,12 +27,10 @@ enum class WorkerDevice { cpu, cuda };
 // keep, so a resume is exact. ddp only.
 enum class Precision { f32, bf16 };
 
-// From the names a command line uses ("ddp", "zero1", "zero2", "fsdp"; "cpu", "cuda";
-// "f32", "bf16"); anything else is an InvalidArgument listing them.
-Sharding parse_sharding(std::string_view name);
+// From the names a command line uses ("cpu", "cuda"; "f32", "bf16"); anything else is
+// an InvalidArgument listing them. (parse_sharding: troupe/parallel/sharding.hpp.)
 WorkerDevice parse_worker_device(std::string_view name);
 Precision parse_precision(std::string_view name);
-const char* sharding_name(Sharding mode);
 const char* worker_device_name(WorkerDevice device);
 const char* precision_name(Precision precision);
 
