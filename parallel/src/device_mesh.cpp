@@ -60,7 +60,8 @@ std::vector<MeshDim> resolved(std::vector<MeshDim> dims, int world_size) {
     rest->size = static_cast<int>(world_size / known);
     known *= rest->size;
   }
-  TROUPE_CHECK(known == world_size, "device mesh '", given, "' holds ", known, " ranks, but the world has ", world_size);
+  TROUPE_CHECK(known == world_size, "device mesh '", given, "' holds ", known, " ranks, but the world has ",
+               world_size);
   return dims;
 }
 
