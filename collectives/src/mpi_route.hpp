@@ -40,18 +40,12 @@ class MpiBlockingRoute : public Route {
   class Check;  // the proof beside the call (mpi_route.cpp)
 };
 
-class MpiRoute : public Route {
+class MpiRoute : public EngineRoute {
  public:
-  using Route::Route;
+  explicit MpiRoute(const RouteSite& site) : EngineRoute(site, /*agree_first=*/true) {}
   std::string_view name() const override { return "mpi"; }
   bool supports(const Collective&, bool) const override { return true; }
-  bool on_caller() const override { return false; }
   std::shared_ptr<Operation> run(const Collective& collective) override;
-
- private:
-  std::shared_ptr<Operation> verify(std::shared_ptr<Operation> operation, const Collective& collective) const {
-    return checked(std::move(operation), collective, /*agree_first=*/true);
-  }
 };
 
 }  // namespace troupe::collectives::detail

@@ -11,11 +11,11 @@ bool Route::small_blocking(const Collective& c, bool blocking) const {
          std::max(c.input.nbytes(), c.output.nbytes()) <= options().direct_blocking_bytes;
 }
 
-std::shared_ptr<Operation> Route::checked(std::shared_ptr<Operation> operation, const Collective& c,
-                                          bool agree_first) const {
+std::shared_ptr<Operation> EngineRoute::verify(std::shared_ptr<Operation> operation, const Collective& c) const {
   if (!options().check_signatures || c.is_point_to_point()) return operation;
-  return with_signature_check(std::move(operation), site_.shm, site_.check_comm, site_.mpi.rank, site_.mpi.size,
-                              options().timeout, agree_first ? site_.start_order : nullptr);
+  const RouteSite& s = site();
+  return with_signature_check(std::move(operation), s.shm, s.check_comm, s.mpi.rank, s.mpi.size, options().timeout,
+                              agree_first_ ? s.start_order : nullptr);
 }
 
 }  // namespace troupe::collectives::detail

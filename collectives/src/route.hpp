@@ -68,15 +68,26 @@ class Route {
   // a blocking collective (not send/recv, not in debug mode, whose allgather must come
   // first) of at most Options::direct_blocking_bytes (the larger buffer).
   bool small_blocking(const Collective& collective, bool blocking) const;
-  // `operation` with its signature check around it (with_signature_check: on the board
-  // on one node, else exchanged on the check communicator) -- unless the check is off or
-  // the call is point to point. With `agree_first`, the operation starts only once the
-  // signatures agree, in issue order.
-  std::shared_ptr<Operation> checked(std::shared_ptr<Operation> operation, const Collective& collective,
-                                     bool agree_first) const;
 
  private:
   const RouteSite& site_;
+};
+
+// A route whose call the engine advances (shm, ring, mpi): run returns an operation,
+// which verify wraps with its signature check (with_signature_check: on the board on
+// one node, else exchanged on the check communicator) unless the check is off or the
+// call is point to point. With `agree_first` the operation starts only once the
+// signatures agree, in issue order; otherwise at once, the check running beside it.
+class EngineRoute : public Route {
+ public:
+  EngineRoute(const RouteSite& site, bool agree_first) : Route(site), agree_first_(agree_first) {}
+  bool on_caller() const final { return false; }
+
+ protected:
+  std::shared_ptr<Operation> verify(std::shared_ptr<Operation> operation, const Collective& collective) const;
+
+ private:
+  const bool agree_first_;
 };
 
 }  // namespace troupe::collectives::detail

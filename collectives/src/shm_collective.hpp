@@ -48,18 +48,12 @@
 
 namespace troupe::collectives::detail {
 
-class ShmRoute : public Route {
+class ShmRoute : public EngineRoute {
  public:
-  using Route::Route;
+  explicit ShmRoute(const RouteSite& site) : EngineRoute(site, /*agree_first=*/false) {}
   std::string_view name() const override { return "shm"; }
   bool supports(const Collective& collective, bool blocking) const override;
-  bool on_caller() const override { return false; }
   std::shared_ptr<Operation> run(const Collective& collective) override;
-
- private:
-  std::shared_ptr<Operation> verify(std::shared_ptr<Operation> operation, const Collective& collective) const {
-    return checked(std::move(operation), collective, /*agree_first=*/false);
-  }
 };
 
 class ShmCollective : public Operation {
