@@ -228,7 +228,7 @@ class FullyShardedDataParallel {
   std::vector<LocalSlice> local_optimizer_slices();
   // The sharded resume, the inverse of the two above: each rank reads only its own
   // range of every tensor of a full-state-dict file's model and optimizer groups
-  // (training_state.hpp's StateSliceSource: hyperslab reads), from a file of any mode
+  // (state_slices.hpp's StateSliceSource: hyperslab reads), from a file of any mode
   // or world size, into its shards and a fresh optimizer state it adopts -- no full
   // tensor and no second copy of the state is ever held. Checked like the full loads;
   // when any rank's group is bad every rank throws, naming the file.

@@ -5,7 +5,7 @@
 //     struct Config { ...; template <class A> void serialize(A&); };  // sent to every rank
 //     static std::unique_ptr<nn::Module> make_model(const Config&);
 //     // Optional: the model built on `device`. With it, zero1/zero2/fsdp build the model
-//     // on the meta device and each rank materialises only its part (sharded_model.hpp).
+//     // on the meta device and each rank materialises only its part (troupe/parallel/sharded_model.hpp).
 //     static std::unique_ptr<nn::Module> make_model(const Config&, tensor::Device);
 //     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
 //     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,

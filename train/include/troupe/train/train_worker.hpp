@@ -6,7 +6,7 @@
 // rank runs the same program unchanged (a single-rank communicator).
 //
 // WorkerOptions::sharding picks ddp, zero1 (DDP + OSS), zero2 (FSDP's shard_grad_op)
-// or fsdp (sharded_model.hpp). Accumulation, the sampler, Status, evaluation and
+// or fsdp (troupe/parallel/sharded_model.hpp). Accumulation, the sampler, Status, evaluation and
 // checkpoints work alike in every mode, and a checkpoint of one mode resumes in
 // another. In zero2 and fsdp, state(), evaluate(), offer_best() and model_state() are
 // collectives: ask every worker. The global batch need not divide by the ranks (64
