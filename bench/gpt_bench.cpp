@@ -1,6 +1,6 @@
 // gpt_bench: one training step of troupe's GPT on the CPU, in tokens/s.
 //
-//   build/bench/gpt_bench [--model small|tiny]... [--repeats N] [--min-time S]
+//   build/bench/gpt_bench [--model small|tiny]... [--repeats N] [--min-time S] [--checkpoint-every K]
 //
 // A step: zero_grad, forward, cross-entropy over (B, T, V), backward, gradient
 // clipping at 1.0, AdamW (betas 0.9/0.95, weight decay 0.1 on matrices). Models, both
@@ -12,11 +12,16 @@
 // the same JSON; bench/run pairs the two by model (train_bench.cpp says why these are
 // two programs). Timing: 4 batches of random ids made once and cycled; 4 warm-up
 // steps, the last 2 sizing a repeat to about --min-time (at least 2 steps); median of
-// --repeats repeats, each in process CPU time.
+// --repeats repeats, each in process CPU time. --checkpoint-every K recomputes every
+// K-th block's activations in backward (GPT::checkpoint_blocks; bench/run's parallel
+// area). activation_peak_bytes: the most host memory one step held beyond what was live
+// before it (parameters, gradients, optimizer state; the last step's caches released),
+// measured on a step after warm-up.
 //
 // Output, a JSON list, one object per model:
 //   {"model": "small", "params": N, "batch": B, "time": T, "tokens_per_s": ..., "step_ms": ...,
-//    "repeats": [tokens/s, ...], "steps_per_repeat": N, "loss": last loss}
+//    "repeats": [tokens/s, ...], "steps_per_repeat": N, "loss": last loss,
+//    "checkpoint_every": K, "activation_peak_bytes": N}
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -29,6 +34,7 @@
 #include "troupe/nn/clip.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
+#include "troupe/tensor/host_memory.hpp"
 #include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 
@@ -55,6 +61,7 @@ struct Flags {
   std::vector<std::string> models;
   int repeats = 5;
   double min_time = 2.0;
+  std::int64_t checkpoint_every = 0;
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -69,6 +76,8 @@ Flags parse_flags(int argc, char** argv) {
       f.repeats = std::stoi(value);
     else if (flag == "--min-time")
       f.min_time = std::stod(value);
+    else if (flag == "--checkpoint-every")
+      f.checkpoint_every = std::stoll(value);
     else
       throw InvalidArgument("gpt_bench: unknown flag " + flag);
   }
@@ -86,6 +95,7 @@ Tensor random_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, ten
 
 void time_model(const Model& m, const Flags& flags, bool first) {
   nn::GPT model(m.config, 0);
+  model.checkpoint_blocks(flags.checkpoint_every);
   nn::AdamW opt(model.named_parameters(), 6e-4, {0.9, 0.95}, 1e-8, 0.1);
   opt.set_weight_decay_filter(nn::decay_matrices_only);
   nn::CrossEntropyLoss loss_fn;
@@ -106,6 +116,11 @@ void time_model(const Model& m, const Flags& flags, bool first) {
     opt.step();
   };
   for (int i = 0; i < 2; ++i) step();
+  model.release_activations();  // a layer keeps its cache until its next forward
+  const std::size_t live = tensor::host_memory_stats().live_bytes;
+  tensor::reset_host_memory_peak();
+  step();
+  const std::size_t activation_peak = tensor::host_memory_stats().peak_bytes - live;
   const double sizing = cpu_seconds();
   for (int i = 0; i < 2; ++i) step();
   const double per_step = (cpu_seconds() - sizing) / 2;
@@ -126,7 +141,9 @@ void time_model(const Model& m, const Flags& flags, bool first) {
       static_cast<long long>(m.batch), static_cast<long long>(m.config.block_size), median,
       1e3 * static_cast<double>(m.batch * m.config.block_size) / median);
   for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.1f", i ? ", " : "", repeats[i]);
-  std::printf("], \"steps_per_repeat\": %lld, \"loss\": %.6g}", static_cast<long long>(steps), loss);
+  std::printf(
+      "], \"steps_per_repeat\": %lld, \"loss\": %.6g, \"checkpoint_every\": %lld, \"activation_peak_bytes\": %zu}",
+      static_cast<long long>(steps), loss, static_cast<long long>(flags.checkpoint_every), activation_peak);
   std::fflush(stdout);
 }
 

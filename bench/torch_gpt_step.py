@@ -2,6 +2,7 @@
 """PyTorch eager baseline for bench/gpt_bench.cpp: one GPT training step, tokens/s.
 
     /usr/bin/python3 bench/torch_gpt_step.py [--model small|tiny]... [--repeats N] [--min-time S]
+                                             [--checkpoint-every K]
 
 The same models (nanoGPT's torch.nn code in tools/torch_gpt.py, whose outputs
 tests/nn/gpt_parity_test.py checks against troupe's to 1e-6), step
@@ -9,7 +10,9 @@ tests/nn/gpt_parity_test.py checks against troupe's to 1e-6), step
 AdamW 0.9/0.95 with weight decay 0.1 on matrices, foreach=False), random batches, one
 thread and timing as gpt_bench.cpp; the same JSON. Debian's torch 1.13 has no
 scaled_dot_product_attention: attention is nanoGPT's explicit masked softmax, which is
-what torch eager runs there.
+what torch eager runs there. --checkpoint-every K runs every K-th block under
+torch.utils.checkpoint (use_reentrant=False, PyTorch's recommended form), as gpt_bench's
+flag of that name recomputes troupe's.
 Exits 3 when torch cannot be imported.
 """
 import argparse
@@ -42,10 +45,18 @@ def cpu_seconds():
     return time.process_time()
 
 
-def time_model(name, repeats, min_time):
+def checkpoint_blocks(model, every):
+    from torch.utils.checkpoint import checkpoint
+    for i, block in enumerate(model.transformer.h):
+        if every and i % every == 0:
+            block.forward = lambda x, run=block.forward: checkpoint(run, x, use_reentrant=False)
+
+
+def time_model(name, repeats, min_time, checkpoint_every):
     c, batch = MODELS[name]
     torch.manual_seed(0)
     model = GPT(c)
+    checkpoint_blocks(model, checkpoint_every)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -84,7 +95,8 @@ def time_model(name, repeats, min_time):
     return {"model": name, "params": sum(p.numel() for p in model.parameters()), "batch": batch,
             "time": c["block_size"], "tokens_per_s": round(median, 1),
             "step_ms": round(1e3 * batch * c["block_size"] / median, 2), "repeats": [round(r, 1) for r in rates],
-            "steps_per_repeat": steps, "loss": state["loss"], "torch": torch.__version__}
+            "steps_per_repeat": steps, "loss": state["loss"], "torch": torch.__version__,
+            "checkpoint_every": checkpoint_every}
 
 
 def main():
@@ -92,9 +104,10 @@ def main():
     parser.add_argument("--model", action="append", choices=sorted(MODELS))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--min-time", type=float, default=2.0)
+    parser.add_argument("--checkpoint-every", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(json.dumps([time_model(m, args.repeats, args.min_time) for m in (args.model or ["tiny", "small"])]))
+    print(json.dumps([time_model(m, args.repeats, args.min_time, args.checkpoint_every) for m in (args.model or ["tiny", "small"])]))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ struct Flags {
   // The model (nanoGPT's names); -1: the preset's.
   std::int64_t n_layer = -1, n_head = -1, n_embd = -1, block_size = -1;
   double dropout = -1;
+  std::int64_t activation_checkpointing = 0;  // recompute every N-th block in backward (0: none)
   // Optimisation; -1: the preset's.
   std::int64_t batch_size = -1, steps = -1, warmup_steps = -1, eval_every = -1, eval_samples = -1;
   double lr = -1, min_lr = -1, weight_decay = 0.1, grad_clip = 1.0, beta2 = 0.99;
@@ -86,6 +87,7 @@ void apply_preset(Flags& f) {
 const char* kUsage =
     "usage: train_gpt [--data PATH] [--preset quick|default]\n"
     "                 [--n-layer N] [--n-head N] [--n-embd N] [--block-size N] [--dropout X]\n"
+    "                 [--activation-checkpointing N]\n"
     "                 [--batch-size N] [--accum-steps N] [--steps N] [--lr X] [--min-lr X]\n"
     "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
     "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
@@ -96,7 +98,9 @@ const char* kUsage =
     "  override the preset's values. --batch-size is the global batch of block_size + 1\n"
     "  character windows. --eval-samples windows of the validation text are evaluated every\n"
     "  --eval-every steps (0: all of them), and a checkpoint is saved then. --checkpoint-dir\n"
-    "  resumes from its latest valid checkpoint; under troupe-run it defaults to troupe-run's.\n";
+    "  resumes from its latest valid checkpoint; under troupe-run it defaults to troupe-run's.\n"
+    "  --activation-checkpointing N recomputes every N-th block's activations in backward\n"
+    "  (1: all blocks; 0, the default: none), for the same results in less memory.\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -130,6 +134,8 @@ Flags parse_flags(int argc, char** argv) {
         f.block_size = integer();
       else if (flag == "--dropout")
         f.dropout = real();
+      else if (flag == "--activation-checkpointing")
+        f.activation_checkpointing = integer();
       else if (flag == "--batch-size")
         f.batch_size = integer();
       else if (flag == "--accum-steps")
@@ -189,6 +195,7 @@ Flags parse_flags(int argc, char** argv) {
   require(f.n_embd % f.n_head == 0,
           "--n-embd " + std::to_string(f.n_embd) + " must be a multiple of --n-head " + std::to_string(f.n_head));
   require(f.dropout >= 0 && f.dropout < 1, "--dropout must be in [0, 1)");
+  require(f.activation_checkpointing >= 0, "--activation-checkpointing must be >= 0");
   require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
           "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
   require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,
@@ -239,10 +246,11 @@ struct GptRecipe {
     std::uint64_t seed = 0;
     double lr = 0, min_lr = 0, weight_decay = 0, beta2 = 0;
     std::int64_t warmup_steps = 0, steps = 0;
+    std::int64_t checkpoint_every = 0;  // blocks whose activations are recomputed (GPT::checkpoint_blocks)
     template <class A>
     void serialize(A& a) {
       a(data, n_layer, n_head, n_embd, block_size, vocab_size, dropout, seed, lr, min_lr, weight_decay, beta2,
-        warmup_steps, steps);
+        warmup_steps, steps, checkpoint_every);
     }
     nn::GPTConfig model() const {
       return {.block_size = block_size,
@@ -267,7 +275,9 @@ struct GptRecipe {
   static std::unique_ptr<nn::Module> make_model(const Config& c) { return make_model(c, tensor::Device::cpu()); }
   // On the meta device in the sharded modes: each rank materialises only its shards.
   static std::unique_ptr<nn::Module> make_model(const Config& c, tensor::Device device) {
-    return std::make_unique<nn::GPT>(c.model(), c.seed, tensor::DType::f32, device);
+    auto model = std::make_unique<nn::GPT>(c.model(), c.seed, tensor::DType::f32, device);
+    model->checkpoint_blocks(c.checkpoint_every);
+    return model;
   }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
     return make_optimizer(model.named_parameters(), c);
@@ -453,7 +463,8 @@ int main(int argc, char** argv) {
                                    .weight_decay = flags.weight_decay,
                                    .beta2 = flags.beta2,
                                    .warmup_steps = flags.warmup_steps,
-                                   .steps = flags.steps};
+                                   .steps = flags.steps,
+                                   .checkpoint_every = flags.activation_checkpointing};
     train::WorkerOptions options{
         .global_batch = flags.batch_size,
         .accum_steps = flags.accum_steps,

@@ -65,4 +65,8 @@ Tensor Tanh::backward_impl(const Tensor& grad_output) {
   return tensor::tanh_backward(grad_output, output_);
 }
 
+void ReLU::release_own_activations() { input_ = Tensor(); }
+void GELU::release_own_activations() { input_ = Tensor(); }
+void Tanh::release_own_activations() { output_ = Tensor(); }
+
 }  // namespace troupe::nn

@@ -39,4 +39,9 @@ Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output) {
   return c_attn_->backward(gqkv);
 }
 
+void CausalSelfAttention::release_own_activations() {
+  qkv_ = Tensor();
+  saved_ = {};
+}
+
 }  // namespace troupe::nn

@@ -59,4 +59,9 @@ Tensor Dropout::backward_impl(const Tensor& grad_output) {
   return detail::map2(mask_, grad_output, type_name() + ".backward", [](auto m, auto gy) { return m * gy; });
 }
 
+void Dropout::release_own_activations() {
+  mask_ = Tensor();
+  forward_ran_ = false;
+}
+
 }  // namespace troupe::nn

@@ -52,4 +52,6 @@ Tensor Embedding::backward_impl(const Tensor& grad_output) {
   return Tensor();
 }
 
+void Embedding::release_own_activations() { indices_ = Tensor(); }
+
 }  // namespace troupe::nn

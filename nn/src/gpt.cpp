@@ -119,6 +119,12 @@ Tensor GPT::backward_impl(const Tensor& grad_logits) {
   return Tensor();
 }
 
+void GPT::checkpoint_blocks(std::int64_t every) {
+  TROUPE_CHECK(every >= 0, type_name(), ".checkpoint_blocks: every must be >= 0, got ", every);
+  for (std::size_t i = 0; i < h_->size(); ++i)
+    (*h_)[i].set_activation_checkpointing(every > 0 && static_cast<std::int64_t>(i) % every == 0);
+}
+
 std::vector<std::int64_t> GPT::generate(std::vector<std::int64_t> ids, std::int64_t max_new_tokens, double temperature,
                                         tensor::Generator& gen) {
   TROUPE_CHECK(!ids.empty(), type_name(), ".generate: the prompt is empty");

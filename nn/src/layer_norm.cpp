@@ -57,4 +57,9 @@ Tensor LayerNorm::backward_impl(const Tensor& grad_output) {
   return grad_input;
 }
 
+void LayerNorm::release_own_activations() {
+  input_ = Tensor();
+  saved_ = {};
+}
+
 }  // namespace troupe::nn

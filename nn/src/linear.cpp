@@ -87,4 +87,6 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
   return tensor::matmul(gy, weight_->data).reshape(input_.shape());
 }
 
+void Linear::release_own_activations() { input_ = Tensor(); }
+
 }  // namespace troupe::nn

@@ -171,21 +171,67 @@ void Module::load_state_dict(const StateDict& dict, bool strict) {
 }
 
 Tensor Module::forward(const Tensor& input) {
-  if (!hooks_) return forward_impl(input);
+  if (!hooks_) return checkpointed_forward(input);
   const std::shared_ptr<const ModuleHooks> hooks = hooks_;  // a hook may replace hooks_
   if (hooks->before_forward) hooks->before_forward();
-  Tensor output = forward_impl(input);
+  Tensor output = checkpointed_forward(input);
   if (hooks->after_forward) hooks->after_forward();
   return output;
 }
 
 Tensor Module::backward(const Tensor& grad_output) {
-  if (!hooks_) return backward_impl(grad_output);
-  const std::shared_ptr<const ModuleHooks> hooks = hooks_;
-  if (hooks->before_backward) hooks->before_backward();
+  const std::shared_ptr<const ModuleHooks> hooks = hooks_;  // a hook may replace hooks_
+  if (hooks && hooks->before_backward) hooks->before_backward();
+  const bool recomputed = recompute_forward();
   Tensor grad_input = backward_impl(grad_output);
-  if (hooks->after_backward) hooks->after_backward();
+  // The recomputed caches served this one backward; keeping them would hold every
+  // block's activations again by the end of the model's backward.
+  if (recomputed) release_activations();
+  if (hooks && hooks->after_backward) hooks->after_backward();
   return grad_input;
+}
+
+Tensor Module::checkpointed_forward(const Tensor& input) {
+  recompute_pending_ = false;
+  checkpoint_input_ = Tensor();
+  if (!checkpointing_ || !training_) return forward_impl(input);
+  std::vector<tensor::Generator*> generators;
+  collect_generators(generators);
+  checkpoint_generators_.clear();
+  for (const tensor::Generator* g : generators) checkpoint_generators_.push_back(*g);
+  Tensor output = forward_impl(input);
+  release_activations();
+  checkpoint_input_ = input;
+  recompute_pending_ = true;
+  return output;
+}
+
+// The generators are wound back for the recompute; drawing the same numbers again
+// leaves them where the first forward did.
+bool Module::recompute_forward() {
+  if (!recompute_pending_) return false;
+  std::vector<tensor::Generator*> generators;
+  collect_generators(generators);
+  TROUPE_CHECK(generators.size() == checkpoint_generators_.size(), type_name(),
+               ": the module's layers changed between a checkpointed forward and its backward");
+  for (std::size_t i = 0; i < generators.size(); ++i) *generators[i] = checkpoint_generators_[i];
+  const Tensor input = std::move(checkpoint_input_);
+  checkpoint_input_ = Tensor();
+  recompute_pending_ = false;
+  forward_impl(input);
+  return true;
+}
+
+void Module::release_activations() {
+  release_own_activations();
+  recompute_pending_ = false;
+  checkpoint_input_ = Tensor();
+  for (auto& [name, child] : children_) child->release_activations();
+}
+
+void Module::collect_generators(std::vector<tensor::Generator*>& out) {
+  if (tensor::Generator* g = forward_generator()) out.push_back(g);
+  for (auto& [name, child] : children_) child->collect_generators(out);
 }
 
 void Module::train(bool on) {

@@ -8,10 +8,12 @@
 #           troupe-run, relaunched and resumed: the same parameters as a run that never
 #           failed (hash, and troupe-ckpt diff of the final checkpoints); zero2 and
 #           fsdp end with ddp's parameters.
+#   recompute  --activation-checkpointing (every block, every other block) trains to the
+#           parameters of the run without it, with dropout on, in ddp and fsdp.
 #   bad     bad input is refused with a message naming the file and the mismatch, and
 #           no checkpoint is written over.
 #
-#   train_gpt_test.sh quick|resume|bad TRAIN_GPT TROUPE_RUN TROUPE_CKPT SOURCE_DIR
+#   train_gpt_test.sh quick|resume|recompute|bad TRAIN_GPT TROUPE_RUN TROUPE_CKPT SOURCE_DIR
 set -euo pipefail
 part=$1 train=$2 troupe_run=$3 ckpt=$4 source=$5
 work=$(mktemp -d)
@@ -77,6 +79,23 @@ resume)
   done
   echo "PASS: every mode resumed bit for bit; zero2 and fsdp trained as ddp"
   ;;
+recompute)
+  run() {  # name, flags...
+    local name=$1
+    shift
+    "${mpi[@]}" "$train" "${short[@]}" --steps 30 --dropout 0.1 "$@" > "$work/$name.log" 2>&1 \
+      || { cat "$work/$name.log"; fail "$name"; }
+    hash_of "$work/$name.log" | sed "s/^/$name: /"
+  }
+  run plain --sharding ddp
+  run ddp-every-1 --sharding ddp --activation-checkpointing 1
+  run fsdp-every-2 --sharding fsdp --activation-checkpointing 2
+  for name in ddp-every-1 fsdp-every-2; do
+    [[ "$(hash_of "$work/$name.log")" == "$(hash_of "$work/plain.log")" ]] \
+      || fail "$name ends with $(hash_of "$work/$name.log"), the run without recompute with $(hash_of "$work/plain.log")"
+  done
+  echo "PASS: recomputed activations train bit for bit as stored ones"
+  ;;
 bad)
   expect() {  # exit status, message pattern, command...
     local status=$1 pattern=$2
@@ -99,6 +118,7 @@ bad)
   expect 1 "--block-size 64 is too large for .*short.txt: its validation part has 60 characters" \
     "${mpi[@]}" "$train" --data "$work/short.txt"
   expect 2 "bad value 'tp' for --sharding" "$train" --sharding tp
+  expect 2 "--activation-checkpointing must be >= 0" "$train" --activation-checkpointing -1
   expect 2 "--n-embd 100 must be a multiple of --n-head 3" "$train" --n-embd 100 --n-head 3
   # A checkpoint folder of one run, then runs whose vocabulary or model differ.
   "${mpi[@]}" "$train" --steps 10 --warmup-steps 2 --eval-every 10 --eval-samples 16 --sample-chars 0 \

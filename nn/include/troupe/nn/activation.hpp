@@ -17,6 +17,9 @@ class ReLU : public Module {
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "ReLU"; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   Tensor input_;
 };
@@ -36,6 +39,9 @@ class GELU : public Module {
   std::string type_name() const override;
   GeluApproximate approximate() const { return approximate_; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   GeluApproximate approximate_;
   Tensor input_;
@@ -47,6 +53,9 @@ class Tanh : public Module {
   // 1 - tanh(x)^2 from the cached output, so no second tanh is evaluated.
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "Tanh"; }
+
+ protected:
+  void release_own_activations() override;
 
  private:
   Tensor output_;

@@ -35,6 +35,9 @@ class CausalSelfAttention : public Module {
   Linear& c_proj() { return *c_proj_; }
   std::int64_t n_head() const { return n_head_; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   std::int64_t n_embd_, n_head_;
   Linear* c_attn_;

@@ -29,6 +29,10 @@ class Dropout : public Module {
   tensor::Generator& generator() { return gen_; }
   const tensor::Generator& generator() const { return gen_; }
 
+ protected:
+  void release_own_activations() override;
+  tensor::Generator* forward_generator() override { return &gen_; }
+
  private:
   double p_;
   tensor::Generator gen_;

@@ -30,6 +30,9 @@ class Embedding : public Module {
   std::int64_t num_embeddings() const { return num_; }
   std::int64_t embedding_dim() const { return dim_; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   std::int64_t num_, dim_;
   Parameter* weight_ = nullptr;

@@ -92,6 +92,10 @@ class GPT : public Module {
   const GPTConfig& config() const { return config_; }
   // The blocks (transformer.h), e.g. as FSDP units.
   ModuleList& blocks() { return *h_; }
+  // Activation checkpointing of every `every`-th block, from block 0 (1: all, 0: none;
+  // torchtitan's selective layer frequency): those blocks keep only their input through
+  // the forward and recompute the rest in backward (module.hpp).
+  void checkpoint_blocks(std::int64_t every);
   // Parameters without the position table, as nanoGPT reports the model's size.
   std::int64_t non_embedding_parameter_count() const;
 

@@ -29,6 +29,9 @@ class LayerNorm : public Module {
   std::int64_t normalized_size() const { return size_; }
   double eps() const { return eps_; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   std::int64_t size_;
   double eps_;

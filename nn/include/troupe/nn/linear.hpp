@@ -42,6 +42,9 @@ class Linear : public Module {
   std::int64_t in_features() const { return in_; }
   std::int64_t out_features() const { return out_; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   std::int64_t in_ = 0, out_ = 0;
   Parameter* weight_ = nullptr;

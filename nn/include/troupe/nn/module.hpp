@@ -28,6 +28,16 @@
 // parameter_count() count it once under its first name (what an optimizer and DDP
 // see), and state_dict() lists it under every name, as torch.nn.Module does.
 //
+// Activation checkpointing (torch.utils.checkpoint; Megatron's full recompute):
+// set_activation_checkpointing(true) on a module makes its training-mode forward keep
+// only its input and free what its layers cached; its backward first runs the forward
+// again from that input, with every Dropout's generator wound back, so the recomputed
+// masks, the gradients and the generators' final state are bit for bit those of a run
+// without it; the recomputed caches go when that backward ends, so a second backward
+// needs a new forward. Hooks of modules below it fire again in the recompute (FSDP gathers a
+// unit's parameters twice, as PyTorch's FSDP does under checkpointing). A forward must
+// not change its input in place, the same rule the layers' caches rely on.
+//
 // Modules are neither copyable nor movable: optimizers and DDP hold parameters by
 // address, so parameters must stay where they were created.
 #pragma once
@@ -43,6 +53,7 @@
 #include "troupe/nn/state_dict.hpp"
 #include "troupe/tensor/device.hpp"
 #include "troupe/tensor/dtype.hpp"
+#include "troupe/tensor/random.hpp"
 
 namespace troupe::nn {
 
@@ -112,6 +123,13 @@ class Module {
   // forward pre-hooks do. One set per module, not inherited by children.
   void set_hooks(std::shared_ptr<const ModuleHooks> hooks) { hooks_ = std::move(hooks); }
 
+  // See "Activation checkpointing" above. Eval-mode forwards keep their caches as usual.
+  void set_activation_checkpointing(bool on) { checkpointing_ = on; }
+  bool activation_checkpointing() const { return checkpointing_; }
+  // Drops what the last forward cached, here and below: a backward must follow a new
+  // forward. Checkpointing calls it; so may a caller that ran forward for its output only.
+  void release_activations();
+
   // Converts every parameter and buffer to `dtype` (e.g. f64 for finite-difference
   // checks). Gradients are dropped and views are not preserved: call it while
   // building the model, before an optimizer or DDP holds on to anything.
@@ -141,6 +159,12 @@ class Module {
     return ref;
   }
 
+  // What this layer alone cached for its backward (children are the base's business).
+  virtual void release_own_activations() {}
+  // The generator this layer's forward draws from (Dropout's), wound back before a
+  // checkpointed forward is recomputed; null for a deterministic layer.
+  virtual tensor::Generator* forward_generator() { return nullptr; }
+
   // A layer's backward calls this once its own use of `param` is done; the hook fires
   // when every module that registered it has called.
   void grad_ready(Parameter& param);
@@ -152,6 +176,9 @@ class Module {
   void collect_parameters(const std::string& prefix, std::vector<NamedParameter>& out) const;
   void collect_buffers(const std::string& prefix, std::vector<NamedBuffer>& out);
   void collect_state(const std::string& prefix, StateDict& out) const;
+  void collect_generators(std::vector<tensor::Generator*>& out);
+  Tensor checkpointed_forward(const Tensor& input);
+  bool recompute_forward();
 
   // Own and shared parameters by name; the own ones live in owned_, behind
   // unique_ptr so that addresses survive later registrations.
@@ -163,6 +190,11 @@ class Module {
   std::shared_ptr<const ModuleHooks> hooks_;
   SharedHook hook_;
   std::string hook_prefix_;
+  // Activation checkpointing: the forward's input and each generator's state before it.
+  bool checkpointing_ = false;
+  bool recompute_pending_ = false;
+  Tensor checkpoint_input_;
+  std::vector<tensor::Generator> checkpoint_generators_;
 };
 
 // FNV-1a over every parameter's bytes, in named order: equal on two ranks (or two runs)

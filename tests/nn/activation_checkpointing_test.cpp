@@ -1,0 +1,150 @@
+// Activation checkpointing (module.hpp): recomputing a module's forward in its
+// backward gives the same numbers, bit for bit, for less memory.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "token_ids.hpp"
+#include "troupe/error.hpp"
+#include "troupe/nn/activation.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/linear.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/nn/sequential.hpp"
+#include "troupe/tensor/host_memory.hpp"
+
+using namespace troupe;
+using namespace troupe::nn;
+using nn::testing::token_ids;
+using tensor::DType;
+
+namespace {
+
+struct Training {
+  std::vector<double> losses;
+  std::vector<std::string> ready;  // grad-ready order of the last step
+  std::uint64_t hash = 0;
+};
+
+// A few AdamW steps of a GPT with dropout, blocks checkpointed every `every`.
+Training train_gpt(std::int64_t every, int steps = 3) {
+  const GPTConfig config{.block_size = 8, .vocab_size = 11, .n_layer = 3, .n_head = 2, .n_embd = 16, .dropout = 0.2};
+  GPT model(config, 21);
+  model.checkpoint_blocks(every);
+  AdamW opt(model.named_parameters(), 1e-2, {0.9, 0.95}, 1e-8, 0.1);
+  CrossEntropyLoss loss;
+  Training run;
+  model.set_grad_ready_hook([&](const std::string& name, Parameter&) { run.ready.push_back(name); });
+  for (int step = 0; step < steps; ++step) {
+    run.ready.clear();
+    run.losses.push_back(
+        loss.forward(model.forward(token_ids(4, 8, 11, 100 + step)), token_ids(4, 8, 11, 200 + step)).item());
+    opt.zero_grad();
+    model.backward(loss.backward());
+    opt.step();
+  }
+  run.hash = parameter_hash(model);
+  return run;
+}
+
+// Peak host bytes a forward and backward of `model` add over what was live before.
+std::size_t activation_peak(GPT& model, const Tensor& ids, const Tensor& targets) {
+  CrossEntropyLoss loss;
+  model.zero_grad();
+  loss.forward(model.forward(ids), targets);  // grads allocated, caches warm
+  model.backward(loss.backward());
+  model.release_activations();
+  const std::size_t before = tensor::host_memory_stats().live_bytes;
+  tensor::reset_host_memory_peak();
+  loss.forward(model.forward(ids), targets);
+  model.backward(loss.backward());
+  return tensor::host_memory_stats().peak_bytes - before;
+}
+
+}  // namespace
+
+TEST(ActivationCheckpointing, GptTrainsBitForBitAsWithout) {
+  const Training plain = train_gpt(0);
+  for (std::int64_t every : {1, 2}) {
+    SCOPED_TRACE("every " + std::to_string(every));
+    const Training recomputed = train_gpt(every);
+    EXPECT_EQ(recomputed.losses, plain.losses);  // exact: dropout masks drawn again alike
+    EXPECT_EQ(recomputed.hash, plain.hash);
+    EXPECT_EQ(recomputed.ready, plain.ready);  // DDP's buckets see the same order
+  }
+}
+
+TEST(ActivationCheckpointing, DropoutGeneratorsEndWhereTheyWouldWithout) {
+  const GPTConfig config{.block_size = 8, .vocab_size = 11, .n_layer = 2, .n_head = 2, .n_embd = 16, .dropout = 0.3};
+  GPT plain(config, 3), recomputed(config, 3);
+  recomputed.checkpoint_blocks(1);
+  CrossEntropyLoss loss;
+  for (GPT* model : {&plain, &recomputed}) {
+    loss.forward(model->forward(token_ids(2, 8, 11, 1)), token_ids(2, 8, 11, 2));
+    model->backward(loss.backward());
+  }
+  // A second forward after the step draws the same masks only if the streams agree.
+  const Tensor a = plain.forward(token_ids(2, 8, 11, 3)), b = recomputed.forward(token_ids(2, 8, 11, 3));
+  EXPECT_EQ(a.to_vector<float>(), b.to_vector<float>());
+}
+
+TEST(ActivationCheckpointing, AnyModuleTreeRecomputesItsForward) {
+  tensor::Generator gen(7);
+  auto make = [&gen] {
+    auto model = std::make_shared<Sequential>();
+    model->emplace<Linear>(6, 12, gen);
+    model->emplace<GELU>();
+    model->emplace<Linear>(12, 3, gen);
+    return model;
+  };
+  const auto plain = make();
+  gen = tensor::Generator(7);
+  const auto recomputed = make();
+  recomputed->set_activation_checkpointing(true);
+  EXPECT_TRUE(recomputed->activation_checkpointing());
+  const Tensor x = tensor::normal({5, 6}, 0, 1, gen), gy = tensor::normal({5, 3}, 0, 1, gen);
+  EXPECT_EQ(plain->forward(x).to_vector<float>(), recomputed->forward(x).to_vector<float>());
+  EXPECT_EQ(plain->backward(gy).to_vector<float>(), recomputed->backward(gy).to_vector<float>());
+  const auto p = plain->named_parameters(), r = recomputed->named_parameters();
+  for (std::size_t i = 0; i < p.size(); ++i)
+    EXPECT_EQ(p[i].param->grad.to_vector<float>(), r[i].param->grad.to_vector<float>()) << p[i].name;
+}
+
+TEST(ActivationCheckpointing, EvalModeKeepsTheCaches) {
+  tensor::Generator gen(1);
+  Linear layer(4, 2, gen);
+  layer.set_activation_checkpointing(true);
+  layer.eval();
+  const Tensor x = tensor::normal({3, 4}, 0, 1, gen);
+  layer.forward(x);
+  EXPECT_NO_THROW(layer.backward(tensor::normal({3, 2}, 0, 1, gen)));
+}
+
+TEST(ActivationCheckpointing, ABackwardAfterReleasedActivationsIsAnError) {
+  tensor::Generator gen(1);
+  Linear layer(4, 2, gen);
+  layer.forward(tensor::normal({3, 4}, 0, 1, gen));
+  layer.release_activations();
+  EXPECT_THROW(layer.backward(tensor::normal({3, 2}, 0, 1, gen)), InvalidArgument);
+}
+
+TEST(ActivationCheckpointing, KeepsLessThanHalfTheActivations) {
+  const GPTConfig config{.block_size = 32, .vocab_size = 16, .n_layer = 8, .n_head = 4, .n_embd = 64};
+  GPT plain(config, 5), recomputed(config, 5);
+  recomputed.checkpoint_blocks(1);
+  const Tensor ids = token_ids(8, 32, 16, 4), targets = token_ids(8, 32, 16, 5);
+  const std::size_t full = activation_peak(plain, ids, targets);
+  const std::size_t kept = activation_peak(recomputed, ids, targets);
+  // About one block's activations plus each block's input, against all blocks'.
+  EXPECT_LT(static_cast<double>(kept), 0.5 * static_cast<double>(full)) << kept << " of " << full << " bytes";
+  EXPECT_GT(kept, 0U);
+}
+
+TEST(ActivationCheckpointing, ANegativeFrequencyIsAnError) {
+  GPT model({.block_size = 4, .vocab_size = 5, .n_layer = 1, .n_head = 1, .n_embd = 4}, 1);
+  EXPECT_THROW(model.checkpoint_blocks(-1), InvalidArgument);
+}
