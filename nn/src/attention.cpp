@@ -18,6 +18,21 @@ CausalSelfAttention::CausalSelfAttention(std::int64_t n_embd, std::int64_t n_hea
   resid_dropout_ = &register_module("resid_dropout", std::make_shared<Dropout>(dropout, dropout_seed + 1));
 }
 
+CausalSelfAttention::CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, std::shared_ptr<Linear> c_attn,
+                                         std::shared_ptr<Linear> c_proj, double dropout, std::uint64_t dropout_seed)
+    : n_embd_(n_embd), n_head_(n_head) {
+  TROUPE_CHECK(c_attn && c_proj, "CausalSelfAttention: c_attn and c_proj must be given");
+  const std::int64_t width = c_proj->in_features();
+  TROUPE_CHECK(
+      n_head > 0 && width % n_head == 0 && c_attn->out_features() == 3 * width && c_attn->in_features() == n_embd,
+      "CausalSelfAttention: c_attn ", c_attn->type_name(), " and c_proj ", c_proj->type_name(), " do not make ", n_head,
+      " heads over ", n_embd, " features");
+  c_attn_ = &register_module("c_attn", std::move(c_attn));
+  c_proj_ = &register_module("c_proj", std::move(c_proj));
+  attn_dropout_ = &register_module("attn_dropout", std::make_shared<Dropout>(dropout, dropout_seed));
+  resid_dropout_ = &register_module("resid_dropout", std::make_shared<Dropout>(dropout, dropout_seed + 1));
+}
+
 std::string CausalSelfAttention::type_name() const {
   return "CausalSelfAttention(" + std::to_string(n_embd_) + ", heads " + std::to_string(n_head_) + ")";
 }

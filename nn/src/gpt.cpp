@@ -16,10 +16,22 @@ bool ends_with(const std::string& s, const std::string& tail) {
 }
 }  // namespace
 
-MLP::MLP(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device) {
-  c_fc_ = &register_module("c_fc", std::make_shared<Linear>(c.n_embd, 4 * c.n_embd, gen, c.bias, dtype, device));
+namespace {
+
+std::shared_ptr<Linear> make_linear(const GPTParts::LinearFactory& factory, std::int64_t in, std::int64_t out,
+                                    tensor::Generator& gen, bool bias, DType dtype, tensor::Device device) {
+  if (factory) return factory(in, out, gen, bias, dtype, device);
+  return std::make_shared<Linear>(in, out, gen, bias, dtype, device);
+}
+
+}  // namespace
+
+MLP::MLP(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device,
+         const GPTParts& parts) {
+  c_fc_ = &register_module("c_fc", make_linear(parts.mlp_c_fc, c.n_embd, 4 * c.n_embd, gen, c.bias, dtype, device));
   gelu_ = &register_module("gelu", std::make_shared<GELU>(GeluApproximate::tanh));
-  c_proj_ = &register_module("c_proj", std::make_shared<Linear>(4 * c.n_embd, c.n_embd, gen, c.bias, dtype, device));
+  c_proj_ =
+      &register_module("c_proj", make_linear(parts.mlp_c_proj, 4 * c.n_embd, c.n_embd, gen, c.bias, dtype, device));
   dropout_ = &register_module("dropout", std::make_shared<Dropout>(c.dropout, dropout_seed));
 }
 
@@ -31,13 +43,18 @@ Tensor MLP::backward_impl(const Tensor& grad_output) {
   return c_fc_->backward(gelu_->backward(c_proj_->backward(dropout_->backward(grad_output))));
 }
 
-Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype,
-             tensor::Device device) {
+Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device,
+             const GPTParts& parts) {
   ln_1_ = &register_module("ln_1", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype, device));
-  attn_ = &register_module("attn", std::make_shared<CausalSelfAttention>(c.n_embd, c.n_head, gen, c.dropout, c.bias,
-                                                                         dropout_seed, dtype, device));
+  TROUPE_CHECK(parts.head_parts >= 1 && c.n_head % parts.head_parts == 0, "GPT: n_head (", c.n_head,
+               ") must be a multiple of the attention's parts (", parts.head_parts, ")");
+  auto c_attn = make_linear(parts.attn_c_attn, c.n_embd, 3 * c.n_embd, gen, c.bias, dtype, device);
+  auto c_proj = make_linear(parts.attn_c_proj, c.n_embd, c.n_embd, gen, c.bias, dtype, device);
+  attn_ = &register_module("attn", std::make_shared<CausalSelfAttention>(
+                                       c.n_embd, c.n_head / parts.head_parts, std::move(c_attn), std::move(c_proj),
+                                       c.dropout, dropout_seed + parts.attention_dropout_stream));
   ln_2_ = &register_module("ln_2", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype, device));
-  mlp_ = &register_module("mlp", std::make_shared<MLP>(c, gen, dropout_seed + 2, dtype, device));
+  mlp_ = &register_module("mlp", std::make_shared<MLP>(c, gen, dropout_seed + 2, dtype, device, parts));
 }
 
 // Out of place: ln_2 keeps a handle to x for its backward.
@@ -53,7 +70,8 @@ Tensor Block::backward_impl(const Tensor& grad_output) {
   return g;
 }
 
-GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype, tensor::Device device) : config_(c) {
+GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype, tensor::Device device, const GPTParts& parts)
+    : config_(c), splits_logits_(parts.splits_logits) {
   TROUPE_CHECK(c.block_size > 0 && c.vocab_size > 0 && c.n_layer > 0 && c.n_head > 0 && c.n_embd > 0,
                "GPT: block_size, vocab_size, n_layer, n_head and n_embd must be > 0");
   TROUPE_CHECK(c.n_embd % c.n_head == 0, "GPT: n_head (", c.n_head, ") must divide n_embd (", c.n_embd, ")");
@@ -62,14 +80,17 @@ GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype, tensor::Device dev
   // Each Dropout its own stream: 3 per block, then transformer.drop.
   std::uint64_t dropout_seed = seed * 1000003 + 17;
   auto& transformer = register_module("transformer", std::make_shared<ModuleDict>());
-  wte_ = &transformer.add("wte", std::make_shared<Embedding>(c.vocab_size, c.n_embd, gen, dtype, device));
+  wte_ = &transformer.add("wte", parts.token_embedding
+                                     ? parts.token_embedding(c.vocab_size, c.n_embd, gen, dtype, device)
+                                     : std::make_shared<Embedding>(c.vocab_size, c.n_embd, gen, dtype, device));
   wpe_ = &transformer.add("wpe", std::make_shared<Embedding>(c.block_size, c.n_embd, gen, dtype, device));
   drop_ = &transformer.add("drop", std::make_shared<Dropout>(c.dropout, dropout_seed++));
   h_ = &transformer.add("h", std::make_shared<ModuleList>());
   for (std::int64_t i = 0; i < c.n_layer; ++i, dropout_seed += 3)
-    h_->add(std::make_shared<Block>(c, gen, dropout_seed, dtype, device));
+    h_->add(std::make_shared<Block>(c, gen, dropout_seed, dtype, device, parts));
   ln_f_ = &transformer.add("ln_f", std::make_shared<LayerNorm>(c.n_embd, 1e-5, true, dtype, device));
-  lm_head_ = &register_module("lm_head", std::make_shared<Linear>(wte_->weight()));
+  lm_head_ = &register_module("lm_head",
+                              parts.lm_head ? parts.lm_head(wte_->weight()) : std::make_shared<Linear>(wte_->weight()));
 
   // GPT-2's initialisation, over the constructors' draws.
   tensor::Generator init(seed);
@@ -128,6 +149,8 @@ void GPT::checkpoint_blocks(std::int64_t every) {
 std::vector<std::int64_t> GPT::generate(std::vector<std::int64_t> ids, std::int64_t max_new_tokens, double temperature,
                                         tensor::Generator& gen) {
   TROUPE_CHECK(!ids.empty(), type_name(), ".generate: the prompt is empty");
+  TROUPE_CHECK(!splits_logits_, type_name(), ".generate: this model's logits are a part of the vocabulary ",
+               "(tensor parallelism); generate with the full model");
   TROUPE_CHECK(temperature >= 0, type_name(), ".generate: temperature must be >= 0, got ", temperature);
   const bool was_training = is_training();
   eval();

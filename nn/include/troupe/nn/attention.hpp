@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "troupe/nn/dropout.hpp"
@@ -26,6 +27,10 @@ class CausalSelfAttention : public Module {
   CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, tensor::Generator& gen, double dropout = 0.0,
                       bool bias = true, std::uint64_t dropout_seed = 0, DType dtype = DType::f32,
                       tensor::Device device = tensor::Device::cpu());
+  // Over given projections: c_attn [..., n_embd] -> 3 x (n_head heads), c_proj back.
+  // Tensor parallelism passes column- and row-parallel Linears and this rank's heads.
+  CausalSelfAttention(std::int64_t n_embd, std::int64_t n_head, std::shared_ptr<Linear> c_attn,
+                      std::shared_ptr<Linear> c_proj, double dropout, std::uint64_t dropout_seed);
 
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;

@@ -22,6 +22,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,9 +49,27 @@ struct GPTConfig {
   bool bias = true;  // in Linears and LayerNorms
 };
 
+// The layers tensor parallelism replaces (parallel/tensor_parallel.hpp). Each factory
+// gets the full model's shape and returns the layer to register under nanoGPT's name;
+// an unset one builds the plain nn layer. The model's parameters are then whatever
+// those layers hold (a rank's shards, under tensor parallelism).
+struct GPTParts {
+  using LinearFactory = std::function<std::shared_ptr<Linear>(std::int64_t in, std::int64_t out, tensor::Generator&,
+                                                              bool bias, DType, tensor::Device)>;
+  LinearFactory attn_c_attn, attn_c_proj, mlp_c_fc, mlp_c_proj;
+  std::function<std::shared_ptr<Embedding>(std::int64_t vocab, std::int64_t embd, tensor::Generator&, DType,
+                                           tensor::Device)>
+      token_embedding;  // transformer.wte
+  std::function<std::shared_ptr<Linear>(Parameter& tied)> lm_head;
+  std::int64_t head_parts = 1;                 // c_attn holds n_head / head_parts heads
+  std::uint64_t attention_dropout_stream = 0;  // added to attention-dropout seeds (each part its own heads' masks)
+  bool splits_logits = false;                  // lm_head returns a part of the vocabulary: no generate()
+};
+
 class MLP : public Module {
  public:
-  MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device);
+  MLP(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device,
+      const GPTParts& parts = {});
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "MLP"; }
@@ -63,8 +83,8 @@ class MLP : public Module {
 
 class Block : public Module {
  public:
-  Block(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype,
-        tensor::Device device);
+  Block(const GPTConfig& config, tensor::Generator& gen, std::uint64_t dropout_seed, DType dtype, tensor::Device device,
+        const GPTParts& parts = {});
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "Block"; }
@@ -83,7 +103,7 @@ class GPT : public Module {
   // On Device::meta() the model is described, not computed: FSDP then materialises
   // each rank's shards alone, bit for bit what a CPU build would hold (tensor/meta.hpp).
   GPT(const GPTConfig& config, std::uint64_t seed, DType dtype = DType::f32,
-      tensor::Device device = tensor::Device::cpu());
+      tensor::Device device = tensor::Device::cpu(), const GPTParts& parts = {});
 
   Tensor forward_impl(const Tensor& idx) override;
   Tensor backward_impl(const Tensor& grad_logits) override;
@@ -114,6 +134,7 @@ class GPT : public Module {
   LayerNorm* ln_f_;
   Linear* lm_head_;
   std::int64_t batch_ = 0, time_ = 0;
+  bool splits_logits_ = false;
 };
 
 }  // namespace troupe::nn

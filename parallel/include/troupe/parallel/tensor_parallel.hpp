@@ -1,0 +1,154 @@
+// Tensor parallelism (Megatron-LM's): a layer's weight split over the ranks of a `tp`
+// communicator, each holding and computing 1/k of it.
+//
+//   ColumnParallelLinear    output features split: y_r = x W_r^T + b_r is a part of y;
+//                           backward all-reduces dx (Megatron's "f").
+//   RowParallelLinear       input features split, its input a part: y = sum_r x_r W_r^T
+//                           (all-reduced, Megatron's "g") + b, the bias whole.
+//   VocabParallelEmbedding  table rows split by vocabulary: each rank looks up the ids it
+//                           holds, zeros for the others, all-reduced.
+//   VocabParallelCrossEntropy  the loss of logits split by vocabulary, no rank holding
+//                           a whole row of them.
+//
+// tensor_parallel_parts() pairs them in a GPT: attn.c_attn column-parallel by heads
+// (q, k and v split alike), attn.c_proj row-parallel; mlp.c_fc column, mlp.c_proj row;
+// wte and the tied lm_head by vocabulary. A block then costs two all-reduces forward
+// (the row-parallel outputs) and two backward (the column-parallel input gradients).
+// Everything else (LayerNorms, wpe, the row-parallel biases) is whole on every rank and
+// gets the same gradient there, since its inputs and output gradients are the same.
+//
+// The model keeps nanoGPT's names; its state_dict() holds this rank's parts. Checkpoints
+// stay full state dicts: full_state_dict() gathers the parts (a collective over tp) and
+// load_full_state_dict() takes this rank's part of full tensors, so a TP run saves what
+// a one-rank run loads, and back. Host (CPU) tensors only, for now.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/nn/embedding.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/linear.hpp"
+#include "troupe/nn/state_dict.hpp"
+
+namespace troupe::parallel {
+
+using tensor::Tensor;
+
+// How a parameter is split over tp's ranks: along dimension 0 (rows; `groups` equal
+// blocks split each, 3 for a fused q, k, v) or dimension 1 (columns), as shard_range
+// splits a length.
+struct TensorSplit {
+  enum class Dim { rows, columns } dim = Dim::rows;
+  std::int64_t groups = 1;
+  tensor::Shape full_shape;
+};
+
+class ColumnParallelLinear : public nn::Linear {
+ public:
+  // This rank's part of Linear(in, out): out / groups features of each group.
+  ColumnParallelLinear(std::int64_t in, std::int64_t out, collectives::Communicator& tp, tensor::Generator& gen,
+                       bool bias = true, tensor::DType dtype = tensor::DType::f32,
+                       tensor::Device device = tensor::Device::cpu(), std::int64_t groups = 1);
+  // Tied to another layer's part of a [out, in] table (lm_head on a VocabParallelEmbedding).
+  ColumnParallelLinear(nn::Parameter& tied_weight, std::int64_t full_out, collectives::Communicator& tp);
+
+  Tensor backward_impl(const Tensor& grad_output) override;
+  std::string type_name() const override;
+  TensorSplit split() const { return {TensorSplit::Dim::rows, groups_, {}}; }
+  std::int64_t full_out_features() const { return full_out_; }
+
+ private:
+  collectives::Communicator* tp_;
+  std::int64_t full_out_, groups_;
+};
+
+class RowParallelLinear : public nn::Linear {
+ public:
+  // This rank's part of Linear(in, out): a shard_range of the in features, whole bias.
+  RowParallelLinear(std::int64_t in, std::int64_t out, collectives::Communicator& tp, tensor::Generator& gen,
+                    bool bias = true, tensor::DType dtype = tensor::DType::f32,
+                    tensor::Device device = tensor::Device::cpu());
+
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
+  std::string type_name() const override;
+  nn::Parameter* whole_bias() { return whole_bias_; }
+  std::int64_t full_in_features() const { return full_in_; }
+
+ private:
+  collectives::Communicator* tp_;
+  std::int64_t full_in_;
+  nn::Parameter* whole_bias_ = nullptr;
+};
+
+class VocabParallelEmbedding : public nn::Embedding {
+ public:
+  VocabParallelEmbedding(std::int64_t vocab, std::int64_t dim, collectives::Communicator& tp, tensor::Generator& gen,
+                         tensor::DType dtype = tensor::DType::f32, tensor::Device device = tensor::Device::cpu());
+
+  Tensor forward_impl(const Tensor& ids) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
+  std::string type_name() const override;
+  std::int64_t vocab_begin() const { return begin_; }
+  std::int64_t full_vocab() const { return vocab_; }
+
+ protected:
+  void release_own_activations() override;
+
+ private:
+  collectives::Communicator* tp_;
+  std::int64_t vocab_, begin_;
+  std::vector<std::uint8_t> held_;  // per id of the last forward: in this rank's rows
+};
+
+// Cross-entropy over the vocabulary (mean over rows, as nn::CrossEntropyLoss) of logits
+// [..., V_r] that are this rank's shard_range of a vocabulary of `vocab`: per row, the
+// maximum, the sum of exponentials and the target's logit are all-reduced over tp
+// (three all-reduces of one double per row), never the logits.
+class VocabParallelCrossEntropy {
+ public:
+  VocabParallelCrossEntropy(collectives::Communicator& tp, std::int64_t vocab, std::int64_t ignore_index = -100);
+
+  // target: i64 ids [...] over the whole vocabulary. Returns the 0-dim loss, the same
+  // on every rank, in the logits' dtype.
+  Tensor forward(const Tensor& logits, const Tensor& target);
+  // d loss / d (this rank's logits), times `scale`.
+  Tensor backward(double scale = 1.0) const;
+
+ private:
+  collectives::Communicator* tp_;
+  std::int64_t vocab_, begin_, end_, ignore_index_;
+  Tensor logits_;
+  std::vector<std::int64_t> target_;
+  std::vector<double> log_sum_exp_;
+  std::int64_t counted_ = 0;
+};
+
+// The layers above in a GPT's places (nn::GPTParts); n_head must be a multiple of tp's size.
+nn::GPTParts tensor_parallel_parts(collectives::Communicator& tp);
+
+// This rank's part of the GPT that nn::GPT(config, seed) builds on one rank: that model's
+// initialisation, split (the whole model is built on each rank first, then dropped).
+std::unique_ptr<nn::GPT> tensor_parallel_gpt(const nn::GPTConfig& config, std::uint64_t seed,
+                                             collectives::Communicator& tp);
+
+// Every split parameter of `model` by its full name (shared ones under each name).
+std::map<std::string, TensorSplit> tensor_parallel_splits(nn::Module& model);
+
+// The full tensors of `model`'s state dict, gathered over tp (every rank gets them).
+nn::StateDict full_state_dict(nn::Module& model, collectives::Communicator& tp);
+// Loads this rank's parts of `full` (a state dict of the whole model, e.g. a one-rank
+// checkpoint) into `model`: shapes are checked against the split model's.
+void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collectives::Communicator& tp);
+
+// The gradient norm of the whole model (split parameters' squares summed over tp, whole
+// ones counted once), and clip_grad_norm over it: every rank scales alike.
+double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& tp);
+double tensor_parallel_clip_grad_norm(nn::Module& model, double max_norm, collectives::Communicator& tp);
+
+}  // namespace troupe::parallel

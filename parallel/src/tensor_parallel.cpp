@@ -1,0 +1,450 @@
+#include "troupe/parallel/tensor_parallel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include "troupe/error.hpp"
+#include "troupe/shard_range.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::parallel {
+
+using collectives::Buffer;
+using collectives::ReduceOp;
+
+namespace {
+
+std::int64_t length(std::int64_t n, int rank, int world) {
+  const auto [begin, end] = shard_range(n, rank, world);
+  return end - begin;
+}
+
+// Features of a [.., out] layer that this rank holds: its share of each of `groups` blocks.
+std::int64_t column_part(std::int64_t out, std::int64_t groups, const collectives::Communicator& tp) {
+  TROUPE_CHECK(groups >= 1 && out % groups == 0, "ColumnParallelLinear: ", out, " features do not split into ", groups,
+               " equal groups");
+  return groups * length(out / groups, tp.rank(), tp.size());
+}
+
+void require_host(const Tensor& t, const char* op) {
+  TROUPE_CHECK(t.device().is_cpu(), op, ": tensor parallelism runs on host tensors for now, got one on ", t.device());
+}
+
+// Rows of a [R, ...] tensor (a 1-D tensor's elements) or columns of a [R, C] one.
+struct Layout {
+  std::int64_t rows = 0, cols = 0;  // cols: elements per row
+};
+
+Layout layout_of(const tensor::Shape& shape) {
+  Layout l{shape.empty() ? 1 : shape[0], 1};
+  for (std::size_t d = 1; d < shape.size(); ++d) l.cols *= shape[d];
+  return l;
+}
+
+tensor::Shape piece_shape(const TensorSplit& s, int rank, int world) {
+  tensor::Shape shape = s.full_shape;
+  const std::size_t d = s.dim == TensorSplit::Dim::rows ? 0 : 1;
+  TROUPE_CHECK(shape.size() > d, "tensor parallelism: a ", tensor::to_string(shape), " tensor has no dimension ", d,
+               " to split");
+  shape[d] = s.dim == TensorSplit::Dim::rows ? s.groups * length(shape[d] / s.groups, rank, world)
+                                             : length(shape[d], rank, world);
+  return shape;
+}
+
+// Copies between a full tensor and rank's piece, in either direction (to_piece: full -> piece).
+void copy_piece(const TensorSplit& s, int rank, int world, const std::byte* from, std::byte* to, std::size_t element,
+                bool to_piece) {
+  const Layout full = layout_of(s.full_shape);
+  if (s.dim == TensorSplit::Dim::rows) {
+    const std::int64_t per_group = full.rows / s.groups;
+    const auto [begin, end] = shard_range(per_group, rank, world);
+    const std::size_t row_bytes = static_cast<std::size_t>(full.cols) * element;
+    std::int64_t out_row = 0;
+    for (std::int64_t g = 0; g < s.groups; ++g)
+      for (std::int64_t r = g * per_group + begin; r < g * per_group + end; ++r, ++out_row) {
+        const std::size_t f = static_cast<std::size_t>(r) * row_bytes,
+                          p = static_cast<std::size_t>(out_row) * row_bytes;
+        if (to_piece)
+          std::memcpy(to + p, from + f, row_bytes);
+        else
+          std::memcpy(to + f, from + p, row_bytes);
+      }
+    return;
+  }
+  const auto [begin, end] = shard_range(full.cols, rank, world);
+  const std::size_t bytes = static_cast<std::size_t>(end - begin) * element;
+  for (std::int64_t r = 0; r < full.rows; ++r) {
+    const std::size_t f = (static_cast<std::size_t>(r * full.cols + begin)) * element;
+    const std::size_t p = static_cast<std::size_t>(r) * bytes;
+    if (to_piece)
+      std::memcpy(to + p, from + f, bytes);
+    else
+      std::memcpy(to + f, from + p, bytes);
+  }
+}
+
+Tensor piece_of(const Tensor& full, const TensorSplit& s, int rank, int world) {
+  require_host(full, "load_full_state_dict");
+  Tensor piece = Tensor::empty(piece_shape(s, rank, world), full.dtype());
+  copy_piece(s, rank, world, static_cast<const std::byte*>(full.raw_data()), static_cast<std::byte*>(piece.raw_data()),
+             tensor::element_size(full.dtype()), true);
+  return piece;
+}
+
+Tensor gather_pieces(const Tensor& piece, const TensorSplit& s, collectives::Communicator& tp) {
+  require_host(piece, "full_state_dict");
+  const int world = tp.size();
+  const std::int64_t slot = tensor::shape_numel(piece_shape(s, 0, world));  // rank 0's piece is the largest
+  const std::size_t element = tensor::element_size(piece.dtype());
+  Tensor mine = Tensor::zeros({slot}, piece.dtype());
+  std::memcpy(mine.raw_data(), piece.raw_data(), piece.nbytes());
+  Tensor all = Tensor::empty({slot * world}, piece.dtype());
+  tp.allgather(Buffer(mine), Buffer(all));
+  Tensor full = Tensor::empty(s.full_shape, piece.dtype());
+  for (int r = 0; r < world; ++r)
+    copy_piece(s, r, world,
+               static_cast<const std::byte*>(all.raw_data()) + static_cast<std::size_t>(r * slot) * element,
+               static_cast<std::byte*>(full.raw_data()), element, false);
+  return full;
+}
+
+void collect_splits(nn::Module& module, const std::string& prefix, std::map<std::string, TensorSplit>& out) {
+  if (auto* column = dynamic_cast<ColumnParallelLinear*>(&module)) {
+    TensorSplit s = column->split();
+    s.full_shape = {column->full_out_features(), column->in_features()};
+    out[prefix + "weight"] = s;
+    if (column->bias()) out[prefix + "bias"] = {s.dim, s.groups, {column->full_out_features()}};
+  } else if (auto* row = dynamic_cast<RowParallelLinear*>(&module)) {
+    out[prefix + "weight"] = {TensorSplit::Dim::columns, 1, {row->out_features(), row->full_in_features()}};
+  } else if (auto* table = dynamic_cast<VocabParallelEmbedding*>(&module)) {
+    out[prefix + "weight"] = {TensorSplit::Dim::rows, 1, {table->full_vocab(), table->embedding_dim()}};
+  }
+  for (const auto& child : module.named_children()) collect_splits(*child.module, prefix + child.name + ".", out);
+}
+
+template <class F>
+void for_each_value(const Tensor& t, F&& f) {
+  tensor::dispatch_floating(t.dtype(), "tensor parallelism", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) f(i, static_cast<double>(static_cast<tensor::compute_t<T>>(p[i])));
+  });
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------- layers
+
+ColumnParallelLinear::ColumnParallelLinear(std::int64_t in, std::int64_t out, collectives::Communicator& tp,
+                                           tensor::Generator& gen, bool bias, tensor::DType dtype,
+                                           tensor::Device device, std::int64_t groups)
+    : nn::Linear(in, column_part(out, groups, tp), gen, bias, dtype, device),
+      tp_(&tp),
+      full_out_(out),
+      groups_(groups) {}
+
+ColumnParallelLinear::ColumnParallelLinear(nn::Parameter& tied_weight, std::int64_t full_out,
+                                           collectives::Communicator& tp)
+    : nn::Linear(tied_weight), tp_(&tp), full_out_(full_out), groups_(1) {
+  TROUPE_CHECK(out_features() == length(full_out, tp.rank(), tp.size()), "ColumnParallelLinear: a tied weight of ",
+               out_features(), " rows is not rank ", tp.rank(), "'s part of ", full_out);
+}
+
+// dx = sum over ranks of gy_r W_r: each rank's part of the input gradient, all-reduced.
+Tensor ColumnParallelLinear::backward_impl(const Tensor& grad_output) {
+  Tensor dx = nn::Linear::backward_impl(grad_output);
+  require_host(dx, "ColumnParallelLinear.backward");
+  tp_->allreduce(Buffer(dx));
+  return dx;
+}
+
+std::string ColumnParallelLinear::type_name() const {
+  return "ColumnParallelLinear(" + std::to_string(in_features()) + " -> " + std::to_string(full_out_) + ", part " +
+         std::to_string(tp_->rank()) + " of " + std::to_string(tp_->size()) + ")";
+}
+
+RowParallelLinear::RowParallelLinear(std::int64_t in, std::int64_t out, collectives::Communicator& tp,
+                                     tensor::Generator& gen, bool bias, tensor::DType dtype, tensor::Device device)
+    : nn::Linear(length(in, tp.rank(), tp.size()), out, gen, false, dtype, device), tp_(&tp), full_in_(in) {
+  if (bias) whole_bias_ = &register_parameter("bias", Tensor::zeros({out}, dtype, device));
+}
+
+// y = sum over ranks of x_r W_r^T, then the bias once.
+Tensor RowParallelLinear::forward_impl(const Tensor& input) {
+  Tensor y = nn::Linear::forward_impl(input);
+  require_host(y, "RowParallelLinear.forward");
+  tp_->allreduce(Buffer(y));
+  if (whole_bias_) tensor::add_(y, whole_bias_->data);
+  return y;
+}
+
+Tensor RowParallelLinear::backward_impl(const Tensor& grad_output) {
+  const std::string op = type_name() + ".backward";
+  if (whole_bias_) {
+    TROUPE_CHECK(grad_output.defined() && grad_output.dim() >= 1 && grad_output.size(-1) == out_features(), op,
+                 ": grad_output must end in ", out_features(), " features");
+    const Tensor db = tensor::sum(grad_output.reshape({grad_output.numel() / out_features(), out_features()}), 0);
+    if (!whole_bias_->grad.defined())
+      whole_bias_->grad = db;
+    else
+      tensor::add_(nn::grad_for_accumulation(*whole_bias_, op.c_str(), "bias"), db);
+    grad_ready(*whole_bias_);
+  }
+  return nn::Linear::backward_impl(grad_output);
+}
+
+std::string RowParallelLinear::type_name() const {
+  return "RowParallelLinear(" + std::to_string(full_in_) + " -> " + std::to_string(out_features()) + ", part " +
+         std::to_string(tp_->rank()) + " of " + std::to_string(tp_->size()) + ")";
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(std::int64_t vocab, std::int64_t dim, collectives::Communicator& tp,
+                                               tensor::Generator& gen, tensor::DType dtype, tensor::Device device)
+    : nn::Embedding(length(vocab, tp.rank(), tp.size()), dim, gen, dtype, device),
+      tp_(&tp),
+      vocab_(vocab),
+      begin_(shard_range(vocab, tp.rank(), tp.size()).first) {}
+
+Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids) {
+  const std::string op = type_name() + ".forward";
+  TROUPE_CHECK(ids.defined() && (ids.dtype() == tensor::DType::i64 || ids.dtype() == tensor::DType::i32), op,
+               ": ids must be i64 or i32");
+  require_host(ids, op.c_str());
+  const Tensor wide = ids.dtype() == tensor::DType::i64 ? ids : ids.to(tensor::DType::i64);
+  const std::int64_t* id = wide.data<std::int64_t>();
+  const std::int64_t n = wide.numel(), end = begin_ + num_embeddings();
+  std::vector<std::int64_t> local(static_cast<std::size_t>(n));
+  held_.assign(static_cast<std::size_t>(n), 0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (id[i] < 0 || id[i] >= vocab_)
+      TROUPE_THROW(InvalidArgument, op, ": index ", id[i], " at position ", i, " is out of range for a table of ",
+                   vocab_, " rows");
+    const bool held = id[i] >= begin_ && id[i] < end;
+    held_[static_cast<std::size_t>(i)] = held;
+    local[static_cast<std::size_t>(i)] = held ? id[i] - begin_ : 0;
+  }
+  Tensor out = nn::Embedding::forward_impl(Tensor::from_vector(local, ids.shape()));
+  const std::size_t row = static_cast<std::size_t>(embedding_dim()) * tensor::element_size(out.dtype());
+  auto* bytes = static_cast<std::byte*>(out.raw_data());
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!held_[static_cast<std::size_t>(i)]) std::memset(bytes + static_cast<std::size_t>(i) * row, 0, row);
+  tp_->allreduce(Buffer(out));
+  return out;
+}
+
+// Only the rows this rank looked up reach its table.
+Tensor VocabParallelEmbedding::backward_impl(const Tensor& grad_output) {
+  TROUPE_CHECK(!held_.empty(), type_name(), ".backward: called before forward");
+  require_host(grad_output, "VocabParallelEmbedding.backward");
+  Tensor g = grad_output.clone();
+  const std::size_t row = static_cast<std::size_t>(embedding_dim()) * tensor::element_size(g.dtype());
+  TROUPE_CHECK(g.nbytes() == row * held_.size(), type_name(), ".backward: grad_output ",
+               tensor::to_string(grad_output.shape()), " does not match the last forward's ", held_.size(), " ids");
+  auto* bytes = static_cast<std::byte*>(g.raw_data());
+  for (std::size_t i = 0; i < held_.size(); ++i)
+    if (!held_[i]) std::memset(bytes + i * row, 0, row);
+  return nn::Embedding::backward_impl(g);
+}
+
+std::string VocabParallelEmbedding::type_name() const {
+  return "VocabParallelEmbedding(" + std::to_string(vocab_) + ", " + std::to_string(embedding_dim()) + ", rows " +
+         std::to_string(begin_) + "-" + std::to_string(begin_ + num_embeddings()) + ")";
+}
+
+void VocabParallelEmbedding::release_own_activations() {
+  nn::Embedding::release_own_activations();
+  held_.clear();
+}
+
+// ------------------------------------------------------------------ the loss
+
+VocabParallelCrossEntropy::VocabParallelCrossEntropy(collectives::Communicator& tp, std::int64_t vocab,
+                                                     std::int64_t ignore_index)
+    : tp_(&tp), vocab_(vocab), ignore_index_(ignore_index) {
+  std::tie(begin_, end_) = shard_range(vocab, tp.rank(), tp.size());
+}
+
+Tensor VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& target) {
+  const char* op = "VocabParallelCrossEntropy.forward";
+  const std::int64_t width = end_ - begin_;
+  TROUPE_CHECK(logits.defined() && logits.dim() >= 1 && logits.size(-1) == width, op,
+               ": logits must end in this rank's ", width, " of ", vocab_, " classes, got ",
+               logits.defined() ? tensor::to_string(logits.shape()) : "undefined");
+  require_host(logits, op);
+  const std::int64_t rows = logits.numel() / std::max<std::int64_t>(width, 1);
+  TROUPE_CHECK(target.defined() && target.numel() == rows, op, ": ", rows, " rows of logits but ",
+               target.defined() ? target.numel() : 0, " targets");
+  const Tensor wide = target.dtype() == tensor::DType::i64 ? target : target.to(tensor::DType::i64);
+  target_.assign(wide.data<std::int64_t>(), wide.data<std::int64_t>() + rows);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const std::int64_t t = target_[static_cast<std::size_t>(i)];
+    if (t != ignore_index_ && (t < 0 || t >= vocab_))
+      TROUPE_THROW(InvalidArgument, op, ": target ", t, " in row ", i, " is not a class of ", vocab_,
+                   " (nor ignore_index ", ignore_index_, ")");
+  }
+  std::vector<double> peak(static_cast<std::size_t>(rows), -std::numeric_limits<double>::infinity());
+  std::vector<double> sum(static_cast<std::size_t>(rows), 0.0), picked(static_cast<std::size_t>(rows), 0.0);
+  for_each_value(logits, [&](std::int64_t i, double v) {
+    double& m = peak[static_cast<std::size_t>(i / width)];
+    m = std::max(m, v);
+  });
+  tp_->allreduce(Buffer(peak), ReduceOp::max);
+  for_each_value(logits, [&](std::int64_t i, double v) {
+    const std::int64_t r = i / width, c = begin_ + i % width;
+    sum[static_cast<std::size_t>(r)] += std::exp(v - peak[static_cast<std::size_t>(r)]);
+    if (c == target_[static_cast<std::size_t>(r)]) picked[static_cast<std::size_t>(r)] = v;
+  });
+  tp_->allreduce(Buffer(sum));
+  tp_->allreduce(Buffer(picked));
+  log_sum_exp_.assign(static_cast<std::size_t>(rows), 0.0);
+  double total = 0;
+  counted_ = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto k = static_cast<std::size_t>(r);
+    log_sum_exp_[k] = peak[k] + std::log(sum[k]);
+    if (target_[k] == ignore_index_) continue;
+    total += log_sum_exp_[k] - picked[k];
+    ++counted_;
+  }
+  logits_ = logits;
+  const double mean = counted_ > 0 ? total / static_cast<double>(counted_) : std::nan("");
+  return Tensor::full({}, mean, logits.dtype());
+}
+
+Tensor VocabParallelCrossEntropy::backward(double scale) const {
+  TROUPE_CHECK(logits_.defined(), "VocabParallelCrossEntropy.backward: called before forward");
+  const std::int64_t width = end_ - begin_;
+  const double factor = counted_ > 0 ? scale / static_cast<double>(counted_) : 0.0;
+  Tensor grad = Tensor::empty(logits_.shape(), logits_.dtype());
+  tensor::dispatch_floating(logits_.dtype(), "VocabParallelCrossEntropy.backward", [&](auto tag) {
+    using T = decltype(tag);
+    const T* x = logits_.data<T>();
+    T* g = grad.data<T>();
+    for (std::int64_t i = 0; i < logits_.numel(); ++i) {
+      const auto r = static_cast<std::size_t>(i / width);
+      const std::int64_t c = begin_ + i % width;
+      if (target_[r] == ignore_index_) {
+        g[i] = T(0);
+        continue;
+      }
+      const double p = std::exp(static_cast<double>(static_cast<tensor::compute_t<T>>(x[i])) - log_sum_exp_[r]);
+      g[i] = T(static_cast<tensor::compute_t<T>>((p - (c == target_[r] ? 1.0 : 0.0)) * factor));
+    }
+  });
+  return grad;
+}
+
+// ------------------------------------------------------------------ the model
+
+nn::GPTParts tensor_parallel_parts(collectives::Communicator& tp) {
+  nn::GPTParts parts;
+  auto column = [&tp](std::int64_t groups) {
+    return [&tp, groups](std::int64_t in, std::int64_t out, tensor::Generator& gen, bool bias, tensor::DType dtype,
+                         tensor::Device device) -> std::shared_ptr<nn::Linear> {
+      return std::make_shared<ColumnParallelLinear>(in, out, tp, gen, bias, dtype, device, groups);
+    };
+  };
+  auto row = [&tp](std::int64_t in, std::int64_t out, tensor::Generator& gen, bool bias, tensor::DType dtype,
+                   tensor::Device device) -> std::shared_ptr<nn::Linear> {
+    return std::make_shared<RowParallelLinear>(in, out, tp, gen, bias, dtype, device);
+  };
+  parts.attn_c_attn = column(3);  // q, k and v split alike: this rank's heads of each
+  parts.attn_c_proj = row;
+  parts.mlp_c_fc = column(1);
+  parts.mlp_c_proj = row;
+  parts.token_embedding = [&tp](std::int64_t vocab, std::int64_t embd, tensor::Generator& gen, tensor::DType dtype,
+                                tensor::Device device) -> std::shared_ptr<nn::Embedding> {
+    return std::make_shared<VocabParallelEmbedding>(vocab, embd, tp, gen, dtype, device);
+  };
+  parts.lm_head = [&tp](nn::Parameter& tied) -> std::shared_ptr<nn::Linear> {
+    const std::int64_t rows = tied.data.size(0);
+    std::int64_t vocab = rows;
+    tp.allreduce(Buffer(&vocab, 1));  // the parts' rows add up to the vocabulary
+    return std::make_shared<ColumnParallelLinear>(tied, vocab, tp);
+  };
+  parts.head_parts = tp.size();
+  // Each rank's heads draw their own attention-dropout masks (Megatron's model-parallel
+  // RNG); everything outside attention is whole and draws alike on every rank.
+  parts.attention_dropout_stream = 0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(tp.rank());
+  parts.splits_logits = true;
+  return parts;
+}
+
+std::unique_ptr<nn::GPT> tensor_parallel_gpt(const nn::GPTConfig& config, std::uint64_t seed,
+                                             collectives::Communicator& tp) {
+  TROUPE_CHECK(config.n_head % tp.size() == 0, "tensor parallelism: n_head (", config.n_head,
+               ") must be a multiple of the tp size (", tp.size(), ")");
+  auto model =
+      std::make_unique<nn::GPT>(config, seed, tensor::DType::f32, tensor::Device::cpu(), tensor_parallel_parts(tp));
+  {
+    const nn::GPT whole(config, seed);
+    load_full_state_dict(*model, whole.state_dict(), tp);
+  }
+  return model;
+}
+
+std::map<std::string, TensorSplit> tensor_parallel_splits(nn::Module& model) {
+  std::map<std::string, TensorSplit> out;
+  collect_splits(model, "", out);
+  return out;
+}
+
+nn::StateDict full_state_dict(nn::Module& model, collectives::Communicator& tp) {
+  const auto splits = tensor_parallel_splits(model);
+  nn::StateDict full;
+  for (const auto& [name, value] : model.state_dict()) {
+    const auto split = splits.find(name);
+    full.insert(name, split == splits.end() ? value.clone() : gather_pieces(value, split->second, tp));
+  }
+  return full;
+}
+
+void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collectives::Communicator& tp) {
+  const auto splits = tensor_parallel_splits(model);
+  const nn::StateDict mine = model.state_dict();
+  for (const auto& [name, value] : full)
+    if (!mine.contains(name))
+      TROUPE_THROW(InvalidArgument, "load_full_state_dict: unexpected key '", name, "' for this model");
+  nn::StateDict parts;
+  for (const auto& [name, value] : mine) {
+    const Tensor& whole = full.at(name);
+    const auto split = splits.find(name);
+    if (split == splits.end()) {
+      parts.insert(name, whole);
+      continue;
+    }
+    TROUPE_CHECK(whole.shape() == split->second.full_shape, "load_full_state_dict: '", name, "' is ",
+                 tensor::to_string(whole.shape()), ", the model's full shape is ",
+                 tensor::to_string(split->second.full_shape));
+    parts.insert(name, piece_of(whole, split->second, tp.rank(), tp.size()));
+  }
+  model.load_state_dict(parts);
+}
+
+double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& tp) {
+  const auto splits = tensor_parallel_splits(model);
+  double split_squares = 0, whole_squares = 0;
+  for (const auto& [name, param] : model.named_parameters()) {
+    if (!param->grad.defined()) continue;
+    require_host(param->grad, "tensor_parallel_grad_norm");
+    double squares = 0;
+    for_each_value(param->grad, [&](std::int64_t, double v) { squares += v * v; });
+    (splits.count(name) ? split_squares : whole_squares) += squares;
+  }
+  tp.allreduce(Buffer(&split_squares, 1));
+  return std::sqrt(split_squares + whole_squares);
+}
+
+double tensor_parallel_clip_grad_norm(nn::Module& model, double max_norm, collectives::Communicator& tp) {
+  const double total = tensor_parallel_grad_norm(model, tp);
+  const double factor = max_norm / (total + 1e-6);  // torch's clip_grad_norm_
+  if (!std::isfinite(total) || factor >= 1.0) return total;
+  for (nn::Parameter* p : model.parameters())
+    if (p->grad.defined()) tensor::scale_(p->grad, factor);
+  return total;
+}
+
+}  // namespace troupe::parallel
