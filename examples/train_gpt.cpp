@@ -48,6 +48,7 @@ struct Flags {
   std::int64_t n_layer = -1, n_head = -1, n_embd = -1, block_size = -1;
   double dropout = -1;
   std::int64_t activation_checkpointing = 0;  // recompute every N-th block in backward (0: none)
+  int tp = 1;                                 // ranks each model is split over (tensor parallelism)
   // Optimisation; -1: the preset's.
   std::int64_t batch_size = -1, steps = -1, warmup_steps = -1, eval_every = -1, eval_samples = -1;
   double lr = -1, min_lr = -1, weight_decay = 0.1, grad_clip = 1.0, beta2 = 0.99;
@@ -91,7 +92,7 @@ const char* kUsage =
     "                 [--batch-size N] [--accum-steps N] [--steps N] [--lr X] [--min-lr X]\n"
     "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
     "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
-    "                 [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
+    "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "                 [--require-val-loss X]\n"
     "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
@@ -100,7 +101,9 @@ const char* kUsage =
     "  --eval-every steps (0: all of them), and a checkpoint is saved then. --checkpoint-dir\n"
     "  resumes from its latest valid checkpoint; under troupe-run it defaults to troupe-run's.\n"
     "  --activation-checkpointing N recomputes every N-th block's activations in backward\n"
-    "  (1: all blocks; 0, the default: none), for the same results in less memory.\n";
+    "  (1: all blocks; 0, the default: none), for the same results in less memory.\n"
+    "  --tp N splits each block's attention heads and MLP, and the vocabulary, over N\n"
+    "  consecutive ranks (Megatron's tensor parallelism; ddp between the groups, dropout 0).\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -164,6 +167,8 @@ Flags parse_flags(int argc, char** argv) {
         f.sample_chars = integer();
       else if (flag == "--temperature")
         f.temperature = real();
+      else if (flag == "--tp")
+        f.tp = static_cast<int>(integer());
       else if (flag == "--sharding")
         f.sharding = value;
       else if (flag == "--device")
@@ -196,6 +201,8 @@ Flags parse_flags(int argc, char** argv) {
           "--n-embd " + std::to_string(f.n_embd) + " must be a multiple of --n-head " + std::to_string(f.n_head));
   require(f.dropout >= 0 && f.dropout < 1, "--dropout must be in [0, 1)");
   require(f.activation_checkpointing >= 0, "--activation-checkpointing must be >= 0");
+  require(f.tp >= 1 && f.n_head % f.tp == 0,
+          "--tp " + std::to_string(f.tp) + " must be >= 1 and divide --n-head " + std::to_string(f.n_head));
   require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
           "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
   require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,
@@ -276,6 +283,12 @@ struct GptRecipe {
   // On the meta device in the sharded modes: each rank materialises only its shards.
   static std::unique_ptr<nn::Module> make_model(const Config& c, tensor::Device device) {
     auto model = std::make_unique<nn::GPT>(c.model(), c.seed, tensor::DType::f32, device);
+    model->checkpoint_blocks(c.checkpoint_every);
+    return model;
+  }
+  // This rank's part of the model under --tp (troupe/parallel/tensor_parallel.hpp).
+  static std::unique_ptr<nn::Module> make_model(const Config& c, collectives::Communicator& tp) {
+    auto model = parallel::tensor_parallel_gpt(c.model(), c.seed, tp);
     model->checkpoint_blocks(c.checkpoint_every);
     return model;
   }
@@ -377,7 +390,8 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
                                     std::to_string(flags.warmup_steps) + ", cosine), " +
                                     format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
                   {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) +
-                                " x " + std::to_string(config.block_size) + " characters, " + flags.sharding + ", " +
+                                " x " + std::to_string(config.block_size) + " characters, " + flags.sharding +
+                                (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) : std::string()) + ", " +
                                 flags.device + ", " + flags.precision},
                   {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
 
@@ -470,6 +484,7 @@ int main(int argc, char** argv) {
         .accum_steps = flags.accum_steps,
         .seed = flags.seed,
         .sharding = parallel::parse_sharding(flags.sharding),
+        .tensor_parallel = flags.tp,
         .device = train::parse_worker_device(flags.device),
         .precision = train::parse_precision(flags.precision),
         .max_grad_norm = flags.grad_clip,

@@ -7,6 +7,7 @@
 #include "troupe/parallel/ddp.hpp"
 #include "troupe/parallel/grad_scaler.hpp"
 #include "troupe/parallel/master_weights.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
 
 namespace troupe::parallel {
 
@@ -41,7 +42,9 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
     if (options.scaler != nullptr) options.scaler->unscale_(optimizer);
     const bool overflow = options.scaler != nullptr && options.scaler->found_inf();
     if (options.max_grad_norm > 0 && !overflow)
-      result.grad_norm = nn::clip_grad_norm(optimizer.named_parameters(), options.max_grad_norm);
+      result.grad_norm = options.tensor_parallel != nullptr
+                             ? tensor_parallel_clip_grad_norm(module_, options.max_grad_norm, *options.tensor_parallel)
+                             : nn::clip_grad_norm(optimizer.named_parameters(), options.max_grad_norm);
     if (options.scaler != nullptr) {
       result.stepped = options.scaler->step(optimizer);
       options.scaler->update();

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "troupe/error.hpp"
+#include "troupe/parallel/ddp.hpp"
 #include "troupe/shard_range.hpp"
 #include "troupe/tensor/ops.hpp"
 
@@ -366,9 +367,6 @@ nn::GPTParts tensor_parallel_parts(collectives::Communicator& tp) {
     return std::make_shared<ColumnParallelLinear>(tied, vocab, tp);
   };
   parts.head_parts = tp.size();
-  // Each rank's heads draw their own attention-dropout masks (Megatron's model-parallel
-  // RNG); everything outside attention is whole and draws alike on every rank.
-  parts.attention_dropout_stream = 0x9E3779B97F4A7C15ULL * static_cast<std::uint64_t>(tp.rank());
   parts.splits_logits = true;
   return parts;
 }
@@ -377,6 +375,10 @@ std::unique_ptr<nn::GPT> tensor_parallel_gpt(const nn::GPTConfig& config, std::u
                                              collectives::Communicator& tp) {
   TROUPE_CHECK(config.n_head % tp.size() == 0, "tensor parallelism: n_head (", config.n_head,
                ") must be a multiple of the tp size (", tp.size(), ")");
+  // Each rank's attention would draw its heads' masks from the one stream the whole
+  // model draws all heads' from: correlated across ranks, unlike one rank's or Megatron's.
+  TROUPE_CHECK(config.dropout == 0 || tp.size() == 1, "tensor parallelism: dropout ", config.dropout,
+               " is not supported yet (attention-dropout masks would repeat across the tp ranks); use 0");
   auto model =
       std::make_unique<nn::GPT>(config, seed, tensor::DType::f32, tensor::Device::cpu(), tensor_parallel_parts(tp));
   {
@@ -446,5 +448,54 @@ double tensor_parallel_clip_grad_norm(nn::Module& model, double max_norm, collec
     if (p->grad.defined()) tensor::scale_(p->grad, factor);
   return total;
 }
+
+// ------------------------------------------------------------ checkpoints
+
+namespace {
+
+// The split of optimizer entry `key` ("<param>/<slot>") when its tensor is split like its
+// parameter: `part` says whether `t` is this rank's part (else a full tensor).
+const TensorSplit* slot_split(const std::map<std::string, TensorSplit>& splits, const std::string& key, const Tensor& t,
+                              bool part, const collectives::Communicator& tp) {
+  const auto cut = key.rfind('/');
+  if (cut == std::string::npos || t.dim() == 0) return nullptr;
+  const auto split = splits.find(key.substr(0, cut));
+  if (split == splits.end()) return nullptr;
+  const tensor::Shape want = part ? piece_shape(split->second, tp.rank(), tp.size()) : split->second.full_shape;
+  return t.shape() == want ? &split->second : nullptr;
+}
+
+}  // namespace
+
+TensorParallelStateDicts::TensorParallelStateDicts(nn::Module& model, nn::Optimizer& optimizer,
+                                                   DistributedDataParallel& ddp, collectives::Communicator& tp)
+    : model_(model), optimizer_(optimizer), ddp_(ddp), tp_(tp), splits_(tensor_parallel_splits(model)) {}
+
+nn::StateDict TensorParallelStateDicts::model_state_dict() { return full_state_dict(model_, tp_); }
+
+nn::StateDict TensorParallelStateDicts::optimizer_state_dict() {
+  nn::StateDict full;
+  for (const auto& [key, value] : optimizer_.state_dict()) {
+    const TensorSplit* split = slot_split(splits_, key, value, true, tp_);
+    full.insert(key, split ? gather_pieces(value, *split, tp_) : value.clone());
+  }
+  return full;
+}
+
+void TensorParallelStateDicts::load_model_state_dict(const nn::StateDict& dict) {
+  load_full_state_dict(model_, dict, tp_);
+}
+
+void TensorParallelStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
+  nn::StateDict parts;
+  for (const auto& [key, value] : dict) {
+    const TensorSplit* split = slot_split(splits_, key, value, false, tp_);
+    parts.insert(key, split ? piece_of(value, *split, tp_.rank(), tp_.size()) : value);
+  }
+  optimizer_.load_state_dict(parts);
+}
+
+std::int64_t TensorParallelStateDicts::micro_step() const { return ddp_.micro_step(); }
+void TensorParallelStateDicts::set_micro_step(std::int64_t step) { ddp_.set_micro_step(step); }
 
 }  // namespace troupe::parallel

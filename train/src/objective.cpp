@@ -1,5 +1,7 @@
 #include "troupe/train/objective.hpp"
 
+#include "troupe/error.hpp"
+
 namespace troupe::train {
 
 void Objective::add_metrics(const Tensor&, const Tensor&, std::int64_t, MetricSums&) const {}
@@ -20,5 +22,20 @@ double MSEObjective::forward(const Tensor& output, const Tensor& targets) {
 }
 
 Tensor MSEObjective::backward(double scale) { return loss_.backward(scale); }
+
+double TensorParallelCrossEntropyObjective::forward(const Tensor& output, const Tensor& targets) {
+  if (!loss_) {
+    TROUPE_CHECK(output.defined() && output.dim() >= 1, "TensorParallelCrossEntropyObjective: logits must be [..., V]");
+    std::int64_t vocab = output.size(-1);
+    tp_->allreduce(collectives::Buffer(&vocab, 1));
+    loss_ = std::make_unique<parallel::VocabParallelCrossEntropy>(*tp_, vocab);
+  }
+  return loss_->forward(output, targets).item();
+}
+
+Tensor TensorParallelCrossEntropyObjective::backward(double scale) {
+  TROUPE_CHECK(loss_ != nullptr, "TensorParallelCrossEntropyObjective.backward: called before forward");
+  return loss_->backward(scale);
+}
 
 }  // namespace troupe::train

@@ -78,6 +78,9 @@ struct AccumulationOptions {
   // optimizer must then be built on the masters: gradients are widened into them
   // before unscaling and clipping, and the stepped values rounded back into the model.
   MasterWeights* master = nullptr;
+  // The tp communicator of a tensor-parallel model (tensor_parallel.hpp); null for none.
+  // Clipping then sums the split parameters' squares over it.
+  collectives::Communicator* tensor_parallel = nullptr;
 };
 
 struct AccumulationStep {

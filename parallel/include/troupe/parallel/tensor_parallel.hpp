@@ -33,7 +33,9 @@
 #include "troupe/nn/embedding.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/linear.hpp"
+#include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/parallel/state_slices.hpp"
 
 namespace troupe::parallel {
 
@@ -134,6 +136,8 @@ nn::GPTParts tensor_parallel_parts(collectives::Communicator& tp);
 
 // This rank's part of the GPT that nn::GPT(config, seed) builds on one rank: that model's
 // initialisation, split (the whole model is built on each rank first, then dropped).
+// Dropout must be 0 at tp > 1: each rank's attention would draw its heads' masks from
+// the stream one rank draws all heads' from, so they would repeat across ranks.
 std::unique_ptr<nn::GPT> tensor_parallel_gpt(const nn::GPTConfig& config, std::uint64_t seed,
                                              collectives::Communicator& tp);
 
@@ -150,5 +154,32 @@ void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collecti
 // ones counted once), and clip_grad_norm over it: every rank scales alike.
 double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& tp);
 double tensor_parallel_clip_grad_norm(nn::Module& model, double max_norm, collectives::Communicator& tp);
+
+class DistributedDataParallel;
+
+// A split model's state as checkpoints keep it: the model and optimizer groups full,
+// gathered over tp (an optimizer slot of a split parameter's shape is split as the
+// parameter is), and loaded by taking this rank's parts, so a file of one layout (or
+// of one rank) resumes in any other. DDP over the dp ranks keeps the micro-step.
+// Gathering is a collective over tp; loading is not.
+class TensorParallelStateDicts final : public ShardedStateDicts {
+ public:
+  TensorParallelStateDicts(nn::Module& model, nn::Optimizer& optimizer, DistributedDataParallel& ddp,
+                           collectives::Communicator& tp);
+
+  nn::StateDict model_state_dict() override;
+  nn::StateDict optimizer_state_dict() override;
+  void load_model_state_dict(const nn::StateDict& dict) override;
+  void load_optimizer_state_dict(const nn::StateDict& dict) override;
+  std::int64_t micro_step() const override;
+  void set_micro_step(std::int64_t step) override;
+
+ private:
+  nn::Module& model_;
+  nn::Optimizer& optimizer_;
+  DistributedDataParallel& ddp_;
+  collectives::Communicator& tp_;
+  std::map<std::string, TensorSplit> splits_;
+};
 
 }  // namespace troupe::parallel

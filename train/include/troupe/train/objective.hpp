@@ -14,7 +14,9 @@
 #include <memory>
 #include <string>
 
+#include "troupe/collectives/communicator.hpp"
 #include "troupe/nn/loss.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::train {
@@ -55,6 +57,21 @@ class MSEObjective final : public Objective {
 
  private:
   nn::MSELoss loss_;
+};
+
+// Cross-entropy of a tensor-parallel model's logits, split by vocabulary over `tp`
+// (parallel::VocabParallelCrossEntropy; the vocabulary is the sum of the ranks' widths,
+// learnt at the first forward). The loss is the same on every tp rank; no "correct"
+// metric (an argmax across ranks is not computed).
+class TensorParallelCrossEntropyObjective final : public Objective {
+ public:
+  explicit TensorParallelCrossEntropyObjective(collectives::Communicator& tp) : tp_(&tp) {}
+  double forward(const Tensor& output, const Tensor& targets) override;
+  Tensor backward(double scale) override;
+
+ private:
+  collectives::Communicator* tp_;
+  std::unique_ptr<parallel::VocabParallelCrossEntropy> loss_;
 };
 
 }  // namespace troupe::train

@@ -7,6 +7,9 @@
 //     // Optional: the model built on `device`. With it, zero1/zero2/fsdp build the model
 //     // on the meta device and each rank materialises only its part (troupe/parallel/sharded_model.hpp).
 //     static std::unique_ptr<nn::Module> make_model(const Config&, tensor::Device);
+//     // Optional: this rank's part of the model split over `tp` (WorkerOptions::tensor_parallel;
+//     // troupe/parallel/tensor_parallel.hpp), whose logits are split by vocabulary.
+//     static std::unique_ptr<nn::Module> make_model(const Config&, collectives::Communicator& tp);
 //     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
 //     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,
 //     // FSDP's flat shards) -- an OptimizerFactory. Optional for ddp.
@@ -35,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/collectives/communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/lr_scheduler.hpp"
 #include "troupe/nn/optimizer.hpp"
@@ -79,6 +83,19 @@ std::unique_ptr<nn::Module> recipe_model(const typename Recipe::Config& config, 
     if (sharded) return Recipe::make_model(config, tensor::Device::meta());
   }
   return Recipe::make_model(config);
+}
+
+// The recipe's tensor-parallel model; a recipe without one is an InvalidArgument.
+template <class Recipe>
+std::unique_ptr<nn::Module> recipe_tensor_parallel_model(const typename Recipe::Config& config,
+                                                         collectives::Communicator& tp) {
+  if constexpr (requires {
+                  { Recipe::make_model(config, tp) } -> std::convertible_to<std::unique_ptr<nn::Module>>;
+                })
+    return Recipe::make_model(config, tp);
+  else
+    TROUPE_THROW(InvalidArgument, "TrainWorker: tensor parallelism needs the recipe's ",
+                 "make_model(const Config&, collectives::Communicator& tp), the model split over tp");
 }
 
 template <class Recipe>

@@ -6,7 +6,10 @@
 // rank runs the same program unchanged (a single-rank communicator).
 //
 // WorkerOptions::sharding picks ddp, zero1 (DDP + OSS), zero2 (FSDP's shard_grad_op)
-// or fsdp (troupe/parallel/sharded_model.hpp). Accumulation, the sampler, Status, evaluation and
+// or fsdp (troupe/parallel/sharded_model.hpp). WorkerOptions::tensor_parallel = k splits
+// the model over k consecutive ranks (the recipe's make_model(config, tp)) and runs DDP
+// over the world / k groups of them; the checkpoints stay full, so any layout resumes
+// any other's. Accumulation, the sampler, Status, evaluation and
 // checkpoints work alike in every mode, and a checkpoint of one mode resumes in
 // another. In zero2 and fsdp, state(), evaluate(), offer_best() and model_state() are
 // collectives: ask every worker. The global batch need not divide by the ranks (64
@@ -42,8 +45,10 @@
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/parallel/ddp.hpp"
+#include "troupe/parallel/device_mesh.hpp"
 #include "troupe/parallel/master_weights.hpp"
 #include "troupe/parallel/sharded_model.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/supervisor/client.hpp"
 #include "troupe/supervisor/fault.hpp"
 #include "troupe/supervisor/run_environment.hpp"
@@ -76,15 +81,21 @@ class TrainWorker {
         sharding_(options_.sharding),
         device_(worker_device(options_)),
         comm_(worker_communicator(options, device_)),
-        model_(recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)),
+        mesh_(worker_mesh(options_, *comm_)),
+        model_(mesh_ ? recipe_tensor_parallel_model<Recipe>(config_, mesh_->comm("tp"))
+                     : recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)),
         train_(Recipe::train_set(config_)),
         test_(Recipe::test_set(config_)),
-        objective_(recipe_objective<Recipe>(config_)) {
+        objective_(make_objective()) {
     TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
                  "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
+    TROUPE_CHECK(!mesh_ || (sharding_ == Sharding::ddp && options_.precision == Precision::f32 && !device_.is_cuda()),
+                 "TrainWorker: tensor parallelism runs with ddp, f32 and on the CPU for now, not ",
+                 parallel::sharding_name(sharding_), ", ", precision_name(options_.precision), ", ",
+                 worker_device_name(options_.device));
     if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
     // Before DDP and the optimizer hold the parameters. A meta model stays described:
     // ShardedModel materialises each rank's part on device_.
@@ -95,12 +106,12 @@ class TrainWorker {
     TROUPE_CHECK(options_.global_batch % options_.accum_steps == 0, "TrainWorker: the global batch of ",
                  options_.global_batch, " does not split into ", options_.accum_steps, " equal micro-batches");
     const std::int64_t micro_batch = options_.global_batch / options_.accum_steps;
-    TROUPE_CHECK(micro_batch >= comm_->size(), "TrainWorker: a micro-batch of ", micro_batch, " samples (global batch ",
-                 options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ", comm_->size(),
-                 " ranks without a sample");
+    TROUPE_CHECK(micro_batch >= data_comm().size(), "TrainWorker: a micro-batch of ", micro_batch,
+                 " samples (global batch ", options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ",
+                 data_comm().size(), " data-parallel ranks without a sample");
     if (sharding_ == Sharding::ddp) {
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(
-          *model_, *comm_, parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes});
+          *model_, data_comm(), parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes});
       if (options_.precision == Precision::bf16) {  // after DDP's broadcast, so every rank's masters are rank 0's
         master_ = std::make_unique<parallel::MasterWeights>(*model_);
         optimizer_ = recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(master_->named_parameters());
@@ -114,13 +125,18 @@ class TrainWorker {
     }
     scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
     sampler_ = std::make_unique<DistributedSampler>(
-        train_.size(), comm_->size(), comm_->rank(),
+        train_.size(), data_comm().size(), data_comm().rank(),
         SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
     loader_ = std::make_unique<DataLoader<TensorBatch>>(
         *sampler_, sampler_->local_batch(), [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
-    state_ = sharded_
-                 ? std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_)
-                 : std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr, master_.get());
+    if (mesh_) {
+      tp_state_ = std::make_unique<parallel::TensorParallelStateDicts>(*model_, *optimizer_, *ddp_, mesh_->comm("tp"));
+      state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, *tp_state_);
+    } else if (sharded_) {
+      state_ = std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_);
+    } else {
+      state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr, master_.get());
+    }
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
@@ -200,6 +216,7 @@ class TrainWorker {
     }
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     status_->end_progress();
+    count_once(result);
     return result;
   }
 
@@ -226,6 +243,7 @@ class TrainWorker {
     result.epoch = state_->epoch;
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     status_->end_progress();
+    count_once(result);
     return result;
   }
 
@@ -238,9 +256,9 @@ class TrainWorker {
     EvalResult result;
     const std::int64_t total = options_.eval_samples > 0 ? std::min(options_.eval_samples, test_.size()) : test_.size();
     std::vector<std::int64_t> mine;
-    for (std::int64_t i = comm_->rank(); i < total; i += comm_->size()) mine.push_back(i);
+    for (std::int64_t i = data_comm().rank(); i < total; i += data_comm().size()) mine.push_back(i);
     const auto kBatch = static_cast<std::size_t>(options_.eval_batch);
-    std::unique_ptr<Objective> objective = recipe_objective<Recipe>(config_);
+    std::unique_ptr<Objective> objective = make_objective();
     // zero2's and fsdp's forward is a collective (it gathers), so every rank runs as many
     // batches as the largest share needs; a rank with no samples left forwards test
     // sample 0 and ignores the result.
@@ -262,16 +280,20 @@ class TrainWorker {
       result.samples += batch.size();
     }
     model_->train();
+    count_once(result);
     return result;
   }
 
+  // In tensor-parallel mode a collective (the hash covers every rank's part): ask every worker.
   WorkerState state() {
     begin_call("state");
     return {comm_->rank(),
             state_->step,
             state_->epoch,
             sampler_->position(),
-            sharded_ ? sharded_->parameter_hash() : parameter_hash(*model_),
+            sharded_ ? sharded_->parameter_hash()
+            : mesh_  ? tensor_parallel_hash()
+                     : parameter_hash(*model_),
             sampler_->exhausted()};
   }
 
@@ -281,6 +303,10 @@ class TrainWorker {
   // zero2 and fsdp modes ask every worker (the model is gathered): rank 0's answer counts.
   bool offer_best(double value, std::int64_t step) {
     begin_call("offer_best");
+    if (mesh_) {
+      nn::StateDict full = parallel::full_state_dict(*model_, mesh_->comm("tp"));
+      return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
+    }
     if (sharded_ && sharded_->forward_is_collective()) {
       nn::StateDict full = sharded_->model_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
@@ -295,7 +321,10 @@ class TrainWorker {
   std::vector<std::pair<std::string, Tensor>> model_state() {
     begin_call("model_state");
     nn::StateDict dict;
-    if (sharded_ && sharded_->forward_is_collective()) {
+    if (mesh_) {
+      dict = parallel::full_state_dict(*model_, mesh_->comm("tp"));
+      if (comm_->rank() != 0) return {};
+    } else if (sharded_ && sharded_->forward_is_collective()) {
       dict = sharded_->model_state_dict();
       if (comm_->rank() != 0) return {};
     } else {
@@ -326,8 +355,10 @@ class TrainWorker {
     keeper_.reset();
     loader_.reset();
     state_.reset();
+    tp_state_.reset();
     ddp_.reset();
     sharded_.reset();
+    mesh_.reset();
     comm_.reset();
     if (unsaved) std::rethrow_exception(unsaved);
   }
@@ -388,7 +419,9 @@ class TrainWorker {
                                                                        micro_per_epoch, options_.max_grad_norm)
                  : ddp_->optimizer_step_with_gradient_accumulation(
                        *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
-                       parallel::AccumulationOptions{.max_grad_norm = options_.max_grad_norm, .master = master_.get()});
+                       parallel::AccumulationOptions{.max_grad_norm = options_.max_grad_norm,
+                                                     .master = master_.get(),
+                                                     .tensor_parallel = mesh_ ? &mesh_->comm("tp") : nullptr});
     if (step.stepped) {
       ++state_->step;
       ++result.steps;
@@ -397,11 +430,49 @@ class TrainWorker {
   }
 
   void report_progress(std::int64_t done, const EpochResult& result) {
-    status_->progress(done, result.samples * comm_->size(),
+    status_->progress(done, result.samples * data_comm().size(),
                       {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
   }
 
   nn::Optimizer& optimizer() { return sharded_ ? sharded_->optimizer() : *optimizer_; }
+
+  // The ranks that split the data: the world, or the mesh's dp dimension.
+  collectives::Communicator& data_comm() const { return mesh_ ? mesh_->comm("dp") : *comm_; }
+
+  static std::unique_ptr<parallel::DeviceMesh> worker_mesh(const WorkerOptions& options,
+                                                           collectives::Communicator& world) {
+    TROUPE_CHECK(options.tensor_parallel >= 1, "TrainWorker: tensor_parallel must be >= 1, got ",
+                 options.tensor_parallel);
+    if (options.tensor_parallel == 1) return nullptr;
+    return std::make_unique<parallel::DeviceMesh>(
+        world, std::vector<parallel::MeshDim>{{"dp", -1}, {"tp", options.tensor_parallel}});
+  }
+
+  std::unique_ptr<Objective> make_objective() const {
+    if (mesh_) return std::make_unique<TensorParallelCrossEntropyObjective>(mesh_->comm("tp"));
+    return recipe_objective<Recipe>(config_);
+  }
+
+  // A tp group's ranks hold one model and see the same samples: only its first rank's
+  // sums count, so the driver's totals are the data-parallel ones.
+  template <class Result>
+  void count_once(Result& result) const {
+    if (!mesh_ || mesh_->coordinate("tp") == 0) return;
+    result.loss_sum = 0;
+    result.samples = 0;
+    result.metrics.clear();
+  }
+
+  // FNV-1a over the tp ranks' parameter hashes, in rank order: the same on every rank.
+  std::uint64_t tensor_parallel_hash() const {
+    collectives::Communicator& tp = mesh_->comm("tp");
+    std::vector<std::int64_t> mine{static_cast<std::int64_t>(parameter_hash(*model_))};
+    std::vector<std::int64_t> all(static_cast<std::size_t>(tp.size()));
+    tp.allgather(collectives::Buffer(mine), collectives::Buffer(all));
+    std::uint64_t h = 1469598103934665603ULL;
+    for (std::int64_t part : all) h = (h ^ static_cast<std::uint64_t>(part)) * 1099511628211ULL;
+    return h;
+  }
 
   // After every optimizer step: progress for troupe-run, the injected fault if this is
   // its step, and the periodic checkpoint (every rank calls it; see save_checkpoint).
@@ -471,12 +542,14 @@ class TrainWorker {
   Sharding sharding_;
   tensor::Device device_;
   std::unique_ptr<collectives::Communicator> comm_;
+  std::unique_ptr<parallel::DeviceMesh> mesh_;  // dp x tp, with tensor parallelism
   std::unique_ptr<nn::Module> model_;
   Dataset train_, test_;
   std::unique_ptr<Objective> objective_;
-  std::unique_ptr<parallel::DistributedDataParallel> ddp_;  // ddp
-  std::unique_ptr<parallel::ShardedModel> sharded_;         // zero1, zero2, fsdp
-  std::unique_ptr<parallel::MasterWeights> master_;         // precision bf16
+  std::unique_ptr<parallel::DistributedDataParallel> ddp_;        // ddp
+  std::unique_ptr<parallel::ShardedModel> sharded_;               // zero1, zero2, fsdp
+  std::unique_ptr<parallel::MasterWeights> master_;               // precision bf16
+  std::unique_ptr<parallel::TensorParallelStateDicts> tp_state_;  // tensor parallelism
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<nn::LRScheduler> scheduler_;  // the recipe's, if any: sets the lr before each step
   std::unique_ptr<DistributedSampler> sampler_;

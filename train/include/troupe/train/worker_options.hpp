@@ -41,6 +41,9 @@ struct WorkerOptions {
   std::uint64_t seed = 0;          // the sampler's shuffle seed
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
   Sharding sharding = Sharding::ddp;
+  // Ranks each model is split over (tensor parallelism; 1: none). The world becomes a
+  // dp x tp mesh, tp ranks consecutive; DDP runs over dp. ddp, f32, CPU only for now.
+  std::int32_t tensor_parallel = 1;
   WorkerDevice device = WorkerDevice::cpu;
   Precision precision = Precision::f32;
   double max_grad_norm = 0;  // 0: no clipping
@@ -84,7 +87,7 @@ struct WorkerOptions {
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
       best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
-      checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples);
+      checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel);
   }
 };
 
