@@ -208,18 +208,47 @@ Tensor Module::checkpointed_forward(const Tensor& input) {
 
 // The generators are wound back for the recompute; drawing the same numbers again
 // leaves them where the first forward did.
+// The generators are wound back for the recompute and set again afterwards, so forwards
+// that ran in between (a pipeline's other micro-batches) keep their draws.
 bool Module::recompute_forward() {
   if (!recompute_pending_) return false;
   std::vector<tensor::Generator*> generators;
   collect_generators(generators);
   TROUPE_CHECK(generators.size() == checkpoint_generators_.size(), type_name(),
                ": the module's layers changed between a checkpointed forward and its backward");
-  for (std::size_t i = 0; i < generators.size(); ++i) *generators[i] = checkpoint_generators_[i];
+  std::vector<tensor::Generator> now;
+  for (std::size_t i = 0; i < generators.size(); ++i) {
+    now.push_back(*generators[i]);
+    *generators[i] = checkpoint_generators_[i];
+  }
   const Tensor input = std::move(checkpoint_input_);
   checkpoint_input_ = Tensor();
   recompute_pending_ = false;
   forward_impl(input);
+  for (std::size_t i = 0; i < generators.size(); ++i) *generators[i] = now[i];
   return true;
+}
+
+Module::SavedForward Module::take_saved_forward() {
+  TROUPE_CHECK(recompute_pending_, type_name(), ".take_saved_forward: no checkpointed forward is pending");
+  recompute_pending_ = false;
+  SavedForward saved{std::move(checkpoint_input_), std::move(checkpoint_generators_)};
+  checkpoint_input_ = Tensor();
+  checkpoint_generators_.clear();
+  return saved;
+}
+
+void Module::restore_saved_forward(SavedForward saved) {
+  TROUPE_CHECK(saved.input.defined(), type_name(), ".restore_saved_forward: nothing was saved");
+  checkpoint_input_ = std::move(saved.input);
+  checkpoint_generators_ = std::move(saved.generators);
+  recompute_pending_ = true;
+}
+
+std::shared_ptr<Module> Module::shared_child(std::string_view name) const {
+  for (const auto& [child_name, child] : children_)
+    if (child_name == name) return child;
+  return nullptr;
 }
 
 void Module::release_activations() {

@@ -46,6 +46,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -129,6 +130,20 @@ class Module {
   // Drops what the last forward cached, here and below: a backward must follow a new
   // forward. Checkpointing calls it; so may a caller that ran forward for its output only.
   void release_activations();
+  // A checkpointed forward's saved input and generator states, taken out after its
+  // forward and put back before its backward: how a pipeline schedule runs several
+  // micro-batches' forwards before their backwards through one module
+  // (parallel/pipeline.hpp). The recompute then leaves the generators where they stood.
+  struct SavedForward {
+    Tensor input;
+    std::vector<tensor::Generator> generators;
+  };
+  SavedForward take_saved_forward();
+  void restore_saved_forward(SavedForward saved);
+
+  // A direct child by name, shared (null when there is none): for a module that runs
+  // part of another's tree, as a pipeline stage runs some of a model's blocks.
+  std::shared_ptr<Module> shared_child(std::string_view name) const;
 
   // Converts every parameter and buffer to `dtype` (e.g. f64 for finite-difference
   // checks). Gradients are dropped and views are not preserved: call it while

@@ -1,0 +1,134 @@
+// Pipeline parallelism: a model cut into pp.size() consecutive stages, one per rank of a
+// `pp` communicator; a batch split into micro-batches that flow forward through the
+// stages and back, activations and their gradients sent point to point.
+//
+// Schedules (GPipe; 1F1B, PipeDream-Flush as Megatron runs it), stage s of p with m
+// micro-batches:
+//   gpipe    all m forwards, then all m backwards
+//   1f1b     min(p - s - 1, m) forwards, then one forward and one backward in turn,
+//            then the backwards left: at most p - s micro-batches in flight
+// Both idle a stage for (p - 1) / (m + p - 1) of a step in theory; 1F1B holds fewer
+// micro-batches at once. A stage keeps only each in-flight micro-batch's input: its
+// forward is recomputed just before that micro-batch's backward (nn::Module's
+// activation checkpointing, with the saved forward taken out and put back per
+// micro-batch), as Megatron does under full recompute, since troupe's layers cache one
+// forward. Gradients accumulate as the mean over the micro-batches, which is one
+// rank's batch-mean gradient to rounding. A stage's failure is its rank's failure,
+// which troupe-run already handles by restarting the job from the last checkpoint.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/nn/embedding.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/module.hpp"
+#include "troupe/nn/state_dict.hpp"
+
+namespace troupe::parallel {
+
+using tensor::Tensor;
+
+enum class PipelineSchedule { gpipe, one_f_one_b };
+// "gpipe" or "1f1b"; anything else is an InvalidArgument naming both.
+PipelineSchedule parse_pipeline_schedule(std::string_view name);
+const char* pipeline_schedule_name(PipelineSchedule schedule);
+
+// The last stage's loss: forward(output, targets) returns a micro-batch's mean loss,
+// backward(scale) the gradient of scale x that loss with respect to the output.
+struct PipelineLoss {
+  std::function<double(const Tensor& output, const Tensor& targets)> forward;
+  std::function<Tensor(double scale)> backward;
+};
+
+struct PipelineStats {
+  double seconds = 0;       // the last forward_backward, wall time
+  double busy_seconds = 0;  // of which computing (forwards, recomputes, backwards, the loss)
+  double idle_fraction() const { return seconds > 0 ? 1.0 - busy_seconds / seconds : 0.0; }
+};
+
+class Pipeline {
+ public:
+  // `stage` is this rank's part of the model; pp and stage outlive the pipeline.
+  Pipeline(nn::Module& stage, collectives::Communicator& pp, PipelineSchedule schedule, int micro_batches);
+
+  // One batch through the pipe. Every stage passes the batch: the first uses `inputs`,
+  // the last `targets` and `loss`; their first dimension must divide into the
+  // micro-batches. Gradients accumulate into the stage's parameters. Returns the
+  // batch's mean loss, the same on every stage.
+  double forward_backward(const Tensor& inputs, const Tensor& targets, const PipelineLoss& loss);
+  // Forward only (evaluation): the last stage's output for `inputs`, whole; undefined
+  // on the other stages.
+  Tensor forward(const Tensor& inputs);
+
+  const PipelineStats& stats() const { return stats_; }
+  PipelineSchedule schedule() const { return schedule_; }
+  int micro_batches() const { return micro_batches_; }
+
+ private:
+  void send(const Tensor& t, int peer, int tag);
+  Tensor receive(int peer, int tag);
+  void finish_sends();
+
+  nn::Module& stage_;
+  collectives::Communicator& pp_;
+  PipelineSchedule schedule_;
+  int micro_batches_;
+  std::vector<collectives::Work> sends_;
+  std::vector<Tensor> sending_;  // alive until their sends finish
+  PipelineStats stats_;
+};
+
+// Stage `stage` of nn::GPT(config, seed) cut into `stages`: consecutive blocks as
+// shard_range splits n_layer; the first stage also runs wte, wpe and the input dropout,
+// the last ln_f and lm_head. Parameters keep the whole model's names. Built from the
+// whole model (every rank builds it, keeps its stage, drops the rest), so every layout
+// starts from the same weights. The first and last stages each hold the tied table
+// (wte's, lm_head's): sum_tied_gradient() adds the two uses' gradients across them.
+class GptStage : public nn::Module {
+ public:
+  GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages);
+
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
+  std::string type_name() const override;
+
+  bool first() const { return stage_ == 0; }
+  bool last() const { return stage_ == stages_ - 1; }
+  // Blocks [begin, end) of the whole model.
+  std::pair<std::int64_t, std::int64_t> blocks() const { return {begin_, end_}; }
+  // After a backward, with more than one stage: the tied table's gradient on the first
+  // and last stages becomes the sum of both (the same bits on both). A collective of the
+  // first and last stages; the others return at once.
+  void sum_tied_gradient(collectives::Communicator& pp);
+  // The tied table as the last stage holds it (null elsewhere): counted once in norms.
+  const nn::Parameter* tied_copy() const { return last() && !first() ? tied_ : nullptr; }
+  // Recomputes every block's activations in backward (the pipeline's schedules already
+  // recompute whole stages; this is for a stage used alone).
+  void checkpoint_blocks(std::int64_t every);
+
+ private:
+  int stage_, stages_;
+  std::int64_t begin_ = 0, end_ = 0;
+  nn::Embedding* wte_ = nullptr;
+  nn::Embedding* wpe_ = nullptr;
+  nn::Module* drop_ = nullptr;
+  std::vector<nn::Module*> blocks_;
+  nn::Module* ln_f_ = nullptr;
+  nn::Module* lm_head_ = nullptr;
+  nn::Parameter* tied_ = nullptr;
+  std::shared_ptr<nn::Module> table_owner_;  // wte, kept alive on the last stage for its table
+};
+
+// The norm of every stage's gradients (the tied table once), and clipping to it: every
+// stage scales alike. A collective over pp.
+double pipeline_clip_grad_norm(GptStage& stage, double max_norm, collectives::Communicator& pp);
+
+// The whole model's state dict, every stage's entries in stage order (the whole
+// model's order), on every rank. A collective over pp.
+nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp);
+
+}  // namespace troupe::parallel

@@ -1,0 +1,317 @@
+#include "troupe/parallel/pipeline.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "troupe/error.hpp"
+#include "troupe/nn/containers.hpp"
+#include "troupe/shard_range.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::parallel {
+
+using collectives::Buffer;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int kActivation = 101;
+constexpr int kGradient = 102;
+constexpr int kTied = 103;
+constexpr std::size_t kMaxDims = 6;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+template <class M>
+M* as(const std::shared_ptr<nn::Module>& module, const char* what) {
+  auto* typed = dynamic_cast<M*>(module.get());
+  TROUPE_CHECK(typed != nullptr, "GptStage: the GPT has no ", what);
+  return typed;
+}
+
+double squares(const Tensor& g) {
+  double sum = 0;
+  tensor::dispatch_floating(g.dtype(), "pipeline_clip_grad_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = g.data<T>();
+    for (std::int64_t i = 0; i < g.numel(); ++i) {
+      const double v = static_cast<double>(static_cast<tensor::compute_t<T>>(p[i]));
+      sum += v * v;
+    }
+  });
+  return sum;
+}
+
+}  // namespace
+
+PipelineSchedule parse_pipeline_schedule(std::string_view name) {
+  if (name == "gpipe") return PipelineSchedule::gpipe;
+  if (name == "1f1b") return PipelineSchedule::one_f_one_b;
+  TROUPE_THROW(InvalidArgument, "unknown pipeline schedule '", name, "': gpipe or 1f1b");
+}
+
+const char* pipeline_schedule_name(PipelineSchedule schedule) {
+  return schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b";
+}
+
+// ------------------------------------------------------------------ the schedule
+
+Pipeline::Pipeline(nn::Module& stage, collectives::Communicator& pp, PipelineSchedule schedule, int micro_batches)
+    : stage_(stage), pp_(pp), schedule_(schedule), micro_batches_(micro_batches) {
+  TROUPE_CHECK(micro_batches >= 1, "Pipeline: micro_batches must be >= 1, got ", micro_batches);
+  stage_.set_activation_checkpointing(true);
+}
+
+// A header (dtype, rank, dims) then the data, both on `tag`: messages between two ranks
+// on one tag arrive in order.
+void Pipeline::send(const Tensor& t, int peer, int tag) {
+  TROUPE_CHECK(static_cast<std::size_t>(t.dim()) <= kMaxDims, "Pipeline: a ", t.dim(), "-dim tensor between stages");
+  Tensor header = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
+  auto* h = header.data<std::int64_t>();
+  h[0] = static_cast<std::int64_t>(t.dtype());
+  h[1] = t.dim();
+  for (std::int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
+  const Tensor data = t.device().is_cpu() ? t : t.to(tensor::Device::cpu());
+  sends_.push_back(pp_.send_async(Buffer(header), peer, tag));
+  sends_.push_back(pp_.send_async(Buffer(data), peer, tag));
+  sending_.push_back(header);
+  sending_.push_back(data);
+}
+
+Tensor Pipeline::receive(int peer, int tag) {
+  Tensor header = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
+  pp_.recv(Buffer(header), peer, tag);
+  const auto* h = header.data<std::int64_t>();
+  TROUPE_CHECK(h[1] >= 0 && h[1] <= static_cast<std::int64_t>(kMaxDims) && h[0] >= 0 && h[0] <= 6,
+               "Pipeline: a malformed header from stage ", peer);
+  tensor::Shape shape;
+  for (std::int64_t d = 0; d < h[1]; ++d) shape.push_back(h[2 + d]);
+  Tensor t = Tensor::empty(shape, static_cast<tensor::DType>(h[0]));
+  pp_.recv(Buffer(t), peer, tag);
+  return t;
+}
+
+void Pipeline::finish_sends() {
+  for (auto& work : sends_) work.wait();
+  sends_.clear();
+  sending_.clear();
+}
+
+double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, const PipelineLoss& loss) {
+  const int s = pp_.rank(), p = pp_.size(), m = micro_batches_;
+  const bool first = s == 0, last = s == p - 1;
+  const Tensor& split = first ? inputs : targets;
+  if (first || last) {
+    TROUPE_CHECK(split.defined() && split.dim() >= 1 && split.size(0) % m == 0, "Pipeline: a batch of ",
+                 split.defined() ? split.size(0) : 0, " does not split into ", m, " micro-batches");
+  }
+  TROUPE_CHECK(!last || (loss.forward && loss.backward), "Pipeline: the last stage needs the loss");
+  const std::int64_t rows = (first || last) ? split.size(0) / m : 0;
+  const auto start = Clock::now();
+  double busy = 0, loss_sum = 0;
+  std::vector<nn::Module::SavedForward> saved(static_cast<std::size_t>(m));
+  std::vector<Tensor> output_grads(static_cast<std::size_t>(m));
+
+  auto forward = [&](int i) {
+    const Tensor x = first ? inputs.slice(i * rows, (i + 1) * rows) : receive(s - 1, kActivation);
+    const auto t0 = Clock::now();
+    const Tensor y = stage_.forward(x);
+    saved[static_cast<std::size_t>(i)] = stage_.take_saved_forward();
+    if (last) {
+      loss_sum += loss.forward(y, targets.slice(i * rows, (i + 1) * rows));
+      output_grads[static_cast<std::size_t>(i)] = loss.backward(1.0 / m);
+    }
+    busy += seconds_since(t0);
+    if (!last) send(y, s + 1, kActivation);
+  };
+  auto backward = [&](int i) {
+    const Tensor g = last ? std::move(output_grads[static_cast<std::size_t>(i)]) : receive(s + 1, kGradient);
+    const auto t0 = Clock::now();
+    stage_.restore_saved_forward(std::move(saved[static_cast<std::size_t>(i)]));
+    const Tensor gx = stage_.backward(g);
+    busy += seconds_since(t0);
+    if (!first) send(gx, s - 1, kGradient);
+  };
+
+  try {
+    if (schedule_ == PipelineSchedule::gpipe) {
+      for (int i = 0; i < m; ++i) forward(i);
+      for (int i = 0; i < m; ++i) backward(i);
+    } else {
+      const int warm = std::min(p - s - 1, m);
+      for (int i = 0; i < warm; ++i) forward(i);
+      for (int i = warm; i < m; ++i) {
+        forward(i);
+        backward(i - warm);
+      }
+      for (int i = m - warm; i < m; ++i) backward(i);
+    }
+    finish_sends();
+  } catch (...) {
+    stage_.release_activations();
+    try {
+      finish_sends();
+    } catch (...) {  // the first error is the one to report
+    }
+    throw;
+  }
+  double mean = last ? loss_sum / m : 0.0;
+  pp_.broadcast(Buffer(&mean, 1), p - 1);
+  stats_.seconds = seconds_since(start);
+  stats_.busy_seconds = busy;
+  return mean;
+}
+
+Tensor Pipeline::forward(const Tensor& inputs) {
+  const int s = pp_.rank(), p = pp_.size();
+  const Tensor x = s == 0 ? inputs : receive(s - 1, kActivation);
+  stage_.set_activation_checkpointing(false);  // no backward follows
+  Tensor y;
+  try {
+    y = stage_.forward(x);
+  } catch (...) {
+    stage_.set_activation_checkpointing(true);
+    throw;
+  }
+  stage_.set_activation_checkpointing(true);
+  if (s + 1 < p) {
+    send(y, s + 1, kActivation);
+    finish_sends();
+    return Tensor();
+  }
+  return y;
+}
+
+// ------------------------------------------------------------------ the GPT's stages
+
+GptStage::GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages)
+    : stage_(stage), stages_(stages) {
+  TROUPE_CHECK(stages >= 1 && stage >= 0 && stage < stages, "GptStage: stage ", stage, " of ", stages);
+  TROUPE_CHECK(config.n_layer >= stages, "GptStage: ", config.n_layer, " blocks do not fill ", stages,
+               " pipeline stages");
+  std::tie(begin_, end_) = shard_range(config.n_layer, stage, stages);
+  const nn::GPT whole(config, seed);
+  const auto transformer = whole.shared_child("transformer");
+  TROUPE_CHECK(transformer != nullptr, "GptStage: the GPT has no transformer");
+  auto& mine = register_module("transformer", std::make_shared<nn::ModuleDict>());
+  if (first()) {
+    wte_ = &mine.add("wte", std::dynamic_pointer_cast<nn::Embedding>(transformer->shared_child("wte")));
+    wpe_ = &mine.add("wpe", std::dynamic_pointer_cast<nn::Embedding>(transformer->shared_child("wpe")));
+    drop_ = &mine.add("drop", transformer->shared_child("drop"));
+  }
+  const auto blocks = transformer->shared_child("h");
+  auto& h = mine.add("h", std::make_shared<nn::ModuleDict>());
+  for (std::int64_t i = begin_; i < end_; ++i)
+    blocks_.push_back(&h.add(std::to_string(i), blocks->shared_child(std::to_string(i))));
+  if (last()) {
+    ln_f_ = &mine.add("ln_f", transformer->shared_child("ln_f"));
+    lm_head_ = &register_module("lm_head", whole.shared_child("lm_head"));
+  }
+  // The tied table: wte's on the first stage, lm_head's (wte's, kept alive) on the last.
+  auto table = transformer->shared_child("wte");
+  tied_ = &as<nn::Embedding>(table, "wte")->weight();
+  if (last() && !first()) table_owner_ = table;
+  // Uses in this stage: both on a single stage, one on the first or the last.
+  tied_->uses = first() && last() ? 2 : 1;
+}
+
+std::string GptStage::type_name() const {
+  return "GptStage(" + std::to_string(stage_) + " of " + std::to_string(stages_) + ", blocks " +
+         std::to_string(begin_) + "-" + std::to_string(end_) + ")";
+}
+
+Tensor GptStage::forward_impl(const Tensor& input) {
+  Tensor x = input;
+  if (first()) {
+    TROUPE_CHECK(input.defined() && input.dim() == 2, type_name(), ".forward: token ids must be [B, T]");
+    const Tensor positions = Tensor::arange(0, static_cast<double>(input.size(1)), 1, tensor::DType::i64);
+    x = drop_->forward(tensor::add(wte_->forward(input), wpe_->forward(positions)));
+  }
+  for (nn::Module* block : blocks_) x = block->forward(x);
+  if (last()) x = lm_head_->forward(ln_f_->forward(x));
+  return x;
+}
+
+Tensor GptStage::backward_impl(const Tensor& grad_output) {
+  Tensor g = grad_output;
+  if (last()) g = ln_f_->backward(lm_head_->backward(g));
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = (*it)->backward(g);
+  if (!first()) return g;
+  g = drop_->backward(g);
+  wpe_->backward(tensor::sum(g, 0));
+  wte_->backward(g);
+  return Tensor();
+}
+
+void GptStage::sum_tied_gradient(collectives::Communicator& pp) {
+  if (stages_ == 1 || !(first() || last())) return;
+  TROUPE_CHECK(tied_->grad.defined(), type_name(), ".sum_tied_gradient: the tied table has no gradient");
+  const int peer = first() ? stages_ - 1 : 0;
+  const Tensor mine = tied_->grad.clone();
+  Tensor theirs = Tensor::empty(mine.shape(), mine.dtype());
+  collectives::Work sent = pp.send_async(Buffer(mine), peer, kTied);
+  pp.recv(Buffer(theirs), peer, kTied);
+  sent.wait();
+  tensor::add_(tied_->grad, theirs);  // a + b on one stage, b + a on the other: the same bits
+}
+
+void GptStage::checkpoint_blocks(std::int64_t every) {
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->set_activation_checkpointing(every > 0 && (begin_ + static_cast<std::int64_t>(i)) % every == 0);
+}
+
+double pipeline_clip_grad_norm(GptStage& stage, double max_norm, collectives::Communicator& pp) {
+  double sum = 0;
+  for (const auto& [name, param] : stage.named_parameters())
+    if (param->grad.defined() && param != stage.tied_copy()) sum += squares(param->grad);
+  pp.allreduce(Buffer(&sum, 1));
+  const double total = std::sqrt(sum);
+  const double factor = max_norm / (total + 1e-6);  // torch's clip_grad_norm_
+  if (!std::isfinite(total) || factor >= 1.0) return total;
+  for (nn::Parameter* p : stage.parameters())
+    if (p->grad.defined()) tensor::scale_(p->grad, factor);
+  return total;
+}
+
+// Each stage in turn broadcasts its entries: a count, then per entry its name, dtype
+// and shape, then the data.
+nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp) {
+  nn::StateDict full;
+  const nn::StateDict mine = stage.state_dict();
+  for (int owner = 0; owner < pp.size(); ++owner) {
+    const bool me = owner == pp.rank();
+    std::int64_t count = me ? static_cast<std::int64_t>(mine.size()) : 0;
+    pp.broadcast(Buffer(&count, 1), owner);
+    auto entry = mine.begin();
+    for (std::int64_t e = 0; e < count; ++e) {
+      std::vector<std::int64_t> meta(3 + kMaxDims, 0);  // name length, dtype, rank, dims
+      std::string name;
+      if (me) {
+        name = entry->first;
+        meta[0] = static_cast<std::int64_t>(name.size());
+        meta[1] = static_cast<std::int64_t>(entry->second.dtype());
+        meta[2] = entry->second.dim();
+        for (std::int64_t d = 0; d < entry->second.dim(); ++d)
+          meta[3 + static_cast<std::size_t>(d)] = entry->second.size(d);
+      }
+      pp.broadcast(Buffer(meta), owner);
+      name.resize(static_cast<std::size_t>(meta[0]));
+      std::vector<std::uint8_t> chars(name.begin(), name.end());
+      pp.broadcast(Buffer(chars), owner);
+      name.assign(chars.begin(), chars.end());
+      tensor::Shape shape;
+      for (std::int64_t d = 0; d < meta[2]; ++d) shape.push_back(meta[3 + static_cast<std::size_t>(d)]);
+      Tensor value = me ? entry->second.clone() : Tensor::empty(shape, static_cast<tensor::DType>(meta[1]));
+      pp.broadcast(Buffer(value), owner);
+      full.insert(name, value);
+      if (me) ++entry;
+    }
+  }
+  return full;
+}
+
+}  // namespace troupe::parallel
