@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpt_testing.hpp"
 #include "train_world.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/activation.hpp"
@@ -29,26 +30,6 @@ namespace {
 
 using parallel::ColumnParallelLinear;
 using parallel::RowParallelLinear;
-
-Tensor token_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, std::uint64_t seed) {
-  tensor::Generator gen(seed);
-  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, tensor::DType::f64);
-  std::vector<std::int64_t> ids;
-  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
-  return Tensor::from_vector(ids, {batch, time});
-}
-
-// ||a - b|| / ||b||, over the whole tensor.
-double norm_relative(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
-  EXPECT_EQ(x.size(), y.size());
-  double diff = 0, ref = 0;
-  for (std::size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
-    diff += (double(x[i]) - y[i]) * (double(x[i]) - y[i]);
-    ref += double(y[i]) * y[i];
-  }
-  return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
-}
 
 double max_relative(const Tensor& a, const Tensor& b) {
   const auto x = a.to_vector<float>(), y = b.to_vector<float>();
