@@ -39,7 +39,7 @@ AREA_PATHS = {
             "tests/nn/gpt_parity_test.py"],
     "sharding": [*_LIB, "nn/", "collectives/", "train/", "checkpoint/", "bench/sharding_bench.cpp",
                  "bench/torch_zero.py"],
-    "parallel": [*_LIB, "nn/", "collectives/", "parallel/", "bench/gpt_bench.cpp", "bench/tp_bench.cpp",
+    "parallel": [*_LIB, "nn/", "collectives/", "parallel/", "bench/gpt_bench.cpp", "bench/mesh_bench.cpp",
                  "bench/torch_gpt_step.py", "tools/torch_gpt.py"],
     "gpu": [*_LIB, "nn/", "collectives/", "train/", "bench/gpu_bench.cpp", "bench/torch_gpu_step.py"],
     "gpu-gpt": [*_LIB, "nn/", "train/", "bench/gpu_gpt_bench.cpp", "bench/torch_gpu_gpt.py", "tools/torch_gpt.py"],
@@ -75,15 +75,19 @@ Step time and tokens/s as in the gpt area. The PyTorch row runs nanoGPT's model
 first; each row shows the round with its median ratio. Targets: issue 51's (<= 0.4x
 memory, <= 1.35x step time).
 
-Tensor parallelism: `bench/tp_bench.cpp` under mpirun at 1, 2 and 4 ranks, the world
-being the tp group: train_gpt's default-preset model (4 layers, 4 heads, C = 128,
-T = 128, 89 characters) at batch 16, dropout 0, train_gpt's step (vocabulary-parallel
-cross-entropy, clipping, AdamW), one thread per rank. Step time in wall time (the ranks
-wait for each other), the lower median of 5 repeats of 4 steps after 3 warm-up steps;
-time waiting in collectives from the communicator's own count; the state per rank
-from the tensors (parameters, gradients, AdamW moments). tp 1 and tp 2 take turns for 3
-rounds and each shows its median; tp 4 runs once, on 2 cores, so its time is shown
-for the record only. Targets: issue 51's (state <= 1.1/k of one rank's); the step
+Tensor and pipeline parallelism: `bench/mesh_bench.cpp` under mpirun, the world being
+the tp group or the pp group: train_gpt's default-preset model (4 layers, 4 heads,
+C = 128, T = 128, 89 characters) at batch 16, dropout 0, train_gpt's step (clipping,
+AdamW; the vocabulary-parallel cross-entropy under tp, 8 micro-batches under pp), one
+thread per rank. Step time in wall time (the ranks wait for each other), the lower
+median of 5 repeats of 4 steps after 3 warm-up steps; time waiting in collectives from
+the communicator's own count; a stage's idle fraction is 1 - its compute time / the
+step's wall time, the mean over stages; the state per rank from the tensors
+(parameters, gradients, AdamW moments; under pp the first stage's, the largest). tp 1
+and tp 2 take turns for 3 rounds and each shows its median; the others run once, and
+4 ranks share 2 cores, so their times and idle fractions are for the record only.
+Targets: issue 51's (state <= 1.1/k of one rank's; idle within 1.1x of the schedule's
+(p - 1) / (m + p - 1)); the stepthe step
 times have none (the issue asks for the ratio and the collective time).""",
     "gpt": """\
 One training step of troupe's GPT (`nn::GPT`, nanoGPT's shape: GELU tanh, tied

@@ -64,34 +64,48 @@ Pipeline::Pipeline(nn::Module& stage, collectives::Communicator& pp, PipelineSch
     : stage_(stage), pp_(pp), schedule_(schedule), micro_batches_(micro_batches) {
   TROUPE_CHECK(micro_batches >= 1, "Pipeline: micro_batches must be >= 1, got ", micro_batches);
   stage_.set_activation_checkpointing(true);
+  if (pp.size() > 1) {
+    activations_ = pp.split(0, pp.rank());
+    gradients_ = pp.split(0, pp.rank());
+  }
 }
 
-// A header (dtype, rank, dims) then the data, both on `tag`: messages between two ranks
-// on one tag arrive in order.
-void Pipeline::send(const Tensor& t, int peer, int tag) {
-  TROUPE_CHECK(static_cast<std::size_t>(t.dim()) <= kMaxDims, "Pipeline: a ", t.dim(), "-dim tensor between stages");
-  Tensor header = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
-  auto* h = header.data<std::int64_t>();
-  h[0] = static_cast<std::int64_t>(t.dtype());
-  h[1] = t.dim();
-  for (std::int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
+// An activation goes as a header (dtype, rank, dims) then the data, in order on one tag;
+// its gradient comes back without one, shaped as the activation that was sent. So a
+// receive waits for one message before it knows what to post, never two in a row.
+void Pipeline::send(collectives::Communicator& comm, const Tensor& t, int peer, bool header) {
   const Tensor data = t.device().is_cpu() ? t : t.to(tensor::Device::cpu());
-  sends_.push_back(pp_.send_async(Buffer(header), peer, tag));
-  sends_.push_back(pp_.send_async(Buffer(data), peer, tag));
-  sending_.push_back(header);
+  if (header) {
+    TROUPE_CHECK(static_cast<std::size_t>(t.dim()) <= kMaxDims, "Pipeline: a ", t.dim(), "-dim tensor between stages");
+    Tensor head = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
+    auto* h = head.data<std::int64_t>();
+    h[0] = static_cast<std::int64_t>(t.dtype());
+    h[1] = t.dim();
+    for (std::int64_t d = 0; d < t.dim(); ++d) h[2 + d] = t.size(d);
+    sends_.push_back(comm.send_async(Buffer(head), peer, kActivation));
+    sending_.push_back(head);
+  }
+  sends_.push_back(comm.send_async(Buffer(data), peer, header ? kActivation : kGradient));
   sending_.push_back(data);
 }
 
-Tensor Pipeline::receive(int peer, int tag) {
-  Tensor header = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
-  pp_.recv(Buffer(header), peer, tag);
-  const auto* h = header.data<std::int64_t>();
+Tensor Pipeline::receive(collectives::Communicator& comm, int peer) {
+  Tensor head = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
+  comm.recv(Buffer(head), peer, kActivation);
+  const auto* h = head.data<std::int64_t>();
   TROUPE_CHECK(h[1] >= 0 && h[1] <= static_cast<std::int64_t>(kMaxDims) && h[0] >= 0 && h[0] <= 6,
                "Pipeline: a malformed header from stage ", peer);
   tensor::Shape shape;
   for (std::int64_t d = 0; d < h[1]; ++d) shape.push_back(h[2 + d]);
   Tensor t = Tensor::empty(shape, static_cast<tensor::DType>(h[0]));
-  pp_.recv(Buffer(t), peer, tag);
+  comm.recv(Buffer(t), peer, kActivation);
+  return t;
+}
+
+Tensor Pipeline::receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like,
+                              int peer) {
+  Tensor t = Tensor::empty(like.first, like.second);
+  comm.recv(Buffer(t), peer, kGradient);
   return t;
 }
 
@@ -115,9 +129,10 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   double busy = 0, loss_sum = 0;
   std::vector<nn::Module::SavedForward> saved(static_cast<std::size_t>(m));
   std::vector<Tensor> output_grads(static_cast<std::size_t>(m));
+  std::vector<std::pair<tensor::Shape, tensor::DType>> outputs(static_cast<std::size_t>(m));  // each gradient's
 
   auto forward = [&](int i) {
-    const Tensor x = first ? inputs.slice(i * rows, (i + 1) * rows) : receive(s - 1, kActivation);
+    const Tensor x = first ? inputs.slice(i * rows, (i + 1) * rows) : receive(*activations_, s - 1);
     const auto t0 = Clock::now();
     const Tensor y = stage_.forward(x);
     saved[static_cast<std::size_t>(i)] = stage_.take_saved_forward();
@@ -126,15 +141,19 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
       output_grads[static_cast<std::size_t>(i)] = loss.backward(1.0 / m);
     }
     busy += seconds_since(t0);
-    if (!last) send(y, s + 1, kActivation);
+    if (!last) {
+      send(*activations_, y, s + 1, true);
+      outputs[static_cast<std::size_t>(i)] = {y.shape(), y.dtype()};
+    }
   };
   auto backward = [&](int i) {
-    const Tensor g = last ? std::move(output_grads[static_cast<std::size_t>(i)]) : receive(s + 1, kGradient);
+    const auto k = static_cast<std::size_t>(i);
+    const Tensor g = last ? std::move(output_grads[k]) : receive_like(*gradients_, outputs[k], s + 1);
     const auto t0 = Clock::now();
     stage_.restore_saved_forward(std::move(saved[static_cast<std::size_t>(i)]));
     const Tensor gx = stage_.backward(g);
     busy += seconds_since(t0);
-    if (!first) send(gx, s - 1, kGradient);
+    if (!first) send(*gradients_, gx, s - 1, false);
   };
 
   try {
@@ -168,7 +187,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
 
 Tensor Pipeline::forward(const Tensor& inputs) {
   const int s = pp_.rank(), p = pp_.size();
-  const Tensor x = s == 0 ? inputs : receive(s - 1, kActivation);
+  const Tensor x = s == 0 ? inputs : receive(*activations_, s - 1);
   stage_.set_activation_checkpointing(false);  // no backward follows
   Tensor y;
   try {
@@ -179,7 +198,7 @@ Tensor Pipeline::forward(const Tensor& inputs) {
   }
   stage_.set_activation_checkpointing(true);
   if (s + 1 < p) {
-    send(y, s + 1, kActivation);
+    send(*activations_, y, s + 1, true);
     finish_sends();
     return Tensor();
   }

@@ -102,6 +102,22 @@ TEST(Pipeline, GpipeAndOneFOneBAgreeBitForBitWithDropout) {
     EXPECT_EQ(value.to_vector<float>(), interleaved.full.at(name).to_vector<float>()) << name;
 }
 
+// Activations of 32 KB, past shared memory's eager limit: a send then completes only
+// once its receive is posted, which deadlocked 1F1B when both directions shared one
+// communicator's queue (a wait covers every operation started before it).
+TEST(Pipeline, ActivationsPastTheEagerLimitFlowBothWays) {
+  const nn::GPTConfig config{.block_size = 64, .vocab_size = 65, .n_layer = 4, .n_head = 2, .n_embd = 64};
+  for (PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
+    GptStage stage(config, 2, world().rank(), world().size());
+    Pipeline pipe(stage, world(), schedule, 4);
+    nn::CrossEntropyLoss ce;
+    const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+                                      [&ce](double scale) { return ce.backward(scale); }};
+    for (int step = 0; step < 2; ++step)
+      EXPECT_TRUE(std::isfinite(pipe.forward_backward(token_ids(8, 64, 65, 3), token_ids(8, 64, 65, 4), loss)));
+  }
+}
+
 TEST(Pipeline, EvaluationForwardGivesTheWholeModelsLogits) {
   GptStage stage(tiny_gpt(), 3, world().rank(), world().size());
   Pipeline pipe(stage, world(), PipelineSchedule::one_f_one_b, 2);

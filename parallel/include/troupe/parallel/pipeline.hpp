@@ -20,6 +20,7 @@
 #include <functional>
 #include <memory>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "troupe/collectives/communicator.hpp"
@@ -69,12 +70,17 @@ class Pipeline {
   int micro_batches() const { return micro_batches_; }
 
  private:
-  void send(const Tensor& t, int peer, int tag);
-  Tensor receive(int peer, int tag);
+  void send(collectives::Communicator& comm, const Tensor& t, int peer, bool header);
+  Tensor receive(collectives::Communicator& comm, int peer);
+  Tensor receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like, int peer);
   void finish_sends();
 
   nn::Module& stage_;
   collectives::Communicator& pp_;
+  // Activations and gradients each on a communicator of their own (split from pp): a
+  // wait covers the operations started before it on its communicator, so one link's
+  // pending sends cannot hold up the other direction's receives.
+  std::unique_ptr<collectives::Communicator> activations_, gradients_;
   PipelineSchedule schedule_;
   int micro_batches_;
   std::vector<collectives::Work> sends_;

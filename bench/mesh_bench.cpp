@@ -1,0 +1,190 @@
+// mesh_bench: a GPT training step split over the world by tensor parallelism
+// (troupe/parallel/tensor_parallel.hpp; the world is the tp group) or by pipeline
+// parallelism (pipeline.hpp, --pp: the world is the pp group): step time, the time the
+// rank waited in collectives, the idle fraction of a pipeline stage, and the model
+// state each rank holds.
+//
+//   mpirun -np K build/bench/mesh_bench [--repeats N] [--steps S]
+//                                       [--pp --schedule gpipe|1f1b --micro-batches M]
+//
+// The model is train_gpt's default preset (4 layers, 4 heads, C 128, T 128, Moby-Dick's
+// 89 characters) at batch 16, dropout 0; the step is train_gpt's: forward, the
+// vocabulary-parallel cross-entropy, backward, clipping at 1.0, AdamW. Timing: 3 warm-up
+// steps, then --repeats repeats of --steps steps in wall time (the ranks wait for each
+// other, so CPU time would count the polling), the lower median of the repeats per
+// step. allreduce_ms: the communicator's wait time per step (Communicator::wait_time:
+// time blocked on collectives not yet done); with --pp, idle: 1 - the stage's compute
+// time / the step's wall time (PipelineStats), the mean over stages and repeats, beside
+// the schedule's theoretical (p - 1) / (m + p - 1). With --pp, state_bytes is the most
+// any stage holds (the first, with the embeddings). state_bytes: this rank's parameters,
+// gradients and AdamW moments, from the tensors themselves; live_bytes: host memory
+// live after a step with the model's activations released, beyond what was live before
+// the model (the state plus the loss's cached logits and the batches; the one-rank model
+// built to split from is gone by then). Output (rank 0), one JSON object:
+//   {"tp": K, "pp": P, "schedule": S, "micro_batches": M, "params": N, "batch": B,
+//    "time": T, "step_ms": ..., "allreduce_ms": ..., "idle": ..., "idle_theory": ...,
+//    "state_bytes": ..., "live_bytes": ..., "repeats": [ms, ...], "loss": last loss}
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_main.hpp"
+#include "troupe/collectives/communicator.hpp"
+#include "troupe/error.hpp"
+#include "troupe/mpi/environment.hpp"
+#include "troupe/nn/adamw.hpp"
+#include "troupe/nn/gpt.hpp"
+#include "troupe/nn/loss.hpp"
+#include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
+#include "troupe/tensor/host_memory.hpp"
+#include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
+
+using namespace troupe;
+using tensor::Tensor;
+
+namespace {
+
+struct Flags {
+  int repeats = 5;
+  int steps = 4;
+  bool pp = false;
+  parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
+  int micro_batches = 8;
+};
+
+Flags parse_flags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--pp") {
+      f.pp = true;
+      continue;
+    }
+    TROUPE_CHECK(i + 1 < argc, "mesh_bench: ", flag, " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--repeats")
+      f.repeats = std::stoi(value);
+    else if (flag == "--steps")
+      f.steps = std::stoi(value);
+    else if (flag == "--schedule")
+      f.schedule = parallel::parse_pipeline_schedule(value);
+    else if (flag == "--micro-batches")
+      f.micro_batches = std::stoi(value);
+    else
+      throw InvalidArgument("mesh_bench: unknown flag " + flag);
+  }
+  TROUPE_CHECK(f.repeats >= 1 && f.steps >= 1 && f.micro_batches >= 1,
+               "mesh_bench: --repeats, --steps and --micro-batches must be >= 1");
+  return f;
+}
+
+Tensor random_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, tensor::Generator& gen) {
+  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, tensor::DType::f64);
+  std::vector<std::int64_t> ids;
+  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
+  return Tensor::from_vector(ids, {batch, time});
+}
+
+double seconds(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mpi::Environment env(&argc, &argv);
+  return bench::run_main("mesh_bench", [&] {
+    const Flags flags = parse_flags(argc, argv);
+    tensor::set_num_threads(1);
+    auto comm = collectives::world_communicator(collectives::options_from_environment());
+    const nn::GPTConfig config{.block_size = 128, .vocab_size = 89, .n_layer = 4, .n_head = 4, .n_embd = 128};
+    const std::int64_t batch = 16;
+    const std::size_t before = tensor::host_memory_stats().live_bytes;
+    // Either this rank's tp part of the model, or its pipeline stage.
+    std::unique_ptr<nn::Module> model;
+    parallel::GptStage* stage = nullptr;
+    if (flags.pp) {
+      auto built = std::make_unique<parallel::GptStage>(config, 1337, comm->rank(), comm->size());
+      stage = built.get();
+      model = std::move(built);
+    } else {
+      model = parallel::tensor_parallel_gpt(config, 1337, *comm);
+    }
+    nn::AdamW opt(model->named_parameters(), 1e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.1);
+    opt.set_weight_decay_filter(nn::decay_matrices_only);
+    parallel::VocabParallelCrossEntropy tp_loss(*comm, config.vocab_size);
+    nn::CrossEntropyLoss ce;
+    const parallel::PipelineLoss pipe_loss{
+        [&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+        [&ce](double scale) { return ce.backward(scale); }};
+    std::unique_ptr<parallel::Pipeline> pipe;
+    if (stage) pipe = std::make_unique<parallel::Pipeline>(*stage, *comm, flags.schedule, flags.micro_batches);
+    tensor::Generator gen(1);
+    std::vector<std::pair<Tensor, Tensor>> batches;
+    for (int i = 0; i < 4; ++i) {
+      Tensor x = random_ids(batch, config.block_size, config.vocab_size, gen);
+      batches.emplace_back(x, random_ids(batch, config.block_size, config.vocab_size, gen));
+    }
+    std::size_t n = 0;
+    double loss = 0, idle = 0;
+    auto step = [&] {
+      const auto& [x, y] = batches[n++ % batches.size()];
+      opt.zero_grad();
+      if (pipe) {
+        loss = pipe->forward_backward(x, y, pipe_loss);
+        stage->sum_tied_gradient(*comm);
+        parallel::pipeline_clip_grad_norm(*stage, 1.0, *comm);
+      } else {
+        loss = tp_loss.forward(model->forward(x), y).item();
+        model->backward(tp_loss.backward());
+        parallel::tensor_parallel_clip_grad_norm(*model, 1.0, *comm);
+      }
+      opt.step();
+    };
+    for (int i = 0; i < 3; ++i) step();
+    model->release_activations();
+    std::size_t live_bytes = tensor::host_memory_stats().live_bytes - before;
+    std::size_t state_bytes = 0;
+    for (const nn::Parameter* p : model->parameters()) state_bytes += p->data.nbytes() + p->grad.nbytes();
+    for (const auto& [key, value] : opt.state_dict())
+      if (key.find('/') != std::string::npos) state_bytes += value.nbytes();
+    if (pipe) {  // the worst stage's
+      std::vector<std::int64_t> bytes{static_cast<std::int64_t>(state_bytes), static_cast<std::int64_t>(live_bytes)};
+      comm->allreduce(collectives::Buffer(bytes), collectives::ReduceOp::max);
+      state_bytes = static_cast<std::size_t>(bytes[0]);
+      live_bytes = static_cast<std::size_t>(bytes[1]);
+    }
+    std::vector<double> repeats;
+    double waited = 0;
+    for (int r = 0; r < flags.repeats; ++r) {
+      comm->barrier();
+      const auto wait0 = comm->wait_time();
+      const auto start = std::chrono::steady_clock::now();
+      for (int i = 0; i < flags.steps; ++i) {
+        step();
+        if (pipe) idle += pipe->stats().idle_fraction();
+      }
+      repeats.push_back(1e3 * seconds(std::chrono::steady_clock::now() - start) / flags.steps);
+      waited += 1e3 * seconds(comm->wait_time() - wait0) / flags.steps;
+    }
+    TROUPE_CHECK(std::isfinite(loss), "mesh_bench: the loss is not finite");
+    idle /= flags.repeats * flags.steps;
+    comm->allreduce(collectives::Buffer(&idle, 1), collectives::ReduceOp::avg);
+    const int p = pipe ? comm->size() : 1, m = flags.micro_batches;
+    if (comm->rank() == 0) {
+      std::printf(
+          "{\"tp\": %d, \"pp\": %d, \"schedule\": \"%s\", \"micro_batches\": %d, \"params\": %lld, "
+          "\"batch\": %lld, \"time\": %lld, \"step_ms\": %.3f, \"allreduce_ms\": %.3f, \"idle\": %.4f, "
+          "\"idle_theory\": %.4f, \"state_bytes\": %zu, \"live_bytes\": %zu, \"repeats\": [",
+          pipe ? 1 : comm->size(), p, pipe ? parallel::pipeline_schedule_name(flags.schedule) : "none", pipe ? m : 1,
+          static_cast<long long>(nn::GPT(config, 1337).parameter_count()), static_cast<long long>(batch),
+          static_cast<long long>(config.block_size), bench::lower_median(repeats), waited / flags.repeats, idle,
+          pipe ? double(p - 1) / (m + p - 1) : 0.0, state_bytes, live_bytes);
+      for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.3f", i ? ", " : "", repeats[i]);
+      std::printf("], \"loss\": %.6g}\n", loss);
+    }
+    return 0;
+  });
+}
