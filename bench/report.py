@@ -87,7 +87,7 @@ step's wall time, the mean over stages; the state per rank from the tensors
 and tp 2 take turns for 3 rounds and each shows its median; the others run once, and
 4 ranks share 2 cores, so their times and idle fractions are for the record only.
 Targets: issue 51's (state <= 1.1/k of one rank's; idle within 1.1x of the schedule's
-(p - 1) / (m + p - 1)); the stepthe step
+(p - 1) / (m + p - 1)); the step
 times have none (the issue asks for the ratio and the collective time).""",
     "gpt": """\
 One training step of troupe's GPT (`nn::GPT`, nanoGPT's shape: GELU tanh, tied
