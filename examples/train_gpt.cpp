@@ -49,6 +49,9 @@ struct Flags {
   double dropout = -1;
   std::int64_t activation_checkpointing = 0;  // recompute every N-th block in backward (0: none)
   int tp = 1;                                 // ranks each model is split over (tensor parallelism)
+  int pp = 1;                                 // pipeline stages
+  std::string schedule = "1f1b";
+  int micro_batches = 4;
   // Optimisation; -1: the preset's.
   std::int64_t batch_size = -1, steps = -1, warmup_steps = -1, eval_every = -1, eval_samples = -1;
   double lr = -1, min_lr = -1, weight_decay = 0.1, grad_clip = 1.0, beta2 = 0.99;
@@ -93,6 +96,7 @@ const char* kUsage =
     "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
     "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
     "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N] [--device cpu|cuda] [--precision f32|bf16]\n"
+    "                 [--pp N] [--schedule gpipe|1f1b] [--micro-batches N]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "                 [--require-val-loss X]\n"
     "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
@@ -103,7 +107,9 @@ const char* kUsage =
     "  --activation-checkpointing N recomputes every N-th block's activations in backward\n"
     "  (1: all blocks; 0, the default: none), for the same results in less memory.\n"
     "  --tp N splits each block's attention heads and MLP, and the vocabulary, over N\n"
-    "  consecutive ranks (Megatron's tensor parallelism; ddp between the groups, dropout 0).\n";
+    "  consecutive ranks (Megatron's tensor parallelism; ddp between the groups, dropout 0).\n"
+    "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
+    "  of --schedule over --micro-batches micro-batches (gradients averaged between groups).\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -169,6 +175,12 @@ Flags parse_flags(int argc, char** argv) {
         f.temperature = real();
       else if (flag == "--tp")
         f.tp = static_cast<int>(integer());
+      else if (flag == "--pp")
+        f.pp = static_cast<int>(integer());
+      else if (flag == "--schedule")
+        f.schedule = value;
+      else if (flag == "--micro-batches")
+        f.micro_batches = static_cast<int>(integer());
       else if (flag == "--sharding")
         f.sharding = value;
       else if (flag == "--device")
@@ -203,6 +215,12 @@ Flags parse_flags(int argc, char** argv) {
   require(f.activation_checkpointing >= 0, "--activation-checkpointing must be >= 0");
   require(f.tp >= 1 && f.n_head % f.tp == 0,
           "--tp " + std::to_string(f.tp) + " must be >= 1 and divide --n-head " + std::to_string(f.n_head));
+  require(f.pp >= 1 && f.pp <= f.n_layer,
+          "--pp " + std::to_string(f.pp) + " must be in [1, --n-layer " + std::to_string(f.n_layer) + "]");
+  require(f.tp == 1 || f.pp == 1, "--tp and --pp do not combine yet");
+  require(f.schedule == "gpipe" || f.schedule == "1f1b",
+          "bad value '" + f.schedule + "' for --schedule: gpipe or 1f1b");
+  require(f.micro_batches >= 1, "--micro-batches must be >= 1");
   require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
           "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
   require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,
@@ -291,6 +309,10 @@ struct GptRecipe {
     auto model = parallel::tensor_parallel_gpt(c.model(), c.seed, tp);
     model->checkpoint_blocks(c.checkpoint_every);
     return model;
+  }
+  // Stage `stage` of `stages` under --pp (troupe/parallel/pipeline.hpp).
+  static std::unique_ptr<parallel::PipelineStage> make_stage(const Config& c, int stage, int stages) {
+    return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages);
   }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
     return make_optimizer(model.named_parameters(), c);
@@ -391,8 +413,11 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
                                     format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
                   {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) +
                                 " x " + std::to_string(config.block_size) + " characters, " + flags.sharding +
-                                (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) : std::string()) + ", " +
-                                flags.device + ", " + flags.precision},
+                                (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) : std::string()) +
+                                (flags.pp > 1 ? " x pp " + std::to_string(flags.pp) + " " + flags.schedule + " (" +
+                                                    std::to_string(flags.micro_batches) + " micro-batches)"
+                                              : std::string()) +
+                                ", " + flags.device + ", " + flags.precision},
                   {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
 
   std::int64_t step = 0;
@@ -485,6 +510,9 @@ int main(int argc, char** argv) {
         .seed = flags.seed,
         .sharding = parallel::parse_sharding(flags.sharding),
         .tensor_parallel = flags.tp,
+        .pipeline_parallel = flags.pp,
+        .pipeline_schedule = flags.schedule,
+        .micro_batches = flags.micro_batches,
         .device = train::parse_worker_device(flags.device),
         .precision = train::parse_precision(flags.precision),
         .max_grad_norm = flags.grad_clip,

@@ -283,7 +283,7 @@ void GptStage::checkpoint_blocks(std::int64_t every) {
     blocks_[i]->set_activation_checkpointing(every > 0 && (begin_ + static_cast<std::int64_t>(i)) % every == 0);
 }
 
-double pipeline_clip_grad_norm(GptStage& stage, double max_norm, collectives::Communicator& pp) {
+double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp) {
   double sum = 0;
   for (const auto& [name, param] : stage.named_parameters())
     if (param->grad.defined() && param != stage.tied_copy()) sum += squares(param->grad);
@@ -296,18 +296,25 @@ double pipeline_clip_grad_norm(GptStage& stage, double max_norm, collectives::Co
   return total;
 }
 
-// Each stage in turn broadcasts its entries: a count, then per entry its name, dtype
-// and shape, then the data.
-nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp) {
+// ------------------------------------------------------------ checkpoints
+
+namespace {
+
+// `dict`'s entries of every stage in stage order, or (scalars_once) those without a '/'
+// from stage 0 alone.
+nn::StateDict gather_stages(const nn::StateDict& dict, collectives::Communicator& pp, bool scalars_once) {
+  nn::StateDict mine;
+  for (const auto& [name, value] : dict)
+    if (!scalars_once || pp.rank() == 0 || name.find('/') != std::string::npos) mine.insert(name, value);
+  // pipeline_full_state_dict over a throwaway module would copy twice; broadcast here.
   nn::StateDict full;
-  const nn::StateDict mine = stage.state_dict();
   for (int owner = 0; owner < pp.size(); ++owner) {
     const bool me = owner == pp.rank();
     std::int64_t count = me ? static_cast<std::int64_t>(mine.size()) : 0;
     pp.broadcast(Buffer(&count, 1), owner);
     auto entry = mine.begin();
     for (std::int64_t e = 0; e < count; ++e) {
-      std::vector<std::int64_t> meta(3 + kMaxDims, 0);  // name length, dtype, rank, dims
+      std::vector<std::int64_t> meta(3 + kMaxDims, 0);
       std::string name;
       if (me) {
         name = entry->first;
@@ -318,8 +325,8 @@ nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communica
           meta[3 + static_cast<std::size_t>(d)] = entry->second.size(d);
       }
       pp.broadcast(Buffer(meta), owner);
-      name.resize(static_cast<std::size_t>(meta[0]));
       std::vector<std::uint8_t> chars(name.begin(), name.end());
+      chars.resize(static_cast<std::size_t>(meta[0]));
       pp.broadcast(Buffer(chars), owner);
       name.assign(chars.begin(), chars.end());
       tensor::Shape shape;
@@ -331,6 +338,60 @@ nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communica
     }
   }
   return full;
+}
+
+}  // namespace
+
+nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp) {
+  return gather_stages(stage.state_dict(), pp, false);
+}
+
+PipelineStateDicts::PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
+                                       std::string tied_name)
+    : stage_(stage), optimizer_(optimizer), pp_(pp), tied_name_(std::move(tied_name)) {}
+
+nn::StateDict PipelineStateDicts::whole_random_state(nn::StateDict local) { return gather_stages(local, pp_, false); }
+
+std::string PipelineStateDicts::tied_copy_name() const {
+  const nn::Parameter* copy = stage_.tied_copy();
+  if (!copy) return "";
+  for (const auto& [name, param] : stage_.named_parameters())
+    if (param == copy) return name;
+  return "";
+}
+
+nn::StateDict PipelineStateDicts::model_state_dict() { return pipeline_full_state_dict(stage_, pp_); }
+
+nn::StateDict PipelineStateDicts::optimizer_state_dict() {
+  const std::string copy = tied_copy_name();
+  nn::StateDict mine;
+  for (const auto& [key, value] : optimizer_.state_dict())
+    if (copy.empty() || key.rfind(copy + "/", 0) != 0) mine.insert(key, value);
+  return gather_stages(mine, pp_, true);
+}
+
+void PipelineStateDicts::load_model_state_dict(const nn::StateDict& dict) {
+  nn::StateDict mine;
+  for (const auto& [name, value] : stage_.state_dict()) mine.insert(name, dict.at(name));
+  stage_.load_state_dict(mine);
+}
+
+void PipelineStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
+  const std::string copy = tied_copy_name();
+  std::vector<std::string> names;
+  for (const auto& [name, param] : stage_.named_parameters()) names.push_back(name);
+  nn::StateDict mine;
+  for (const auto& [key, value] : dict) {
+    const auto cut = key.rfind('/');
+    if (cut == std::string::npos) {
+      mine.insert(key, value);
+      continue;
+    }
+    const std::string param = key.substr(0, cut), slot = key.substr(cut);
+    if (std::find(names.begin(), names.end(), param) != names.end()) mine.insert(key, value);
+    if (!copy.empty() && param == tied_name_) mine.insert(copy + slot, value);
+  }
+  optimizer_.load_state_dict(mine);
 }
 
 }  // namespace troupe::parallel

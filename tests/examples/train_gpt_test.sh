@@ -10,10 +10,11 @@
 #           fsdp end with ddp's parameters.
 #   recompute  --activation-checkpointing (every block, every other block) trains to the
 #           parameters of the run without it, with dropout on, in ddp and fsdp.
-#   layouts (4 ranks) tensor parallelism: dp 4, dp 2 x tp 2 and tp 4 end with the same
-#           validation loss (1e-4); a dp 2 x tp 2 checkpoint resumes as dp 4 and as tp 4,
-#           a dp 4 one as dp 2 x tp 2, each ending there too; rank 1 killed under
-#           troupe-run at dp 2 x tp 2 resumes bit for bit.
+#   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2, tp 4 and
+#           dp 2 x pp 2 end with the same validation loss (1e-4); a dp 2 x tp 2 checkpoint
+#           resumes as dp 4, as tp 4 and as dp 2 x pp 2, a dp 4 one as dp 2 x tp 2, a
+#           dp 2 x pp 2 one as dp 4 and as dp 2 x tp 2, each ending there too; rank 1
+#           killed under troupe-run at dp 2 x tp 2 and at dp 2 x pp 2 resumes bit for bit.
 #   bad     bad input is refused with a message naming the file and the mismatch, and
 #           no checkpoint is written over.
 #
@@ -120,21 +121,29 @@ layouts)
   run dp4 --checkpoint-dir "$work/dp4"
   run tp2 --tp 2 --checkpoint-dir "$work/tp2"
   run tp4 --tp 4
-  near tp2 && near tp4
+  run pp2 --pp 2 --schedule gpipe --checkpoint-dir "$work/pp2"
+  near tp2 && near tp4 && near pp2
   from20 tp2 tp2-as-dp4 && run tp2-as-dp4 --checkpoint-dir "$work/tp2-as-dp4"
   from20 tp2 tp2-as-tp4 && run tp2-as-tp4 --tp 4 --checkpoint-dir "$work/tp2-as-tp4"
+  from20 tp2 tp2-as-pp2 && run tp2-as-pp2 --pp 2 --checkpoint-dir "$work/tp2-as-pp2"
   from20 dp4 dp4-as-tp2 && run dp4-as-tp2 --tp 2 --checkpoint-dir "$work/dp4-as-tp2"
-  for name in tp2-as-dp4 tp2-as-tp4 dp4-as-tp2; do
+  from20 pp2 pp2-as-dp4 && run pp2-as-dp4 --checkpoint-dir "$work/pp2-as-dp4"
+  from20 pp2 pp2-as-tp2 && run pp2-as-tp2 --tp 2 --checkpoint-dir "$work/pp2-as-tp2"
+  for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2; do
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
-  TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=25,kind=crash,restart=0 \
-    "$troupe_run" -np 4 --max-restarts 2 --checkpoint-dir "$work/tp2-crash" --backoff 0 -- "$train" "${steps[@]}" \
-    --tp 2 > "$work/tp2-crash.log" 2>&1 || { cat "$work/tp2-crash.log"; fail "tp 2 after the crash"; }
-  grep -Eq 'resumed from .* at step 20' "$work/tp2-crash.log" || { cat "$work/tp2-crash.log"; fail "no resume"; }
-  [[ "$(hash_of "$work/tp2-crash.log")" == "$(hash_of "$work/tp2.log")" ]] \
-    || fail "dp 2 x tp 2: $(hash_of "$work/tp2-crash.log") after the crash, $(hash_of "$work/tp2.log") without"
-  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2 resumed bit for bit"
+  for layout in "tp 2" "pp 2"; do
+    name=${layout/ /}
+    TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=25,kind=crash,restart=0 \
+      "$troupe_run" -np 4 --max-restarts 2 --checkpoint-dir "$work/$name-crash" --backoff 0 -- "$train" \
+      "${steps[@]}" --$layout > "$work/$name-crash.log" 2>&1 \
+      || { cat "$work/$name-crash.log"; fail "$layout after the crash"; }
+    grep -Eq 'resumed from .* at step 20' "$work/$name-crash.log" || { cat "$work/$name-crash.log"; fail "no resume"; }
+    [[ "$(hash_of "$work/$name-crash.log")" == "$(hash_of "$work/$name.log")" ]] \
+      || fail "dp 2 x $layout: $(hash_of "$work/$name-crash.log") after the crash, $(hash_of "$work/$name.log") without"
+  done
+  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2 and pp 2 resumed bit for bit"
   ;;
 bad)
   expect() {  # exit status, message pattern, command...
@@ -160,9 +169,12 @@ bad)
   expect 2 "bad value 'tp' for --sharding" "$train" --sharding tp
   expect 2 "--activation-checkpointing must be >= 0" "$train" --activation-checkpointing -1
   expect 2 "--tp 3 must be >= 1 and divide --n-head 4" "$train" --tp 3
-  expect 1 "tensor parallelism runs with ddp, f32 and on the CPU for now, not fsdp" \
+  expect 1 "tensor and pipeline parallelism run with ddp, f32 and on the CPU for now, not fsdp" \
     "${mpi[@]}" "$train" --tp 2 --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
+  expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3
+  expect 2 "--tp and --pp do not combine yet" "$train" --tp 2 --pp 2
+  expect 1 "with pipeline parallelism, accum_steps must be 1" "${mpi[@]}" "$train" --pp 2 --accum-steps 2 --steps 10 --warmup-steps 2
   expect 2 "--n-embd 100 must be a multiple of --n-head 3" "$train" --n-embd 100 --n-head 3
   # A checkpoint folder of one run, then runs whose vocabulary or model differ.
   "${mpi[@]}" "$train" --steps 10 --warmup-steps 2 --eval-every 10 --eval-samples 16 --sample-chars 0 \

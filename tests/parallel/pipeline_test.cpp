@@ -133,7 +133,9 @@ TEST(Pipeline, EvaluationForwardGivesTheWholeModelsLogits) {
 TEST(Pipeline, BadLayoutsAreNamed) {
   nn::GPTConfig config = tiny_gpt();
   config.n_layer = 1;
-  if (world().size() > 1) EXPECT_THROW(GptStage(config, 1, world().rank(), world().size()), InvalidArgument);
+  if (world().size() > 1) {
+    EXPECT_THROW(GptStage(config, 1, world().rank(), world().size()), InvalidArgument);
+  }
   EXPECT_THROW(parallel::parse_pipeline_schedule("zb"), InvalidArgument);
   GptStage stage(tiny_gpt(), 1, world().rank(), world().size());
   Pipeline pipe(stage, world(), PipelineSchedule::gpipe, 3);
@@ -141,8 +143,9 @@ TEST(Pipeline, BadLayoutsAreNamed) {
   const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
                                     [&ce](double scale) { return ce.backward(scale); }};
   // 8 rows into 3 micro-batches: the first and last stages see it before anything is sent.
-  if (world().size() <= 2)
+  if (world().size() <= 2) {
     EXPECT_THROW(pipe.forward_backward(token_ids(8, 16, 65, 1), token_ids(8, 16, 65, 2), loss), InvalidArgument);
+  }
 }
 
 }  // namespace

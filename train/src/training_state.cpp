@@ -92,7 +92,7 @@ StateGroups TrainingState::small_state_dicts() const {
     rng.insert(name + ".seed", i64(static_cast<std::int64_t>(dropout->generator().seed())));
     rng.insert(name + ".offset", i64(static_cast<std::int64_t>(dropout->generator().offset())));
   }
-  groups.emplace_back("rng", std::move(rng));
+  groups.emplace_back("rng", sharded_ != nullptr ? sharded_->whole_random_state(std::move(rng)) : std::move(rng));
   nn::StateDict status;
   status.insert("step", i64(step));
   status.insert("epoch", i64(epoch));

@@ -27,7 +27,9 @@
 #include "troupe/nn/embedding.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/module.hpp"
+#include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/parallel/state_slices.hpp"
 
 namespace troupe::parallel {
 
@@ -88,13 +90,25 @@ class Pipeline {
   PipelineStats stats_;
 };
 
+// A stage of a model cut for the pipeline, as the worker group drives it: parameters
+// used on two stages (a tied table) are summed across them, and counted once in norms
+// and in the whole model's state.
+class PipelineStage : public nn::Module {
+ public:
+  // After a backward: a parameter held on two stages gets the sum of both gradients
+  // there (a collective of those stages; the others return at once).
+  virtual void sum_tied_gradient(collectives::Communicator& pp) = 0;
+  // A parameter this stage holds only as a copy of another stage's (null: none).
+  virtual const nn::Parameter* tied_copy() const = 0;
+};
+
 // Stage `stage` of nn::GPT(config, seed) cut into `stages`: consecutive blocks as
 // shard_range splits n_layer; the first stage also runs wte, wpe and the input dropout,
 // the last ln_f and lm_head. Parameters keep the whole model's names. Built from the
 // whole model (every rank builds it, keeps its stage, drops the rest), so every layout
 // starts from the same weights. The first and last stages each hold the tied table
 // (wte's, lm_head's): sum_tied_gradient() adds the two uses' gradients across them.
-class GptStage : public nn::Module {
+class GptStage : public PipelineStage {
  public:
   GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages);
 
@@ -109,9 +123,9 @@ class GptStage : public nn::Module {
   // After a backward, with more than one stage: the tied table's gradient on the first
   // and last stages becomes the sum of both (the same bits on both). A collective of the
   // first and last stages; the others return at once.
-  void sum_tied_gradient(collectives::Communicator& pp);
-  // The tied table as the last stage holds it (null elsewhere): counted once in norms.
-  const nn::Parameter* tied_copy() const { return last() && !first() ? tied_ : nullptr; }
+  void sum_tied_gradient(collectives::Communicator& pp) override;
+  // The tied table as the last stage holds it (null elsewhere).
+  const nn::Parameter* tied_copy() const override { return last() && !first() ? tied_ : nullptr; }
   // Recomputes every block's activations in backward (the pipeline's schedules already
   // recompute whole stages; this is for a stage used alone).
   void checkpoint_blocks(std::int64_t every);
@@ -129,12 +143,40 @@ class GptStage : public nn::Module {
   std::shared_ptr<nn::Module> table_owner_;  // wte, kept alive on the last stage for its table
 };
 
-// The norm of every stage's gradients (the tied table once), and clipping to it: every
+// The norm of every stage's gradients (a tied copy once), and clipping to it: every
 // stage scales alike. A collective over pp.
-double pipeline_clip_grad_norm(GptStage& stage, double max_norm, collectives::Communicator& pp);
+double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp);
 
 // The whole model's state dict, every stage's entries in stage order (the whole
 // model's order), on every rank. A collective over pp.
 nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp);
+
+class DistributedDataParallel;
+
+// A pipeline stage's state as checkpoints keep it: the whole model's model group, and
+// the optimizer group of the whole model's optimizer (a tied copy's slots left out, its
+// scalars once), gathered over pp; loading takes this stage's entries (a tied copy's
+// slots from the parameter it copies). So a file of any layout resumes at any other.
+class PipelineStateDicts final : public ShardedStateDicts {
+ public:
+  PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
+                     std::string tied_name = "transformer.wte.weight");
+
+  nn::StateDict model_state_dict() override;
+  nn::StateDict optimizer_state_dict() override;
+  void load_model_state_dict(const nn::StateDict& dict) override;
+  void load_optimizer_state_dict(const nn::StateDict& dict) override;
+  std::int64_t micro_step() const override { return 0; }  // a step is one pipeline pass
+  void set_micro_step(std::int64_t) override {}
+  nn::StateDict whole_random_state(nn::StateDict local) override;
+
+ private:
+  std::string tied_copy_name() const;  // the copy's name on this stage ("" for none)
+
+  PipelineStage& stage_;
+  nn::Optimizer& optimizer_;
+  collectives::Communicator& pp_;
+  std::string tied_name_;
+};
 
 }  // namespace troupe::parallel

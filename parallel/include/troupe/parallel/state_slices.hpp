@@ -75,6 +75,10 @@ class ShardedStateDicts {
   virtual void load_optimizer_state_dict(const nn::StateDict& dict) = 0;
   virtual std::int64_t micro_step() const = 0;
   virtual void set_micro_step(std::int64_t step) = 0;
+  // The whole model's Dropout generator states (the checkpoint's rng group) from this
+  // rank's: the same where every rank holds every layer; a pipeline gathers its stages'
+  // (a collective then).
+  virtual nn::StateDict whole_random_state(nn::StateDict local) { return local; }
 };
 
 }  // namespace troupe::parallel

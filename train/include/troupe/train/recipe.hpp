@@ -10,6 +10,9 @@
 //     // Optional: this rank's part of the model split over `tp` (WorkerOptions::tensor_parallel;
 //     // troupe/parallel/tensor_parallel.hpp), whose logits are split by vocabulary.
 //     static std::unique_ptr<nn::Module> make_model(const Config&, collectives::Communicator& tp);
+//     // Optional: stage `stage` of the model cut into `stages` (WorkerOptions::pipeline_parallel;
+//     // troupe/parallel/pipeline.hpp).
+//     static std::unique_ptr<parallel::PipelineStage> make_stage(const Config&, int stage, int stages);
 //     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
 //     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,
 //     // FSDP's flat shards) -- an OptimizerFactory. Optional for ddp.
@@ -44,6 +47,7 @@
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/parallel/fsdp.hpp"
 #include "troupe/parallel/oss.hpp"
+#include "troupe/parallel/pipeline.hpp"
 #include "troupe/tensor/device.hpp"
 #include "troupe/train/objective.hpp"
 
@@ -96,6 +100,21 @@ std::unique_ptr<nn::Module> recipe_tensor_parallel_model(const typename Recipe::
   else
     TROUPE_THROW(InvalidArgument, "TrainWorker: tensor parallelism needs the recipe's ",
                  "make_model(const Config&, collectives::Communicator& tp), the model split over tp");
+}
+
+// The recipe's pipeline stage; a recipe without one is an InvalidArgument.
+template <class Recipe>
+std::unique_ptr<parallel::PipelineStage> recipe_pipeline_stage(const typename Recipe::Config& config, int stage,
+                                                               int stages) {
+  if constexpr (requires {
+                  {
+                    Recipe::make_stage(config, stage, stages)
+                    } -> std::convertible_to<std::unique_ptr<parallel::PipelineStage>>;
+                })
+    return Recipe::make_stage(config, stage, stages);
+  else
+    TROUPE_THROW(InvalidArgument, "TrainWorker: pipeline parallelism needs the recipe's ",
+                 "make_stage(const Config&, int stage, int stages), the model cut into stages");
 }
 
 template <class Recipe>

@@ -8,12 +8,12 @@
 // WorkerOptions::sharding picks ddp, zero1 (DDP + OSS), zero2 (FSDP's shard_grad_op)
 // or fsdp (troupe/parallel/sharded_model.hpp). WorkerOptions::tensor_parallel = k splits
 // the model over k consecutive ranks (the recipe's make_model(config, tp)) and runs DDP
-// over the world / k groups of them; the checkpoints stay full, so any layout resumes
-// any other's. Accumulation, the sampler, Status, evaluation and
-// checkpoints work alike in every mode, and a checkpoint of one mode resumes in
-// another. In zero2 and fsdp, state(), evaluate(), offer_best() and model_state() are
-// collectives: ask every worker. The global batch need not divide by the ranks (64
-// over 3 is 22, 21, 21, each gradient weighted by its share).
+// over the world / k groups of them; WorkerOptions::pipeline_parallel = p cuts it into p
+// stages (the recipe's make_stage) run by a pipeline schedule, the gradients averaged
+// over the world / p groups. Checkpoints stay full, so any layout resumes any other's. Accumulation, the sampler,
+// Status, evaluation and checkpoints work alike in every mode, and a checkpoint of one mode resumes in another. In
+// zero2 and fsdp, state(), evaluate(), offer_best() and model_state() are collectives: ask every worker. The global
+// batch need not divide by the ranks (64 over 3 is 22, 21, 21, each gradient weighted by its share).
 //
 // The user supplies a Recipe (recipe.hpp). The constructor is collective (it creates
 // the world communicator and broadcasts rank 0's parameters), as spawn_on_each is.
@@ -47,6 +47,7 @@
 #include "troupe/parallel/ddp.hpp"
 #include "troupe/parallel/device_mesh.hpp"
 #include "troupe/parallel/master_weights.hpp"
+#include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/sharded_model.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/supervisor/client.hpp"
@@ -82,8 +83,7 @@ class TrainWorker {
         device_(worker_device(options_)),
         comm_(worker_communicator(options, device_)),
         mesh_(worker_mesh(options_, *comm_)),
-        model_(mesh_ ? recipe_tensor_parallel_model<Recipe>(config_, mesh_->comm("tp"))
-                     : recipe_model<Recipe>(config_, sharding_ != Sharding::ddp)),
+        model_(build_model()),
         train_(Recipe::train_set(config_)),
         test_(Recipe::test_set(config_)),
         objective_(make_objective()) {
@@ -93,7 +93,7 @@ class TrainWorker {
     TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
                  "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
     TROUPE_CHECK(!mesh_ || (sharding_ == Sharding::ddp && options_.precision == Precision::f32 && !device_.is_cuda()),
-                 "TrainWorker: tensor parallelism runs with ddp, f32 and on the CPU for now, not ",
+                 "TrainWorker: tensor and pipeline parallelism run with ddp, f32 and on the CPU for now, not ",
                  parallel::sharding_name(sharding_), ", ", precision_name(options_.precision), ", ",
                  worker_device_name(options_.device));
     if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
@@ -109,7 +109,16 @@ class TrainWorker {
     TROUPE_CHECK(micro_batch >= data_comm().size(), "TrainWorker: a micro-batch of ", micro_batch,
                  " samples (global batch ", options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ",
                  data_comm().size(), " data-parallel ranks without a sample");
-    if (sharding_ == Sharding::ddp) {
+    if (stage_) {
+      TROUPE_CHECK(options_.accum_steps == 1 && micro_batch % (data_comm().size() * options_.micro_batches) == 0,
+                   "TrainWorker: with pipeline parallelism, accum_steps must be 1 and the global batch of ",
+                   options_.global_batch, " must split into ", data_comm().size(), " data-parallel shares of ",
+                   options_.micro_batches, " micro-batches");
+      optimizer_ = Recipe::make_optimizer(*model_, config_);
+      pipe_ = std::make_unique<parallel::Pipeline>(*stage_, mesh_->comm("pp"),
+                                                   parallel::parse_pipeline_schedule(options_.pipeline_schedule),
+                                                   options_.micro_batches);
+    } else if (sharding_ == Sharding::ddp) {
       ddp_ = std::make_unique<parallel::DistributedDataParallel>(
           *model_, data_comm(), parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes});
       if (options_.precision == Precision::bf16) {  // after DDP's broadcast, so every rank's masters are rank 0's
@@ -129,7 +138,10 @@ class TrainWorker {
         SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
     loader_ = std::make_unique<DataLoader<TensorBatch>>(
         *sampler_, sampler_->local_batch(), [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
-    if (mesh_) {
+    if (stage_) {
+      pp_state_ = std::make_unique<parallel::PipelineStateDicts>(*stage_, *optimizer_, mesh_->comm("pp"));
+      state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, *pp_state_);
+    } else if (mesh_) {
       tp_state_ = std::make_unique<parallel::TensorParallelStateDicts>(*model_, *optimizer_, *ddp_, mesh_->comm("tp"));
       state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, *tp_state_);
     } else if (sharded_) {
@@ -211,7 +223,7 @@ class TrainWorker {
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
     while (auto batch = loader_->next()) {
       train_batch(*batch, result);
-      const std::int64_t micro = sharded_ ? sharded_->micro_step() : ddp_->micro_step();
+      const std::int64_t micro = sharded_ ? sharded_->micro_step() : ddp_ ? ddp_->micro_step() : 0;
       report_progress(micro == 0 ? micro_per_epoch : micro, result);
     }
     result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -274,7 +286,10 @@ class TrainWorker {
           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
       const Tensor input = model_input(batch.inputs);
-      const Tensor output = collective ? sharded_->forward(input) : model_->forward(input);
+      const Tensor output = pipe_        ? pipe_->forward(input)
+                            : collective ? sharded_->forward(input)
+                                         : model_->forward(input);
+      if (!output.defined()) continue;  // a pipeline stage before the last
       result.loss_sum += objective->forward(output, batch.targets) * static_cast<double>(batch.size());
       objective->add_metrics(output, batch.targets, batch.size(), result.metrics);
       result.samples += batch.size();
@@ -292,7 +307,7 @@ class TrainWorker {
             state_->epoch,
             sampler_->position(),
             sharded_ ? sharded_->parameter_hash()
-            : mesh_  ? tensor_parallel_hash()
+            : mesh_  ? model_parallel_hash()
                      : parameter_hash(*model_),
             sampler_->exhausted()};
   }
@@ -304,7 +319,7 @@ class TrainWorker {
   bool offer_best(double value, std::int64_t step) {
     begin_call("offer_best");
     if (mesh_) {
-      nn::StateDict full = parallel::full_state_dict(*model_, mesh_->comm("tp"));
+      nn::StateDict full = model_parallel_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
     }
     if (sharded_ && sharded_->forward_is_collective()) {
@@ -322,7 +337,7 @@ class TrainWorker {
     begin_call("model_state");
     nn::StateDict dict;
     if (mesh_) {
-      dict = parallel::full_state_dict(*model_, mesh_->comm("tp"));
+      dict = model_parallel_state_dict();
       if (comm_->rank() != 0) return {};
     } else if (sharded_ && sharded_->forward_is_collective()) {
       dict = sharded_->model_state_dict();
@@ -356,6 +371,8 @@ class TrainWorker {
     loader_.reset();
     state_.reset();
     tp_state_.reset();
+    pp_state_.reset();
+    pipe_.reset();
     ddp_.reset();
     sharded_.reset();
     mesh_.reset();
@@ -390,7 +407,7 @@ class TrainWorker {
     sampler_->set_epoch(epoch);
     if (sharded_)
       sharded_->set_micro_step(0);
-    else
+    else if (ddp_)
       ddp_->set_micro_step(0);
     state_->epoch = epoch;
   }
@@ -403,6 +420,10 @@ class TrainWorker {
       mark_step_start();
     }
     if (scheduler_) optimizer().set_lr(scheduler_->lr_at(state_->step));  // a function of the step: resumes exactly
+    if (pipe_) {
+      train_pipeline_batch(batch, result);
+      return;
+    }
     const Tensor inputs = model_input(batch.inputs);  // the targets stay on the host: the loss copies them
     const Tensor output = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
     const double loss = objective_->forward(output, batch.targets);
@@ -429,6 +450,29 @@ class TrainWorker {
     }
   }
 
+  // One step of the pipeline schedule over the batch's micro-batches, the tied table's
+  // gradients summed across its stages, every gradient averaged over dp, clipped over
+  // the whole model, stepped.
+  void train_pipeline_batch(const TensorBatch& batch, EpochResult& result) {
+    collectives::Communicator& pp = mesh_->comm("pp");
+    const parallel::PipelineLoss loss{
+        [this](const Tensor& output, const Tensor& targets) { return objective_->forward(output, targets); },
+        [this](double scale) { return objective_->backward(scale); }};
+    const double mean = pipe_->forward_backward(model_input(batch.inputs), batch.targets, loss);
+    result.loss_sum += mean * static_cast<double>(batch.size());
+    result.samples += batch.size();
+    stage_->sum_tied_gradient(pp);
+    if (data_comm().size() > 1)
+      for (nn::Parameter* p : model_->parameters())
+        if (p->grad.defined()) data_comm().allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
+    if (options_.max_grad_norm > 0) parallel::pipeline_clip_grad_norm(*stage_, options_.max_grad_norm, pp);
+    optimizer_->step();
+    model_->zero_grad(true);
+    ++state_->step;
+    ++result.steps;
+    after_step();
+  }
+
   void report_progress(std::int64_t done, const EpochResult& result) {
     status_->progress(done, result.samples * data_comm().size(),
                       {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
@@ -441,31 +485,60 @@ class TrainWorker {
 
   static std::unique_ptr<parallel::DeviceMesh> worker_mesh(const WorkerOptions& options,
                                                            collectives::Communicator& world) {
-    TROUPE_CHECK(options.tensor_parallel >= 1, "TrainWorker: tensor_parallel must be >= 1, got ",
-                 options.tensor_parallel);
-    if (options.tensor_parallel == 1) return nullptr;
-    return std::make_unique<parallel::DeviceMesh>(
-        world, std::vector<parallel::MeshDim>{{"dp", -1}, {"tp", options.tensor_parallel}});
+    TROUPE_CHECK(options.tensor_parallel >= 1 && options.pipeline_parallel >= 1 &&
+                     (options.tensor_parallel == 1 || options.pipeline_parallel == 1),
+                 "TrainWorker: tensor_parallel and pipeline_parallel must be >= 1, and one of them 1 for now; got ",
+                 options.tensor_parallel, " and ", options.pipeline_parallel);
+    if (options.tensor_parallel > 1)
+      return std::make_unique<parallel::DeviceMesh>(
+          world, std::vector<parallel::MeshDim>{{"dp", -1}, {"tp", options.tensor_parallel}});
+    if (options.pipeline_parallel > 1)
+      return std::make_unique<parallel::DeviceMesh>(
+          world, std::vector<parallel::MeshDim>{{"dp", -1}, {"pp", options.pipeline_parallel}});
+    return nullptr;
+  }
+
+  // The model-parallel dimension of the mesh ("tp" or "pp").
+  const char* model_dim() const { return mesh_->has("pp") ? "pp" : "tp"; }
+
+  std::unique_ptr<nn::Module> build_model() {
+    if (mesh_ && mesh_->has("pp")) {
+      auto stage = recipe_pipeline_stage<Recipe>(config_, mesh_->coordinate("pp"), mesh_->size("pp"));
+      stage_ = stage.get();
+      return stage;
+    }
+    if (mesh_) return recipe_tensor_parallel_model<Recipe>(config_, mesh_->comm("tp"));
+    return recipe_model<Recipe>(config_, sharding_ != Sharding::ddp);
+  }
+
+  // The whole model's state dict, gathered over the model-parallel ranks (a collective).
+  nn::StateDict model_parallel_state_dict() {
+    if (stage_) return parallel::pipeline_full_state_dict(*stage_, mesh_->comm("pp"));
+    return parallel::full_state_dict(*model_, mesh_->comm("tp"));
   }
 
   std::unique_ptr<Objective> make_objective() const {
-    if (mesh_) return std::make_unique<TensorParallelCrossEntropyObjective>(mesh_->comm("tp"));
+    if (mesh_ && mesh_->has("tp")) return std::make_unique<TensorParallelCrossEntropyObjective>(mesh_->comm("tp"));
     return recipe_objective<Recipe>(config_);
   }
 
-  // A tp group's ranks hold one model and see the same samples: only its first rank's
-  // sums count, so the driver's totals are the data-parallel ones.
+  // A tp or pp group's ranks hold one model and see the same samples: only one rank's
+  // sums count (tp's first; pp's last, which computes the loss), so the driver's totals
+  // are the data-parallel ones.
   template <class Result>
   void count_once(Result& result) const {
-    if (!mesh_ || mesh_->coordinate("tp") == 0) return;
+    if (!mesh_) return;
+    const int counted = mesh_->has("pp") ? mesh_->size("pp") - 1 : 0;
+    if (mesh_->coordinate(model_dim()) == counted) return;
     result.loss_sum = 0;
     result.samples = 0;
     result.metrics.clear();
   }
 
-  // FNV-1a over the tp ranks' parameter hashes, in rank order: the same on every rank.
-  std::uint64_t tensor_parallel_hash() const {
-    collectives::Communicator& tp = mesh_->comm("tp");
+  // FNV-1a over the model-parallel ranks' parameter hashes, in rank order: the same on
+  // every rank.
+  std::uint64_t model_parallel_hash() const {
+    collectives::Communicator& tp = mesh_->comm(model_dim());
     std::vector<std::int64_t> mine{static_cast<std::int64_t>(parameter_hash(*model_))};
     std::vector<std::int64_t> all(static_cast<std::size_t>(tp.size()));
     tp.allgather(collectives::Buffer(mine), collectives::Buffer(all));
@@ -542,7 +615,8 @@ class TrainWorker {
   Sharding sharding_;
   tensor::Device device_;
   std::unique_ptr<collectives::Communicator> comm_;
-  std::unique_ptr<parallel::DeviceMesh> mesh_;  // dp x tp, with tensor parallelism
+  std::unique_ptr<parallel::DeviceMesh> mesh_;  // dp x tp or dp x pp
+  parallel::PipelineStage* stage_ = nullptr;    // model_, when it is a pipeline stage
   std::unique_ptr<nn::Module> model_;
   Dataset train_, test_;
   std::unique_ptr<Objective> objective_;
@@ -550,6 +624,8 @@ class TrainWorker {
   std::unique_ptr<parallel::ShardedModel> sharded_;               // zero1, zero2, fsdp
   std::unique_ptr<parallel::MasterWeights> master_;               // precision bf16
   std::unique_ptr<parallel::TensorParallelStateDicts> tp_state_;  // tensor parallelism
+  std::unique_ptr<parallel::Pipeline> pipe_;                      // pipeline parallelism
+  std::unique_ptr<parallel::PipelineStateDicts> pp_state_;
   std::unique_ptr<nn::Optimizer> optimizer_;
   std::unique_ptr<nn::LRScheduler> scheduler_;  // the recipe's, if any: sets the lr before each step
   std::unique_ptr<DistributedSampler> sampler_;

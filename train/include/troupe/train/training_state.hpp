@@ -61,7 +61,8 @@ class TrainingState {
 
   StateGroups state_dicts() const;
   // The groups after model and optimizer (sampler, scaler, rng, status), as
-  // state_dicts() returns them: small, and never a collective.
+  // state_dicts() returns them: small, and a collective only for a pipeline (its rng
+  // group gathers the stages' generators).
   StateGroups small_state_dicts() const;
   // A sharded state's model and optimizer groups as this rank's pieces, for the
   // parallel save (ShardedStateDicts::local_state_slices: may be a collective); nullopt

@@ -44,6 +44,12 @@ struct WorkerOptions {
   // Ranks each model is split over (tensor parallelism; 1: none). The world becomes a
   // dp x tp mesh, tp ranks consecutive; DDP runs over dp. ddp, f32, CPU only for now.
   std::int32_t tensor_parallel = 1;
+  // Pipeline stages (1: none): the world becomes a dp x pp mesh and each step is one
+  // pass of the schedule ("gpipe" or "1f1b") over micro_batches micro-batches, the
+  // gradients then averaged over dp. f32, CPU, accum_steps 1, no tensor parallelism.
+  std::int32_t pipeline_parallel = 1;
+  std::string pipeline_schedule = "1f1b";
+  std::int32_t micro_batches = 4;
   WorkerDevice device = WorkerDevice::cpu;
   Precision precision = Precision::f32;
   double max_grad_norm = 0;  // 0: no clipping
@@ -87,7 +93,8 @@ struct WorkerOptions {
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
       best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
-      checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel);
+      checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel,
+      pipeline_parallel, pipeline_schedule, micro_batches);
   }
 };
 
