@@ -19,6 +19,7 @@
 // checkpoint folder holding another vocabulary or shape is refused before anything is
 // loaded or written.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -63,6 +64,7 @@ struct Flags {
   std::int64_t sample_chars = 300;
   double temperature = 0.8;
   double require_val_loss = 0;  // exit status 3 if the final validation loss is higher (0: no check)
+  double peak_gflops = 0;       // one rank's peak for MFU (0: what a matmul reaches on this core)
 };
 
 // quick: under a minute at 2 ranks on two CPU cores; default (the quality target, <= 1.60
@@ -98,7 +100,7 @@ const char* kUsage =
     "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                 [--pp N] [--schedule gpipe|1f1b] [--micro-batches N]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
-    "                 [--require-val-loss X]\n"
+    "                 [--require-val-loss X] [--peak-gflops X]\n"
     "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
     "  override the preset's values. --batch-size is the global batch of block_size + 1\n"
     "  character windows. --eval-samples windows of the validation text are evaluated every\n"
@@ -109,7 +111,9 @@ const char* kUsage =
     "  --tp N splits each block's attention heads and MLP, and the vocabulary, over N\n"
     "  consecutive ranks (Megatron's tensor parallelism; ddp between the groups, dropout 0).\n"
     "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
-    "  of --schedule over --micro-batches micro-batches (gradients averaged between groups).\n";
+    "  of --schedule over --micro-batches micro-batches (gradients averaged between groups).\n"
+    "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
+    "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -195,6 +199,8 @@ Flags parse_flags(int argc, char** argv) {
         f.save_every = static_cast<int>(integer());
       else if (flag == "--keep-last")
         f.keep_last = static_cast<int>(integer());
+      else if (flag == "--peak-gflops")
+        f.peak_gflops = real();
       else if (flag == "--require-val-loss")
         f.require_val_loss = real();
       else
@@ -228,6 +234,7 @@ Flags parse_flags(int argc, char** argv) {
   require(f.warmup_steps < f.steps,
           "--warmup-steps " + std::to_string(f.warmup_steps) + " must be < --steps " + std::to_string(f.steps));
   require(f.lr > 0 && f.min_lr >= 0 && f.min_lr <= f.lr, "--lr must be > 0 and --min-lr in [0, lr]");
+  require(f.peak_gflops >= 0, "--peak-gflops must be >= 0");
   require(f.weight_decay >= 0 && f.grad_clip >= 0 && f.beta2 > 0 && f.beta2 < 1 && f.temperature >= 0,
           "--weight-decay, --grad-clip and --temperature must be >= 0 and --beta2 in (0, 1)");
   require(f.sharding == "ddp" || f.sharding == "zero1" || f.sharding == "zero2" || f.sharding == "fsdp",
@@ -363,6 +370,33 @@ std::string config_json(const Flags& f, const GptRecipe::Config& c) {
 
 // --------------------------------------------------------------------------- driver
 
+// Model FLOPs per token, forward and backward, as nanoGPT's estimate_mfu counts them: 6
+// per non-embedding parameter plus attention's 12 L C T (recomputed activations excluded).
+double flops_per_token(const GptRecipe::Config& c) {
+  const double n = static_cast<double>(
+      nn::GPT(c.model(), c.seed, tensor::DType::f32, tensor::Device::meta()).non_embedding_parameter_count());
+  return 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
+}
+
+// FLOP/s of troupe's 512^3 f32 matmul on this thread over 0.2 s. Every rank measures as
+// it starts, together, so the cores are as shared as in training. It stands in for the
+// CPU's peak: a VM's /proc/cpuinfo clock is not the core's (turbo), and a theoretical
+// peak from it would be wrong; so this MFU is against the practical GEMM ceiling.
+double matmul_flops() {
+  tensor::Generator gen(1);
+  const Tensor a = tensor::normal({512, 512}, 0, 1, gen), b = tensor::normal({512, 512}, 0, 1, gen);
+  for (int i = 0; i < 3; ++i) tensor::matmul(a, b);
+  const auto start = std::chrono::steady_clock::now();
+  int calls = 0;
+  double seconds = 0;
+  while (seconds < 0.2) {
+    tensor::matmul(a, b);
+    ++calls;
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return 2.0 * 512 * 512 * 512 * calls / seconds;
+}
+
 std::string format(const char* fmt, double a, double b) {
   char text[128];
   std::snprintf(text, sizeof text, fmt, a, b);
@@ -401,10 +435,12 @@ std::string sample(const actors::ActorGroup<Worker>& workers, const GptRecipe::C
 }
 
 // Rank 0: runs the steps through the workers and reports. Returns the exit status.
-int drive(const Flags& flags, const GptRecipe::Config& config, const actors::ActorGroup<Worker>& workers, int world) {
+int drive(const Flags& flags, const GptRecipe::Config& config, const actors::ActorGroup<Worker>& workers, int world,
+          double rank_peak) {
   train::Status status(true, {.metrics_path = flags.metrics});
   const examples::CharCorpus& text = corpus(config.data);
   const std::int64_t parameters = nn::GPT(config.model(), config.seed).parameter_count();
+  const double peak = world * rank_peak, model_flops = flops_per_token(config);
   status.summary({{"data", config.data + ": " + std::to_string(text.tokens.numel()) + " characters, " +
                                std::to_string(text.vocab_size()) + " distinct; first 90% train, the rest validate"},
                   {"model", "GPT " + model_args_json(config) + ", " + std::to_string(parameters) + " parameters"},
@@ -418,6 +454,9 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
                                                     std::to_string(flags.micro_batches) + " micro-batches)"
                                               : std::string()) +
                                 ", " + flags.device + ", " + flags.precision},
+                  {"mfu", format("%.3g MFLOP per token, peak %.3g GFLOP/s", model_flops / 1e6, peak / 1e9) +
+                              (flags.peak_gflops > 0 ? " (--peak-gflops x ranks)"
+                                                     : " (a 512^3 matmul on one core here, x ranks)")},
                   {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
 
   std::int64_t step = 0;
@@ -441,14 +480,18 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
     val_loss = validation_loss(workers);
     evaluated = true;
     const double tokens_per_s = static_cast<double>(samples * config.block_size) / seconds;
+    const double mfu = tokens_per_s * model_flops / peak;
     char line[200];
-    std::snprintf(line, sizeof line, "step %5lld/%lld  train loss %.4f  val loss %.4f  %8.0f tokens/s",
+    std::snprintf(line, sizeof line, "step %5lld/%lld  train loss %.4f  val loss %.4f  %8.0f tokens/s  MFU %.1f%%",
                   static_cast<long long>(step), static_cast<long long>(flags.steps),
-                  loss / static_cast<double>(samples), val_loss, tokens_per_s);
+                  loss / static_cast<double>(samples), val_loss, tokens_per_s, 100 * mfu);
     status.print(line);
     if (!flags.checkpoint_dir.empty()) actors::when_all(workers.ask(&Worker::save_checkpoint)).get();
     status.log(step, results[0].epoch,
-               {{"loss", loss / static_cast<double>(samples)}, {"val_loss", val_loss}, {"tokens_per_s", tokens_per_s}},
+               {{"loss", loss / static_cast<double>(samples)},
+                {"val_loss", val_loss},
+                {"tokens_per_s", tokens_per_s},
+                {"mfu", mfu}},
                static_cast<double>(samples) / seconds);
   }
   if (!evaluated) val_loss = validation_loss(workers);  // resumed after the last step
@@ -485,6 +528,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   tensor::set_num_threads(1);  // one compute thread per rank
+  const double rank_peak = flags.peak_gflops > 0 ? flags.peak_gflops * 1e9 : matmul_flops();
   Runtime runtime(argc, argv);
   int status = 0;
   try {
@@ -525,8 +569,8 @@ int main(int argc, char** argv) {
         .eval_batch = 64,
         .eval_samples = flags.eval_samples};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
-    status =
-        train::drive_then_stop(workers, runtime.rank(), [&] { return drive(flags, config, workers, runtime.size()); });
+    status = train::drive_then_stop(workers, runtime.rank(),
+                                    [&] { return drive(flags, config, workers, runtime.size(), rank_peak); });
   } catch (const std::exception& e) {
     actors::print_error("train_gpt", e, runtime.rank());
     status = 1;

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# train_gpt end to end, on 2 ranks. One of three parts per call:
-#   quick   the quick preset reaches val loss <= 2.0; every evaluation prints "val loss",
-#           the end "final val loss" and a sample; the checkpoint's root records the
-#           vocabulary and nanoGPT's model_args; PyTorch (tools/load_in_torch.py) gets
-#           troupe's validation loss from that checkpoint to 1e-4.
+# train_gpt end to end, on 2 ranks (layouts: 4). One part per call:
+#   quick   the quick preset reaches val loss <= 2.0; every evaluation prints "val loss"
+#           and MFU (also in the JSONL), the end "final val loss" and a sample; the
+#           checkpoint's root records the vocabulary and nanoGPT's model_args; PyTorch
+#           (tools/load_in_torch.py) gets troupe's validation loss from that checkpoint
+#           to 1e-4.
 #   resume  in every sharding mode, rank 1 killed (a crash fault, as kill -9) under
 #           troupe-run, relaunched and resumed: the same parameters as a run that never
 #           failed (hash, and troupe-ckpt diff of the final checkpoints); zero2 and
@@ -39,6 +40,9 @@ quick)
   loss=$(grep -o 'final val loss [0-9.]*' "$work/quick.log" | awk '{print $4}')
   grep -A3 '^sample (temperature' "$work/quick.log" | tail -n +2 | grep -q '[a-z]' || fail "no sample passage"
   [[ $(wc -l < "$work/gpt.jsonl") -eq 8 ]] || fail "expected 8 JSONL records"
+  grep -Eq 'tokens/s  MFU [0-9.]+%' "$work/quick.log" || fail "no MFU on the progress lines"
+  /usr/bin/python3 -c 'import json, sys; m = [json.loads(l)["mfu"] for l in open(sys.argv[1])]; sys.exit(not all(0 < x < 2 for x in m))' \
+    "$work/gpt.jsonl" || fail "the JSONL's mfu is missing or out of (0, 2)"
   /usr/bin/python3 - "$(last "$work/ckpt")" "$source/data/moby_dick.txt.gz" <<'PY' || fail "checkpoint attributes"
 import gzip, json, sys
 import h5py
