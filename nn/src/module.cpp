@@ -206,8 +206,6 @@ Tensor Module::checkpointed_forward(const Tensor& input) {
   return output;
 }
 
-// The generators are wound back for the recompute; drawing the same numbers again
-// leaves them where the first forward did.
 // The generators are wound back for the recompute and set again afterwards, so forwards
 // that ran in between (a pipeline's other micro-batches) keep their draws.
 bool Module::recompute_forward() {

@@ -306,7 +306,6 @@ nn::StateDict gather_stages(const nn::StateDict& dict, collectives::Communicator
   nn::StateDict mine;
   for (const auto& [name, value] : dict)
     if (!scalars_once || pp.rank() == 0 || name.find('/') != std::string::npos) mine.insert(name, value);
-  // pipeline_full_state_dict over a throwaway module would copy twice; broadcast here.
   nn::StateDict full;
   for (int owner = 0; owner < pp.size(); ++owner) {
     const bool me = owner == pp.rank();
