@@ -4,15 +4,14 @@
 //   build/examples/train_gpt --preset quick
 //   mpirun -np 2 build/examples/train_gpt --preset default --metrics gpt.jsonl --checkpoint-dir ckpt
 //
-// Reads top to bottom, as llm.c's train_gpt2.c does: flags; the data (the sorted set
-// of the file's characters is the vocabulary, the first 90% of the characters train,
-// the rest validate); the recipe every rank's TrainWorker builds (nanoGPT's model,
-// AdamW with decay on matrices only, warm-up and cosine decay); then the driver on
-// rank 0, which runs the steps in chunks of --eval-every, evaluates, checkpoints and
-// finally samples a passage. --batch-size is the global batch of (block_size + 1)-
-// character windows; the run's mathematics do not depend on the number of ranks, and
-// the same flags and world size give bit-identical parameters (the run prints their
-// hash), also across a kill -9 and a resume.
+// Reads top to bottom, as llm.c's train_gpt2.c does (the flags are in
+// train_gpt_flags.*): the data (the sorted set of the file's characters is the
+// vocabulary, the first 90% of the characters train, the rest validate); the recipe every rank's TrainWorker builds
+// (nanoGPT's model, AdamW with decay on matrices only, warm-up and cosine decay); then the driver on rank 0, which runs
+// the steps in chunks of --eval-every, evaluates, checkpoints and finally samples a passage. --batch-size is the global
+// batch of (block_size + 1)- character windows; the run's mathematics do not depend on the number of ranks, and the
+// same flags and world size give bit-identical parameters (the run prints their hash), also across a kill -9 and a
+// resume.
 //
 // Checkpoints record the vocabulary (root attribute `vocab`, UTF-8) and the model's
 // shape under nanoGPT's names (`model_args`), so any reader can decode the model; a
@@ -26,6 +25,7 @@
 #include <string>
 
 #include "char_corpus.hpp"
+#include "train_gpt_flags.hpp"
 #include "troupe/actors/runtime.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/gpt.hpp"
@@ -37,217 +37,10 @@
 #include "troupe/train/train_worker.hpp"
 
 using namespace troupe;
+using examples::Flags;
+using examples::parse_flags;
 
 namespace {
-
-// ---------------------------------------------------------------------------- flags
-
-struct Flags {
-  std::string data = TROUPE_TEXT_PATH;  // the copy in the source tree's data/
-  std::string preset = "quick";
-  // The model (nanoGPT's names); -1: the preset's.
-  std::int64_t n_layer = -1, n_head = -1, n_embd = -1, block_size = -1;
-  double dropout = -1;
-  std::int64_t activation_checkpointing = 0;  // recompute every N-th block in backward (0: none)
-  int tp = 1;                                 // ranks each model is split over (tensor parallelism)
-  int pp = 1;                                 // pipeline stages
-  std::string schedule = "1f1b";
-  int micro_batches = 4;
-  // Optimisation; -1: the preset's.
-  std::int64_t batch_size = -1, steps = -1, warmup_steps = -1, eval_every = -1, eval_samples = -1;
-  double lr = -1, min_lr = -1, weight_decay = 0.1, grad_clip = 1.0, beta2 = 0.99;
-  int accum_steps = 1;
-  std::uint64_t seed = 1337;
-  std::string sharding = "ddp", device = "cpu", precision = "f32";
-  std::string metrics, checkpoint_dir;
-  int save_every = 0, keep_last = 3;
-  std::int64_t sample_chars = 300;
-  double temperature = 0.8;
-  double require_val_loss = 0;  // exit status 3 if the final validation loss is higher (0: no check)
-  double peak_gflops = 0;       // one rank's peak for MFU (0: what a matmul reaches on this core)
-};
-
-// quick: under a minute at 2 ranks on two CPU cores; default (the quality target, <= 1.60
-// nats/char): about 9 minutes there.
-void apply_preset(Flags& f) {
-  struct Preset {
-    std::int64_t n_layer, n_head, n_embd, block_size, batch_size, steps, warmup_steps, eval_every, eval_samples;
-    double dropout, lr, min_lr;
-  };
-  Preset p;
-  if (f.preset == "quick")
-    p = {2, 4, 128, 64, 32, 800, 40, 100, 256, 0.0, 3e-3, 3e-4};
-  else if (f.preset == "default")
-    p = {4, 4, 128, 128, 32, 2000, 100, 250, 512, 0.0, 2e-3, 2e-4};
-  else
-    throw InvalidArgument("bad value '" + f.preset + "' for --preset: quick or default");
-  const auto pick = [](auto& value, auto preset) {
-    if (value < 0) value = preset;
-  };
-  pick(f.n_layer, p.n_layer), pick(f.n_head, p.n_head), pick(f.n_embd, p.n_embd), pick(f.block_size, p.block_size);
-  pick(f.batch_size, p.batch_size), pick(f.steps, p.steps), pick(f.warmup_steps, p.warmup_steps);
-  pick(f.eval_every, p.eval_every), pick(f.eval_samples, p.eval_samples);
-  pick(f.dropout, p.dropout), pick(f.lr, p.lr), pick(f.min_lr, p.min_lr);
-}
-
-const char* kUsage =
-    "usage: train_gpt [--data PATH] [--preset quick|default]\n"
-    "                 [--n-layer N] [--n-head N] [--n-embd N] [--block-size N] [--dropout X]\n"
-    "                 [--activation-checkpointing N]\n"
-    "                 [--batch-size N] [--accum-steps N] [--steps N] [--lr X] [--min-lr X]\n"
-    "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
-    "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
-    "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N] [--device cpu|cuda] [--precision f32|bf16]\n"
-    "                 [--pp N] [--schedule gpipe|1f1b] [--micro-batches N]\n"
-    "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
-    "                 [--require-val-loss X] [--peak-gflops X]\n"
-    "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
-    "  override the preset's values. --batch-size is the global batch of block_size + 1\n"
-    "  character windows. --eval-samples windows of the validation text are evaluated every\n"
-    "  --eval-every steps (0: all of them), and a checkpoint is saved then. --checkpoint-dir\n"
-    "  resumes from its latest valid checkpoint; under troupe-run it defaults to troupe-run's.\n"
-    "  --activation-checkpointing N recomputes every N-th block's activations in backward\n"
-    "  (1: all blocks; 0, the default: none), for the same results in less memory.\n"
-    "  --tp N splits each block's attention heads and MLP, and the vocabulary, over N\n"
-    "  consecutive ranks (Megatron's tensor parallelism; ddp between the groups, dropout 0).\n"
-    "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
-    "  of --schedule over --micro-batches micro-batches (gradients averaged between groups).\n"
-    "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
-    "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n";
-
-Flags parse_flags(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value\n" + kUsage);
-    const std::string value = argv[++i];
-    try {
-      std::size_t used = 0;
-      auto whole = [&](auto parsed) {
-        if (used != value.size()) throw std::invalid_argument(value);
-        return parsed;
-      };
-      auto integer = [&] { return whole(std::stoll(value, &used)); };
-      auto real = [&] { return whole(std::stod(value, &used)); };
-      if (flag == "--data")
-        f.data = value;
-      else if (flag == "--preset")
-        f.preset = value;
-      else if (flag == "--n-layer")
-        f.n_layer = integer();
-      else if (flag == "--n-head")
-        f.n_head = integer();
-      else if (flag == "--n-embd")
-        f.n_embd = integer();
-      else if (flag == "--block-size")
-        f.block_size = integer();
-      else if (flag == "--dropout")
-        f.dropout = real();
-      else if (flag == "--activation-checkpointing")
-        f.activation_checkpointing = integer();
-      else if (flag == "--batch-size")
-        f.batch_size = integer();
-      else if (flag == "--accum-steps")
-        f.accum_steps = static_cast<int>(integer());
-      else if (flag == "--steps")
-        f.steps = integer();
-      else if (flag == "--lr")
-        f.lr = real();
-      else if (flag == "--min-lr")
-        f.min_lr = real();
-      else if (flag == "--warmup-steps")
-        f.warmup_steps = integer();
-      else if (flag == "--weight-decay")
-        f.weight_decay = real();
-      else if (flag == "--grad-clip")
-        f.grad_clip = real();
-      else if (flag == "--beta2")
-        f.beta2 = real();
-      else if (flag == "--seed")
-        f.seed = whole(std::stoull(value, &used));
-      else if (flag == "--eval-every")
-        f.eval_every = integer();
-      else if (flag == "--eval-samples")
-        f.eval_samples = integer();
-      else if (flag == "--sample-chars")
-        f.sample_chars = integer();
-      else if (flag == "--temperature")
-        f.temperature = real();
-      else if (flag == "--tp")
-        f.tp = static_cast<int>(integer());
-      else if (flag == "--pp")
-        f.pp = static_cast<int>(integer());
-      else if (flag == "--schedule")
-        f.schedule = value;
-      else if (flag == "--micro-batches")
-        f.micro_batches = static_cast<int>(integer());
-      else if (flag == "--sharding")
-        f.sharding = value;
-      else if (flag == "--device")
-        f.device = value;
-      else if (flag == "--precision")
-        f.precision = value;
-      else if (flag == "--metrics")
-        f.metrics = value;
-      else if (flag == "--checkpoint-dir")
-        f.checkpoint_dir = value;
-      else if (flag == "--save-every")
-        f.save_every = static_cast<int>(integer());
-      else if (flag == "--keep-last")
-        f.keep_last = static_cast<int>(integer());
-      else if (flag == "--peak-gflops")
-        f.peak_gflops = real();
-      else if (flag == "--require-val-loss")
-        f.require_val_loss = real();
-      else
-        throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
-    } catch (const std::logic_error&) {  // stoll/stod: not a number, or out of range
-      throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + kUsage);
-    }
-  }
-  apply_preset(f);
-  const auto require = [](bool ok, const std::string& what) {
-    if (!ok) throw InvalidArgument(what + "\n" + kUsage);
-  };
-  require(f.n_layer >= 1 && f.n_head >= 1 && f.n_embd >= 1 && f.block_size >= 1,
-          "--n-layer, --n-head, --n-embd and --block-size must be >= 1");
-  require(f.n_embd % f.n_head == 0,
-          "--n-embd " + std::to_string(f.n_embd) + " must be a multiple of --n-head " + std::to_string(f.n_head));
-  require(f.dropout >= 0 && f.dropout < 1, "--dropout must be in [0, 1)");
-  require(f.activation_checkpointing >= 0, "--activation-checkpointing must be >= 0");
-  require(f.tp >= 1 && f.n_head % f.tp == 0,
-          "--tp " + std::to_string(f.tp) + " must be >= 1 and divide --n-head " + std::to_string(f.n_head));
-  require(f.pp >= 1 && f.pp <= f.n_layer,
-          "--pp " + std::to_string(f.pp) + " must be in [1, --n-layer " + std::to_string(f.n_layer) + "]");
-  require(f.tp == 1 || f.pp == 1, "--tp and --pp do not combine yet");
-  require(f.schedule == "gpipe" || f.schedule == "1f1b",
-          "bad value '" + f.schedule + "' for --schedule: gpipe or 1f1b");
-  require(f.micro_batches >= 1, "--micro-batches must be >= 1");
-  require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
-          "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
-  require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,
-          "--warmup-steps, --eval-samples and --sample-chars must be >= 0");
-  require(f.warmup_steps < f.steps,
-          "--warmup-steps " + std::to_string(f.warmup_steps) + " must be < --steps " + std::to_string(f.steps));
-  require(f.lr > 0 && f.min_lr >= 0 && f.min_lr <= f.lr, "--lr must be > 0 and --min-lr in [0, lr]");
-  require(f.peak_gflops >= 0, "--peak-gflops must be >= 0");
-  require(f.weight_decay >= 0 && f.grad_clip >= 0 && f.beta2 > 0 && f.beta2 < 1 && f.temperature >= 0,
-          "--weight-decay, --grad-clip and --temperature must be >= 0 and --beta2 in (0, 1)");
-  require(f.sharding == "ddp" || f.sharding == "zero1" || f.sharding == "zero2" || f.sharding == "fsdp",
-          "bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp");
-  require(f.device == "cpu" || f.device == "cuda", "bad value '" + f.device + "' for --device: cpu or cuda");
-  require(f.precision == "f32" || f.precision == "bf16",
-          "bad value '" + f.precision + "' for --precision: f32 or bf16");
-  require(f.save_every >= 0 && f.keep_last >= 1, "--save-every must be >= 0 and --keep-last >= 1");
-  if (f.checkpoint_dir.empty()) {
-    if (const char* dir = std::getenv("TROUPE_CHECKPOINT_DIR")) f.checkpoint_dir = dir;
-  }
-  return f;
-}
 
 // ----------------------------------------------------------------------------- data
 
