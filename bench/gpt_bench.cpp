@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "bench_main.hpp"
+#include "random_ids.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/clip.hpp"
@@ -86,13 +87,6 @@ Flags parse_flags(int argc, char** argv) {
   return f;
 }
 
-Tensor random_ids(std::int64_t batch, std::int64_t time, std::int64_t vocab, tensor::Generator& gen) {
-  const Tensor u = tensor::uniform({batch, time}, 0.0, static_cast<double>(vocab), gen, tensor::DType::f64);
-  std::vector<std::int64_t> ids;
-  for (double v : u.to_vector<double>()) ids.push_back(std::min<std::int64_t>(static_cast<std::int64_t>(v), vocab - 1));
-  return Tensor::from_vector(ids, {batch, time});
-}
-
 void time_model(const Model& m, const Flags& flags, bool first) {
   nn::GPT model(m.config, 0);
   model.checkpoint_blocks(flags.checkpoint_every);
@@ -102,8 +96,8 @@ void time_model(const Model& m, const Flags& flags, bool first) {
   tensor::Generator gen(1);
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int i = 0; i < 4; ++i) {
-    Tensor x = random_ids(m.batch, m.config.block_size, m.config.vocab_size, gen);
-    batches.emplace_back(x, random_ids(m.batch, m.config.block_size, m.config.vocab_size, gen));
+    Tensor x = bench::random_ids(m.batch, m.config.block_size, m.config.vocab_size, gen);
+    batches.emplace_back(x, bench::random_ids(m.batch, m.config.block_size, m.config.vocab_size, gen));
   }
   std::size_t n = 0;
   double loss = 0;
