@@ -40,8 +40,13 @@ struct Echo {
   int add(int x) { return total += x; }
   void count(int x) { total += x; }
   int read() { return total; }
+  int nap(int ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    return ms;
+  }
   int total = 0;
-  static constexpr auto troupe_methods = troupe::methods<&Echo::echo, &Echo::add, &Echo::count, &Echo::read>;
+  static constexpr auto troupe_methods =
+      troupe::methods<&Echo::echo, &Echo::add, &Echo::count, &Echo::read, &Echo::nap>;
 };
 
 // An actor that fails on demand, for the time a restart takes.
@@ -319,6 +324,35 @@ int main(int argc, char** argv) {
       }
       rows.push_back({"restart: fatal error to the new actor's first answer " + where, "us", "lower", median(us), 0,
                       "none (issue 4's bound)", "<= 10 ms", median(us) <= 10000});
+    }
+  }
+
+  // ---- cancel: a queued call, from cancel() to Cancelled at the asker ----
+  // The call waits behind a 20 ms one, so only the cancel can answer it early; the
+  // baseline is an idle ask's round trip in the same loop.
+  {
+    quiet_barrier(raw);
+    if (rank == 0) {
+      std::vector<double> cancel_us, ask_us;
+      for (int i = 0; i < (args.quick ? 5 : 40); ++i) {
+        auto start = Clock::now();
+        remote.ask(&Echo::add, 0).get();
+        ask_us.push_back(seconds_since(start) * 1e6);
+        auto busy = remote.ask(&Echo::nap, 20);
+        auto queued = remote.ask(&Echo::add, 1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));  // both have arrived
+        start = Clock::now();
+        queued.cancel();
+        try {
+          queued.get();
+        } catch (const troupe::Cancelled&) {
+        }
+        cancel_us.push_back(seconds_since(start) * 1e6);
+        busy.get();
+      }
+      const double c = median(cancel_us), a = median(ask_us);
+      rows.push_back({"cancel a queued call: cancel() to Cancelled " + where, "us", "lower", c, a,
+                      "an idle ask's round trip, same loop", "<= 2x the ask", c <= 2 * a});
     }
   }
 

@@ -20,6 +20,9 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::rank_lost: return "rank lost";
     case ErrorCode::spawn_failed: return "spawn failed";
     case ErrorCode::overloaded: return "overloaded";
+    case ErrorCode::cancelled: return "cancelled";
+    case ErrorCode::deadline_exceeded: return "deadline exceeded";
+    case ErrorCode::actor_killed: return "actor killed";
   }
   return "unknown error code";
 }
@@ -63,6 +66,9 @@ void throw_remote(ErrorInfo info) {
   switch (info.code) {
     case ErrorCode::actor_dead: throw ActorDead(std::move(info));
     case ErrorCode::actor_restarted: throw ActorRestarted(std::move(info));
+    case ErrorCode::actor_killed: throw ActorKilled(std::move(info));
+    case ErrorCode::cancelled: throw Cancelled(std::move(info));
+    case ErrorCode::deadline_exceeded: throw DeadlineExceeded(std::move(info));
     default: throw RemoteError(std::move(info));
   }
 }

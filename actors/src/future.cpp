@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include "troupe/actors/errors.hpp"
+
 namespace troupe::actors::detail {
 
 void StateBase::set_error(std::exception_ptr error) {
@@ -35,7 +37,33 @@ void StateBase::rethrow_if_error() const {
   if (error_) std::rethrow_exception(error_);
 }
 
+void StateBase::cancel() {
+  if (ready()) return;
+  if (cancel_forward_) return cancel_forward_();
+  if (call_.canceller == nullptr)
+    TROUPE_THROW(InvalidArgument, "cancel: '", what(), "' answers no ask (a Promise's future cannot be cancelled)");
+  if (call_.collective)
+    TROUPE_THROW(InvalidArgument, "cancel: '", what(),
+                 "' cannot be cancelled: the method is listed in troupe_collective, and a collective cannot be "
+                 "abandoned on one rank");
+  call_.canceller->cancel_call(call_, *this);
+}
+
+void StateBase::expire() {
+  set_error(std::make_exception_ptr(DeadlineExceeded(
+      {ErrorCode::deadline_exceeded, call_.rank, "", what(), "", "no answer came before the call's deadline"})));
+  call_.canceller->cancel_call(call_, *this);  // the work is no longer wanted
+}
+
 bool StateBase::wait_until(std::optional<Clock::time_point> deadline) {
+  if (call_deadline_ && call_.canceller != nullptr && (!deadline || *call_deadline_ <= *deadline)) {
+    if (!wait_until_impl(call_deadline_)) expire();
+    return true;
+  }
+  return wait_until_impl(deadline);
+}
+
+bool StateBase::wait_until_impl(std::optional<Clock::time_point> deadline) {
   if (ready()) return true;
   if (progress_ != nullptr && progress_->is_progress_thread()) {
     // A method running on the progress thread waits for an answer: no other thread

@@ -124,6 +124,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
   scheduler_->start();
   transport_->start();
   liveness_->start();
+  start_status_writer();
 }
 
 Runtime::~Runtime() {
@@ -179,22 +180,27 @@ std::uint64_t Runtime::refused_tells() const { return refused_tells_.load(std::m
 
 // ---- sending ----
 
-void Runtime::send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
-                           std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments) {
+std::uint64_t Runtime::send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
+                                    std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments,
+                                    std::optional<Clock::time_point> deadline) {
   detail::Header h;
   h.kind = detail::Kind::request;
   h.method = method;
   h.actor = actor;
-  send_with_reply(rank, h, std::move(payload), std::move(reply), std::move(attachments));
+  if (deadline) {  // already past: 1 ns, so that the callee refuses it as expired
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(*deadline - Clock::now()).count();
+    h.budget_ns = left > 0 ? static_cast<std::uint64_t>(left) : 1;
+  }
+  return send_with_reply(rank, h, std::move(payload), std::move(reply), std::move(attachments));
 }
 
-void Runtime::send_with_reply(int rank, detail::Header header, std::string payload,
-                              std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments) {
+std::uint64_t Runtime::send_with_reply(int rank, detail::Header header, std::string payload,
+                                       std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments) {
   TROUPE_CHECK(rank >= 0 && rank < size_, reply->what(), ": rank ", rank, " is outside the world of ", size_, " ranks");
   if (liveness_->lost(rank)) {
     reply->on_error(std::make_exception_ptr(
         RemoteError({ErrorCode::rank_lost, rank, "", reply->what(), "", "the rank was lost earlier"})));
-    return;
+    return 0;
   }
   header.request = next_request_id_.fetch_add(1);
   write_header(payload, header);
@@ -205,7 +211,7 @@ void Runtime::send_with_reply(int rank, detail::Header header, std::string paylo
   }
   if (rank == rank_ && !attachments.empty()) {  // to ourselves: hand the attachments over directly
     handle({rank_, std::move(payload), std::move(attachments)});
-    return;
+    return header.request;
   }
   try {
     transport_->send(rank, payload, attachments);
@@ -213,6 +219,7 @@ void Runtime::send_with_reply(int rank, detail::Header header, std::string paylo
     take_pending(header.request);
     throw;
   }
+  return header.request;
 }
 
 void Runtime::send_raw(int rank, const std::string& bytes) {
@@ -286,6 +293,7 @@ void Runtime::handle(detail::Message message) {
     case detail::Kind::heartbeat: return;  // the transport has noted that the sender lives
     case detail::Kind::request: return handle_request(message, true);
     case detail::Kind::tell: return handle_request(message, false);
+    case detail::Kind::cancel: return handle_cancel(message.source, h.actor, h.request);
     case detail::Kind::reply_value:
     case detail::Kind::reply_error: {
       auto handler = take_pending(h.request);
@@ -326,29 +334,34 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
   if (h.method >= cell->method_count())
     return fail(ErrorCode::unknown_method, cell->label(), "method #" + std::to_string(h.method),
                 detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
-  post_call(cell, detail::make_call(
-                      h.method,
-                      [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
-                        std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
-                        std::vector<Bytes> out;
-                        {
-                          detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);
-                          detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
-                          cell->invoke(h.method, payload_of(held.bytes), result);
-                        }
-                        if (wants_reply) reply_value(source, h.request, std::move(result), out);
-                      },
-                      [this, source, h, wants_reply](const ErrorInfo& info) {
-                        try {
-                          if (wants_reply)
-                            reply_error(source, h.request, info);
-                          else
-                            report_failed_tell(source, info);
-                        } catch (const std::exception& e) {
-                          std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_,
-                                       source, e.what());
-                        }
-                      }));
+  auto call = detail::make_call(
+      h.method,
+      [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
+        std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
+        std::vector<Bytes> out;
+        {
+          detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);
+          detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
+          cell->invoke(h.method, payload_of(held.bytes), result);
+        }
+        if (wants_reply) reply_value(source, h.request, std::move(result), out);
+      },
+      [this, source, h, wants_reply](const ErrorInfo& info) {
+        try {
+          if (wants_reply)
+            reply_error(source, h.request, info);
+          else
+            report_failed_tell(source, info);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "troupe: rank %d: could not send an error reply to rank %d: %s\n", rank_, source,
+                       e.what());
+        }
+      });
+  if (wants_reply) call->set_request(source, h.request);
+  if (h.budget_ns != 0)  // counted from arrival: the ranks' clocks do not agree
+    call->set_deadline(Clock::now().time_since_epoch().count() +
+                       std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(h.budget_ns)).count());
+  post_call(cell, std::move(call));
 }
 
 }  // namespace troupe::actors

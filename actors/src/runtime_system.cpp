@@ -241,6 +241,12 @@ void Runtime::handle_system(detail::Message& message) {
         register_name(name, rank, id, type);
         return true;
       });
+    case detail::Kind::kill:
+      return answer([&] {
+        kill_local(h.actor, source);
+        return true;
+      });
+    case detail::Kind::list_actors: return answer([&] { return local_actors(); });
     default:
       std::fprintf(stderr, "troupe: rank %d dropped a message of kind %d from rank %d\n", rank_,
                    static_cast<int>(h.kind), source);
@@ -362,6 +368,7 @@ void Runtime::shutdown() {
   wait_collective(&request, "shutdown barrier");
   drain();
   quiescent_ = true;
+  stop_status_writer();
   {
     std::lock_guard lock(pending_mutex_);
     shut_down_ = true;

@@ -113,6 +113,7 @@ void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
       if (deep_sleeping_.load(std::memory_order_relaxed) > 0) cv_.notify_one();
     }
     t_excluded = Clock::duration::zero();
+    cell->running_since_ticks_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
     execute_(*cell, std::move(call));
     if (watched) inline_since_.store(0, std::memory_order_relaxed);
     const auto end = Clock::now();

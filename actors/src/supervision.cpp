@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "current_call.hpp"
 #include "scheduler.hpp"
 #include "troupe/actors/runtime.hpp"
 
@@ -17,14 +18,27 @@ ErrorInfo cell_error(ErrorCode code, int rank, const detail::ActorCellBase& cell
 }
 
 std::string dead_message(const detail::ActorCellBase& cell) {
+  if (const int by = cell.killed_by_.load(); by >= 0)
+    return detail::concat("the actor was stopped by Runtime::kill from rank ", by);
   return detail::concat("the actor failed more than ", cell.options().max_restarts, " time(s) within ",
                         cell.options().window.count(), " ms and was stopped for good");
+}
+ErrorCode dead_code(const detail::ActorCellBase& cell) {
+  return cell.killed_by_.load() >= 0 ? ErrorCode::actor_killed : ErrorCode::actor_dead;
+}
+
+// Whether `e`, thrown by the running call, is that call giving up on its own
+// cancellation or deadline (and not, say, a Cancelled it got from an actor it asked).
+bool gives_up(const RemoteError& e, const detail::Call& call) {
+  if (e.code() == ErrorCode::cancelled) return call.cancel_requested();
+  return e.code() == ErrorCode::deadline_exceeded && call.deadline_ticks() != 0 &&
+         Clock::now().time_since_epoch().count() > call.deadline_ticks();
 }
 }  // namespace
 
 void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::unique_ptr<detail::Call> call) {
   const std::uint32_t method = call->method();
-  if (cell->dead()) return call->fail(cell_error(ErrorCode::actor_dead, rank_, *cell, method, dead_message(*cell)));
+  if (cell->dead()) return call->fail(cell_error(dead_code(*cell), rank_, *cell, method, dead_message(*cell)));
   if (cell->restarting() && cell->queued_.load() >= cell->options().max_queued)
     return call->fail(cell_error(
         ErrorCode::overloaded, rank_, *cell, method,
@@ -42,6 +56,7 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
                    detail::concat("the mailbox is full (", capacity, " calls wait: SpawnOptions::mailbox_capacity)")));
   }
   queued_calls_.fetch_add(1, std::memory_order_relaxed);
+  if (call->request() != 0) cell->calls().add(*call);  // an ask: cancel() may look for it
   scheduler_->post(cell, std::move(call));
 }
 
@@ -54,7 +69,11 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
   } done{*this};
   const std::uint32_t method = call->method();
   cell.queued_.fetch_sub(1, std::memory_order_relaxed);
-  if (cell.dead()) return call->fail(cell_error(ErrorCode::actor_dead, rank_, cell, method, dead_message(cell)));
+  if (!call->claim_to_run()) return;  // cancelled before it started: the cancel answered the asker
+  if (cell.dead()) {
+    call->fail(cell_error(dead_code(cell), rank_, cell, method, dead_message(cell)));
+    return bury_if_killed(cell);
+  }
   if (call->epoch() < cell.epoch()) {
     // The call was queued when the actor failed.
     if (!cell.idempotent(method))
@@ -70,6 +89,25 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
           detail::concat("the call waited ", std::chrono::duration_cast<std::chrono::milliseconds>(waited).count(),
                          " ms for the actor's restart (queue_deadline)")));
   }
+  if (const std::int64_t deadline = call->deadline_ticks(); deadline != 0) {
+    const std::int64_t now = Clock::now().time_since_epoch().count();
+    if (now > deadline)
+      return call->fail(cell_error(
+          ErrorCode::deadline_exceeded, rank_, cell, method,
+          detail::concat("the call's deadline passed ",
+                         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::duration(now - deadline)).count(),
+                         " ms before it could start; it was not run")));
+  }
+  // What Runtime::actors() shows: this method, since the scheduler began the call.
+  cell.running_method_.store(method, std::memory_order_relaxed);
+  struct Served {
+    detail::ActorCellBase& cell;
+    ~Served() {
+      cell.running_method_.store(detail::ActorCellBase::kIdle, std::memory_order_relaxed);
+      cell.calls_served_.fetch_add(1, std::memory_order_relaxed);
+    }
+  } served{cell};
+  detail::CurrentCallScope current({call.get(), &cell, rank_});
   try {
     call->run();
   } catch (const FatalError&) {
@@ -81,6 +119,9 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
     call->fail(info);
   } catch (const detail::BadMessage& e) {
     call->fail({ErrorCode::bad_message, rank_, cell.label(), cell.method_name(method), "BadMessage", e.what()});
+  } catch (const RemoteError& e) {
+    call->fail(gives_up(e, *call) ? e.info()
+                                  : describe_current_exception(rank_, cell.label(), cell.method_name(method)));
   } catch (...) {
     call->fail(describe_current_exception(rank_, cell.label(), cell.method_name(method)));
   }

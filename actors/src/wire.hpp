@@ -12,7 +12,7 @@ namespace troupe::actors::detail {
 
 inline constexpr int kActorTag = 7;
 inline constexpr std::uint32_t kMagic = 0x50555254;  // "TRUP"
-inline constexpr std::uint8_t kVersion = 1;
+inline constexpr std::uint8_t kVersion = 2;          // 2: the header grew a deadline
 
 enum class Kind : std::uint8_t {
   request = 1,        // ask: the sender waits for a reply with the same request id
@@ -23,7 +23,11 @@ enum class Kind : std::uint8_t {
   lookup = 6,         // to rank 0; payload: name
   register_name = 7,  // to rank 0; payload: name, rank, id, type
   heartbeat = 8,      // no payload: "this rank is alive", on the liveness communicator only
+  cancel = 9,         // no payload, no reply: cancel the sender's ask `request` to `actor`
+  kill = 10,          // stop `actor` for good; the reply is empty
+  list_actors = 11,   // no payload; the reply: this rank's actors (Runtime::actors)
 };
+inline constexpr Kind kLastKind = Kind::list_actors;
 
 // With attachments (see bytes.hpp) the header is followed by one u64 size per
 // attachment, then the payload. Each attachment follows as its own MPI message from
@@ -41,8 +45,12 @@ struct Header {
   std::uint32_t attachment_tag = 0;
   std::uint64_t request = 0;
   std::uint64_t actor = 0;
+  // A request's deadline as the time left when it was sent, in nanoseconds (0: none).
+  // Relative, as gRPC's timeout: the ranks' steady clocks do not agree; the receiver
+  // counts from arrival, so transit time is the only slack.
+  std::uint64_t budget_ns = 0;
 };
-static_assert(sizeof(Header) == 32);
+static_assert(sizeof(Header) == 40);
 
 inline void write_header(std::string& message, const Header& h) { std::memcpy(message.data(), &h, sizeof h); }
 
@@ -67,7 +75,7 @@ inline std::string read_header(std::string_view bytes, Header& h) {
   if (h.magic != kMagic) return "bad magic number";
   if (h.version != kVersion)
     return "wire version " + std::to_string(h.version) + ", expected " + std::to_string(kVersion);
-  if (h.kind < Kind::request || h.kind > Kind::heartbeat)
+  if (h.kind < Kind::request || h.kind > kLastKind)
     return "unknown message kind " + std::to_string(static_cast<int>(h.kind));
   return {};
 }

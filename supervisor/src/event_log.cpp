@@ -14,7 +14,7 @@
 
 namespace troupe::supervisor {
 
-Json::Json(std::string_view s) : text(json_quote(s)) {}
+Json::Json(std::string_view s) : text(json_string(s)) {}
 
 Json::Json(double v) {
   if (!std::isfinite(v)) {
@@ -26,33 +26,11 @@ Json::Json(double v) {
   text = buffer;
 }
 
-std::string json_quote(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buffer[8];
-          std::snprintf(buffer, sizeof buffer, "\\u%04x", static_cast<unsigned>(c));
-          out += buffer;
-        } else {
-          out += c;  // UTF-8 passes through; other bytes from a hostile peer were hex-escaped by the caller
-        }
-    }
-  }
-  return out + "\"";
-}
-
 std::string json_object(const JsonFields& fields) {
   std::string out = "{";
   for (std::size_t i = 0; i < fields.size(); ++i) {
     if (i) out += ", ";
-    out += json_quote(fields[i].first) + ": " + fields[i].second.text;
+    out += json_string(fields[i].first) + ": " + fields[i].second.text;
   }
   return out + "}";
 }

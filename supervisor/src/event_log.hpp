@@ -17,6 +17,8 @@
 #include <utility>
 #include <vector>
 
+#include "troupe/json_string.hpp"
+
 namespace troupe::supervisor {
 
 // A value already written as JSON.
@@ -40,8 +42,7 @@ struct Json {
 
 using JsonFields = std::vector<std::pair<std::string, Json>>;
 
-// `s` as a JSON string literal, quotes included, control characters escaped.
-std::string json_quote(std::string_view s);
+using troupe::json_string;
 // {"k": v, ...}
 std::string json_object(const JsonFields& fields);
 

@@ -84,7 +84,10 @@ LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::mil
   set(kEnvRestart, std::to_string(run.restart));
   set(kEnvHeartbeatInterval, std::to_string(run.heartbeat_interval.count()));
   set(kEnvSupervisorTimeout, std::to_string(run.supervisor_timeout.count()));
-  if (!run.checkpoint_dir.empty()) set(kEnvCheckpointDir, run.checkpoint_dir);
+  if (!run.checkpoint_dir.empty()) {
+    set(kEnvCheckpointDir, run.checkpoint_dir);
+    set(kEnvStatusDir, run.checkpoint_dir + "/troupe-run-status");
+  }
   if (run.checkpoint_step >= 0) set(kEnvCheckpointStep, std::to_string(run.checkpoint_step));
   if (liveness_timeout.count() > 0) set(kEnvLivenessTimeout, std::to_string(liveness_timeout.count()));
   if (!run.fault.empty()) {

@@ -196,6 +196,7 @@ Seconds phase_timeout(const RunOptions& options, Phase phase) {
 
 std::string usage() {
   return R"(usage: troupe-run -np N [options] [mpirun options] -- program [args...]
+       troupe-run status DIR
 
 Runs `mpirun -np N program args...`, watches every rank through heartbeats, and
 relaunches the whole job when a rank dies, hangs or stops heartbeating. The program
@@ -236,6 +237,14 @@ options:
   --events FILE           JSONL events log (default DIR/troupe-run-events.jsonl)
   --fault SPEC            inject a fault for a drill or test: TROUPE_FAULT=SPEC, armed
                           (rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])
+
+troupe-run status DIR   prints the actors of the job running with --checkpoint-dir DIR, rank
+                        by rank (state, mailbox depth, the method running and for how long),
+                        from the snapshots its ranks write every second
+
+troupe-run status DIR   prints the actors of the job running with --checkpoint-dir DIR, rank
+                        by rank (state, mailbox depth, the method running and for how long),
+                        from the snapshots its ranks write every second
 
 mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-by X,
   --bind-to X, --rank-by X, --npernode N, --prefix P, --wdir D, --oversubscribe,

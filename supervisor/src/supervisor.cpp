@@ -25,6 +25,7 @@
 #include "mpirun_command.hpp"
 #include "refusal_limiter.hpp"
 #include "run_summary.hpp"
+#include "status_view.hpp"
 #include "straggler_watch.hpp"
 #include "troupe/error.hpp"
 #include "troupe/supervisor/run_environment.hpp"
@@ -251,6 +252,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                     "/troupe-run-hosts-" + run_id_;
     auto command = mpirun_command(launch_options(options_, *pool_, hostfile), mpirun_, exported,
                                   std::max(1u, std::thread::hardware_concurrency()));
+    if (!options_.checkpoint_dir.empty()) clear_status(options_.checkpoint_dir);
     launched_ = Clock::now();
     try {
       job_ = std::make_unique<Job>(io_, command, env);
@@ -626,7 +628,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     RunSummary::Totals totals = summary_.close(Clock::now());
     say(summary_.text(outcome, restart_, total, code));
     std::string causes = "[";
-    for (const auto& c : totals.causes) causes += (causes.size() > 1 ? ", " : "") + json_quote(c);
+    for (const auto& c : totals.causes) causes += (causes.size() > 1 ? ", " : "") + json_string(c);
     causes += "]";
     events_->write("finish", {{"status", code == 0      ? "succeeded"
                                          : interrupted_ ? "interrupted"

@@ -8,12 +8,20 @@
 #include <vector>
 
 #include "run_options.hpp"
+#include "status_view.hpp"
 #include "supervisor.hpp"
 #include "troupe/error.hpp"
 #include "troupe/version.hpp"
 
 int main(int argc, char** argv) {
   using namespace troupe::supervisor;
+  if (argc >= 2 && std::string(argv[1]) == "status") {
+    if (argc != 3) {
+      std::cerr << "troupe-run: error: usage: troupe-run status DIR (the job's --checkpoint-dir)\n";
+      return 2;
+    }
+    return print_status(argv[2], std::cout);
+  }
   RunOptions options;
   try {
     options = parse_run_options(std::vector<std::string>(argv + 1, argv + argc));

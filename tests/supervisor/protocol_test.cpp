@@ -320,7 +320,7 @@ TEST(Protocol, ANoticeSurvivesARoundTripAndABadOneIsRefused) {
 }
 
 TEST(EventLog, QuotesControlCharactersSoEachEventStaysOneLine) {
-  EXPECT_EQ(sv::json_quote("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
+  EXPECT_EQ(sv::json_string("a\"b\\c\nd\x01"), "\"a\\\"b\\\\c\\nd\\u0001\"");
   EXPECT_EQ(sv::json_object({{"n", 3}, {"s", "x"}, {"raw", sv::Json::raw("[1]")}}),
             "{\"n\": 3, \"s\": \"x\", \"raw\": [1]}");
 }

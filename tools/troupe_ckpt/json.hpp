@@ -7,9 +7,11 @@
 #include <string_view>
 #include <vector>
 
+#include "troupe/json_string.hpp"
+
 namespace troupe::ckpt_tool {
 
-std::string json_string(std::string_view s);
+using troupe::json_string;
 std::string json_number(double v);
 std::string json_int(std::int64_t v);
 std::string json_array(const std::vector<std::string>& items);

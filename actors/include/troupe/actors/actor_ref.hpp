@@ -9,7 +9,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "troupe/actors/runtime.hpp"
@@ -27,49 +29,12 @@ class ActorRef {
   bool valid() const { return runtime_ != nullptr; }
 
   template <class M, class... A>
-  Future<typename MemberTraits<M>::Result> ask(M method, A&&... args) const {
-    using R = typename MemberTraits<M>::Result;
-    const std::uint32_t index = detail::checked_method_index<T>(method);
-    typename MemberTraits<M>::Args packed(std::forward<A>(args)...);
-    auto state = std::make_shared<detail::State<R>>(runtime().progress(), describe("ask", index));
-    if (rank_ == runtime().rank()) {
-      auto cell = runtime().local_actor(id_);
-      if (!cell) {
-        state->set_error(std::make_exception_ptr(RemoteError(
-            {ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
-             detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"})));
-        return Future<R>(state);
-      }
-      runtime().post_call(cell, detail::make_call(
-                                    index,
-                                    [cell = cell.get(), state, method, packed = std::move(packed)]() mutable {
-                                      T& self = *static_cast<T*>(cell->object());
-                                      if constexpr (std::is_void_v<R>) {
-                                        std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
-                                        state->set_value();
-                                      } else {
-                                        state->set_value(std::apply(
-                                            [&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
-                                      }
-                                    },
-                                    [state](const ErrorInfo& info) {
-                                      try {
-                                        throw_remote(info);
-                                      } catch (...) {
-                                        state->set_error(std::current_exception());
-                                      }
-                                    }));
-    } else {
-      std::string message = Runtime::new_message();
-      std::vector<Bytes> attachments;
-      {
-        detail::AttachmentScope scope(detail::outgoing_attachments(), &attachments);
-        detail::append_serialized(message, packed);
-      }
-      runtime().send_request(rank_, id_, index, std::move(message),
-                             std::make_shared<detail::TypedReply<R>>(state->what(), state), std::move(attachments));
-    }
-    return Future<R>(state);
+  requires std::is_member_function_pointer_v<M> Future<typename MemberTraits<M>::Result> ask(M method, A&&... args)
+  const { return ask_by(std::nullopt, method, std::forward<A>(args)...); }
+  // An ask that must start by `deadline` (see Deadline in future.hpp).
+  template <class M, class... A>
+  Future<typename MemberTraits<M>::Result> ask(Deadline deadline, M method, A&&... args) const {
+    return ask_by(deadline.at, method, std::forward<A>(args)...);
   }
 
   template <class M, class... A>
@@ -107,6 +72,66 @@ class ActorRef {
   Runtime& runtime() const {
     TROUPE_CHECK(runtime_ != nullptr, "ActorRef: this reference is empty (default-constructed)");
     return *runtime_;
+  }
+
+  template <class M, class... A>
+  Future<typename MemberTraits<M>::Result> ask_by(std::optional<Clock::time_point> deadline, M method,
+                                                  A&&... args) const {
+    using R = typename MemberTraits<M>::Result;
+    const std::uint32_t index = detail::checked_method_index<T>(method);
+    const bool collective = detail::is_collective<T>(index);
+    if (deadline && collective)
+      TROUPE_THROW(InvalidArgument, describe("ask", index),
+                   ": a deadline on a method listed in troupe_collective is refused (it could expire on one rank "
+                   "and leave the others waiting in the collective)");
+    typename MemberTraits<M>::Args packed(std::forward<A>(args)...);
+    auto state = std::make_shared<detail::State<R>>(runtime().progress(), describe("ask", index));
+    if (rank_ == runtime().rank()) {
+      auto cell = runtime().local_actor(id_);
+      if (!cell) {
+        state->set_error(std::make_exception_ptr(RemoteError(
+            {ErrorCode::unknown_actor, rank_, detail::actor_name<T>() + " #" + std::to_string(id_),
+             detail::unqualified(method_name(index)), "", "no such actor on this rank (never spawned, or stopped)"})));
+        return Future<R>(state);
+      }
+      auto call = detail::make_call(
+          index,
+          [cell = cell.get(), state, method, packed = std::move(packed)]() mutable {
+            T& self = *static_cast<T*>(cell->object());
+            if constexpr (std::is_void_v<R>) {
+              std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
+              state->set_value();
+            } else {
+              state->set_value(std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
+            }
+          },
+          [state](const ErrorInfo& info) {
+            try {
+              throw_remote(info);
+            } catch (...) {
+              state->set_error(std::current_exception());
+            }
+          });
+      const std::uint64_t request = runtime().new_request_id();
+      call->set_request(rank_, request);
+      if (deadline) call->set_deadline(deadline->time_since_epoch().count());
+      state->set_call({runtime().canceller(), rank_, id_, request, collective}, deadline);
+      runtime().post_call(cell, std::move(call));
+    } else {
+      std::string message = Runtime::new_message();
+      std::vector<Bytes> attachments;
+      {
+        detail::AttachmentScope scope(detail::outgoing_attachments(), &attachments);
+        detail::append_serialized(message, packed);
+      }
+      // The reply handler shares the state, so the handle is set after the send; only
+      // the future's holder reads it, and it has not got the future yet.
+      const std::uint64_t request = runtime().send_request(
+          rank_, id_, index, std::move(message), std::make_shared<detail::TypedReply<R>>(state->what(), state),
+          std::move(attachments), deadline);
+      state->set_call({runtime().canceller(), rank_, id_, request, collective}, deadline);
+    }
+    return Future<R>(state);
   }
   static const std::string& method_name(std::uint32_t index) {
     static const std::vector<std::string> names = detail::method_names<T>(method_table_t<T>{});

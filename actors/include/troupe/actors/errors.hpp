@@ -38,6 +38,14 @@ enum class ErrorCode : std::uint8_t {
   // The actor is restarting and its queue is at the limit (SpawnOptions::max_queued),
   // or a call waited past SpawnOptions::queue_deadline for a restart to finish.
   overloaded = 12,
+  // The asker cancelled the call (Future::cancel): before it ran, or while it ran and
+  // the method gave up (this_call::throw_if_cancelled).
+  cancelled = 13,
+  // The call's deadline passed before it started (or before its answer came, at the
+  // asker), or while it ran and the method gave up.
+  deadline_exceeded = 14,
+  // Runtime::kill stopped the actor; it will not come back.
+  actor_killed = 15,
 };
 
 const char* error_code_name(ErrorCode code);
@@ -89,6 +97,22 @@ class ActorDead : public RemoteError {
 };
 
 class ActorRestarted : public RemoteError {
+ public:
+  using RemoteError::RemoteError;
+};
+
+// A dead actor that was stopped on purpose (Runtime::kill), not by its failures.
+class ActorKilled : public ActorDead {
+ public:
+  using ActorDead::ActorDead;
+};
+
+class Cancelled : public RemoteError {
+ public:
+  using RemoteError::RemoteError;
+};
+
+class DeadlineExceeded : public RemoteError {
  public:
   using RemoteError::RemoteError;
 };

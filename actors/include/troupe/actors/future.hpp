@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -33,7 +34,37 @@ namespace troupe::actors {
 
 using Clock = std::chrono::steady_clock;
 
+// When an ask must have started by: `ref.ask(Deadline::in(50ms), &T::method, args...)`.
+// The callee does not start a call past its deadline (it fails with
+// DeadlineExceeded), a running method sees it in this_call::cancelled(), and a
+// caller waiting in get() stops waiting at the deadline and cancels the call.
+struct Deadline {
+  Clock::time_point at;
+  template <class Rep, class Period>
+  static Deadline in(std::chrono::duration<Rep, Period> timeout) {
+    return {Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout)};
+  }
+};
+
 namespace detail {
+
+class StateBase;
+
+// Which call a future answers, so that it can be cancelled; `canceller` (the
+// runtime) sends the cancellation on its way.
+struct CallHandle;
+class CallCanceller {
+ public:
+  virtual ~CallCanceller() = default;
+  virtual void cancel_call(const CallHandle& call, StateBase& state) = 0;
+};
+struct CallHandle {
+  CallCanceller* canceller = nullptr;
+  int rank = -1;
+  std::uint64_t actor = 0;
+  std::uint64_t request = 0;
+  bool collective = false;  // listed in troupe_collective: cancel() refuses
+};
 
 // What a waiting thread can do instead of sleeping; implemented by the runtime.
 class Progress {
@@ -72,6 +103,16 @@ class StateBase {
   bool wait_until(std::optional<Clock::time_point> deadline);
   // Throws the stored error, if any.
   void rethrow_if_error() const;
+  // Makes this the answer of an ask that cancel() can reach, with the ask's deadline.
+  // Set by the asker before it hands the future out.
+  void set_call(const CallHandle& call, std::optional<Clock::time_point> deadline) {
+    call_ = call;
+    call_deadline_ = deadline;
+  }
+  // For futures derived from others (then, when_all): what cancel() does instead.
+  void set_cancel_forward(std::function<void()> forward) { cancel_forward_ = std::move(forward); }
+  // Asks for the call to be cancelled (see Future::cancel).
+  void cancel();
   std::exception_ptr error() const { return error_; }
   Progress* progress() const { return progress_; }
   const std::string& what() const { return what_; }
@@ -84,10 +125,17 @@ class StateBase {
  private:
   std::condition_variable cv_;
   std::atomic<bool> ready_{false};
+  // The ask's deadline passed while a caller waited: fail it here and cancel it there.
+  void expire();
+  bool wait_until_impl(std::optional<Clock::time_point> deadline);
+
   std::exception_ptr error_;
   std::vector<std::function<void()>> callbacks_;
   Progress* progress_;
   std::string what_;
+  CallHandle call_;
+  std::optional<Clock::time_point> call_deadline_;
+  std::function<void()> cancel_forward_;
 };
 
 template <class T>
@@ -164,6 +212,14 @@ class Future {
   bool wait_for(std::chrono::duration<Rep, Period> timeout) const {
     return check().wait_until(Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout));
   }
+  // Asks the callee to cancel the call; returns at once. The future then resolves as
+  // the call ends: with Cancelled if it had not started (it never will) or if the
+  // running method gave up (this_call::throw_if_cancelled), else with its answer --
+  // the work was done. No effect once resolved. A future from then() or when_all()
+  // cancels its inputs. Throws InvalidArgument for a method listed in
+  // troupe_collective (a collective cannot be abandoned on one rank), or for a
+  // future that answers no ask (a Promise's).
+  void cancel() const { check().cancel(); }
   // A future of f(value); an error in this future, or thrown by f, passes through.
   template <class F>
   auto then(F f) -> Future<detail::then_result_t<F, T>>;
@@ -229,6 +285,7 @@ auto Future<T>::then(F f) -> Future<detail::then_result_t<F, T>> {
   using R = detail::then_result_t<F, T>;
   auto in = state_;
   auto out = std::make_shared<detail::State<R>>(check().progress(), in->what() + " then");
+  out->set_cancel_forward([in] { in->cancel(); });
   in->on_ready([in, out, f = std::move(f)]() mutable { detail::chain(*in, *out, f); });
   return Future<R>(out);
 }
@@ -247,6 +304,10 @@ auto when_all(std::vector<Future<T>> futures) -> Future<std::conditional_t<std::
   auto join = std::make_shared<Join>();
   join->inputs = std::move(futures);
   join->remaining = join->inputs.size();
+  out->set_cancel_forward([join] {
+    for (auto& f : join->inputs)
+      if (!f.ready()) f.cancel();
+  });
   auto finish = [join, out] {
     try {
       if constexpr (std::is_void_v<T>) {
@@ -281,9 +342,17 @@ Future<std::size_t> when_any(const std::vector<Future<T>>& futures) {
   return Future<std::size_t>(out);
 }
 
+// The free form, as Ray's ray.cancel(ref).
+template <class T>
+void cancel(const Future<T>& future) {
+  future.cancel();
+}
+
 }  // namespace troupe::actors
 
 namespace troupe {
+using actors::cancel;
+using actors::Deadline;
 using actors::Future;
 using actors::Promise;
 using actors::when_all;

@@ -28,6 +28,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -76,6 +77,26 @@ template <class T>
 class ActorRef;
 template <class T>
 class ActorGroup;
+
+// One actor as Runtime::actors() lists it: a snapshot, as Ray's state API gives.
+struct ActorInfo {
+  int rank = -1;
+  std::uint64_t id = 0;
+  std::string type;                 // actor_name<T>(): "TrainWorker<DigitsRecipe>"
+  std::string name;                 // SpawnOptions::name, or empty
+  std::string label;                // how errors name it: "Counter 'c'", "Counter #3"
+  std::string state;                // "alive", "restarting", "dead" or "killed"
+  std::uint64_t mailbox_depth = 0;  // calls queued, not yet started
+  std::string running;              // the method running now; empty when idle
+  double running_for_s = 0;         // since that method started
+  std::uint64_t calls_served = 0;   // calls run to their end (answered or failed)
+  int restarts = 0;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(rank, id, type, name, label, state, mailbox_depth, running, running_for_s, calls_served, restarts);
+  }
+};
 
 namespace detail {
 class Transport;
@@ -155,7 +176,7 @@ struct SpawnKey {
 
 }  // namespace detail
 
-class Runtime {
+class Runtime : private detail::CallCanceller {
  public:
   Runtime(int& argc, char**& argv, RuntimeOptions options = {});
   Runtime(const Runtime&) = delete;
@@ -187,6 +208,22 @@ class Runtime {
   template <class T>
   ActorRef<T> lookup(const std::string& name);
 
+  // Stops the actor for good, as Ray's ray.kill: calls still queued fail with
+  // ActorKilled, later ones too, a method running now sees this_call::cancelled()
+  // and ends as it will (it cannot be interrupted), then the object is destroyed.
+  // Not restarted, whatever its SpawnOptions. Resolves once the actor's rank has
+  // marked it; killing a dead actor does nothing.
+  template <class T>
+  Future<void> kill(const ActorRef<T>& actor) {
+    return kill_actor(actor.rank(), actor.id(), detail::actor_name<T>());
+  }
+
+  // Every rank's actors, in rank order (asked of each rank; a rank that was lost is
+  // left out). Any rank, any time; not collective.
+  std::vector<ActorInfo> actors();
+  // This rank's.
+  std::vector<ActorInfo> local_actors() const;
+
   // Collective and idempotent: waits until every rank has called it, drains messages
   // in flight, fails any future still unresolved with ErrorCode::shutdown, destroys
   // the actors and finalizes MPI (when this runtime initialised it).
@@ -205,8 +242,14 @@ class Runtime {
   std::uint64_t refused_tells() const;
 
   // ---- used by ActorRef and the templates above; not for application code ----
-  void send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
-                    std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {});
+  // Sends an ask; returns its request id. `deadline`: when it must have started by.
+  std::uint64_t send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
+                             std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {},
+                             std::optional<Clock::time_point> deadline = std::nullopt);
+  // A request id for an ask to an actor of this rank (remote asks get theirs in
+  // send_request), so that it can be cancelled like any other.
+  std::uint64_t new_request_id() { return next_request_id_.fetch_add(1, std::memory_order_relaxed); }
+  detail::CallCanceller* canceller() { return this; }
   void send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
                  std::vector<Bytes> attachments = {});
   // Sends `bytes` as an actor message exactly as given: for tests of the wire format.
@@ -239,6 +282,20 @@ class Runtime {
   // In the actor's call after `body` threw FatalError: re-create it or declare it dead.
   void restart_or_bury(detail::ActorCellBase& cell);
   std::uint64_t spawn_group_local(const std::string& key, const std::string& args);
+  // ---- cancellation (cancellation.cpp) ----
+  void cancel_call(const detail::CallHandle& call, detail::StateBase& state) override;
+  // A cancel message from `source` for its ask `request` to actor `actor`.
+  void handle_cancel(int source, std::uint64_t actor, std::uint64_t request);
+  Future<void> kill_actor(int rank, std::uint64_t id, const std::string& type);
+  void kill_local(std::uint64_t id, int by);
+  // In a call of a killed actor, on the thread that owns it: destroy the object once.
+  void bury_if_killed(detail::ActorCellBase& cell);
+  // ---- live state (live_state.cpp) ----
+  // With TROUPE_STATUS_DIR set (troupe-run sets it), a thread writes this rank's
+  // actors there as rank-<r>.json about once a second, for `troupe-run status`.
+  void start_status_writer();
+  void stop_status_writer();
+  void write_status(bool finished) const;
   // Collective: every rank's `mine`, in rank order.
   std::vector<std::string> allgather_texts(const std::string& mine, const char* what);
   NameEntry lookup_entry(const std::string& name);
@@ -246,8 +303,9 @@ class Runtime {
   void handle(detail::Message message);  // called by the transport, in arrival order
   void handle_request(detail::Message& message, bool wants_reply);
   void handle_system(detail::Message& message);
-  void send_with_reply(int rank, detail::Header header, std::string payload,
-                       std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {});
+  // Returns the request id (0 when the rank was lost and `reply` failed at once).
+  std::uint64_t send_with_reply(int rank, detail::Header header, std::string payload,
+                                std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {});
   // Sends a runtime request to `rank` and waits for its reply, driving progress.
   template <class R>
   R system_call(int rank, detail::Header header, std::string payload, const std::string& what);
@@ -301,6 +359,12 @@ class Runtime {
   std::mutex backoff_mutex_;
   std::condition_variable backoff_cv_;
   bool backoffs_ended_ = false;
+
+  std::string status_dir_;  // TROUPE_STATUS_DIR; empty: no status files
+  std::thread status_thread_;
+  std::mutex status_mutex_;
+  std::condition_variable status_cv_;
+  bool status_stop_ = false;
 };
 
 }  // namespace troupe::actors
@@ -310,9 +374,13 @@ class Runtime {
 namespace troupe {
 using actors::ActorDead;
 using actors::ActorGroup;
+using actors::ActorInfo;
+using actors::ActorKilled;
 using actors::ActorRef;
 using actors::ActorRestarted;
+using actors::Cancelled;
 using actors::CollectiveError;
+using actors::DeadlineExceeded;
 using actors::FatalError;
 using actors::print_error;
 using actors::RemoteError;

@@ -40,6 +40,9 @@ inline constexpr const char* kEnvFault = "TROUPE_FAULT";
 inline constexpr const char* kEnvFaultArmed = "TROUPE_FAULT_ARMED";
 // Read by actors::Runtime: how long a rank may be silent before its peers call it lost.
 inline constexpr const char* kEnvLivenessTimeout = "TROUPE_LIVENESS_TIMEOUT_MS";
+// Read by actors::Runtime: the folder where each rank writes its actors' live state
+// (set to DIR/troupe-run-status with --checkpoint-dir DIR; `troupe-run status DIR`).
+inline constexpr const char* kEnvStatusDir = "TROUPE_STATUS_DIR";
 
 struct RunEnvironment {
   std::string supervisor;  // "host:port", empty when not under troupe-run

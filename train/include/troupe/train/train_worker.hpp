@@ -395,6 +395,8 @@ class TrainWorker {
       actors::methods<&TrainWorker::train_epoch, &TrainWorker::train_steps, &TrainWorker::evaluate, &TrainWorker::state,
                       &TrainWorker::offer_best, &TrainWorker::model_state, &TrainWorker::stop, &TrainWorker::resume,
                       &TrainWorker::save_checkpoint>;
+  // Each may run a collective in some mode (see above): cancel() and deadlines refuse them.
+  static constexpr auto troupe_collective = troupe_methods;
 
  private:
   // A batch's inputs as the model takes them: its dtype (token ids stay i64), on its device.

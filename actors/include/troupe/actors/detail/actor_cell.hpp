@@ -49,6 +49,7 @@ class ActorCellBase {
   std::uint64_t id() const { return id_; }
   const std::string& name() const { return options_.name; }
   const std::string& type() const { return type_; }
+  const std::string& type_label() const { return type_label_; }  // actor_name<T>()
   const SpawnOptions& options() const { return options_; }
   const std::string& constructor_args() const { return constructor_args_; }
   // "Counter 'name'" or "Counter #3": how errors name this actor (actor_name<T>()).
@@ -65,6 +66,8 @@ class ActorCellBase {
   std::size_t method_count() const { return method_names_.size(); }
   bool idempotent(std::uint32_t index) const { return index < idempotent_.size() && idempotent_[index]; }
   Mailbox& mailbox() { return mailbox_; }
+  // Its asks, queued or running, for cancellation.
+  CallRegistry& calls() { return calls_; }
   // Whether its last call was short enough to run on the thread that received it
   // (see scheduler.hpp).
   bool fast() const { return fast_.load(std::memory_order_relaxed); }
@@ -77,9 +80,17 @@ class ActorCellBase {
   std::atomic<int> epoch_{0};
   std::atomic<bool> dead_{false};
   std::atomic<bool> restarting_{false};
+  std::atomic<int> killed_by_{-1};  // the rank whose Runtime::kill stopped it; -1: none
+  std::atomic<bool> buried_{false};
   std::atomic<std::int64_t> last_restart_ticks_{0};             // steady_clock ticks of the last failure
   std::atomic<std::size_t> queued_{0};                          // calls posted, not yet run
   std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; by its calls only
+
+  // ---- live state, for Runtime::actors(): written by the running call, read from any thread ----
+  static constexpr std::uint32_t kIdle = ~std::uint32_t{0};
+  std::atomic<std::uint32_t> running_method_{kIdle};
+  std::atomic<std::int64_t> running_since_ticks_{0};  // steady_clock ticks
+  std::atomic<std::uint64_t> calls_served_{0};
 
  private:
   std::uint64_t id_;
@@ -89,6 +100,7 @@ class ActorCellBase {
   std::string type_label_;
   std::vector<std::string> method_names_;
   std::vector<bool> idempotent_;
+  CallRegistry calls_;  // before mailbox_: the calls the mailbox destroys unlist themselves
   Mailbox mailbox_;
   std::atomic<bool> fast_{true};
 };
@@ -105,15 +117,34 @@ void invoke_serialized(T& self, std::string_view args_bytes, std::string& result
   }
 }
 
-// Which of T's methods are listed in T::troupe_idempotent (all false without one).
+// Which of T's methods are in `listed` (a troupe::methods<...> list), by index.
+template <class T, auto... Ms>
+std::vector<bool> method_mask(MethodTable<Ms...>) {
+  std::vector<bool> mask(method_table_t<T>::size, false);
+  ((mask.at(checked_method_index<T>(Ms)) = true), ...);
+  return mask;
+}
+
+// T::troupe_idempotent: re-delivered after a restart (all false without one).
 template <class T>
 std::vector<bool> idempotent_mask() {
-  std::vector<bool> mask(method_table_t<T>::size, false);
-  if constexpr (requires { T::troupe_idempotent; }) {
-    [&]<auto... Ms>(MethodTable<Ms...>) { ((mask.at(checked_method_index<T>(Ms)) = true), ...); }
-    (std::remove_cv_t<decltype(T::troupe_idempotent)>{});
-  }
-  return mask;
+  if constexpr (requires { T::troupe_idempotent; })
+    return method_mask<T>(std::remove_cv_t<decltype(T::troupe_idempotent)>{});
+  else
+    return std::vector<bool>(method_table_t<T>::size, false);
+}
+
+// T::troupe_collective: methods that take part in collectives, so cancel() and
+// deadlines refuse them (a collective cannot be left on one rank).
+template <class T>
+bool is_collective(std::uint32_t index) {
+  static const std::vector<bool> mask = [] {
+    if constexpr (requires { T::troupe_collective; })
+      return method_mask<T>(std::remove_cv_t<decltype(T::troupe_collective)>{});
+    else
+      return std::vector<bool>(method_table_t<T>::size, false);
+  }();
+  return mask[index];
 }
 
 template <class T>

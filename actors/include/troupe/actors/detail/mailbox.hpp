@@ -19,54 +19,9 @@
 #include <memory>
 #include <utility>
 
-namespace troupe::actors {
-struct ErrorInfo;
-}
+#include "troupe/actors/detail/call.hpp"
 
 namespace troupe::actors::detail {
-
-// One queued call: what to run, and what to do instead when it cannot run (the
-// actor is dead, or the call went stale in a restart). One heap node per call.
-class Call {
- public:
-  explicit Call(std::uint32_t method) : method_(method) {}
-  virtual ~Call() = default;
-  virtual void run() = 0;
-  virtual void fail(const ErrorInfo& info) = 0;
-
-  // Set by the runtime when the call is posted.
-  void stamp(int epoch, std::int64_t posted_ticks) {
-    epoch_ = epoch;
-    posted_ticks_ = posted_ticks;
-  }
-  std::uint32_t method() const { return method_; }
-  int epoch() const { return epoch_; }
-  std::int64_t posted_ticks() const { return posted_ticks_; }
-
- private:
-  friend class Mailbox;
-  std::uint32_t method_;
-  int epoch_ = 0;                  // the actor's restart count when the call was posted
-  std::int64_t posted_ticks_ = 0;  // steady_clock ticks, for queue_deadline
-  Call* next_ = nullptr;           // in a mailbox, which owns it
-};
-
-template <class Body, class Fail>
-class CallOf final : public Call {
- public:
-  CallOf(std::uint32_t method, Body body, Fail fail) : Call(method), body_(std::move(body)), fail_(std::move(fail)) {}
-  void run() override { body_(); }
-  void fail(const ErrorInfo& info) override { fail_(info); }
-
- private:
-  Body body_;
-  Fail fail_;
-};
-
-template <class Body, class Fail>
-std::unique_ptr<Call> make_call(std::uint32_t method, Body body, Fail fail) {
-  return std::make_unique<CallOf<Body, Fail>>(method, std::move(body), std::move(fail));
-}
 
 class Mailbox {
  public:
