@@ -82,12 +82,14 @@ void Runtime::kill_local(std::uint64_t id, int by) {
   // now: this call (or any queued before it, which now fail) buries it.
   cell->queued_.fetch_add(1, std::memory_order_relaxed);
   queued_calls_.fetch_add(1, std::memory_order_relaxed);
-  scheduler_->post(cell, detail::make_call(
-                             detail::ActorCellBase::kIdle, [] {}, [](const ErrorInfo&) {}));
+  scheduler_->post(std::shared_ptr<detail::Lane>(cell, &cell->lane(0)),
+                   detail::make_call(
+                       detail::ActorCellBase::kIdle, [] {}, [](const ErrorInfo&) {}));
 }
 
-void Runtime::bury_if_killed(detail::ActorCellBase& cell) {
+void Runtime::bury_if_killed(detail::ActorCellBase& cell, const detail::Lane& own) {
   if (cell.killed_by_.load() < 0 || cell.buried_.exchange(true)) return;
+  if (cell.concurrent()) wait_for_other_lanes(cell, &own);
   try {
     cell.bury();
   } catch (const std::exception& e) {  // a destructor that throws has no one to tell but stderr

@@ -51,12 +51,15 @@ std::vector<ActorInfo> Runtime::local_actors() const {
     info.mailbox_depth = cell->queued_.load(std::memory_order_relaxed);
     info.calls_served = cell->calls_served_.load(std::memory_order_relaxed);
     info.restarts = cell->epoch();
-    if (const std::uint32_t method = cell->running_method_.load(std::memory_order_relaxed);
-        method != detail::ActorCellBase::kIdle) {
-      info.running = cell->method_name(method);
-      const std::int64_t since = cell->running_since_ticks_.load(std::memory_order_relaxed);
+    for (std::size_t i = 0; i < cell->lane_count(); ++i) {  // each lane runs one call at most
+      const detail::Lane& lane = cell->lane(i);
+      const std::uint32_t method = lane.running_method_.load(std::memory_order_relaxed);
+      if (method == detail::Lane::kIdle) continue;
+      info.running += (info.running.empty() ? "" : ", ") + cell->method_name(method);
+      const std::int64_t since = lane.running_since_ticks_.load(std::memory_order_relaxed);
       info.running_for_s =
-          std::chrono::duration<double>(Clock::duration(std::max<std::int64_t>(0, now - since))).count();
+          std::max(info.running_for_s,
+                   std::chrono::duration<double>(Clock::duration(std::max<std::int64_t>(0, now - since))).count());
     }
     out.push_back(std::move(info));
   }

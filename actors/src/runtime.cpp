@@ -113,7 +113,7 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(opt
   system_comm_ = reinterpret_cast<void*>(system);
   scheduler_ = std::make_unique<detail::Scheduler>(
       options_.threads,
-      [this](detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call) { execute(cell, std::move(call)); },
+      [this](detail::Lane& lane, std::unique_ptr<detail::Call> call) { execute(lane, std::move(call)); },
       [this] { transport_->wake(); }, [this] { return transport_->receive(); });
   liveness_ =
       std::make_unique<detail::PeerLiveness>(actors, rank_, size_, options_.heartbeat_period, options_.liveness_timeout,

@@ -14,7 +14,7 @@ constexpr auto kStandInSpin = std::chrono::microseconds(200);
 constexpr auto kStandInPause = std::chrono::milliseconds(1);
 
 // The actors this thread took on in post() while inside an InlineScope.
-thread_local std::vector<std::shared_ptr<ActorCellBase>> t_inline;
+thread_local std::vector<std::shared_ptr<Lane>> t_inline;
 thread_local int t_inline_depth = 0;
 thread_local Scheduler* t_scheduler = nullptr;
 thread_local Clock::duration t_excluded{0};
@@ -54,19 +54,19 @@ Scheduler::InlineScope::~InlineScope() {
   if (--t_inline_depth > 0 || t_inline.empty()) return;
   // Actors taken on but not run (the receiving thread left before its run_local):
   // they must not be stranded.
-  auto cells = std::move(t_inline);
+  auto lanes = std::move(t_inline);
   t_inline.clear();
-  for (auto& cell : cells) t_scheduler->make_ready(std::move(cell));
+  for (auto& lane : lanes) t_scheduler->make_ready(std::move(lane));
 }
 
-void Scheduler::post(const std::shared_ptr<ActorCellBase>& cell, std::unique_ptr<Call> call) {
-  if (!cell->mailbox().push(std::move(call))) return;  // its owner will get to it
-  if (t_inline_depth > 0 && (t_scheduler == nullptr || t_scheduler == this) && (threads_ == 0 || cell->fast())) {
+void Scheduler::post(const std::shared_ptr<Lane>& lane, std::unique_ptr<Call> call) {
+  if (!lane->mailbox().push(std::move(call))) return;  // its owner will get to it
+  if (t_inline_depth > 0 && (t_scheduler == nullptr || t_scheduler == this) && (threads_ == 0 || lane->fast())) {
     t_scheduler = this;
-    t_inline.push_back(cell);
+    t_inline.push_back(lane);
     return;
   }
-  make_ready(cell);
+  make_ready(lane);
 }
 
 void Scheduler::post_task(std::function<void()> task) {
@@ -83,11 +83,11 @@ void Scheduler::post_task(std::function<void()> task) {
     cv_.notify_one();
 }
 
-void Scheduler::make_ready(std::shared_ptr<ActorCellBase> cell) {
+void Scheduler::make_ready(std::shared_ptr<Lane> lane) {
   bool wake = false;
   {
     std::lock_guard lock(mutex_);
-    ready_.push_back(std::move(cell));
+    ready_.push_back(std::move(lane));
     ready_count_.fetch_add(1, std::memory_order_release);
     // A spinning pool thread will see it; otherwise wake a sleeping one.
     wake = sleeping_ > 0 && spinning_.load() == 0;
@@ -98,12 +98,12 @@ void Scheduler::make_ready(std::shared_ptr<ActorCellBase> cell) {
     cv_.notify_one();
 }
 
-void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
+void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
   // One clock read per call: a call starts when the one before it ended (a read
   // costs ~35 ns here, a local tell well under 1 us).
   auto start = Clock::now();
   for (int i = 0; i < kThroughput; ++i) {
-    std::unique_ptr<Call> call = cell->mailbox().pop();
+    std::unique_ptr<Call> call = lane->mailbox().pop();
     if (!call) return;  // idle again; a later post() schedules it anew
     const bool watched = inline_run && threads_ > 0;
     if (watched) {
@@ -113,20 +113,20 @@ void Scheduler::drain(std::shared_ptr<ActorCellBase> cell, bool inline_run) {
       if (deep_sleeping_.load(std::memory_order_relaxed) > 0) cv_.notify_one();
     }
     t_excluded = Clock::duration::zero();
-    cell->running_since_ticks_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
-    execute_(*cell, std::move(call));
+    lane->running_since_ticks_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
+    execute_(*lane, std::move(call));
     if (watched) inline_since_.store(0, std::memory_order_relaxed);
     const auto end = Clock::now();
     const bool fast = end - start - t_excluded < kInlineLimit;
     start = end;
-    cell->set_fast(fast);
+    lane->set_fast(fast);
     if (inline_run && !fast && threads_ > 0) break;  // the rest goes to the pool
   }
-  make_ready(std::move(cell));  // calls remain and this thread still owns the actor
+  make_ready(std::move(lane));  // calls remain and this thread still owns the actor
 }
 
 bool Scheduler::run_shared_one() {
-  std::shared_ptr<ActorCellBase> cell;
+  std::shared_ptr<Lane> lane;
   std::function<void()> task;
   {
     std::lock_guard lock(mutex_);
@@ -134,7 +134,7 @@ bool Scheduler::run_shared_one() {
       task = std::move(tasks_.front());
       tasks_.pop_front();
     } else if (!ready_.empty()) {
-      cell = std::move(ready_.front());
+      lane = std::move(ready_.front());
       ready_.pop_front();
     } else {
       return false;
@@ -145,7 +145,7 @@ bool Scheduler::run_shared_one() {
   // Run on the receiving thread like its own actors: watched, so that a stand-in
   // receives should the call run long.
   else
-    drain(std::move(cell), threads_ > 0);
+    drain(std::move(lane), threads_ > 0);
   return true;
 }
 
@@ -154,27 +154,27 @@ bool Scheduler::run_local(bool shared) {
   // Calls run here may make more actors ready on this thread; a few rounds, then
   // the InlineScope hands the rest to the pool.
   for (int round = 0; round < 4 && !t_inline.empty(); ++round) {
-    auto cells = std::move(t_inline);
+    auto lanes = std::move(t_inline);
     t_inline.clear();
-    for (std::size_t i = 0; i < cells.size();) {
-      auto cell = std::move(cells[i++]);
+    for (std::size_t i = 0; i < lanes.size();) {
+      auto lane = std::move(lanes[i++]);
       bool parked = false;
-      if (i < cells.size() && threads_ > 0) {
+      if (i < lanes.size() && threads_ > 0) {
         // The actors after this one wait where a stand-in can take them, should
         // this call run long.
         std::lock_guard lock(mutex_);
         if (!parking_) {
           parking_ = parked = true;
-          parked_.assign(std::make_move_iterator(cells.begin() + static_cast<std::ptrdiff_t>(i)),
-                         std::make_move_iterator(cells.end()));
-          cells.clear();
+          parked_.assign(std::make_move_iterator(lanes.begin() + static_cast<std::ptrdiff_t>(i)),
+                         std::make_move_iterator(lanes.end()));
+          lanes.clear();
           i = 0;
         }
       }
-      drain(std::move(cell), threads_ > 0);
+      drain(std::move(lane), threads_ > 0);
       if (parked) {
         std::lock_guard lock(mutex_);
-        cells.swap(parked_);  // those the stand-in did not take
+        lanes.swap(parked_);  // those the stand-in did not take
         parked_.clear();
         parking_ = false;
       }
@@ -190,7 +190,7 @@ void Scheduler::stand_in() {
   {
     // Actors received together with the long call would wait behind it: run them.
     std::lock_guard lock(mutex_);
-    for (auto& cell : parked_) ready_.push_back(std::move(cell));
+    for (auto& lane : parked_) ready_.push_back(std::move(lane));
     ready_count_.fetch_add(static_cast<int>(parked_.size()), std::memory_order_release);
     parked_.clear();
   }
@@ -231,7 +231,7 @@ void Scheduler::worker() {
       }
       spinning_.fetch_sub(1);
     }
-    std::shared_ptr<ActorCellBase> cell;
+    std::shared_ptr<Lane> lane;
     std::function<void()> task;
     {
       std::unique_lock lock(mutex_);
@@ -261,7 +261,7 @@ void Scheduler::worker() {
         task = std::move(tasks_.front());
         tasks_.pop_front();
       } else {
-        cell = std::move(ready_.front());
+        lane = std::move(ready_.front());
         ready_.pop_front();
       }
       ready_count_.fetch_sub(1, std::memory_order_relaxed);
@@ -269,7 +269,7 @@ void Scheduler::worker() {
     if (task)
       task();
     else
-      drain(std::move(cell), false);
+      drain(std::move(lane), false);
   }
 }
 

@@ -40,8 +40,8 @@ using troupe::detail::cpu_relax;
 
 class Scheduler {
  public:
-  // Runs one call of `cell` under supervision (the runtime's execute()).
-  using Execute = std::function<void(ActorCellBase& cell, std::unique_ptr<Call> call)>;
+  // Runs one call of `lane` under supervision (the runtime's execute()).
+  using Execute = std::function<void(Lane& lane, std::unique_ptr<Call> call)>;
   // `wake_progress` is called when work becomes ready that only the progress thread
   // can run (there are no pool threads); `receive` receives and delivers what has
   // arrived (true if anything did), for a pool thread standing in for a busy
@@ -54,7 +54,7 @@ class Scheduler {
   void stop();
 
   // Appends `call` to the actor's mailbox and gets the actor run if it was idle.
-  void post(const std::shared_ptr<ActorCellBase>& cell, std::unique_ptr<Call> call);
+  void post(const std::shared_ptr<Lane>& lane, std::unique_ptr<Call> call);
   // A task that is no actor's call (a spawn's constructor): run by the pool.
   void post_task(std::function<void()> task);
 
@@ -92,10 +92,10 @@ class Scheduler {
   // For a pool thread: while the receiving thread is stuck in a long inline call,
   // receive in its place until there is work to run or the call ends.
   void stand_in();
-  // Runs up to kThroughput calls of `cell` (owned by this thread); hands it to the
+  // Runs up to kThroughput calls of `lane` (owned by this thread); hands it to the
   // shared queue if calls remain.
-  void drain(std::shared_ptr<ActorCellBase> cell, bool inline_run);
-  void make_ready(std::shared_ptr<ActorCellBase> cell);
+  void drain(std::shared_ptr<Lane> lane, bool inline_run);
+  void make_ready(std::shared_ptr<Lane> lane);
   // For the receiving thread (run_local): one task or one actor's turn.
   bool run_shared_one();
 
@@ -105,11 +105,11 @@ class Scheduler {
   std::function<bool()> receive_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<ActorCellBase>> ready_;
+  std::deque<std::shared_ptr<Lane>> ready_;
   std::deque<std::function<void()>> tasks_;
   // Actors a receiving thread took on, waiting behind the one it runs now, where a
   // stand-in can take them (one receiving thread parks at a time).
-  std::vector<std::shared_ptr<ActorCellBase>> parked_;
+  std::vector<std::shared_ptr<Lane>> parked_;
   bool parking_ = false;
   std::atomic<int> ready_count_{0};    // ready_ + tasks_, readable without the lock
   int sleeping_ = 0;                   // pool threads waiting on cv_

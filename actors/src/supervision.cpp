@@ -2,6 +2,7 @@
 // fatal errors, and the restart itself (see spawn_options.hpp for the policy).
 #include <cstdio>
 #include <mutex>
+#include <thread>
 
 #include "current_call.hpp"
 #include "scheduler.hpp"
@@ -57,10 +58,11 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
   }
   queued_calls_.fetch_add(1, std::memory_order_relaxed);
   if (call->request() != 0) cell->calls().add(*call);  // an ask: cancel() may look for it
-  scheduler_->post(cell, std::move(call));
+  scheduler_->post(detail::ActorCellBase::lane_for(cell, method), std::move(call));
 }
 
-void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call) {
+void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
+  detail::ActorCellBase& cell = lane.cell();
   detail::RuntimeScope scope(this);
   // Counted down when this call is over, however it ends, for shutdown's drain.
   struct Done {
@@ -72,7 +74,7 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
   if (!call->claim_to_run()) return;  // cancelled before it started: the cancel answered the asker
   if (cell.dead()) {
     call->fail(cell_error(dead_code(cell), rank_, cell, method, dead_message(cell)));
-    return bury_if_killed(cell);
+    return bury_if_killed(cell, lane);
   }
   if (call->epoch() < cell.epoch()) {
     // The call was queued when the actor failed.
@@ -99,20 +101,25 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
                          " ms before it could start; it was not run")));
   }
   // What Runtime::actors() shows: this method, since the scheduler began the call.
-  cell.running_method_.store(method, std::memory_order_relaxed);
+  lane.running_method_.store(method, std::memory_order_release);
   struct Served {
-    detail::ActorCellBase& cell;
+    detail::Lane& lane;
     ~Served() {
-      cell.running_method_.store(detail::ActorCellBase::kIdle, std::memory_order_relaxed);
-      cell.calls_served_.fetch_add(1, std::memory_order_relaxed);
+      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_release);
+      lane.cell().calls_served_.fetch_add(1, std::memory_order_relaxed);
     }
-  } served{cell};
+  } served{lane};
   detail::CurrentCallScope current({call.get(), &cell, rank_});
   try {
     call->run();
   } catch (const FatalError&) {
     ErrorInfo info = describe_current_exception(rank_, cell.label(), cell.method_name(method));
-    restart_or_bury(cell);
+    // Another lane's call may have failed and restarted the actor meanwhile: once is enough.
+    if (cell.concurrent()) {
+      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_release);
+      wait_for_other_lanes(cell, &lane);
+    }
+    if (call->epoch() == cell.epoch() && !cell.dead()) restart_or_bury(cell);
     info.code = cell.dead() ? ErrorCode::actor_dead : ErrorCode::actor_restarted;
     info.message += cell.dead() ? "; " + dead_message(cell)
                                 : detail::concat("; the actor was restarted (restart ", cell.epoch(), ")");
@@ -124,6 +131,19 @@ void Runtime::execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call>
                                   : describe_current_exception(rank_, cell.label(), cell.method_name(method)));
   } catch (...) {
     call->fail(describe_current_exception(rank_, cell.label(), cell.method_name(method)));
+  }
+}
+
+void Runtime::wait_for_other_lanes(detail::ActorCellBase& cell, const detail::Lane* own) {
+  // Polled, not signalled: restarts and kills are rare, and a lane's running state is
+  // already an atomic that every call writes.
+  for (;;) {
+    bool busy = false;
+    for (std::size_t i = 0; i < cell.lane_count() && !busy; ++i)
+      busy =
+          &cell.lane(i) != own && cell.lane(i).running_method_.load(std::memory_order_acquire) != detail::Lane::kIdle;
+    if (!busy) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
 }
 

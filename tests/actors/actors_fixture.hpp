@@ -26,6 +26,16 @@ int pool_threads();
 
 inline int last_rank() { return runtime().size() - 1; }
 
+// A rank hears messages while a method runs only if a pool thread receives meanwhile:
+// with no pool threads the one receiving thread is the one running the method, so a
+// cancel, a kill, a deadline's arrival or a call of another concurrency group is seen
+// only after it.
+inline bool receives_while_busy() { return pool_threads() > 0 || runtime().size() == 1; }
+
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 // Ends a test on every rank together. MPI_Barrier would spin at full speed and take
 // a core from the ranks still working; this waits with short sleeps instead.
 inline void barrier() {

@@ -62,13 +62,6 @@ struct Sleeper {
   static constexpr auto troupe_collective = troupe::methods<&Sleeper::all_reduce>;
 };
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-// A rank hears messages while a method runs only if a pool thread receives meanwhile:
-// with no pool threads the one receiving thread is the one running the method, so a
-// cancel, a kill or a deadline's arrival is seen only after it.
-bool receives_while_busy() { return pool_threads() > 0 || runtime().size() == 1; }
-
 }  // namespace
 
 TEST(Cancel, AQueuedCallIsDroppedAndItsAskerToldAtOnce) {

@@ -38,6 +38,35 @@ inline constexpr MethodTable<Methods...> methods{};
 template <class T>
 using method_table_t = std::remove_cv_t<decltype(T::troupe_methods)>;
 
+// A concurrency group (as Ray's): up to `Size` calls of these methods run at once,
+// beside the calls of the actor's other groups. Methods in no group form the default
+// group of size 1. Declared beside troupe_methods:
+//
+//   static constexpr auto troupe_concurrency =
+//       troupe::concurrency(troupe::group<1, &Worker::status>("control"));
+//
+// Within a group of size 1, calls run one at a time in arrival order per sender; in
+// a larger group they may run together and in any order. Methods of different groups
+// share the object: what they both touch needs a mutex or atomics (docs/ACTORS.md).
+template <std::size_t Size, auto... Methods>
+struct ConcurrencyGroup {
+  static_assert(Size >= 1, "a concurrency group runs at least one call at a time");
+  static_assert(sizeof...(Methods) >= 1, "a concurrency group names at least one method");
+  using Table = MethodTable<Methods...>;
+  static constexpr std::size_t size = Size;
+  const char* name;
+};
+
+template <std::size_t Size, auto... Methods>
+constexpr ConcurrencyGroup<Size, Methods...> group(const char* name) {
+  return {name};
+}
+
+template <class... Groups>
+constexpr std::tuple<Groups...> concurrency(Groups... groups) {
+  return {groups...};
+}
+
 template <class M>
 struct MemberTraits;
 template <class C, class R, class... A>
@@ -130,5 +159,7 @@ std::uint32_t checked_method_index(M m) {
 }  // namespace troupe::actors
 
 namespace troupe {
+using actors::concurrency;
+using actors::group;
 using actors::methods;
-}
+}  // namespace troupe

@@ -87,8 +87,8 @@ struct ActorInfo {
   std::string label;                // how errors name it: "Counter 'c'", "Counter #3"
   std::string state;                // "alive", "restarting", "dead" or "killed"
   std::uint64_t mailbox_depth = 0;  // calls queued, not yet started
-  std::string running;              // the method running now; empty when idle
-  double running_for_s = 0;         // since that method started
+  std::string running;              // the methods running now ("a, b" with concurrency groups)
+  double running_for_s = 0;         // since the longest-running of them started
   std::uint64_t calls_served = 0;   // calls run to their end (answered or failed)
   int restarts = 0;
 
@@ -277,10 +277,13 @@ class Runtime : private detail::CallCanceller {
   std::unique_ptr<detail::ActorCellBase> build(const std::string& key, std::uint64_t id, const SpawnOptions& options,
                                                const std::string& args);
   std::uint64_t spawn_local(const std::string& key, const SpawnOptions& options, const std::string& args);
-  // Runs one call taken from the actor's mailbox (the scheduler calls it).
-  void execute(detail::ActorCellBase& cell, std::unique_ptr<detail::Call> call);
+  // Runs one call taken from one of the actor's lanes (the scheduler calls it).
+  void execute(detail::Lane& lane, std::unique_ptr<detail::Call> call);
   // In the actor's call after `body` threw FatalError: re-create it or declare it dead.
   void restart_or_bury(detail::ActorCellBase& cell);
+  // Before the object is replaced or destroyed: waits until no lane but `own` runs a
+  // call (an actor with concurrency groups only).
+  void wait_for_other_lanes(detail::ActorCellBase& cell, const detail::Lane* own);
   std::uint64_t spawn_group_local(const std::string& key, const std::string& args);
   // ---- cancellation (cancellation.cpp) ----
   void cancel_call(const detail::CallHandle& call, detail::StateBase& state) override;
@@ -288,8 +291,9 @@ class Runtime : private detail::CallCanceller {
   void handle_cancel(int source, std::uint64_t actor, std::uint64_t request);
   Future<void> kill_actor(int rank, std::uint64_t id, const std::string& type);
   void kill_local(std::uint64_t id, int by);
-  // In a call of a killed actor, on the thread that owns it: destroy the object once.
-  void bury_if_killed(detail::ActorCellBase& cell);
+  // In a call of a killed actor, on the thread that owns lane `own`: destroy the
+  // object once, when no other lane runs a call.
+  void bury_if_killed(detail::ActorCellBase& cell, const detail::Lane& own);
   // ---- live state (live_state.cpp) ----
   // With TROUPE_STATUS_DIR set (troupe-run sets it), a thread writes this rank's
   // actors there as rank-<r>.json about once a second, for `troupe-run status`.

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cereal/cereal.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/utility.hpp>
@@ -87,6 +88,7 @@ class TrainWorker {
         train_(Recipe::train_set(config_)),
         test_(Recipe::test_set(config_)),
         objective_(make_objective()) {
+    live_.rank = comm_->rank();
     TROUPE_CHECK(options_.eval_batch >= 1 && options_.eval_samples >= 0, "TrainWorker: eval_batch must be >= 1 and ",
                  "eval_samples >= 0, got ", options_.eval_batch, " and ", options_.eval_samples);
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
@@ -192,7 +194,7 @@ class TrainWorker {
   // file), so that train_epoch(state().epoch) goes on from the step after it. Returns
   // the state afterwards; step 0 when there was nothing to resume from.
   WorkerState resume() {
-    begin_call("resume");
+    const auto call = begin_call("resume");
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_load);
     if (checkpoint_ && !checkpoint_->resume() && expected_checkpoint_step_ >= 0)
       TROUPE_THROW(checkpoint::CheckpointError, "rank ", comm_->rank(), " found no checkpoint in ",
@@ -206,7 +208,7 @@ class TrainWorker {
   // background; in the sharded modes every rank writes its own pieces into the one file
   // (the parallel save, synchronous; nothing gathered). Ask every worker.
   void save_checkpoint() {
-    begin_call("save_checkpoint");
+    const auto call = begin_call("save_checkpoint");
     TROUPE_CHECK(checkpoint_, "TrainWorker::save_checkpoint: no checkpoint_dir was given");
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
     save_on_every_rank();
@@ -214,7 +216,7 @@ class TrainWorker {
 
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
   EpochResult train_epoch(std::int64_t epoch) {
-    begin_call("train_epoch");
+    const auto call = begin_call("train_epoch");
     if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) start_epoch(epoch);
     const auto start = std::chrono::steady_clock::now();
     const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
@@ -237,7 +239,7 @@ class TrainWorker {
   // language-model trainers, with an evaluation every so many steps between calls.
   // result.epoch is the epoch it ended in.
   EpochResult train_steps(std::int64_t steps) {
-    begin_call("train_steps");
+    const auto call = begin_call("train_steps");
     TROUPE_CHECK(steps >= 1, "TrainWorker::train_steps: steps must be >= 1, got ", steps);
     TROUPE_CHECK(loader_->batches_per_epoch() > 0, "TrainWorker::train_steps: the training set of ", train_.size(),
                  " samples gives no batch");
@@ -262,7 +264,7 @@ class TrainWorker {
   // This rank's strided share of the test set (no padding: every sample once overall),
   // or of its first eval_samples.
   EvalResult evaluate() {
-    begin_call("evaluate");
+    const auto call = begin_call("evaluate");
     supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::evaluation);
     model_->eval();
     EvalResult result;
@@ -299,9 +301,26 @@ class TrainWorker {
     return result;
   }
 
+  // Answers while any other call runs (the "control" group): where this worker is.
+  WorkerStatus status() const {
+    WorkerStatus s;
+    s.rank = live_.rank;
+    s.step = live_.step;
+    s.epoch = live_.epoch;
+    if (const char* running = live_.running) {
+      s.running = running;
+      s.running_for_s = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch() -
+                                                      std::chrono::steady_clock::duration(live_.since_ns.load()))
+                            .count();
+    }
+    s.last_loss = live_.last_loss;
+    s.stopped = live_.stopped;
+    return s;
+  }
+
   // In tensor-parallel mode a collective (the hash covers every rank's part): ask every worker.
   WorkerState state() {
-    begin_call("state");
+    const auto call = begin_call("state");
     return {comm_->rank(),
             state_->step,
             state_->epoch,
@@ -317,7 +336,7 @@ class TrainWorker {
   // Only rank 0's worker need be asked; the parameters are the same everywhere. In
   // zero2 and fsdp modes ask every worker (the model is gathered): rank 0's answer counts.
   bool offer_best(double value, std::int64_t step) {
-    begin_call("offer_best");
+    const auto call = begin_call("offer_best");
     if (mesh_) {
       nn::StateDict full = model_parallel_state_dict();
       return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
@@ -334,7 +353,7 @@ class TrainWorker {
   // to sample from or export. In zero2 and fsdp modes it is gathered, a collective: ask
   // every worker; rank 0's answer holds it, the others' are empty.
   std::vector<std::pair<std::string, Tensor>> model_state() {
-    begin_call("model_state");
+    const auto call = begin_call("model_state");
     nn::StateDict dict;
     if (mesh_) {
       dict = model_parallel_state_dict();
@@ -355,6 +374,7 @@ class TrainWorker {
   void stop() {
     if (stopped_) return;
     stopped_ = true;
+    live_.stopped = true;
     tensor::cuda_set_device(device_);
     // The last checkpoint is durable before we go; if it failed, the error is passed on
     // after the release below, which the other ranks' stop() calls wait for.
@@ -382,7 +402,7 @@ class TrainWorker {
 
   // For code on this rank (a checkpoint writer): everything to save and restore.
   TrainingState& training_state() {
-    begin_call("training_state");
+    const auto call = begin_call("training_state");
     return *state_;
   }
   // In fsdp mode the module's parameters are undefined between uses.
@@ -394,9 +414,13 @@ class TrainWorker {
   static constexpr auto troupe_methods =
       actors::methods<&TrainWorker::train_epoch, &TrainWorker::train_steps, &TrainWorker::evaluate, &TrainWorker::state,
                       &TrainWorker::offer_best, &TrainWorker::model_state, &TrainWorker::stop, &TrainWorker::resume,
-                      &TrainWorker::save_checkpoint>;
+                      &TrainWorker::save_checkpoint, &TrainWorker::status>;
   // Each may run a collective in some mode (see above): cancel() and deadlines refuse them.
-  static constexpr auto troupe_collective = troupe_methods;
+  static constexpr auto troupe_collective =
+      actors::methods<&TrainWorker::train_epoch, &TrainWorker::train_steps, &TrainWorker::evaluate, &TrainWorker::state,
+                      &TrainWorker::offer_best, &TrainWorker::model_state, &TrainWorker::stop, &TrainWorker::resume,
+                      &TrainWorker::save_checkpoint>;
+  static constexpr auto troupe_concurrency = actors::concurrency(actors::group<1, &TrainWorker::status>("control"));
 
  private:
   // A batch's inputs as the model takes them: its dtype (token ids stay i64), on its device.
@@ -429,6 +453,7 @@ class TrainWorker {
     const Tensor inputs = model_input(batch.inputs);  // the targets stay on the host: the loss copies them
     const Tensor output = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
     const double loss = objective_->forward(output, batch.targets);
+    live_.last_loss = loss;
     const auto n = batch.size();
     result.loss_sum += loss * static_cast<double>(n);
     objective_->add_metrics(output, batch.targets, n, result.metrics);
@@ -461,6 +486,7 @@ class TrainWorker {
         [this](const Tensor& output, const Tensor& targets) { return objective_->forward(output, targets); },
         [this](double scale) { return objective_->backward(scale); }};
     const double mean = pipe_->forward_backward(model_input(batch.inputs), batch.targets, loss);
+    live_.last_loss = mean;
     result.loss_sum += mean * static_cast<double>(batch.size());
     result.samples += batch.size();
     stage_->sum_tied_gradient(pp);
@@ -552,6 +578,7 @@ class TrainWorker {
   // After every optimizer step: progress for troupe-run, the injected fault if this is
   // its step, and the periodic checkpoint (every rank calls it; see save_checkpoint).
   void after_step() {
+    publish_progress();
     const auto step = static_cast<std::uint64_t>(state_->step);
     if (supervisor_) {
       supervisor_->report_step(step);
@@ -607,9 +634,42 @@ class TrainWorker {
     return fsdp;
   }
 
-  void begin_call(const char* what) const {
+  // What status() reads from another thread while a call runs.
+  struct Live {
+    std::int32_t rank = 0;
+    std::atomic<std::int64_t> step{0}, epoch{0};
+    std::atomic<const char*> running{nullptr};
+    std::atomic<std::int64_t> since_ns{0};  // steady_clock, when `running` began
+    std::atomic<double> last_loss{0};
+    std::atomic<bool> stopped{false};
+  };
+  // Marks a public call running for status(), and publishes the step when it ends.
+  class CallScope {
+   public:
+    CallScope(const TrainWorker& worker, const char* what)
+        : worker_(worker), previous_(worker.live_.running.exchange(what)) {
+      if (previous_ == nullptr) worker_.live_.since_ns = std::chrono::steady_clock::now().time_since_epoch().count();
+    }
+    ~CallScope() {
+      worker_.publish_progress();
+      worker_.live_.running = previous_;
+    }
+    CallScope(const CallScope&) = delete;
+    CallScope& operator=(const CallScope&) = delete;
+
+   private:
+    const TrainWorker& worker_;
+    const char* previous_;
+  };
+  [[nodiscard]] CallScope begin_call(const char* what) const {
     TROUPE_CHECK(!stopped_, "TrainWorker::", what, ": the worker was stopped");
     tensor::cuda_set_device(device_);
+    return CallScope(*this, what);
+  }
+  void publish_progress() const {
+    if (!state_) return;
+    live_.step = state_->step;
+    live_.epoch = state_->epoch;
   }
 
   WorkerOptions options_;
@@ -642,6 +702,7 @@ class TrainWorker {
   supervisor::FaultInjector fault_;
   long long expected_checkpoint_step_ = -1;  // TROUPE_CHECKPOINT_STEP, where it applies
   bool stopped_ = false;
+  mutable Live live_;
   // Where the current step began, and the communicator's wait time then (after_step).
   std::chrono::steady_clock::time_point step_started_{};
   std::chrono::nanoseconds step_wait_started_{};

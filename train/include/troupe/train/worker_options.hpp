@@ -137,4 +137,21 @@ struct WorkerState {
   }
 };
 
+// What TrainWorker::status() says while the worker runs: it answers at once, during
+// train_epoch too (its own concurrency group), from values the training loop
+// publishes after every optimizer step. Not a collective: ask any worker.
+struct WorkerStatus {
+  std::int32_t rank = 0;
+  std::int64_t step = 0;
+  std::int64_t epoch = 0;
+  std::string running;       // the worker's call running now ("train_epoch"), or empty
+  double running_for_s = 0;  // since it began
+  double last_loss = 0;      // the loss of the last micro-batch trained (0 before any)
+  bool stopped = false;
+  template <class A>
+  void serialize(A& a) {
+    a(rank, step, epoch, running, running_for_s, last_loss, stopped);
+  }
+};
+
 }  // namespace troupe::train

@@ -1,8 +1,10 @@
 // An actor as the runtime holds it: the user's object, its name, type and
 // supervision state, and the table that turns (method index, argument bytes) into a
-// call. One message at a time reaches the object: every call is posted to the cell's
-// mailbox, whose single owner runs them in order (mailbox.hpp), and a restart runs
-// as part of a call, so no call ever sees a half-built object.
+// call. Calls reach the object through lanes: a lane is a mailbox whose single owner
+// runs its calls one at a time, in order (mailbox.hpp). An actor has one lane for
+// its default group and one per unit of size of its concurrency groups (methods.hpp),
+// so calls of different groups may run at once; a restart or a kill's destruction
+// waits until the other lanes are idle, so no call ever sees a half-built object.
 #pragma once
 
 #include <array>
@@ -22,17 +24,57 @@
 
 namespace troupe::actors::detail {
 
+class ActorCellBase;
+
+// One lane of an actor: its mailbox, and what runs there now.
+class Lane {
+ public:
+  static constexpr std::uint32_t kIdle = ~std::uint32_t{0};
+  explicit Lane(ActorCellBase& cell) : cell_(cell) {}
+  Lane(const Lane&) = delete;
+  Lane& operator=(const Lane&) = delete;
+  ActorCellBase& cell() const { return cell_; }
+  Mailbox& mailbox() { return mailbox_; }
+  // Whether its last call was short enough to run on the thread that received it
+  // (see scheduler.hpp).
+  bool fast() const { return fast_.load(std::memory_order_relaxed); }
+  void set_fast(bool fast) { fast_.store(fast, std::memory_order_relaxed); }
+
+  // Live state, written by the running call, read from any thread.
+  std::atomic<std::uint32_t> running_method_{kIdle};
+  std::atomic<std::int64_t> running_since_ticks_{0};  // steady_clock ticks
+
+ private:
+  ActorCellBase& cell_;
+  Mailbox mailbox_;
+  std::atomic<bool> fast_{true};
+};
+
+// Where each method's calls go: lanes [first, first + count) of the actor.
+struct LaneRange {
+  std::uint32_t first = 0;
+  std::uint32_t count = 1;
+};
+struct LaneLayout {
+  std::uint32_t lanes = 1;
+  std::vector<LaneRange> methods;  // by method index
+};
+
 class ActorCellBase {
  public:
   ActorCellBase(std::uint64_t id, SpawnOptions options, std::string constructor_args, std::string type,
-                std::string type_label, std::vector<std::string> methods, std::vector<bool> idempotent)
+                std::string type_label, std::vector<std::string> methods, std::vector<bool> idempotent,
+                LaneLayout layout)
       : id_(id),
         options_(std::move(options)),
         constructor_args_(std::move(constructor_args)),
         type_(std::move(type)),
         type_label_(std::move(type_label)),
         method_names_(std::move(methods)),
-        idempotent_(std::move(idempotent)) {}
+        idempotent_(std::move(idempotent)),
+        layout_(std::move(layout)) {
+    for (std::uint32_t i = 0; i < layout_.lanes; ++i) lanes_.emplace_back(*this);
+  }
   virtual ~ActorCellBase() = default;
 
   // Deserializes the arguments of method `index` from `args`, calls it, and appends
@@ -65,13 +107,21 @@ class ActorCellBase {
   }
   std::size_t method_count() const { return method_names_.size(); }
   bool idempotent(std::uint32_t index) const { return index < idempotent_.size() && idempotent_[index]; }
-  Mailbox& mailbox() { return mailbox_; }
   // Its asks, queued or running, for cancellation.
   CallRegistry& calls() { return calls_; }
-  // Whether its last call was short enough to run on the thread that received it
-  // (see scheduler.hpp).
-  bool fast() const { return fast_.load(std::memory_order_relaxed); }
-  void set_fast(bool fast) { fast_.store(fast, std::memory_order_relaxed); }
+  std::size_t lane_count() const { return lanes_.size(); }
+  Lane& lane(std::size_t i) { return lanes_[i]; }
+  const Lane& lane(std::size_t i) const { return lanes_[i]; }
+  // The lane a call of `method` goes to (the default lane for an unknown index, whose
+  // call then fails), as a pointer that keeps `self` (this cell) alive.
+  static std::shared_ptr<Lane> lane_for(const std::shared_ptr<ActorCellBase>& self, std::uint32_t method) {
+    const LaneRange range = method < self->layout_.methods.size() ? self->layout_.methods[method] : LaneRange{};
+    std::uint32_t i = range.first;
+    if (range.count > 1) i += self->next_lane_.fetch_add(1, std::memory_order_relaxed) % range.count;
+    return std::shared_ptr<Lane>(self, &self->lanes_[i]);
+  }
+  // Whether calls of this actor may run at once (it has concurrency groups).
+  bool concurrent() const { return lanes_.size() > 1; }
 
   // ---- supervision state: written by the actor's running call, read from any thread ----
   int epoch() const { return epoch_.load(); }  // restarts so far
@@ -86,10 +136,8 @@ class ActorCellBase {
   std::atomic<std::size_t> queued_{0};                          // calls posted, not yet run
   std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; by its calls only
 
-  // ---- live state, for Runtime::actors(): written by the running call, read from any thread ----
-  static constexpr std::uint32_t kIdle = ~std::uint32_t{0};
-  std::atomic<std::uint32_t> running_method_{kIdle};
-  std::atomic<std::int64_t> running_since_ticks_{0};  // steady_clock ticks
+  // ---- live state, for Runtime::actors() ----
+  static constexpr std::uint32_t kIdle = Lane::kIdle;
   std::atomic<std::uint64_t> calls_served_{0};
 
  private:
@@ -100,9 +148,10 @@ class ActorCellBase {
   std::string type_label_;
   std::vector<std::string> method_names_;
   std::vector<bool> idempotent_;
-  CallRegistry calls_;  // before mailbox_: the calls the mailbox destroys unlist themselves
-  Mailbox mailbox_;
-  std::atomic<bool> fast_{true};
+  LaneLayout layout_;
+  CallRegistry calls_;      // before lanes_: the calls their mailboxes destroy unlist themselves
+  std::deque<Lane> lanes_;  // a deque: lanes neither move nor copy
+  std::atomic<std::uint32_t> next_lane_{0};
 };
 
 template <class T, auto M>
@@ -147,6 +196,34 @@ bool is_collective(std::uint32_t index) {
   return mask[index];
 }
 
+// T::troupe_concurrency as lanes: the default group first, then each group's.
+template <class T>
+LaneLayout lane_layout() {
+  LaneLayout layout;
+  layout.methods.assign(method_table_t<T>::size, LaneRange{});
+  if constexpr (requires { T::troupe_concurrency; }) {
+    std::vector<bool> grouped(method_table_t<T>::size, false);
+    std::apply(
+        [&](const auto&... groups) {
+          auto add = [&](const auto& group) {
+            const LaneRange range{layout.lanes, static_cast<std::uint32_t>(group.size)};
+            layout.lanes += range.count;
+            const std::vector<bool> mask = method_mask<T>(typename std::decay_t<decltype(group)>::Table{});
+            for (std::size_t i = 0; i < mask.size(); ++i) {
+              if (!mask[i]) continue;
+              TROUPE_CHECK(!grouped[i], actor_name<T>(), "::troupe_concurrency: method ",
+                           method_names<T>(method_table_t<T>{})[i], " is in more than one concurrency group");
+              grouped[i] = true;
+              layout.methods[i] = range;
+            }
+          };
+          (add(groups), ...);
+        },
+        T::troupe_concurrency);
+  }
+  return layout;
+}
+
 template <class T>
 class ActorCell final : public ActorCellBase {
  public:
@@ -154,7 +231,7 @@ class ActorCell final : public ActorCellBase {
 
   ActorCell(std::uint64_t id, SpawnOptions options, std::string args, Make make)
       : ActorCellBase(id, std::move(options), std::move(args), type_name<T>(), actor_name<T>(),
-                      method_names<T>(method_table_t<T>{}), idempotent_mask<T>()),
+                      method_names<T>(method_table_t<T>{}), idempotent_mask<T>(), lane_layout<T>()),
         make_(make),
         object_(make_(constructor_args())) {}
 

@@ -1,0 +1,156 @@
+// Concurrency groups (issue 52, item 2): a control method answers while the default
+// group runs a long call; a group of size 2 runs two calls at once; the default group
+// stays one at a time; restarts and kills wait for the other lanes.
+#include <atomic>
+#include <mutex>
+
+#include "actors_fixture.hpp"
+#include "troupe/actors/this_call.hpp"
+
+using namespace troupe;
+using namespace troupe::test;
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+struct Busy {
+  // The default group: one call at a time.
+  int work(int ms) {
+    progress = 0;
+    const auto end = Clock::now() + std::chrono::milliseconds(ms);
+    while (Clock::now() < end) {
+      if (this_call::cancelled()) break;
+      std::this_thread::sleep_for(1ms);
+      ++progress;
+    }
+    return progress.load();
+  }
+  int crash(int ms) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    throw FatalError("broken on purpose");
+  }
+  // "control": answers while work() runs.
+  int status() { return progress.load(); }
+  // "io", size 2: two at once.
+  int fetch(int ms) {
+    const int now = ++fetching;
+    {
+      std::lock_guard lock(mutex);
+      most_fetching = std::max(most_fetching, now);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    --fetching;
+    return ms;
+  }
+  int most_at_once() {
+    std::lock_guard lock(mutex);
+    return most_fetching;
+  }
+
+  std::atomic<int> progress{0};
+  std::atomic<int> fetching{0};
+  std::mutex mutex;
+  int most_fetching = 0;
+
+  static constexpr auto troupe_methods =
+      troupe::methods<&Busy::work, &Busy::crash, &Busy::status, &Busy::fetch, &Busy::most_at_once>;
+  static constexpr auto troupe_concurrency = troupe::concurrency(
+      troupe::group<1, &Busy::status, &Busy::most_at_once>("control"), troupe::group<2, &Busy::fetch>("io"));
+};
+
+struct Confused {
+  int a() { return 1; }
+  static constexpr auto troupe_methods = troupe::methods<&Confused::a>;
+  static constexpr auto troupe_concurrency =
+      troupe::concurrency(troupe::group<1, &Confused::a>("one"), troupe::group<1, &Confused::a>("two"));
+};
+
+}  // namespace
+
+TEST(Concurrency, AControlMethodAnswersWhileTheDefaultGroupWorks) {
+  if (!receives_while_busy()) GTEST_SKIP() << "no pool thread receives while a method runs";
+  if (runtime().rank() == 0) {
+    auto b = runtime().spawn<Busy>(last_rank());
+    auto long_call = b.ask(&Busy::work, 1500);
+    std::this_thread::sleep_for(100ms);
+    int answered = 0, last = -1;
+    while (!long_call.ready()) {
+      const auto start = Clock::now();
+      const int progress = b.ask(&Busy::status).get();
+      EXPECT_LT(seconds_since(start), 0.5) << "status waited behind work";
+      EXPECT_GE(progress, last);
+      last = progress;
+      ++answered;
+      std::this_thread::sleep_for(100ms);
+    }
+    EXPECT_GE(answered, 5) << "status answered only " << answered << " times during a 1.5 s call";
+    EXPECT_GT(long_call.get(), 0);
+    bool listed = false;
+    auto again = b.ask(&Busy::work, 800);
+    std::this_thread::sleep_for(100ms);
+    auto status = b.ask(&Busy::status);  // runs beside work: both show in the live view
+    for (const ActorInfo& a : runtime().actors())
+      if (a.rank == b.rank() && a.id == b.id()) {
+        listed = true;
+        EXPECT_NE(a.running.find("work"), std::string::npos) << a.running;
+      }
+    EXPECT_TRUE(listed);
+    status.get();
+    again.get();
+  }
+  barrier();
+}
+
+TEST(Concurrency, AGroupOfTwoRunsTwoCallsAtOnceAndTheDefaultOne) {
+  if (runtime().rank() == 0) {
+    auto b = runtime().spawn<Busy>(last_rank());
+    std::vector<Future<int>> fetches;
+    for (int i = 0; i < 4; ++i) fetches.push_back(b.ask(&Busy::fetch, 200));
+    when_all(std::move(fetches)).get();
+    // Two at once needs two threads: a pool thread and the receiving one.
+    EXPECT_EQ(b.ask(&Busy::most_at_once).get(), receives_while_busy() ? 2 : 1)
+        << "a group of size 2 ran other than 2 calls at once";
+    // The default group: two 300 ms calls take 600 ms, not 300.
+    const auto start = Clock::now();
+    auto first = b.ask(&Busy::work, 300);
+    auto second = b.ask(&Busy::work, 300);
+    first.get();
+    second.get();
+    EXPECT_GE(seconds_since(start), 0.55) << "two calls of the default group overlapped";
+  }
+  barrier();
+}
+
+TEST(Concurrency, ARestartWaitsForTheOtherGroupsAndKillToo) {
+  if (!receives_while_busy()) GTEST_SKIP() << "no pool thread receives while a method runs";
+  if (runtime().rank() == 0) {
+    SpawnOptions options;
+    options.max_restarts = 2;
+    auto b = runtime().spawn_with<Busy>(last_rank(), options);
+    auto fetching = b.ask(&Busy::fetch, 400);  // runs through the restart: the object must outlive it
+    std::this_thread::sleep_for(50ms);
+    EXPECT_THROW(b.ask(&Busy::crash, 10).get(), ActorRestarted);
+    EXPECT_EQ(fetching.get(), 400);
+    EXPECT_EQ(b.ask(&Busy::status).get(), 0) << "a fresh object after the restart";
+    auto fetching_again = b.ask(&Busy::fetch, 300);
+    std::this_thread::sleep_for(50ms);
+    runtime().kill(b).get();
+    EXPECT_EQ(fetching_again.get(), 300) << "the running call finished before the object went";
+    EXPECT_THROW(b.ask(&Busy::status).get(), ActorKilled);
+  }
+  barrier();
+}
+
+TEST(Concurrency, AMethodInTwoGroupsIsRefusedAtSpawn) {
+  if (runtime().rank() == 0) {
+    try {
+      runtime().spawn<Confused>(last_rank());
+      ADD_FAILURE() << "an actor with a method in two groups was built";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("more than one concurrency group"), std::string::npos) << e.what();
+    }
+  }
+  barrier();
+}
