@@ -22,6 +22,14 @@ struct Sleeper {
 };
 constexpr int kVictim = 2;
 constexpr auto kKillAfter = std::chrono::milliseconds(300);
+
+// A task that never ends on the victim and answers at once elsewhere: a retry after
+// the loss must run it on a survivor.
+int g_rank = -1;
+int survive(int victim) {
+  if (g_rank == victim) std::this_thread::sleep_for(std::chrono::seconds(60));
+  return g_rank;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -30,7 +38,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kill_rank_test: needs exactly 3 ranks\n");
     return 2;
   }
+  g_rank = rt.rank();
   troupe::ActorGroup<Sleeper> sleepers = rt.spawn_on_each<Sleeper>();
+  troupe::Future<int> retried;
+  if (rt.rank() == 0) retried = rt.submit<&survive>(troupe::TaskOptions{.rank = kVictim, .retries = 1}, kVictim);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rt.rank() == kVictim) {
     std::this_thread::sleep_for(kKillAfter);
@@ -45,6 +56,13 @@ int main(int argc, char** argv) {
     std::printf("rank %d: caller got %s after %lld ms: %s\n", rt.rank(),
                 e.code() == troupe::actors::ErrorCode::rank_lost ? "rank_lost" : "another error",
                 static_cast<long long>(waited.count()), e.what());
+  }
+  if (rt.rank() == 0) {
+    try {
+      std::printf("rank 0: the task was retried on rank %d\n", retried.get(std::chrono::seconds(5)));
+    } catch (const std::exception& e) {
+      std::printf("rank 0: the task was not retried: %s\n", e.what());
+    }
   }
   std::fflush(stdout);
   return 0;  // the Runtime's shutdown sees the lost rank and ends the job, naming it

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # kill -9 of one rank under mpirun: every waiting caller on the surviving ranks gets
-# an error within the liveness timeout (<= 2 s after the kill) instead of hanging,
-# and the job ends with a message naming the dead rank.
+# an error within the liveness timeout (<= 2 s after the kill) instead of hanging, a
+# task with retries that ran there runs again on a survivor, and the job ends with a
+# message naming the dead rank.
 #
 #   kill_rank_test.sh MPIRUN BINARY [mpirun options...]
 set -u
@@ -19,4 +20,5 @@ for r in 0 1; do
   ((ms - 300 <= 2000)) || fail "rank $r waited $ms ms"
 done
 grep -qE "rank\(s\) 2 were lost; ending the whole job" <<<"$out" || fail "no message naming the dead rank"
+grep -qE "^rank 0: the task was retried on rank [01]$" <<<"$out" || fail "the task on the lost rank was not retried elsewhere"
 echo "kill_rank_test: passed"

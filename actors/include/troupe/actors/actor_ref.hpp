@@ -245,3 +245,6 @@ ActorRef<T> Runtime::lookup(const std::string& name) {
 }
 
 }  // namespace troupe::actors
+
+// Runtime::submit and map, which need ActorRef whole.
+#include "troupe/actors/task.hpp"

@@ -78,6 +78,12 @@ class ActorRef;
 template <class T>
 class ActorGroup;
 
+// How Runtime::submit places a task (task.hpp).
+struct TaskOptions {
+  int rank = -1;    // where to run it; -1: the rank with the fewest of this rank's tasks in flight
+  int retries = 0;  // runs it elsewhere after its rank was lost, at most this many times (idempotent only)
+};
+
 // One actor as Runtime::actors() lists it: a snapshot, as Ray's state API gives.
 struct ActorInfo {
   int rank = -1;
@@ -218,6 +224,18 @@ class Runtime : private detail::CallCanceller {
     return kill_actor(actor.rank(), actor.id(), detail::actor_name<T>());
   }
 
+  // Tasks (task.hpp): the free function F run with `args` on some rank, as Ray's
+  // f.remote(args); map runs it over every element of `inputs`, at most
+  // `max_in_flight` at once. Any rank, any thread.
+  template <auto F, class... A>
+  auto submit(A&&... args);
+  template <auto F, class... A>
+  auto submit(TaskOptions options, A&&... args);
+  template <auto F, class Range>
+  auto map(const Range& inputs, std::size_t max_in_flight = 64);
+  template <auto F, class Range>
+  auto map(const Range& inputs, TaskOptions options, std::size_t max_in_flight = 64);
+
   // Every rank's actors, in rank order (asked of each rank; a rank that was lost is
   // left out). Any rank, any time; not collective.
   std::vector<ActorInfo> actors();
@@ -250,6 +268,11 @@ class Runtime : private detail::CallCanceller {
   // send_request), so that it can be cancelled like any other.
   std::uint64_t new_request_id() { return next_request_id_.fetch_add(1, std::memory_order_relaxed); }
   detail::CallCanceller* canceller() { return this; }
+  // Task placement (tasks.cpp): the rank a task goes to, counted in flight until
+  // task_done; the id of the task runner on `rank` (made on every rank at first use).
+  int place_task(int requested);
+  void task_done(int rank);
+  std::uint64_t task_runner(int rank);
   void send_tell(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
                  std::vector<Bytes> attachments = {});
   // Sends `bytes` as an actor message exactly as given: for tests of the wire format.
@@ -364,6 +387,12 @@ class Runtime : private detail::CallCanceller {
   std::condition_variable backoff_cv_;
   bool backoffs_ended_ = false;
 
+  std::mutex tasks_mutex_;
+  std::vector<int> tasks_in_flight_;  // by rank, this rank's tasks only
+  std::mutex task_runners_mutex_;
+  std::vector<std::uint64_t> task_runners_;  // by rank; 0: none (the rank was lost)
+  int next_task_rank_ = 0;
+
   std::string status_dir_;  // TROUPE_STATUS_DIR; empty: no status files
   std::thread status_thread_;
   std::mutex status_mutex_;
@@ -391,4 +420,5 @@ using actors::RemoteError;
 using actors::Runtime;
 using actors::RuntimeOptions;
 using actors::SpawnOptions;
+using actors::TaskOptions;
 }  // namespace troupe
