@@ -257,6 +257,24 @@ void Runtime::reply_value(int rank, std::uint64_t request, std::string bytes, co
   transport_->send(rank, bytes, attachments);
 }
 
+void Runtime::reply_later(int rank, std::uint64_t request, std::shared_ptr<detail::DeferredAnswer> later,
+                          std::string actor, std::string method) {
+  // The method returned a Future: its call is over (the actor takes its next call) and
+  // the reply goes out from whichever thread resolves that future.
+  later->on_ready([this, rank, request, later, actor = std::move(actor), method = std::move(method)] {
+    if (quiescent_.load()) return;  // shut down: the asker's future has failed already
+    std::string bytes = new_message();
+    std::vector<Bytes> out;
+    try {
+      detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
+      later->append(bytes);
+    } catch (...) {
+      return reply_error(rank, request, describe_current_exception(rank_, actor, method));
+    }
+    reply_value(rank, request, std::move(bytes), out);
+  });
+}
+
 void Runtime::reply_error(int rank, std::uint64_t request, const ErrorInfo& info) {
   std::string bytes = new_message();
   detail::append_serialized(bytes, info);
@@ -339,12 +357,17 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
       [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
         std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
         std::vector<Bytes> out;
+        std::shared_ptr<detail::DeferredAnswer> later;
         {
           detail::AttachmentScope in(detail::incoming_attachments(), &held.attachments);
           detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
-          cell->invoke(h.method, payload_of(held.bytes), result);
+          later = cell->invoke(h.method, payload_of(held.bytes), result);
         }
-        if (wants_reply) reply_value(source, h.request, std::move(result), out);
+        if (!wants_reply) return;
+        if (later)
+          reply_later(source, h.request, std::move(later), cell->label(), cell->method_name(h.method));
+        else
+          reply_value(source, h.request, std::move(result), out);
       },
       [this, source, h, wants_reply](const ErrorInfo& info) {
         try {

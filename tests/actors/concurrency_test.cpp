@@ -154,3 +154,41 @@ TEST(Concurrency, AMethodInTwoGroupsIsRefusedAtSpawn) {
   }
   barrier();
 }
+
+namespace {
+// Answers later: relay() asks another actor and returns that Future, so its own
+// mailbox goes on (ping answers) while the other works.
+struct Relay {
+  Future<int> relay(ActorRef<Busy> to, int ms) { return to.ask(&Busy::work, ms); }
+  Future<int> relay_crash(ActorRef<Busy> to) { return to.ask(&Busy::crash, 1); }
+  Future<void> relay_nothing(ActorRef<Busy> to) {
+    return to.ask(&Busy::work, 1).then([](int) {});
+  }
+  int ping() { return ++pings; }
+  int pings = 0;
+  static constexpr auto troupe_methods =
+      troupe::methods<&Relay::relay, &Relay::relay_crash, &Relay::relay_nothing, &Relay::ping>;
+};
+}  // namespace
+
+TEST(Concurrency, AMethodThatReturnsAFutureAnswersLaterAndFreesItsMailbox) {
+  if (!receives_while_busy()) GTEST_SKIP() << "no pool thread receives while a method runs";
+  if (runtime().rank() == 0) {
+    auto busy = runtime().spawn<Busy>(last_rank());
+    auto relay = runtime().spawn<Relay>(runtime().size() > 2 ? 1 : 0);
+    const auto start = Clock::now();
+    Future<int> later = relay.ask(&Relay::relay, busy, 600);
+    int pings = 0;
+    while (!later.ready() && seconds_since(start) < 0.4) pings = relay.ask(&Relay::ping).get();
+    EXPECT_GE(pings, 1) << "the relay's mailbox waited for the answer it relays";
+    EXPECT_GT(later.get(), 0);
+    relay.ask(&Relay::relay_nothing, busy).get();
+    try {
+      relay.ask(&Relay::relay_crash, busy).get();
+      ADD_FAILURE() << "a relayed failure answered";
+    } catch (const RemoteError& e) {
+      EXPECT_NE(std::string(e.what()).find("broken on purpose"), std::string::npos) << e.what();
+    }
+  }
+  barrier();
+}

@@ -29,11 +29,12 @@ class ActorRef {
   bool valid() const { return runtime_ != nullptr; }
 
   template <class M, class... A>
-  requires std::is_member_function_pointer_v<M> Future<typename MemberTraits<M>::Result> ask(M method, A&&... args)
+  requires std::is_member_function_pointer_v<M> Future<answer_t<typename MemberTraits<M>::Result>> ask(M method,
+                                                                                                       A&&... args)
   const { return ask_by(std::nullopt, method, std::forward<A>(args)...); }
   // An ask that must start by `deadline` (see Deadline in future.hpp).
   template <class M, class... A>
-  Future<typename MemberTraits<M>::Result> ask(Deadline deadline, M method, A&&... args) const {
+  Future<answer_t<typename MemberTraits<M>::Result>> ask(Deadline deadline, M method, A&&... args) const {
     return ask_by(deadline.at, method, std::forward<A>(args)...);
   }
 
@@ -75,9 +76,10 @@ class ActorRef {
   }
 
   template <class M, class... A>
-  Future<typename MemberTraits<M>::Result> ask_by(std::optional<Clock::time_point> deadline, M method,
-                                                  A&&... args) const {
-    using R = typename MemberTraits<M>::Result;
+  Future<answer_t<typename MemberTraits<M>::Result>> ask_by(std::optional<Clock::time_point> deadline, M method,
+                                                            A&&... args) const {
+    using Result = typename MemberTraits<M>::Result;
+    using R = answer_t<Result>;  // a method returning Future<X> answers X, later
     const std::uint32_t index = detail::checked_method_index<T>(method);
     const bool collective = detail::is_collective<T>(index);
     if (deadline && collective)
@@ -98,7 +100,22 @@ class ActorRef {
           index,
           [cell = cell.get(), state, method, packed = std::move(packed)]() mutable {
             T& self = *static_cast<T*>(cell->object());
-            if constexpr (std::is_void_v<R>) {
+            if constexpr (is_future_v<Result>) {
+              Result later = std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed);
+              TROUPE_CHECK(later.valid(), "a method returned an empty Future");
+              later.state()->on_ready([state, later]() mutable {
+                try {
+                  if constexpr (std::is_void_v<R>) {
+                    later.get();
+                    state->set_value();
+                  } else {
+                    state->set_value(later.get());
+                  }
+                } catch (...) {
+                  state->set_error(std::current_exception());
+                }
+              });
+            } else if constexpr (std::is_void_v<R>) {
               std::apply([&](auto&... a) { (self.*method)(std::move(a)...); }, packed);
               state->set_value();
             } else {
@@ -198,8 +215,8 @@ class ActorGroup {
 
   // The same call on every member; the futures are in rank order.
   template <class M, class... A>
-  std::vector<Future<typename MemberTraits<M>::Result>> ask(M method, const A&... args) const {
-    std::vector<Future<typename MemberTraits<M>::Result>> out;
+  std::vector<Future<answer_t<typename MemberTraits<M>::Result>>> ask(M method, const A&... args) const {
+    std::vector<Future<answer_t<typename MemberTraits<M>::Result>>> out;
     out.reserve(refs_.size());
     for (const auto& ref : refs_) out.push_back(ref.ask(method, args...));
     return out;

@@ -342,6 +342,21 @@ Future<std::size_t> when_any(const std::vector<Future<T>>& futures) {
   return Future<std::size_t>(out);
 }
 
+// What an ask of a method returning R answers with: R, or X when the method returns a
+// Future<X> (it answers later, without holding its actor's mailbox).
+template <class R>
+struct AnswerOf {
+  using type = R;
+};
+template <class X>
+struct AnswerOf<Future<X>> {
+  using type = X;
+};
+template <class R>
+using answer_t = typename AnswerOf<R>::type;
+template <class R>
+inline constexpr bool is_future_v = !std::is_same_v<answer_t<R>, R>;
+
 // The free form, as Ray's ray.cancel(ref).
 template <class T>
 void cancel(const Future<T>& future) {

@@ -6,14 +6,15 @@
 //   counter.tell(&Counter::reset);                     // fire and forget
 //   auto all = rt.spawn_on_each<Worker>(cfg);          // collective: one per rank
 //   auto sums = troupe::when_all(all.ask(&Worker::step, 3)).get();
+//   auto sq = rt.submit<&square>(7);                   // a task, on the least busy rank
+//   f.cancel();  rt.kill(counter);  rt.actors();       // stop work; see what runs
 //
 // Threads per rank: `threads` pool workers run actor methods (each actor has a
 // mailbox drained by one thread at a time, so one message at a time, in arrival
-// order per sender), plus one progress thread that receives MPI messages when no
-// caller is waiting, and runs the calls of short-running actors itself. A caller waiting on a
-// Future receives and dispatches messages itself while it polls (see future.hpp),
-// and may run ready actor methods of its own rank meanwhile, which is also why an
-// actor method may ask other actors and wait without deadlocking the pool.
+// order per sender, unless it declares concurrency groups: methods.hpp), plus one progress thread that receives MPI
+// messages when no caller is waiting, and runs the calls of short-running actors itself. A caller waiting on a Future
+// receives and dispatches messages itself while it polls (see future.hpp), and may run ready actor methods of its own
+// rank meanwhile, which is also why an actor method may ask other actors and wait without deadlocking the pool.
 //
 // Contract: the constructor, spawn_on_each() and shutdown() (or the destructor) are
 // collective: every rank calls them, in the same order. Everything else may be called
@@ -337,6 +338,9 @@ class Runtime : private detail::CallCanceller {
   template <class R>
   R system_call(int rank, detail::Header header, std::string payload, const std::string& what);
   void reply_error(int rank, std::uint64_t request, const ErrorInfo& info);
+  // Replies once a method's returned Future resolves.
+  void reply_later(int rank, std::uint64_t request, std::shared_ptr<detail::DeferredAnswer> later, std::string actor,
+                   std::string method);
   void reply_value(int rank, std::uint64_t request, std::string bytes, const std::vector<Bytes>& attachments = {});
   void install_actor(std::shared_ptr<detail::ActorCellBase> cell);
   void wait_collective(void* request, const char* what);

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -19,6 +20,7 @@
 
 #include "troupe/actors/detail/mailbox.hpp"
 #include "troupe/actors/detail/serialization.hpp"
+#include "troupe/actors/future.hpp"
 #include "troupe/actors/methods.hpp"
 #include "troupe/actors/spawn_options.hpp"
 
@@ -60,6 +62,32 @@ struct LaneLayout {
   std::vector<LaneRange> methods;  // by method index
 };
 
+// The answer of a method that returned a Future: the runtime replies once it resolves.
+class DeferredAnswer {
+ public:
+  virtual ~DeferredAnswer() = default;
+  // Runs `callback` once resolved, on the thread that resolves it (at once if it is).
+  virtual void on_ready(std::function<void()> callback) = 0;
+  // Appends the serialized value, or throws the future's error.
+  virtual void append(std::string& out) = 0;
+};
+
+template <class X>
+class FutureAnswer final : public DeferredAnswer {
+ public:
+  explicit FutureAnswer(Future<X> future) : future_(std::move(future)) {}
+  void on_ready(std::function<void()> callback) override { future_.state()->on_ready(std::move(callback)); }
+  void append(std::string& out) override {
+    if constexpr (std::is_void_v<X>)
+      future_.get();
+    else
+      append_serialized(out, future_.get());
+  }
+
+ private:
+  Future<X> future_;
+};
+
 class ActorCellBase {
  public:
   ActorCellBase(std::uint64_t id, SpawnOptions options, std::string constructor_args, std::string type,
@@ -78,8 +106,9 @@ class ActorCellBase {
   virtual ~ActorCellBase() = default;
 
   // Deserializes the arguments of method `index` from `args`, calls it, and appends
-  // the serialized result to `result`. Throws BadMessage for bytes that don't parse.
-  virtual void invoke(std::uint32_t index, std::string_view args, std::string& result) = 0;
+  // the serialized result to `result` -- or, for a method that returns a Future, returns
+  // the answer to wait for. Throws BadMessage for bytes that don't parse.
+  virtual std::shared_ptr<DeferredAnswer> invoke(std::uint32_t index, std::string_view args, std::string& result) = 0;
   virtual void* object() = 0;
   // Replaces the object with a new one built from the original constructor
   // arguments, then calls its on_restart(count) if it has one. Runs as the actor's
@@ -154,16 +183,24 @@ class ActorCellBase {
   std::atomic<std::uint32_t> next_lane_{0};
 };
 
+// Calls method M with arguments parsed from `args_bytes`; appends its serialized result
+// to `result`, or returns the answer to wait for when M returns a Future.
 template <class T, auto M>
-void invoke_serialized(T& self, std::string_view args_bytes, std::string& result) {
+std::shared_ptr<DeferredAnswer> invoke_serialized(T& self, std::string_view args_bytes, std::string& result) {
   using Traits = MemberTraits<decltype(M)>;
+  using Result = typename Traits::Result;
   typename Traits::Args args;
   parse_exactly(args_bytes, "arguments", args);
-  if constexpr (std::is_void_v<typename Traits::Result>) {
+  if constexpr (std::is_void_v<Result>) {
     std::apply([&](auto&... a) { (self.*M)(std::move(a)...); }, args);
+  } else if constexpr (is_future_v<Result>) {
+    Result later = std::apply([&](auto&... a) { return (self.*M)(std::move(a)...); }, args);
+    TROUPE_CHECK(later.valid(), "a method returned an empty Future");
+    return std::make_shared<FutureAnswer<answer_t<Result>>>(std::move(later));
   } else {
     append_serialized(result, std::apply([&](auto&... a) { return (self.*M)(std::move(a)...); }, args));
   }
+  return nullptr;
 }
 
 // Which of T's methods are in `listed` (a troupe::methods<...> list), by index.
@@ -235,10 +272,10 @@ class ActorCell final : public ActorCellBase {
         make_(make),
         object_(make_(constructor_args())) {}
 
-  void invoke(std::uint32_t index, std::string_view args, std::string& result) override {
+  std::shared_ptr<DeferredAnswer> invoke(std::uint32_t index, std::string_view args, std::string& result) override {
     if (index >= kInvokers.size())
       throw BadMessage(concat("method index ", index, " is not in ", label(), "'s table of ", kInvokers.size()));
-    kInvokers[index](*object_, args, result);
+    return kInvokers[index](*object_, args, result);
   }
   void* object() override { return object_.get(); }
   void rebuild(int restart_count) override {
@@ -249,7 +286,7 @@ class ActorCell final : public ActorCellBase {
   void bury() override { object_.reset(); }
 
  private:
-  using Invoker = void (*)(T&, std::string_view, std::string&);
+  using Invoker = std::shared_ptr<DeferredAnswer> (*)(T&, std::string_view, std::string&);
   template <auto... Ms>
   static constexpr std::array<Invoker, sizeof...(Ms)> make_invokers(MethodTable<Ms...>) {
     return {&invoke_serialized<T, Ms>...};
