@@ -222,7 +222,9 @@ void Scheduler::stand_in() {
 
 void Scheduler::worker() {
   for (bool ran = false;; ran = true) {
-    if (ran) {  // only a thread that just ran dry expects more soon
+    // Only a thread that just ran dry expects more soon -- and not while a long call
+    // holds the receiving thread: then nothing arrives unless this thread receives.
+    if (ran && inline_since_.load(std::memory_order_relaxed) == 0) {
       spinning_.fetch_add(1);
       const auto until = Clock::now() + kSpin;
       for (int i = 0; !has_ready(); ++i) {
@@ -236,6 +238,17 @@ void Scheduler::worker() {
     {
       std::unique_lock lock(mutex_);
       for (int idle_rounds = 0; ready_.empty() && tasks_.empty() && !stop_;) {
+        // A long call holds the receiving thread (this thread may just have run a call
+        // received meanwhile): receive in its place now, not after a watch period --
+        // else every message to a busy rank waited up to kWatchPeriod.
+        if (const std::int64_t since = inline_since_.load(std::memory_order_relaxed);
+            since != 0 && Clock::now().time_since_epoch().count() - since > Clock::duration(kInlineLimit).count()) {
+          lock.unlock();
+          stand_in();
+          lock.lock();
+          idle_rounds = 0;
+          continue;
+        }
         ++sleeping_;
         if (idle_rounds < kDeepSleepRounds) {
           cv_.wait_for(lock, kWatchPeriod);
