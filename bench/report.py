@@ -232,6 +232,17 @@ starts after the two jobs.
 - Restart: an actor with `max_restarts` set throws `FatalError`; timed at the caller
   from the failing ask's start to the answer of the next ask, which the re-created
   actor serves (median of 50): an upper bound on "failure to first answer".
+- Tasks (issue 52): `map<&noop>` of 100,000 ints with 1,000 in flight, placed over
+  both ranks by load (median of 5); CAF's figure is requests to a round-robin
+  `actor_pool` of two stateless actors from an event-based driver, 1,000 in flight,
+  in one process (`caf_bench`). Across runs of this session troupe/CAF was
+  0.875-1.02.
+- Cancel: an ask queued behind a 20 ms call, from `cancel()` to `Cancelled` at the
+  asker, against an idle ask in the same loop (median of 40); the idle ask is slow
+  (about 0.3 ms) because the actor last ran a long call, so its calls go to the pool.
+- Control group: `ping()` in a "control" concurrency group asked 500 times while a
+  100 s `nap()` runs in the default group, against the same 500 asks with the actor
+  idle (medians).
 - Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
 - These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
   memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us),

@@ -87,15 +87,16 @@ void Runtime::kill_local(std::uint64_t id, int by) {
                        detail::ActorCellBase::kIdle, [] {}, [](const ErrorInfo&) {}));
 }
 
-void Runtime::bury_if_killed(detail::ActorCellBase& cell, const detail::Lane& own) {
+void Runtime::bury_if_killed(detail::ActorCellBase& cell, detail::Lane& own) {
   if (cell.killed_by_.load() < 0 || cell.buried_.exchange(true)) return;
-  if (cell.concurrent()) wait_for_other_lanes(cell, &own);
-  try {
-    cell.bury();
-  } catch (const std::exception& e) {  // a destructor that throws has no one to tell but stderr
-    std::fprintf(stderr, "troupe: rank %d: destroying the killed %s threw: %s\n", rank_, cell.label().c_str(),
-                 e.what());
-  }
+  replace_object(cell, own, [&] {
+    try {
+      cell.bury();
+    } catch (const std::exception& e) {  // a destructor that throws has no one to tell but stderr
+      std::fprintf(stderr, "troupe: rank %d: destroying the killed %s threw: %s\n", rank_, cell.label().c_str(),
+                   e.what());
+    }
+  });
 }
 
 }  // namespace troupe::actors

@@ -72,6 +72,28 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
   const std::uint32_t method = call->method();
   cell.queued_.fetch_sub(1, std::memory_order_relaxed);
   if (!call->claim_to_run()) return;  // cancelled before it started: the cancel answered the asker
+  // What Runtime::actors() shows (this method, since the scheduler began the call) and,
+  // for a concurrent actor, what a restart or kill waits for before it touches the object.
+  struct Running {
+    detail::Lane& lane;
+    ~Running() {
+      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
+      lane.cell().calls_served_.fetch_add(1, std::memory_order_relaxed);
+    }
+  } running{lane};
+  if (cell.concurrent()) {
+    // Dekker's handshake with replace_object(): each stores its own flag, then reads the
+    // other's, so at least one of them sees the other and waits.
+    for (;;) {
+      lane.running_method_.store(method, std::memory_order_seq_cst);
+      if (!cell.replacing_.load(std::memory_order_seq_cst)) break;
+      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
+      while (cell.replacing_.load(std::memory_order_seq_cst))
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  } else {
+    lane.running_method_.store(method, std::memory_order_relaxed);
+  }
   if (cell.dead()) {
     call->fail(cell_error(dead_code(cell), rank_, cell, method, dead_message(cell)));
     return bury_if_killed(cell, lane);
@@ -100,26 +122,16 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
                          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::duration(now - deadline)).count(),
                          " ms before it could start; it was not run")));
   }
-  // What Runtime::actors() shows: this method, since the scheduler began the call.
-  lane.running_method_.store(method, std::memory_order_release);
-  struct Served {
-    detail::Lane& lane;
-    ~Served() {
-      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_release);
-      lane.cell().calls_served_.fetch_add(1, std::memory_order_relaxed);
-    }
-  } served{lane};
+  const int epoch = cell.epoch();  // the incarnation this call runs on
   detail::CurrentCallScope current({call.get(), &cell, rank_});
   try {
     call->run();
   } catch (const FatalError&) {
     ErrorInfo info = describe_current_exception(rank_, cell.label(), cell.method_name(method));
     // Another lane's call may have failed and restarted the actor meanwhile: once is enough.
-    if (cell.concurrent()) {
-      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_release);
-      wait_for_other_lanes(cell, &lane);
-    }
-    if (call->epoch() == cell.epoch() && !cell.dead()) restart_or_bury(cell);
+    replace_object(cell, lane, [&] {
+      if (cell.epoch() == epoch && !cell.dead()) restart_or_bury(cell);
+    });
     info.code = cell.dead() ? ErrorCode::actor_dead : ErrorCode::actor_restarted;
     info.message += cell.dead() ? "; " + dead_message(cell)
                                 : detail::concat("; the actor was restarted (restart ", cell.epoch(), ")");
@@ -134,17 +146,26 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
   }
 }
 
-void Runtime::wait_for_other_lanes(detail::ActorCellBase& cell, const detail::Lane* own) {
+void Runtime::replace_object(detail::ActorCellBase& cell, detail::Lane& own, const std::function<void()>& replace) {
+  if (!cell.concurrent()) return replace();  // one lane: this call is the only one
+  std::lock_guard lock(cell.replace_mutex_);
+  cell.replacing_.store(true, std::memory_order_seq_cst);
+  own.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
   // Polled, not signalled: restarts and kills are rare, and a lane's running state is
   // already an atomic that every call writes.
-  for (;;) {
-    bool busy = false;
+  for (bool busy = true; busy;) {
+    busy = false;
     for (std::size_t i = 0; i < cell.lane_count() && !busy; ++i)
-      busy =
-          &cell.lane(i) != own && cell.lane(i).running_method_.load(std::memory_order_acquire) != detail::Lane::kIdle;
-    if (!busy) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(100));
+      busy = cell.lane(i).running_method_.load(std::memory_order_seq_cst) != detail::Lane::kIdle;
+    if (busy) std::this_thread::sleep_for(std::chrono::microseconds(100));
   }
+  try {
+    replace();
+  } catch (...) {
+    cell.replacing_.store(false, std::memory_order_seq_cst);
+    throw;
+  }
+  cell.replacing_.store(false, std::memory_order_seq_cst);
 }
 
 void Runtime::restart_or_bury(detail::ActorCellBase& cell) {

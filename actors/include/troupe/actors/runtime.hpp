@@ -305,9 +305,10 @@ class Runtime : private detail::CallCanceller {
   void execute(detail::Lane& lane, std::unique_ptr<detail::Call> call);
   // In the actor's call after `body` threw FatalError: re-create it or declare it dead.
   void restart_or_bury(detail::ActorCellBase& cell);
-  // Before the object is replaced or destroyed: waits until no lane but `own` runs a
-  // call (an actor with concurrency groups only).
-  void wait_for_other_lanes(detail::ActorCellBase& cell, const detail::Lane* own);
+  // Runs `replace` (a restart or a kill's destruction) on the thread running a call of
+  // lane `own`: for an actor with concurrency groups, first stops the other lanes from
+  // starting calls and waits until none runs one.
+  void replace_object(detail::ActorCellBase& cell, detail::Lane& own, const std::function<void()>& replace);
   std::uint64_t spawn_group_local(const std::string& key, const std::string& args);
   // ---- cancellation (cancellation.cpp) ----
   void cancel_call(const detail::CallHandle& call, detail::StateBase& state) override;
@@ -317,7 +318,7 @@ class Runtime : private detail::CallCanceller {
   void kill_local(std::uint64_t id, int by);
   // In a call of a killed actor, on the thread that owns lane `own`: destroy the
   // object once, when no other lane runs a call.
-  void bury_if_killed(detail::ActorCellBase& cell, const detail::Lane& own);
+  void bury_if_killed(detail::ActorCellBase& cell, detail::Lane& own);
   // ---- live state (live_state.cpp) ----
   // With TROUPE_STATUS_DIR set (troupe-run sets it), a thread writes this rank's
   // actors there as rank-<r>.json about once a second, for `troupe-run status`.

@@ -14,6 +14,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -151,6 +152,10 @@ class ActorCellBase {
   }
   // Whether calls of this actor may run at once (it has concurrency groups).
   bool concurrent() const { return lanes_.size() > 1; }
+  // For concurrent actors: set while a restart or a kill replaces or destroys the
+  // object (one at a time, under replace_mutex_); no lane starts a call meanwhile.
+  std::atomic<bool> replacing_{false};
+  std::mutex replace_mutex_;
 
   // ---- supervision state: written by the actor's running call, read from any thread ----
   int epoch() const { return epoch_.load(); }  // restarts so far
