@@ -243,6 +243,12 @@ starts after the two jobs.
 - Control group: `ping()` in a "control" concurrency group asked 500 times while a
   100 s `nap()` runs in the default group, against the same 500 asks with the actor
   idle (medians).
+- Object references (`actors_bench --objects`, a third job of 3 ranks over shared
+  memory): an actor on rank 1 holds a ready 64 MB `Bytes`; driven by rank 0, it goes
+  to the actor on rank 2 directly (rank 1 asks rank 2: the baseline), through an
+  `ObjectRef` (`ask_ref`, then rank 2 fetches from rank 1), and fetched by the driver
+  and sent on. Medians of 7; the driver's peak RSS growth (VmHWM after
+  `clear_refs`) is the worst round of each path.
 - Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
 - These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
   memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us),

@@ -182,9 +182,9 @@ std::uint64_t Runtime::refused_tells() const { return refused_tells_.load(std::m
 
 std::uint64_t Runtime::send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
                                     std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments,
-                                    std::optional<Clock::time_point> deadline) {
+                                    std::optional<Clock::time_point> deadline, bool keep_result) {
   detail::Header h;
-  h.kind = detail::Kind::request;
+  h.kind = keep_result ? detail::Kind::request_ref : detail::Kind::request;
   h.method = method;
   h.actor = actor;
   if (deadline) {  // already past: 1 ns, so that the callee refuses it as expired
@@ -258,16 +258,17 @@ void Runtime::reply_value(int rank, std::uint64_t request, std::string bytes, co
 }
 
 void Runtime::reply_later(int rank, std::uint64_t request, std::shared_ptr<detail::DeferredAnswer> later,
-                          std::string actor, std::string method) {
+                          std::string actor, std::string method, bool keep_result) {
   // The method returned a Future: its call is over (the actor takes its next call) and
   // the reply goes out from whichever thread resolves that future.
-  later->on_ready([this, rank, request, later, actor = std::move(actor), method = std::move(method)] {
+  later->on_ready([this, rank, request, later, actor = std::move(actor), method = std::move(method), keep_result] {
     if (quiescent_.load()) return;  // shut down: the asker's future has failed already
     std::string bytes = new_message();
     std::vector<Bytes> out;
     try {
       detail::AttachmentScope scope(detail::outgoing_attachments(), &out);
       later->append(bytes);
+      if (keep_result) return reply_kept(rank, request, std::move(bytes), std::move(out));
     } catch (...) {
       return reply_error(rank, request, describe_current_exception(rank_, actor, method));
     }
@@ -312,6 +313,9 @@ void Runtime::handle(detail::Message message) {
     case detail::Kind::request: return handle_request(message, true);
     case detail::Kind::tell: return handle_request(message, false);
     case detail::Kind::cancel: return handle_cancel(message.source, h.actor, h.request);
+    case detail::Kind::request_ref: return handle_request(message, true, true);
+    case detail::Kind::fetch_object: return handle_fetch(message.source, h.request, h.actor);
+    case detail::Kind::free_object: return free_object(rank_, h.actor);
     case detail::Kind::reply_value:
     case detail::Kind::reply_error: {
       auto handler = take_pending(h.request);
@@ -337,7 +341,7 @@ void Runtime::handle(detail::Message message) {
   }
 }
 
-void Runtime::handle_request(detail::Message& message, bool wants_reply) {
+void Runtime::handle_request(detail::Message& message, bool wants_reply, bool keep_result) {
   const detail::Header h = header_of(message.bytes);
   const int source = message.source;
   auto fail = [&](ErrorCode code, std::string actor, std::string method, std::string text) {
@@ -354,7 +358,7 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
                 detail::concat(cell->type(), " has ", cell->method_count(), " methods"));
   auto call = detail::make_call(
       h.method,
-      [this, cell = cell.get(), source, h, wants_reply, held = std::move(message)] {
+      [this, cell = cell.get(), source, h, wants_reply, keep_result, held = std::move(message)] {
         std::string result = wants_reply ? new_message() : std::string();  // a tell's is discarded
         std::vector<Bytes> out;
         std::shared_ptr<detail::DeferredAnswer> later;
@@ -365,7 +369,9 @@ void Runtime::handle_request(detail::Message& message, bool wants_reply) {
         }
         if (!wants_reply) return;
         if (later)
-          reply_later(source, h.request, std::move(later), cell->label(), cell->method_name(h.method));
+          reply_later(source, h.request, std::move(later), cell->label(), cell->method_name(h.method), keep_result);
+        else if (keep_result)
+          reply_kept(source, h.request, std::move(result), std::move(out));
         else
           reply_value(source, h.request, std::move(result), out);
       },

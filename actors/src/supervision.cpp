@@ -2,7 +2,6 @@
 // fatal errors, and the restart itself (see spawn_options.hpp for the policy).
 #include <cstdio>
 #include <mutex>
-#include <thread>
 
 #include "current_call.hpp"
 #include "scheduler.hpp"
@@ -24,6 +23,15 @@ std::string dead_message(const detail::ActorCellBase& cell) {
   return detail::concat("the actor failed more than ", cell.options().max_restarts, " time(s) within ",
                         cell.options().window.count(), " ms and was stopped for good");
 }
+// Marks the lane idle, and tells a replacer waiting for idle lanes.
+void idle(detail::Lane& lane) {
+  lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
+  detail::ActorCellBase& cell = lane.cell();
+  if (!cell.replacing_.load(std::memory_order_seq_cst)) return;
+  { std::lock_guard lock(cell.gate_mutex_); }  // orders this against the replacer's check
+  cell.gate_cv_.notify_all();
+}
+
 ErrorCode dead_code(const detail::ActorCellBase& cell) {
   return cell.killed_by_.load() >= 0 ? ErrorCode::actor_killed : ErrorCode::actor_dead;
 }
@@ -77,7 +85,7 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
   struct Running {
     detail::Lane& lane;
     ~Running() {
-      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
+      idle(lane);
       lane.cell().calls_served_.fetch_add(1, std::memory_order_relaxed);
     }
   } running{lane};
@@ -87,9 +95,9 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
     for (;;) {
       lane.running_method_.store(method, std::memory_order_seq_cst);
       if (!cell.replacing_.load(std::memory_order_seq_cst)) break;
-      lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
-      while (cell.replacing_.load(std::memory_order_seq_cst))
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      idle(lane);
+      std::unique_lock lock(cell.gate_mutex_);
+      cell.gate_cv_.wait(lock, [&] { return !cell.replacing_.load(std::memory_order_seq_cst); });
     }
   } else {
     lane.running_method_.store(method, std::memory_order_relaxed);
@@ -151,21 +159,29 @@ void Runtime::replace_object(detail::ActorCellBase& cell, detail::Lane& own, con
   std::lock_guard lock(cell.replace_mutex_);
   cell.replacing_.store(true, std::memory_order_seq_cst);
   own.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
-  // Polled, not signalled: restarts and kills are rare, and a lane's running state is
-  // already an atomic that every call writes.
-  for (bool busy = true; busy;) {
-    busy = false;
-    for (std::size_t i = 0; i < cell.lane_count() && !busy; ++i)
-      busy = cell.lane(i).running_method_.load(std::memory_order_seq_cst) != detail::Lane::kIdle;
-    if (busy) std::this_thread::sleep_for(std::chrono::microseconds(100));
+  const auto all_idle = [&] {
+    for (std::size_t i = 0; i < cell.lane_count(); ++i)
+      if (cell.lane(i).running_method_.load(std::memory_order_seq_cst) != detail::Lane::kIdle) return false;
+    return true;
+  };
+  {
+    std::unique_lock gate(cell.gate_mutex_);
+    cell.gate_cv_.wait(gate, all_idle);  // each lane that goes idle signals
   }
+  const auto reopen = [&] {
+    {
+      std::lock_guard gate(cell.gate_mutex_);
+      cell.replacing_.store(false, std::memory_order_seq_cst);
+    }
+    cell.gate_cv_.notify_all();
+  };
   try {
     replace();
   } catch (...) {
-    cell.replacing_.store(false, std::memory_order_seq_cst);
+    reopen();
     throw;
   }
-  cell.replacing_.store(false, std::memory_order_seq_cst);
+  reopen();
 }
 
 void Runtime::restart_or_bury(detail::ActorCellBase& cell) {

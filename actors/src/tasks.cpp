@@ -1,7 +1,5 @@
 // Tasks: the function registry, the built-in runner actor, and placement.
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <stdexcept>
 
@@ -16,6 +14,7 @@ namespace {
 struct TaskEntry {
   TaskInvoker invoke;
   std::string signature;
+  std::string clash;  // another task's signature with the same key: both are refused
 };
 // Filled before main by TaskKey's static members, as the actor factories are.
 std::map<std::uint64_t, TaskEntry>& task_registry() {
@@ -27,13 +26,17 @@ std::map<std::uint64_t, TaskEntry>& task_registry() {
 std::uint64_t register_task(const std::string& signature, TaskInvoker invoke) {
   std::uint64_t key = 1469598103934665603ULL;  // FNV-1a
   for (const unsigned char c : signature) key = (key ^ c) * 1099511628211ULL;
-  const auto [it, inserted] = task_registry().emplace(key, TaskEntry{invoke, signature});
-  if (!inserted && it->second.signature != signature) {
-    std::fprintf(stderr, "troupe: the tasks %s and %s have the same key; rename one\n", signature.c_str(),
-                 it->second.signature.c_str());
-    std::abort();
-  }
+  // Before main nothing can be thrown to: a clash is kept and reported at each use.
+  const auto [it, inserted] = task_registry().emplace(key, TaskEntry{invoke, signature, ""});
+  if (!inserted && it->second.signature != signature) it->second.clash = signature;
   return key;
+}
+
+void check_task(std::uint64_t key) {
+  const auto it = task_registry().find(key);
+  if (it != task_registry().end() && !it->second.clash.empty())
+    TROUPE_THROW(InvalidArgument, "the tasks ", task_name(it->second.signature), " and ", task_name(it->second.clash),
+                 " have the same 64-bit key; rename one");
 }
 
 std::string task_name(std::string_view signature) {
@@ -52,6 +55,7 @@ std::string TaskRunner::run(std::uint64_t key, std::string args) {
   if (it == registry.end())
     throw std::invalid_argument("this rank's binary has no task with key " + std::to_string(key) +
                                 " (is it the same binary?)");
+  check_task(key);
   std::string result;
   it->second.invoke(args, result);
   return result;

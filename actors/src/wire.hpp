@@ -26,8 +26,11 @@ enum class Kind : std::uint8_t {
   cancel = 9,         // no payload, no reply: cancel the sender's ask `request` to `actor`
   kill = 10,          // stop `actor` for good; the reply is empty
   list_actors = 11,   // no payload; the reply: this rank's actors (Runtime::actors)
+  request_ref = 12,   // as request, but the result stays here; the reply: its ObjectRef
+  fetch_object = 13,  // `actor` holds the object id; the reply: the stored value
+  free_object = 14,   // `actor` holds the object id; no reply
 };
-inline constexpr Kind kLastKind = Kind::list_actors;
+inline constexpr Kind kLastKind = Kind::free_object;
 
 // With attachments (see bytes.hpp) the header is followed by one u64 size per
 // attachment, then the payload. Each attachment follows as its own MPI message from

@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
   options.attachment_timeout = std::chrono::seconds(3);  // bytes_test drops a message after it
   for (int i = 1; i + 1 < argc; ++i) {
     if (std::string(argv[i]) == "--threads") options.threads = std::stoi(argv[i + 1]);
+    // --object-store-limit BYTES: object_ref_test then checks the refusal.
+    if (std::string(argv[i]) == "--object-store-limit") options.object_store_limit = std::stoull(argv[i + 1]);
   }
   troupe::Runtime rt(argc, argv, options);
   troupe::test::g_runtime = &rt;

@@ -20,6 +20,10 @@ std::string greet(std::string name, int times) {
   return out;
 }
 int where(int) { return runtime().rank(); }
+int hold_then_where(int ms) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  return runtime().rank();
+}
 int refuse(int x) {
   if (x < 0) throw std::invalid_argument("negative input " + std::to_string(x));
   return x;
@@ -52,12 +56,13 @@ TEST(Tasks, SubmitRunsAFunctionAndReturnsItsValue) {
 
 TEST(Tasks, TasksSpreadOverTheRanksByLoad) {
   if (runtime().rank() == 0) {
+    // Tasks that last long enough that none ends while the others are placed: the
+    // counts in flight then rise evenly, four each.
     std::vector<Future<int>> places;
-    for (int i = 0; i < 4 * runtime().size(); ++i) places.push_back(runtime().submit<&where>(0));
+    for (int i = 0; i < 4 * runtime().size(); ++i) places.push_back(runtime().submit<&hold_then_where>(300));
     std::vector<int> seen(static_cast<std::size_t>(runtime().size()), 0);
     for (int r : when_all(std::move(places)).get()) ++seen[static_cast<std::size_t>(r)];
-    // Four each, give or take the tasks that end while others are placed.
-    for (int r = 0; r < runtime().size(); ++r) EXPECT_GE(seen[static_cast<std::size_t>(r)], 2) << "rank " << r;
+    for (int r = 0; r < runtime().size(); ++r) EXPECT_EQ(seen[static_cast<std::size_t>(r)], 4) << "rank " << r;
   }
   barrier();
 }

@@ -29,9 +29,14 @@ class ActorRef {
   bool valid() const { return runtime_ != nullptr; }
 
   template <class M, class... A>
-  requires std::is_member_function_pointer_v<M> Future<answer_t<typename MemberTraits<M>::Result>> ask(M method,
-                                                                                                       A&&... args)
-  const { return ask_by(std::nullopt, method, std::forward<A>(args)...); }
+  Future<answer_t<typename MemberTraits<M>::Result>> ask(
+      M method, A&&... args) const requires std::is_member_function_pointer_v<M> {
+    return ask_by(std::nullopt, method, std::forward<A>(args)...);
+  }
+  // An ask whose result stays on the actor's rank (object_ref.hpp): the future holds
+  // a reference to it, for whoever needs the value to fetch.
+  template <class M, class... A>
+  Future<ObjectRef<answer_t<typename MemberTraits<M>::Result>>> ask_ref(M method, A&&... args) const;
   // An ask that must start by `deadline` (see Deadline in future.hpp).
   template <class M, class... A>
   Future<answer_t<typename MemberTraits<M>::Result>> ask(Deadline deadline, M method, A&&... args) const {
@@ -263,5 +268,6 @@ ActorRef<T> Runtime::lookup(const std::string& name) {
 
 }  // namespace troupe::actors
 
-// Runtime::submit and map, which need ActorRef whole.
+// Runtime::submit and map, ObjectRef and ask_ref, which need ActorRef whole.
+#include "troupe/actors/object_ref.hpp"
 #include "troupe/actors/task.hpp"

@@ -72,12 +72,17 @@ struct RuntimeOptions {
   // this long. Meanwhile the rank goes on receiving from other ranks; its sender's
   // later messages wait behind it, keeping per-sender order.
   std::chrono::milliseconds attachment_timeout{10000};
+  // Bytes this rank's object store may hold (Runtime::put, ActorRef::ask_ref); beyond
+  // it a new object is refused (ErrorCode::overloaded), never spilled.
+  std::size_t object_store_limit = std::size_t{4} << 30;
 };
 
 template <class T>
 class ActorRef;
 template <class T>
 class ActorGroup;
+template <class T>
+class ObjectRef;
 
 // How Runtime::submit places a task (task.hpp).
 struct TaskOptions {
@@ -237,6 +242,14 @@ class Runtime : private detail::CallCanceller {
   template <auto F, class Range>
   auto map(const Range& inputs, TaskOptions options, std::size_t max_in_flight = 64);
 
+  // Object references (object_ref.hpp): `value` kept in this rank's store until
+  // freed; any rank holding the ref fetches it from here.
+  template <class T>
+  ObjectRef<T> put(const T& value);
+  // Bytes this rank's store holds now, and may hold.
+  std::size_t object_store_size() const;
+  std::size_t object_store_limit() const { return options_.object_store_limit; }
+
   // Every rank's actors, in rank order (asked of each rank; a rank that was lost is
   // left out). Any rank, any time; not collective.
   std::vector<ActorInfo> actors();
@@ -262,9 +275,20 @@ class Runtime : private detail::CallCanceller {
 
   // ---- used by ActorRef and the templates above; not for application code ----
   // Sends an ask; returns its request id. `deadline`: when it must have started by.
+  // With `keep_result` the callee keeps the result in its object store and answers
+  // with its ObjectRef (ActorRef::ask_ref).
   std::uint64_t send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
                              std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {},
-                             std::optional<Clock::time_point> deadline = std::nullopt);
+                             std::optional<Clock::time_point> deadline = std::nullopt, bool keep_result = false);
+  // The object store (object_store.cpp). store_object returns the new object's id, or
+  // throws RemoteError (overloaded) past object_store_limit; stored_object copies the
+  // bytes out (the attachments are shared) or throws (unknown object).
+  std::uint64_t store_object(std::string bytes, std::vector<Bytes> attachments);
+  std::pair<std::string, std::vector<Bytes>> stored_object(std::uint64_t id) const;
+  template <class T>
+  Future<T> fetch_object(int rank, std::uint64_t id);
+  void request_object(int rank, std::uint64_t id, std::shared_ptr<detail::ReplyHandler> reply);
+  void free_object(int rank, std::uint64_t id);
   // A request id for an ask to an actor of this rank (remote asks get theirs in
   // send_request), so that it can be cancelled like any other.
   std::uint64_t new_request_id() { return next_request_id_.fetch_add(1, std::memory_order_relaxed); }
@@ -330,7 +354,8 @@ class Runtime : private detail::CallCanceller {
   NameEntry lookup_entry(const std::string& name);
   void register_name(const std::string& name, int rank, std::uint64_t id, const std::string& type);
   void handle(detail::Message message);  // called by the transport, in arrival order
-  void handle_request(detail::Message& message, bool wants_reply);
+  void handle_request(detail::Message& message, bool wants_reply, bool keep_result = false);
+  void handle_fetch(int source, std::uint64_t request, std::uint64_t id);
   void handle_system(detail::Message& message);
   // Returns the request id (0 when the rank was lost and `reply` failed at once).
   std::uint64_t send_with_reply(int rank, detail::Header header, std::string payload,
@@ -339,9 +364,12 @@ class Runtime : private detail::CallCanceller {
   template <class R>
   R system_call(int rank, detail::Header header, std::string payload, const std::string& what);
   void reply_error(int rank, std::uint64_t request, const ErrorInfo& info);
-  // Replies once a method's returned Future resolves.
+  // Replies once a method's returned Future resolves (with its ObjectRef, kept here,
+  // for `keep_result`).
   void reply_later(int rank, std::uint64_t request, std::shared_ptr<detail::DeferredAnswer> later, std::string actor,
-                   std::string method);
+                   std::string method, bool keep_result);
+  // Keeps a call's serialized result (after its header) and replies with its ObjectRef.
+  void reply_kept(int rank, std::uint64_t request, std::string result, std::vector<Bytes> attachments);
   void reply_value(int rank, std::uint64_t request, std::string bytes, const std::vector<Bytes>& attachments = {});
   void install_actor(std::shared_ptr<detail::ActorCellBase> cell);
   void wait_collective(void* request, const char* what);
@@ -391,6 +419,16 @@ class Runtime : private detail::CallCanceller {
   std::mutex backoff_mutex_;
   std::condition_variable backoff_cv_;
   bool backoffs_ended_ = false;
+
+  struct StoredObject {
+    std::string bytes;
+    std::vector<Bytes> attachments;
+    std::size_t size = 0;
+  };
+  mutable std::mutex objects_mutex_;
+  std::unordered_map<std::uint64_t, StoredObject> objects_;
+  std::size_t object_bytes_ = 0;
+  std::uint64_t next_object_id_ = 1;
 
   std::mutex tasks_mutex_;
   std::vector<int> tasks_in_flight_;  // by rank, this rank's tasks only

@@ -48,8 +48,9 @@ struct FunctionTraits<R (*)(A...) noexcept> : FunctionTraits<R (*)(A...)> {};
 using TaskInvoker = void (*)(std::string_view args, std::string& result);
 // Registers a task function under a 64-bit hash of its compiler-spelled signature (a
 // task message carries 8 bytes, not the text); returns the key. Two signatures with
-// one hash stop the program at start-up, naming both.
+// one hash are refused at use: check_task throws InvalidArgument naming both.
 std::uint64_t register_task(const std::string& signature, TaskInvoker invoke);
+void check_task(std::uint64_t key);
 // "square" from task_signature<&square>()'s text.
 std::string task_name(std::string_view signature);
 
@@ -155,6 +156,7 @@ auto Runtime::submit(TaskOptions options, A&&... args) {
                options.rank, " is outside the world of ", size_, " ranks");
   TROUPE_CHECK(options.retries >= 0, "submit task ", detail::TaskKey<F>::name, ": retries must be >= 0, got ",
                options.retries);
+  detail::check_task(detail::TaskKey<F>::key);
   auto task = std::make_shared<detail::TaskRun<R>>();
   task->key = detail::TaskKey<F>::key;
   task->options = options;

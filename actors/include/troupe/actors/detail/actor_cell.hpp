@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -156,6 +157,10 @@ class ActorCellBase {
   // object (one at a time, under replace_mutex_); no lane starts a call meanwhile.
   std::atomic<bool> replacing_{false};
   std::mutex replace_mutex_;
+  // Signals the replacer when a lane goes idle, and the lanes when the replacement is
+  // done (with gate_mutex_, not replace_mutex_, which the replacer holds throughout).
+  std::mutex gate_mutex_;
+  std::condition_variable gate_cv_;
 
   // ---- supervision state: written by the actor's running call, read from any thread ----
   int epoch() const { return epoch_.load(); }  // restarts so far

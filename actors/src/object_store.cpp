@@ -1,0 +1,92 @@
+// Each rank's object store: values kept where they were made (Runtime::put,
+// ActorRef::ask_ref) until a rank that needs one fetches it. See object_ref.hpp.
+#include "transport.hpp"
+#include "troupe/actors/runtime.hpp"
+#include "wire.hpp"
+
+namespace troupe::actors {
+
+namespace {
+RemoteError unknown_object(int rank, std::uint64_t id) {
+  return RemoteError({ErrorCode::unknown_actor, rank, "object store", "fetch", "",
+                      detail::concat("no object ", id, " on this rank (never stored, or freed)")});
+}
+}  // namespace
+
+std::uint64_t Runtime::store_object(std::string bytes, std::vector<Bytes> attachments) {
+  std::size_t size = bytes.size();
+  for (const Bytes& b : attachments) size += b.size();
+  std::lock_guard lock(objects_mutex_);
+  if (object_bytes_ + size > options_.object_store_limit)
+    throw RemoteError({ErrorCode::overloaded, rank_, "object store", "put", "",
+                       detail::concat("an object of ", size, " bytes does not fit: the store holds ", object_bytes_,
+                                      " of its ", options_.object_store_limit,
+                                      " bytes (RuntimeOptions::object_store_limit); free() what is done with")});
+  const std::uint64_t id = next_object_id_++;
+  objects_.emplace(id, StoredObject{std::move(bytes), std::move(attachments), size});
+  object_bytes_ += size;
+  return id;
+}
+
+std::pair<std::string, std::vector<Bytes>> Runtime::stored_object(std::uint64_t id) const {
+  std::lock_guard lock(objects_mutex_);
+  const auto it = objects_.find(id);
+  if (it == objects_.end()) throw unknown_object(rank_, id);
+  return {it->second.bytes, it->second.attachments};
+}
+
+std::size_t Runtime::object_store_size() const {
+  std::lock_guard lock(objects_mutex_);
+  return object_bytes_;
+}
+
+void Runtime::request_object(int rank, std::uint64_t id, std::shared_ptr<detail::ReplyHandler> reply) {
+  detail::Header h;
+  h.kind = detail::Kind::fetch_object;
+  h.actor = id;
+  send_with_reply(rank, h, new_message(), std::move(reply));
+}
+
+void Runtime::handle_fetch(int source, std::uint64_t request, std::uint64_t id) {
+  std::string bytes = new_message();
+  std::vector<Bytes> attachments;
+  try {
+    auto [payload, parts] = stored_object(id);
+    bytes += payload;
+    attachments = std::move(parts);
+  } catch (const RemoteError& e) {
+    return reply_error(source, request, e.info());
+  }
+  // The large parts go from the store's own buffers, as any reply's attachments.
+  reply_value(source, request, std::move(bytes), attachments);
+}
+
+void Runtime::free_object(int rank, std::uint64_t id) {
+  {
+    std::lock_guard lock(pending_mutex_);
+    if (shut_down_) return;  // the stores are gone with their runtimes
+  }
+  if (rank != rank_) {
+    std::string message = new_message();
+    detail::Header h;
+    h.kind = detail::Kind::free_object;
+    h.actor = id;
+    detail::write_header(message, h);
+    transport_->send(rank, message);
+    return;
+  }
+  std::lock_guard lock(objects_mutex_);
+  const auto it = objects_.find(id);
+  if (it == objects_.end()) return;  // freed twice: nothing left to do
+  object_bytes_ -= it->second.size;
+  objects_.erase(it);
+}
+
+void Runtime::reply_kept(int rank, std::uint64_t request, std::string result, std::vector<Bytes> attachments) {
+  const std::uint64_t id = store_object(result.substr(sizeof(detail::Header)), std::move(attachments));
+  std::string reply = new_message();
+  detail::append_serialized(reply, rank_, id);  // an ObjectRef's wire form
+  reply_value(rank, request, std::move(reply));
+}
+
+}  // namespace troupe::actors
