@@ -29,14 +29,19 @@
 #include <thread>
 #include <vector>
 
+#include "actors_bench_rows.hpp"
 #include "troupe/actors/bytes.hpp"
 #include "troupe/actors/runtime.hpp"
 #include "troupe/actors/this_call.hpp"
-#include "troupe/peak_rss.hpp"
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using actors_bench::Clock;
+using actors_bench::median;
+using actors_bench::quiet_barrier;
+using actors_bench::Row;
+using actors_bench::seconds_since;
+using actors_bench::write_json;
 
 struct Echo {
   troupe::Bytes echo(troupe::Bytes payload) { return payload; }
@@ -74,48 +79,12 @@ struct Phoenix {
   static constexpr auto troupe_methods = troupe::methods<&Phoenix::crash, &Phoenix::read>;
 };
 
-// For --objects: holds a ready 64 MB value (make() shares it: what is timed is moving it).
-struct Holder {
-  explicit Holder(int mb) : value(std::vector<std::byte>(static_cast<std::size_t>(mb) << 20, std::byte{3})) {}
-  troupe::Bytes make() { return value; }  // shares the buffer: the cost is the transfer
-  long long take(troupe::Bytes b) { return static_cast<long long>(b.size()); }
-  long long take_ref(troupe::ObjectRef<troupe::Bytes> r) { return static_cast<long long>(r.get().size()); }
-  troupe::Bytes value;
-  static constexpr auto troupe_methods = troupe::methods<&Holder::make, &Holder::take, &Holder::take_ref>;
-};
-
 struct Args {
   bool objects = false;
   bool quick = false;
   std::string transport = "shm";
   std::string json;
 };
-
-struct Row {
-  std::string name, unit, better;
-  double ours, theirs;
-  std::string baseline, target;
-  int met;  // -1: no target
-};
-
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-// Waits for both ranks without spinning a core (MPI_Barrier busy-polls).
-void quiet_barrier(MPI_Comm comm) {
-  MPI_Request request;
-  MPI_Ibarrier(comm, &request);
-  for (int done = 0; !done;) {
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    // 1 ms, not less: rank 1's main thread waits here while rank 0 times its asks,
-    // and every wake-up takes a core from one of the two threads being timed.
-    if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-}
 
 // Raw MPI: `iterations` ping-pongs of `bytes`; seconds per round trip (rank 0's view).
 double raw_round_trip(MPI_Comm comm, int rank, std::size_t bytes, int iterations) {
@@ -160,113 +129,7 @@ std::string human(std::size_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
-
-void write_json(const std::string& path, const std::vector<Row>& rows) {
-  std::ofstream out(path);
-  out << "[\n";
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    const Row& r = rows[i];
-    char numbers[256];
-    std::snprintf(numbers, sizeof numbers, "\"troupe\": %.3f, \"baseline_value\": %s, \"ratio\": %s", r.ours,
-                  r.theirs > 0 ? std::to_string(r.theirs).c_str() : "null",
-                  r.theirs > 0 ? std::to_string(r.ours / r.theirs).c_str() : "null");
-    out << "  {\"case\": \"" << json_escape(r.name) << "\", \"unit\": \"" << r.unit << "\", \"better\": \"" << r.better
-        << "\", " << numbers << ", \"baseline\": \"" << json_escape(r.baseline) << "\", \"target\": \""
-        << json_escape(r.target) << "\", \"met\": "
-        << (r.met < 0 ? "null"
-            : r.met   ? "true"
-                      : "false")
-        << "}" << (i + 1 < rows.size() ? ",\n" : "\n");
-  }
-  out << "]\n";
-}
-
 }  // namespace
-
-// 64 MB from the actor on rank 1 to the one on rank 2, driven by rank 0: through an
-// ObjectRef (rank 2 fetches from rank 1) and fetched by the driver and sent on, next
-// to one raw MPI transfer from rank 1 to rank 2 started and acknowledged by rank 0 in
-// the same job; with the driver's peak memory growth on both actor paths.
-int objects_bench(troupe::Runtime& rt, const Args& args) {
-  if (rt.size() != 3) {
-    if (rt.rank() == 0) std::fprintf(stderr, "actors_bench --objects: run it on 3 ranks (mpirun -np 3)\n");
-    return 2;
-  }
-  constexpr int kMb = 64;
-  const int rounds = args.quick ? 2 : 7;
-  MPI_Comm raw;
-  MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-  std::vector<double> direct;
-  {
-    std::vector<std::byte> buffer(static_cast<std::size_t>(kMb) << 20, std::byte{3});
-    const int n = static_cast<int>(buffer.size());
-    char token = 0;
-    for (int r = 0; r < rounds; ++r) {
-      quiet_barrier(raw);
-      if (rt.rank() == 0) {
-        const auto start = Clock::now();
-        MPI_Send(&token, 1, MPI_CHAR, 1, 0, raw);
-        MPI_Recv(&token, 1, MPI_CHAR, 2, 0, raw, MPI_STATUS_IGNORE);
-        direct.push_back(seconds_since(start) * 1e3);
-      } else if (rt.rank() == 1) {
-        MPI_Recv(&token, 1, MPI_CHAR, 0, 0, raw, MPI_STATUS_IGNORE);
-        MPI_Send(buffer.data(), n, MPI_BYTE, 2, 0, raw);
-      } else {
-        MPI_Recv(buffer.data(), n, MPI_BYTE, 1, 0, raw, MPI_STATUS_IGNORE);
-        MPI_Send(&token, 1, MPI_CHAR, 0, 0, raw);
-      }
-    }
-  }
-  std::vector<Row> rows;
-  if (rt.rank() == 0) {
-    auto a = rt.spawn<Holder>(1, kMb), b = rt.spawn<Holder>(2, kMb);
-    std::vector<double> via_ref, resend;
-    double ref_growth = 0, resend_growth = 0;
-    for (int r = 0; r < rounds; ++r) {
-      troupe::reset_peak_rss();
-      const auto rss = troupe::proc_status_bytes("VmRSS:");
-      auto start = Clock::now();
-      auto ref = a.ask_ref(&Holder::make).get();
-      b.ask(&Holder::take_ref, ref).get();
-      via_ref.push_back(seconds_since(start) * 1e3);
-      ref.free();
-      ref_growth = std::max(ref_growth, static_cast<double>(troupe::proc_status_bytes("VmHWM:") - rss) / 1e6);
-      troupe::reset_peak_rss();
-      const auto rss2 = troupe::proc_status_bytes("VmRSS:");
-      start = Clock::now();
-      {
-        const troupe::Bytes value = a.ask(&Holder::make).get();
-        b.ask(&Holder::take, value).get();
-      }
-      resend.push_back(seconds_since(start) * 1e3);
-      resend_growth = std::max(resend_growth, static_cast<double>(troupe::proc_status_bytes("VmHWM:") - rss2) / 1e6);
-    }
-    const double d = median(direct), v = median(via_ref), s = median(resend);
-    rows.push_back({"64 MB from A to B through an ObjectRef (3 ranks, shm)", "ms", "lower", v, d,
-                    "one raw MPI transfer A to B, started and acknowledged by the driver", "<= 1.1x direct",
-                    v <= 1.1 * d});
-    rows.push_back({"64 MB from A to B fetched by the driver and sent on (3 ranks, shm)", "ms", "lower", s, d,
-                    "one raw MPI transfer A to B, started and acknowledged by the driver", "", -1});
-    rows.push_back({"driver's peak memory growth, ObjectRef path (3 ranks)", "MB", "lower", ref_growth, resend_growth,
-                    "the fetch-and-resend path", "< 1 MB", ref_growth < 1.0});
-    std::printf("%-68s %10s %10s %7s  %s\n", "case", "troupe", "baseline", "ratio", "target");
-    for (const Row& row : rows)
-      std::printf("%-68s %10.2f %10.2f %7.2f  %s\n", row.name.c_str(), row.ours, row.theirs,
-                  row.theirs > 0 ? row.ours / row.theirs : 0.0, row.target.c_str());
-    if (!args.json.empty()) write_json(args.json, rows);
-  }
-  MPI_Comm_free(&raw);
-  rt.shutdown();
-  return 0;
-}
 
 int main(int argc, char** argv) {
   Args args;
@@ -286,7 +149,7 @@ int main(int argc, char** argv) {
     }
   }
   troupe::Runtime rt(argc, argv);
-  if (args.objects) return objects_bench(rt, args);
+  if (args.objects) return actors_bench::objects_bench(rt, args.quick, args.json);
   if (rt.size() != 2) {
     if (rt.rank() == 0) std::fprintf(stderr, "actors_bench: run it on 2 ranks (mpirun -np 2)\n");
     return 2;
