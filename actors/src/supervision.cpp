@@ -25,8 +25,12 @@ std::string dead_message(const detail::ActorCellBase& cell) {
 }
 // Marks the lane idle, and tells a replacer waiting for idle lanes.
 void idle(detail::Lane& lane) {
-  lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
   detail::ActorCellBase& cell = lane.cell();
+  if (!cell.concurrent()) {  // nothing waits for it: no fence on the common path
+    lane.running_method_.store(detail::Lane::kIdle, std::memory_order_relaxed);
+    return;
+  }
+  lane.running_method_.store(detail::Lane::kIdle, std::memory_order_seq_cst);
   if (!cell.replacing_.load(std::memory_order_seq_cst)) return;
   { std::lock_guard lock(cell.gate_mutex_); }  // orders this against the replacer's check
   cell.gate_cv_.notify_all();
@@ -140,7 +144,7 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
     replace_object(cell, lane, [&] {
       if (cell.epoch() == epoch && !cell.dead()) restart_or_bury(cell);
     });
-    info.code = cell.dead() ? ErrorCode::actor_dead : ErrorCode::actor_restarted;
+    info.code = cell.dead() ? dead_code(cell) : ErrorCode::actor_restarted;
     info.message += cell.dead() ? "; " + dead_message(cell)
                                 : detail::concat("; the actor was restarted (restart ", cell.epoch(), ")");
     call->fail(info);
