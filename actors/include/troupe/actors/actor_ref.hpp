@@ -190,6 +190,13 @@ class RuntimeScope {
  private:
   Runtime* previous_;
 };
+// The runtime a reference arriving in a message binds to (ActorRef, ObjectRef).
+inline Runtime& receiving_runtime(const char* what) {
+  Runtime* runtime = current_runtime();
+  if (runtime == nullptr)
+    throw BadMessage(concat("an ", what, " was deserialized outside the runtime's message handling"));
+  return *runtime;
+}
 }  // namespace detail
 
 // An ActorRef travels as (rank, id) and is bound to the receiving rank's runtime.
@@ -202,10 +209,7 @@ void load(Archive& archive, ActorRef<T>& ref) {
   int rank = -1;
   std::uint64_t id = 0;
   archive(rank, id);
-  Runtime* runtime = detail::current_runtime();
-  if (runtime == nullptr)
-    throw detail::BadMessage("an ActorRef was deserialized outside the runtime's message handling");
-  ref = ActorRef<T>(runtime, rank, id);
+  ref = ActorRef<T>(&detail::receiving_runtime("ActorRef"), rank, id);
 }
 
 // One actor of type T per rank, as spawn_on_each returns it.

@@ -58,10 +58,7 @@ void load(Archive& archive, ObjectRef<T>& ref) {
   int rank = -1;
   std::uint64_t id = 0;
   archive(rank, id);
-  Runtime* runtime = detail::current_runtime();
-  if (runtime == nullptr)
-    throw detail::BadMessage("an ObjectRef was deserialized outside the runtime's message handling");
-  ref = ObjectRef<T>(runtime, rank, id);
+  ref = ObjectRef<T>(&detail::receiving_runtime("ObjectRef"), rank, id);
 }
 
 template <class T>
