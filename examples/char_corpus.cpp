@@ -12,9 +12,7 @@
 
 namespace troupe::examples {
 
-namespace {
-
-std::string read_all(const std::string& path) {
+std::string read_text_file(const std::string& path) {
   if (!std::filesystem::exists(path)) TROUPE_THROW(InvalidArgument, "text file '", path, "' does not exist");
   // gzopen reads plain files too, so either form works.
   std::unique_ptr<gzFile_s, int (*)(gzFile)> file(gzopen(path.c_str(), "rb"), gzclose);
@@ -38,8 +36,6 @@ std::string read_all(const std::string& path) {
                  " bytes");
   return bytes;
 }
-
-}  // namespace
 
 std::vector<char32_t> decode_utf8(std::string_view bytes, const std::string& what) {
   std::vector<char32_t> out;
@@ -113,7 +109,7 @@ std::string CharCorpus::decode(const std::vector<std::int64_t>& ids) const {
 }
 
 CharCorpus load_char_corpus(const std::string& path) {
-  const std::vector<char32_t> text = decode_utf8(read_all(path), path);
+  const std::vector<char32_t> text = decode_utf8(read_text_file(path), path);
   if (text.empty()) TROUPE_THROW(FormatError, path, ": the file holds no text");
   CharCorpus corpus;
   corpus.vocab = text;

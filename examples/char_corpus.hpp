@@ -25,6 +25,10 @@ struct CharCorpus {
   std::string decode(const std::vector<std::int64_t>& ids) const;
 };
 
+// The bytes of a file, gzip-compressed or plain. Throws InvalidArgument for a missing
+// file and FormatError naming the file for corrupt compressed data.
+std::string read_text_file(const std::string& path);
+
 // Reads a UTF-8 file, gzip-compressed or plain. Throws InvalidArgument for a missing
 // file and FormatError naming the file for corrupt data, bad UTF-8 or no text.
 CharCorpus load_char_corpus(const std::string& path);

@@ -1,10 +1,26 @@
 // Each rank's object store: values kept where they were made (Runtime::put,
-// ActorRef::ask_ref) until a rank that needs one fetches it. See object_ref.hpp.
+// ActorRef::ask_ref) until a rank that needs one fetches it, and freed when every
+// reference's weight has come back. See object_ref.hpp and docs/ACTORS.md.
+#include <cstdio>
+
+#include "scheduler.hpp"
 #include "transport.hpp"
 #include "troupe/actors/runtime.hpp"
 #include "wire.hpp"
 
 namespace troupe::actors {
+
+namespace detail {
+bool& uncounted_refs() {
+  thread_local bool uncounted = false;
+  return uncounted;
+}
+
+void ObjectLedger::release(int owner, std::uint64_t id, std::uint64_t weight) {
+  std::lock_guard lock(mutex_);
+  if (runtime_ != nullptr) runtime_->release_object(owner, id, weight);
+}
+}  // namespace detail
 
 namespace {
 RemoteError unknown_object(int rank, std::uint64_t id) {
@@ -23,7 +39,7 @@ std::uint64_t Runtime::store_object(std::string bytes, std::vector<Bytes> attach
                                       " of its ", options_.object_store_limit,
                                       " bytes (RuntimeOptions::object_store_limit); free() what is done with")});
   const std::uint64_t id = next_object_id_++;
-  objects_.emplace(id, StoredObject{std::move(bytes), std::move(attachments), size});
+  objects_.emplace(id, StoredObject{std::move(bytes), std::move(attachments), size, detail::kWholeWeight});
   object_bytes_ += size;
   return id;
 }
@@ -48,17 +64,32 @@ void Runtime::request_object(int rank, std::uint64_t id, std::shared_ptr<detail:
 }
 
 void Runtime::handle_fetch(int source, std::uint64_t request, std::uint64_t id) {
-  std::string bytes = new_message();
-  std::vector<Bytes> attachments;
-  try {
-    auto [payload, parts] = stored_object(id);
-    bytes += payload;
-    attachments = std::move(parts);
-  } catch (const RemoteError& e) {
-    return reply_error(source, request, e.info());
-  }
-  // The large parts go from the store's own buffers, as any reply's attachments.
-  reply_value(source, request, std::move(bytes), attachments);
+  // Not on the receiving thread: a large reply waits for its peer to take it, and a
+  // receiving thread does not receive meanwhile -- two ranks fetching large objects
+  // from each other would each wait for the other.
+  scheduler_->post_task([this, source, request, id] {
+    std::string bytes = new_message();
+    std::vector<Bytes> attachments;
+    try {
+      auto [payload, parts] = stored_object(id);
+      bytes += payload;
+      attachments = std::move(parts);
+    } catch (const RemoteError& e) {
+      return reply_error(source, request, e.info());
+    }
+    // The large parts go from the store's own buffers, as any reply's attachments.
+    reply_value(source, request, std::move(bytes), attachments);
+  });
+}
+
+void Runtime::tell_owner(int rank, detail::Kind kind, std::uint64_t id, std::uint64_t weight) {
+  std::string message = new_message();
+  detail::Header h;
+  h.kind = kind;
+  h.actor = id;
+  h.request = weight;
+  detail::write_header(message, h);
+  transport_->send(rank, message);
 }
 
 void Runtime::free_object(int rank, std::uint64_t id) {
@@ -66,15 +97,7 @@ void Runtime::free_object(int rank, std::uint64_t id) {
     std::lock_guard lock(pending_mutex_);
     if (shut_down_) return;  // the stores are gone with their runtimes
   }
-  if (rank != rank_) {
-    std::string message = new_message();
-    detail::Header h;
-    h.kind = detail::Kind::free_object;
-    h.actor = id;
-    detail::write_header(message, h);
-    transport_->send(rank, message);
-    return;
-  }
+  if (rank != rank_) return tell_owner(rank, detail::Kind::free_object, id, 0);
   std::lock_guard lock(objects_mutex_);
   const auto it = objects_.find(id);
   if (it == objects_.end()) return;  // freed twice: nothing left to do
@@ -82,10 +105,32 @@ void Runtime::free_object(int rank, std::uint64_t id) {
   objects_.erase(it);
 }
 
+void Runtime::release_object(int rank, std::uint64_t id, std::uint64_t weight) {
+  {
+    std::lock_guard lock(pending_mutex_);
+    if (shut_down_) return;
+  }
+  if (rank != rank_) return tell_owner(rank, detail::Kind::release_object, id, weight);
+  std::lock_guard lock(objects_mutex_);
+  const auto it = objects_.find(id);
+  if (it == objects_.end()) return;  // freed by hand already
+  if (weight > it->second.weight_out) {
+    // Only a buggy or hostile sender gives back more than was lent: keep the object.
+    std::fprintf(stderr, "troupe: rank %d: object %llu: %llu of weight given back, only %llu lent; kept\n", rank_,
+                 static_cast<unsigned long long>(id), static_cast<unsigned long long>(weight),
+                 static_cast<unsigned long long>(it->second.weight_out));
+    return;
+  }
+  it->second.weight_out -= weight;
+  if (it->second.weight_out > 0) return;
+  object_bytes_ -= it->second.size;
+  objects_.erase(it);
+}
+
 void Runtime::reply_kept(int rank, std::uint64_t request, std::string result, std::vector<Bytes> attachments) {
   const std::uint64_t id = store_object(result.substr(sizeof(detail::Header)), std::move(attachments));
   std::string reply = new_message();
-  detail::append_serialized(reply, rank_, id);  // an ObjectRef's wire form
+  detail::append_serialized(reply, rank_, id, detail::kWholeWeight);  // an ObjectRef's wire form
   reply_value(rank, request, std::move(reply));
 }
 

@@ -95,7 +95,8 @@ std::string register_factory(std::string key, std::string actor, Factory factory
 
 std::string Runtime::new_message() { return std::string(sizeof(detail::Header), '\0'); }
 
-Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options) : options_(options) {
+Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
+    : options_(options), object_ledger_(std::make_shared<detail::ObjectLedger>(this)) {
   TROUPE_CHECK(options_.threads >= 0, "Runtime: threads must be >= 0, got ", options_.threads);
   options_.liveness_timeout = liveness_timeout_from_env(options_.liveness_timeout);
   environment_ = std::make_unique<mpi::Environment>(&argc, &argv);
@@ -140,6 +141,7 @@ Runtime::~Runtime() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "troupe: rank %d: shutdown failed: %s\n", rank_, e.what());
   }
+  object_ledger_->detach();  // references that outlive this runtime give nothing back
 }
 
 detail::Progress* Runtime::progress() const { return transport_.get(); }
@@ -316,6 +318,7 @@ void Runtime::handle(detail::Message message) {
     case detail::Kind::request_ref: return handle_request(message, true, true);
     case detail::Kind::fetch_object: return handle_fetch(message.source, h.request, h.actor);
     case detail::Kind::free_object: return free_object(rank_, h.actor);
+    case detail::Kind::release_object: return release_object(rank_, h.actor, h.request);
     case detail::Kind::reply_value:
     case detail::Kind::reply_error: {
       auto handler = take_pending(h.request);

@@ -1,6 +1,7 @@
 #include "troupe/actors/this_call.hpp"
 
 #include "current_call.hpp"
+#include "troupe/actors/actor_ref.hpp"
 #include "troupe/actors/errors.hpp"
 
 namespace troupe::actors {
@@ -44,6 +45,14 @@ std::optional<Clock::time_point> deadline() {
   const detail::CurrentCall& now = detail::current_call();
   if (now.call == nullptr || now.call->deadline_ticks() == 0) return std::nullopt;
   return Clock::time_point(Clock::duration(now.call->deadline_ticks()));
+}
+
+Runtime& runtime() {
+  Runtime* runtime = detail::current_runtime();
+  if (runtime == nullptr)
+    TROUPE_THROW(InvalidArgument,
+                 "this_call::runtime: called outside an actor call, a task or an actor's construction");
+  return *runtime;
 }
 
 }  // namespace this_call

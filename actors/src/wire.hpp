@@ -15,22 +15,23 @@ inline constexpr std::uint32_t kMagic = 0x50555254;  // "TRUP"
 inline constexpr std::uint8_t kVersion = 2;          // 2: the header grew a deadline
 
 enum class Kind : std::uint8_t {
-  request = 1,        // ask: the sender waits for a reply with the same request id
-  tell = 2,           // no reply
-  reply_value = 3,    // payload: the serialized result
-  reply_error = 4,    // payload: ErrorInfo
-  spawn = 5,          // payload: factory key, name, constructor arguments
-  lookup = 6,         // to rank 0; payload: name
-  register_name = 7,  // to rank 0; payload: name, rank, id, type
-  heartbeat = 8,      // no payload: "this rank is alive", on the liveness communicator only
-  cancel = 9,         // no payload, no reply: cancel the sender's ask `request` to `actor`
-  kill = 10,          // stop `actor` for good; the reply is empty
-  list_actors = 11,   // no payload; the reply: this rank's actors (Runtime::actors)
-  request_ref = 12,   // as request, but the result stays here; the reply: its ObjectRef
-  fetch_object = 13,  // `actor` holds the object id; the reply: the stored value
-  free_object = 14,   // `actor` holds the object id; no reply
+  request = 1,          // ask: the sender waits for a reply with the same request id
+  tell = 2,             // no reply
+  reply_value = 3,      // payload: the serialized result
+  reply_error = 4,      // payload: ErrorInfo
+  spawn = 5,            // payload: factory key, name, constructor arguments
+  lookup = 6,           // to rank 0; payload: name
+  register_name = 7,    // to rank 0; payload: name, rank, id, type
+  heartbeat = 8,        // no payload: "this rank is alive", on the liveness communicator only
+  cancel = 9,           // no payload, no reply: cancel the sender's ask `request` to `actor`
+  kill = 10,            // stop `actor` for good; the reply is empty
+  list_actors = 11,     // no payload; the reply: this rank's actors (Runtime::actors)
+  request_ref = 12,     // as request, but the result stays here; the reply: its ObjectRef
+  fetch_object = 13,    // `actor` holds the object id; the reply: the stored value
+  free_object = 14,     // `actor` holds the object id; no reply
+  release_object = 15,  // `actor`: the object id, `request`: the weight given back; no reply
 };
-inline constexpr Kind kLastKind = Kind::free_object;
+inline constexpr Kind kLastKind = Kind::release_object;
 
 // With attachments (see bytes.hpp) the header is followed by one u64 size per
 // attachment, then the payload. Each attachment follows as its own MPI message from

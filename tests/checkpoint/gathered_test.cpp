@@ -185,8 +185,9 @@ TEST(GatheredSave, BadPiecesAreRefusedAndTheLastCheckpointStays) {
       // The rest of every tensor arrives, but the save was failed by the refusal.
       for (std::size_t i = 1; i < std::size(kCases); ++i) {
         const Tensor flat = full_tensor(i).reshape({-1});
-        if (flat.numel() > 0)
+        if (flat.numel() > 0) {
           EXPECT_THROW(send_piece(actor, step, static_cast<std::int64_t>(i), 0, flat, 0).get(), Error);
+        }
       }
       EXPECT_THROW(actor.ask(&CheckpointActor::commit, step).get(), Error) << bad.what;
       std::vector<std::string> left;

@@ -127,8 +127,11 @@ int main(int argc, char** argv) {
   Runtime runtime(argc, argv);
   int status = 0;
   try {
-    auto workers = runtime.spawn_on_each<Worker>(
-        train::WorkerOptions{.global_batch = 16, .epochs = 2, .progress = false}, LineRecipe::Config{200000});
+    train::WorkerOptions options;
+    options.global_batch = 16;
+    options.epochs = 2;
+    options.progress = false;
+    auto workers = runtime.spawn_on_each<Worker>(options, LineRecipe::Config{200000});
     status = train::drive_then_stop(workers, runtime.rank(), [&] { return drive(workers); });
   } catch (const std::exception& e) {
     actors::print_error("worker_status_test", e, runtime.rank());

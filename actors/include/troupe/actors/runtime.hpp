@@ -111,6 +111,8 @@ struct ActorInfo {
 };
 
 namespace detail {
+class ObjectLedger;
+enum class Kind : std::uint8_t;  // wire.hpp
 class Transport;
 class PeerLiveness;
 class Scheduler;
@@ -133,10 +135,13 @@ class ReplyHandler {
 template <class R>
 class TypedReply final : public ReplyHandler {
  public:
-  TypedReply(std::string what, std::shared_ptr<State<R>> state)
-      : ReplyHandler(std::move(what)), state_(std::move(state)) {}
+  // `uncounted`: the reply is a stored value (object_ref.hpp, UncountedRefsScope).
+  TypedReply(std::string what, std::shared_ptr<State<R>> state, bool uncounted = false)
+      : ReplyHandler(std::move(what)), state_(std::move(state)), uncounted_(uncounted) {}
   void on_value(std::string_view bytes) override {
     try {
+      std::optional<UncountedRefsScope> scope;
+      if (uncounted_) scope.emplace();
       if constexpr (std::is_void_v<R>) {
         parse_exactly(bytes, "reply");
         state_->set_value();
@@ -153,6 +158,7 @@ class TypedReply final : public ReplyHandler {
 
  private:
   std::shared_ptr<State<R>> state_;
+  bool uncounted_;
 };
 
 using Factory = std::function<std::unique_ptr<ActorCellBase>(std::uint64_t id, SpawnOptions options, std::string args)>;
@@ -168,6 +174,7 @@ std::map<std::string, FactoryEntry>& factory_registry();
 template <class T, class... A>
 std::unique_ptr<T> make_from_bytes(std::string_view args_bytes) {
   std::tuple<A...> args;
+  UncountedRefsScope uncounted;  // parsed again at each restart
   parse_exactly(args_bytes, "constructor arguments", args);
   return std::apply([](auto&... a) { return std::make_unique<T>(std::move(a)...); }, args);
 }
@@ -289,6 +296,10 @@ class Runtime : private detail::CallCanceller {
   Future<T> fetch_object(int rank, std::uint64_t id);
   void request_object(int rank, std::uint64_t id, std::shared_ptr<detail::ReplyHandler> reply);
   void free_object(int rank, std::uint64_t id);
+  // Gives `weight` of the object's references back to its owner (ObjectHandle); the
+  // owner frees the object when all its weight has come back.
+  void release_object(int rank, std::uint64_t id, std::uint64_t weight);
+  const std::shared_ptr<detail::ObjectLedger>& object_ledger() const { return object_ledger_; }
   // A request id for an ask to an actor of this rank (remote asks get theirs in
   // send_request), so that it can be cancelled like any other.
   std::uint64_t new_request_id() { return next_request_id_.fetch_add(1, std::memory_order_relaxed); }
@@ -370,6 +381,8 @@ class Runtime : private detail::CallCanceller {
                    std::string method, bool keep_result);
   // Keeps a call's serialized result (after its header) and replies with its ObjectRef.
   void reply_kept(int rank, std::uint64_t request, std::string result, std::vector<Bytes> attachments);
+  // A free_object or release_object message to the object's owner `rank`.
+  void tell_owner(int rank, detail::Kind kind, std::uint64_t id, std::uint64_t weight);
   void reply_value(int rank, std::uint64_t request, std::string bytes, const std::vector<Bytes>& attachments = {});
   void install_actor(std::shared_ptr<detail::ActorCellBase> cell);
   void wait_collective(void* request, const char* what);
@@ -424,11 +437,13 @@ class Runtime : private detail::CallCanceller {
     std::string bytes;
     std::vector<Bytes> attachments;
     std::size_t size = 0;
+    std::uint64_t weight_out = 0;  // lent to references and not yet given back
   };
   mutable std::mutex objects_mutex_;
   std::unordered_map<std::uint64_t, StoredObject> objects_;
   std::size_t object_bytes_ = 0;
   std::uint64_t next_object_id_ = 1;
+  std::shared_ptr<detail::ObjectLedger> object_ledger_;
 
   std::mutex tasks_mutex_;
   std::vector<int> tasks_in_flight_;  // by rank, this rank's tasks only

@@ -9,11 +9,17 @@
 //   }
 //
 // Outside an actor call (or in a tell) there is nothing to cancel: cancelled() is false.
+// runtime() is the Runtime running the call, for a task that keeps its result with
+// `this_call::runtime().put(value)` and returns the ObjectRef.
 #pragma once
 
 #include <optional>
 
 #include "troupe/actors/future.hpp"
+
+namespace troupe::actors {
+class Runtime;
+}
 
 namespace troupe::actors::this_call {
 
@@ -24,6 +30,9 @@ bool cancelled();
 void throw_if_cancelled();
 // The deadline the asker gave, if any.
 std::optional<Clock::time_point> deadline();
+// The runtime running this call (actor method, task or constructor); throws
+// InvalidArgument on a thread that is not running one.
+Runtime& runtime();
 
 }  // namespace troupe::actors::this_call
 

@@ -141,6 +141,22 @@ class ReusedStream {
   std::optional<Stream> own_;
 };
 
+// ObjectRefs parsed on this thread while it is set carry no weight, because their
+// bytes may be parsed more than once: a stored value at each fetch, an actor's
+// constructor arguments at each restart. The weight those bytes took along is never
+// returned, so the objects they name stay pinned.
+bool& uncounted_refs();
+class UncountedRefsScope {
+ public:
+  UncountedRefsScope() : previous_(uncounted_refs()) { uncounted_refs() = true; }
+  ~UncountedRefsScope() { uncounted_refs() = previous_; }
+  UncountedRefsScope(const UncountedRefsScope&) = delete;
+  UncountedRefsScope& operator=(const UncountedRefsScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // Appends the binary serialization of `values` to `out`.
 template <class... T>
 void append_serialized(std::string& out, const T&... values) {
