@@ -1,5 +1,7 @@
 #include "run_options.hpp"
 
+#include <tuple>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -70,16 +72,16 @@ Seconds parse_seconds(const std::string& flag, const std::string& text, bool all
   return Seconds(value);
 }
 
-void parse_bind(const std::string& text, RunOptions& options) {
+// ADDR:PORT (an IPv6 address in brackets) for `flag`; port 0 picks a free one.
+std::pair<std::string, unsigned short> parse_address(const std::string& flag, const std::string& text) {
   auto colon = text.rfind(':');
-  TROUPE_CHECK(colon != std::string::npos && colon > 0, "--bind '", text,
+  TROUPE_CHECK(colon != std::string::npos && colon > 0, flag, " '", text,
                "': expected ADDR:PORT (port 0 picks a free one)");
   std::string host = text.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
-  int port = parse_int("--bind port", text.substr(colon + 1), 0);
-  TROUPE_CHECK(port <= 65535, "--bind '", text, "': port ", port, " is above 65535");
-  options.bind_host = host;
-  options.bind_port = static_cast<unsigned short>(port);
+  int port = parse_int(flag + " port", text.substr(colon + 1), 0);
+  TROUPE_CHECK(port <= 65535, flag, " '", text, "': port ", port, " is above 65535");
+  return {host, static_cast<unsigned short>(port)};
 }
 
 }  // namespace
@@ -123,7 +125,10 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
     } else if (arg == "--grace") {
       options.grace = parse_seconds(arg, value(arg), true);
     } else if (arg == "--bind") {
-      parse_bind(value(arg), options);
+      std::tie(options.bind_host, options.bind_port) = parse_address(arg, value(arg));
+    } else if (arg == "--metrics") {
+      std::tie(options.metrics_host, options.metrics_port) = parse_address(arg, value(arg));
+      options.metrics = true;
     } else if (arg == "--phase-timeout") {
       const std::string& text = value(arg);
       auto equals = text.find('=');
@@ -221,6 +226,9 @@ options:
   --bind ADDR:PORT        heartbeat server address (default: 127.0.0.1:0 when every rank
                           is on this host, 0.0.0.0:0 when --hostfile, --host or a Slurm
                           allocation names other hosts; port 0 picks a free one)
+  --metrics ADDR:PORT     serve Prometheus metrics at http://ADDR:PORT/metrics (default:
+                          off; port 0 picks a free one, printed and logged; the list
+                          is docs/OBSERVABILITY.md's)
   --advertise ADDR        the address ranks connect to (default: the bound one, or this
                           host's address on the route to the job's other hosts)
   --exclude-after K       leave out a host blamed for K failures (default 0: never)

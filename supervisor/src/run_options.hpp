@@ -2,7 +2,7 @@
 //
 //   troupe-run -np N [--max-restarts K] [--checkpoint-dir DIR] [--hang-timeout S]
 //              [--heartbeat-timeout S] [--backoff S] [--grace S] [--bind ADDR:PORT]
-//              [--events FILE] [mpirun options] -- program args...
+//              [--events FILE] [--metrics ADDR:PORT] [mpirun options] -- program args...
 //
 // mpirun options that troupe-run knows pass through unchanged (--hostfile F, --host H,
 // --mca K V, -x VAR, --map-by X, --bind-to X, --oversubscribe, ...); anything else
@@ -53,6 +53,11 @@ struct RunOptions {
   // (job_hosts.hpp). Port 0: any free port.
   std::string bind_host;
   unsigned short bind_port = 0;
+  // --metrics: where troupe-run serves Prometheus metrics (metrics_server.hpp); off
+  // unless given.
+  bool metrics = false;
+  std::string metrics_host;
+  unsigned short metrics_port = 0;
   // The address ranks are told to connect to; empty: the bind address, or, bound to
   // every interface with ranks on other hosts, this host's address on the route to them.
   std::string advertise;

@@ -64,4 +64,10 @@ std::string RunSummary::text(const std::string& outcome, int restarts, double to
   return out.str();
 }
 
+std::map<std::string, std::uint64_t> RunSummary::causes() const {
+  std::map<std::string, std::uint64_t> counts;
+  for (const Failure& f : failures_) ++counts[f.cause];
+  return counts;
+}
+
 }  // namespace troupe::supervisor

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,8 @@ class RunSummary {
   bool resumed(std::uint64_t step, Clock::time_point now);
   std::size_t failures() const { return failures_.size(); }
   const std::string& last_cause() const { return failures_.back().cause; }
+  // How many failures of each cause so far.
+  std::map<std::string, std::uint64_t> causes() const;
 
   struct Totals {
     double lost_s = 0;

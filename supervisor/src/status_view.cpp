@@ -22,14 +22,6 @@ void clear_status(const std::string& checkpoint_dir) {
 
 namespace {
 
-struct Snapshot {
-  int rank = -1;
-  std::string host;
-  long long time = 0;
-  bool finished = false;
-  boost::property_tree::ptree actors;
-};
-
 std::string fixed(double value, int digits) {
   char text[32];
   std::snprintf(text, sizeof text, "%.*f", digits, value);
@@ -46,15 +38,15 @@ void print_row(std::ostream& out, const std::vector<std::string>& cells, const s
 
 }  // namespace
 
-int print_status(const std::string& dir, std::ostream& out, std::chrono::seconds stale) {
+std::vector<RankSnapshot> read_status(const std::string& dir, std::vector<std::string>& problems) {
   fs::path folder = dir;
   if (fs::is_directory(status_dir(dir))) folder = status_dir(dir);
-  std::vector<Snapshot> snapshots;
+  std::vector<RankSnapshot> snapshots;
   std::error_code error;
   for (fs::directory_iterator it(folder, error), end; !error && it != end; it.increment(error)) {
     const std::string name = it->path().filename().string();
     if (!name.starts_with("rank-") || !name.ends_with(".json")) continue;
-    Snapshot s;
+    RankSnapshot s;
     try {
       boost::property_tree::ptree tree;
       boost::property_tree::read_json(it->path().string(), tree);
@@ -62,38 +54,52 @@ int print_status(const std::string& dir, std::ostream& out, std::chrono::seconds
       s.host = tree.get<std::string>("host", "");
       s.time = tree.get<long long>("time", 0);
       s.finished = tree.get<bool>("finished", false);
-      if (auto actors = tree.get_child_optional("actors")) s.actors = *actors;
-    } catch (const std::exception& e) {  // a rank's file from another version, or damaged: say so, show the rest
-      out << "troupe-run status: " << it->path().string() << " is not a status snapshot (" << e.what() << ")\n";
+      if (auto actors = tree.get_child_optional("actors")) {
+        for (const auto& [key, a] : *actors)
+          s.actors.push_back(ActorStatus{.label = a.get<std::string>("label", "?"),
+                                         .state = a.get<std::string>("state", "?"),
+                                         .running = a.get<std::string>("running", ""),
+                                         .running_for_s = a.get<double>("running_for_s", 0),
+                                         .mailbox_depth = a.get<std::uint64_t>("mailbox_depth", 0),
+                                         .calls_served = a.get<std::uint64_t>("calls_served", 0),
+                                         .restarts = a.get<int>("restarts", 0)});
+      }
+    } catch (const std::exception& e) {  // a rank's file from another version, or damaged: say so, keep the rest
+      problems.push_back(it->path().string() + " is not a status snapshot (" + e.what() + ")");
       continue;
     }
     snapshots.push_back(std::move(s));
   }
+  if (error) problems.push_back("cannot read " + folder.string() + " (" + error.message() + ")");
+  std::sort(snapshots.begin(), snapshots.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  return snapshots;
+}
+
+int print_status(const std::string& dir, std::ostream& out, std::chrono::seconds stale) {
+  const fs::path folder = fs::is_directory(status_dir(dir)) ? fs::path(status_dir(dir)) : fs::path(dir);
+  std::vector<std::string> problems;
+  const std::vector<RankSnapshot> snapshots = read_status(dir, problems);
+  for (const auto& problem : problems) out << "troupe-run status: " << problem << "\n";
   if (snapshots.empty()) {
     out << "troupe-run status: no status in " << folder.string()
-        << (error ? " (" + error.message() + ")" : std::string())
         << "; the job writes it there when run by troupe-run with --checkpoint-dir\n";
     return 1;
   }
-  std::sort(snapshots.begin(), snapshots.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
   const long long now = std::time(nullptr);
   std::vector<std::vector<std::string>> rows = {
       {"rank", "host", "actor", "state", "mailbox", "running", "served", "restarts"}};
   std::vector<std::string> notes;
-  for (const Snapshot& s : snapshots) {
+  for (const RankSnapshot& s : snapshots) {
     const long long age = now - s.time;
     if (s.finished)
       notes.push_back("rank " + std::to_string(s.rank) + " has finished (its runtime shut down)");
     else if (age > stale.count())
       notes.push_back("rank " + std::to_string(s.rank) + "'s snapshot is " + std::to_string(age) +
                       " s old: the rank may be stuck or gone");
-    for (const auto& [key, a] : s.actors) {
-      std::string running = a.get<std::string>("running", "");
-      if (!running.empty()) running += " for " + fixed(a.get<double>("running_for_s", 0), 1) + " s";
-      rows.push_back({std::to_string(s.rank), s.host, a.get<std::string>("label", "?"),
-                      a.get<std::string>("state", "?"), a.get<std::string>("mailbox_depth", "0"),
-                      running.empty() ? "-" : running, a.get<std::string>("calls_served", "0"),
-                      a.get<std::string>("restarts", "0")});
+    for (const ActorStatus& a : s.actors) {
+      const std::string running = a.running.empty() ? "-" : a.running + " for " + fixed(a.running_for_s, 1) + " s";
+      rows.push_back({std::to_string(s.rank), s.host, a.label, a.state, std::to_string(a.mailbox_depth), running,
+                      std::to_string(a.calls_served), std::to_string(a.restarts)});
     }
   }
   std::vector<std::size_t> widths(rows.front().size(), 0);

@@ -7,7 +7,10 @@ namespace troupe::supervisor {
 StragglerWatch::StragglerWatch(double ratio, Clock::duration window, std::uint64_t min_steps)
     : ratio_(ratio), window_(window), min_steps_(std::max<std::uint64_t>(1, min_steps)) {}
 
-void StragglerWatch::begin_launch(int world_size) { tracks_.assign(static_cast<std::size_t>(world_size), Track{}); }
+void StragglerWatch::begin_launch(int world_size) {
+  tracks_.assign(static_cast<std::size_t>(world_size), Track{});
+  median_ms_ = 0;
+}
 
 bool StragglerWatch::straggling(int rank) const {
   return rank >= 0 && static_cast<std::size_t>(rank) < tracks_.size() &&
@@ -44,6 +47,7 @@ std::vector<StragglerWatch::Change> StragglerWatch::update(const std::vector<Ran
   if (figures.size() < 2) return changes;
   std::sort(figures.begin(), figures.end());
   const double median = figures[(figures.size() - 1) / 2];
+  median_ms_ = median;
   for (std::size_t r = 0; r < tracks_.size(); ++r) {
     Track& t = tracks_[r];
     if (!t.fresh) continue;
@@ -67,6 +71,13 @@ std::vector<StragglerWatch::Change> StragglerWatch::update(const std::vector<Ran
                              .step = ranks[r].progress.step});
   }
   return changes;
+}
+
+std::optional<double> StragglerWatch::work_ms(int rank) const {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= tracks_.size() ||
+      tracks_[static_cast<std::size_t>(rank)].per_step_ms <= 0)
+    return std::nullopt;
+  return tracks_[static_cast<std::size_t>(rank)].per_step_ms;
 }
 
 }  // namespace troupe::supervisor

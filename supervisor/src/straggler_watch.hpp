@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ class StragglerWatch {
   std::vector<Change> update(const std::vector<RankStatus>& ranks, Clock::time_point now);
 
   bool straggling(int rank) const;
+  // The rank's work per step over its last full window, and the ranks' lower median
+  // of those, in ms; none before the first windows close (or with the watch off).
+  std::optional<double> work_ms(int rank) const;
+  std::optional<double> median_ms() const { return median_ms_ > 0 ? std::optional(median_ms_) : std::nullopt; }
   double ratio() const { return ratio_; }
 
  private:
@@ -59,6 +64,7 @@ class StragglerWatch {
   Clock::duration window_;
   std::uint64_t min_steps_;
   std::vector<Track> tracks_;
+  double median_ms_ = 0;
 };
 
 }  // namespace troupe::supervisor

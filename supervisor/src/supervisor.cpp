@@ -21,7 +21,9 @@
 #include "host_pool.hpp"
 #include "host_probe.hpp"
 #include "job.hpp"
+#include "job_metrics.hpp"
 #include "local_ranks.hpp"
+#include "metrics_server.hpp"
 #include "mpirun_command.hpp"
 #include "refusal_limiter.hpp"
 #include "run_summary.hpp"
@@ -93,12 +95,16 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     host_wait_ = std::make_unique<HostProbe>(io_, quick, mpirun_, [this](const std::string& line) { say(line); });
     address_ =
         options_.advertise.empty() ? server_->address() : options_.advertise + ":" + std::to_string(server_->port());
+    if (options_.metrics)
+      metrics_ = std::make_unique<MetricsServer>(io_, options_.metrics_host, options_.metrics_port,
+                                                 [this] { return prometheus_text(job_metrics()); });
   }
 
   int run() {
     started_ = Clock::now();
     say("run " + run_id_ + ": " + std::to_string(options_.np) + " ranks, heartbeat server on " + address_ +
-        (options_.events_file.empty() ? "" : ", events in " + options_.events_file));
+        (options_.events_file.empty() ? "" : ", events in " + options_.events_file) +
+        (metrics_ ? ", metrics at " + metrics_->url() : ""));
     std::string command;
     for (const auto& a : options_.program) command += (command.empty() ? "" : " ") + a;
     events_->write("start", {{"np", options_.np},
@@ -107,7 +113,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                              {"max_restarts", options_.max_restarts},
                              {"checkpoint_dir", options_.checkpoint_dir},
                              {"hang_timeout_s", options_.hang_timeout.count()},
-                             {"heartbeat_timeout_s", options_.heartbeat_timeout.count()}});
+                             {"heartbeat_timeout_s", options_.heartbeat_timeout.count()},
+                             {"metrics", metrics_ ? metrics_->url() : ""}});
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (!ec) interrupt(signal);
     });
@@ -165,10 +172,14 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     say("rank " + std::to_string(rank.rank) + " on " + rank.host + ": " + notice.text);
     events_->write(std::string(notice_name(notice.kind)),
                    {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host}, {"text", notice.text}});
-    if (notice.kind == NoticeKind::save_failed) ++save_failures_;
+    if (notice.kind == NoticeKind::save_failed) {
+      ++save_failures_;
+      ++save_failures_total_;
+    }
   }
 
   void on_progress(const RankStatus& rank) override {
+    phases_.on_progress(rank, Clock::now());
     if (!rank.progress.has_step) return;
     last_progress_ = Clock::now();
     furthest_step_ = std::max(furthest_step_.value_or(0), rank.progress.step);
@@ -188,6 +199,52 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   enum class State { running, stopping, waiting_for_host, backing_off, finished };
 
   void say(const std::string& line) { std::cerr << "troupe-run: " << line << std::endl; }
+
+  // What --metrics serves, read at each scrape (job_metrics.hpp).
+  JobMetrics job_metrics() const {
+    static constexpr const char* kStates[] = {"running", "stopping", "waiting_for_host", "backing_off", "finished"};
+    const Clock::time_point now = Clock::now();
+    JobMetrics m;
+    m.run_id = run_id_;
+    m.state = kStates[static_cast<int>(state_)];
+    m.uptime_s = seconds(now - started_);
+    m.restarts = restart_;
+    m.world_size = static_cast<int>(server_->ranks().size());
+    m.failures = summary_.causes();
+    m.save_failures = save_failures_total_;
+    m.furthest_step = furthest_step_;
+    const std::optional<double> median = stragglers_.median_ms();
+    for (const RankStatus& r : server_->ranks()) {
+      if (!r.registered) continue;
+      RankMetrics rank;
+      rank.rank = r.rank;
+      rank.host = r.host;
+      rank.connected = r.connected;
+      rank.phase = r.progress.phase;
+      rank.heartbeat_age_s = seconds(now - r.last_heard);
+      rank.steps_per_second = phases_.steps_per_second(r.rank);
+      if (r.progress.has_step) rank.step = r.progress.step;
+      if (const auto work = stragglers_.work_ms(r.rank)) {
+        rank.work_per_step_s = *work / 1000.0;
+        if (median) rank.straggler_ratio = *work / *median;
+      }
+      m.ranks.push_back(std::move(rank));
+    }
+    for (int p = 0; p < kPhases; ++p) m.phases[static_cast<std::size_t>(p)] = phases_.totals(static_cast<Phase>(p));
+    if (!options_.checkpoint_dir.empty()) {
+      std::vector<std::string> problems;  // `troupe-run status` reports them; a scrape need not
+      for (const RankSnapshot& s : read_status(options_.checkpoint_dir, problems))
+        if (!s.finished)
+          for (const ActorStatus& a : s.actors)
+            m.actors.push_back(ActorMetrics{.rank = s.rank,
+                                            .actor = a.label,
+                                            .state = a.state,
+                                            .mailbox_depth = a.mailbox_depth,
+                                            .calls_served = a.calls_served,
+                                            .restarts = a.restarts});
+    }
+    return m;
+  }
 
   // The summaries of refusal windows that are over (all of them with `force`).
   void report_held_refusals(Clock::time_point now, bool force = false) {
@@ -233,6 +290,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     server_->begin_launch(static_cast<std::uint32_t>(restart_), np);
     pool_->begin_launch();
     stragglers_.begin_launch(np);
+    phases_.begin_launch();
     RunEnvironment run{address_,
                        token_,
                        run_id_,
@@ -691,6 +749,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   bool regrowing_ = false;  // the job is being stopped to grow back
   int regrows_ = 0;         // relaunches that were regrowths, not failures
   int save_failures_ = 0;
+  std::uint64_t save_failures_total_ = 0;  // for --metrics; save_failures_ restarts at each relaunch
+  PhaseClock phases_;
+  std::unique_ptr<MetricsServer> metrics_;  // --metrics
   // --host-wait: the probe of a host a failed launch is blamed on, that host, whether
   // the last failure was a launch whose ranks never all registered, and the relaunches
   // after such a launch whose host had not answered (not counted as restarts).

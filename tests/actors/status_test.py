@@ -1,13 +1,15 @@
 """`troupe-run status DIR` while a job runs: the table names the actor, the rank it
-lives on, the method it runs and for how long, and its mailbox; after the job, every
-rank's snapshot says it finished.
+lives on, the method it runs and for how long, and its mailbox (and --metrics serves
+the same mailbox to Prometheus); after the job, every rank's snapshot says it finished.
 
     status_test.py TROUPE_RUN ACTORS_STATUS WORKDIR
 """
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -15,7 +17,11 @@ def main() -> None:
     troupe_run, program, workdir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    job = subprocess.Popen([troupe_run, "-np", "2", "--checkpoint-dir", str(workdir), "--", program, "6000"],
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = subprocess.Popen([troupe_run, "-np", "2", "--checkpoint-dir", str(workdir), "--metrics", f"127.0.0.1:{port}",
+                            "--", program, "6000"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = ""
     deadline = time.time() + 20
@@ -23,6 +29,8 @@ def main() -> None:
         status = subprocess.run([troupe_run, "status", str(workdir)], capture_output=True, text=True, timeout=10)
         if status.returncode == 0 and "nap for" in status.stdout:
             seen = status.stdout
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                scraped = reply.read().decode()
             break
         time.sleep(0.3)
     output, _ = job.communicate(timeout=60)
@@ -39,6 +47,9 @@ def main() -> None:
             failures.append(f"the napper's row is wrong: {row!r}")
         elif cells[cells.index("alive") + 1] != "1":
             failures.append(f"the second call should wait in the mailbox: {row!r}")
+        mailbox = 'troupe_actor_mailbox_depth{rank="1",actor="Napper \'napper\'"} 1'
+        if mailbox not in scraped.splitlines():
+            failures.append(f"/metrics lacks '{mailbox}':\n{scraped}")
         if "rank 0" in seen and "may be stuck" in seen:
             failures.append("a live rank was called stale")
     if job.returncode != 0:

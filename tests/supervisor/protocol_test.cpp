@@ -332,7 +332,9 @@ TEST(LaunchEnvironment, IsWhatARankReadsBack) {
                          3,
                          "/ckpt",
                          std::chrono::milliseconds(100),
-                         std::chrono::milliseconds(4000)};
+                         std::chrono::milliseconds(4000),
+                         "",
+                         -1};
   const auto launch = sv::launch_environment(run, std::chrono::milliseconds(2500));
   for (const auto& [name, value] : launch.variables) ::setenv(name.c_str(), value.c_str(), 1);
   const sv::RunEnvironment read = sv::run_environment();

@@ -102,10 +102,11 @@ class Run:
         return float(found.group(1)) if found else float("nan")
 
 
-def finished_like_a_clean_run(run: Run, check: Check, restarts: int, resumed_at: int, np: int = NP) -> None:
+def finished_like_a_clean_run(run: Run, check: Check, restarts: int, resumed_at: int, np: int = NP,
+                              steps: int = STEPS) -> None:
     check(run.code == 0, f"troupe-run exit status {run.code} == 0")
-    check(run.result() == expected_value(STEPS, np),
-          f"final value {run.result()} equals the value of a run that never failed ({expected_value(STEPS, np)})")
+    check(run.result() == expected_value(steps, np),
+          f"final value {run.result()} equals the value of a run that never failed ({expected_value(steps, np)})")
     finish = run.of("finish")
     check(len(finish) == 1 and finish[0]["status"] == "succeeded" and finish[0]["restarts"] == restarts,
           f"finish event says succeeded after {restarts} restart(s): {finish}")
@@ -505,9 +506,188 @@ def stuck_save(args, check: Check) -> None:
           f"every rank in checkpoint_save after step 4: {failures[0]['ranks']}")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{[^}]*\})? (\S+)$')
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """'name{labels}' -> value; raises ValueError on a line the text format does not allow."""
+    samples = {}
+    for line in text.splitlines():
+        if not line or line.startswith("# HELP ") or line.startswith("# TYPE "):
+            continue
+        found = SAMPLE.match(line)
+        if not found:
+            raise ValueError(f"not a sample line: {line!r}")
+        samples[found.group(1) + (found.group(2) or "")] = float(found.group(3))
+    return samples
+
+
+def metrics(args, check: Check) -> None:
+    """--metrics serves Prometheus' text format while the job runs; the series go on
+    across a relaunch (same run id) and count the restart and its cause."""
+    port = free_port()
+    run = Run(args, "metrics", "rank=1,step=40,kind=crash,restart=0",
+              FAST + ["--max-restarts", "2", "--metrics", f"127.0.0.1:{port}"], steps=80, step_ms=30, background=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    scrapes: list[dict[str, float]] = []
+    while run.process.poll() is None:
+        try:
+            status, text = http_get(url)
+        except OSError:  # not listening yet, or already gone
+            time.sleep(0.05)
+            continue
+        if status != 200:
+            check(False, f"GET /metrics answered {status}")
+        try:
+            scrapes.append(parse_metrics(text))
+        except ValueError as e:
+            check(False, f"the text format: {e}")
+        time.sleep(0.1)
+    run.wait()
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=40, steps=80)
+    check(len(scrapes) >= 10, f"{len(scrapes)} scrapes while the job ran (>= 10)")
+    start = run.of("start")[0]
+    check(start.get("metrics") == url, f"the start event names the endpoint: {start.get('metrics')}")
+    info = [k for s in scrapes for k in s if k.startswith("troupe_run_info")]
+    check(set(info) == {f'troupe_run_info{{run_id="{start["run_id"]}"}}'}, f"one run id across the relaunch: {set(info)}")
+    restarts = [s["troupe_restarts_total"] for s in scrapes]
+    check(restarts[0] == 0 and restarts[-1] == 1 and restarts == sorted(restarts),
+          f"troupe_restarts_total went 0 -> 1 and never back: {sorted(set(restarts))}")
+    check(scrapes[-1].get('troupe_failures_total{cause="rank_lost"}') == 1,
+          f"one failure, rank_lost: {[k for k in scrapes[-1] if k.startswith('troupe_failures')]}")
+    steps = [s.get('troupe_rank_step{rank="0",host="%s"}' % socket.gethostname()) for s in scrapes]
+    steps = [x for x in steps if x is not None]
+    check(len(steps) >= 5 and max(steps) >= 60, f"rank 0's step reported and advancing: {steps[:3]} .. {steps[-3:]}")
+    rates = [v for s in scrapes for k, v in s.items() if k.startswith("troupe_rank_steps_per_second")]
+    check(any(10 <= r <= 40 for r in rates), f"a step rate near 1 / 30 ms: max {max(rates, default=0):.1f}")
+    check(any(k.startswith("troupe_rank_phase") and k.endswith('phase="training"}') and v == 1
+              for s in scrapes for k, v in s.items()), "a rank in phase training")
+
+
+def metrics_errors(args, check: Check) -> None:
+    """Requests other than GET /metrics get HTTP errors; a silent or oversized request
+    is cut off; troupe-run goes on, and refuses a --metrics address it cannot use."""
+    port = free_port()
+    run = Run(args, "metrics_errors", None, FAST + ["--metrics", f"127.0.0.1:{port}"], steps=300, step_ms=30,
+              background=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            http_get(base + "/")
+            break
+        except OSError:
+            time.sleep(0.05)
+    check(http_get(base + "/nothing")[0] == 404, "GET /nothing: 404")
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"hello there\r\n\r\n")
+        check(s.recv(100).startswith(b"HTTP/1.1 400"), "a request that is not HTTP: 400")
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\n" + b"X: " + b"y" * 20000)
+        check(s.recv(100) == b"", "a request head over 8 KiB is closed without an answer")
+    # More silent connections than the server keeps open: the extra ones are closed at
+    # once, and /metrics answers again once the silent ones time out (5 s).
+    silent = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+    answered, deadline = False, time.time() + 10
+    while not answered and time.time() < deadline:
+        try:
+            status, text = http_get(base + "/metrics")
+            answered = status == 200 and "troupe_step" in text
+        except OSError:
+            time.sleep(0.2)
+    check(answered, "after 20 silent connections, /metrics answers within 10 s")
+    for s in silent:
+        s.close()
+    run.wait()
+    check(run.code == 0, f"troupe-run exit status {run.code} == 0")
+    bad = Run(args, "metrics_bad", None, ["--metrics", "not-an-address:9"], steps=2, step_ms=1)
+    check(bad.code == 2 and "--metrics: 'not-an-address' is not an IP address" in bad.stderr,
+          f"a bad --metrics address is refused before anything starts (exit {bad.code})")
+
+
+def prometheus(args, check: Check) -> None:
+    """Debian's Prometheus scrapes a running job every second and keeps its series
+    across a relaunch: read back through Prometheus' own HTTP API."""
+    binary = shutil.which("prometheus")
+    check(binary is not None, "prometheus is installed (scripts/setup installs it)")
+    job_port, prom_port = free_port(), free_port()
+    home = Path(args.workdir) / "prometheus"
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    (home / "prometheus.yml").write_text(f"""global:
+  scrape_interval: 1s
+  scrape_timeout: 900ms
+scrape_configs:
+  - job_name: troupe
+    static_configs:
+      - targets: ['127.0.0.1:{job_port}']
+""")
+    server = subprocess.Popen([binary, f"--config.file={home / 'prometheus.yml'}", f"--storage.tsdb.path={home / 'data'}",
+                               f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=subprocess.DEVNULL,
+                              stderr=open(home / "prometheus.log", "w"))
+    api = f"http://127.0.0.1:{prom_port}"
+    try:
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                if http_get(api + "/-/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        check(http_get(api + "/-/ready")[0] == 200, "prometheus is ready")
+        # Prometheus starts each target's scrapes at an offset within its interval and
+        # takes a few seconds to begin: a 12 s job, failing half-way.
+        run = Run(args, "prometheus_job", "rank=1,step=200,kind=crash,restart=0",
+                  FAST + ["--max-restarts", "2", "--metrics", f"127.0.0.1:{job_port}"], steps=400, step_ms=30)
+        finished_like_a_clean_run(run, check, restarts=1, resumed_at=200, steps=400)
+
+        def query(expr: str) -> list[dict]:
+            import urllib.parse
+            status, text = http_get(api + "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))
+            check(status == 200, f"query {expr}: HTTP {status}")
+            return json.loads(text)["data"]["result"]
+
+        scraped = query('count_over_time(up{job="troupe"}[5m])')
+        check(scraped and float(scraped[0]["value"][1]) >= 5, f"scraped at least 5 times (1 s interval) while the job ran: {scraped}")
+        restarts = query("troupe_restarts_total[5m]")
+        values = sorted({float(v) for series in restarts for _, v in series["values"]})
+        check(len(restarts) == 1 and values == [0.0, 1.0],
+              f"one troupe_restarts_total series, 0 then 1 across the relaunch: {len(restarts)} series, {values}")
+        run_ids = {s["metric"]["run_id"] for s in query("troupe_run_info[5m]")}
+        check(len(run_ids) == 1, f"one run id: {run_ids}")
+        failures = query('max_over_time(troupe_failures_total{cause="rank_lost"}[5m])')
+        check(failures and float(failures[0]["value"][1]) == 1, f"one rank_lost failure: {failures}")
+        steps = query('max_over_time(troupe_rank_step{rank="1"}[5m])')
+        check(steps and float(steps[0]["value"][1]) >= 250, f"rank 1's step series reached past the relaunch: {steps}")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
 SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "unregistered": unregistered, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
              "slow_save": slow_save, "stuck_save": stuck_save, "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm,
-             "sighup": sighup, "lockout": lockout, "killed_troupe_run": killed_troupe_run, "crash_tcp": crash_tcp, "bad_flags": bad_flags}
+             "sighup": sighup, "lockout": lockout, "killed_troupe_run": killed_troupe_run, "crash_tcp": crash_tcp, "bad_flags": bad_flags,
+             "metrics": metrics, "metrics_errors": metrics_errors, "prometheus": prometheus}
 
 
 def main() -> None:
