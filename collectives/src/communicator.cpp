@@ -3,6 +3,8 @@
 // numbers it and hands it to the backend.
 #include "troupe/collectives/communicator.hpp"
 
+#include <cstdio>
+
 #include <cstring>
 #include <vector>
 
@@ -81,6 +83,21 @@ Communicator::Communicator(int rank, int size, Options options)
 Communicator::~Communicator() {
   drain();
   engine_->stop();
+}
+
+std::vector<std::string> Communicator::flight_record() const {
+  std::vector<std::string> lines;
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(flight_mutex_);
+  for (const Flight& f : flights_) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.3f s", std::chrono::duration<double>(now - f.started).count());
+    const auto operation = f.operation.lock();
+    const bool done = f.started_up && (!operation || operation->done());
+    lines.push_back(f.collective.describe() + (done ? std::string(": started ") + seconds + " ago, done"
+                                                    : std::string(": in flight for ") + seconds));
+  }
+  return lines;
 }
 
 bool Communicator::failed() const { return engine_->failed(); }
@@ -182,8 +199,26 @@ Work Communicator::submit(Collective&& c, bool blocking) {
   std::lock_guard lock(submit_mutex_);
   std::uint64_t& counter = c.is_point_to_point() ? p2p_sequence_ : sequence_;
   c.sequence = counter;
+  {  // recorded before start(): a blocking backend may not return until it is done
+    std::lock_guard flight(flight_mutex_);
+    if (flights_.size() == kFlightRecord) flights_.pop_front();
+    Collective figures;  // without its buffers, which own their tensors' storage
+    figures.kind = c.kind;
+    figures.dtype = c.dtype;
+    figures.op = c.op;
+    figures.root = c.root;
+    figures.tag = c.tag;
+    figures.count = c.count;
+    figures.sequence = c.sequence;
+    flights_.push_back({figures, {}, false, std::chrono::steady_clock::now()});
+  }
   Work work = start(c, blocking);
   ++counter;
+  {
+    std::lock_guard flight(flight_mutex_);  // submit_mutex_ is held: the last entry is this call's
+    flights_.back().operation = work.operation_;
+    flights_.back().started_up = true;
+  }
   return work;
 }
 

@@ -17,6 +17,7 @@
 
 #include "troupe/error.hpp"
 #include "troupe/supervisor/protocol.hpp"
+#include "troupe/supervisor/rank_dump.hpp"
 
 namespace troupe::supervisor {
 namespace {
@@ -95,6 +96,10 @@ std::string host_name() {
 SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int world_size,
                                    std::chrono::milliseconds timeout, LostHandler on_lost)
     : address_(env.supervisor),
+      checkpoint_dir_(env.checkpoint_dir),
+      rank_(rank),
+      world_size_(world_size),
+      restart_(env.restart),
       interval_(env.heartbeat_interval),
       supervisor_timeout_(env.supervisor_timeout),
       on_lost_(std::move(on_lost)) {
@@ -276,6 +281,7 @@ std::string SupervisorClient::check_answers() {
     if (answers_.size() < kFrameHeader + length) break;
     if (answers_[kFrameHeader] == static_cast<std::uint8_t>(MessageKind::stop))
       return "troupe-run at " + address_ + " is stopping the job";
+    if (answers_[kFrameHeader] == static_cast<std::uint8_t>(MessageKind::dump)) write_dump();
     answers_.erase(answers_.begin(), answers_.begin() + static_cast<std::ptrdiff_t>(kFrameHeader + length));
   }
   if (supervisor_timeout_.count() > 0 && now - last_answer_ > supervisor_timeout_)
@@ -284,6 +290,31 @@ std::string SupervisorClient::check_answers() {
            " ms: it has given this rank up (a partition) or is gone, and relaunches the job without it; ending "
            "this rank so that the job is not left in two halves";
   return {};
+}
+
+void SupervisorClient::set_flight_recorder(std::function<std::vector<std::string>()> record) {
+  std::lock_guard lock(recorder_mutex_);
+  flight_recorder_ = std::move(record);
+}
+
+void SupervisorClient::write_dump() noexcept {
+  if (checkpoint_dir_.empty()) return;  // troupe-run asks only when it has a folder
+  try {
+    std::vector<std::string> flight;
+    {
+      std::lock_guard lock(recorder_mutex_);
+      if (flight_recorder_) flight = flight_recorder_();
+    }
+    const std::uint64_t step = step_.load(std::memory_order_relaxed);
+    const std::string header =
+        "troupe rank dump: rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ", pid " +
+        std::to_string(::getpid()) + ", host " + host_name() + ", restart " + std::to_string(restart_) + ", phase " +
+        std::string(phase_name(phase())) + (step == kUnset ? std::string() : ", step " + std::to_string(step));
+    const std::string problem = write_rank_dump(dump_path(checkpoint_dir_, rank_), header, flight);
+    if (!problem.empty()) std::cerr << "troupe supervisor client: rank " << rank_ << "'s dump: " << problem << "\n";
+  } catch (const std::exception& e) {
+    std::cerr << "troupe supervisor client: rank " << rank_ << " could not write its dump: " << e.what() << "\n";
+  }
 }
 
 void SupervisorClient::lose_supervisor(const std::string& why) {

@@ -108,6 +108,10 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
     if (rank_ >= 0 && !closed_) send(Stop{}, false);
   }
 
+  void send_dump() {
+    if (rank_ >= 0 && !closed_) send(Dump{}, false);
+  }
+
   // Gives up this pending connection's slot to a newer one (make_room).
   void evict(const std::string& why) {
     char waited[32];
@@ -306,6 +310,11 @@ unsigned short HeartbeatServer::port() const { return acceptor_.local_endpoint()
 void HeartbeatServer::stop_ranks() {
   for (auto& weak : connections_)
     if (auto c = weak.lock()) c->send_stop();
+}
+
+void HeartbeatServer::request_dumps() {
+  for (auto& weak : connections_)
+    if (auto c = weak.lock()) c->send_dump();
 }
 
 void HeartbeatServer::begin_launch(std::uint32_t restart, int world_size) {

@@ -126,6 +126,9 @@ class HeartbeatServer {
   // Sends Stop to every registered rank of this launch; each ends itself (client.hpp)
   // and its connection then closes, reported through on_rank_lost as usual.
   void stop_ranks();
+  // Sends Dump to every registered rank of this launch: each writes its dump file
+  // (rank_dump.hpp) at its next heartbeat.
+  void request_dumps();
   std::uint32_t launch() const { return restart_; }
 
  private:

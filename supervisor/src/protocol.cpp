@@ -110,6 +110,8 @@ std::vector<std::uint8_t> encode(const Message& message) {
           w.u8(static_cast<std::uint8_t>(MessageKind::notice));
           w.u8(static_cast<std::uint8_t>(m.kind));
           w.str(std::string_view(m.text).substr(0, kMaxNoticeText));
+        } else if constexpr (std::is_same_v<M, Dump>) {
+          w.u8(static_cast<std::uint8_t>(MessageKind::dump));
         } else {
           w.u8(static_cast<std::uint8_t>(MessageKind::stop));
         }
@@ -174,6 +176,7 @@ Message decode_payload(const std::uint8_t* data, std::size_t size) {
     case MessageKind::goodbye: r.finish("goodbye"); return Goodbye{};
     case MessageKind::alive: r.finish("alive"); return Alive{};
     case MessageKind::stop: r.finish("stop"); return Stop{};
+    case MessageKind::dump: r.finish("dump"); return Dump{};
     case MessageKind::notice: {
       Notice n;
       const auto kind = r.u8("notice kind");
@@ -211,8 +214,8 @@ Phase parse_phase(std::string_view name) {
 }
 
 std::string_view kind_name(const Message& message) {
-  static constexpr std::string_view names[] = {"hello",   "welcome", "refused", "heartbeat",
-                                               "goodbye", "alive",   "stop",    "notice"};
+  static constexpr std::string_view names[] = {"hello", "welcome", "refused", "heartbeat", "goodbye",
+                                               "alive", "stop",    "notice",  "dump"};
   return names[message.index()];
 }
 

@@ -202,6 +202,7 @@ Seconds phase_timeout(const RunOptions& options, Phase phase) {
 std::string usage() {
   return R"(usage: troupe-run -np N [options] [mpirun options] -- program [args...]
        troupe-run status DIR
+       troupe-run dump DIR
 
 Runs `mpirun -np N program args...`, watches every rank through heartbeats, and
 relaunches the whole job when a rank dies, hangs or stops heartbeating. The program
@@ -250,9 +251,9 @@ troupe-run status DIR   prints the actors of the job running with --checkpoint-d
                         by rank (state, mailbox depth, the method running and for how long),
                         from the snapshots its ranks write every second
 
-troupe-run status DIR   prints the actors of the job running with --checkpoint-dir DIR, rank
-                        by rank (state, mailbox depth, the method running and for how long),
-                        from the snapshots its ranks write every second
+troupe-run dump DIR     asks the troupe-run of the job running with --checkpoint-dir DIR for
+                        every rank's thread stacks and last collectives (as on a hang) and
+                        prints where each rank is; the files land in DIR/troupe-run-dumps
 
 mpirun options passed through: --hostfile F, --host H, --mca K V, -x VAR, --map-by X,
   --bind-to X, --rank-by X, --npernode N, --prefix P, --wdir D, --oversubscribe,

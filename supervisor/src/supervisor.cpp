@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dump_summary.hpp"
 #include "event_log.hpp"
 #include "hang_report.hpp"
 #include "heartbeat_server.hpp"
@@ -30,6 +31,7 @@
 #include "status_view.hpp"
 #include "straggler_watch.hpp"
 #include "troupe/error.hpp"
+#include "troupe/supervisor/rank_dump.hpp"
 #include "troupe/supervisor/run_environment.hpp"
 
 namespace troupe::supervisor {
@@ -69,11 +71,13 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         // SIGHUP too: a closed terminal or ssh session must stop the job in order, not
         // end troupe-run by default and leave mpirun to the parent-death signal.
         signals_(io_, SIGINT, SIGTERM, SIGHUP),
+        dump_signal_(io_, SIGUSR1),
         tick_(io_),
         grace_timer_(io_),
         backoff_timer_(io_),
         host_wait_timer_(io_),
         refusal_timer_(io_),
+        dump_timer_(io_),
         stragglers_(options_.straggler_ratio) {
     auto hosts = job_hosts(options_);
     choose_heartbeat_address(options_, hosts);  // throws InvalidArgument for hosts that cannot work
@@ -114,10 +118,12 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                              {"checkpoint_dir", options_.checkpoint_dir},
                              {"hang_timeout_s", options_.hang_timeout.count()},
                              {"heartbeat_timeout_s", options_.heartbeat_timeout.count()},
-                             {"metrics", metrics_ ? metrics_->url() : ""}});
+                             {"metrics", metrics_ ? metrics_->url() : ""},
+                             {"pid", static_cast<int>(::getpid())}});
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (!ec) interrupt(signal);
     });
+    wait_for_dump_signal();
     launch();
     io_.run();
     return exit_code_;
@@ -437,8 +443,58 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   }
 
   void report_hang(Clock::time_point now, Phase phase) {
+    if (dumping_) return;  // the verdict is in; the ranks are writing their dumps
     HangReport report = describe_hang(server_->ranks(), now, phase_timeout(options_, phase), phase);
-    fail("hang", report.detail, {{"ranks", Json::raw(report.ranks_json)}});
+    collect_dumps("hang", [this, report](const std::string& dumps) {
+      fail("hang", report.detail + dumps, {{"ranks", Json::raw(report.ranks_json)}});
+    });
+  }
+
+  // SIGUSR1: where is every rank now? The job goes on.
+  void wait_for_dump_signal() {
+    dump_signal_.async_wait([this](boost::system::error_code ec, int) {
+      if (ec) return;
+      if (state_ == State::running && !dumping_) collect_dumps("SIGUSR1", [](const std::string&) {});
+      wait_for_dump_signal();
+    });
+  }
+
+  // Asks every rank for its flight record and stacks (rank_dump.hpp), waits until all
+  // have written them or kDumpWait has passed, prints where each rank is, and then
+  // calls `then` with a note naming the folder ("" without --checkpoint-dir).
+  static constexpr auto kDumpWait = std::chrono::seconds(3);
+  void collect_dumps(const std::string& why, std::function<void(const std::string&)> then) {
+    if (options_.checkpoint_dir.empty()) return then("");
+    dumping_ = true;
+    clear_dumps(options_.checkpoint_dir);
+    server_->request_dumps();
+    const Clock::time_point asked = Clock::now();
+    auto poll = std::make_shared<std::function<void()>>();
+    *poll = [this, why, asked, then = std::move(then), weak = std::weak_ptr(poll)] {
+      const int ranks = static_cast<int>(server_->ranks().size());
+      if (!all_dumped(options_.checkpoint_dir, ranks) && Clock::now() - asked < kDumpWait) {
+        dump_timer_.expires_after(std::chrono::milliseconds(50));
+        dump_timer_.async_wait([poll = weak.lock()](boost::system::error_code ec) {
+          if (!ec && poll) (*poll)();
+        });
+        return;
+      }
+      dumping_ = false;
+      const std::vector<std::string> lines = summarize_dumps(options_.checkpoint_dir, ranks);
+      say(why + ": where each rank is (" + fixed(seconds(Clock::now() - asked)) + " s to dump; files in " +
+          dump_folder(options_.checkpoint_dir) + "):");
+      std::string json = "[";
+      for (const auto& line : lines) {
+        std::cerr << "  " << line << "\n";
+        json += (json.size() > 1 ? "," : "") + json_string(line);
+      }
+      events_->write("dump", {{"restart", restart_},
+                              {"why", why},
+                              {"folder", dump_folder(options_.checkpoint_dir)},
+                              {"ranks", Json::raw(json + "]")}});
+      then("; stacks and flight records in " + dump_folder(options_.checkpoint_dir));
+    };
+    (*poll)();
   }
 
   void job_exited(int status) {
@@ -707,6 +763,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     probe_->stop();
     host_wait_->stop();
     signals_.cancel();
+    dump_signal_.cancel();
+    dump_timer_.cancel();
     io_.stop();
   }
 
@@ -716,10 +774,12 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::string mpirun_;
   asio::io_context io_;
   asio::signal_set signals_;
+  asio::signal_set dump_signal_;  // SIGUSR1: collect_dumps
   asio::steady_timer tick_, grace_timer_, backoff_timer_, host_wait_timer_;
   // Refusals written out: 5 lines a second on stderr; in the events log 5 per peer
   // address and 20 in all per 10 s (a reader wants the first few of a kind, not each).
   asio::steady_timer refusal_timer_;
+  asio::steady_timer dump_timer_;
   RefusalLimiter refusal_lines_{std::chrono::seconds(1), 5, 5};
   RefusalLimiter refusal_events_{std::chrono::seconds(10), 20, 5};
   bool refusal_report_due_ = false;
@@ -751,6 +811,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   int save_failures_ = 0;
   std::uint64_t save_failures_total_ = 0;  // for --metrics; save_failures_ restarts at each relaunch
   PhaseClock phases_;
+  bool dumping_ = false;                    // waiting for the ranks' dumps (collect_dumps)
   std::unique_ptr<MetricsServer> metrics_;  // --metrics
   // --host-wait: the probe of a host a failed launch is blamed on, that host, whether
   // the last failure was a launch whose ranks never all registered, and the relaunches

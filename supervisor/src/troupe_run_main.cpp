@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dump_summary.hpp"
 #include "run_options.hpp"
 #include "status_view.hpp"
 #include "supervisor.hpp"
@@ -21,6 +22,13 @@ int main(int argc, char** argv) {
       return 2;
     }
     return print_status(argv[2], std::cout);
+  }
+  if (argc >= 2 && std::string(argv[1]) == "dump") {
+    if (argc != 3) {
+      std::cerr << "troupe-run: error: usage: troupe-run dump DIR (the job's --checkpoint-dir)\n";
+      return 2;
+    }
+    return request_dump(argv[2], std::cout);
   }
   RunOptions options;
   try {

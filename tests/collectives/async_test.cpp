@@ -95,7 +95,9 @@ TEST(AsyncCollectives, AHostCollectiveCannotBeWaitedOnByADevice) {
   Work work = comm.allreduce_async(big.buffer());
   const std::uint64_t before = comm.host_waits();
   const bool done_early = work.is_completed();
-  if (!done_early) EXPECT_FALSE(work.wait_on_device());
+  if (!done_early) {
+    EXPECT_FALSE(work.wait_on_device());
+  }
   work.wait();
   EXPECT_TRUE(work.wait_on_device()) << "nothing left to wait for once it is done";
   EXPECT_LE(comm.host_waits() - before, 1u);

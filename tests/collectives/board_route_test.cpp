@@ -63,7 +63,9 @@ TEST(BoardCall, GivesTheBitsOfTheSharedMemoryRoundsOnEveryRank) {
 
         Data reduced_at_root = input;
         comm.reduce(reduced_at_root.buffer(), n - 1, op);
-        if (rank == n - 1) EXPECT_TRUE(same_bytes(reduced_at_root, on_board));
+        if (rank == n - 1) {
+          EXPECT_TRUE(same_bytes(reduced_at_root, on_board));
+        }
       }
       Data gathered(dtype, count * n), bcast = noisy(dtype, count, rank, ++salt), mine = noisy(dtype, count, rank, 7);
       comm.allgather(mine.buffer(), gathered.buffer());

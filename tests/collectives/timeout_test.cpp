@@ -55,7 +55,9 @@ TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
   world().barrier();
   // The late rank completes the others' signature exchange; their allreduce itself
   // never started (MPI's collectives wait for the check), so its own times out too.
-  if (late) EXPECT_THROW(comm->allreduce(Buffer(data)), TimeoutError);
+  if (late) {
+    EXPECT_THROW(comm->allreduce(Buffer(data)), TimeoutError);
+  }
   world().barrier();
 }
 
@@ -82,7 +84,9 @@ TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
   world().barrier();
   // The others' allreduce never started (it waited for its signature check), so the
   // late rank's times out as well; its signature exchange completes theirs.
-  if (late) EXPECT_THROW(comm->allreduce_async(Buffer(data)).wait(std::chrono::milliseconds(200)), TimeoutError);
+  if (late) {
+    EXPECT_THROW(comm->allreduce_async(Buffer(data)).wait(std::chrono::milliseconds(200)), TimeoutError);
+  }
   world().barrier();
 }
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 STEPS, SAVE_EVERY, STEP_MS, NP = 30, 5, 20, 2
+PROTOCOL_VERSION = 5  # supervisor/include/troupe/supervisor/protocol.hpp, kProtocolVersion
 # Short timeouts keep the tests quick; the hang test relies on the heartbeat interval
 # (heartbeat timeout / 5 = 0.4 s) being well under the hang timeout.
 FAST = ["--backoff", "0", "--grace", "1", "--heartbeat-timeout", "2", "--hang-timeout", "5"]
@@ -210,7 +211,7 @@ def hostile(args, check: Check) -> None:
     def s16(b: bytes) -> bytes:
         return struct.pack("<H", len(b)) + b
     run_id = run.of("start")[0]["run_id"].encode()
-    hello = bytes([1]) + struct.pack("<H", 4) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
+    hello = bytes([1]) + struct.pack("<H", PROTOCOL_VERSION) + s16(b"0" * 32) + s16(run_id) + struct.pack("<IIII", 0, 0, 2, 1) + s16(b"evil")
     answer = send(frame(hello))
     check(b"wrong token" in answer, f"a hello with a guessed token is answered 'wrong token': {answer!r}")
     send(b"\xff\xff\xff\xff" + os.urandom(64))
@@ -506,6 +507,57 @@ def stuck_save(args, check: Check) -> None:
           f"every rank in checkpoint_save after step 4: {failures[0]['ranks']}")
 
 
+def hang_dump(args, check: Check) -> None:
+    """A rank hangs outside a collective while 3 others wait in the next all-reduce: the
+    dump names it, the all-reduce's kind and number, and the waiting ranks, within the
+    hang timeout + 2 s; every rank's file holds its flight record and thread stacks."""
+    hang_timeout = 1.5
+    run = Run(args, "hang_dump", "rank=0,step=12,kind=hang,restart=0",
+              FAST[:-1] + [str(hang_timeout), "--max-restarts", "1"], np=4)
+    dumps = run.of("dump")
+    check(len(dumps) == 1 and dumps[0]["why"] == "hang", f"one dump, for the hang: {dumps}")
+    lines = dumps[0]["ranks"]
+    check(len(lines) == 4, f"a line per rank: {lines}")
+    check(lines[0].startswith("rank 0 (step 12): in no collective; the last it finished: allreduce #12")
+          and "FaultInjector" in lines[0], f"rank 0 is in no collective, its stack in the fault: {lines[0]}")
+    for r in (1, 2, 3):
+        check(re.match(rf"rank {r} \(step 12\): waits in allreduce #13 \(sum, 1 x i64 = 8 B\): in flight for", lines[r])
+              is not None, f"rank {r} waits in allreduce #13: {lines[r]}")
+    check(f"rank 1 (step 12): waits in allreduce #13" in run.stderr, "troupe-run printed the summary")
+    failure = run.of("failure")[0]
+    check(failure["cause"] == "hang" and "troupe-run-dumps" in failure["detail"], f"the verdict names the folder")
+    within = failure["time"] - run.fault_time()
+    check(within <= hang_timeout + 2.0, f"summary and verdict {within:.2f} s after the hang (<= {hang_timeout} + 2 s)")
+    for r in range(4):
+        text = (run.ckpt / "troupe-run-dumps" / f"rank-{r}.txt").read_text()
+        check(text.startswith(f"troupe rank dump: rank {r} of 4") and "== threads ==" in text and
+              re.search(r"^#\d+ +0x[0-9a-f]+ main$", text, re.M) is not None,
+              f"rank {r}'s file: header, flight record and a symbolised main thread")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=10, np=4)
+
+
+def dump_on_signal(args, check: Check) -> None:
+    """`troupe-run dump DIR` (SIGUSR1 to the job's troupe-run): every rank dumps, the
+    summary is printed, and the job goes on to finish."""
+    run = Run(args, "dump_on_signal", None, FAST, steps=60, step_ms=40, background=True)
+    deadline = time.time() + 20
+    while not run.of("first_step") and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    asked = subprocess.run([args.troupe_run, "dump", str(run.ckpt)], capture_output=True, text=True, timeout=30)
+    print(asked.stdout, end="")
+    check(asked.returncode == 0 and "rank 0 (step" in asked.stdout and "rank 1 (step" in asked.stdout,
+          f"troupe-run dump printed where both ranks are (exit {asked.returncode})")
+    run.wait()
+    gone = subprocess.run([args.troupe_run, "dump", str(run.ckpt)], capture_output=True, text=True, timeout=30)
+    check(gone.returncode == 1 and "is not running" in gone.stdout, f"after the job, dump says so: {gone.stdout!r}")
+    check(run.code == 0 and run.result() == expected_value(60), f"the job finished right (exit {run.code})")
+    dumps = run.of("dump")
+    check(len(dumps) == 1 and dumps[0]["why"] == "SIGUSR1" and len(dumps[0]["ranks"]) == 2,
+          f"one dump of 2 ranks for SIGUSR1: {dumps}")
+    check(not run.of("failure"), "no failure")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -687,7 +739,8 @@ scrape_configs:
 SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopped_rank, "mpirun_exit": mpirun_exit, "unregistered": unregistered, "hang": hang, "crash_before_first_save": crash_before_first_save, "give_up": give_up,
              "slow_save": slow_save, "stuck_save": stuck_save, "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm,
              "sighup": sighup, "lockout": lockout, "killed_troupe_run": killed_troupe_run, "crash_tcp": crash_tcp, "bad_flags": bad_flags,
-             "metrics": metrics, "metrics_errors": metrics_errors, "prometheus": prometheus}
+             "metrics": metrics, "metrics_errors": metrics_errors, "prometheus": prometheus,
+             "hang_dump": hang_dump, "dump_on_signal": dump_on_signal}
 
 
 def main() -> None:

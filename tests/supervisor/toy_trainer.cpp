@@ -77,6 +77,14 @@ void train(const troupe::mpi::Environment& mpi, const Args& args, const sv::RunE
   const int rank = mpi.rank();
   const auto fault = sv::FaultInjector::from_environment(rank);
   auto comm = coll::world_communicator();
+  // A dump (troupe-run's hang verdict) lists its last collectives, while it lives.
+  struct Recorder {
+    sv::SupervisorClient* client;
+    ~Recorder() {
+      if (client) client->set_flight_recorder(nullptr);
+    }
+  } recorder{client};
+  if (client) client->set_flight_recorder([c = comm.get()] { return c->flight_record(); });
 
   std::int64_t state[2] = {0, 1};  // (next step, value)
   if (rank == 0 && !run.checkpoint_dir.empty()) {

@@ -29,11 +29,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "troupe/collectives/buffer.hpp"
 #include "troupe/collectives/collective.hpp"
@@ -71,6 +73,14 @@ class Communicator {
   // How many times a caller blocked on a collective not yet done (the waits wait_time
   // sums): what Work::wait_on_device spares the host on a GPU.
   std::uint64_t host_waits() const;
+
+  // The flight recorder: the last kFlightRecord collectives (and sends/receives) this
+  // rank issued on this communicator, oldest first, one line each --
+  //   "allreduce #12 (sum, 1023 x f32 = 4092 B): started 1.204 s ago, done"
+  //   "allreduce #13 (sum, 1023 x f32 = 4092 B): in flight for 5.310 s"
+  // -- what a hang dump shows (docs/OBSERVABILITY.md). Any thread, any time.
+  static constexpr std::size_t kFlightRecord = 64;
+  std::vector<std::string> flight_record() const;
 
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
   // Collective over this communicator. A negative color returns null (no membership).
@@ -156,6 +166,14 @@ class Communicator {
   std::uint64_t sequence_ = 0;      // next collective
   std::uint64_t p2p_sequence_ = 0;  // next send/recv
   std::shared_ptr<detail::Engine> engine_;
+  struct Flight {  // the call's figures, not its buffers: those may be gone by a dump
+    Collective collective;
+    std::weak_ptr<const Operation> operation;  // expired: done and let go
+    bool started_up = false;                   // start() has returned
+    std::chrono::steady_clock::time_point started;
+  };
+  mutable std::mutex flight_mutex_;
+  std::deque<Flight> flights_;  // at most kFlightRecord
 };
 
 // The CPU communicator over MPI_COMM_WORLD: the single-rank backend when the world has

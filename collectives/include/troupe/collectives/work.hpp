@@ -64,6 +64,7 @@ class Work {
   std::string describe() const;
 
  private:
+  friend class Communicator;  // its flight recorder watches operations without keeping them
   std::shared_ptr<Operation> operation_;
 };
 

@@ -106,6 +106,11 @@ class SupervisorClient {
   // the connection is gone. Never throws.
   void report_notice(NoticeKind kind, const std::string& text) noexcept;
 
+  // What this rank's dump lists under collectives (Communicator::flight_record): called
+  // from the heartbeat thread when troupe-run asks for a dump (rank_dump.hpp), while
+  // the training thread may be stuck, so it must not wait for that thread.
+  void set_flight_recorder(std::function<std::vector<std::string>()> record);
+
   // Stops heartbeating, sends Goodbye and closes: the rank is ending on purpose.
   // Idempotent; never throws.
   void close() noexcept;
@@ -128,7 +133,15 @@ class SupervisorClient {
   void discard_answers(std::chrono::milliseconds linger) noexcept;
   bool send_frame(const std::vector<std::uint8_t>& frame) noexcept;
 
+  // Writes this rank's dump file (troupe-run sent Dump).
+  void write_dump() noexcept;
+
   std::string address_;
+  std::string checkpoint_dir_;  // where dumps go; empty: none
+  int rank_ = 0, world_size_ = 0;
+  std::uint32_t restart_ = 0;
+  std::mutex recorder_mutex_;
+  std::function<std::vector<std::string>()> flight_recorder_;
   int fd_ = -1;
   std::chrono::milliseconds interval_;
   std::chrono::milliseconds supervisor_timeout_;

@@ -24,8 +24,8 @@
 
 namespace troupe::supervisor {
 
-// 2: heartbeats carry a phase; 3: and work time; 4: notices
-inline constexpr std::uint16_t kProtocolVersion = 4;
+// 2: heartbeats carry a phase; 3: and work time; 4: notices; 5: dump requests
+inline constexpr std::uint16_t kProtocolVersion = 5;
 // Largest payload either side accepts. A Hello with a 255-byte host name fits easily.
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
@@ -38,7 +38,8 @@ enum class MessageKind : std::uint8_t {
   goodbye = 5,
   alive = 6,
   stop = 7,
-  notice = 8
+  notice = 8,
+  dump = 9
 };
 
 struct Hello {
@@ -100,6 +101,10 @@ struct Alive {};
 // troupe-run is stopping the job: end this rank now.
 struct Stop {};
 
+// troupe-run asks for this rank's flight record and thread stacks (a hang verdict, or
+// SIGUSR1 to troupe-run): the rank writes them to its dump file (client.hpp).
+struct Dump {};
+
 // Something a rank wants in troupe-run's log that is not a fault of the rank itself:
 // a checkpoint save that failed (with its errno and path), a fresh start it was asked for.
 enum class NoticeKind : std::uint8_t { save_failed = 1, started_fresh = 2 };
@@ -112,7 +117,7 @@ struct Notice {
   std::string text;
 };
 
-using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive, Stop, Notice>;
+using Message = std::variant<Hello, Welcome, Refused, Heartbeat, Goodbye, Alive, Stop, Notice, Dump>;
 
 // A whole frame (length prefix included) ready to send.
 std::vector<std::uint8_t> encode(const Message& message);

@@ -171,6 +171,8 @@ class TrainWorker {
     if (run.checkpoint_dir == options_.checkpoint_dir && !(options_.fresh && run.restart == 0))
       expected_checkpoint_step_ = run.checkpoint_step;
     supervisor_ = supervisor::SupervisorClient::connect_if_supervised(run, comm_->rank(), comm_->size());
+    // A hang dump lists the world communicator's last collectives (supervisor_ goes first).
+    if (supervisor_) supervisor_->set_flight_recorder([comm = comm_.get()] { return comm->flight_record(); });
     if (checkpoint_) {
       // One job per folder: rank 0 holds the lock for the job (checkpoint/folder_lock.hpp).
       if (comm_->rank() == 0) folder_lock_.emplace(options_.checkpoint_dir, options_.run_id);

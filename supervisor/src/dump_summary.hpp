@@ -1,0 +1,30 @@
+// Reads the ranks' dump files (troupe/supervisor/rank_dump.hpp) and says, one line per
+// rank, where each one is: the collective it waits in and for how long, or, when it is
+// in none, the last one it finished and the top of its main thread's stack. A hang
+// shows as one rank in no collective (or an older one) while the others wait in the
+// next: the rank that is behind is the one to look at.
+#pragma once
+
+#include <chrono>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace troupe::supervisor {
+
+// Ranks 0..world_size-1 whose dump file is in `checkpoint_dir`'s dump folder; a rank
+// without one is named as such.
+std::vector<std::string> summarize_dumps(const std::string& checkpoint_dir, int world_size);
+
+// True once every one of ranks 0..world_size-1 has a dump file.
+bool all_dumped(const std::string& checkpoint_dir, int world_size);
+
+// `troupe-run dump DIR`: finds the troupe-run running the job whose --checkpoint-dir is
+// DIR (its start event in DIR/troupe-run-events.jsonl names its pid), sends it SIGUSR1
+// and prints the summary of the dump it then logs. Returns 0, or 1 saying why not.
+int request_dump(const std::string& dir, std::ostream& out, std::chrono::seconds wait = std::chrono::seconds(15));
+
+// Removes the dump files of an earlier request.
+void clear_dumps(const std::string& checkpoint_dir);
+
+}  // namespace troupe::supervisor
