@@ -28,6 +28,10 @@ TORCH_PYTHON = "/usr/bin/python3"
 ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
+# Five times Prometheus' usual 1 s, to make any cost of scraping show.
+SCRAPE_EVERY = 0.2
+
+
 def _fault_time(text: str) -> float:
     found = re.search(r"troupe fault: crash on rank \d+ at step \d+ \(pid \d+, t=([0-9.]+)\)", text)
     if not found:
@@ -90,6 +94,51 @@ def digits_once(build: Path, work: Path) -> dict:
     return {"total": resume["time"] - _fault_time(p.stderr)}
 
 
+def metrics_once(build: Path, work: Path, scrape_every: float | None) -> dict:
+    """train_digits (300 epochs, 2 ranks) under troupe-run: its training time, and with
+    --metrics, scraped every `scrape_every` s meanwhile, each scrape's time."""
+    import socket
+    import threading
+    import urllib.request
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    extra = ["--metrics", f"127.0.0.1:{port}"] if scrape_every else []
+    job = subprocess.Popen([str(build / "supervisor" / "troupe-run"), "-np", "2", "--checkpoint-dir", str(work / "m"),
+                            *extra, "--", str(build / "examples" / "train_digits"), "--epochs", "300"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scrapes: list[float] = []
+
+    def scrape() -> None:
+        while job.poll() is None:
+            start = time.perf_counter()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+                    reply.read()
+                scrapes.append(time.perf_counter() - start)
+            except OSError:
+                pass
+            time.sleep(scrape_every)
+    scraper = threading.Thread(target=scrape) if scrape_every else None
+    if scraper:
+        scraper.start()
+    out, err = job.communicate(timeout=300)
+    if scraper:
+        scraper.join()
+    if job.returncode != 0:
+        raise RuntimeError(f"troupe-run train_digits failed ({job.returncode}):\n{err[-3000:]}")
+    found = re.search(r"final test accuracy [0-9.]+ after \d+ epochs \(([0-9.]+) s\)", out)
+    if not found:
+        raise RuntimeError(f"train_digits printed no training time:\n{out[-2000:]}")
+    result = {"train_s": float(found.group(1))}
+    if scrape_every:
+        if len(scrapes) < 3:
+            raise RuntimeError(f"only {len(scrapes)} scrapes answered")
+        result["scrape_ms"] = 1e3 * sorted(scrapes)[len(scrapes) // 2]
+        result["scrapes"] = len(scrapes)
+    return result
+
+
 def mpirun_loop_once(build: Path, work: Path) -> dict:
     """What a shell loop around mpirun gets: wait for mpirun to notice the dead rank and
     exit, relaunch at once."""
@@ -147,6 +196,12 @@ def measure(root: Path, build: Path, quick: bool, row) -> list[dict]:
         digits = median_of([digits_once(build, fresh(300 + i)) for i in range(repeats)])
         missing = torch_missing()
         torch = median_of([torchrun_once(root, fresh(200 + i)) for i in range(repeats)]) if not missing else None
+        # Alternated, so that the machine's drift falls on both alike.
+        plain, scraped = [], []
+        for i in range(repeats):
+            plain.append(metrics_once(build, fresh(400 + i), None))
+            scraped.append(metrics_once(build, fresh(500 + i), SCRAPE_EVERY))
+        plain, scraped = median_of(plain), median_of(scraped)
         overhead = json.loads(subprocess.run([str(build / "bench" / "supervisor_bench"), *(["--quick"] if quick else [])],
                                              capture_output=True, text=True, check=True, timeout=300).stdout)
 
@@ -168,6 +223,11 @@ def measure(root: Path, build: Path, quick: bool, row) -> list[dict]:
                     "plain mpirun relaunch -> first step", loop["relaunch+first_step"]))
     rows.append(row("  of which mpirun start -> ranks registered", "s", "lower", troupe["relaunch"],
                     "plain mpirun relaunch -> first step", loop["relaunch+first_step"]))
+    ratio = scraped["train_s"] / plain["train_s"]
+    rows.append(row(f"train_digits 300 epochs, 2 ranks, under troupe-run --metrics scraped every {SCRAPE_EVERY} s",
+                    "s", "lower", scraped["train_s"], "same job, no --metrics", plain["train_s"], "<= 1.03x",
+                    ratio <= 1.03))
+    rows.append(row("one /metrics scrape during that job (median)", "ms", "lower", scraped["scrape_ms"], "none", None))
     rows.append(row("report_step + report_collective per step", "ns", "lower", overhead["report_ns"], "none", None))
     rows.append(row("process CPU with a client heartbeating every 0.1 s", "us/s", "lower",
                     overhead["heartbeat_cpu_us_per_s_100ms"], "same process idle, no client",
