@@ -303,11 +303,11 @@ int drive(const Flags& flags, const actors::ActorGroup<Worker>& workers, int wor
                                     : workers[0].ask(&Worker::offer_best, test_accuracy, steps).get()))
       status.print("  best test accuracy so far: model saved to " + flags.best);
     if (!flags.checkpoint_dir.empty()) actors::when_all(workers.ask(&Worker::save_checkpoint)).get();
-    status.log(steps, epoch,
-               {{"loss", loss / static_cast<double>(samples)},
-                {"test_loss", test_loss / static_cast<double>(test_samples)},
-                {"test_accuracy", test_accuracy}},
-               rate);
+    train::Metrics logged = {{"loss", loss / static_cast<double>(samples)},
+                             {"test_loss", test_loss / static_cast<double>(test_samples)},
+                             {"test_accuracy", test_accuracy}};
+    for (const auto& share : train::time_shares(results)) logged.push_back(share);  // where the time went
+    status.log(steps, epoch, logged, rate);
   }
   // Every rank must hold the same parameters; the hash names them for reproducibility checks.
   const auto states = actors::when_all(workers.ask(&Worker::state)).get();

@@ -280,12 +280,12 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
                   loss / static_cast<double>(samples), val_loss, tokens_per_s, 100 * mfu);
     status.print(line);
     if (!flags.checkpoint_dir.empty()) actors::when_all(workers.ask(&Worker::save_checkpoint)).get();
-    status.log(step, results[0].epoch,
-               {{"loss", loss / static_cast<double>(samples)},
-                {"val_loss", val_loss},
-                {"tokens_per_s", tokens_per_s},
-                {"mfu", mfu}},
-               static_cast<double>(samples) / seconds);
+    train::Metrics logged = {{"loss", loss / static_cast<double>(samples)},
+                             {"val_loss", val_loss},
+                             {"tokens_per_s", tokens_per_s},
+                             {"mfu", mfu}};
+    for (const auto& share : train::time_shares(results)) logged.push_back(share);  // where the time went
+    status.log(step, results[0].epoch, logged, static_cast<double>(samples) / seconds);
   }
   if (!evaluated) val_loss = validation_loss(workers);  // resumed after the last step
   // Every rank must hold the same parameters; the hash names them for reproducibility checks.

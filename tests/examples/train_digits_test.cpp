@@ -123,12 +123,23 @@ TEST(TrainDigits, WritesOneMetricsRecordPerEpochWithStepEpochRateAndWallTime) {
   std::ifstream in(path);
   std::string line;
   int records = 0;
+  const std::regex share("\"(compute|comm_wait|data|checkpoint)_share\": ([0-9.e-]+)");
   while (std::getline(in, line)) {
     ++records;
     EXPECT_TRUE(std::regex_search(line, std::regex("^\\{\"step\": [0-9]+, \"epoch\": " + std::to_string(records) +
                                                    ", \"loss\": [-0-9.e]+, .*\"test_accuracy\": [0-9.e-]+, "
-                                                   "\"samples_per_s\": [0-9.e+]+, \"wall_s\": [0-9.e-]+\\}$")))
+                                                   ".*\"samples_per_s\": [0-9.e+]+, \"wall_s\": [0-9.e-]+\\}$")))
         << line;
+    // Where the step time went: four shares that add up to 1.
+    double sum = 0;
+    int shares = 0;
+    for (std::sregex_iterator it(line.begin(), line.end(), share), end; it != end; ++it, ++shares) {
+      const double value = std::stod((*it)[2].str());
+      EXPECT_TRUE(value >= 0 && value <= 1) << line;
+      sum += value;
+    }
+    EXPECT_EQ(shares, 4) << line;
+    EXPECT_NEAR(sum, 1.0, 1e-9) << line;
   }
   EXPECT_EQ(records, 3);
 }

@@ -220,17 +220,17 @@ class TrainWorker {
   EpochResult train_epoch(std::int64_t epoch) {
     const auto call = begin_call("train_epoch");
     if (state_->epoch != epoch || sampler_->exhausted() || sampler_->epoch() != epoch) start_epoch(epoch);
-    const auto start = std::chrono::steady_clock::now();
+    const CallClock clock(*this);
     const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
     EpochResult result;
     result.epoch = epoch;
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
-    while (auto batch = loader_->next()) {
+    while (auto batch = clock.next_batch(result)) {
       train_batch(*batch, result);
       const std::int64_t micro = sharded_ ? sharded_->micro_step() : ddp_ ? ddp_->micro_step() : 0;
       report_progress(micro == 0 ? micro_per_epoch : micro, result);
     }
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    clock.finish(result);
     status_->end_progress();
     count_once(result);
     return result;
@@ -245,19 +245,19 @@ class TrainWorker {
     TROUPE_CHECK(steps >= 1, "TrainWorker::train_steps: steps must be >= 1, got ", steps);
     TROUPE_CHECK(loader_->batches_per_epoch() > 0, "TrainWorker::train_steps: the training set of ", train_.size(),
                  " samples gives no batch");
-    const auto start = std::chrono::steady_clock::now();
+    const CallClock clock(*this);
     EpochResult result;
     status_->begin_epoch(state_->epoch, options_.epochs, steps * options_.accum_steps);
     std::int64_t micro = 0;
     while (result.steps < steps) {
       if (sampler_->exhausted()) start_epoch(state_->epoch + 1);
-      auto batch = loader_->next();
+      auto batch = clock.next_batch(result);
       if (!batch) continue;  // the epoch ended: the next turn starts another
       train_batch(*batch, result);
       report_progress(++micro, result);
     }
     result.epoch = state_->epoch;
-    result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    clock.finish(result);
     status_->end_progress();
     count_once(result);
     return result;
@@ -592,7 +592,9 @@ class TrainWorker {
     fault_.at_step(step);
     if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
       supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
+      const auto started = std::chrono::steady_clock::now();
       save_on_every_rank();
+      checkpoint_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     }
     mark_step_start();  // a save is not a step's work
   }
@@ -618,6 +620,35 @@ class TrainWorker {
     }
     if (failed) std::rethrow_exception(failed);
   }
+
+  // A training call's clock: its wall time, and of that the waits in the world
+  // communicator's collectives, the batches' fetching and the periodic saves
+  // (EpochResult, time_shares).
+  class CallClock {
+   public:
+    explicit CallClock(TrainWorker& worker)
+        : worker_(worker),
+          start_(std::chrono::steady_clock::now()),
+          wait_(worker.comm_->wait_time()),
+          checkpoint_(worker.checkpoint_seconds_) {}
+    auto next_batch(EpochResult& result) const {
+      const auto before = std::chrono::steady_clock::now();
+      auto batch = worker_.loader_->next();
+      result.data_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
+      return batch;
+    }
+    void finish(EpochResult& result) const {
+      result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+      result.wait_seconds = std::chrono::duration<double>(worker_.comm_->wait_time() - wait_).count();
+      result.checkpoint_seconds = worker_.checkpoint_seconds_ - checkpoint_;
+    }
+
+   private:
+    TrainWorker& worker_;
+    std::chrono::steady_clock::time_point start_;
+    std::chrono::nanoseconds wait_;
+    double checkpoint_;
+  };
 
   void mark_step_start() {
     step_started_ = std::chrono::steady_clock::now();
@@ -707,6 +738,7 @@ class TrainWorker {
   mutable Live live_;
   // Where the current step began, and the communicator's wait time then (after_step).
   std::chrono::steady_clock::time_point step_started_{};
+  double checkpoint_seconds_ = 0;  // in periodic saves (save_every), for CallClock
   std::chrono::nanoseconds step_wait_started_{};
 };
 

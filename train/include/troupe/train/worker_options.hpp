@@ -106,12 +106,20 @@ struct EpochResult {
   std::int64_t samples = 0;
   std::int64_t steps = 0;  // optimizer steps taken in this call
   double seconds = 0;
+  // Of `seconds`, this rank's time waiting for peers in collectives, fetching batches
+  // and in checkpoint saves (save_every); the rest is compute (time_shares).
+  double wait_seconds = 0, data_seconds = 0, checkpoint_seconds = 0;
   double metric(const std::string& name) const { return metrics.contains(name) ? metrics.at(name) : 0.0; }
   template <class A>
   void serialize(A& a) {
-    a(epoch, loss_sum, metrics, samples, steps, seconds);
+    a(epoch, loss_sum, metrics, samples, steps, seconds, wait_seconds, data_seconds, checkpoint_seconds);
   }
 };
+
+// Where the ranks' training time went, summed over `results` (one a rank): shares of
+// "compute", "comm_wait", "data" and "checkpoint", as "<name>_share" metrics that add
+// up to 1, for Status::log.
+std::vector<std::pair<std::string, double>> time_shares(const std::vector<EpochResult>& results);
 
 struct EvalResult {
   double loss_sum = 0;
