@@ -13,9 +13,11 @@
 // Once it drops its references, every rank's store empties (reference counting),
 // which the last line shows.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <string_view>

@@ -61,6 +61,7 @@ Transport::~Transport() {
 
 void Transport::start() {
   thread_ = std::thread([this] {
+    thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     // Linux lets a timed wait overrun by the thread's timer slack, 50 us by default:
     // the backoff's short sleeps (idle/8) then end 50 us late, and a message that
     // arrives during one waits that long -- over TCP, where each poll finds nothing
@@ -68,7 +69,7 @@ void Transport::start() {
     prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
     run();
   });
-  thread_id_ = thread_.get_id();
+  thread_id_.store(thread_.get_id(), std::memory_order_relaxed);
 }
 
 void Transport::stop() {

@@ -82,7 +82,9 @@ class Transport final : public Progress {
 
   bool progress_once(bool run_local_calls) override;
   bool try_begin_polling() override;
-  bool is_progress_thread() const override { return std::this_thread::get_id() == thread_id_; }
+  bool is_progress_thread() const override {
+    return std::this_thread::get_id() == thread_id_.load(std::memory_order_relaxed);
+  }
   void end_polling() override;
   void begin_blocking() override;
   void end_blocking() override;
@@ -144,7 +146,9 @@ class Transport final : public Progress {
   std::mutex idle_mutex_;
   std::condition_variable idle_cv_;
   std::thread thread_;
-  std::thread::id thread_id_;
+  // Set by the thread itself before it runs anything: written only by the creating
+  // thread, after the thread had started, it raced with the thread's own reads.
+  std::atomic<std::thread::id> thread_id_{};
   std::atomic<std::uint64_t> sent_{0}, received_{0};
   PeerLiveness* liveness_;
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "flight_recorder.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/operation.hpp"
 
@@ -78,26 +79,26 @@ class ScatterToOutputs : public Operation {
 }  // namespace
 
 Communicator::Communicator(int rank, int size, Options options)
-    : rank_(rank), size_(size), options_(options), engine_(std::make_shared<detail::Engine>(options, rank, size)) {}
+    : rank_(rank),
+      size_(size),
+      options_(options),
+      engine_(std::make_shared<detail::Engine>(options, rank, size)),
+      flights_(std::make_unique<detail::FlightRecorder>()) {}
 
 Communicator::~Communicator() {
   drain();
   engine_->stop();
 }
 
-std::vector<std::string> Communicator::flight_record() const {
-  std::vector<std::string> lines;
-  const auto now = std::chrono::steady_clock::now();
-  std::lock_guard lock(flight_mutex_);
-  for (const Flight& f : flights_) {
-    char seconds[32];
-    std::snprintf(seconds, sizeof seconds, "%.3f s", std::chrono::duration<double>(now - f.started).count());
-    const auto operation = f.operation.lock();
-    const bool done = f.started_up && (!operation || operation->done());
-    lines.push_back(f.collective.describe() + (done ? std::string(": started ") + seconds + " ago, done"
-                                                    : std::string(": in flight for ") + seconds));
-  }
-  return lines;
+static_assert(Communicator::kFlightRecord == detail::FlightRecorder::kSize);
+
+std::vector<std::string> Communicator::flight_record() const { return flights_->lines(); }
+
+void Communicator::run(Collective&& collective) {
+  std::size_t slot = 0;
+  Work work = submit(std::move(collective), true, &slot);
+  work.wait();
+  flights_->finished(slot, work.sequence());
 }
 
 bool Communicator::failed() const { return engine_->failed(); }
@@ -115,7 +116,7 @@ Work Communicator::launch(std::shared_ptr<Operation> operation, bool blocking) {
   return Work(std::move(operation));
 }
 
-Work Communicator::submit(Collective&& c, bool blocking) {
+Work Communicator::submit(Collective&& c, bool blocking, std::size_t* slot) {
   const std::string_view name = collective_name(c.kind);
   if (engine_->failed()) {
     TROUPE_THROW(CommunicatorFailed, name, " on rank ", rank_,
@@ -199,26 +200,15 @@ Work Communicator::submit(Collective&& c, bool blocking) {
   std::lock_guard lock(submit_mutex_);
   std::uint64_t& counter = c.is_point_to_point() ? p2p_sequence_ : sequence_;
   c.sequence = counter;
-  {  // recorded before start(): a blocking backend may not return until it is done
-    std::lock_guard flight(flight_mutex_);
-    if (flights_.size() == kFlightRecord) flights_.pop_front();
-    Collective figures;  // without its buffers, which own their tensors' storage
-    figures.kind = c.kind;
-    figures.dtype = c.dtype;
-    figures.op = c.op;
-    figures.root = c.root;
-    figures.tag = c.tag;
-    figures.count = c.count;
-    figures.sequence = c.sequence;
-    flights_.push_back({figures, {}, false, std::chrono::steady_clock::now()});
-  }
+  // Recorded before start(): a blocking backend may not return until it is done.
+  const std::size_t recorded = flights_->record(c);
   Work work = start(c, blocking);
   ++counter;
-  {
-    std::lock_guard flight(flight_mutex_);  // submit_mutex_ is held: the last entry is this call's
-    flights_.back().operation = work.operation_;
-    flights_.back().started_up = true;
-  }
+  if (work.is_completed())
+    flights_->finished(recorded, c.sequence);
+  else if (!blocking)
+    flights_->watch(recorded, c.sequence, work.operation_);  // a blocking call's run() marks it
+  if (slot != nullptr) *slot = recorded;
   return work;
 }
 

@@ -167,4 +167,27 @@ int request_dump(const std::string& dir, std::ostream& out, std::chrono::seconds
   return 1;
 }
 
+void DumpCollector::collect(HeartbeatServer& server, Done done) {
+  busy_ = true;
+  done_ = std::move(done);
+  clear_dumps(dir_);
+  server.request_dumps();
+  asked_ = Clock::now();
+  poll(server);
+}
+
+void DumpCollector::poll(const HeartbeatServer& server) {
+  const int ranks = static_cast<int>(server.ranks().size());
+  if (!all_dumped(dir_, ranks) && Clock::now() - asked_ < kWait) {
+    timer_.expires_after(std::chrono::milliseconds(50));
+    timer_.async_wait([this, &server](boost::system::error_code ec) {
+      if (!ec) poll(server);
+    });
+    return;
+  }
+  busy_ = false;
+  Done done = std::move(done_);
+  done(summarize_dumps(dir_, ranks), std::chrono::duration<double>(Clock::now() - asked_).count());
+}
+
 }  // namespace troupe::supervisor

@@ -5,10 +5,15 @@
 // next: the rank that is behind is the one to look at.
 #pragma once
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
+
+#include "heartbeat_server.hpp"
 
 namespace troupe::supervisor {
 
@@ -26,5 +31,27 @@ int request_dump(const std::string& dir, std::ostream& out, std::chrono::seconds
 
 // Removes the dump files of an earlier request.
 void clear_dumps(const std::string& checkpoint_dir);
+
+// One request at a time for every rank's dump, on troupe-run's io_context: sends Dump
+// to the launch's ranks, then checks every 50 ms until all have written theirs or
+// kWait has passed, and calls `done` with the summary lines and the seconds it took.
+class DumpCollector {
+ public:
+  using Done = std::function<void(const std::vector<std::string>& lines, double seconds)>;
+  static constexpr auto kWait = std::chrono::seconds(3);
+  DumpCollector(boost::asio::io_context& io, std::string checkpoint_dir)
+      : timer_(io), dir_(std::move(checkpoint_dir)) {}
+  bool busy() const { return busy_; }
+  void collect(HeartbeatServer& server, Done done);
+  void cancel() { timer_.cancel(); }
+
+ private:
+  void poll(const HeartbeatServer& server);
+  boost::asio::steady_timer timer_;
+  std::string dir_;
+  bool busy_ = false;
+  Clock::time_point asked_{};
+  Done done_;
+};
 
 }  // namespace troupe::supervisor

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "status_view.hpp"
+
 namespace troupe::supervisor {
 
 void PhaseClock::on_progress(const RankStatus& rank, Clock::time_point now) {
@@ -33,6 +35,44 @@ double PhaseClock::steps_per_second(int rank) const {
   const auto& [t1, s1] = it->second.steps.back();
   const double seconds = std::chrono::duration<double>(t1 - t0).count();
   return seconds > 0 ? static_cast<double>(s1 - s0) / seconds : 0;
+}
+
+std::vector<RankMetrics> rank_metrics(const std::vector<RankStatus>& ranks, const PhaseClock& phases,
+                                      const StragglerWatch& stragglers, Clock::time_point now) {
+  std::vector<RankMetrics> out;
+  const std::optional<double> median = stragglers.median_ms();
+  for (const RankStatus& r : ranks) {
+    if (!r.registered) continue;
+    RankMetrics rank;
+    rank.rank = r.rank;
+    rank.host = r.host;
+    rank.connected = r.connected;
+    rank.phase = r.progress.phase;
+    rank.heartbeat_age_s = std::chrono::duration<double>(now - r.last_heard).count();
+    rank.steps_per_second = phases.steps_per_second(r.rank);
+    if (r.progress.has_step) rank.step = r.progress.step;
+    if (const auto work = stragglers.work_ms(r.rank)) {
+      rank.work_per_step_s = *work / 1000.0;
+      if (median) rank.straggler_ratio = *work / *median;
+    }
+    out.push_back(std::move(rank));
+  }
+  return out;
+}
+
+std::vector<ActorMetrics> actor_metrics(const std::string& checkpoint_dir) {
+  std::vector<ActorMetrics> out;
+  std::vector<std::string> problems;  // `troupe-run status` reports them; a scrape need not
+  for (const RankSnapshot& s : read_status(checkpoint_dir, problems))
+    if (!s.finished)
+      for (const ActorStatus& a : s.actors)
+        out.push_back(ActorMetrics{.rank = s.rank,
+                                   .actor = a.label,
+                                   .state = a.state,
+                                   .mailbox_depth = a.mailbox_depth,
+                                   .calls_served = a.calls_served,
+                                   .restarts = a.restarts});
+  return out;
 }
 
 namespace {

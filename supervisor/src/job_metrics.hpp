@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "heartbeat_server.hpp"
+#include "straggler_watch.hpp"
 
 namespace troupe::supervisor {
 
@@ -35,6 +36,7 @@ class PhaseClock {
   // A new launch: the ranks' phases and rates start over (the totals do not).
   void begin_launch();
   const Totals& totals(Phase phase) const { return totals_[static_cast<std::size_t>(phase)]; }
+  const std::array<Totals, kPhases>& all_totals() const { return totals_; }
   // Steps a second over the last kRateWindow; 0 before two reports.
   double steps_per_second(int rank) const;
 
@@ -82,6 +84,14 @@ struct JobMetrics {
   std::array<PhaseClock::Totals, kPhases> phases{};
   std::vector<ActorMetrics> actors;
 };
+
+// Each registered rank's figures: the heartbeat server's view, the phase clock's rates
+// and the straggler watch's work per step.
+std::vector<RankMetrics> rank_metrics(const std::vector<RankStatus>& ranks, const PhaseClock& phases,
+                                      const StragglerWatch& stragglers, Clock::time_point now);
+// The actors of the ranks still running, from their status snapshots (status_view.hpp)
+// under the job's --checkpoint-dir.
+std::vector<ActorMetrics> actor_metrics(const std::string& checkpoint_dir);
 
 // The Prometheus text exposition format (0.0.4) of `m`.
 std::string prometheus_text(const JobMetrics& m);

@@ -77,7 +77,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
         backoff_timer_(io_),
         host_wait_timer_(io_),
         refusal_timer_(io_),
-        dump_timer_(io_),
         stragglers_(options_.straggler_ratio) {
     auto hosts = job_hosts(options_);
     choose_heartbeat_address(options_, hosts);  // throws InvalidArgument for hosts that cannot work
@@ -92,6 +91,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       if (options_.events_file.empty()) options_.events_file = options_.checkpoint_dir + "/troupe-run-events.jsonl";
     }
     events_ = std::make_unique<EventLog>(options_.events_file, run_id_);
+    if (!options_.checkpoint_dir.empty()) dumps_ = std::make_unique<DumpCollector>(io_, options_.checkpoint_dir);
     server_ = std::make_unique<HeartbeatServer>(io_, options_.bind_host, options_.bind_port, token_, run_id_, *this);
     probe_ = std::make_unique<HostProbe>(io_, options_, mpirun_, [this](const std::string& line) { say(line); });
     RunOptions quick = options_;  // waiting for a host is on the job's critical path
@@ -219,36 +219,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     m.failures = summary_.causes();
     m.save_failures = save_failures_total_;
     m.furthest_step = furthest_step_;
-    const std::optional<double> median = stragglers_.median_ms();
-    for (const RankStatus& r : server_->ranks()) {
-      if (!r.registered) continue;
-      RankMetrics rank;
-      rank.rank = r.rank;
-      rank.host = r.host;
-      rank.connected = r.connected;
-      rank.phase = r.progress.phase;
-      rank.heartbeat_age_s = seconds(now - r.last_heard);
-      rank.steps_per_second = phases_.steps_per_second(r.rank);
-      if (r.progress.has_step) rank.step = r.progress.step;
-      if (const auto work = stragglers_.work_ms(r.rank)) {
-        rank.work_per_step_s = *work / 1000.0;
-        if (median) rank.straggler_ratio = *work / *median;
-      }
-      m.ranks.push_back(std::move(rank));
-    }
-    for (int p = 0; p < kPhases; ++p) m.phases[static_cast<std::size_t>(p)] = phases_.totals(static_cast<Phase>(p));
-    if (!options_.checkpoint_dir.empty()) {
-      std::vector<std::string> problems;  // `troupe-run status` reports them; a scrape need not
-      for (const RankSnapshot& s : read_status(options_.checkpoint_dir, problems))
-        if (!s.finished)
-          for (const ActorStatus& a : s.actors)
-            m.actors.push_back(ActorMetrics{.rank = s.rank,
-                                            .actor = a.label,
-                                            .state = a.state,
-                                            .mailbox_depth = a.mailbox_depth,
-                                            .calls_served = a.calls_served,
-                                            .restarts = a.restarts});
-    }
+    m.ranks = rank_metrics(server_->ranks(), phases_, stragglers_, now);
+    m.phases = phases_.all_totals();
+    if (!options_.checkpoint_dir.empty()) m.actors = actor_metrics(options_.checkpoint_dir);
     return m;
   }
 
@@ -443,7 +416,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   }
 
   void report_hang(Clock::time_point now, Phase phase) {
-    if (dumping_) return;  // the verdict is in; the ranks are writing their dumps
+    if (dumps_ && dumps_->busy()) return;  // the verdict is in; the ranks are writing their dumps
     HangReport report = describe_hang(server_->ranks(), now, phase_timeout(options_, phase), phase);
     collect_dumps("hang", [this, report](const std::string& dumps) {
       fail("hang", report.detail + dumps, {{"ranks", Json::raw(report.ranks_json)}});
@@ -454,47 +427,28 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   void wait_for_dump_signal() {
     dump_signal_.async_wait([this](boost::system::error_code ec, int) {
       if (ec) return;
-      if (state_ == State::running && !dumping_) collect_dumps("SIGUSR1", [](const std::string&) {});
+      if (state_ == State::running && !(dumps_ && dumps_->busy())) collect_dumps("SIGUSR1", [](const std::string&) {});
       wait_for_dump_signal();
     });
   }
 
-  // Asks every rank for its flight record and stacks (rank_dump.hpp), waits until all
-  // have written them or kDumpWait has passed, prints where each rank is, and then
-  // calls `then` with a note naming the folder ("" without --checkpoint-dir).
-  static constexpr auto kDumpWait = std::chrono::seconds(3);
+  // Asks every rank for its flight record and stacks (rank_dump.hpp), prints where each
+  // rank is once they have written them (DumpCollector), and then calls `then` with a
+  // note naming the folder ("" without --checkpoint-dir).
   void collect_dumps(const std::string& why, std::function<void(const std::string&)> then) {
-    if (options_.checkpoint_dir.empty()) return then("");
-    dumping_ = true;
-    clear_dumps(options_.checkpoint_dir);
-    server_->request_dumps();
-    const Clock::time_point asked = Clock::now();
-    auto poll = std::make_shared<std::function<void()>>();
-    *poll = [this, why, asked, then = std::move(then), weak = std::weak_ptr(poll)] {
-      const int ranks = static_cast<int>(server_->ranks().size());
-      if (!all_dumped(options_.checkpoint_dir, ranks) && Clock::now() - asked < kDumpWait) {
-        dump_timer_.expires_after(std::chrono::milliseconds(50));
-        dump_timer_.async_wait([poll = weak.lock()](boost::system::error_code ec) {
-          if (!ec && poll) (*poll)();
-        });
-        return;
-      }
-      dumping_ = false;
-      const std::vector<std::string> lines = summarize_dumps(options_.checkpoint_dir, ranks);
-      say(why + ": where each rank is (" + fixed(seconds(Clock::now() - asked)) + " s to dump; files in " +
-          dump_folder(options_.checkpoint_dir) + "):");
+    if (!dumps_) return then("");
+    dumps_->collect(*server_, [this, why, then = std::move(then)](const std::vector<std::string>& lines, double took) {
+      const std::string folder = dump_folder(options_.checkpoint_dir);
+      say(why + ": where each rank is (" + fixed(took) + " s to dump; files in " + folder + "):");
       std::string json = "[";
       for (const auto& line : lines) {
         std::cerr << "  " << line << "\n";
         json += (json.size() > 1 ? "," : "") + json_string(line);
       }
-      events_->write("dump", {{"restart", restart_},
-                              {"why", why},
-                              {"folder", dump_folder(options_.checkpoint_dir)},
-                              {"ranks", Json::raw(json + "]")}});
-      then("; stacks and flight records in " + dump_folder(options_.checkpoint_dir));
-    };
-    (*poll)();
+      events_->write("dump",
+                     {{"restart", restart_}, {"why", why}, {"folder", folder}, {"ranks", Json::raw(json + "]")}});
+      then("; stacks and flight records in " + folder);
+    });
   }
 
   void job_exited(int status) {
@@ -764,7 +718,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     host_wait_->stop();
     signals_.cancel();
     dump_signal_.cancel();
-    dump_timer_.cancel();
+    if (dumps_) dumps_->cancel();
     io_.stop();
   }
 
@@ -779,7 +733,6 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   // Refusals written out: 5 lines a second on stderr; in the events log 5 per peer
   // address and 20 in all per 10 s (a reader wants the first few of a kind, not each).
   asio::steady_timer refusal_timer_;
-  asio::steady_timer dump_timer_;
   RefusalLimiter refusal_lines_{std::chrono::seconds(1), 5, 5};
   RefusalLimiter refusal_events_{std::chrono::seconds(10), 20, 5};
   bool refusal_report_due_ = false;
@@ -811,7 +764,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   int save_failures_ = 0;
   std::uint64_t save_failures_total_ = 0;  // for --metrics; save_failures_ restarts at each relaunch
   PhaseClock phases_;
-  bool dumping_ = false;                    // waiting for the ranks' dumps (collect_dumps)
+  std::unique_ptr<DumpCollector> dumps_;    // with --checkpoint-dir: hang dumps (collect_dumps)
   std::unique_ptr<MetricsServer> metrics_;  // --metrics
   // --host-wait: the probe of a host a failed launch is blamed on, that host, whether
   // the last failure was a launch whose ranks never all registered, and the relaunches

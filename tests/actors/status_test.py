@@ -33,7 +33,14 @@ def main() -> None:
                 scraped = reply.read().decode()
             break
         time.sleep(0.3)
-    output, _ = job.communicate(timeout=60)
+    try:
+        output, _ = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # a hang must not outlive the test: troupe-run stops its job
+        job.terminate()
+        output, _ = job.communicate(timeout=30)
+        print(output)
+        print("FAILED: the job did not finish within 60 s")
+        sys.exit(1)
     print(output)
     failures = []
     if not seen:

@@ -35,7 +35,7 @@ namespace troupe::actors {
 namespace detail {
 
 // The weight an object starts with, and the most a reference lends to one copy that
-// leaves its rank: a rank can send one reference about two million times before the
+// leaves its rank: a rank can send one reference about four million times before the
 // halving below begins, then 40 more hops in a chain.
 inline constexpr std::uint64_t kWholeWeight = std::uint64_t{1} << 62;
 inline constexpr std::uint64_t kMostLent = std::uint64_t{1} << 40;

@@ -29,7 +29,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -47,7 +46,8 @@ namespace troupe::collectives {
 
 namespace detail {
 class Engine;
-}
+class FlightRecorder;
+}  // namespace detail
 
 class Communicator {
  public:
@@ -78,7 +78,8 @@ class Communicator {
   // rank issued on this communicator, oldest first, one line each --
   //   "allreduce #12 (sum, 1023 x f32 = 4092 B): started 1.204 s ago, done"
   //   "allreduce #13 (sum, 1023 x f32 = 4092 B): in flight for 5.310 s"
-  // -- what a hang dump shows (docs/OBSERVABILITY.md). Any thread, any time.
+  // -- what a hang dump shows (docs/OBSERVABILITY.md). Any thread, any time, never
+  // waiting for a call in progress (flight_recorder.hpp).
   static constexpr std::size_t kFlightRecord = 64;
   std::vector<std::string> flight_record() const;
 
@@ -156,8 +157,9 @@ class Communicator {
   // Checks `collective`, numbers it and hands it to start(). Taken by reference: the
   // public forms build it once, and a copy through each layer cost a small
   // broadcast ~30 ns of store-forwarding stalls (a third of its overhead over MPI).
-  Work submit(Collective&& collective, bool blocking);
-  void run(Collective&& collective) { submit(std::move(collective), true).wait(); }
+  // `slot`: where the flight recorder keeps the call.
+  Work submit(Collective&& collective, bool blocking, std::size_t* slot = nullptr);
+  void run(Collective&& collective);
 
   int rank_;
   int size_;
@@ -166,14 +168,7 @@ class Communicator {
   std::uint64_t sequence_ = 0;      // next collective
   std::uint64_t p2p_sequence_ = 0;  // next send/recv
   std::shared_ptr<detail::Engine> engine_;
-  struct Flight {  // the call's figures, not its buffers: those may be gone by a dump
-    Collective collective;
-    std::weak_ptr<const Operation> operation;  // expired: done and let go
-    bool started_up = false;                   // start() has returned
-    std::chrono::steady_clock::time_point started;
-  };
-  mutable std::mutex flight_mutex_;
-  std::deque<Flight> flights_;  // at most kFlightRecord
+  std::unique_ptr<detail::FlightRecorder> flights_;
 };
 
 // The CPU communicator over MPI_COMM_WORLD: the single-rank backend when the world has
