@@ -229,3 +229,28 @@ TEST(Barrier, ReturnsOnEveryRankAndNumbersTheCall) {
 
 }  // namespace
 }  // namespace troupe::collectives::testing
+
+namespace troupe::collectives::testing {
+namespace {
+
+// Each rank's part is under Options::direct_blocking_bytes and the root's whole buffer
+// above it: the route must be chosen from what every rank knows (the per-rank count),
+// or the root posts MPI_Igather against its peers' MPI_Gather and all of them hang.
+TEST(RouteAgreement, GatherAndScatterNearTheDirectLimitTakeOneRouteOnEveryRank) {
+  Communicator& comm = world();
+  const int size = comm.size(), rank = comm.rank();
+  const std::size_t count = comm.options().direct_blocking_bytes * 3 / 4 / sizeof(float);
+  for (int root = 0; root < size; ++root) {
+    std::vector<float> mine(count, static_cast<float>(rank + 1));
+    std::vector<float> all(rank == root ? count * static_cast<std::size_t>(size) : 0);
+    comm.gather(Buffer(mine), Buffer(all), root);
+    for (std::size_t i = 0; i < all.size(); i += count) ASSERT_EQ(all[i], static_cast<float>(i / count + 1));
+    std::vector<float> part(count);
+    comm.scatter(Buffer(all), Buffer(part), root);
+    ASSERT_EQ(part.front(), static_cast<float>(rank + 1));
+    ASSERT_EQ(part.back(), static_cast<float>(rank + 1));
+  }
+}
+
+}  // namespace
+}  // namespace troupe::collectives::testing
