@@ -20,7 +20,7 @@ from pathlib import Path
 
 # Areas in the order the document lists them; any other results file follows, by name.
 AREA_ORDER = ["tensor", "train", "gpt", "sharding", "parallel", "gpu", "gpu-gpt", "actors", "collectives", "checkpoint", "supervisor",
-              "cluster", "chaos"]
+              "trace", "cluster", "chaos"]
 
 # The sources each area measures: its libraries, the ones they build on where the timed
 # path runs, and its bench programs and baseline scripts (not bench/run, report.py or
@@ -54,6 +54,8 @@ AREA_PATHS = {
                 "tests/actors/scale_main.cpp", "scripts/cluster", "bench/cluster_area.py",
                 "bench/collectives_bench.cpp", "bench/torch_restart_job.py"],
 }
+AREA_PATHS["trace"] = [*_LIB, "nn/", "collectives/", "parallel/", "actors/", "train/", "checkpoint/",
+                       "examples/train_gpt.cpp", "examples/train_gpt_flags.cpp", "examples/char_corpus"]
 AREA_PATHS["chaos"] = ["core/", "mpi/", "actors/", "collectives/", "checkpoint/", "train/", "supervisor/",
                        "examples/train_digits.cpp", "scripts/cluster", "scripts/chaos", "tests/storage_fault/"]
 for _area, _paths in AREA_PATHS.items():
@@ -352,6 +354,14 @@ is fsync'd, every load is from a cold cache (`posix_fadvise(DONTNEED)` after fsy
   torch.save. The disk's write+fsync rate bounds any format, and h5py and torch.save
   write the same bytes to the same disk, so a fixed margin over them (1.4x was asked)
   holds only while they run well below the disk's rate.""",
+    "trace": """\
+What a timeline (`--trace`) costs a training job: `train_gpt --preset quick` at 2 ranks
+(ddp), 100 steps, tokens/s as the median of its four progress chunks after the first
+(steps 21-100). Three ways, each a job of its own, taking turns over 5 rounds (the
+median of each): without `--trace`; with `--trace` and a window past the run's end,
+so the tracer is attached to every communicator, the model wrappers and the runtime
+but never records; and recording steps 21-100 (about 40 spans a step), written to
+trace.json at step 100.""",
     "supervisor": """\
 Recovery from a dead rank under troupe-run, 2 ranks on this machine, from
 `bench/supervisor_restart.py`. The job is the toy of tests/supervisor (20 ms steps, an

@@ -58,6 +58,8 @@ struct Flags {
   int keep_last = 3;
   bool fresh = false;            // start over in a folder with an earlier run's checkpoints
   bool allow_other_run = false;  // resume a checkpoint whose identity (below) differs
+  std::string trace;             // a timeline of --trace-steps into this folder; empty for none
+  std::string trace_steps;
 };
 
 const char* kUsage =
@@ -66,7 +68,7 @@ const char* kUsage =
     "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                    [--metrics FILE] [--best FILE]\n"
     "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
-    "                    [--fresh] [--allow-other-run]\n"
+    "                    [--fresh] [--allow-other-run] [--trace DIR] [--trace-steps FIRST-LAST]\n"
     "  --batch-size is the global batch: each of N ranks takes about batch/N per step.\n"
     "  --sharding: ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded\n"
     "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
@@ -78,7 +80,9 @@ const char* kUsage =
     "  defaults to troupe-run's --checkpoint-dir. A folder whose checkpoints are all\n"
     "  unusable is an error, never a silent start from step 0: --fresh starts over there\n"
     "  (the old files move to DIR/superseded-*/). A checkpoint of another run (other data,\n"
-    "  model or hyper-parameters) is refused with what differs; --allow-other-run takes it.\n";
+    "  model or hyper-parameters) is refused with what differs; --allow-other-run takes it.\n"
+    "  --trace DIR writes a timeline of steps --trace-steps (default 3-5) to DIR/trace.json,\n"
+    "  for ui.perfetto.dev or tools/plot_timeline.py; under troupe-run --trace, its folder.\n";
 
 Flags parse_flags(int argc, char** argv) {
   Flags f;
@@ -134,7 +138,12 @@ Flags parse_flags(int argc, char** argv) {
         f.metrics = value;
       else if (flag == "--best")
         f.best = value;
-      else
+      else if (flag == "--trace")
+        f.trace = value;
+      else if (flag == "--trace-steps") {
+        train::parse_trace_window(value, "--trace-steps");  // a bad window fails here, not on every rank
+        f.trace_steps = value;
+      } else
         throw InvalidArgument("unknown flag " + flag + "\n" + kUsage);
     } catch (const std::logic_error&) {  // stoi/stod: not a number, or out of range
       throw InvalidArgument("bad value '" + value + "' for " + flag + "\n" + kUsage);
@@ -356,7 +365,9 @@ int main(int argc, char** argv) {
                                  .config_json = config_json(flags),
                                  .checkpoint_attributes = {{"run_identity", run_identity(flags)}},
                                  .fresh = flags.fresh,
-                                 .allow_other_run = flags.allow_other_run};
+                                 .allow_other_run = flags.allow_other_run,
+                                 .trace_dir = flags.trace,
+                                 .trace_steps = flags.trace_steps};
     DigitsRecipe::Config config{flags.data, flags.hidden, flags.lr, flags.momentum, flags.seed};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
     status = train::drive_then_stop(workers, runtime.rank(), [&] { return drive(flags, workers, runtime.size()); });

@@ -360,7 +360,9 @@ int main(int argc, char** argv) {
         .config_json = config_json(flags, config),
         .checkpoint_attributes = {{"vocab", text.vocab_utf8()}, {"model_args", model_args_json(config)}},
         .eval_batch = 64,
-        .eval_samples = flags.eval_samples};
+        .eval_samples = flags.eval_samples,
+        .trace_dir = flags.trace,
+        .trace_steps = flags.trace_steps};
     auto workers = runtime.spawn_on_each<Worker>(options, config);
     status = train::drive_then_stop(workers, runtime.rank(),
                                     [&] { return drive(flags, config, workers, runtime.size(), rank_peak); });

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "troupe/error.hpp"
+#include "troupe/train/step_trace.hpp"
 
 namespace troupe::examples {
 
@@ -45,7 +46,7 @@ const char* kUsage =
     "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N] [--device cpu|cuda] [--precision f32|bf16]\n"
     "                 [--pp N] [--schedule gpipe|1f1b] [--micro-batches N]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
-    "                 [--require-val-loss X] [--peak-gflops X]\n"
+    "                 [--require-val-loss X] [--peak-gflops X] [--trace DIR] [--trace-steps FIRST-LAST]\n"
     "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
     "  override the preset's values. --batch-size is the global batch of block_size + 1\n"
     "  character windows. --eval-samples windows of the validation text are evaluated every\n"
@@ -58,7 +59,9 @@ const char* kUsage =
     "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
     "  of --schedule over --micro-batches micro-batches (gradients averaged between groups).\n"
     "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
-    "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n";
+    "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n"
+    "  --trace DIR writes a timeline of steps --trace-steps (default 3-5) to DIR/trace.json,\n"
+    "  for ui.perfetto.dev or tools/plot_timeline.py; under troupe-run --trace, its folder.\n";
 
 }  // namespace
 
@@ -142,7 +145,12 @@ Flags parse_flags(int argc, char** argv) {
         f.metrics = value;
       else if (flag == "--checkpoint-dir")
         f.checkpoint_dir = value;
-      else if (flag == "--save-every")
+      else if (flag == "--trace")
+        f.trace = value;
+      else if (flag == "--trace-steps") {
+        train::parse_trace_window(value, "--trace-steps");  // a bad window fails here, not on every rank
+        f.trace_steps = value;
+      } else if (flag == "--save-every")
         f.save_every = static_cast<int>(integer());
       else if (flag == "--keep-last")
         f.keep_last = static_cast<int>(integer());

@@ -25,6 +25,7 @@ struct Flags {
   std::uint64_t seed = 1337;
   std::string sharding = "ddp", device = "cpu", precision = "f32";
   std::string metrics, checkpoint_dir;
+  std::string trace, trace_steps;  // --trace DIR --trace-steps FIRST-LAST (step_trace.hpp)
   int save_every = 0, keep_last = 3;
   std::int64_t sample_chars = 300;
   double temperature = 0.8;

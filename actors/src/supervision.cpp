@@ -136,6 +136,13 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
   }
   const int epoch = cell.epoch();  // the incarnation this call runs on
   detail::CurrentCallScope current({call.get(), &cell, rank_});
+  std::shared_ptr<Tracer> tracer;
+  if (tracing_.load(std::memory_order_relaxed)) {
+    std::lock_guard lock(tracer_mutex_);
+    tracer = tracer_;
+  }
+  const TraceScope span(tracer.get(), "actor",
+                        tracer && tracer->recording() ? cell.label() + "." + cell.method_name(method) : std::string());
   try {
     call->run();
   } catch (const FatalError&) {
@@ -156,6 +163,12 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
   } catch (...) {
     call->fail(describe_current_exception(rank_, cell.label(), cell.method_name(method)));
   }
+}
+
+void Runtime::set_tracer(std::shared_ptr<Tracer> tracer) {
+  std::lock_guard lock(tracer_mutex_);
+  tracing_.store(tracer != nullptr, std::memory_order_relaxed);
+  tracer_ = std::move(tracer);
 }
 
 void Runtime::replace_object(detail::ActorCellBase& cell, detail::Lane& own, const std::function<void()>& replace) {

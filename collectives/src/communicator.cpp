@@ -94,6 +94,8 @@ static_assert(Communicator::kFlightRecord == detail::FlightRecorder::kSize);
 
 std::vector<std::string> Communicator::flight_record() const { return flights_->lines(); }
 
+void Communicator::set_tracer(Tracer* tracer, std::string track) { engine_->set_tracer(tracer, std::move(track)); }
+
 void Communicator::run(Collective&& collective) {
   std::size_t slot = 0;
   Work work = submit(std::move(collective), true, &slot);
@@ -202,8 +204,12 @@ Work Communicator::submit(Collective&& c, bool blocking, std::size_t* slot) {
   c.sequence = counter;
   // Recorded before start(): a blocking backend may not return until it is done.
   const std::size_t recorded = flights_->record(c);
+  const std::int64_t traced_begin = engine_->tracing() ? Tracer::now_ns() : 0;
   Work work = start(c, blocking);
   ++counter;
+  // A call the engine never saw (finished on this thread) is a span here; the engine
+  // records the ones it launched as they finish.
+  if (traced_begin != 0 && !work.operation_) engine_->record_finished_on_caller(c, traced_begin);
   if (work.is_completed())
     flights_->finished(recorded, c.sequence);
   else if (!blocking)

@@ -1,8 +1,11 @@
 #include "engine.hpp"
 
 #include "troupe/collectives/collective_error.hpp"
+#include "troupe/collectives/reduce_op.hpp"
 #include "troupe/error.hpp"
+#include "troupe/json_string.hpp"
 #include "troupe/keep_until_exit.hpp"
+#include "troupe/tensor/dtype.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -23,7 +26,23 @@ class WaiterScope {
 };
 
 std::string format_ms(std::chrono::milliseconds ms) { return troupe::detail::concat(ms.count(), " ms"); }
+
+// The span's figures: what a reader of the timeline asks of a collective.
+std::string trace_args(const Collective& c) {
+  std::string args = troupe::detail::concat("\"sequence\":", c.sequence, ",\"bytes\":", c.count * element_size(c.dtype),
+                                            ",\"count\":", c.count, ",\"dtype\":\"", tensor::dtype_name(c.dtype), "\"");
+  if (c.has_op()) args += troupe::detail::concat(",\"op\":\"", reduce_op_name(c.op), "\"");
+  if (c.has_root()) args += troupe::detail::concat(",\"root\":", c.root);
+  if (c.is_point_to_point()) args += troupe::detail::concat(",\"peer\":", c.root, ",\"tag\":", c.tag);
+  return args;
+}
 }  // namespace
+
+void Engine::set_tracer(Tracer* tracer, std::string track) {
+  std::lock_guard lock(mutex_);
+  track_ = std::move(track);
+  tracer_.store(tracer, std::memory_order_release);
+}
 
 Engine::Engine(Options options, int rank, int size) : options_(options), rank_(rank), size_(size) {}
 
@@ -46,6 +65,8 @@ void Engine::launch(const std::shared_ptr<Operation>& operation, bool blocking) 
   }
   operation->engine_ = shared_from_this();
   operation->launch_index_ = launches_++;
+  if (Tracer* tracer = tracer_.load(std::memory_order_acquire); tracer != nullptr && tracer->recording())
+    operation->traced_begin_ns_ = Tracer::now_ns();
   operation->start();  // throws to the caller, nothing tracked
   in_flight_.push_back(operation);
   in_flight_count_.store(in_flight_.size(), std::memory_order_release);
@@ -57,7 +78,25 @@ void Engine::launch(const std::shared_ptr<Operation>& operation, bool blocking) 
   wake_.notify_one();
 }
 
+void Engine::record_span_locked(const Collective& c, std::int64_t begin_ns) {
+  Tracer* tracer = tracer_.load(std::memory_order_acquire);
+  if (tracer == nullptr) return;
+  tracer->record(TraceSpan{.name = std::string(collective_name(c.kind)),
+                           .category = "collective",
+                           .begin_ns = begin_ns,
+                           .end_ns = Tracer::now_ns(),
+                           .thread = Tracer::this_thread_id(),
+                           .track = track_,
+                           .args = trace_args(c)});
+}
+
+void Engine::record_finished_on_caller(const Collective& c, std::int64_t begin_ns) {
+  std::lock_guard lock(mutex_);
+  record_span_locked(c, begin_ns);
+}
+
 void Engine::finish(Operation& operation, std::exception_ptr error) {
+  if (operation.traced_begin_ns_ != 0) record_span_locked(operation.collective(), operation.traced_begin_ns_);
   operation.error_ = std::move(error);
   operation.done_.store(true, std::memory_order_release);
 }
@@ -131,8 +170,20 @@ void Engine::wait(Operation& operation, std::chrono::milliseconds timeout) {
     progress_locked();
     if (finished_locked(operation)) {
       if (polls > 0) {
-        waited_ns_.fetch_add((std::chrono::steady_clock::now() - began).count(), std::memory_order_relaxed);
+        const auto now = std::chrono::steady_clock::now();
+        waited_ns_.fetch_add((now - began).count(), std::memory_order_relaxed);
         blocked_waits_.fetch_add(1, std::memory_order_relaxed);
+        if (Tracer* tracer = tracer_.load(std::memory_order_acquire); tracer != nullptr && tracer->recording()) {
+          const Collective& c = operation.collective();
+          tracer->record(TraceSpan{
+              .name = troupe::detail::concat("wait ", collective_name(c.kind)),
+              .category = "wait",
+              .begin_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(began.time_since_epoch()).count(),
+              .end_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count(),
+              .thread = Tracer::this_thread_id(),
+              .track = {},
+              .args = troupe::detail::concat("\"sequence\":", c.sequence, ",\"track\":", json_string(track_))});
+        }
       }
       break;
     }

@@ -25,6 +25,7 @@
 
 #include "troupe/collectives/operation.hpp"
 #include "troupe/collectives/options.hpp"
+#include "troupe/trace.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -62,6 +63,17 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // How many of those waits there were: the host blocked on an unfinished collective.
   std::uint64_t blocked_waits() const { return blocked_waits_.load(std::memory_order_relaxed); }
 
+  // Spans of every operation launched while `tracer` records (on the track `track`)
+  // and of every wait on one (on the waiting thread); null: none.
+  void set_tracer(Tracer* tracer, std::string track);
+  // The tracer is set and recording (the caller then reads the clock for a span).
+  bool tracing() const {
+    const Tracer* tracer = tracer_.load(std::memory_order_acquire);
+    return tracer != nullptr && tracer->recording();
+  }
+  // A call that finished on the caller's thread, started at `begin_ns`, as a span.
+  void record_finished_on_caller(const Collective& c, std::int64_t begin_ns);
+
   void fail(const std::string& reason);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string failure() const;
@@ -75,6 +87,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // `operation` and everything launched before it are done.
   bool finished_locked(const Operation& operation) const;
   void finish(Operation& operation, std::exception_ptr error);
+  void record_span_locked(const Collective& c, std::int64_t begin_ns);
   void fail_locked(const std::string& reason);
   void progress_loop();
 
@@ -93,6 +106,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::string failure_;
   std::atomic<std::int64_t> waited_ns_{0};
   std::atomic<std::uint64_t> blocked_waits_{0};
+  std::atomic<Tracer*> tracer_{nullptr};
+  std::string track_;  // under mutex_
 
   std::atomic<int> waiters_{0};
   std::condition_variable wake_;

@@ -34,9 +34,14 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
   const Tensor grad = output_grad(loss_scale / static_cast<double>(window));
   if (!last_in_window) {
     auto guard = no_sync();
+    TraceScope span(options.tracer, "compute", "backward");
     backward(grad);
   } else {
-    backward(grad);
+    {
+      TraceScope span(options.tracer, "compute", "backward");
+      backward(grad);
+    }
+    TraceScope span(options.tracer, "compute", "optimizer");
     result.synced = sync_enabled();
     if (options.master != nullptr) options.master->copy_gradients_to_master();
     if (options.scaler != nullptr) options.scaler->unscale_(optimizer);

@@ -109,6 +109,12 @@ Tensor Pipeline::receive_like(collectives::Communicator& comm, const std::pair<t
   return t;
 }
 
+void Pipeline::set_tracer(Tracer* tracer) {
+  tracer_ = tracer;
+  activations_->set_tracer(tracer, "pp activations");
+  gradients_->set_tracer(tracer, "pp gradients");
+}
+
 void Pipeline::finish_sends() {
   for (auto& work : sends_) work.wait();
   sends_.clear();
@@ -133,6 +139,8 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
 
   auto forward = [&](int i) {
     const Tensor x = first ? inputs.slice(i * rows, (i + 1) * rows) : receive(*activations_, s - 1);
+    TraceScope span(tracer_, "compute", "forward");
+    if (span.active()) span.set_args("\"micro_batch\":" + std::to_string(i));
     const auto t0 = Clock::now();
     const Tensor y = stage_.forward(x);
     saved[static_cast<std::size_t>(i)] = stage_.take_saved_forward();
@@ -149,6 +157,8 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   auto backward = [&](int i) {
     const auto k = static_cast<std::size_t>(i);
     const Tensor g = last ? std::move(output_grads[k]) : receive_like(*gradients_, outputs[k], s + 1);
+    TraceScope span(tracer_, "compute", "backward");
+    if (span.active()) span.set_args("\"micro_batch\":" + std::to_string(i) + ",\"recomputes_forward\":true");
     const auto t0 = Clock::now();
     stage_.restore_saved_forward(std::move(saved[static_cast<std::size_t>(i)]));
     const Tensor gx = stage_.backward(g);

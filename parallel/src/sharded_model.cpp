@@ -93,8 +93,12 @@ AccumulationStep ShardedModel::optimizer_step_with_gradient_accumulation(
 
   AccumulationStep result;
   result.window = static_cast<int>(window);
-  backward(output_grad(1.0 / static_cast<double>(window)), last_in_window);
+  {
+    TraceScope span(tracer_, "compute", "backward");
+    backward(output_grad(1.0 / static_cast<double>(window)), last_in_window);
+  }
   if (last_in_window) {
+    TraceScope span(tracer_, "compute", "optimizer");
     result.synced = true;
     // The true global norm: OSS and FSDP sum every rank's share with one all-reduce.
     if (max_grad_norm > 0)

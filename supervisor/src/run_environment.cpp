@@ -56,6 +56,8 @@ RunEnvironment run_environment() {
   env.token = variable(kEnvRunToken);
   env.run_id = variable(kEnvRunId);
   env.checkpoint_dir = variable(kEnvCheckpointDir);
+  env.trace_dir = variable(kEnvTraceDir);
+  env.trace_steps = variable(kEnvTraceSteps);
   if (auto text = variable(kEnvCheckpointStep); !text.empty())
     env.checkpoint_step = static_cast<long long>(number(kEnvCheckpointStep, text, 999'999'999));
   if (auto text = variable(kEnvRestart); !text.empty())
@@ -89,6 +91,8 @@ LaunchEnvironment launch_environment(const RunEnvironment& run, std::chrono::mil
     set(kEnvStatusDir, run.checkpoint_dir + "/troupe-run-status");
   }
   if (run.checkpoint_step >= 0) set(kEnvCheckpointStep, std::to_string(run.checkpoint_step));
+  if (!run.trace_dir.empty()) set(kEnvTraceDir, run.trace_dir);
+  if (!run.trace_steps.empty()) set(kEnvTraceSteps, run.trace_steps);
   if (liveness_timeout.count() > 0) set(kEnvLivenessTimeout, std::to_string(liveness_timeout.count()));
   if (!run.fault.empty()) {
     set(kEnvFault, run.fault);

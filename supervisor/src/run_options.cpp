@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <map>
+#include <string_view>
 
 #include "troupe/error.hpp"
 #include "troupe/supervisor/fault.hpp"
@@ -159,6 +161,20 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
     } else if (arg == "--fault") {
       options.fault = value(arg);
       parse_fault(options.fault);  // a typo fails here, not on every rank of every launch
+    } else if (arg == "--trace") {
+      options.trace_dir = value(arg);
+      TROUPE_CHECK(!options.trace_dir.empty(), "--trace: empty path");
+      options.trace_dir = std::filesystem::absolute(options.trace_dir).lexically_normal().string();
+    } else if (arg == "--trace-steps") {
+      const std::string& text = value(arg);
+      const auto dash = text.find('-');
+      const auto digits = [](std::string_view part) {
+        return !part.empty() && part.size() < 18 && part.find_first_not_of("0123456789") == std::string_view::npos;
+      };
+      TROUPE_CHECK(digits(std::string_view(text).substr(0, dash)) &&
+                       (dash == std::string::npos || digits(std::string_view(text).substr(dash + 1))),
+                   arg, " '", text, "': expected FIRST-LAST or STEP (e.g. 3-5)");
+      options.trace_steps = text;
     } else if (arg == "--events") {
       options.events_file = value(arg);
       TROUPE_CHECK(!options.events_file.empty(), "--events: empty path");
@@ -244,6 +260,8 @@ options:
   --straggler-ratio R     report a rank whose own work per step is R times the ranks'
                           median as a straggler, without restarting (default 1.5; 0: off)
   --events FILE           JSONL events log (default DIR/troupe-run-events.jsonl)
+  --trace DIR             TrainWorker programs write a timeline of steps --trace-steps
+                          FIRST-LAST (default 3-5) to DIR/trace.json (Perfetto, Chrome)
   --fault SPEC            inject a fault for a drill or test: TROUPE_FAULT=SPEC, armed
                           (rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])
 

@@ -83,6 +83,10 @@ struct RunOptions {
   double straggler_ratio = 1.5;
   // --fault SPEC: TROUPE_FAULT for the job, armed (fault.hpp); empty: none.
   std::string fault;
+  // --trace DIR [--trace-steps FIRST-LAST]: TrainWorker programs write a timeline of
+  // those steps to DIR/trace.json (TROUPE_TRACE_DIR, TROUPE_TRACE_STEPS); empty: none.
+  std::string trace_dir;
+  std::string trace_steps;
   // JSONL events file; empty: <checkpoint-dir>/troupe-run-events.jsonl, or none
   // without a checkpoint directory.
   std::string events_file;

@@ -278,7 +278,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                        std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_interval()),
                        std::chrono::milliseconds(std::lround(options_.heartbeat_timeout.count() * 1000)),
                        options_.fault,
-                       options_.checkpoint_dir.empty() ? -1 : newest_checkpoint_step(options_.checkpoint_dir)};
+                       options_.checkpoint_dir.empty() ? -1 : newest_checkpoint_step(options_.checkpoint_dir),
+                       options_.trace_dir,
+                       options_.trace_steps};
     launch_step_ = run.checkpoint_step;
     const auto liveness =
         options_.liveness_timeout.count() > 0

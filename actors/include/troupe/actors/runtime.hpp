@@ -43,6 +43,7 @@
 #include "troupe/actors/future.hpp"
 #include "troupe/actors/methods.hpp"
 #include "troupe/actors/spawn_options.hpp"
+#include "troupe/trace.hpp"
 
 namespace troupe::mpi {
 class Environment;
@@ -271,6 +272,10 @@ class Runtime : private detail::CallCanceller {
   // Called from the runtime's heartbeat thread about every `period` while it runs, so
   // a supervisor can receive heartbeats. One hook; a new one replaces it.
   void set_liveness_hook(std::function<void()> hook, std::chrono::milliseconds period);
+  // Timeline spans (troupe/trace.hpp): every actor call this rank runs while `tracer`
+  // records, on the thread that runs it ("TrainWorker (group 1).train_epoch"). Shared,
+  // so a call in progress keeps the tracer alive; null stops.
+  void set_tracer(std::shared_ptr<Tracer> tracer);
   // Liveness messages (ring heartbeats and loss notices) this rank has sent: about one
   // per heartbeat period, whatever the number of ranks.
   std::uint64_t liveness_messages_sent() const;
@@ -451,7 +456,10 @@ class Runtime : private detail::CallCanceller {
   std::vector<std::uint64_t> task_runners_;  // by rank; 0: none (the rank was lost)
   int next_task_rank_ = 0;
 
-  std::string status_dir_;  // TROUPE_STATUS_DIR; empty: no status files
+  std::string status_dir_;            // TROUPE_STATUS_DIR; empty: no status files
+  std::atomic<bool> tracing_{false};  // tracer_ is set: only then is tracer_mutex_ taken per call
+  std::mutex tracer_mutex_;
+  std::shared_ptr<Tracer> tracer_;
   std::thread status_thread_;
   std::mutex status_mutex_;
   std::condition_variable status_cv_;

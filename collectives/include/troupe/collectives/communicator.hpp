@@ -42,6 +42,10 @@
 #include "troupe/collectives/reduce_op.hpp"
 #include "troupe/collectives/work.hpp"
 
+namespace troupe {
+class Tracer;
+}
+
 namespace troupe::collectives {
 
 namespace detail {
@@ -82,6 +86,11 @@ class Communicator {
   // waiting for a call in progress (flight_recorder.hpp).
   static constexpr std::size_t kFlightRecord = 64;
   std::vector<std::string> flight_record() const;
+
+  // Timeline spans (troupe/trace.hpp): every collective launched while `tracer`
+  // records, on a row named `track` ("world collectives"), and every wait for one, on
+  // the waiting thread. The tracer must outlive the communicator or be unset (null).
+  void set_tracer(Tracer* tracer, std::string track);
 
   // Ranks with the same color form a new communicator, ordered by (key, old rank).
   // Collective over this communicator. A negative color returns null (no membership).

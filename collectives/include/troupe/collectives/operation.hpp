@@ -54,6 +54,7 @@ class Operation {
   std::exception_ptr error_;                // written before done_ is set
   std::shared_ptr<detail::Engine> engine_;  // null for work that completed at once
   std::uint64_t launch_index_ = 0;          // order of launch on the engine
+  std::int64_t traced_begin_ns_ = 0;        // when it launched, if the engine's tracer was recording
 };
 
 }  // namespace troupe::collectives

@@ -40,6 +40,7 @@
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/parallel/no_sync.hpp"
+#include "troupe/trace.hpp"
 
 namespace troupe::parallel {
 
@@ -81,6 +82,8 @@ struct AccumulationOptions {
   // The tp communicator of a tensor-parallel model (tensor_parallel.hpp); null for none.
   // Clipping then sums the split parameters' squares over it.
   collectives::Communicator* tensor_parallel = nullptr;
+  // Timeline spans of the backward and the optimizer step (troupe/trace.hpp); null: none.
+  Tracer* tracer = nullptr;
 };
 
 struct AccumulationStep {

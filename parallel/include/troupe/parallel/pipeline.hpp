@@ -30,6 +30,7 @@
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
 #include "troupe/parallel/state_slices.hpp"
+#include "troupe/trace.hpp"
 
 namespace troupe::parallel {
 
@@ -68,6 +69,9 @@ class Pipeline {
   Tensor forward(const Tensor& inputs);
 
   const PipelineStats& stats() const { return stats_; }
+  // Timeline spans: each micro-batch's forward and backward on the calling thread, and
+  // the activations' and gradients' sends on rows of their own. Null: none.
+  void set_tracer(Tracer* tracer);
   PipelineSchedule schedule() const { return schedule_; }
   int micro_batches() const { return micro_batches_; }
 
@@ -88,6 +92,7 @@ class Pipeline {
   std::vector<collectives::Work> sends_;
   std::vector<Tensor> sending_;  // alive until their sends finish
   PipelineStats stats_;
+  Tracer* tracer_ = nullptr;
 };
 
 // A stage of a model cut for the pipeline, as the worker group drives it: parameters

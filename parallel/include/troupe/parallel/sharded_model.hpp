@@ -49,6 +49,7 @@
 #include "troupe/parallel/oss.hpp"
 #include "troupe/parallel/sharding.hpp"
 #include "troupe/parallel/state_slices.hpp"
+#include "troupe/trace.hpp"
 
 namespace troupe::parallel {
 
@@ -83,6 +84,8 @@ class ShardedModel final : public ShardedStateDicts {
   // not the current parameters -- evaluate through forward() on every rank and read
   // the model through model_state_dict(). zero1: the module is current after a step.
   bool forward_is_collective() const { return fsdp_ != nullptr; }
+  // Timeline spans of the backward and the optimizer step (troupe/trace.hpp); null: none.
+  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
   // See DistributedDataParallel::optimizer_step_with_gradient_accumulation; only
   // max_grad_norm of the options is supported here (no scaler, no master weights).
   AccumulationStep optimizer_step_with_gradient_accumulation(const std::function<Tensor(double)>& output_grad,
@@ -122,6 +125,7 @@ class ShardedModel final : public ShardedStateDicts {
   std::unique_ptr<OSS> oss_;                        // zero1
   std::unique_ptr<FullyShardedDataParallel> fsdp_;  // zero2, fsdp
   std::int64_t micro_step_ = 0;
+  Tracer* tracer_ = nullptr;
 };
 
 }  // namespace troupe::parallel

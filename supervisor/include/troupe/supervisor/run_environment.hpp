@@ -43,6 +43,9 @@ inline constexpr const char* kEnvLivenessTimeout = "TROUPE_LIVENESS_TIMEOUT_MS";
 // Read by actors::Runtime: the folder where each rank writes its actors' live state
 // (set to DIR/troupe-run-status with --checkpoint-dir DIR; `troupe-run status DIR`).
 inline constexpr const char* kEnvStatusDir = "TROUPE_STATUS_DIR";
+// troupe-run --trace DIR and --trace-steps FIRST-LAST, for TrainWorker's StepTrace.
+inline constexpr const char* kEnvTraceDir = "TROUPE_TRACE_DIR";
+inline constexpr const char* kEnvTraceSteps = "TROUPE_TRACE_STEPS";
 
 struct RunEnvironment {
   std::string supervisor;  // "host:port", empty when not under troupe-run
@@ -54,6 +57,8 @@ struct RunEnvironment {
   std::chrono::milliseconds supervisor_timeout{0};  // 0: never fence
   std::string fault;                                // troupe-run --fault: set as TROUPE_FAULT, armed; empty: none
   long long checkpoint_step = -1;                   // the newest checkpoint troupe-run saw at launch; -1: none
+  std::string trace_dir;                            // troupe-run --trace; empty: none
+  std::string trace_steps;                          // --trace-steps; empty: the program's default
 
   bool supervised() const { return !supervisor.empty(); }
 };

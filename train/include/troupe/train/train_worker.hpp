@@ -39,6 +39,8 @@
 #include <vector>
 
 #include "troupe/actors/methods.hpp"
+#include "troupe/actors/runtime.hpp"
+#include "troupe/actors/this_call.hpp"
 #include "troupe/checkpoint/error.hpp"
 #include "troupe/checkpoint/folder_lock.hpp"
 #include "troupe/collectives/communicator.hpp"
@@ -62,6 +64,7 @@
 #include "troupe/train/distributed_sampler.hpp"
 #include "troupe/train/recipe.hpp"
 #include "troupe/train/status.hpp"
+#include "troupe/train/step_trace.hpp"
 #include "troupe/train/tensor_dataset.hpp"
 #include "troupe/train/training_checkpoint.hpp"
 #include "troupe/train/training_state.hpp"
@@ -82,6 +85,7 @@ class TrainWorker {
         config_(std::move(config)),
         sharding_(options_.sharding),
         device_(worker_device(options_)),
+        trace_(make_step_trace(options_.trace_dir, options_.trace_steps)),
         comm_(worker_communicator(options, device_)),
         mesh_(worker_mesh(options_, *comm_)),
         model_(build_model()),
@@ -151,6 +155,7 @@ class TrainWorker {
     } else {
       state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr, master_.get());
     }
+    if (trace_) attach_tracer();
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
@@ -185,9 +190,22 @@ class TrainWorker {
       });
     }
     fault_ = supervisor::FaultInjector::from_environment(comm_->rank());
-    if (checkpoint_ && fault_.armed()) {  // TROUPE_FAULT kind=crash_in_save: killed mid-write
-      checkpoint_->set_write_observer([fault = fault_](std::int64_t step, std::string_view) {
-        if (fault.fires_in_save(static_cast<std::uint64_t>(step))) fault.fire();
+    // Called on the writing thread after each tensor: TROUPE_FAULT kind=crash_in_save
+    // kills the process mid-write, and a trace gets a span per tensor written.
+    if (checkpoint_ && (fault_.armed() || trace_)) {
+      checkpoint_->set_write_observer([this, fault = fault_](std::int64_t step, std::string_view tensor) {
+        if (fault.armed() && fault.fires_in_save(static_cast<std::uint64_t>(step))) fault.fire();
+        if (Tracer* t = tracer(); t != nullptr && t->recording()) {
+          t->name_this_thread("checkpoint writer");
+          const std::int64_t now = Tracer::now_ns();
+          t->record(TraceSpan{.name = "write " + std::string(tensor),
+                              .category = "checkpoint",
+                              .begin_ns = write_began_ns_.exchange(now),
+                              .end_ns = now,
+                              .thread = Tracer::this_thread_id(),
+                              .track = {},
+                              .args = "\"step\":" + std::to_string(step)});
+        }
       });
     }
   }
@@ -377,6 +395,7 @@ class TrainWorker {
     if (stopped_) return;
     stopped_ = true;
     live_.stopped = true;
+    if (runtime_) runtime_->set_tracer(nullptr);
     tensor::cuda_set_device(device_);
     // The last checkpoint is durable before we go; if it failed, the error is passed on
     // after the release below, which the other ranks' stop() calls wait for.
@@ -452,9 +471,11 @@ class TrainWorker {
       train_pipeline_batch(batch, result);
       return;
     }
+    std::optional<TraceScope> forward_span(std::in_place, tracer(), "compute", "forward");
     const Tensor inputs = model_input(batch.inputs);  // the targets stay on the host: the loss copies them
     const Tensor output = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
     const double loss = objective_->forward(output, batch.targets);
+    forward_span.reset();
     live_.last_loss = loss;
     const auto n = batch.size();
     result.loss_sum += loss * static_cast<double>(n);
@@ -471,7 +492,8 @@ class TrainWorker {
                        *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
                        parallel::AccumulationOptions{.max_grad_norm = options_.max_grad_norm,
                                                      .master = master_.get(),
-                                                     .tensor_parallel = mesh_ ? &mesh_->comm("tp") : nullptr});
+                                                     .tensor_parallel = mesh_ ? &mesh_->comm("tp") : nullptr,
+                                                     .tracer = tracer()});
     if (step.stepped) {
       ++state_->step;
       ++result.steps;
@@ -491,13 +513,16 @@ class TrainWorker {
     live_.last_loss = mean;
     result.loss_sum += mean * static_cast<double>(batch.size());
     result.samples += batch.size();
-    stage_->sum_tied_gradient(pp);
-    if (data_comm().size() > 1)
-      for (nn::Parameter* p : model_->parameters())
-        if (p->grad.defined()) data_comm().allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
-    if (options_.max_grad_norm > 0) parallel::pipeline_clip_grad_norm(*stage_, options_.max_grad_norm, pp);
-    optimizer_->step();
-    model_->zero_grad(true);
+    {
+      const TraceScope span(tracer(), "compute", "optimizer");
+      stage_->sum_tied_gradient(pp);
+      if (data_comm().size() > 1)
+        for (nn::Parameter* p : model_->parameters())
+          if (p->grad.defined()) data_comm().allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
+      if (options_.max_grad_norm > 0) parallel::pipeline_clip_grad_norm(*stage_, options_.max_grad_norm, pp);
+      optimizer_->step();
+      model_->zero_grad(true);
+    }
     ++state_->step;
     ++result.steps;
     after_step();
@@ -593,9 +618,14 @@ class TrainWorker {
     if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
       supervisor::PhaseScope phase(supervisor_.get(), supervisor::Phase::checkpoint_save);
       const auto started = std::chrono::steady_clock::now();
-      save_on_every_rank();
+      {
+        const TraceScope span(tracer(), "checkpoint", "checkpoint snapshot");
+        save_on_every_rank();
+      }
       checkpoint_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      write_began_ns_ = Tracer::now_ns();
     }
+    if (trace_) trace_->step_ends(state_->step);
     mark_step_start();  // a save is not a step's work
   }
 
@@ -633,11 +663,13 @@ class TrainWorker {
           checkpoint_(worker.checkpoint_seconds_) {}
     auto next_batch(EpochResult& result) const {
       const auto before = std::chrono::steady_clock::now();
+      const TraceScope span(worker_.tracer(), "data", "data");
       auto batch = worker_.loader_->next();
       result.data_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - before).count();
       return batch;
     }
     void finish(EpochResult& result) const {
+      if (worker_.trace_) worker_.trace_->call_ends();
       result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
       result.wait_seconds = std::chrono::duration<double>(worker_.comm_->wait_time() - wait_).count();
       result.checkpoint_seconds = worker_.checkpoint_seconds_ - checkpoint_;
@@ -653,6 +685,26 @@ class TrainWorker {
   void mark_step_start() {
     step_started_ = std::chrono::steady_clock::now();
     step_wait_started_ = comm_->wait_time();
+    if (trace_) trace_->step_begins(state_->step + 1);
+  }
+
+  Tracer* tracer() const { return trace_ ? trace_->tracer() : nullptr; }
+
+  // Gives the tracer to every communicator, the parallel wrappers, the checkpoint's
+  // writer thread and the actors' runtime (for its calls).
+  void attach_tracer() {
+    Tracer* t = trace_->tracer();
+    comm_->set_tracer(t, "world collectives");
+    if (mesh_)
+      for (const char* dim : {"dp", "tp", "pp"})
+        if (mesh_->has(dim)) mesh_->comm(dim).set_tracer(t, std::string(dim) + " collectives");
+    if (pipe_) pipe_->set_tracer(t);
+    if (sharded_) sharded_->set_tracer(t);
+    try {
+      runtime_ = &actors::this_call::runtime();
+      runtime_->set_tracer(trace_->shared_tracer());
+    } catch (const InvalidArgument&) {  // built outside an actor call (a test): no actor spans
+    }
   }
 
   // Every method starts here: a stopped worker refuses, and a running one makes its GPU
@@ -709,6 +761,9 @@ class TrainWorker {
   Config config_;
   Sharding sharding_;
   tensor::Device device_;
+  // Before the communicators, which keep a pointer to its tracer.
+  std::unique_ptr<StepTrace> trace_;
+  actors::Runtime* runtime_ = nullptr;  // given the tracer, when the worker was spawned
   std::unique_ptr<collectives::Communicator> comm_;
   std::unique_ptr<parallel::DeviceMesh> mesh_;  // dp x tp or dp x pp
   parallel::PipelineStage* stage_ = nullptr;    // model_, when it is a pipeline stage
@@ -740,6 +795,7 @@ class TrainWorker {
   std::chrono::steady_clock::time_point step_started_{};
   double checkpoint_seconds_ = 0;  // in periodic saves (save_every), for CallClock
   std::chrono::nanoseconds step_wait_started_{};
+  std::atomic<std::int64_t> write_began_ns_{0};  // the last snapshot's end: its write's start, for the trace
 };
 
 }  // namespace troupe::train

@@ -88,13 +88,17 @@ struct WorkerOptions {
   // the same first ones every time (nanoGPT's eval_iters).
   std::int64_t eval_batch = 256;
   std::int64_t eval_samples = 0;
+  // A timeline of steps `trace_steps` ("FIRST-LAST", inclusive; empty: 3-5) written to
+  // trace_dir/trace.json (step_trace.hpp). Empty: troupe-run's --trace, if any.
+  std::string trace_dir;
+  std::string trace_steps;
 
   template <class A>
   void serialize(A& a) {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
       best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
       checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel,
-      pipeline_parallel, pipeline_schedule, micro_batches);
+      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps);
   }
 };
 
