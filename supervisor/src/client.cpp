@@ -10,10 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <iostream>
+#include <iterator>
 
 #include "troupe/error.hpp"
 #include "troupe/supervisor/protocol.hpp"
@@ -21,6 +25,40 @@
 
 namespace troupe::supervisor {
 namespace {
+
+// The client whose rank writes a dump as it crashes. A signal handler can reach nothing
+// else, so this is the one process-wide pointer: set by the first client with a
+// checkpoint folder, cleared when it goes.
+std::atomic<SupervisorClient*> crash_client{nullptr};
+constexpr int kCrashSignals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+struct sigaction crash_previous[std::size(kCrashSignals)];
+
+const char* crash_signal_name(int signal) {
+  switch (signal) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+    default: return "a signal";
+  }
+}
+
+void on_crash_signal(int signal, siginfo_t* info, void*) {
+  static std::atomic<bool> dumping{false};
+  if (!dumping.exchange(true)) {
+    if (SupervisorClient* client = crash_client.load()) {
+      ::alarm(15);  // a dump stuck on a lock the crash left held must not keep a dead rank alive
+      client->write_crash_dump(signal, info != nullptr ? info->si_addr : nullptr);
+      ::alarm(0);
+    }
+  }
+  // The signal ends the process as it would have: the handler that was there (a
+  // sanitizer's), or the default action, runs when this one returns (a fault) or at once.
+  for (std::size_t i = 0; i < std::size(kCrashSignals); ++i)
+    if (kCrashSignals[i] == signal) ::sigaction(signal, &crash_previous[i], nullptr);
+  ::raise(signal);
+}
 
 // "host:port" or "[v6]:port" -> (host, port).
 std::pair<std::string, std::string> split_address(const std::string& address) {
@@ -127,6 +165,44 @@ SupervisorClient::SupervisorClient(const RunEnvironment& env, int rank, int worl
   uncaught_at_start_ = std::uncaught_exceptions();
   last_answer_ = std::chrono::steady_clock::now();
   thread_ = std::thread([this] { heartbeat_loop(); });
+  if (!checkpoint_dir_.empty()) install_crash_handler();
+}
+
+void SupervisorClient::install_crash_handler() noexcept {
+  SupervisorClient* none = nullptr;
+  if (!crash_client.compare_exchange_strong(none, this)) return;  // another client has it
+  struct sigaction action {};
+  action.sa_sigaction = on_crash_signal;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  for (std::size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &action, &crash_previous[i]);
+}
+
+void SupervisorClient::remove_crash_handler() noexcept {
+  if (crash_client.load() != this) return;
+  for (std::size_t i = 0; i < std::size(kCrashSignals); ++i) ::sigaction(kCrashSignals[i], &crash_previous[i], nullptr);
+  crash_client.store(nullptr);
+}
+
+void SupervisorClient::write_crash_dump(int signal, const void* address) noexcept {
+  try {
+    std::vector<std::string> flight;
+    {
+      std::lock_guard lock(recorder_mutex_);
+      if (flight_recorder_) flight = flight_recorder_();
+    }
+    char where[32];
+    std::snprintf(where, sizeof where, "0x%" PRIxPTR, reinterpret_cast<std::uintptr_t>(address));
+    const std::string header = dump_header() + "\ncrashed: " + crash_signal_name(signal) + " (address " + where +
+                               ") in thread " + std::to_string(::gettid());
+    const std::string path = crash_dump_path(checkpoint_dir_, rank_);
+    const std::string problem = write_rank_dump(path, header, flight);
+    const std::string line = "troupe: rank " + std::to_string(rank_) + " crashed with " + crash_signal_name(signal) +
+                             "; its stacks and last collectives: " + path +
+                             (problem.empty() ? "" : " (" + problem + ")") + "\n";
+    [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+  } catch (...) {  // nothing more to do on a crashing rank
+  }
 }
 
 std::unique_ptr<SupervisorClient> SupervisorClient::connect_if_supervised(const RunEnvironment& env, int rank,
@@ -136,6 +212,7 @@ std::unique_ptr<SupervisorClient> SupervisorClient::connect_if_supervised(const 
 }
 
 SupervisorClient::~SupervisorClient() {
+  remove_crash_handler();
   if (std::uncaught_exceptions() > uncaught_at_start_)
     abandon();
   else
@@ -305,16 +382,18 @@ void SupervisorClient::write_dump() noexcept {
       std::lock_guard lock(recorder_mutex_);
       if (flight_recorder_) flight = flight_recorder_();
     }
-    const std::uint64_t step = step_.load(std::memory_order_relaxed);
-    const std::string header =
-        "troupe rank dump: rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ", pid " +
-        std::to_string(::getpid()) + ", host " + host_name() + ", restart " + std::to_string(restart_) + ", phase " +
-        std::string(phase_name(phase())) + (step == kUnset ? std::string() : ", step " + std::to_string(step));
-    const std::string problem = write_rank_dump(dump_path(checkpoint_dir_, rank_), header, flight);
+    const std::string problem = write_rank_dump(dump_path(checkpoint_dir_, rank_), dump_header(), flight);
     if (!problem.empty()) std::cerr << "troupe supervisor client: rank " << rank_ << "'s dump: " << problem << "\n";
   } catch (const std::exception& e) {
     std::cerr << "troupe supervisor client: rank " << rank_ << " could not write its dump: " << e.what() << "\n";
   }
+}
+
+std::string SupervisorClient::dump_header() const {
+  const std::uint64_t step = step_.load(std::memory_order_relaxed);
+  return "troupe rank dump: rank " + std::to_string(rank_) + " of " + std::to_string(world_size_) + ", pid " +
+         std::to_string(::getpid()) + ", host " + host_name() + ", restart " + std::to_string(restart_) + ", phase " +
+         std::string(phase_name(phase())) + (step == kUnset ? std::string() : ", step " + std::to_string(step));
 }
 
 void SupervisorClient::lose_supervisor(const std::string& why) {

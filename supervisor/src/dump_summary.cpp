@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
 #include <filesystem>
@@ -98,6 +99,60 @@ bool all_dumped(const std::string& checkpoint_dir, int world_size) {
   for (int r = 0; r < world_size; ++r)
     if (!fs::exists(dump_path(checkpoint_dir, r))) return false;
   return true;
+}
+
+namespace {
+// "rank 1 crashed: SIGSEGV (address 0x0) in f < g < h": the crashing thread's frames
+// below the signal handler's (eu-stack's output; gdb's has no "TID" lines).
+std::string summarize_crash(const std::string& rank, const std::string& path) {
+  std::ifstream in(path);
+  std::string header, crashed, line;
+  std::getline(in, header);
+  std::getline(in, crashed);
+  if (!crashed.starts_with("crashed: ")) return "";
+  std::string what = crashed.substr(9), thread;
+  if (const auto at = what.find(" in thread "); at != std::string::npos) {
+    thread = what.substr(at + 11);
+    what.resize(at);
+  }
+  std::vector<std::string> frames;
+  bool in_thread = false, past_handler = false;
+  while (std::getline(in, line)) {
+    if (line.starts_with("TID ")) {
+      in_thread = !thread.empty() && line == "TID " + thread + ":";
+      continue;
+    }
+    if (!in_thread || !line.starts_with("#")) continue;
+    const std::string f = frame_function(line);
+    if (f.find("on_crash_signal") != std::string::npos || f == "__restore_rt") {
+      past_handler = true;
+      frames.clear();
+      continue;
+    }
+    if (past_handler && !f.empty() && f != "??" && frames.size() < 4) frames.push_back(f);
+  }
+  std::string note = "rank " + rank + " crashed: " + what;
+  if (!frames.empty()) {
+    note += " in ";
+    for (std::size_t i = 0; i < frames.size(); ++i) note += (i ? " < " : "") + frames[i];
+  }
+  return note + "; stacks and last collectives in " + path;
+}
+}  // namespace
+
+std::vector<std::string> crash_dump_notes(const std::string& checkpoint_dir, fs::file_time_type since) {
+  std::vector<std::string> notes;
+  std::error_code error;
+  for (fs::directory_iterator it(dump_folder(checkpoint_dir), error), end; !error && it != end; it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with("crash-rank-") || !name.ends_with(".txt")) continue;
+    std::error_code time_error;
+    if (fs::last_write_time(it->path(), time_error) < since || time_error) continue;
+    const std::string note = summarize_crash(name.substr(11, name.size() - 15), it->path().string());
+    if (!note.empty()) notes.push_back(note);
+  }
+  std::sort(notes.begin(), notes.end());
+  return notes;
 }
 
 void clear_dumps(const std::string& checkpoint_dir) {

@@ -8,6 +8,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <ostream>
 #include <string>
@@ -28,6 +29,11 @@ bool all_dumped(const std::string& checkpoint_dir, int world_size);
 // DIR (its start event in DIR/troupe-run-events.jsonl names its pid), sends it SIGUSR1
 // and prints the summary of the dump it then logs. Returns 0, or 1 saying why not.
 int request_dump(const std::string& dir, std::ostream& out, std::chrono::seconds wait = std::chrono::seconds(15));
+
+// The crash dumps (rank_dump.hpp's crash_dump_path) written since `since`, one line
+// each: "rank 1 crashed: SIGSEGV (address 0x0) in FaultInjector::fire < main; stacks and
+// last collectives in DIR/troupe-run-dumps/crash-rank-1.txt".
+std::vector<std::string> crash_dump_notes(const std::string& checkpoint_dir, std::filesystem::file_time_type since);
 
 // Removes the dump files of an earlier request.
 void clear_dumps(const std::string& checkpoint_dir);

@@ -40,7 +40,7 @@ FaultPlan parse_fault(std::string_view text) {
     rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
     auto eq = item.find('=');
     TROUPE_CHECK(eq != std::string_view::npos, kEnvFault, "='", text, "': '", item,
-                 "' is not key=value (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])");
+                 "' is not key=value (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save|segv[,restart=N])");
     std::string_view key = item.substr(0, eq), value = item.substr(eq + 1);
     auto once = [&](bool& seen) {
       TROUPE_CHECK(!seen, kEnvFault, "='", text, "': '", key, "' given twice");
@@ -62,8 +62,11 @@ FaultPlan parse_fault(std::string_view text) {
         plan.kind = FaultKind::throw_error;
       else if (value == "crash_in_save")
         plan.kind = FaultKind::crash_in_save;
+      else if (value == "segv")
+        plan.kind = FaultKind::segv;
       else
-        TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value, "' is not crash, hang, throw or crash_in_save");
+        TROUPE_CHECK(false, kEnvFault, "='", text, "': kind='", value,
+                     "' is not crash, hang, throw, crash_in_save or segv");
     } else if (key == "restart") {
       TROUPE_CHECK(!plan.restart, kEnvFault, "='", text, "': 'restart' given twice");
       plan.restart = parse_number<std::uint32_t>(value, key, text);
@@ -75,7 +78,7 @@ FaultPlan parse_fault(std::string_view text) {
                !has_rank   ? "rank"
                : !has_step ? "step"
                            : "kind",
-               " (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])");
+               " (expected rank=R,step=S,kind=crash|hang|throw|crash_in_save|segv[,restart=N])");
   return plan;
 }
 
@@ -107,7 +110,7 @@ FaultInjector FaultInjector::from_environment(int rank) {
 }
 
 void FaultInjector::fire() const {
-  static constexpr const char* names[] = {"crash", "hang", "throw", "crash_in_save"};
+  static constexpr const char* names[] = {"crash", "hang", "throw", "crash_in_save", "segv"};
   // The time stamp lets the benchmark measure from the fault to its detection. One
   // write: std::cerr is unbuffered, and piece by piece the line interleaved with the
   // other ranks' output, so that a log reader missed it.
@@ -120,6 +123,11 @@ void FaultInjector::fire() const {
     case FaultKind::crash:
     case FaultKind::crash_in_save: ::kill(::getpid(), SIGKILL); break;
     case FaultKind::hang: break;
+    case FaultKind::segv: {
+      volatile std::uintptr_t nowhere = 0;  // opaque to the compiler: a store, not a trap
+      *reinterpret_cast<volatile int*>(nowhere) = 1;
+      break;
+    }
     case FaultKind::throw_error:
       TROUPE_THROW(FaultInjected, "injected fault (", kEnvFault, ") on rank ", plan_.rank, " at step ", plan_.step);
   }

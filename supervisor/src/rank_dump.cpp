@@ -28,6 +28,10 @@ std::string dump_path(const std::string& checkpoint_dir, int rank) {
   return dump_folder(checkpoint_dir) + "/rank-" + std::to_string(rank) + ".txt";
 }
 
+std::string crash_dump_path(const std::string& checkpoint_dir, int rank) {
+  return dump_folder(checkpoint_dir) + "/crash-rank-" + std::to_string(rank) + ".txt";
+}
+
 namespace {
 
 // Runs `argv` with stdout and stderr appended to `path`; kills it after `timeout`.

@@ -263,7 +263,7 @@ options:
   --trace DIR             TrainWorker programs write a timeline of steps --trace-steps
                           FIRST-LAST (default 3-5) to DIR/trace.json (Perfetto, Chrome)
   --fault SPEC            inject a fault for a drill or test: TROUPE_FAULT=SPEC, armed
-                          (rank=R,step=S,kind=crash|hang|throw|crash_in_save[,restart=N])
+                          (rank=R,step=S,kind=crash|hang|throw|crash_in_save|segv[,restart=N])
 
 troupe-run status DIR   prints the actors of the job running with --checkpoint-dir DIR, rank
                         by rank (state, mailbox depth, the method running and for how long),

@@ -293,6 +293,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                                   std::max(1u, std::thread::hardware_concurrency()));
     if (!options_.checkpoint_dir.empty()) clear_status(options_.checkpoint_dir);
     launched_ = Clock::now();
+    launched_file_time_ = fs::file_time_type::clock::now();
     try {
       job_ = std::make_unique<Job>(io_, command, env);
     } catch (const Error& e) {
@@ -483,6 +484,14 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                 fixed(seconds(Clock::now() - silent->last_heard)) + " s";
       blame = Blame::on(silent->host);
     }
+    // A rank that crashed on a signal left a dump saying where (its crash handler).
+    std::string crashes = "[";
+    if (!options_.checkpoint_dir.empty())
+      for (const std::string& note : crash_dump_notes(options_.checkpoint_dir, launched_file_time_)) {
+        detail += "; " + note;
+        crashes += (crashes.size() > 1 ? "," : "") + json_string(note);
+      }
+    if (crashes.size() > 1) fields.emplace_back("crashes", Json::raw(crashes + "]"));
     blamed_host_.clear();
     if (blame.kind != Blame::Kind::nobody) {
       auto blamed = pool_->blame(blame.kind == Blame::Kind::last_blamed ? "" : blame.host);
@@ -766,8 +775,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   int save_failures_ = 0;
   std::uint64_t save_failures_total_ = 0;  // for --metrics; save_failures_ restarts at each relaunch
   PhaseClock phases_;
-  std::unique_ptr<DumpCollector> dumps_;    // with --checkpoint-dir: hang dumps (collect_dumps)
-  std::unique_ptr<MetricsServer> metrics_;  // --metrics
+  fs::file_time_type launched_file_time_{};  // crash dumps older than this launch are not its
+  std::unique_ptr<DumpCollector> dumps_;     // with --checkpoint-dir: hang dumps (collect_dumps)
+  std::unique_ptr<MetricsServer> metrics_;   // --metrics
   // --host-wait: the probe of a host a failed launch is blamed on, that host, whether
   // the last failure was a launch whose ranks never all registered, and the relaunches
   // after such a launch whose host had not answered (not counted as restarts).

@@ -536,6 +536,27 @@ def hang_dump(args, check: Check) -> None:
     finished_like_a_clean_run(run, check, restarts=1, resumed_at=10, np=4)
 
 
+def crash_dump(args, check: Check) -> None:
+    """A rank dies of a real SIGSEGV: its crash handler writes its stacks and last
+    collectives before it goes, troupe-run's failure names the signal, the crashing
+    frames and the file, and the job resumes and finishes as if nothing had happened."""
+    run = Run(args, "crash_dump", "rank=1,step=17,kind=segv,restart=0", FAST + ["--max-restarts", "2"])
+    failures = run.of("failure")
+    check(len(failures) == 1, f"one failure: {failures}")
+    crashes = failures[0].get("crashes", [])
+    check(len(crashes) == 1 and crashes[0].startswith("rank 1 crashed: SIGSEGV (address 0x0) in ")
+          and "FaultInjector::fire" in crashes[0] and "crash-rank-1.txt" in crashes[0],
+          f"the failure names the signal, the crashing frames and the file: {crashes}")
+    check("rank 1 crashed: SIGSEGV" in failures[0]["detail"], "and so does its detail")
+    check("troupe: rank 1 crashed with SIGSEGV" in run.stderr, "the rank said so as it went")
+    text = (run.ckpt / "troupe-run-dumps" / "crash-rank-1.txt").read_text()
+    check(text.startswith("troupe rank dump: rank 1 of 2") and "\ncrashed: SIGSEGV (address 0x0) in thread " in text
+          and "== collectives" in text and "allreduce #" in text and "== threads ==" in text,
+          "the crash file: header, signal, flight record and stacks")
+    check(not (run.ckpt / "troupe-run-dumps" / "crash-rank-0.txt").exists(), "rank 0 did not crash")
+    finished_like_a_clean_run(run, check, restarts=1, resumed_at=15)
+
+
 def dump_on_signal(args, check: Check) -> None:
     """`troupe-run dump DIR` (SIGUSR1 to the job's troupe-run): every rank dumps, the
     summary is printed, and the job goes on to finish."""
@@ -740,7 +761,7 @@ SCENARIOS = {"crash": crash, "crash_4ranks": crash_4ranks, "stopped_rank": stopp
              "slow_save": slow_save, "stuck_save": stuck_save, "throw": throw, "hostile": hostile, "sigint": sigint, "sigterm": sigterm,
              "sighup": sighup, "lockout": lockout, "killed_troupe_run": killed_troupe_run, "crash_tcp": crash_tcp, "bad_flags": bad_flags,
              "metrics": metrics, "metrics_errors": metrics_errors, "prometheus": prometheus,
-             "hang_dump": hang_dump, "dump_on_signal": dump_on_signal}
+             "hang_dump": hang_dump, "dump_on_signal": dump_on_signal, "crash_dump": crash_dump}
 
 
 def main() -> None:

@@ -117,6 +117,14 @@ class SupervisorClient {
   // Closes without goodbye: troupe-run treats this rank as failed right away.
   void abandon() noexcept;
 
+  // Writes this rank's crash dump (crash_dump_path: the header says which signal, at
+  // which address, on which thread). Called by the crash handler the first client with
+  // a checkpoint folder installs for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT, on the
+  // crashing thread; the handler then lets the signal end the process as before (or
+  // passes it to the handler that was there: a sanitizer's). Best effort: it allocates,
+  // so a crash inside malloc may leave it stuck, and an alarm ends it after 15 s.
+  void write_crash_dump(int signal, const void* address) noexcept;
+
   // Heartbeats sent so far (for tests and the overhead benchmark).
   std::uint64_t heartbeats_sent() const { return sent_.load(std::memory_order_relaxed); }
 
@@ -135,6 +143,9 @@ class SupervisorClient {
 
   // Writes this rank's dump file (troupe-run sent Dump).
   void write_dump() noexcept;
+  std::string dump_header() const;
+  void install_crash_handler() noexcept;
+  void remove_crash_handler() noexcept;
 
   std::string address_;
   std::string checkpoint_dir_;  // where dumps go; empty: none

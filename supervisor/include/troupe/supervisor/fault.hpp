@@ -12,6 +12,8 @@
 //   hang   the calling thread sleeps forever; other threads (the heartbeat) go on,
 //          so troupe-run sees a live rank that makes no progress
 //   throw  throws FaultInjected, which a program normally lets escape
+//   segv   writes through a null pointer: a real SIGSEGV, which leaves a crash dump
+//          (rank_dump.hpp) under troupe-run with a checkpoint folder
 //   crash_in_save
 //          SIGKILL in the middle of writing the checkpoint of that step, after its
 //          first tensor is in the temporary file (the rank must be the one that
@@ -31,7 +33,7 @@
 
 namespace troupe::supervisor {
 
-enum class FaultKind { crash, hang, throw_error, crash_in_save };
+enum class FaultKind { crash, hang, throw_error, crash_in_save, segv };
 
 struct FaultPlan {
   int rank = 0;

@@ -10,6 +10,8 @@
 //   <eu-stack -p PID: every thread's stack, symbolised (elfutils' libdw)>
 //
 // troupe-run reads the files back and prints one line per rank (dump_summary.hpp).
+// A rank that crashes (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT) writes crash-rank-<r>.txt
+// the same way from its signal handler before it dies; troupe-run's failure names it.
 #pragma once
 
 #include <chrono>
@@ -20,6 +22,9 @@ namespace troupe::supervisor {
 
 std::string dump_folder(const std::string& checkpoint_dir);
 std::string dump_path(const std::string& checkpoint_dir, int rank);
+// A rank's dump as it crashed (SupervisorClient's crash handler): the same file, with
+// a second header line "crashed: SIGSEGV (address 0x0) in thread 4321".
+std::string crash_dump_path(const std::string& checkpoint_dir, int rank);
 
 // Writes the dump file: `header`, the flight record's lines, then every thread's stack
 // from eu-stack (or gdb when it is missing), which gets at most `stack_timeout`.
