@@ -115,6 +115,8 @@ void Pipeline::set_tracer(Tracer* tracer) {
   gradients_->set_tracer(tracer, "pp gradients");
 }
 
+std::chrono::nanoseconds Pipeline::wait_time() const { return activations_->wait_time() + gradients_->wait_time(); }
+
 void Pipeline::finish_sends() {
   for (auto& work : sends_) work.wait();
   sends_.clear();

@@ -26,10 +26,18 @@ grep -q '"name":"checkpoint snapshot"' "$tmp/digits/trace.json" || fail "no chec
 # Pipelines: each stage runs 4 micro-batches forward and backward per step; the
 # activations travel on their own row.
 $mpi -np 4 "$gpt" --preset quick --steps 4 --warmup-steps 1 --eval-every 100 --sample-chars 0 --pp 2 \
-  --micro-batches 4 --trace "$tmp/gpt" --trace-steps 2-3 > "$tmp/gpt.log" 2>&1 \
+  --micro-batches 4 --trace "$tmp/gpt" --trace-steps 2-3 --metrics "$tmp/gpt.jsonl" > "$tmp/gpt.log" 2>&1 \
   || { cat "$tmp/gpt.log"; fail "train_gpt --pp 2 --trace"; }
 $check "$tmp/gpt/trace.json" --ranks 4 --steps 2-3 --expect data,forward,backward,optimizer \
   --per-step forward=4,backward=4 --track "pp activations" --track "pp gradients"
+# The stages' waits for each other count as communication in the time shares (they are
+# on the pipeline's own communicators, not the world's).
+/usr/bin/python3 -c '
+import json, sys
+last = [json.loads(line) for line in open(sys.argv[1])][-1]
+share = last["comm_wait_share"]
+assert share > 0.02, f"comm_wait_share {share} with a pipeline bubble"
+print(f"comm_wait_share {share:.3f}")' "$tmp/gpt.jsonl" || fail "the pipeline waits are not in comm_wait_share"
 
 # A picture of it (python3-matplotlib).
 /usr/bin/python3 "$src/tools/plot_timeline.py" "$tmp/gpt/trace.json" -o "$tmp/gpt.png" --steps 3

@@ -17,6 +17,7 @@
 // which troupe-run already handles by restarting the job from the last checkpoint.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string_view>
@@ -72,6 +73,9 @@ class Pipeline {
   // Timeline spans: each micro-batch's forward and backward on the calling thread, and
   // the activations' and gradients' sends on rows of their own. Null: none.
   void set_tracer(Tracer* tracer);
+  // Time spent waiting for the neighbouring stages' activations and gradients (their
+  // communicators' wait_time; the pp communicator's own is the caller's to count).
+  std::chrono::nanoseconds wait_time() const;
   PipelineSchedule schedule() const { return schedule_; }
   int micro_batches() const { return micro_batches_; }
 

@@ -612,7 +612,7 @@ class TrainWorker {
       supervisor_->report_collective(comm_->next_sequence());
       const auto wall = std::chrono::steady_clock::now() - step_started_;
       supervisor_->report_step_work(std::chrono::duration_cast<std::chrono::nanoseconds>(wall) -
-                                    (comm_->wait_time() - step_wait_started_));
+                                    (wait_time() - step_wait_started_));
     }
     fault_.at_step(step);
     if (checkpoint_ && options_.save_every > 0 && state_->step % options_.save_every == 0) {
@@ -659,7 +659,7 @@ class TrainWorker {
     explicit CallClock(TrainWorker& worker)
         : worker_(worker),
           start_(std::chrono::steady_clock::now()),
-          wait_(worker.comm_->wait_time()),
+          wait_(worker.wait_time()),
           checkpoint_(worker.checkpoint_seconds_) {}
     auto next_batch(EpochResult& result) const {
       const auto before = std::chrono::steady_clock::now();
@@ -671,7 +671,7 @@ class TrainWorker {
     void finish(EpochResult& result) const {
       if (worker_.trace_) worker_.trace_->call_ends();
       result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      result.wait_seconds = std::chrono::duration<double>(worker_.comm_->wait_time() - wait_).count();
+      result.wait_seconds = std::chrono::duration<double>(worker_.wait_time() - wait_).count();
       result.checkpoint_seconds = worker_.checkpoint_seconds_ - checkpoint_;
     }
 
@@ -684,11 +684,21 @@ class TrainWorker {
 
   void mark_step_start() {
     step_started_ = std::chrono::steady_clock::now();
-    step_wait_started_ = comm_->wait_time();
+    step_wait_started_ = wait_time();
     if (trace_) trace_->step_begins(state_->step + 1);
   }
 
   Tracer* tracer() const { return trace_ ? trace_->tracer() : nullptr; }
+
+  // This rank's time blocked on collectives not yet done, on every communicator it
+  // trains over: the world, the mesh's dimensions, the pipeline's links.
+  std::chrono::nanoseconds wait_time() const {
+    std::chrono::nanoseconds waited = comm_->wait_time();
+    if (mesh_)
+      for (const auto& dim : mesh_->dims()) waited += mesh_->comm(dim.name).wait_time();
+    if (pipe_) waited += pipe_->wait_time();
+    return waited;
+  }
 
   // Gives the tracer to every communicator, the parallel wrappers, the checkpoint's
   // writer thread and the actors' runtime (for its calls).
@@ -696,8 +706,7 @@ class TrainWorker {
     Tracer* t = trace_->tracer();
     comm_->set_tracer(t, "world collectives");
     if (mesh_)
-      for (const char* dim : {"dp", "tp", "pp"})
-        if (mesh_->has(dim)) mesh_->comm(dim).set_tracer(t, std::string(dim) + " collectives");
+      for (const auto& dim : mesh_->dims()) mesh_->comm(dim.name).set_tracer(t, dim.name + " collectives");
     if (pipe_) pipe_->set_tracer(t);
     if (sharded_) sharded_->set_tracer(t);
     try {
