@@ -116,6 +116,19 @@ AccumulationStep ShardedModel::optimizer_step_with_gradient_accumulation(
   return result;
 }
 
+MicroBatchResult ShardedModel::train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
+                                                 const MicroBatchOptions& options) {
+  MicroBatchResult result;
+  {
+    const TraceScope span(tracer_, "compute", "forward");
+    result.loss = loss.forward(forward(inputs), targets);
+  }
+  result.stepped = optimizer_step_with_gradient_accumulation(loss.backward, options.accum_steps,
+                                                             options.steps_per_epoch, options.max_grad_norm)
+                       .stepped;
+  return result;
+}
+
 void ShardedModel::set_micro_step(std::int64_t step) {
   TROUPE_CHECK(step >= 0, "ShardedModel::set_micro_step: got ", step);
   micro_step_ = step;

@@ -47,6 +47,7 @@
 #include "troupe/parallel/ddp.hpp"
 #include "troupe/parallel/fsdp.hpp"
 #include "troupe/parallel/oss.hpp"
+#include "troupe/parallel/parallel_model.hpp"
 #include "troupe/parallel/sharding.hpp"
 #include "troupe/parallel/state_slices.hpp"
 #include "troupe/trace.hpp"
@@ -58,7 +59,7 @@ namespace troupe::parallel {
 // layer. A recipe with other needs supplies its own FsdpOptions.
 AutoWrapPolicy parameterised_leaf_auto_wrap_policy();
 
-class ShardedModel final : public ShardedStateDicts {
+class ShardedModel final : public ShardedStateDicts, public ParallelModel {
  public:
   // `mode` is zero1, zero2 or fsdp. `factory` builds the base optimizer over the
   // parameters (or the flat shards) it is given; `fsdp` is used in zero2 and fsdp mode
@@ -75,7 +76,7 @@ class ShardedModel final : public ShardedStateDicts {
   Sharding mode() const { return mode_; }
   // The base optimizer on this rank (its partition, or its flat shards): for LR
   // schedules, and TrainingState's optimizer().
-  nn::Optimizer& optimizer();
+  nn::Optimizer& optimizer() override;
 
   // Forward through the model (FSDP gathers each unit: a collective, in eval too).
   Tensor forward(const Tensor& input);
@@ -85,7 +86,7 @@ class ShardedModel final : public ShardedStateDicts {
   // the model through model_state_dict(). zero1: the module is current after a step.
   bool forward_is_collective() const { return fsdp_ != nullptr; }
   // Timeline spans of the backward and the optimizer step (troupe/trace.hpp); null: none.
-  void set_tracer(Tracer* tracer) { tracer_ = tracer; }
+  void set_tracer(Tracer* tracer) override { tracer_ = tracer; }
   // See DistributedDataParallel::optimizer_step_with_gradient_accumulation; only
   // max_grad_norm of the options is supported here (no scaler, no master weights).
   AccumulationStep optimizer_step_with_gradient_accumulation(const std::function<Tensor(double)>& output_grad,
@@ -94,7 +95,17 @@ class ShardedModel final : public ShardedStateDicts {
 
   // FNV-1a over every parameter's full bytes in named order: nn::parameter_hash(model) of
   // the unsharded model (FSDP gathers each parameter to compute it).
-  std::uint64_t parameter_hash();
+  std::uint64_t parameter_hash() override;
+
+  // ParallelModel: forward, optimizer_step_with_gradient_accumulation, and the model's
+  // whole state as model_state_dict() gathers it.
+  MicroBatchResult train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
+                                     const MicroBatchOptions& options) override;
+  Tensor evaluate(const Tensor& inputs) override { return forward(inputs); }
+  bool evaluate_is_collective() const override { return forward_is_collective(); }
+  nn::StateDict whole_state_dict() override { return model_state_dict(); }
+  bool whole_state_is_collective() const override { return forward_is_collective(); }
+  ShardedStateDicts* state_dicts() override { return this; }
 
   // ShardedStateDicts.
   nn::StateDict model_state_dict() override;

@@ -5,15 +5,18 @@
 // examples/train_gpt.cpp are drivers; worker_driver.hpp has their common steps. One
 // rank runs the same program unchanged (a single-rank communicator).
 //
-// WorkerOptions::sharding picks ddp, zero1 (DDP + OSS), zero2 (FSDP's shard_grad_op)
-// or fsdp (troupe/parallel/sharded_model.hpp). WorkerOptions::tensor_parallel = k splits
-// the model over k consecutive ranks (the recipe's make_model(config, tp)) and runs DDP
-// over the world / k groups of them; WorkerOptions::pipeline_parallel = p cuts it into p
-// stages (the recipe's make_stage) run by a pipeline schedule, the gradients averaged
-// over the world / p groups. Checkpoints stay full, so any layout resumes any other's. Accumulation, the sampler,
-// Status, evaluation and checkpoints work alike in every mode, and a checkpoint of one mode resumes in another. In
-// zero2 and fsdp, state(), evaluate(), offer_best() and model_state() are collectives: ask every worker. The global
-// batch need not divide by the ranks (64 over 3 is 22, 21, 21, each gradient weighted by its share).
+// The layout is chosen once, in make_parallel_model(), and the worker then trains
+// through that one parallel::ParallelModel (parallel_model.hpp) whatever it is:
+// WorkerOptions::sharding picks ddp, zero1 (DDP + OSS), zero2 (FSDP's shard_grad_op) or
+// fsdp (sharded_model.hpp); WorkerOptions::tensor_parallel = k splits the model over k
+// consecutive ranks (the recipe's make_model(config, tp)) with DDP over the world / k
+// groups of them; WorkerOptions::pipeline_parallel = p cuts it into p stages (the
+// recipe's make_stage) run by a pipeline schedule, the gradients averaged over the
+// world / p groups. Checkpoints stay full, so any layout resumes any other's.
+// Accumulation, the sampler, Status, evaluation and checkpoints work alike in every
+// layout. In zero2, fsdp and the split layouts, state(), evaluate(), offer_best() and
+// model_state() are collectives: ask every worker. The global batch need not divide by
+// the ranks (64 over 3 is 22, 21, 21, each gradient weighted by its share).
 //
 // The user supplies a Recipe (recipe.hpp). The constructor is collective (it creates
 // the world communicator and broadcasts rank 0's parameters), as spawn_on_each is.
@@ -47,12 +50,9 @@
 #include "troupe/error.hpp"
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
-#include "troupe/parallel/ddp.hpp"
 #include "troupe/parallel/device_mesh.hpp"
-#include "troupe/parallel/master_weights.hpp"
-#include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/parallel_model.hpp"
 #include "troupe/parallel/sharded_model.hpp"
-#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/supervisor/client.hpp"
 #include "troupe/supervisor/fault.hpp"
 #include "troupe/supervisor/run_environment.hpp"
@@ -115,46 +115,23 @@ class TrainWorker {
     TROUPE_CHECK(micro_batch >= data_comm().size(), "TrainWorker: a micro-batch of ", micro_batch,
                  " samples (global batch ", options_.global_batch, " / ", options_.accum_steps, ") leaves some of the ",
                  data_comm().size(), " data-parallel ranks without a sample");
-    if (stage_) {
+    if (stage_)
       TROUPE_CHECK(options_.accum_steps == 1 && micro_batch % (data_comm().size() * options_.micro_batches) == 0,
                    "TrainWorker: with pipeline parallelism, accum_steps must be 1 and the global batch of ",
                    options_.global_batch, " must split into ", data_comm().size(), " data-parallel shares of ",
                    options_.micro_batches, " micro-batches");
-      optimizer_ = Recipe::make_optimizer(*model_, config_);
-      pipe_ = std::make_unique<parallel::Pipeline>(*stage_, mesh_->comm("pp"),
-                                                   parallel::parse_pipeline_schedule(options_.pipeline_schedule),
-                                                   options_.micro_batches);
-    } else if (sharding_ == Sharding::ddp) {
-      ddp_ = std::make_unique<parallel::DistributedDataParallel>(
-          *model_, data_comm(), parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes});
-      if (options_.precision == Precision::bf16) {  // after DDP's broadcast, so every rank's masters are rank 0's
-        master_ = std::make_unique<parallel::MasterWeights>(*model_);
-        optimizer_ = recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(master_->named_parameters());
-      } else {
-        optimizer_ = Recipe::make_optimizer(*model_, config_);
-      }
-    } else {
-      sharded_ = std::make_unique<parallel::ShardedModel>(
-          sharding_, *model_, *comm_, recipe_optimizer_factory<Recipe>(config_, parallel::sharding_name(sharding_)),
-          options_.bucket_bytes, fsdp_options());
-    }
+    parallel_ = make_parallel_model();
     scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
     sampler_ = std::make_unique<DistributedSampler>(
         train_.size(), data_comm().size(), data_comm().rank(),
         SamplerOptions{.shuffle = true, .seed = options_.seed, .global_batch = micro_batch});
     loader_ = std::make_unique<DataLoader<TensorBatch>>(
         *sampler_, sampler_->local_batch(), [this](const std::vector<std::int64_t>& idx) { return train_.rows(idx); });
-    if (stage_) {
-      pp_state_ = std::make_unique<parallel::PipelineStateDicts>(*stage_, *optimizer_, mesh_->comm("pp"));
-      state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, *pp_state_);
-    } else if (mesh_) {
-      tp_state_ = std::make_unique<parallel::TensorParallelStateDicts>(*model_, *optimizer_, *ddp_, mesh_->comm("tp"));
-      state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, *tp_state_);
-    } else if (sharded_) {
-      state_ = std::make_unique<TrainingState>(*model_, sharded_->optimizer(), *sampler_, *sharded_);
-    } else {
-      state_ = std::make_unique<TrainingState>(*model_, *optimizer_, *sampler_, ddp_.get(), nullptr, master_.get());
-    }
+    if (parallel::ShardedStateDicts* split = parallel_->state_dicts())
+      state_ = std::make_unique<TrainingState>(*model_, optimizer(), *sampler_, *split);
+    else
+      state_ = std::make_unique<TrainingState>(*model_, optimizer(), *sampler_, parallel_->ddp(), nullptr,
+                                               parallel_->master_weights());
     if (trace_) attach_tracer();
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
@@ -245,7 +222,7 @@ class TrainWorker {
     status_->begin_epoch(epoch, options_.epochs, micro_per_epoch);
     while (auto batch = clock.next_batch(result)) {
       train_batch(*batch, result);
-      const std::int64_t micro = sharded_ ? sharded_->micro_step() : ddp_ ? ddp_->micro_step() : 0;
+      const std::int64_t micro = parallel_->micro_step();
       report_progress(micro == 0 ? micro_per_epoch : micro, result);
     }
     clock.finish(result);
@@ -296,11 +273,11 @@ class TrainWorker {
     // zero2's and fsdp's forward is a collective (it gathers), so every rank runs as many
     // batches as the largest share needs; a rank with no samples left forwards test
     // sample 0 and ignores the result.
-    const bool collective = sharded_ && sharded_->forward_is_collective();
+    const bool collective = parallel_->evaluate_is_collective();
     const auto largest_share = static_cast<std::size_t>((total + comm_->size() - 1) / comm_->size());
     for (std::size_t begin = 0; begin < (collective ? largest_share : mine.size()); begin += kBatch) {
       if (begin >= mine.size()) {
-        sharded_->forward(model_input(test_.rows(std::vector<std::int64_t>{0}).inputs));
+        parallel_->evaluate(model_input(test_.rows(std::vector<std::int64_t>{0}).inputs));
         continue;
       }
       const std::vector<std::int64_t> idx(
@@ -308,9 +285,7 @@ class TrainWorker {
           mine.begin() + static_cast<std::ptrdiff_t>(std::min(mine.size(), begin + kBatch)));
       const TensorBatch batch = test_.rows(idx);
       const Tensor input = model_input(batch.inputs);
-      const Tensor output = pipe_        ? pipe_->forward(input)
-                            : collective ? sharded_->forward(input)
-                                         : model_->forward(input);
+      const Tensor output = parallel_->evaluate(input);
       if (!output.defined()) continue;  // a pipeline stage before the last
       result.loss_sum += objective->forward(output, batch.targets) * static_cast<double>(batch.size());
       objective->add_metrics(output, batch.targets, batch.size(), result.metrics);
@@ -341,13 +316,7 @@ class TrainWorker {
   // In tensor-parallel mode a collective (the hash covers every rank's part): ask every worker.
   WorkerState state() {
     const auto call = begin_call("state");
-    return {comm_->rank(),
-            state_->step,
-            state_->epoch,
-            sampler_->position(),
-            sharded_ ? sharded_->parameter_hash()
-            : mesh_  ? model_parallel_hash()
-                     : parameter_hash(*model_),
+    return {comm_->rank(),        state_->step, state_->epoch, sampler_->position(), parallel_->parameter_hash(),
             sampler_->exhausted()};
   }
 
@@ -357,16 +326,9 @@ class TrainWorker {
   // zero2 and fsdp modes ask every worker (the model is gathered): rank 0's answer counts.
   bool offer_best(double value, std::int64_t step) {
     const auto call = begin_call("offer_best");
-    if (mesh_) {
-      nn::StateDict full = model_parallel_state_dict();
-      return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
-    }
-    if (sharded_ && sharded_->forward_is_collective()) {
-      nn::StateDict full = sharded_->model_state_dict();
-      return comm_->rank() == 0 && keeper_->update({{options_.best_metric, value}}, full, step);
-    }
-    return keeper_->update({{options_.best_metric, value}},
-                           master_ ? master_->state_dict(*model_) : model_->state_dict(), step);
+    nn::StateDict whole = parallel_->whole_state_dict();
+    if (parallel_->whole_state_is_collective() && comm_->rank() != 0) return false;
+    return keeper_->update({{options_.best_metric, value}}, whole, step);
   }
 
   // The model's full state dict (the f32 master weights in bf16 mode), for the driver
@@ -374,16 +336,8 @@ class TrainWorker {
   // every worker; rank 0's answer holds it, the others' are empty.
   std::vector<std::pair<std::string, Tensor>> model_state() {
     const auto call = begin_call("model_state");
-    nn::StateDict dict;
-    if (mesh_) {
-      dict = model_parallel_state_dict();
-      if (comm_->rank() != 0) return {};
-    } else if (sharded_ && sharded_->forward_is_collective()) {
-      dict = sharded_->model_state_dict();
-      if (comm_->rank() != 0) return {};
-    } else {
-      dict = master_ ? master_->state_dict(*model_) : model_->state_dict();
-    }
+    const nn::StateDict dict = parallel_->whole_state_dict();
+    if (parallel_->whole_state_is_collective() && comm_->rank() != 0) return {};
     std::vector<std::pair<std::string, Tensor>> entries;
     for (const auto& [name, value] : dict) entries.emplace_back(name, value.to(tensor::Device::cpu()).clone());
     return entries;
@@ -411,11 +365,7 @@ class TrainWorker {
     keeper_.reset();
     loader_.reset();
     state_.reset();
-    tp_state_.reset();
-    pp_state_.reset();
-    pipe_.reset();
-    ddp_.reset();
-    sharded_.reset();
+    parallel_.reset();
     mesh_.reset();
     comm_.reset();
     if (unsaved) std::rethrow_exception(unsaved);
@@ -452,48 +402,36 @@ class TrainWorker {
 
   void start_epoch(std::int64_t epoch) {
     sampler_->set_epoch(epoch);
-    if (sharded_)
-      sharded_->set_micro_step(0);
-    else if (ddp_)
-      ddp_->set_micro_step(0);
+    parallel_->set_micro_step(0);
     state_->epoch = epoch;
   }
 
   // One micro-batch: forward, the objective, backward, and the optimizer step when the
-  // accumulation window closes.
+  // accumulation window closes (a pipeline's whole pass, its micro-batches inside).
   void train_batch(const TensorBatch& batch, EpochResult& result) {
     if (result.samples == 0) {
       model_->train();
       mark_step_start();
     }
     if (scheduler_) optimizer().set_lr(scheduler_->lr_at(state_->step));  // a function of the step: resumes exactly
-    if (pipe_) {
-      train_pipeline_batch(batch, result);
-      return;
-    }
-    std::optional<TraceScope> forward_span(std::in_place, tracer(), "compute", "forward");
-    const Tensor inputs = model_input(batch.inputs);  // the targets stay on the host: the loss copies them
-    const Tensor output = sharded_ ? sharded_->forward(inputs) : ddp_->forward(inputs);
-    const double loss = objective_->forward(output, batch.targets);
-    forward_span.reset();
-    live_.last_loss = loss;
     const auto n = batch.size();
-    result.loss_sum += loss * static_cast<double>(n);
-    objective_->add_metrics(output, batch.targets, n, result.metrics);
-    result.samples += n;
     // This rank's share of the global batch (1 when the shares are equal).
     const double weight = sampler_->batch_weight(sampler_->position() - n, n);
-    const auto output_grad = [this, weight](double scale) { return objective_->backward(scale * weight); };
-    const std::int64_t micro_per_epoch = loader_->batches_per_epoch();
-    const parallel::AccumulationStep step =
-        sharded_ ? sharded_->optimizer_step_with_gradient_accumulation(output_grad, options_.accum_steps,
-                                                                       micro_per_epoch, options_.max_grad_norm)
-                 : ddp_->optimizer_step_with_gradient_accumulation(
-                       *optimizer_, output_grad, options_.accum_steps, micro_per_epoch,
-                       parallel::AccumulationOptions{.max_grad_norm = options_.max_grad_norm,
-                                                     .master = master_.get(),
-                                                     .tensor_parallel = mesh_ ? &mesh_->comm("tp") : nullptr,
-                                                     .tracer = tracer()});
+    const parallel::Loss loss{[this, &result](const Tensor& output, const Tensor& targets) {
+                                const double value = objective_->forward(output, targets);
+                                objective_->add_metrics(output, targets, targets.size(0), result.metrics);
+                                return value;
+                              },
+                              [this, weight](double scale) { return objective_->backward(scale * weight); }};
+    // The targets stay on the host: the loss copies them.
+    const parallel::MicroBatchResult step =
+        parallel_->train_micro_batch(model_input(batch.inputs), batch.targets, loss,
+                                     {.accum_steps = options_.accum_steps,
+                                      .steps_per_epoch = loader_->batches_per_epoch(),
+                                      .max_grad_norm = options_.max_grad_norm});
+    live_.last_loss = step.loss;
+    result.loss_sum += step.loss * static_cast<double>(n);
+    result.samples += n;
     if (step.stepped) {
       ++state_->step;
       ++result.steps;
@@ -501,39 +439,32 @@ class TrainWorker {
     }
   }
 
-  // One step of the pipeline schedule over the batch's micro-batches, the tied table's
-  // gradients summed across its stages, every gradient averaged over dp, clipped over
-  // the whole model, stepped.
-  void train_pipeline_batch(const TensorBatch& batch, EpochResult& result) {
-    collectives::Communicator& pp = mesh_->comm("pp");
-    const parallel::PipelineLoss loss{
-        [this](const Tensor& output, const Tensor& targets) { return objective_->forward(output, targets); },
-        [this](double scale) { return objective_->backward(scale); }};
-    const double mean = pipe_->forward_backward(model_input(batch.inputs), batch.targets, loss);
-    live_.last_loss = mean;
-    result.loss_sum += mean * static_cast<double>(batch.size());
-    result.samples += batch.size();
-    {
-      const TraceScope span(tracer(), "compute", "optimizer");
-      stage_->sum_tied_gradient(pp);
-      if (data_comm().size() > 1)
-        for (nn::Parameter* p : model_->parameters())
-          if (p->grad.defined()) data_comm().allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
-      if (options_.max_grad_norm > 0) parallel::pipeline_clip_grad_norm(*stage_, options_.max_grad_norm, pp);
-      optimizer_->step();
-      model_->zero_grad(true);
-    }
-    ++state_->step;
-    ++result.steps;
-    after_step();
-  }
-
   void report_progress(std::int64_t done, const EpochResult& result) {
     status_->progress(done, result.samples * data_comm().size(),
                       {{"loss", result.loss_sum / static_cast<double>(result.samples)}});
   }
 
-  nn::Optimizer& optimizer() { return sharded_ ? sharded_->optimizer() : *optimizer_; }
+  nn::Optimizer& optimizer() { return parallel_->optimizer(); }
+
+  // The layout, chosen once: a pipeline stage, DDP (with f32 master weights, or over a
+  // tensor-parallel model), or a sharded mode (parallel_model.hpp).
+  std::unique_ptr<parallel::ParallelModel> make_parallel_model() {
+    if (stage_)
+      return std::make_unique<parallel::PipelineModel>(
+          *stage_, mesh_->comm("pp"), data_comm(), parallel::parse_pipeline_schedule(options_.pipeline_schedule),
+          options_.micro_batches, Recipe::make_optimizer(*model_, config_));
+    if (sharding_ != Sharding::ddp)
+      return std::make_unique<parallel::ShardedModel>(
+          sharding_, *model_, *comm_, recipe_optimizer_factory<Recipe>(config_, parallel::sharding_name(sharding_)),
+          options_.bucket_bytes, fsdp_options());
+    return std::make_unique<parallel::DataParallelModel>(
+        *model_, data_comm(), parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes},
+        [this](nn::Module& model, parallel::MasterWeights* masters) -> std::unique_ptr<nn::Optimizer> {
+          if (masters) return recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(masters->named_parameters());
+          return Recipe::make_optimizer(model, config_);
+        },
+        options_.precision == Precision::bf16, mesh_ && mesh_->has("tp") ? &mesh_->comm("tp") : nullptr);
+  }
 
   // The ranks that split the data: the world, or the mesh's dp dimension.
   collectives::Communicator& data_comm() const { return mesh_ ? mesh_->comm("dp") : *comm_; }
@@ -553,9 +484,6 @@ class TrainWorker {
     return nullptr;
   }
 
-  // The model-parallel dimension of the mesh ("tp" or "pp").
-  const char* model_dim() const { return mesh_->has("pp") ? "pp" : "tp"; }
-
   std::unique_ptr<nn::Module> build_model() {
     if (mesh_ && mesh_->has("pp")) {
       auto stage = recipe_pipeline_stage<Recipe>(config_, mesh_->coordinate("pp"), mesh_->size("pp"));
@@ -564,12 +492,6 @@ class TrainWorker {
     }
     if (mesh_) return recipe_tensor_parallel_model<Recipe>(config_, mesh_->comm("tp"));
     return recipe_model<Recipe>(config_, sharding_ != Sharding::ddp);
-  }
-
-  // The whole model's state dict, gathered over the model-parallel ranks (a collective).
-  nn::StateDict model_parallel_state_dict() {
-    if (stage_) return parallel::pipeline_full_state_dict(*stage_, mesh_->comm("pp"));
-    return parallel::full_state_dict(*model_, mesh_->comm("tp"));
   }
 
   std::unique_ptr<Objective> make_objective() const {
@@ -582,24 +504,10 @@ class TrainWorker {
   // are the data-parallel ones.
   template <class Result>
   void count_once(Result& result) const {
-    if (!mesh_) return;
-    const int counted = mesh_->has("pp") ? mesh_->size("pp") - 1 : 0;
-    if (mesh_->coordinate(model_dim()) == counted) return;
+    if (parallel_->counts_results()) return;
     result.loss_sum = 0;
     result.samples = 0;
     result.metrics.clear();
-  }
-
-  // FNV-1a over the model-parallel ranks' parameter hashes, in rank order: the same on
-  // every rank.
-  std::uint64_t model_parallel_hash() const {
-    collectives::Communicator& tp = mesh_->comm(model_dim());
-    std::vector<std::int64_t> mine{static_cast<std::int64_t>(parameter_hash(*model_))};
-    std::vector<std::int64_t> all(static_cast<std::size_t>(tp.size()));
-    tp.allgather(collectives::Buffer(mine), collectives::Buffer(all));
-    std::uint64_t h = 1469598103934665603ULL;
-    for (std::int64_t part : all) h = (h ^ static_cast<std::uint64_t>(part)) * 1099511628211ULL;
-    return h;
   }
 
   // After every optimizer step: progress for troupe-run, the injected fault if this is
@@ -640,7 +548,7 @@ class TrainWorker {
     } catch (const Error&) {  // any of troupe's: the others must not wait for this rank
       failed = std::current_exception();
     }
-    if (!sharded_) {
+    if (!state_->has_local_state_slices()) {
       Tensor flag = Tensor::full({1}, failed ? 1.0 : 0.0, tensor::DType::f32, device_);
       comm_->allreduce(flag, collectives::ReduceOp::max);
       if (!failed && flag.to(tensor::Device::cpu()).item() > 0)
@@ -696,7 +604,7 @@ class TrainWorker {
     std::chrono::nanoseconds waited = comm_->wait_time();
     if (mesh_)
       for (const auto& dim : mesh_->dims()) waited += mesh_->comm(dim.name).wait_time();
-    if (pipe_) waited += pipe_->wait_time();
+    if (parallel_) waited += parallel_->wait_time();
     return waited;
   }
 
@@ -707,8 +615,7 @@ class TrainWorker {
     comm_->set_tracer(t, "world collectives");
     if (mesh_)
       for (const auto& dim : mesh_->dims()) mesh_->comm(dim.name).set_tracer(t, dim.name + " collectives");
-    if (pipe_) pipe_->set_tracer(t);
-    if (sharded_) sharded_->set_tracer(t);
+    parallel_->set_tracer(t);
     try {
       runtime_ = &actors::this_call::runtime();
       runtime_->set_tracer(trace_->shared_tracer());
@@ -779,14 +686,8 @@ class TrainWorker {
   std::unique_ptr<nn::Module> model_;
   Dataset train_, test_;
   std::unique_ptr<Objective> objective_;
-  std::unique_ptr<parallel::DistributedDataParallel> ddp_;        // ddp
-  std::unique_ptr<parallel::ShardedModel> sharded_;               // zero1, zero2, fsdp
-  std::unique_ptr<parallel::MasterWeights> master_;               // precision bf16
-  std::unique_ptr<parallel::TensorParallelStateDicts> tp_state_;  // tensor parallelism
-  std::unique_ptr<parallel::Pipeline> pipe_;                      // pipeline parallelism
-  std::unique_ptr<parallel::PipelineStateDicts> pp_state_;
-  std::unique_ptr<nn::Optimizer> optimizer_;
-  std::unique_ptr<nn::LRScheduler> scheduler_;  // the recipe's, if any: sets the lr before each step
+  std::unique_ptr<parallel::ParallelModel> parallel_;  // the layout: DDP, sharded, or a pipeline stage
+  std::unique_ptr<nn::LRScheduler> scheduler_;         // the recipe's, if any: sets the lr before each step
   std::unique_ptr<DistributedSampler> sampler_;
   std::unique_ptr<DataLoader<TensorBatch>> loader_;
   std::unique_ptr<TrainingState> state_;

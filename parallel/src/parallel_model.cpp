@@ -1,0 +1,98 @@
+#include "troupe/parallel/parallel_model.hpp"
+
+#include <vector>
+
+#include "troupe/collectives/buffer.hpp"
+#include "troupe/error.hpp"
+
+namespace troupe::parallel {
+
+std::uint64_t split_parameter_hash(nn::Module& part, collectives::Communicator& group) {
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(nn::parameter_hash(part))};
+  std::vector<std::int64_t> all(static_cast<std::size_t>(group.size()));
+  group.allgather(collectives::Buffer(mine), collectives::Buffer(all));
+  std::uint64_t h = 1469598103934665603ULL;
+  for (std::int64_t hash : all) h = (h ^ static_cast<std::uint64_t>(hash)) * 1099511628211ULL;
+  return h;
+}
+
+// ---- DataParallelModel ----
+
+DataParallelModel::DataParallelModel(nn::Module& model, collectives::Communicator& dp, DdpOptions ddp_options,
+                                     const DataParallelOptimizer& make_optimizer, bool master_weights,
+                                     collectives::Communicator* tp)
+    : model_(model), tp_(tp), ddp_(std::make_unique<DistributedDataParallel>(model, dp, ddp_options)) {
+  TROUPE_CHECK(!(master_weights && tp != nullptr), "DataParallelModel: master weights with tensor parallelism are not ",
+               "built");
+  // After DDP's broadcast, so that every rank's masters are rank 0's.
+  if (master_weights) master_ = std::make_unique<MasterWeights>(model);
+  optimizer_ = make_optimizer(model, master_.get());
+  TROUPE_CHECK(optimizer_ != nullptr, "DataParallelModel: the optimizer factory returned none");
+  if (tp != nullptr) tp_state_ = std::make_unique<TensorParallelStateDicts>(model, *optimizer_, *ddp_, *tp);
+}
+
+MicroBatchResult DataParallelModel::train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
+                                                      const MicroBatchOptions& options) {
+  MicroBatchResult result;
+  {
+    const TraceScope span(tracer_, "compute", "forward");
+    result.loss = loss.forward(ddp_->forward(inputs), targets);
+  }
+  result.stepped = ddp_->optimizer_step_with_gradient_accumulation(
+                           *optimizer_, loss.backward, options.accum_steps, options.steps_per_epoch,
+                           AccumulationOptions{.max_grad_norm = options.max_grad_norm,
+                                               .master = master_.get(),
+                                               .tensor_parallel = tp_,
+                                               .tracer = tracer_})
+                       .stepped;
+  return result;
+}
+
+std::uint64_t DataParallelModel::parameter_hash() {
+  return tp_ != nullptr ? split_parameter_hash(model_, *tp_) : nn::parameter_hash(model_);
+}
+
+nn::StateDict DataParallelModel::whole_state_dict() {
+  if (tp_ != nullptr) return full_state_dict(model_, *tp_);
+  return master_ ? master_->state_dict(model_) : model_.state_dict();
+}
+
+// ---- PipelineModel ----
+
+PipelineModel::PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
+                             PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer)
+    : stage_(stage),
+      pp_(pp),
+      dp_(dp),
+      optimizer_(std::move(optimizer)),
+      pipe_(stage, pp, schedule, micro_batches),
+      state_(stage, *optimizer_, pp) {}
+
+MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
+                                                  const MicroBatchOptions& options) {
+  TROUPE_CHECK(options.accum_steps == 1, "PipelineModel: accum_steps must be 1 (the pipeline's micro-batches ",
+               "accumulate), got ", options.accum_steps);
+  MicroBatchResult result;
+  result.loss = pipe_.forward_backward(inputs, targets, loss);
+  const TraceScope span(tracer_, "compute", "optimizer");
+  stage_.sum_tied_gradient(pp_);
+  if (dp_.size() > 1)
+    for (nn::Parameter* p : stage_.parameters())
+      if (p->grad.defined()) dp_.allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
+  if (options.max_grad_norm > 0) pipeline_clip_grad_norm(stage_, options.max_grad_norm, pp_);
+  optimizer_->step();
+  stage_.zero_grad(true);
+  result.stepped = true;
+  return result;
+}
+
+std::uint64_t PipelineModel::parameter_hash() { return split_parameter_hash(stage_, pp_); }
+
+nn::StateDict PipelineModel::whole_state_dict() { return pipeline_full_state_dict(stage_, pp_); }
+
+void PipelineModel::set_tracer(Tracer* tracer) {
+  tracer_ = tracer;
+  pipe_.set_tracer(tracer);
+}
+
+}  // namespace troupe::parallel
