@@ -557,6 +557,35 @@ def crash_dump(args, check: Check) -> None:
     finished_like_a_clean_run(run, check, restarts=1, resumed_at=15)
 
 
+def plot_prometheus(query, out: Path) -> None:
+    """The picture in docs/OBSERVABILITY.md: what Prometheus kept of the job, as a
+    dashboard would draw it (--plot FILE; python3-matplotlib)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    panels = [("troupe_rank_step[5m]", "troupe_rank_step", "rank"),
+              ("troupe_rank_steps_per_second[5m]", "troupe_rank_steps_per_second", "rank"),
+              ("troupe_rank_heartbeat_age_seconds[5m]", "troupe_rank_heartbeat_age_seconds", "rank"),
+              ("troupe_restarts_total[5m]", "troupe_restarts_total", None)]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, 7), sharex=True)
+    results = [query(expr) for expr, _, _ in panels]
+    start = min(float(series["values"][0][0]) for result in results for series in result)
+    for ax, (_, title, label), result in zip(axes, panels, results):
+        for series in result:
+            points = [(float(t) - start, float(v)) for t, v in series["values"]]
+            ax.step([t for t, _ in points], [v for _, v in points], where="post",
+                    label=f"{label} {series['metric'].get(label)}" if label else None)
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.tick_params(labelsize=7)
+        if label:
+            ax.legend(fontsize=7, loc="upper left")
+    axes[-1].set_xlabel("s (rank 1 killed at step 200; troupe-run relaunched the job from step 200's checkpoint)",
+                        fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    print(f"wrote {out}")
+
+
 def dump_on_signal(args, check: Check) -> None:
     """`troupe-run dump DIR` (SIGUSR1 to the job's troupe-run): every rank dumps, the
     summary is printed, and the job goes on to finish."""
@@ -749,6 +778,8 @@ scrape_configs:
         check(failures and float(failures[0]["value"][1]) == 1, f"one rank_lost failure: {failures}")
         steps = query('max_over_time(troupe_rank_step{rank="1"}[5m])')
         check(steps and float(steps[0]["value"][1]) >= 250, f"rank 1's step series reached past the relaunch: {steps}")
+        if args.plot:
+            plot_prometheus(query, Path(args.plot))
     finally:
         server.terminate()
         try:
@@ -770,6 +801,7 @@ def main() -> None:
     parser.add_argument("--troupe-run", required=True)
     parser.add_argument("--trainer", required=True)
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--plot", help="prometheus: draw the series read back into this PNG")
     args = parser.parse_args()
     SCENARIOS[args.scenario](args, Check(args.scenario))
 
