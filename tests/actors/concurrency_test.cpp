@@ -205,3 +205,46 @@ TEST(Concurrency, AMethodThatReturnsAFutureAnswersLaterAndFreesItsMailbox) {
   }
   barrier();
 }
+
+namespace {
+
+// Runtime::set_tracer: every call a rank runs while its tracer records is a span on the
+// thread that ran it, named for the actor and the method; none once it is unset.
+TEST(Concurrency, ATracedRuntimeRecordsEveryCallOnTheThreadThatRanIt) {
+  auto tracer = std::make_shared<troupe::Tracer>();
+  tracer->start();
+  runtime().set_tracer(tracer);
+  barrier();
+  if (runtime().rank() == 0) {
+    auto b = runtime().spawn<Busy>(last_rank());
+    std::vector<Future<int>> fetches;
+    for (int i = 0; i < 2; ++i) fetches.push_back(b.ask(&Busy::fetch, 50));
+    b.ask(&Busy::status).get();
+    when_all(std::move(fetches)).get();
+    b.ask(&Busy::work, 5).get();
+    // A span ends after its answer went out: the next call of the same one-at-a-time
+    // group starts only once the first call's span is recorded.
+    b.ask(&Busy::work, 0).get();
+  }
+  barrier();
+  runtime().set_tracer(nullptr);
+  if (runtime().rank() == last_rank()) {
+    std::vector<troupe::TraceSpan> fetches, works, statuses;
+    for (auto& span : tracer->take()) {
+      EXPECT_EQ(span.category, "actor");
+      EXPECT_LE(span.begin_ns, span.end_ns);
+      if (span.name.starts_with("Busy #") && span.name.ends_with(".fetch")) fetches.push_back(span);
+      if (span.name.ends_with(".work")) works.push_back(span);
+      if (span.name.ends_with(".status")) statuses.push_back(span);
+    }
+    ASSERT_EQ(fetches.size(), 2u);
+    EXPECT_GE(works.size(), 1u);
+    EXPECT_EQ(statuses.size(), 1u);
+    EXPECT_GE(fetches[0].end_ns - fetches[0].begin_ns, 50'000'000) << "a span is the whole call";
+    // The "io" group of 2 ran both fetches at once, on two threads.
+    if (receives_while_busy()) EXPECT_NE(fetches[0].thread, fetches[1].thread);
+  }
+  barrier();
+}
+
+}  // namespace
