@@ -1,4 +1,5 @@
 #include "heartbeat_server.hpp"
+#include "listen.hpp"
 
 #include <unistd.h>
 #include <boost/asio/read.hpp>
@@ -272,15 +273,7 @@ class HeartbeatServer::Connection : public std::enable_shared_from_this<Connecti
 HeartbeatServer::HeartbeatServer(asio::io_context& io, const std::string& host, unsigned short port, std::string token,
                                  std::string run_id, Listener& listener)
     : io_(io), acceptor_(io), token_(std::move(token)), run_id_(std::move(run_id)), listener_(listener) {
-  boost::system::error_code ec;
-  auto address = asio::ip::make_address(host, ec);
-  if (ec) TROUPE_THROW(Error, "troupe-run: --bind address '", host, "' is not an IP address: ", ec.message());
-  tcp::endpoint endpoint(address, port);
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) TROUPE_THROW(Error, "troupe-run: cannot listen on ", host, ":", port, ": ", ec.message());
+  listen_on(acceptor_, host, port, "--bind");
   accept();
 }
 

@@ -1,4 +1,5 @@
 #include "metrics_server.hpp"
+#include "listen.hpp"
 
 #include <boost/asio/read_until.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -80,15 +81,7 @@ class MetricsServer::Exchange : public std::enable_shared_from_this<Exchange> {
 
 MetricsServer::MetricsServer(asio::io_context& io, const std::string& host, unsigned short port, Render render)
     : acceptor_(io), shared_(std::make_shared<Shared>(Shared{std::move(render)})) {
-  boost::system::error_code ec;
-  const auto address = asio::ip::make_address(host, ec);
-  if (ec) TROUPE_THROW(InvalidArgument, "--metrics: '", host, "' is not an IP address (", ec.message(), ")");
-  const tcp::endpoint endpoint(address, port);
-  acceptor_.open(endpoint.protocol(), ec);
-  if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) acceptor_.bind(endpoint, ec);
-  if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) TROUPE_THROW(Error, "--metrics: cannot listen on ", host, ":", port, ": ", ec.message());
+  listen_on(acceptor_, host, port, "--metrics");
   accept();
 }
 
