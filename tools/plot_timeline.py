@@ -6,7 +6,7 @@
 
 One band per rank, one row per thread or collective track, as in Perfetto; a span is
 a bar coloured by what it is (forward, backward, optimizer, data, collective, wait,
-checkpoint, actor call), a step a grey frame behind its parts. Spans nested in a row
+checkpoint, actor call, GPU time), a step a grey frame behind its parts. Spans nested in a row
 (a wait inside a backward) are drawn thinner, on top. Needs python3-matplotlib.
 """
 from __future__ import annotations
@@ -25,6 +25,7 @@ COLOURS = {
     "wait": "#9A9A9A",
     "checkpoint": "#937860",
     "actor": "#DA8BC3",
+    "gpu": "#64B5CD",
 }
 
 

@@ -8,6 +8,37 @@
 
 namespace troupe {
 
+void Tracer::start() {
+  if (device_clock_ && origin_mark_ == nullptr) {
+    origin_mark_ = device_clock_->mark();
+    device_clock_->between_ns(origin_mark_, origin_mark_);  // waits until the device is there
+    origin_ns_ = now_ns();
+  }
+  recording_.store(true, std::memory_order_relaxed);
+}
+
+void Tracer::set_device_clock(std::shared_ptr<DeviceClock> clock) { device_clock_ = std::move(clock); }
+
+Tracer::~Tracer() {
+  if (!device_clock_) return;
+  for (DeviceSpan& span : device_spans_) {
+    device_clock_->release(span.begin);
+    device_clock_->release(span.end);
+  }
+  if (origin_mark_ != nullptr) device_clock_->release(origin_mark_);
+}
+
+void Tracer::record_device(std::string name, void* begin, void* end, std::string args) {
+  std::lock_guard lock(mutex_);
+  if (!recording() || spans_.size() + device_spans_.size() >= max_spans_) {
+    if (recording()) ++dropped_;
+    device_clock_->release(begin);
+    device_clock_->release(end);
+    return;
+  }
+  device_spans_.push_back({std::move(name), std::move(args), begin, end});
+}
+
 void Tracer::record(TraceSpan span) {
   if (!recording()) return;
   std::lock_guard lock(mutex_);
@@ -31,9 +62,26 @@ void Tracer::name_this_thread(std::string name) {
 
 std::vector<TraceSpan> Tracer::take() {
   std::vector<TraceSpan> out;
+  std::vector<DeviceSpan> device;
   {
     std::lock_guard lock(mutex_);
     out.swap(spans_);
+    device.swap(device_spans_);
+  }
+  for (DeviceSpan& span : device) {
+    out.push_back(TraceSpan{.name = std::move(span.name),
+                            .category = "gpu",
+                            .begin_ns = origin_ns_ + device_clock_->between_ns(origin_mark_, span.begin),
+                            .end_ns = origin_ns_ + device_clock_->between_ns(origin_mark_, span.end),
+                            .thread = 0,
+                            .track = "GPU",
+                            .args = std::move(span.args)});
+    device_clock_->release(span.begin);
+    device_clock_->release(span.end);
+  }
+  if (origin_mark_ != nullptr && !recording()) {
+    device_clock_->release(origin_mark_);
+    origin_mark_ = nullptr;
   }
   std::stable_sort(out.begin(), out.end(),
                    [](const TraceSpan& a, const TraceSpan& b) { return a.begin_ns < b.begin_ns; });
@@ -65,11 +113,13 @@ TraceScope::TraceScope(Tracer* tracer, std::string_view category, std::string_vi
   tracer_ = tracer;
   category_ = category;
   name_ = name;
+  if (category == "compute" && tracer->device_clock() != nullptr) device_begin_ = tracer->device_clock()->mark();
   begin_ns_ = Tracer::now_ns();
 }
 
 TraceScope::~TraceScope() {
   if (tracer_ == nullptr) return;
+  if (device_begin_ != nullptr) tracer_->record_device(name_, device_begin_, tracer_->device_clock()->mark(), args_);
   tracer_->record(TraceSpan{.name = std::move(name_),
                             .category = std::move(category_),
                             .begin_ns = begin_ns_,

@@ -51,6 +51,12 @@ void cuda_synchronize() {
   if (cuda_available()) cuda_backend::synchronize();
 }
 
+void* cuda_event_record() { return cuda_backend::event_record(); }
+
+double cuda_event_elapsed_ms(void* from, void* to) { return cuda_backend::event_elapsed_ms(from, to); }
+
+void cuda_event_destroy(void* event) { cuda_backend::event_destroy(event); }
+
 void check_device_usable(Device d, const char* op) {
   if (d.is_cpu() || d.is_meta()) return;
   if (!cuda_built())

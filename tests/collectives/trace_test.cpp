@@ -117,3 +117,60 @@ TEST(ChromeTrace, OverlappingCollectivesGetRowsOfTheirOwnAndNamesAreEscaped) {
 
 }  // namespace
 }  // namespace troupe::collectives::testing
+
+namespace troupe::collectives::testing {
+namespace {
+
+// A device clock that is the host's: marks are host times, so the mapping onto the
+// host clock can be checked exactly (the CUDA one needs a GPU: step_trace.cpp).
+class HostClock final : public DeviceClock {
+ public:
+  void* mark() override {
+    ++live;
+    return new std::int64_t(Tracer::now_ns());
+  }
+  std::int64_t between_ns(void* from, void* to) override {
+    return *static_cast<std::int64_t*>(to) - *static_cast<std::int64_t*>(from);
+  }
+  void release(void* mark) override {
+    --live;
+    delete static_cast<std::int64_t*>(mark);
+  }
+  int live = 0;
+};
+
+TEST(Trace, ADeviceClockGivesEveryComputeSpanATwinOnTheGpuRow) {
+  auto clock = std::make_shared<HostClock>();
+  {
+    Tracer tracer;
+    tracer.set_device_clock(clock);
+    tracer.start();
+    {
+      TraceScope forward(&tracer, "compute", "forward");
+      forward.set_args("\"micro_batch\":1");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    { const TraceScope data(&tracer, "data", "data"); }  // not compute: no twin
+    tracer.stop();
+    { const TraceScope late(&tracer, "compute", "backward"); }  // not recording: nothing
+    const auto spans = tracer.take();
+    EXPECT_EQ(clock->live, 0) << "every mark is released once timed";
+    ASSERT_EQ(spans.size(), 3u);
+    const auto gpu = std::find_if(spans.begin(), spans.end(), [](const TraceSpan& s) { return s.category == "gpu"; });
+    const auto host = std::find_if(spans.begin(), spans.end(),
+                                   [](const TraceSpan& s) { return s.name == "forward" && s.category == "compute"; });
+    ASSERT_NE(gpu, spans.end());
+    ASSERT_NE(host, spans.end());
+    EXPECT_EQ(gpu->name, "forward");
+    EXPECT_EQ(gpu->track, "GPU");
+    EXPECT_EQ(gpu->args, "\"micro_batch\":1");
+    // The device's times on the host clock: within the host span, give or take the
+    // origin's tie to the host clock (a few microseconds).
+    EXPECT_GE(gpu->end_ns - gpu->begin_ns, 2'000'000);
+    EXPECT_NEAR(static_cast<double>(gpu->begin_ns), static_cast<double>(host->begin_ns), 1e6);
+  }
+  EXPECT_EQ(clock->live, 0);
+}
+
+}  // namespace
+}  // namespace troupe::collectives::testing

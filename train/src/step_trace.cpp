@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "troupe/error.hpp"
 #include "troupe/json_string.hpp"
 #include "troupe/supervisor/run_environment.hpp"
+#include "troupe/tensor/device.hpp"
 
 namespace troupe::train {
 namespace {
@@ -57,7 +59,19 @@ std::int64_t clock_offset(collectives::Communicator& comm) {
   return offset;
 }
 
+// The GPU's clock: CUDA events on the current device's stream.
+class CudaClock final : public DeviceClock {
+ public:
+  void* mark() override { return tensor::cuda_event_record(); }
+  std::int64_t between_ns(void* from, void* to) override {
+    return std::llround(tensor::cuda_event_elapsed_ms(from, to) * 1e6);
+  }
+  void release(void* mark) override { tensor::cuda_event_destroy(mark); }
+};
+
 }  // namespace
+
+void StepTrace::time_gpu() { tracer_->set_device_clock(std::make_shared<CudaClock>()); }
 
 TraceWindow parse_trace_window(std::string_view text, std::string_view what) {
   const auto number = [&](std::string_view part) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -25,23 +26,43 @@ struct TraceSpan {
   std::string args;          // JSON object members, without braces: "\"bytes\":4096"
 };
 
+// A device's own clock (a GPU's stream), for spans of the work queued on it: a mark is
+// an event queued beside the work, so its time is when the device got there, not when
+// the host queued it. The CUDA one is the train module's (step_trace.cpp).
+class DeviceClock {
+ public:
+  virtual ~DeviceClock() = default;
+  virtual void* mark() = 0;
+  // Nanoseconds from `from` to the later `to` on the device (waits for `to`).
+  virtual std::int64_t between_ns(void* from, void* to) = 0;
+  virtual void release(void* mark) = 0;
+};
+
 class Tracer {
  public:
   // Past `max_spans` a recording keeps nothing more and counts the drops.
   explicit Tracer(std::size_t max_spans = std::size_t{1} << 20) : max_spans_(max_spans) {}
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
+  ~Tracer();
 
   bool recording() const noexcept { return recording_.load(std::memory_order_relaxed); }
-  void start() noexcept { recording_.store(true, std::memory_order_relaxed); }
+  // With a device clock, start() waits for the device once, to tie its clock to the
+  // host's; every "compute" span then has a twin on the "GPU" row, timed on the device.
+  void start();
   void stop() noexcept { recording_.store(false, std::memory_order_relaxed); }
+  void set_device_clock(std::shared_ptr<DeviceClock> clock);
+  DeviceClock* device_clock() const noexcept { return device_clock_.get(); }
+  // A compute span's device marks (TraceScope): made into a span by take().
+  void record_device(std::string name, void* begin, void* end, std::string args);
 
   // Keeps `span` if recording (any thread).
   void record(TraceSpan span);
   // The calling thread's row is called `name` in the trace ("training", "pool 2").
   void name_this_thread(std::string name);
 
-  // Everything recorded so far, oldest first by begin; the tracer is left empty.
+  // Everything recorded so far, oldest first by begin (device spans timed now, which
+  // waits for the device); the tracer is left empty.
   std::vector<TraceSpan> take();
   std::vector<std::pair<std::uint32_t, std::string>> thread_names() const;
   std::uint64_t dropped() const;
@@ -50,8 +71,17 @@ class Tracer {
   static std::uint32_t this_thread_id() noexcept;
 
  private:
+  struct DeviceSpan {
+    std::string name, args;
+    void* begin;
+    void* end;
+  };
   std::atomic<bool> recording_{false};
   std::size_t max_spans_;
+  std::shared_ptr<DeviceClock> device_clock_;
+  void* origin_mark_ = nullptr;  // queued at start(), reached at origin_ns_
+  std::int64_t origin_ns_ = 0;
+  std::vector<DeviceSpan> device_spans_;
   mutable std::mutex mutex_;
   std::vector<TraceSpan> spans_;
   std::vector<std::pair<std::uint32_t, std::string>> thread_names_;
@@ -74,6 +104,7 @@ class TraceScope {
  private:
   Tracer* tracer_ = nullptr;
   std::int64_t begin_ns_ = 0;
+  void* device_begin_ = nullptr;  // a compute span's mark on the tracer's device clock
   std::string category_;
   std::string name_;
   std::string args_;

@@ -190,6 +190,22 @@ int device_count() {
 
 void synchronize() { TROUPE_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+void* event_record() {
+  cudaEvent_t event = nullptr;
+  TROUPE_CUDA_CHECK(cudaEventCreate(&event));
+  TROUPE_CUDA_CHECK(cudaEventRecord(event, nullptr));  // the legacy default stream, where troupe's kernels run
+  return event;
+}
+
+double event_elapsed_ms(void* from, void* to) {
+  TROUPE_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(to)));
+  float ms = 0;
+  TROUPE_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(from), static_cast<cudaEvent_t>(to)));
+  return ms;
+}
+
+void event_destroy(void* event) { cudaEventDestroy(static_cast<cudaEvent_t>(event)); }
+
 void set_device(int device) { TROUPE_CUDA_CHECK(cudaSetDevice(device)); }
 
 void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, std::int64_t cols, void* dst,

@@ -35,6 +35,11 @@ struct BroadcastIndex {
 int device_count();
 // Waits for everything queued on the current device.
 void synchronize();
+// An event queued on the current device's default stream now (timelines); the time
+// from one to a later one, waiting for the later; and the event freed.
+void* event_record();
+double event_elapsed_ms(void* from, void* to);
+void event_destroy(void* event);
 void set_device(int device);
 // Device memory, through the caching allocator (cuda_memory.cpp): a released block
 // goes back to its size class's free list, not to cudaFree.

@@ -73,6 +73,15 @@ void synchronize() {
 
 void set_device(int device) { backend("cuda set device").set_device(device); }
 
+void* event_record() { return backend("cuda event").event_record(); }
+
+double event_elapsed_ms(void* from, void* to) { return backend("cuda event").event_elapsed_ms(from, to); }
+
+void event_destroy(void* event) {
+  const Table* t = loaded().table;
+  if (t) t->event_destroy(event);
+}
+
 void* allocate(std::size_t nbytes, int device) { return backend("cuda allocate").allocate(nbytes, device); }
 
 void release(void* data, int device) {

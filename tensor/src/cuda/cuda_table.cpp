@@ -46,7 +46,10 @@ const Table table{kTableVersion,
                   &empty_cache,
                   &allocate_pinned,
                   &release_pinned,
-                  &is_pinned};
+                  &is_pinned,
+                  &event_record,
+                  &event_elapsed_ms,
+                  &event_destroy};
 }  // namespace
 }  // namespace troupe::tensor::cuda_backend
 

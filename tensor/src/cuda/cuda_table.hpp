@@ -14,7 +14,7 @@ namespace troupe::tensor::cuda_backend {
 // Bumped whenever a signature in cuda_backend.hpp changes, so that a stale plugin
 // beside a newer libtroupe_tensor is refused rather than called with the wrong
 // arguments.
-inline constexpr int kTableVersion = 1;
+inline constexpr int kTableVersion = 2;
 
 struct Table {
   int version;
@@ -59,6 +59,9 @@ struct Table {
   decltype(&cuda_backend::allocate_pinned) allocate_pinned;
   decltype(&cuda_backend::release_pinned) release_pinned;
   decltype(&cuda_backend::is_pinned) is_pinned;
+  decltype(&cuda_backend::event_record) event_record;
+  decltype(&cuda_backend::event_elapsed_ms) event_elapsed_ms;
+  decltype(&cuda_backend::event_destroy) event_destroy;
 };
 
 // Why the backend could not be loaded (cuda_loader.cpp); empty once it is.

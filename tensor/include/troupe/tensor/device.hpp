@@ -47,6 +47,12 @@ void cuda_synchronize();
 // thread): the kernels this thread launches on existing tensors go there. Allocating a
 // CUDA tensor does this too. A no-op for the CPU.
 void cuda_set_device(Device d);
+// Timing work on the GPU (timelines): an event queued on the calling thread's current
+// device's stream now, the milliseconds between two (waiting for the later), and the
+// event freed. InvalidArgument without CUDA.
+void* cuda_event_record();
+double cuda_event_elapsed_ms(void* from, void* to);
+void cuda_event_destroy(void* event);
 // Throws InvalidArgument naming `op` unless `d` can be used here.
 void check_device_usable(Device d, const char* op);
 

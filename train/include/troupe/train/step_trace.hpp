@@ -34,6 +34,10 @@ class StepTrace {
   Tracer* tracer() const { return tracer_.get(); }
   const std::shared_ptr<Tracer>& shared_tracer() const { return tracer_; }
 
+  // The model trains on this rank's GPU: every compute span gets a twin timed by CUDA
+  // events on the "GPU" row (what the device ran, not when the host queued it).
+  void time_gpu();
+
   // Step `step` begins on this rank (the number the next optimizer step makes).
   void step_begins(std::int64_t step);
   // Step `step` has ended; after the window's last, the trace is written (every rank

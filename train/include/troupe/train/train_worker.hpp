@@ -133,6 +133,7 @@ class TrainWorker {
       state_ = std::make_unique<TrainingState>(*model_, optimizer(), *sampler_, parallel_->ddp(), nullptr,
                                                parallel_->master_weights());
     if (trace_) attach_tracer();
+    if (trace_ && device_.is_cuda()) trace_->time_gpu();
     status_ = std::make_unique<Status>(comm_->rank() == 0 && options_.progress);
     keeper_ = std::make_unique<BestModelKeeper>(options_.best_metric, options_.best_mode,
                                                 comm_->rank() == 0 ? options_.best_path : "");
