@@ -1,6 +1,7 @@
 #include "troupe/supervisor/fault.hpp"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <charconv>
@@ -124,8 +125,10 @@ void FaultInjector::fire() const {
     case FaultKind::crash_in_save: ::kill(::getpid(), SIGKILL); break;
     case FaultKind::hang: break;
     case FaultKind::segv: {
-      volatile std::uintptr_t nowhere = 0;  // opaque to the compiler: a store, not a trap
-      *reinterpret_cast<volatile int*>(nowhere) = 1;
+      // A store to a page with no access: a real fault. A null store would be undefined
+      // behaviour, which UBSan reports and ends the process for before any signal.
+      void* page = ::mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      *static_cast<volatile int*>(page) = 1;
       break;
     }
     case FaultKind::throw_error:

@@ -242,7 +242,9 @@ TEST(Concurrency, ATracedRuntimeRecordsEveryCallOnTheThreadThatRanIt) {
     EXPECT_EQ(statuses.size(), 1u);
     EXPECT_GE(fetches[0].end_ns - fetches[0].begin_ns, 50'000'000) << "a span is the whole call";
     // The "io" group of 2 ran both fetches at once, on two threads.
-    if (receives_while_busy()) EXPECT_NE(fetches[0].thread, fetches[1].thread);
+    if (receives_while_busy()) {
+      EXPECT_NE(fetches[0].thread, fetches[1].thread);
+    }
   }
   barrier();
 }

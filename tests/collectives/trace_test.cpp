@@ -12,6 +12,17 @@
 namespace troupe::collectives::testing {
 namespace {
 
+TraceSpan span_of(std::string name, std::string category, std::int64_t begin = 0, std::int64_t end = 0,
+                  std::uint32_t thread = 0, std::string track = {}, std::string args = {}) {
+  return TraceSpan{.name = std::move(name),
+                   .category = std::move(category),
+                   .begin_ns = begin,
+                   .end_ns = end,
+                   .thread = thread,
+                   .track = std::move(track),
+                   .args = std::move(args)};
+}
+
 TEST(Trace, CollectivesAreSpansWithTheirFiguresOnlyWhileRecording) {
   Communicator& comm = world();
   Tracer tracer;
@@ -78,24 +89,22 @@ TEST(Trace, ScopesNestOnTheirThreadAndCostNothingWhenOff) {
 TEST(Trace, ABoundedRecordingCountsWhatItDrops) {
   Tracer tracer(2);
   tracer.start();
-  for (int i = 0; i < 5; ++i) tracer.record(TraceSpan{.name = "s", .category = "compute"});
+  for (int i = 0; i < 5; ++i) tracer.record(span_of("s", "compute"));
   EXPECT_EQ(tracer.take().size(), 2u);
   EXPECT_EQ(tracer.dropped(), 3u);
 }
 
 TEST(ChromeTrace, OverlappingCollectivesGetRowsOfTheirOwnAndNamesAreEscaped) {
-  RankTrace rank{.rank = 1, .host = "node \"b\"", .clock_offset_ns = 500};
+  RankTrace rank;
+  rank.rank = 1;
+  rank.host = "node \"b\"";
+  rank.clock_offset_ns = 500;
   rank.thread_names = {{7, "training"}};
   rank.spans = {
-      {.name = "step 3", .category = "step", .begin_ns = 1000, .end_ns = 9000, .thread = 7},
-      {.name = "allreduce",
-       .category = "collective",
-       .begin_ns = 2000,
-       .end_ns = 5000,
-       .track = "dp collectives",
-       .args = "\"bytes\":8"},
-      {.name = "allreduce", .category = "collective", .begin_ns = 3000, .end_ns = 6000, .track = "dp collectives"},
-      {.name = "allreduce", .category = "collective", .begin_ns = 5500, .end_ns = 7000, .track = "dp collectives"},
+      span_of("step 3", "step", 1000, 9000, 7),
+      span_of("allreduce", "collective", 2000, 5000, 0, "dp collectives", "\"bytes\":8"),
+      span_of("allreduce", "collective", 3000, 6000, 0, "dp collectives"),
+      span_of("allreduce", "collective", 5500, 7000, 0, "dp collectives"),
   };
   const std::string events = chrome_trace_events(rank, 1500);
   // The step: 1000 + 500 - 1500 = 0 us; 8000 ns = 8 us.

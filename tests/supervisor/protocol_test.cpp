@@ -334,7 +334,9 @@ TEST(LaunchEnvironment, IsWhatARankReadsBack) {
                          std::chrono::milliseconds(100),
                          std::chrono::milliseconds(4000),
                          "",
-                         -1};
+                         -1,
+                         "/traces",
+                         "2-4"};
   const auto launch = sv::launch_environment(run, std::chrono::milliseconds(2500));
   for (const auto& [name, value] : launch.variables) ::setenv(name.c_str(), value.c_str(), 1);
   const sv::RunEnvironment read = sv::run_environment();
@@ -345,6 +347,8 @@ TEST(LaunchEnvironment, IsWhatARankReadsBack) {
   EXPECT_EQ(read.checkpoint_dir, "/ckpt");
   EXPECT_EQ(read.heartbeat_interval.count(), 100);
   EXPECT_EQ(read.supervisor_timeout.count(), 4000);
+  EXPECT_EQ(read.trace_dir, "/traces");  // troupe-run --trace, for TrainWorker's StepTrace
+  EXPECT_EQ(read.trace_steps, "2-4");
   EXPECT_STREQ(std::getenv(sv::kEnvLivenessTimeout), "2500");
   // Every troupe variable reaches the other nodes; Open MPI's own need not.
   for (const auto& [name, value] : launch.variables) {

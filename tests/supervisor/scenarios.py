@@ -544,13 +544,13 @@ def crash_dump(args, check: Check) -> None:
     failures = run.of("failure")
     check(len(failures) == 1, f"one failure: {failures}")
     crashes = failures[0].get("crashes", [])
-    check(len(crashes) == 1 and crashes[0].startswith("rank 1 crashed: SIGSEGV (address 0x0) in ")
+    check(len(crashes) == 1 and crashes[0].startswith("rank 1 crashed: SIGSEGV (address 0x")
           and "FaultInjector::fire" in crashes[0] and "crash-rank-1.txt" in crashes[0],
           f"the failure names the signal, the crashing frames and the file: {crashes}")
     check("rank 1 crashed: SIGSEGV" in failures[0]["detail"], "and so does its detail")
     check("troupe: rank 1 crashed with SIGSEGV" in run.stderr, "the rank said so as it went")
     text = (run.ckpt / "troupe-run-dumps" / "crash-rank-1.txt").read_text()
-    check(text.startswith("troupe rank dump: rank 1 of 2") and "\ncrashed: SIGSEGV (address 0x0) in thread " in text
+    check(text.startswith("troupe rank dump: rank 1 of 2") and "\ncrashed: SIGSEGV (address 0x" in text
           and "== collectives" in text and "allreduce #" in text and "== threads ==" in text,
           "the crash file: header, signal, flight record and stacks")
     check(not (run.ckpt / "troupe-run-dumps" / "crash-rank-0.txt").exists(), "rank 0 did not crash")

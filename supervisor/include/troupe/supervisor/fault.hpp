@@ -12,7 +12,7 @@
 //   hang   the calling thread sleeps forever; other threads (the heartbeat) go on,
 //          so troupe-run sees a live rank that makes no progress
 //   throw  throws FaultInjected, which a program normally lets escape
-//   segv   writes through a null pointer: a real SIGSEGV, which leaves a crash dump
+//   segv   writes to a page mapped with no access: a real SIGSEGV, which leaves a crash dump
 //          (rank_dump.hpp) under troupe-run with a checkpoint folder
 //   crash_in_save
 //          SIGKILL in the middle of writing the checkpoint of that step, after its
