@@ -118,7 +118,6 @@ StepTrace::StepTrace(std::string dir, TraceWindow window, std::string program)
 StepTrace::~StepTrace() = default;
 
 void StepTrace::step_begins(std::int64_t step) {
-  step_ = step;
   if (done_ || step < window_.first || step > window_.last) return;
   if (!tracer_->recording()) {
     tracer_->name_this_thread("training");
@@ -171,7 +170,7 @@ void StepTrace::write() {
   std::memcpy(padded.data(), fragment.data(), fragment.size());
   std::vector<std::uint8_t> gathered(comm_->rank() == 0 ? padded.size() * static_cast<std::size_t>(n) : 0);
   comm_->gather(collectives::Buffer(padded), collectives::Buffer(gathered), 0);
-  done_ = true;  // once per worker, written or not
+  done_ = true;
   if (comm_->rank() != 0) return;
 
   std::vector<std::string> fragments;
@@ -200,9 +199,8 @@ void StepTrace::write() {
       if (!out) TROUPE_THROW(Error, "could not write ", partial.string(), ": ", std::strerror(errno));
     }
     std::filesystem::rename(partial, file);
-    written_ = file.string();
     std::printf("trace of steps %lld-%lld: %s (%lld spans from %d ranks; open it in ui.perfetto.dev)\n",
-                static_cast<long long>(first_recorded_), static_cast<long long>(last_recorded_), written_.c_str(),
+                static_cast<long long>(first_recorded_), static_cast<long long>(last_recorded_), file.c_str(),
                 static_cast<long long>(spans), n);
     std::fflush(stdout);
   } catch (const std::exception& e) {  // a trace is worth a warning, not the run

@@ -46,10 +46,6 @@ class StepTrace {
   // A training call ends: a window it cut short is written as far as it went
   // (collective when recording).
   void call_ends();
-  // The file once written (rank 0), else empty.
-  const std::string& written() const { return written_; }
-  // Whether this window was recorded and its trace written, or given up, already.
-  bool done() const { return done_; }
 
  private:
   void write();
@@ -60,10 +56,8 @@ class StepTrace {
   std::shared_ptr<Tracer> tracer_;
   std::unique_ptr<collectives::Communicator> comm_;
   std::int64_t step_begin_ns_ = 0;
-  std::int64_t step_ = 0;
   std::int64_t first_recorded_ = 0, last_recorded_ = 0;
-  std::string written_;
-  bool done_ = false;
+  bool done_ = false;  // the window was written (or given up): once per worker
 };
 
 // A worker's trace: `dir` and `steps` (WorkerOptions::trace_dir and trace_steps), or
