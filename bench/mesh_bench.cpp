@@ -1,11 +1,12 @@
 // mesh_bench: a GPT training step split over the world by tensor parallelism
 // (troupe/parallel/tensor_parallel.hpp; the world is the tp group) or by pipeline
-// parallelism (pipeline.hpp, --pp: the world is the pp group): step time, the time the
-// rank waited in collectives, the idle fraction of a pipeline stage, and the model
-// state each rank holds.
+// parallelism (pipeline.hpp, --pp: the world is the pp group, or with --tp K a pp x tp
+// mesh of world / K stages each split over K ranks): step time, the time the rank
+// waited in collectives, the idle fraction of a pipeline stage, and the model state
+// each rank holds.
 //
 //   mpirun -np K build/bench/mesh_bench [--repeats N] [--steps S]
-//                                       [--pp --schedule gpipe|1f1b --micro-batches M]
+//                                       [--pp [--tp K] --schedule gpipe|1f1b --micro-batches M]
 //
 // The model is train_gpt's default preset (4 layers, 4 heads, C 128, T 128, Moby-Dick's
 // 89 characters) at batch 16, dropout 0; the step is train_gpt's: forward, the
@@ -16,7 +17,7 @@
 // time blocked on collectives not yet done); with --pp, idle: 1 - the stage's compute
 // time / the step's wall time (PipelineStats), the mean over stages and repeats, beside
 // the schedule's theoretical (p - 1) / (m + p - 1). With --pp, state_bytes is the most
-// any stage holds (the first, with the embeddings). state_bytes: this rank's parameters,
+// any rank holds (the first stage's, with the embeddings). state_bytes: this rank's parameters,
 // gradients and AdamW moments, from the tensors themselves; live_bytes: host memory
 // live after a step with the model's activations released, beyond what was live before
 // the model (the state plus the loss's cached logits and the batches; the one-rank model
@@ -24,6 +25,7 @@
 //   {"tp": K, "pp": P, "schedule": S, "micro_batches": M, "params": N, "batch": B,
 //    "time": T, "step_ms": ..., "allreduce_ms": ..., "idle": ..., "idle_theory": ...,
 //    "state_bytes": ..., "live_bytes": ..., "repeats": [ms, ...], "loss": last loss}
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -38,6 +40,7 @@
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
+#include "troupe/parallel/device_mesh.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/tensor/host_memory.hpp"
@@ -53,6 +56,7 @@ struct Flags {
   int repeats = 5;
   int steps = 4;
   bool pp = false;
+  int tp = 0;  // with --pp: ranks per stage (0: 1); without, the world
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int micro_batches = 8;
 };
@@ -75,11 +79,14 @@ Flags parse_flags(int argc, char** argv) {
       f.schedule = parallel::parse_pipeline_schedule(value);
     else if (flag == "--micro-batches")
       f.micro_batches = std::stoi(value);
+    else if (flag == "--tp")
+      f.tp = std::stoi(value);
     else
       throw InvalidArgument("mesh_bench: unknown flag " + flag);
   }
   TROUPE_CHECK(f.repeats >= 1 && f.steps >= 1 && f.micro_batches >= 1,
                "mesh_bench: --repeats, --steps and --micro-batches must be >= 1");
+  TROUPE_CHECK(f.tp == 0 || (f.pp && f.tp >= 1), "mesh_bench: --tp goes with --pp, and must be >= 1");
   return f;
 }
 
@@ -96,25 +103,36 @@ int main(int argc, char** argv) {
     const nn::GPTConfig config{.block_size = 128, .vocab_size = 89, .n_layer = 4, .n_head = 4, .n_embd = 128};
     const std::int64_t batch = 16;
     const std::size_t before = tensor::host_memory_stats().live_bytes;
-    // Either this rank's tp part of the model, or its pipeline stage.
+    // Either this rank's tp part of the model, or its pipeline stage (split over tp).
+    const int tp_size = flags.pp ? std::max(flags.tp, 1) : comm->size();
+    std::unique_ptr<parallel::DeviceMesh> mesh;
+    if (flags.pp)
+      mesh = std::make_unique<parallel::DeviceMesh>(*comm, std::vector<parallel::MeshDim>{{"pp", -1}, {"tp", tp_size}});
+    collectives::Communicator& tp = flags.pp ? mesh->comm("tp") : *comm;
+    collectives::Communicator& pp = flags.pp ? mesh->comm("pp") : *comm;
     std::unique_ptr<nn::Module> model;
     parallel::GptStage* stage = nullptr;
     if (flags.pp) {
-      auto built = std::make_unique<parallel::GptStage>(config, 1337, comm->rank(), comm->size());
+      auto built =
+          std::make_unique<parallel::GptStage>(config, 1337, pp.rank(), pp.size(), tp_size > 1 ? &tp : nullptr);
       stage = built.get();
       model = std::move(built);
     } else {
-      model = parallel::tensor_parallel_gpt(config, 1337, *comm);
+      model = parallel::tensor_parallel_gpt(config, 1337, tp);
     }
     nn::AdamW opt(model->named_parameters(), 1e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.1);
     opt.set_weight_decay_filter(nn::decay_matrices_only);
-    parallel::VocabParallelCrossEntropy tp_loss(*comm, config.vocab_size);
+    parallel::VocabParallelCrossEntropy tp_loss(tp, config.vocab_size);
     nn::CrossEntropyLoss ce;
-    const parallel::PipelineLoss pipe_loss{
-        [&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-        [&ce](double scale) { return ce.backward(scale); }};
+    const parallel::PipelineLoss pipe_loss =
+        tp_size > 1
+            ? parallel::PipelineLoss{
+                  [&tp_loss](const Tensor& out, const Tensor& y) { return tp_loss.forward(out, y).item(); },
+                  [&tp_loss](double scale) { return tp_loss.backward(scale); }}
+            : parallel::PipelineLoss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+                                     [&ce](double scale) { return ce.backward(scale); }};
     std::unique_ptr<parallel::Pipeline> pipe;
-    if (stage) pipe = std::make_unique<parallel::Pipeline>(*stage, *comm, flags.schedule, flags.micro_batches);
+    if (stage) pipe = std::make_unique<parallel::Pipeline>(*stage, pp, flags.schedule, flags.micro_batches);
     tensor::Generator gen(1);
     std::vector<std::pair<Tensor, Tensor>> batches;
     for (int i = 0; i < 4; ++i) {
@@ -128,12 +146,12 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       if (pipe) {
         loss = pipe->forward_backward(x, y, pipe_loss);
-        stage->sum_tied_gradient(*comm);
-        parallel::pipeline_clip_grad_norm(*stage, 1.0, *comm);
+        stage->sum_tied_gradient(pp);
+        parallel::pipeline_clip_grad_norm(*stage, 1.0, pp, tp_size > 1 ? &tp : nullptr);
       } else {
         loss = tp_loss.forward(model->forward(x), y).item();
         model->backward(tp_loss.backward());
-        parallel::tensor_parallel_clip_grad_norm(*model, 1.0, *comm);
+        parallel::tensor_parallel_clip_grad_norm(*model, 1.0, tp);
       }
       opt.step();
     };
@@ -144,7 +162,7 @@ int main(int argc, char** argv) {
     for (const nn::Parameter* p : model->parameters()) state_bytes += p->data.nbytes() + p->grad.nbytes();
     for (const auto& [key, value] : opt.state_dict())
       if (key.find('/') != std::string::npos) state_bytes += value.nbytes();
-    if (pipe) {  // the worst stage's
+    if (pipe) {  // the worst rank's
       std::vector<std::int64_t> bytes{static_cast<std::int64_t>(state_bytes), static_cast<std::int64_t>(live_bytes)};
       comm->allreduce(collectives::Buffer(bytes), collectives::ReduceOp::max);
       state_bytes = static_cast<std::size_t>(bytes[0]);
@@ -166,13 +184,13 @@ int main(int argc, char** argv) {
     TROUPE_CHECK(std::isfinite(loss), "mesh_bench: the loss is not finite");
     idle /= flags.repeats * flags.steps;
     comm->allreduce(collectives::Buffer(&idle, 1), collectives::ReduceOp::avg);
-    const int p = pipe ? comm->size() : 1, m = flags.micro_batches;
+    const int p = pipe ? pp.size() : 1, m = flags.micro_batches;
     if (comm->rank() == 0) {
       std::printf(
           "{\"tp\": %d, \"pp\": %d, \"schedule\": \"%s\", \"micro_batches\": %d, \"params\": %lld, "
           "\"batch\": %lld, \"time\": %lld, \"step_ms\": %.3f, \"allreduce_ms\": %.3f, \"idle\": %.4f, "
           "\"idle_theory\": %.4f, \"state_bytes\": %zu, \"live_bytes\": %zu, \"repeats\": [",
-          pipe ? 1 : comm->size(), p, pipe ? parallel::pipeline_schedule_name(flags.schedule) : "none", pipe ? m : 1,
+          tp_size, p, pipe ? parallel::pipeline_schedule_name(flags.schedule) : "none", pipe ? m : 1,
           static_cast<long long>(nn::GPT(config, 1337).parameter_count()), static_cast<long long>(batch),
           static_cast<long long>(config.block_size), bench::lower_median(repeats), waited / flags.repeats, idle,
           pipe ? double(p - 1) / (m + p - 1) : 0.0, state_bytes, live_bytes);

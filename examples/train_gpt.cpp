@@ -114,6 +114,11 @@ struct GptRecipe {
   static std::unique_ptr<parallel::PipelineStage> make_stage(const Config& c, int stage, int stages) {
     return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages);
   }
+  // That stage split over `tp` under --pp and --tp together.
+  static std::unique_ptr<parallel::PipelineStage> make_stage(const Config& c, int stage, int stages,
+                                                             collectives::Communicator& tp) {
+    return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages, &tp);
+  }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
     return make_optimizer(model.named_parameters(), c);
   }

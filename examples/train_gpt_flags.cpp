@@ -58,6 +58,7 @@ const char* kUsage =
     "  consecutive ranks (Megatron's tensor parallelism; ddp between the groups, dropout 0).\n"
     "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
     "  of --schedule over --micro-batches micro-batches (gradients averaged between groups).\n"
+    "  Together, each stage is split over --tp ranks: a dp x pp x tp grid, tp fastest.\n"
     "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
     "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n"
     "  --trace DIR writes a timeline of steps --trace-steps (default 3-5) to DIR/trace.json,\n"
@@ -178,7 +179,6 @@ Flags parse_flags(int argc, char** argv) {
           "--tp " + std::to_string(f.tp) + " must be >= 1 and divide --n-head " + std::to_string(f.n_head));
   require(f.pp >= 1 && f.pp <= f.n_layer,
           "--pp " + std::to_string(f.pp) + " must be in [1, --n-layer " + std::to_string(f.n_layer) + "]");
-  require(f.tp == 1 || f.pp == 1, "--tp and --pp do not combine yet");
   require(f.schedule == "gpipe" || f.schedule == "1f1b",
           "bad value '" + f.schedule + "' for --schedule: gpipe or 1f1b");
   require(f.micro_batches >= 1, "--micro-batches must be >= 1");

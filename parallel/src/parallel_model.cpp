@@ -8,7 +8,11 @@
 namespace troupe::parallel {
 
 std::uint64_t split_parameter_hash(nn::Module& part, collectives::Communicator& group) {
-  std::vector<std::int64_t> mine{static_cast<std::int64_t>(nn::parameter_hash(part))};
+  return combined_hash(nn::parameter_hash(part), group);
+}
+
+std::uint64_t combined_hash(std::uint64_t hash, collectives::Communicator& group) {
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(hash)};
   std::vector<std::int64_t> all(static_cast<std::size_t>(group.size()));
   group.allgather(collectives::Buffer(mine), collectives::Buffer(all));
   std::uint64_t h = 1469598103934665603ULL;
@@ -60,13 +64,15 @@ nn::StateDict DataParallelModel::whole_state_dict() {
 // ---- PipelineModel ----
 
 PipelineModel::PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
-                             PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer)
+                             PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer,
+                             collectives::Communicator* tp)
     : stage_(stage),
       pp_(pp),
       dp_(dp),
+      tp_(tp),
       optimizer_(std::move(optimizer)),
       pipe_(stage, pp, schedule, micro_batches),
-      state_(stage, *optimizer_, pp) {}
+      state_(stage, *optimizer_, pp, tp) {}
 
 MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
                                                   const MicroBatchOptions& options) {
@@ -79,16 +85,19 @@ MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Te
   if (dp_.size() > 1)
     for (nn::Parameter* p : stage_.parameters())
       if (p->grad.defined()) dp_.allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
-  if (options.max_grad_norm > 0) pipeline_clip_grad_norm(stage_, options.max_grad_norm, pp_);
+  if (options.max_grad_norm > 0) pipeline_clip_grad_norm(stage_, options.max_grad_norm, pp_, tp_);
   optimizer_->step();
   stage_.zero_grad(true);
   result.stepped = true;
   return result;
 }
 
-std::uint64_t PipelineModel::parameter_hash() { return split_parameter_hash(stage_, pp_); }
+std::uint64_t PipelineModel::parameter_hash() {
+  const std::uint64_t stage = tp_ != nullptr ? split_parameter_hash(stage_, *tp_) : nn::parameter_hash(stage_);
+  return combined_hash(stage, pp_);
+}
 
-nn::StateDict PipelineModel::whole_state_dict() { return pipeline_full_state_dict(stage_, pp_); }
+nn::StateDict PipelineModel::whole_state_dict() { return pipeline_full_state_dict(stage_, pp_, tp_); }
 
 void PipelineModel::set_tracer(Tracer* tracer) {
   tracer_ = tracer;

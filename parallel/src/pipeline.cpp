@@ -219,13 +219,16 @@ Tensor Pipeline::forward(const Tensor& inputs) {
 
 // ------------------------------------------------------------------ the GPT's stages
 
-GptStage::GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages)
+GptStage::GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages,
+                   collectives::Communicator* tp)
     : stage_(stage), stages_(stages) {
   TROUPE_CHECK(stages >= 1 && stage >= 0 && stage < stages, "GptStage: stage ", stage, " of ", stages);
   TROUPE_CHECK(config.n_layer >= stages, "GptStage: ", config.n_layer, " blocks do not fill ", stages,
                " pipeline stages");
   std::tie(begin_, end_) = shard_range(config.n_layer, stage, stages);
-  const nn::GPT whole(config, seed);
+  const std::unique_ptr<nn::GPT> model =
+      tp != nullptr ? tensor_parallel_gpt(config, seed, *tp) : std::make_unique<nn::GPT>(config, seed);
+  const nn::GPT& whole = *model;
   const auto transformer = whole.shared_child("transformer");
   TROUPE_CHECK(transformer != nullptr, "GptStage: the GPT has no transformer");
   auto& mine = register_module("transformer", std::make_shared<nn::ModuleDict>());
@@ -295,10 +298,15 @@ void GptStage::checkpoint_blocks(std::int64_t every) {
     blocks_[i]->set_activation_checkpointing(every > 0 && (begin_ + static_cast<std::int64_t>(i)) % every == 0);
 }
 
-double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp) {
-  double sum = 0;
+double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp,
+                               collectives::Communicator* tp) {
+  const auto splits = tp != nullptr ? tensor_parallel_splits(stage) : std::map<std::string, TensorSplit>{};
+  double split = 0, whole = 0;
   for (const auto& [name, param] : stage.named_parameters())
-    if (param->grad.defined() && param != stage.tied_copy()) sum += squares(param->grad);
+    if (param->grad.defined() && param != stage.tied_copy())
+      (splits.count(name) ? split : whole) += squares(param->grad);
+  if (tp != nullptr) tp->allreduce(Buffer(&split, 1));
+  double sum = split + whole;  // the same on every rank of a tp group: its whole gradients are equal
   pp.allreduce(Buffer(&sum, 1));
   const double total = std::sqrt(sum);
   const double factor = max_norm / (total + 1e-6);  // torch's clip_grad_norm_
@@ -353,13 +361,19 @@ nn::StateDict gather_stages(const nn::StateDict& dict, collectives::Communicator
 
 }  // namespace
 
-nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp) {
-  return gather_stages(stage.state_dict(), pp, false);
+nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp,
+                                       collectives::Communicator* tp) {
+  return gather_stages(tp != nullptr ? full_state_dict(stage, *tp) : stage.state_dict(), pp, false);
 }
 
 PipelineStateDicts::PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
-                                       std::string tied_name)
-    : stage_(stage), optimizer_(optimizer), pp_(pp), tied_name_(std::move(tied_name)) {}
+                                       collectives::Communicator* tp, std::string tied_name)
+    : stage_(stage),
+      optimizer_(optimizer),
+      pp_(pp),
+      tp_(tp),
+      splits_(tp != nullptr ? tensor_parallel_splits(stage) : std::map<std::string, TensorSplit>{}),
+      tied_name_(std::move(tied_name)) {}
 
 nn::StateDict PipelineStateDicts::whole_random_state(nn::StateDict local) { return gather_stages(local, pp_, false); }
 
@@ -371,12 +385,13 @@ std::string PipelineStateDicts::tied_copy_name() const {
   return "";
 }
 
-nn::StateDict PipelineStateDicts::model_state_dict() { return pipeline_full_state_dict(stage_, pp_); }
+nn::StateDict PipelineStateDicts::model_state_dict() { return pipeline_full_state_dict(stage_, pp_, tp_); }
 
 nn::StateDict PipelineStateDicts::optimizer_state_dict() {
   const std::string copy = tied_copy_name();
   nn::StateDict mine;
-  for (const auto& [key, value] : optimizer_.state_dict())
+  const nn::StateDict local = optimizer_.state_dict();
+  for (const auto& [key, value] : tp_ != nullptr ? full_optimizer_state_dict(local, splits_, *tp_) : local)
     if (copy.empty() || key.rfind(copy + "/", 0) != 0) mine.insert(key, value);
   return gather_stages(mine, pp_, true);
 }
@@ -384,7 +399,10 @@ nn::StateDict PipelineStateDicts::optimizer_state_dict() {
 void PipelineStateDicts::load_model_state_dict(const nn::StateDict& dict) {
   nn::StateDict mine;
   for (const auto& [name, value] : stage_.state_dict()) mine.insert(name, dict.at(name));
-  stage_.load_state_dict(mine);
+  if (tp_ != nullptr)
+    load_full_state_dict(stage_, mine, *tp_);
+  else
+    stage_.load_state_dict(mine);
 }
 
 void PipelineStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
@@ -402,7 +420,7 @@ void PipelineStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
     if (std::find(names.begin(), names.end(), param) != names.end()) mine.insert(key, value);
     if (!copy.empty() && param == tied_name_) mine.insert(copy + slot, value);
   }
-  optimizer_.load_state_dict(mine);
+  optimizer_.load_state_dict(tp_ != nullptr ? optimizer_state_dict_part(mine, splits_, *tp_) : mine);
 }
 
 }  // namespace troupe::parallel

@@ -199,13 +199,28 @@ TensorParallelStateDicts::TensorParallelStateDicts(nn::Module& model, nn::Optimi
 
 nn::StateDict TensorParallelStateDicts::model_state_dict() { return full_state_dict(model_, tp_); }
 
-nn::StateDict TensorParallelStateDicts::optimizer_state_dict() {
+nn::StateDict full_optimizer_state_dict(const nn::StateDict& parts, const std::map<std::string, TensorSplit>& splits,
+                                        collectives::Communicator& tp) {
   nn::StateDict full;
-  for (const auto& [key, value] : optimizer_.state_dict()) {
-    const TensorSplit* split = slot_split(splits_, key, value, true, tp_);
-    full.insert(key, split ? gather_pieces(value, *split, tp_) : value.clone());
+  for (const auto& [key, value] : parts) {
+    const TensorSplit* split = slot_split(splits, key, value, true, tp);
+    full.insert(key, split ? gather_pieces(value, *split, tp) : value.clone());
   }
   return full;
+}
+
+nn::StateDict optimizer_state_dict_part(const nn::StateDict& full, const std::map<std::string, TensorSplit>& splits,
+                                        const collectives::Communicator& tp) {
+  nn::StateDict parts;
+  for (const auto& [key, value] : full) {
+    const TensorSplit* split = slot_split(splits, key, value, false, tp);
+    parts.insert(key, split ? piece_of(value, *split, tp.rank(), tp.size()) : value);
+  }
+  return parts;
+}
+
+nn::StateDict TensorParallelStateDicts::optimizer_state_dict() {
+  return full_optimizer_state_dict(optimizer_.state_dict(), splits_, tp_);
 }
 
 void TensorParallelStateDicts::load_model_state_dict(const nn::StateDict& dict) {
@@ -213,12 +228,7 @@ void TensorParallelStateDicts::load_model_state_dict(const nn::StateDict& dict) 
 }
 
 void TensorParallelStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
-  nn::StateDict parts;
-  for (const auto& [key, value] : dict) {
-    const TensorSplit* split = slot_split(splits_, key, value, false, tp_);
-    parts.insert(key, split ? piece_of(value, *split, tp_.rank(), tp_.size()) : value);
-  }
-  optimizer_.load_state_dict(parts);
+  optimizer_.load_state_dict(optimizer_state_dict_part(dict, splits_, tp_));
 }
 
 std::int64_t TensorParallelStateDicts::micro_step() const { return ddp_.micro_step(); }

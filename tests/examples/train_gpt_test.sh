@@ -11,15 +11,18 @@
 #           fsdp end with ddp's parameters.
 #   recompute  --activation-checkpointing (every block, every other block) trains to the
 #           parameters of the run without it, with dropout on, in ddp and fsdp.
-#   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2, tp 4 and
-#           dp 2 x pp 2 end with the same validation loss (1e-4); a dp 2 x tp 2 checkpoint
-#           resumes as dp 4, as tp 4 and as dp 2 x pp 2, a dp 4 one as dp 2 x tp 2, a
-#           dp 2 x pp 2 one as dp 4 and as dp 2 x tp 2, each ending there too; rank 1
-#           killed under troupe-run at dp 2 x tp 2 and at dp 2 x pp 2 resumes bit for bit.
+#   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2, tp 4,
+#           dp 2 x pp 2 and pp 2 x tp 2 end with the same validation loss (1e-4); a
+#           dp 2 x tp 2 checkpoint resumes as dp 4, as tp 4, as dp 2 x pp 2 and as
+#           pp 2 x tp 2, a dp 4 one as dp 2 x tp 2, a dp 2 x pp 2 one as dp 4 and as
+#           dp 2 x tp 2, a pp 2 x tp 2 one as dp 4, each ending there too; rank 1 killed
+#           under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and pp 2 x tp 2 resumes bit for bit.
+#   layouts8 (8 ranks) dp 2 x pp 2 x tp 2 ends with dp 2's validation loss (1e-4) and
+#           resumes dp 2's checkpoint there too.
 #   bad     bad input is refused with a message naming the file and the mismatch, and
 #           no checkpoint is written over.
 #
-#   train_gpt_test.sh quick|resume|recompute|layouts|bad TRAIN_GPT TROUPE_RUN TROUPE_CKPT SOURCE_DIR
+#   train_gpt_test.sh quick|resume|recompute|layouts|layouts8|bad TRAIN_GPT TROUPE_RUN TROUPE_CKPT SOURCE_DIR
 set -euo pipefail
 part=$1 train=$2 troupe_run=$3 ckpt=$4 source=$5
 work=$(mktemp -d)
@@ -126,28 +129,50 @@ layouts)
   run tp2 --tp 2 --checkpoint-dir "$work/tp2"
   run tp4 --tp 4
   run pp2 --pp 2 --schedule gpipe --checkpoint-dir "$work/pp2"
-  near tp2 && near tp4 && near pp2
+  run pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/pp2tp2"
+  near tp2 && near tp4 && near pp2 && near pp2tp2
   from20 tp2 tp2-as-dp4 && run tp2-as-dp4 --checkpoint-dir "$work/tp2-as-dp4"
   from20 tp2 tp2-as-tp4 && run tp2-as-tp4 --tp 4 --checkpoint-dir "$work/tp2-as-tp4"
   from20 tp2 tp2-as-pp2 && run tp2-as-pp2 --pp 2 --checkpoint-dir "$work/tp2-as-pp2"
   from20 dp4 dp4-as-tp2 && run dp4-as-tp2 --tp 2 --checkpoint-dir "$work/dp4-as-tp2"
   from20 pp2 pp2-as-dp4 && run pp2-as-dp4 --checkpoint-dir "$work/pp2-as-dp4"
   from20 pp2 pp2-as-tp2 && run pp2-as-tp2 --tp 2 --checkpoint-dir "$work/pp2-as-tp2"
-  for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2; do
+  from20 tp2 tp2-as-pp2tp2 && run tp2-as-pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/tp2-as-pp2tp2"
+  from20 pp2tp2 pp2tp2-as-dp4 && run pp2tp2-as-dp4 --checkpoint-dir "$work/pp2tp2-as-dp4"
+  for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2 tp2-as-pp2tp2 pp2tp2-as-dp4; do
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
-  for layout in "tp 2" "pp 2"; do
-    name=${layout/ /}
+  for name in tp2 pp2 pp2tp2; do
+    layout=$(sed -E 's/(tp|pp)([0-9])/--\1 \2 /g' <<< "$name")
+    # shellcheck disable=SC2086 # $layout is flags
     TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=25,kind=crash,restart=0 \
       "$troupe_run" -np 4 --max-restarts 2 --checkpoint-dir "$work/$name-crash" --backoff 0 -- "$train" \
-      "${steps[@]}" --$layout > "$work/$name-crash.log" 2>&1 \
+      "${steps[@]}" $layout > "$work/$name-crash.log" 2>&1 \
       || { cat "$work/$name-crash.log"; fail "$layout after the crash"; }
     grep -Eq 'resumed from .* at step 20' "$work/$name-crash.log" || { cat "$work/$name-crash.log"; fail "no resume"; }
     [[ "$(hash_of "$work/$name-crash.log")" == "$(hash_of "$work/$name.log")" ]] \
-      || fail "dp 2 x $layout: $(hash_of "$work/$name-crash.log") after the crash, $(hash_of "$work/$name.log") without"
+      || fail "$layout: $(hash_of "$work/$name-crash.log") after the crash, $(hash_of "$work/$name.log") without"
   done
-  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2 and pp 2 resumed bit for bit"
+  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2, pp 2 and pp 2 x tp 2 resumed bit for bit"
+  ;;
+layouts8)
+  steps=(--steps 40 --warmup-steps 5 --eval-every 20 --eval-samples 64 --sample-chars 0 --save-every 10)
+  loss_of() { grep -o 'final val loss [0-9.]*' "$1" | awk '{print $4}'; }
+  "${mpi[@]}" "$train" "${steps[@]}" --checkpoint-dir "$work/dp2" > "$work/dp2.log" 2>&1 \
+    || { cat "$work/dp2.log"; fail "dp 2"; }
+  mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --pp 2 --tp 2 > "$work/grid.log" 2>&1 \
+    || { cat "$work/grid.log"; fail "dp 2 x pp 2 x tp 2"; }
+  mkdir "$work/resume" && cp "$work/dp2/ckpt-000000020.h5" "$work/resume/"
+  mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --pp 2 --tp 2 --checkpoint-dir "$work/resume" \
+    > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "dp 2 x pp 2 x tp 2 from dp 2's checkpoint"; }
+  grep -q 'resumed from .* at step 20' "$work/resume.log" || fail "dp 2 x pp 2 x tp 2 did not resume from step 20"
+  for name in grid resume; do
+    echo "$name: final val loss $(loss_of "$work/$name.log"), dp 2 $(loss_of "$work/dp2.log")"
+    awk -v a="$(loss_of "$work/$name.log")" -v b="$(loss_of "$work/dp2.log")" \
+      'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' || fail "$name is not at dp 2's loss"
+  done
+  echo "PASS: dp 2 x pp 2 x tp 2 on 8 ranks trains as dp 2 and resumes its checkpoint"
   ;;
 bad)
   expect() {  # exit status, message pattern, command...
@@ -177,7 +202,6 @@ bad)
     "${mpi[@]}" "$train" --tp 2 --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3
-  expect 2 "--tp and --pp do not combine yet" "$train" --tp 2 --pp 2
   expect 1 "with pipeline parallelism, accum_steps must be 1" "${mpi[@]}" "$train" --pp 2 --accum-steps 2 --steps 10 --warmup-steps 2
   expect 2 "--n-embd 100 must be a multiple of --n-head 3" "$train" --n-embd 100 --n-head 3
   # A checkpoint folder of one run, then runs whose vocabulary or model differ.

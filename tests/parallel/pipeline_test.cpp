@@ -16,7 +16,9 @@
 #include "troupe/nn/clip.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
+#include "troupe/parallel/device_mesh.hpp"
 #include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/tensor/random.hpp"
 
 namespace troupe::train::testing {
@@ -30,6 +32,10 @@ nn::GPTConfig tiny_gpt(double dropout = 0.0) {
   return {.block_size = 16, .vocab_size = 65, .n_layer = 4, .n_head = 2, .n_embd = 16, .dropout = dropout};
 }
 
+// Below the tiny model's gradient norms (0.3-0.9 over 20 steps), so that every step clips and a norm
+// summed over the wrong ranks shows in the losses.
+constexpr double kMaxNorm = 0.1;
+
 std::unique_ptr<nn::AdamW> adamw(nn::Module& m) {
   auto opt = std::make_unique<nn::AdamW>(m.named_parameters(), 3e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.1);
   opt->set_weight_decay_filter(nn::decay_matrices_only);
@@ -39,7 +45,40 @@ std::unique_ptr<nn::AdamW> adamw(nn::Module& m) {
 struct PipelineRun {
   std::vector<double> losses;
   nn::StateDict full;
+  nn::StateDict optimizer;
 };
+
+// The whole model on this rank, the batch whole: the reference of every layout.
+PipelineRun one_rank(int steps) {
+  nn::GPT whole(tiny_gpt(), 5);
+  auto opt = adamw(whole);
+  nn::CrossEntropyLoss ce;
+  PipelineRun run;
+  for (int step = 0; step < steps; ++step) {
+    opt->zero_grad();
+    run.losses.push_back(
+        ce.forward(whole.forward(token_ids(8, 16, 65, 100 + step)), token_ids(8, 16, 65, 500 + step)).item());
+    whole.backward(ce.backward());
+    nn::clip_grad_norm(whole.named_parameters(), kMaxNorm);
+    opt->step();
+  }
+  run.full = whole.state_dict();
+  run.optimizer = opt->state_dict();
+  return run;
+}
+
+// `run` against the one-rank reference: every loss within 1e-5, every parameter within
+// 1e-4 in norm (see BothSchedulesTrainAsOneRank), the same names in the same order.
+void expect_as_one_rank(const PipelineRun& run, const PipelineRun& reference) {
+  ASSERT_EQ(run.losses.size(), reference.losses.size());
+  for (std::size_t i = 0; i < reference.losses.size(); ++i)
+    ASSERT_LE(std::abs(run.losses[i] - reference.losses[i]), 1e-5 * reference.losses[i]) << "step " << i;
+  ASSERT_EQ(run.full.keys(), reference.full.keys());
+  for (const auto& [name, value] : reference.full) {
+    if (name.ends_with("attn.c_attn.bias")) continue;  // the key bias: see tensor_parallel_test.cpp
+    EXPECT_LT(norm_relative(run.full.at(name), value), 1e-4) << name;
+  }
+}
 
 PipelineRun train_pipeline(PipelineSchedule schedule, double dropout, int steps) {
   GptStage stage(tiny_gpt(dropout), 5, world().rank(), world().size());
@@ -54,7 +93,7 @@ PipelineRun train_pipeline(PipelineSchedule schedule, double dropout, int steps)
     run.losses.push_back(
         pipe.forward_backward(token_ids(8, 16, 65, 100 + step), token_ids(8, 16, 65, 500 + step), loss));
     stage.sum_tied_gradient(world());
-    parallel::pipeline_clip_grad_norm(stage, 1.0, world());
+    parallel::pipeline_clip_grad_norm(stage, kMaxNorm, world());
     opt->step();
   }
   run.full = parallel::pipeline_full_state_dict(stage, world());
@@ -66,27 +105,62 @@ PipelineRun train_pipeline(PipelineSchedule schedule, double dropout, int steps)
 // 1e-4 in norm, not 1e-5: summing 4 micro-batches' gradients rounds differently from one
 // batch's, which AdamW carries into the small biases (1.07e-5 at 1 rank as at 4).
 TEST(Pipeline, BothSchedulesTrainAsOneRank) {
-  nn::GPT whole(tiny_gpt(), 5);
-  auto opt = adamw(whole);
-  nn::CrossEntropyLoss ce;
-  std::vector<double> reference;
-  for (int step = 0; step < 20; ++step) {
-    opt->zero_grad();
-    reference.push_back(
-        ce.forward(whole.forward(token_ids(8, 16, 65, 100 + step)), token_ids(8, 16, 65, 500 + step)).item());
-    whole.backward(ce.backward());
-    nn::clip_grad_norm(whole.named_parameters(), 1.0);
-    opt->step();
-  }
+  const PipelineRun reference = one_rank(20);
   for (PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
     SCOPED_TRACE(parallel::pipeline_schedule_name(schedule));
-    const PipelineRun run = train_pipeline(schedule, 0.0, 20);
-    for (std::size_t i = 0; i < reference.size(); ++i)
-      ASSERT_LE(std::abs(run.losses[i] - reference[i]), 1e-5 * reference[i]) << "step " << i;
-    ASSERT_EQ(run.full.keys(), whole.state_dict().keys());
-    for (const auto& [name, value] : whole.state_dict()) {
-      if (name.ends_with("attn.c_attn.bias")) continue;  // the key bias: see tensor_parallel_test.cpp
-      EXPECT_LT(norm_relative(run.full.at(name), value), 1e-4) << name;
+    expect_as_one_rank(train_pipeline(schedule, 0.0, 20), reference);
+  }
+}
+
+// Each stage split over tp on a pp x tp mesh (pp 1 x tp 2 at 2 ranks, 2 x 2 at 4, 4 x 2
+// at 8): the same bar, and its checkpoint state is the one-rank model's and optimizer's,
+// names and shapes, loading back into fresh stages bit for bit.
+TEST(Pipeline, StagesSplitOverTensorParallelRanksTrainAsOneRank) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  parallel::DeviceMesh mesh(world(), {{"pp", world().size() / 2}, {"tp", 2}});
+  collectives::Communicator& pp = mesh.comm("pp");
+  collectives::Communicator& tp = mesh.comm("tp");
+  GptStage stage(tiny_gpt(), 5, pp.rank(), pp.size(), &tp);
+  Pipeline pipe(stage, pp, PipelineSchedule::one_f_one_b, 4);
+  auto opt = adamw(stage);
+  parallel::VocabParallelCrossEntropy ce(tp, 65);
+  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+                                    [&ce](double scale) { return ce.backward(scale); }};
+  PipelineRun run;
+  for (int step = 0; step < 20; ++step) {
+    opt->zero_grad();
+    run.losses.push_back(
+        pipe.forward_backward(token_ids(8, 16, 65, 100 + step), token_ids(8, 16, 65, 500 + step), loss));
+    stage.sum_tied_gradient(pp);
+    parallel::pipeline_clip_grad_norm(stage, kMaxNorm, pp, &tp);
+    opt->step();
+  }
+  run.full = parallel::pipeline_full_state_dict(stage, pp, &tp);
+  const PipelineRun reference = one_rank(20);
+  expect_as_one_rank(run, reference);
+
+  parallel::PipelineStateDicts state(stage, *opt, pp, &tp);
+  const nn::StateDict model = state.model_state_dict(), optimizer = state.optimizer_state_dict();
+  EXPECT_EQ(model.keys(), reference.full.keys());
+  auto sorted = [](std::vector<std::string> keys) {
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  };
+  ASSERT_EQ(sorted(optimizer.keys()), sorted(reference.optimizer.keys()));
+  for (const auto& [key, value] : reference.optimizer) EXPECT_EQ(optimizer.at(key).shape(), value.shape()) << key;
+
+  GptStage fresh(tiny_gpt(), 6, pp.rank(), pp.size(), &tp);
+  auto fresh_opt = adamw(fresh);
+  parallel::PipelineStateDicts fresh_state(fresh, *fresh_opt, pp, &tp);
+  fresh_state.load_model_state_dict(model);
+  fresh_state.load_optimizer_state_dict(optimizer);
+  for (const auto& [name, value] : stage.state_dict())
+    EXPECT_EQ(fresh.state_dict().at(name).to_vector<float>(), value.to_vector<float>()) << name;
+  const nn::StateDict mine = opt->state_dict(), loaded = fresh_opt->state_dict();
+  ASSERT_EQ(loaded.keys(), mine.keys());
+  for (const auto& [key, value] : mine) {
+    if (tensor::is_floating(value.dtype())) {
+      EXPECT_EQ(loaded.at(key).to_vector<float>(), value.to_vector<float>()) << key;
     }
   }
 }

@@ -134,11 +134,14 @@ class DataParallelModel final : public ParallelModel {
 // `micro_batches` micro-batches; the tied table's gradients summed across its stages,
 // every gradient averaged over `dp` (one all-reduce a parameter), clipped over the
 // whole model, stepped. One micro-batch of the worker's is the whole pass:
-// accum_steps must be 1.
+// accum_steps must be 1. With `tp`, the stage is split over it (GptStage's tp): norms,
+// hashes and checkpoints gather over tp as well, and only tp's first rank of the last
+// stage counts.
 class PipelineModel final : public ParallelModel {
  public:
   PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
-                PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer);
+                PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer,
+                collectives::Communicator* tp = nullptr);
 
   MicroBatchResult train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
                                      const MicroBatchOptions& options) override;
@@ -149,7 +152,7 @@ class PipelineModel final : public ParallelModel {
   std::uint64_t parameter_hash() override;
   nn::StateDict whole_state_dict() override;
   bool whole_state_is_collective() const override { return true; }
-  bool counts_results() const override { return pp_.rank() == pp_.size() - 1; }
+  bool counts_results() const override { return pp_.rank() == pp_.size() - 1 && (tp_ == nullptr || tp_->rank() == 0); }
   ShardedStateDicts* state_dicts() override { return &state_; }
   void set_tracer(Tracer* tracer) override;
   std::chrono::nanoseconds wait_time() const override { return pipe_.wait_time(); }
@@ -158,6 +161,7 @@ class PipelineModel final : public ParallelModel {
   PipelineStage& stage_;
   collectives::Communicator& pp_;
   collectives::Communicator& dp_;
+  collectives::Communicator* tp_;
   std::unique_ptr<nn::Optimizer> optimizer_;
   Pipeline pipe_;
   PipelineStateDicts state_;
@@ -167,5 +171,7 @@ class PipelineModel final : public ParallelModel {
 // FNV-1a over the ranks of `group`'s parameter hashes, in rank order: the split
 // model's hash, the same on every rank (an allgather over `group`).
 std::uint64_t split_parameter_hash(nn::Module& part, collectives::Communicator& group);
+// The same over `group` of each rank's `hash` (a part's, or a group's combined one).
+std::uint64_t combined_hash(std::uint64_t hash, collectives::Communicator& group);
 
 }  // namespace troupe::parallel

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string_view>
 #include <utility>
@@ -31,6 +32,7 @@
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
 #include "troupe/parallel/state_slices.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/trace.hpp"
 
 namespace troupe::parallel {
@@ -117,9 +119,16 @@ class PipelineStage : public nn::Module {
 // whole model (every rank builds it, keeps its stage, drops the rest), so every layout
 // starts from the same weights. The first and last stages each hold the tied table
 // (wte's, lm_head's): sum_tied_gradient() adds the two uses' gradients across them.
+//
+// With `tp`, the stage is its part of tensor_parallel_gpt(config, seed, *tp): its
+// blocks split over tp (tensor_parallel.hpp), the logits of the last stage split by
+// vocabulary. The ranks of a tp group run the same schedule, each sending its (equal)
+// activations to the rank of its own tp coordinate in the next stage, so the pp
+// communicator is the one joining the ranks that differ in pp alone (DeviceMesh's).
 class GptStage : public PipelineStage {
  public:
-  GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages);
+  GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages,
+           collectives::Communicator* tp = nullptr);
 
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
@@ -152,24 +161,30 @@ class GptStage : public PipelineStage {
   std::shared_ptr<nn::Module> table_owner_;  // wte, kept alive on the last stage for its table
 };
 
-// The norm of every stage's gradients (a tied copy once), and clipping to it: every
-// stage scales alike. A collective over pp.
-double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp);
+// The norm of every stage's gradients (a tied copy once; with `tp`, split parameters'
+// squares summed over tp and whole ones counted once), and clipping to it: every rank
+// scales alike. A collective over pp (and tp).
+double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp,
+                               collectives::Communicator* tp = nullptr);
 
 // The whole model's state dict, every stage's entries in stage order (the whole
-// model's order), on every rank. A collective over pp.
-nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp);
+// model's order; with `tp`, each gathered over tp first), on every rank. A collective
+// over pp (and tp).
+nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp,
+                                       collectives::Communicator* tp = nullptr);
 
 class DistributedDataParallel;
 
 // A pipeline stage's state as checkpoints keep it: the whole model's model group, and
 // the optimizer group of the whole model's optimizer (a tied copy's slots left out, its
 // scalars once), gathered over pp; loading takes this stage's entries (a tied copy's
-// slots from the parameter it copies). So a file of any layout resumes at any other.
+// slots from the parameter it copies). With `tp` (a stage split over it), each entry is
+// gathered over tp first, and loading takes this rank's part. So a file of any layout
+// resumes at any other.
 class PipelineStateDicts final : public ShardedStateDicts {
  public:
   PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
-                     std::string tied_name = "transformer.wte.weight");
+                     collectives::Communicator* tp = nullptr, std::string tied_name = "transformer.wte.weight");
 
   nn::StateDict model_state_dict() override;
   nn::StateDict optimizer_state_dict() override;
@@ -185,6 +200,8 @@ class PipelineStateDicts final : public ShardedStateDicts {
   PipelineStage& stage_;
   nn::Optimizer& optimizer_;
   collectives::Communicator& pp_;
+  collectives::Communicator* tp_;
+  std::map<std::string, TensorSplit> splits_;  // with tp: the stage's split parameters
   std::string tied_name_;
 };
 

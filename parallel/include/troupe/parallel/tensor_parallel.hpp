@@ -155,6 +155,14 @@ void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collecti
 double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& tp);
 double tensor_parallel_clip_grad_norm(nn::Module& model, double max_norm, collectives::Communicator& tp);
 
+// An optimizer's state dict ("<param>/<slot>" keys) with every slot shaped like its
+// split parameter's part gathered into the full tensor (a collective over tp), and the
+// reverse: this rank's parts of a full one. Other entries pass through.
+nn::StateDict full_optimizer_state_dict(const nn::StateDict& parts, const std::map<std::string, TensorSplit>& splits,
+                                        collectives::Communicator& tp);
+nn::StateDict optimizer_state_dict_part(const nn::StateDict& full, const std::map<std::string, TensorSplit>& splits,
+                                        const collectives::Communicator& tp);
+
 class DistributedDataParallel;
 
 // A split model's state as checkpoints keep it: the model and optimizer groups full,

@@ -11,8 +11,10 @@
 //     // troupe/parallel/tensor_parallel.hpp), whose logits are split by vocabulary.
 //     static std::unique_ptr<nn::Module> make_model(const Config&, collectives::Communicator& tp);
 //     // Optional: stage `stage` of the model cut into `stages` (WorkerOptions::pipeline_parallel;
-//     // troupe/parallel/pipeline.hpp).
+//     // troupe/parallel/pipeline.hpp), and, with both parallelisms, that stage split over `tp`.
 //     static std::unique_ptr<parallel::PipelineStage> make_stage(const Config&, int stage, int stages);
+//     static std::unique_ptr<parallel::PipelineStage> make_stage(const Config&, int stage, int stages,
+//                                                                collectives::Communicator& tp);
 //     static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module&, const Config&);
 //     // For zero1/zero2/fsdp: the same optimizer over any parameters (OSS's partition,
 //     // FSDP's flat shards) -- an OptimizerFactory. Optional for ddp.
@@ -102,10 +104,23 @@ std::unique_ptr<nn::Module> recipe_tensor_parallel_model(const typename Recipe::
                  "make_model(const Config&, collectives::Communicator& tp), the model split over tp");
 }
 
-// The recipe's pipeline stage; a recipe without one is an InvalidArgument.
+// The recipe's pipeline stage (split over `tp` when given); a recipe without one is an
+// InvalidArgument.
 template <class Recipe>
 std::unique_ptr<parallel::PipelineStage> recipe_pipeline_stage(const typename Recipe::Config& config, int stage,
-                                                               int stages) {
+                                                               int stages, collectives::Communicator* tp) {
+  if (tp != nullptr) {
+    if constexpr (requires {
+                    {
+                      Recipe::make_stage(config, stage, stages, *tp)
+                      } -> std::convertible_to<std::unique_ptr<parallel::PipelineStage>>;
+                  })
+      return Recipe::make_stage(config, stage, stages, *tp);
+    else
+      TROUPE_THROW(InvalidArgument, "TrainWorker: tensor and pipeline parallelism together need the recipe's ",
+                   "make_stage(const Config&, int stage, int stages, collectives::Communicator& tp), a stage ",
+                   "split over tp");
+  }
   if constexpr (requires {
                   {
                     Recipe::make_stage(config, stage, stages)

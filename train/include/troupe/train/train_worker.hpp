@@ -12,7 +12,9 @@
 // consecutive ranks (the recipe's make_model(config, tp)) with DDP over the world / k
 // groups of them; WorkerOptions::pipeline_parallel = p cuts it into p stages (the
 // recipe's make_stage) run by a pipeline schedule, the gradients averaged over the
-// world / p groups. Checkpoints stay full, so any layout resumes any other's.
+// world / p groups; both make a dp x pp x tp mesh of stages split over tp (the
+// recipe's make_stage(config, stage, stages, tp)). Checkpoints stay full, so any
+// layout resumes any other's.
 // Accumulation, the sampler, Status, evaluation and checkpoints work alike in every
 // layout. In zero2, fsdp and the split layouts, state(), evaluate(), offer_best() and
 // model_state() are collectives: ask every worker. The global batch need not divide by
@@ -453,7 +455,7 @@ class TrainWorker {
     if (stage_)
       return std::make_unique<parallel::PipelineModel>(
           *stage_, mesh_->comm("pp"), data_comm(), parallel::parse_pipeline_schedule(options_.pipeline_schedule),
-          options_.micro_batches, Recipe::make_optimizer(*model_, config_));
+          options_.micro_batches, Recipe::make_optimizer(*model_, config_), tensor_parallel_comm());
     if (sharding_ != Sharding::ddp)
       return std::make_unique<parallel::ShardedModel>(
           sharding_, *model_, *comm_, recipe_optimizer_factory<Recipe>(config_, parallel::sharding_name(sharding_)),
@@ -464,7 +466,11 @@ class TrainWorker {
           if (masters) return recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(masters->named_parameters());
           return Recipe::make_optimizer(model, config_);
         },
-        options_.precision == Precision::bf16, mesh_ && mesh_->has("tp") ? &mesh_->comm("tp") : nullptr);
+        options_.precision == Precision::bf16, tensor_parallel_comm());
+  }
+
+  collectives::Communicator* tensor_parallel_comm() const {
+    return mesh_ && mesh_->has("tp") ? &mesh_->comm("tp") : nullptr;
   }
 
   // The ranks that split the data: the world, or the mesh's dp dimension.
@@ -472,22 +478,22 @@ class TrainWorker {
 
   static std::unique_ptr<parallel::DeviceMesh> worker_mesh(const WorkerOptions& options,
                                                            collectives::Communicator& world) {
-    TROUPE_CHECK(options.tensor_parallel >= 1 && options.pipeline_parallel >= 1 &&
-                     (options.tensor_parallel == 1 || options.pipeline_parallel == 1),
-                 "TrainWorker: tensor_parallel and pipeline_parallel must be >= 1, and one of them 1 for now; got ",
-                 options.tensor_parallel, " and ", options.pipeline_parallel);
-    if (options.tensor_parallel > 1)
-      return std::make_unique<parallel::DeviceMesh>(
-          world, std::vector<parallel::MeshDim>{{"dp", -1}, {"tp", options.tensor_parallel}});
-    if (options.pipeline_parallel > 1)
-      return std::make_unique<parallel::DeviceMesh>(
-          world, std::vector<parallel::MeshDim>{{"dp", -1}, {"pp", options.pipeline_parallel}});
-    return nullptr;
+    TROUPE_CHECK(options.tensor_parallel >= 1 && options.pipeline_parallel >= 1,
+                 "TrainWorker: tensor_parallel and pipeline_parallel must be >= 1; got ", options.tensor_parallel,
+                 " and ", options.pipeline_parallel);
+    if (options.tensor_parallel == 1 && options.pipeline_parallel == 1) return nullptr;
+    // tp fastest (its all-reduces are the most frequent: consecutive ranks, one node),
+    // then pp, then dp.
+    std::vector<parallel::MeshDim> dims{{"dp", -1}};
+    if (options.pipeline_parallel > 1) dims.push_back({"pp", options.pipeline_parallel});
+    if (options.tensor_parallel > 1) dims.push_back({"tp", options.tensor_parallel});
+    return std::make_unique<parallel::DeviceMesh>(world, std::move(dims));
   }
 
   std::unique_ptr<nn::Module> build_model() {
     if (mesh_ && mesh_->has("pp")) {
-      auto stage = recipe_pipeline_stage<Recipe>(config_, mesh_->coordinate("pp"), mesh_->size("pp"));
+      auto stage =
+          recipe_pipeline_stage<Recipe>(config_, mesh_->coordinate("pp"), mesh_->size("pp"), tensor_parallel_comm());
       stage_ = stage.get();
       return stage;
     }
