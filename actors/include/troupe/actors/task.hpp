@@ -119,6 +119,9 @@ void start_task(Runtime& rt, const std::shared_ptr<TaskRun<R>>& task, int retrie
     task->attempt = attempt;
   }
   attempt.state()->on_ready([&rt, task, attempt, rank, retries_left]() mutable {
+    // The callback runs on the thread that handled the reply, or on this one when the
+    // reply came first: either way a reference in the result binds to `rt`.
+    detail::RuntimeScope scope(&rt);
     rt.task_done(rank);
     try {
       if constexpr (std::is_void_v<R>) {
