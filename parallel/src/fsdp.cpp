@@ -307,8 +307,41 @@ void FullyShardedDataParallel::zero_grad(bool set_to_none) {
     }
 }
 
-double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
+double FullyShardedDataParallel::clip_grad_norm(double max_norm) { return clip(max_norm, nullptr, {}); }
+
+double FullyShardedDataParallel::clip_grad_norm(double max_norm, collectives::Communicator& tp,
+                                                const std::function<bool(const std::string& name)>& split) {
+  return clip(max_norm, &tp, split);
+}
+
+double FullyShardedDataParallel::clip(double max_norm, collectives::Communicator* tp,
+                                      const std::function<bool(const std::string&)>& split) {
   TROUPE_CHECK(max_norm >= 0, "FullyShardedDataParallel::clip_grad_norm: max_norm must be >= 0, got ", max_norm);
+  if (tp != nullptr) {
+    // Each entry's part of this rank's shard counts as split or whole; padding is zero.
+    double sums[2] = {0, 0};  // split, whole
+    for (auto& unit : units_)
+      for (auto& flat : unit.flats) {
+        const Tensor& g = flat.shard->grad;
+        if (!g.defined()) continue;
+        TROUPE_CHECK(g.device().is_cpu(), "FullyShardedDataParallel::clip_grad_norm: tensor parallelism runs on ",
+                     "host tensors, got a gradient on ", g.device());
+        const std::int64_t begin = comm_.rank() * flat.shard_numel;
+        tensor::dispatch_floating(g.dtype(), "FullyShardedDataParallel::clip_grad_norm", [&](auto tag) {
+          using T = decltype(tag);
+          const T* p = g.data<T>();
+          for (const Entry& entry : flat.entries) {
+            const std::int64_t lo = std::max(entry.offset, begin) - begin;
+            const std::int64_t hi = std::min(entry.offset + entry.numel, begin + flat.shard_numel) - begin;
+            double& sum = sums[split(entry.name) ? 0 : 1];
+            for (std::int64_t i = lo; i < hi; ++i) sum += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+          }
+        });
+      }
+    if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(sums, 2), collectives::ReduceOp::sum);
+    tp->allreduce(collectives::Buffer(sums, 1), collectives::ReduceOp::sum);
+    return scale_gradients(max_norm, std::sqrt(sums[0] + sums[1]));
+  }
   double sum_squares = 0;
   // f32 shards on a GPU are summed there, with one read-back for all: copying every
   // shard's gradient to the host each step moved the whole model's gradients.
@@ -331,7 +364,10 @@ double FullyShardedDataParallel::clip_grad_norm(double max_norm) {
     }
   if (!on_gpu.empty()) sum_squares += tensor::fused_sum_of_squares(on_gpu);
   if (comm_.size() > 1) comm_.allreduce(collectives::Buffer(&sum_squares, 1), collectives::ReduceOp::sum);
-  const double total = std::sqrt(sum_squares);
+  return scale_gradients(max_norm, std::sqrt(sum_squares));
+}
+
+double FullyShardedDataParallel::scale_gradients(double max_norm, double total) {
   const double factor = max_norm / (total + 1e-6);  // torch's 1e-6, as nn::clip_grad_norm
   if (std::isfinite(total) && factor < 1.0)
     for (auto& unit : units_)

@@ -20,8 +20,13 @@ AutoWrapPolicy parameterised_leaf_auto_wrap_policy() {
 }
 
 ShardedModel::ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm,
-                           const OptimizerFactory& factory, std::size_t bucket_bytes, FsdpOptions fsdp)
-    : mode_(mode), model_(model), comm_(comm) {
+                           const OptimizerFactory& factory, std::size_t bucket_bytes, FsdpOptions fsdp,
+                           collectives::Communicator* tp)
+    : mode_(mode), model_(model), comm_(comm), tp_(tp) {
+  TROUPE_CHECK(tp == nullptr || mode != Sharding::zero1, "ShardedModel: zero1 over a tensor-parallel model is not ",
+               "built (zero2 and fsdp are)");
+  // Before FSDP takes the parameters: the layers know their full shapes either way.
+  if (tp != nullptr) splits_ = tensor_parallel_splits(model);
   switch (mode) {
     case Sharding::zero1:
       // ZeRO-1 keeps the whole model on every rank: a meta model is materialised whole,
@@ -101,7 +106,10 @@ AccumulationStep ShardedModel::optimizer_step_with_gradient_accumulation(
     TraceScope span(tracer_, "compute", "optimizer");
     result.synced = true;
     // The true global norm: OSS and FSDP sum every rank's share with one all-reduce.
-    if (max_grad_norm > 0)
+    if (max_grad_norm > 0 && tp_ != nullptr)
+      result.grad_norm = fsdp_->clip_grad_norm(max_grad_norm, *tp_,
+                                               [this](const std::string& name) { return splits_.contains(name); });
+    else if (max_grad_norm > 0)
       result.grad_norm = fsdp_ ? fsdp_->clip_grad_norm(max_grad_norm) : oss_->clip_grad_norm(max_grad_norm);
     if (fsdp_) {
       fsdp_->step();
@@ -151,16 +159,22 @@ std::uint64_t ShardedModel::parameter_hash() {
     const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
     for (std::size_t i = 0; i < host.nbytes(); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
   }
-  return h;
+  return tp_ != nullptr ? combined_hash(h, *tp_) : h;
 }
 
-nn::StateDict ShardedModel::model_state_dict() { return fsdp_ ? fsdp_->full_state_dict() : model_.state_dict(); }
+nn::StateDict ShardedModel::model_state_dict() {
+  if (!fsdp_) return model_.state_dict();
+  return tp_ != nullptr ? full_model_state_dict(fsdp_->full_state_dict(), splits_, *tp_) : fsdp_->full_state_dict();
+}
 
 nn::StateDict ShardedModel::optimizer_state_dict() {
-  return fsdp_ ? fsdp_->full_optimizer_state_dict() : oss_->state_dict();
+  if (!fsdp_) return oss_->state_dict();
+  return tp_ != nullptr ? full_optimizer_state_dict(fsdp_->full_optimizer_state_dict(), splits_, *tp_)
+                        : fsdp_->full_optimizer_state_dict();
 }
 
 std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
+  if (tp_ != nullptr) return std::nullopt;  // a part's slices are not ranges of the whole tensor
   LocalStateSlices out;
   if (fsdp_) {
     for (auto& piece : fsdp_->local_model_slices())
@@ -191,6 +205,7 @@ std::optional<LocalStateSlices> ShardedModel::local_state_slices() {
 }
 
 void ShardedModel::load_local_state_slices(const StateSliceSource& model, const StateSliceSource& optimizer) {
+  TROUPE_CHECK(tp_ == nullptr, "ShardedModel: a tensor-parallel model loads whole state dicts, not local slices");
   if (fsdp_) {
     fsdp_->load_local_slices(model, optimizer);
     return;
@@ -241,14 +256,14 @@ void ShardedModel::load_local_state_slices(const StateSliceSource& model, const 
 void ShardedModel::load_model_state_dict(const nn::StateDict& dict) {
   // zero1: every rank holds the whole model and reads the same file.
   if (fsdp_)
-    fsdp_->load_full_state_dict(dict);
+    fsdp_->load_full_state_dict(tp_ != nullptr ? model_state_dict_part(dict, splits_, *tp_) : dict);
   else
     model_.load_state_dict(dict, /*strict=*/true);
 }
 
 void ShardedModel::load_optimizer_state_dict(const nn::StateDict& dict) {
   if (fsdp_)
-    fsdp_->load_full_optimizer_state_dict(dict);
+    fsdp_->load_full_optimizer_state_dict(tp_ != nullptr ? optimizer_state_dict_part(dict, splits_, *tp_) : dict);
   else
     oss_->load_state_dict(dict);
 }

@@ -120,25 +120,20 @@ std::map<std::string, TensorSplit> tensor_parallel_splits(nn::Module& model) {
   return out;
 }
 
-nn::StateDict full_state_dict(nn::Module& model, collectives::Communicator& tp) {
-  const auto splits = tensor_parallel_splits(model);
+nn::StateDict full_model_state_dict(const nn::StateDict& parts, const std::map<std::string, TensorSplit>& splits,
+                                    collectives::Communicator& tp) {
   nn::StateDict full;
-  for (const auto& [name, value] : model.state_dict()) {
+  for (const auto& [name, value] : parts) {
     const auto split = splits.find(name);
     full.insert(name, split == splits.end() ? value.clone() : gather_pieces(value, split->second, tp));
   }
   return full;
 }
 
-void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collectives::Communicator& tp) {
-  const auto splits = tensor_parallel_splits(model);
-  const nn::StateDict mine = model.state_dict();
-  for (const auto& [name, value] : full)
-    if (!mine.contains(name))
-      TROUPE_THROW(InvalidArgument, "load_full_state_dict: unexpected key '", name, "' for this model");
+nn::StateDict model_state_dict_part(const nn::StateDict& full, const std::map<std::string, TensorSplit>& splits,
+                                    const collectives::Communicator& tp) {
   nn::StateDict parts;
-  for (const auto& [name, value] : mine) {
-    const Tensor& whole = full.at(name);
+  for (const auto& [name, whole] : full) {
     const auto split = splits.find(name);
     if (split == splits.end()) {
       parts.insert(name, whole);
@@ -149,7 +144,21 @@ void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collecti
                  tensor::to_string(split->second.full_shape));
     parts.insert(name, piece_of(whole, split->second, tp.rank(), tp.size()));
   }
-  model.load_state_dict(parts);
+  return parts;
+}
+
+nn::StateDict full_state_dict(nn::Module& model, collectives::Communicator& tp) {
+  return full_model_state_dict(model.state_dict(), tensor_parallel_splits(model), tp);
+}
+
+void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collectives::Communicator& tp) {
+  const nn::StateDict mine = model.state_dict();
+  for (const auto& [name, value] : full)
+    if (!mine.contains(name))
+      TROUPE_THROW(InvalidArgument, "load_full_state_dict: unexpected key '", name, "' for this model");
+  nn::StateDict wanted;
+  for (const auto& [name, value] : mine) wanted.insert(name, full.at(name));
+  model.load_state_dict(model_state_dict_part(wanted, tensor_parallel_splits(model), tp));
 }
 
 double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& tp) {

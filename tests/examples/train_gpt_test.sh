@@ -11,11 +11,12 @@
 #           fsdp end with ddp's parameters.
 #   recompute  --activation-checkpointing (every block, every other block) trains to the
 #           parameters of the run without it, with dropout on, in ddp and fsdp.
-#   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2, tp 4,
-#           dp 2 x pp 2 and pp 2 x tp 2 end with the same validation loss (1e-4); a
-#           dp 2 x tp 2 checkpoint resumes as dp 4, as tp 4, as dp 2 x pp 2 and as
-#           pp 2 x tp 2, a dp 4 one as dp 2 x tp 2, a dp 2 x pp 2 one as dp 4 and as
-#           dp 2 x tp 2, a pp 2 x tp 2 one as dp 4, each ending there too; rank 1 killed
+#   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2 (ddp, zero2
+#           and fsdp over dp), tp 4, dp 2 x pp 2 and pp 2 x tp 2 end with the same
+#           validation loss (1e-4); a dp 2 x tp 2 checkpoint resumes as dp 4, as tp 4, as
+#           dp 2 x pp 2 and as pp 2 x tp 2, a dp 4 one as dp 2 x tp 2 (ddp and fsdp), a
+#           dp 2 x pp 2 one as dp 4 and as dp 2 x tp 2, a pp 2 x tp 2 one as dp 4, an
+#           fsdp x tp 2 one as pp 2 x tp 2, each ending there too; rank 1 killed
 #           under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and pp 2 x tp 2 resumes bit for bit.
 #   layouts8 (8 ranks) dp 2 x pp 2 x tp 2 ends with dp 2's validation loss (1e-4) and
 #           resumes dp 2's checkpoint there too.
@@ -130,7 +131,9 @@ layouts)
   run tp4 --tp 4
   run pp2 --pp 2 --schedule gpipe --checkpoint-dir "$work/pp2"
   run pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/pp2tp2"
-  near tp2 && near tp4 && near pp2 && near pp2tp2
+  run tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/tp2fsdp"
+  run tp2zero2 --tp 2 --sharding zero2
+  near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2
   from20 tp2 tp2-as-dp4 && run tp2-as-dp4 --checkpoint-dir "$work/tp2-as-dp4"
   from20 tp2 tp2-as-tp4 && run tp2-as-tp4 --tp 4 --checkpoint-dir "$work/tp2-as-tp4"
   from20 tp2 tp2-as-pp2 && run tp2-as-pp2 --pp 2 --checkpoint-dir "$work/tp2-as-pp2"
@@ -139,7 +142,10 @@ layouts)
   from20 pp2 pp2-as-tp2 && run pp2-as-tp2 --tp 2 --checkpoint-dir "$work/pp2-as-tp2"
   from20 tp2 tp2-as-pp2tp2 && run tp2-as-pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/tp2-as-pp2tp2"
   from20 pp2tp2 pp2tp2-as-dp4 && run pp2tp2-as-dp4 --checkpoint-dir "$work/pp2tp2-as-dp4"
-  for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2 tp2-as-pp2tp2 pp2tp2-as-dp4; do
+  from20 tp2fsdp tp2fsdp-as-pp2tp2 && run tp2fsdp-as-pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/tp2fsdp-as-pp2tp2"
+  from20 dp4 dp4-as-tp2fsdp && run dp4-as-tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/dp4-as-tp2fsdp"
+  for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2 tp2-as-pp2tp2 pp2tp2-as-dp4 \
+              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp; do
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
@@ -198,8 +204,10 @@ bad)
   expect 2 "bad value 'tp' for --sharding" "$train" --sharding tp
   expect 2 "--activation-checkpointing must be >= 0" "$train" --activation-checkpointing -1
   expect 2 "--tp 3 must be >= 1 and divide --n-head 4" "$train" --tp 3
-  expect 1 "tensor and pipeline parallelism run with ddp, f32 and on the CPU for now, not fsdp" \
-    "${mpi[@]}" "$train" --tp 2 --sharding fsdp --steps 10 --warmup-steps 2
+  expect 1 "tensor parallelism runs with ddp, zero2 or fsdp, .*not zero1" \
+    "${mpi[@]}" "$train" --tp 2 --sharding zero1 --steps 10 --warmup-steps 2
+  expect 1 "pipeline parallelism with ddp, .*not fsdp, f32, cpu with pipeline stages" \
+    "${mpi[@]}" "$train" --pp 2 --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3
   expect 1 "with pipeline parallelism, accum_steps must be 1" "${mpi[@]}" "$train" --pp 2 --accum-steps 2 --steps 10 --warmup-steps 2

@@ -166,6 +166,12 @@ class FullyShardedDataParallel {
   // The true global norm (squares of every rank's shard summed with one all-reduce;
   // padding is zero), then every shard gradient scaled; returns the norm before.
   double clip_grad_norm(double max_norm);
+  // The same for a module split over `tp` (tensor_parallel.hpp; this FSDP shards its
+  // part over the data-parallel ranks): the squares of the parameters `split` names are
+  // summed over tp as well, the others' (equal on every tp rank) counted once. Host
+  // gradients only. A collective over the ranks of both.
+  double clip_grad_norm(double max_norm, collectives::Communicator& tp,
+                        const std::function<bool(const std::string& name)>& split);
 
   [[nodiscard]] NoSync no_sync() { return NoSync(sync_); }
   bool sync_enabled() const { return sync_; }
@@ -286,6 +292,8 @@ class FullyShardedDataParallel {
   void launch_reduce_scatter(std::size_t u);
   void note_bytes(std::ptrdiff_t delta);
   void wait_all() noexcept;
+  double clip(double max_norm, collectives::Communicator* tp, const std::function<bool(const std::string&)>& split);
+  double scale_gradients(double max_norm, double total);  // clipping to `total`, the norm; returns it
   std::size_t unit_index(const std::string& path) const;
 
   // State dicts (fsdp_state_dict.cpp).

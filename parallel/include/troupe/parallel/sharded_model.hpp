@@ -29,6 +29,13 @@
 // mode loads into any other. TrainingCheckpoint saves them without gathering: each rank
 // hands its pieces (local_state_slices) to the parallel save, into the same file.
 //
+// With `tp` (zero2 and fsdp; torchtitan's FSDP x TP), `model` is this rank's part of a
+// model split over tp (tensor_parallel.hpp) and `comm` the data-parallel ranks that
+// hold the same part: FSDP shards the part over them. Clipping sums the split
+// parameters' squares over tp; the state dicts are gathered over tp into the whole
+// model's (every rank holds them while a checkpoint is written: no local slices), and
+// loading takes this rank's parts; only tp's first rank counts results.
+//
 // Contract: everything except mode()/micro_step() is a collective in some mode --
 // every rank calls it together, in the same order, from one thread. The module and
 // the communicator outlive this object.
@@ -37,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -50,6 +58,7 @@
 #include "troupe/parallel/parallel_model.hpp"
 #include "troupe/parallel/sharding.hpp"
 #include "troupe/parallel/state_slices.hpp"
+#include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/trace.hpp"
 
 namespace troupe::parallel {
@@ -68,7 +77,7 @@ class ShardedModel final : public ShardedStateDicts, public ParallelModel {
   // materialised on fsdp.device instead (nothing broadcast): whole in zero1, which
   // keeps it whole; only each rank's shards in zero2 and fsdp (FsdpOptions::device).
   ShardedModel(Sharding mode, nn::Module& model, collectives::Communicator& comm, const OptimizerFactory& factory,
-               std::size_t bucket_bytes, FsdpOptions fsdp = {});
+               std::size_t bucket_bytes, FsdpOptions fsdp = {}, collectives::Communicator* tp = nullptr);
   ShardedModel(const ShardedModel&) = delete;
   ShardedModel& operator=(const ShardedModel&) = delete;
   ~ShardedModel() override;
@@ -105,6 +114,7 @@ class ShardedModel final : public ShardedStateDicts, public ParallelModel {
   bool evaluate_is_collective() const override { return forward_is_collective(); }
   nn::StateDict whole_state_dict() override { return model_state_dict(); }
   bool whole_state_is_collective() const override { return forward_is_collective(); }
+  bool counts_results() const override { return tp_ == nullptr || tp_->rank() == 0; }
   ShardedStateDicts* state_dicts() override { return this; }
 
   // ShardedStateDicts.
@@ -116,12 +126,12 @@ class ShardedModel final : public ShardedStateDicts, public ParallelModel {
   // flat shards (FullyShardedDataParallel::local_model_slices/local_optimizer_slices);
   // zero1, the model (whole on every rank) split evenly by shard_range, and each
   // parameter's optimizer state whole on its owner (OSS::local_state_slices).
-  bool has_local_state_slices() const override { return true; }
+  bool has_local_state_slices() const override { return tp_ == nullptr; }
   std::optional<LocalStateSlices> local_state_slices() override;
   // The sharded resume: zero2 and fsdp read only their slices
   // (FullyShardedDataParallel::load_local_slices); zero1 reads the model straight into
   // the module (it keeps it whole) and only its own parameters' optimizer slots.
-  bool loads_local_state_slices() const override { return true; }
+  bool loads_local_state_slices() const override { return tp_ == nullptr; }
   void load_local_state_slices(const StateSliceSource& model, const StateSliceSource& optimizer) override;
   std::int64_t micro_step() const override { return micro_step_; }
   void set_micro_step(std::int64_t step) override;
@@ -132,6 +142,8 @@ class ShardedModel final : public ShardedStateDicts, public ParallelModel {
   Sharding mode_;
   nn::Module& model_;
   collectives::Communicator& comm_;
+  collectives::Communicator* tp_;
+  std::map<std::string, TensorSplit> splits_;       // with tp: the split parameters
   std::unique_ptr<DistributedDataParallel> ddp_;    // zero1
   std::unique_ptr<OSS> oss_;                        // zero1
   std::unique_ptr<FullyShardedDataParallel> fsdp_;  // zero2, fsdp

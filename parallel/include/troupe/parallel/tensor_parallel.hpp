@@ -155,6 +155,14 @@ void load_full_state_dict(nn::Module& model, const nn::StateDict& full, collecti
 double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& tp);
 double tensor_parallel_clip_grad_norm(nn::Module& model, double max_norm, collectives::Communicator& tp);
 
+// A model's state dict of parts with every split entry gathered into the full tensor
+// (a collective over tp), and the reverse: this rank's parts of a full one (shapes
+// checked). For a model whose parameters are not the module's own between uses (FSDP's).
+nn::StateDict full_model_state_dict(const nn::StateDict& parts, const std::map<std::string, TensorSplit>& splits,
+                                    collectives::Communicator& tp);
+nn::StateDict model_state_dict_part(const nn::StateDict& full, const std::map<std::string, TensorSplit>& splits,
+                                    const collectives::Communicator& tp);
+
 // An optimizer's state dict ("<param>/<slot>" keys) with every slot shaped like its
 // split parameter's part gathered into the full tensor (a collective over tp), and the
 // reverse: this rank's parts of a full one. Other entries pass through.

@@ -100,10 +100,12 @@ class TrainWorker {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
                  "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
-    TROUPE_CHECK(!mesh_ || (sharding_ == Sharding::ddp && options_.precision == Precision::f32 && !device_.is_cuda()),
-                 "TrainWorker: tensor and pipeline parallelism run with ddp, f32 and on the CPU for now, not ",
-                 parallel::sharding_name(sharding_), ", ", precision_name(options_.precision), ", ",
-                 worker_device_name(options_.device));
+    TROUPE_CHECK(!mesh_ || ((sharding_ == Sharding::ddp || (!stage_ && sharding_ != Sharding::zero1)) &&
+                            options_.precision == Precision::f32 && !device_.is_cuda()),
+                 "TrainWorker: tensor parallelism runs with ddp, zero2 or fsdp, pipeline parallelism with ddp, both ",
+                 "in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
+                 precision_name(options_.precision), ", ", worker_device_name(options_.device),
+                 stage_ ? " with pipeline stages" : "");
     if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
     // Before DDP and the optimizer hold the parameters. A meta model stays described:
     // ShardedModel materialises each rank's part on device_.
@@ -458,8 +460,9 @@ class TrainWorker {
           options_.micro_batches, Recipe::make_optimizer(*model_, config_), tensor_parallel_comm());
     if (sharding_ != Sharding::ddp)
       return std::make_unique<parallel::ShardedModel>(
-          sharding_, *model_, *comm_, recipe_optimizer_factory<Recipe>(config_, parallel::sharding_name(sharding_)),
-          options_.bucket_bytes, fsdp_options());
+          sharding_, *model_, data_comm(),
+          recipe_optimizer_factory<Recipe>(config_, parallel::sharding_name(sharding_)), options_.bucket_bytes,
+          fsdp_options(), tensor_parallel_comm());
     return std::make_unique<parallel::DataParallelModel>(
         *model_, data_comm(), parallel::DdpOptions{.bucket_bytes = options_.bucket_bytes},
         [this](nn::Module& model, parallel::MasterWeights* masters) -> std::unique_ptr<nn::Optimizer> {

@@ -42,7 +42,8 @@ struct WorkerOptions {
   std::uint64_t bucket_bytes = std::uint64_t{25} << 20;
   Sharding sharding = Sharding::ddp;
   // Ranks each model is split over (tensor parallelism; 1: none). The world becomes a
-  // dp x tp mesh, tp ranks consecutive; DDP runs over dp. ddp, f32, CPU only for now.
+  // dp x tp mesh, tp ranks consecutive; the sharding mode (ddp, zero2 or fsdp) runs over
+  // dp, sharding each part. f32, CPU only for now.
   std::int32_t tensor_parallel = 1;
   // Pipeline stages (1: none): the world becomes a dp x pp mesh and each step is one
   // pass of the schedule ("gpipe" or "1f1b") over micro_batches micro-batches, the
