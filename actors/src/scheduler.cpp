@@ -1,5 +1,7 @@
 #include "scheduler.hpp"
 
+#include <algorithm>
+
 namespace troupe::actors::detail {
 
 namespace {
@@ -30,6 +32,7 @@ Scheduler::~Scheduler() { stop(); }
 
 void Scheduler::start() {
   for (int i = 0; i < threads_; ++i) pool_.emplace_back([this] { worker(); });
+  if (threads_ > 0) reserve_ = std::thread([this] { reserve(); });
 }
 
 void Scheduler::stop() {
@@ -38,8 +41,10 @@ void Scheduler::stop() {
     stop_ = true;
   }
   cv_.notify_all();
+  reserve_cv_.notify_all();
   for (auto& t : pool_) t.join();
   pool_.clear();
+  if (reserve_.joinable()) reserve_.join();
   std::lock_guard lock(mutex_);
   ready_.clear();
   tasks_.clear();
@@ -111,6 +116,7 @@ void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
       // A pool thread that slept deeply would not notice a long call; the first
       // inline call after an idle spell wakes one.
       if (deep_sleeping_.load(std::memory_order_relaxed) > 0) cv_.notify_one();
+      if (reserve_asleep_.load(std::memory_order_relaxed)) reserve_cv_.notify_one();
     }
     t_excluded = Clock::duration::zero();
     lane->running_since_ticks_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
@@ -185,7 +191,53 @@ bool Scheduler::run_local(bool shared) {
   return ran;
 }
 
+bool Scheduler::held_since(std::int64_t since) const {
+  return since != 0 && inline_since_.load(std::memory_order_relaxed) == since &&
+         Clock::now().time_since_epoch().count() - since > Clock::duration(kInlineLimit).count();
+}
+
+void Scheduler::reserve() {
+  std::unique_lock lock(mutex_);
+  for (int idle_rounds = 0; !stop_;) {
+    const std::int64_t since = inline_since_.load(std::memory_order_relaxed);
+    if (held_since(since) && standing_in_.load(std::memory_order_relaxed) == 0) {
+      lock.unlock();
+      auto last_received = Clock::now();
+      while (held_since(since) && standing_in_.load(std::memory_order_relaxed) == 0) {
+        if (receive_()) {
+          last_received = Clock::now();
+          continue;
+        }
+        const auto quiet = Clock::now() - last_received;
+        if (quiet < kStandInSpin)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(std::min<Clock::duration>(kStandInPause, quiet / 8));
+        if (std::lock_guard stop(mutex_); stop_) return;
+      }
+      lock.lock();
+      idle_rounds = 0;
+      continue;
+    }
+    if (since != 0 || idle_rounds < kDeepSleepRounds) {
+      reserve_cv_.wait_for(lock, kWatchPeriod);
+      idle_rounds = since != 0 ? 0 : idle_rounds + 1;
+    } else {
+      reserve_asleep_.store(true, std::memory_order_relaxed);
+      // Woken by the first inline call after an idle spell (drain) or by stop().
+      reserve_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      reserve_asleep_.store(false, std::memory_order_relaxed);
+      idle_rounds = 0;
+    }
+  }
+}
+
 void Scheduler::stand_in() {
+  standing_in_.fetch_add(1, std::memory_order_relaxed);
+  struct Leave {
+    std::atomic<int>& count;
+    ~Leave() { count.fetch_sub(1, std::memory_order_relaxed); }
+  } leave{standing_in_};
   const std::int64_t since = inline_since_.load(std::memory_order_relaxed);
   {
     // Actors received together with the long call would wait behind it: run them.

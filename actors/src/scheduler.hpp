@@ -17,6 +17,12 @@
 //   - the progress thread and shutdown's drain, which also run one batch of shared
 //     ready work per progress step, so a pool whose threads all wait on answers
 //     cannot deadlock (and with no pool threads, the progress thread runs it all).
+// A stand-in leaves receiving when work is ready, and that work may be long too
+// (a second task of a concurrency group): then every thread runs a call and nothing
+// is received -- no cancel, kill or control-group call -- until one ends. So with
+// pool threads there is also a reserve receiver, a thread that runs no calls: it
+// receives while a long inline call holds the receiving thread and no pool thread
+// stands in, and otherwise sleeps as an idle pool thread does.
 // A pool thread is woken only when an actor becomes ready and no pool thread is
 // awake to see it.
 #pragma once
@@ -92,6 +98,10 @@ class Scheduler {
   // For a pool thread: while the receiving thread is stuck in a long inline call,
   // receive in its place until there is work to run or the call ends.
   void stand_in();
+  // The reserve receiver's loop, and whether a long inline call (begun at `since`)
+  // holds the receiving thread now.
+  void reserve();
+  bool held_since(std::int64_t since) const;
   // Runs up to kThroughput calls of `lane` (owned by this thread); hands it to the
   // shared queue if calls remain.
   void drain(std::shared_ptr<Lane> lane, bool inline_run);
@@ -116,9 +126,13 @@ class Scheduler {
   std::atomic<int> deep_sleeping_{0};  // of which, waiting without a timeout
   // steady_clock ticks when the current inline call began; 0 when none runs.
   std::atomic<std::int64_t> inline_since_{0};
-  std::atomic<int> spinning_{0};  // pool threads looking for work before they sleep
+  std::atomic<int> spinning_{0};             // pool threads looking for work before they sleep
+  std::atomic<int> standing_in_{0};          // pool threads in stand_in()
+  std::atomic<bool> reserve_asleep_{false};  // the reserve waits without a timeout
+  std::condition_variable reserve_cv_;
   bool stop_ = false;
   std::vector<std::thread> pool_;
+  std::thread reserve_;
 };
 
 }  // namespace troupe::actors::detail

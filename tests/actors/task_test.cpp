@@ -1,6 +1,7 @@
 // Tasks (issue 52, item 3): submit and map run free functions on other ranks, placed
 // by load or by rank, with errors, cancellation and ordering of map's results.
 #include <unistd.h>
+
 #include <atomic>
 
 #include "actors_fixture.hpp"
@@ -31,7 +32,13 @@ int refuse(int x) {
 std::atomic<int> g_ran{0};
 void count(int) { ++g_ran; }
 int ran() { return g_ran.load(); }
+std::atomic<int> g_slow_running{0};  // slow_until_cancelled calls running on this rank
+
 int slow_until_cancelled(int ms) {
+  g_slow_running.fetch_add(1);
+  struct Done {
+    ~Done() { g_slow_running.fetch_sub(1); }
+  } done;
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
   while (std::chrono::steady_clock::now() < end) {
     this_call::throw_if_cancelled();
@@ -39,6 +46,8 @@ int slow_until_cancelled(int ms) {
   }
   return ms;
 }
+
+int slow_running(int) { return g_slow_running.load(); }
 
 }  // namespace
 
@@ -107,6 +116,18 @@ TEST(Tasks, ACancelledTaskOrMapEnds) {
     mapped.cancel();
     EXPECT_THROW(mapped.get(), Cancelled);
     EXPECT_LT(seconds_since(start), 10.0);
+    // The running tasks were told, not only their futures: every rank's end within
+    // seconds, not at their 20. With two long tasks on a rank of one pool thread,
+    // the cancels were once not received until a task ended (scheduler.hpp's reserve).
+    for (int r = 0; r < runtime().size(); ++r) {
+      int left = -1;
+      for (const auto until = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < until;) {
+        left = runtime().submit<&slow_running>(TaskOptions{.rank = r}, 0).get(5s);
+        if (left == 0) break;
+        std::this_thread::sleep_for(10ms);
+      }
+      EXPECT_EQ(left, 0) << "slow tasks still running on rank " << r;
+    }
   }
   barrier();
 }
