@@ -121,9 +121,10 @@ class TrainWorker {
                  data_comm().size(), " data-parallel ranks without a sample");
     if (stage_)
       TROUPE_CHECK(options_.accum_steps == 1 && micro_batch % (data_comm().size() * options_.micro_batches) == 0,
-                   "TrainWorker: with pipeline parallelism, accum_steps must be 1 and the global batch of ",
-                   options_.global_batch, " must split into ", data_comm().size(), " data-parallel shares of ",
-                   options_.micro_batches, " micro-batches");
+                   "TrainWorker: with pipeline parallelism, accum_steps must be 1 (the pipeline's micro-batches ",
+                   "are its accumulation: raise micro_batches instead) and the global batch of ", options_.global_batch,
+                   " must split into ", data_comm().size(), " data-parallel shares of ", options_.micro_batches,
+                   " micro-batches");
     parallel_ = make_parallel_model();
     scheduler_ = recipe_scheduler<Recipe>(optimizer(), config_);
     sampler_ = std::make_unique<DistributedSampler>(
