@@ -209,11 +209,14 @@ void Scheduler::reserve() {
           continue;
         }
         const auto quiet = Clock::now() - last_received;
-        if (quiet < kStandInSpin)
+        if (quiet < kStandInSpin) {
           std::this_thread::yield();
-        else
-          std::this_thread::sleep_for(std::min<Clock::duration>(kStandInPause, quiet / 8));
-        if (std::lock_guard stop(mutex_); stop_) return;
+          continue;
+        }
+        // MPI has no wake-up to block on: poll again within kStandInPause, or at once on stop().
+        std::unique_lock pause(mutex_);
+        if (reserve_cv_.wait_for(pause, std::min<Clock::duration>(kStandInPause, quiet / 8), [this] { return stop_; }))
+          return;
       }
       lock.lock();
       idle_rounds = 0;
