@@ -281,12 +281,17 @@ TEST(LiveState, EveryRankListsItsActorsWithWhatTheyRun) {
     }
     busy.get();
     waiting.get();
-    for (const ActorInfo& a : runtime().actors())
-      if (a.rank == s.rank() && a.id == s.id()) {
-        EXPECT_EQ(a.running, "");
-        EXPECT_EQ(a.calls_served, 2u);
-        EXPECT_EQ(a.mailbox_depth, 0u);
-      }
+    // The answer leaves before the lane is marked idle and counted: wait (bounded) for it.
+    ActorInfo after;
+    for (const auto until = std::chrono::steady_clock::now() + 5s; std::chrono::steady_clock::now() < until;) {
+      for (const ActorInfo& a : runtime().actors())
+        if (a.rank == s.rank() && a.id == s.id()) after = a;
+      if (after.calls_served == 2u && after.running.empty()) break;
+      std::this_thread::sleep_for(5ms);
+    }
+    EXPECT_EQ(after.running, "");
+    EXPECT_EQ(after.calls_served, 2u);
+    EXPECT_EQ(after.mailbox_depth, 0u);
   }
   barrier();
 }

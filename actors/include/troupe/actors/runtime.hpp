@@ -91,7 +91,9 @@ struct TaskOptions {
   int retries = 0;  // runs it elsewhere after its rank was lost, at most this many times (idempotent only)
 };
 
-// One actor as Runtime::actors() lists it: a snapshot, as Ray's state API gives.
+// One actor as Runtime::actors() lists it: a snapshot, as Ray's state API gives. A call
+// is answered before its lane is marked idle and counted, so a snapshot taken just after
+// an answer may still show that call running for a moment.
 struct ActorInfo {
   int rank = -1;
   std::uint64_t id = 0;
