@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 using tensor::DType;
 using tensor::Tensor;
 
-Tensor state_of(std::int64_t step) {
+Tensor step_state(std::int64_t step) {
   return testing::random_tensor({8, 8}, DType::f32, static_cast<std::uint32_t>(step));
 }
 
@@ -34,7 +34,7 @@ Tensor state_of(std::int64_t step) {
 struct Resumer {
   explicit Resumer(const fs::path& folder) : ckpt(folder, 3) {
     ckpt.set_warning_handler([this](const std::string& w) { warnings += w + "\n"; });
-    ckpt.register_state("model", {.save = [this](SectionWriter& w) { w.tensor("w", state_of(step)); },
+    ckpt.register_state("model", {.save = [this](SectionWriter& w) { w.tensor("w", step_state(step)); },
                                   .load = [this](const SectionReader& r) { loaded = r.tensor("w"); }});
   }
   void save(std::int64_t s) {
@@ -92,7 +92,7 @@ TEST_P(HostileCheckpoint, AsTheNewestCheckpointIsSetAsideAndResumeLoadsTheOneBef
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSERT_TRUE(meta) << reader.warnings;
   EXPECT_EQ(meta->step, 1) << reader.warnings;
-  EXPECT_TRUE(testing::same_bits(reader.loaded, state_of(1)));
+  EXPECT_TRUE(testing::same_bits(reader.loaded, step_state(1)));
   EXPECT_TRUE(fs::exists(dir / "ckpt-000000002.h5.damaged"));
   EXPECT_FALSE(fs::exists(dir / "ckpt-000000002.h5"));
   EXPECT_NE(reader.warnings.find("set aside as ckpt-000000002.h5.damaged"), std::string::npos) << reader.warnings;
@@ -157,7 +157,7 @@ TEST(HostileFiles, AFormatOneCheckpointIsSkippedNotSetAsideAndResumedWhenAsked) 
   Resumer asked(dir.path());
   asked.ckpt.set_read_options({.allow_format_1 = true});
   EXPECT_EQ(asked.ckpt.load_latest()->step, 2);
-  EXPECT_TRUE(testing::same_bits(asked.loaded, state_of(2)));
+  EXPECT_TRUE(testing::same_bits(asked.loaded, step_state(2)));
 }
 
 TEST(HostileFiles, TroupeCkptReadsAFormatOneFileOnlyWithAllowFormat1) {

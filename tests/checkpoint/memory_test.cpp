@@ -20,7 +20,7 @@ using tensor::DType;
 using tensor::Tensor;
 
 constexpr std::int64_t kMiB = 1 << 20;
-constexpr int kTensors = 48;
+constexpr int kHeldTensors = 48;
 constexpr std::int64_t kTensorBytes = 8 * kMiB;   // 384 MB in all
 constexpr std::int64_t kFixedBuffer = 64 * kMiB;  // the allowance
 
@@ -48,10 +48,10 @@ std::int64_t peak_growth_of_save(const std::filesystem::path& folder, Source sou
     Checkpoint ckpt(folder, 1);
     std::vector<Tensor> held;
     if (source == Source::live)
-      for (int i = 0; i < kTensors; ++i) held.push_back(Tensor::full({kTensorBytes / 4}, i, DType::f32));
+      for (int i = 0; i < kHeldTensors; ++i) held.push_back(Tensor::full({kTensorBytes / 4}, i, DType::f32));
     ckpt.register_state("model", {.save =
                                       [&](SectionWriter& w) {
-                                        for (int i = 0; i < kTensors; ++i) {
+                                        for (int i = 0; i < kHeldTensors; ++i) {
                                           std::string name = "layers." + std::to_string(i) + ".weight";
                                           if (source == Source::scratch) {
                                             w.tensor(name, w.scratch({kTensorBytes / 4}, DType::f32).fill_(i));
@@ -83,7 +83,7 @@ std::int64_t peak_growth_of_save(const std::filesystem::path& folder, Source sou
 
 TEST(CheckpointMemory, StreamingSaveOfAStateFiveTimesTheBoundStaysWithinIt) {
   testing::TempDir dir;
-  const std::int64_t total = kTensors * kTensorBytes;
+  const std::int64_t total = kHeldTensors * kTensorBytes;
   const std::int64_t bound = kTensorBytes + kFixedBuffer;
   ASSERT_GE(total, 5 * bound);
   std::int64_t streaming = peak_growth_of_save(dir / "stream", Source::scratch);

@@ -28,28 +28,28 @@ using testing::runtime;
 using Case = testing::TensorCase;
 // Fewer rows than 4 ranks (3 rows: a rank gets 0 rows), 1-D, bf16 and f16, a 0-dim one
 // (one rank holds it), an empty one (nobody holds anything), 3-D, and one of 1 MB.
-const Case kCases[] = {{"/model/embed.weight", DType::f32, {10, 6}},
-                       {"/model/few_rows", DType::bf16, {3, 5}},
-                       {"/model/bias", DType::f32, {7}},
-                       {"/model/ids", DType::i64, {5}},
-                       {"/model/scale", DType::f64, {}},
-                       {"/model/empty", DType::f32, {0, 4}},
-                       {"/model/conv", DType::f32, {4, 3, 2}},
-                       {"/model/big", DType::f32, {256, 1024}},
-                       {"/optimizer/embed.weight/exp_avg", DType::f16, {10, 6}}};
+const Case kSliceCases[] = {{"/model/embed.weight", DType::f32, {10, 6}},
+                            {"/model/few_rows", DType::bf16, {3, 5}},
+                            {"/model/bias", DType::f32, {7}},
+                            {"/model/ids", DType::i64, {5}},
+                            {"/model/scale", DType::f64, {}},
+                            {"/model/empty", DType::f32, {0, 4}},
+                            {"/model/conv", DType::f32, {4, 3, 2}},
+                            {"/model/big", DType::f32, {256, 1024}},
+                            {"/optimizer/embed.weight/exp_avg", DType::f16, {10, 6}}};
 constexpr std::size_t kBias = 2;
 
-Tensor full_tensor(std::size_t i) {
-  return testing::random_tensor(kCases[i].shape, kCases[i].dtype, 200 + static_cast<std::uint32_t>(i));
+Tensor full_case(std::size_t i) {
+  return testing::random_tensor(kSliceCases[i].shape, kSliceCases[i].dtype, 200 + static_cast<std::uint32_t>(i));
 }
 
-SaveManifest manifest(std::int64_t step) {
+SaveManifest slice_manifest(std::int64_t step) {
   SaveManifest m;
   m.step = step;
   m.epoch = 3;
   m.world_size = runtime().size();
   m.run_id = "parallel";
-  for (const Case& c : kCases) m.add_tensor(c.name, c.dtype, c.shape);
+  for (const Case& c : kSliceCases) m.add_tensor(c.name, c.dtype, c.shape);
   m.attributes.push_back({"/sampler", "index", AttrValue(std::int64_t{640})});
   m.attributes.push_back({"/optimizer", "lr", AttrValue(0.5)});
   return m;
@@ -60,7 +60,7 @@ SaveManifest manifest(std::int64_t step) {
 // belongs to the last rank.
 enum class Split { rows, flat };
 Slice my_slice(std::size_t i, Split split) {
-  Tensor full = full_tensor(i);
+  Tensor full = full_case(i);
   int rank = runtime().rank(), world = runtime().size();
   if (full.dim() == 0) return rank == world - 1 ? Slice{0, full} : Slice{};
   if (split == Split::rows) {
@@ -74,7 +74,7 @@ Slice my_slice(std::size_t i, Split split) {
 
 std::vector<Slice> my_slices(Split split) {
   std::vector<Slice> out;
-  for (std::size_t i = 0; i < std::size(kCases); ++i) out.push_back(my_slice(i, split));
+  for (std::size_t i = 0; i < std::size(kSliceCases); ++i) out.push_back(my_slice(i, split));
   return out;
 }
 
@@ -87,10 +87,10 @@ void expect_whole_file(const fs::path& file, std::int64_t step) {
   FileReader reader(file.string());
   EXPECT_NO_THROW(reader.verify_all());
   std::vector<TensorInfo> listed = reader.tensors("/");
-  ASSERT_EQ(listed.size(), std::size(kCases));
-  for (std::size_t i = 0; i < std::size(kCases); ++i) {
-    EXPECT_EQ(listed[i].path, kCases[i].name);  // manifest order
-    EXPECT_TRUE(testing::same_bits(reader.read(kCases[i].name), full_tensor(i))) << kCases[i].name;
+  ASSERT_EQ(listed.size(), std::size(kSliceCases));
+  for (std::size_t i = 0; i < std::size(kSliceCases); ++i) {
+    EXPECT_EQ(listed[i].path, kSliceCases[i].name);  // manifest order
+    EXPECT_TRUE(testing::same_bits(reader.read(kSliceCases[i].name), full_case(i))) << kSliceCases[i].name;
   }
   Attributes root = reader.attributes("/");
   EXPECT_EQ(root.get_string("format"), "troupe-checkpoint");
@@ -107,7 +107,7 @@ TEST(ParallelSave, WritesEveryRanksRowsIntoOneFileThatVerifies) {
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  fs::path file = ckpt.save(manifest(5), slices);
+  fs::path file = ckpt.save(slice_manifest(5), slices);
   EXPECT_EQ(file, dir.path() / "ckpt-000000005.h5");  // on every rank
   expect_whole_file(file, 5);
   if (runtime().rank() == 0) {
@@ -124,7 +124,7 @@ TEST(ParallelSave, CollectiveBufferingWritesTheSameTensors) {
   std::vector<Slice> slices = my_slices(Split::flat);
   ParallelCheckpoint direct(direct_dir.path(), 1, MPI_COMM_WORLD);
   ParallelCheckpoint buffered(buffered_dir.path(), 1, MPI_COMM_WORLD, ParallelOptions{.collective_buffering = true});
-  fs::path a = direct.save(manifest(6), slices), b = buffered.save(manifest(6), slices);
+  fs::path a = direct.save(slice_manifest(6), slices), b = buffered.save(slice_manifest(6), slices);
   expect_whole_file(a, 6);
   expect_whole_file(b, 6);
   if (runtime().rank() == 0) {
@@ -137,7 +137,7 @@ TEST(ParallelSave, KeepsTheLastNCheckpointsAndRemovesOlderOnesAfterCommitting) {
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  for (std::int64_t step : {1, 2, 3}) ckpt.save(manifest(step), slices);
+  for (std::int64_t step : {1, 2, 3}) ckpt.save(slice_manifest(step), slices);
   if (runtime().rank() == 0) {
     std::vector<fs::path> kept = ckpt.directory().list();
     ASSERT_EQ(kept.size(), 2u);
@@ -152,10 +152,10 @@ TEST(ParallelSave, EqualsTheGatheredSaveOfTheSameSlicesTensorForTensor) {
   testing::SharedDir parallel_dir, gathered_dir;
   std::vector<Slice> slices = my_slices(Split::flat);
   ParallelCheckpoint ckpt(parallel_dir.path(), 2, MPI_COMM_WORLD);
-  fs::path parallel = ckpt.save(manifest(8), slices);
+  fs::path parallel = ckpt.save(slice_manifest(8), slices);
 
   auto actor = testing::spawn_checkpoint_actor(gathered_dir.path(), "ckpt-versus-parallel");
-  actor.ask(&CheckpointActor::begin, manifest(8)).get();
+  actor.ask(&CheckpointActor::begin, slice_manifest(8)).get();
   std::vector<actors::Future<void>> sent;
   for (std::size_t i = 0; i < slices.size(); ++i)
     if (slices[i].data.defined() && slices[i].data.numel() > 0)
@@ -190,15 +190,15 @@ TEST(ParallelSave, LoadsIntoOtherWorldSizesByReslicing) {
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  FileReader file(ckpt.save(manifest(4), slices).string());
+  FileReader file(ckpt.save(slice_manifest(4), slices).string());
   for (int world : {1, 2, 3, 4}) {
     // Ranks [0, world) of another job take their shard; the ranks present play them in turn.
     for (int q = runtime().rank(); q < world; q += runtime().size()) {
-      for (std::size_t i = 0; i < std::size(kCases); ++i) {
-        Tensor flat = full_tensor(i).reshape({-1});
+      for (std::size_t i = 0; i < std::size(kSliceCases); ++i) {
+        Tensor flat = full_case(i).reshape({-1});
         auto [b, e] = shard_range(flat.numel(), q, world);
-        EXPECT_TRUE(testing::same_bits(file.read_range(kCases[i].name, b, e), flat.slice(b, e).clone()))
-            << kCases[i].name << " rank " << q << " of " << world;
+        EXPECT_TRUE(testing::same_bits(file.read_range(kSliceCases[i].name, b, e), flat.slice(b, e).clone()))
+            << kSliceCases[i].name << " rank " << q << " of " << world;
       }
     }
   }
@@ -283,13 +283,13 @@ TEST(ParallelSave, OverlappingSlicesFailOnEveryRankAndKeepThePreviousCheckpoint)
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  ckpt.save(manifest(1), slices);
+  ckpt.save(slice_manifest(1), slices);
   if (runtime().rank() == 1) {  // one element of rank 0's too
-    Tensor flat = full_tensor(kBias);
+    Tensor flat = full_case(kBias);
     slices[kBias] = Slice{slices[kBias].begin - 1,
                           flat.slice(slices[kBias].begin - 1, slices[kBias].begin + slices[kBias].data.numel())};
   }
-  expect_refused_everywhere(dir, [&] { ckpt.save(manifest(2), slices); },
+  expect_refused_everywhere(dir, [&] { ckpt.save(slice_manifest(2), slices); },
                             {"/model/bias", "rank 0's slice [0, ", "rank 1's slice", "overlap"});
 }
 
@@ -300,7 +300,7 @@ TEST(ParallelSave, AWriteThatFailsOnOneRankFailsTheSaveOnEveryRankAndKeepsThePre
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  ckpt.save(manifest(1), slices);
+  ckpt.save(slice_manifest(1), slices);
   const int victim = runtime().size() - 1;
   struct sigaction ignore {
   }, old{};
@@ -315,7 +315,7 @@ TEST(ParallelSave, AWriteThatFailsOnOneRankFailsTheSaveOnEveryRankAndKeepsThePre
   }
   std::string what;
   try {
-    ckpt.save(manifest(2), slices);
+    ckpt.save(slice_manifest(2), slices);
     ADD_FAILURE() << "the save succeeded on rank " << runtime().rank();
   } catch (const Error& e) {
     what = e.what();
@@ -332,17 +332,17 @@ TEST(ParallelSave, SlicesThatLeaveAGapFailOnEveryRankAndKeepThePreviousCheckpoin
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  ckpt.save(manifest(1), slices);
+  ckpt.save(slice_manifest(1), slices);
   if (runtime().rank() == 1) slices[kBias].data = slices[kBias].data.slice(0, slices[kBias].data.numel() - 1);
-  expect_refused_everywhere(dir, [&] { ckpt.save(manifest(2), slices); }, {"/model/bias", "in no rank's slice"});
+  expect_refused_everywhere(dir, [&] { ckpt.save(slice_manifest(2), slices); }, {"/model/bias", "in no rank's slice"});
 }
 
 TEST(ParallelSave, RanksWithDifferentShapesAreToldWhichTensorDiffersOnEveryRank) {
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  ckpt.save(manifest(1), slices);
-  SaveManifest other = manifest(2);
+  ckpt.save(slice_manifest(1), slices);
+  SaveManifest other = slice_manifest(2);
   if (runtime().rank() == 1) other.tensors[6].shape = {4, 3, 3};
   expect_refused_everywhere(
       dir, [&] { ckpt.save(other, slices); },
@@ -353,9 +353,9 @@ TEST(ParallelSave, ASliceOfTheWrongDTypeOnOneRankFailsOnEveryRank) {
   testing::SharedDir dir;
   ParallelCheckpoint ckpt(dir.path(), 2, MPI_COMM_WORLD);
   std::vector<Slice> slices = my_slices(Split::rows);
-  ckpt.save(manifest(1), slices);
+  ckpt.save(slice_manifest(1), slices);
   if (runtime().rank() == 1) slices[kBias].data = slices[kBias].data.to(DType::f64);
-  expect_refused_everywhere(dir, [&] { ckpt.save(manifest(2), slices); },
+  expect_refused_everywhere(dir, [&] { ckpt.save(slice_manifest(2), slices); },
                             {"rank 1 of", "/model/bias", "the slice is f64, the tensor f32"});
 }
 

@@ -14,9 +14,9 @@ namespace {
 // alone, shared memory in rounds of a few elements, or MPI with the ring forced in
 // segments of a few elements (those two at small sizes only).
 enum class Transport { shm, mpi, tiny_slots, ring };
-using Param = std::tuple<DType, bool, Transport>;
+using CollectiveParam = std::tuple<DType, bool, Transport>;
 
-std::string name_of(const ::testing::TestParamInfo<Param>& info) {
+std::string collective_name(const ::testing::TestParamInfo<CollectiveParam>& info) {
   const auto [dtype, in_place, transport] = info.param;
   const char* suffix = transport == Transport::shm          ? ""
                        : transport == Transport::mpi        ? "_mpi"
@@ -36,7 +36,7 @@ Communicator& communicator_for(Transport transport) {
 
 constexpr ReduceOp kOps[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::max, ReduceOp::min, ReduceOp::prod};
 
-class CollectivesOnEveryRank : public ::testing::TestWithParam<Param> {
+class CollectivesOnEveryRank : public ::testing::TestWithParam<CollectiveParam> {
  protected:
   DType dtype = std::get<0>(GetParam());
   bool in_place = std::get<1>(GetParam());
@@ -219,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(AllDTypes, CollectivesOnEveryRank,
                          ::testing::Combine(::testing::ValuesIn(tensor::kAllDTypes), ::testing::Bool(),
                                             ::testing::Values(Transport::shm, Transport::mpi, Transport::tiny_slots,
                                                               Transport::ring)),
-                         name_of);
+                         collective_name);
 
 TEST(Barrier, ReturnsOnEveryRankAndNumbersTheCall) {
   const auto before = world().next_sequence();

@@ -25,7 +25,7 @@ std::unique_ptr<MpiCommunicator> communicator_with_timeout(std::chrono::millisec
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, options);
 }
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+bool mentions(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
   if (world().size() < 2) GTEST_SKIP() << "needs a rank that does not come";
@@ -43,7 +43,7 @@ TEST(Timeout, OfABlockingAllreduceNamesItAndFailsTheCommunicator) {
       message = e.what();
     }
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    EXPECT_TRUE(contains(message, "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms")) << message;
+    EXPECT_TRUE(mentions(message, "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms")) << message;
     EXPECT_GE(waited.count(), 400);
     EXPECT_LT(waited.count(), 5000);
     EXPECT_TRUE(comm->failed());
@@ -74,8 +74,8 @@ TEST(Timeout, OfAWaitOnAnAsyncHandleIsHonoured) {
       work.wait(std::chrono::milliseconds(200));
       ADD_FAILURE() << "wait returned although rank 0 never joined";
     } catch (const TimeoutError& e) {
-      EXPECT_TRUE(contains(e.what(), "allreduce #0")) << e.what();
-      EXPECT_TRUE(contains(e.what(), "200 ms")) << e.what();
+      EXPECT_TRUE(mentions(e.what(), "allreduce #0")) << e.what();
+      EXPECT_TRUE(mentions(e.what(), "200 ms")) << e.what();
     }
     EXPECT_LT(Clock::now() - start, std::chrono::seconds(5));
     EXPECT_TRUE(work.is_completed());  // failed with the communicator
@@ -103,9 +103,9 @@ TEST(Timeout, InSharedMemoryNamesTheMissingRankAndTheLateRankIsToldToo) {
       comm->allreduce(Buffer(data));
       ADD_FAILURE() << "allreduce returned although rank " << late_rank << " never joined";
     } catch (const TimeoutError& e) {
-      EXPECT_TRUE(contains(e.what(), "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms"))
+      EXPECT_TRUE(mentions(e.what(), "allreduce #0 (sum, 1000 x f32 = 4000 B) did not complete within 400 ms"))
           << e.what();
-      EXPECT_TRUE(contains(e.what(), "still waiting for rank " + std::to_string(late_rank) + " (shared-memory"))
+      EXPECT_TRUE(mentions(e.what(), "still waiting for rank " + std::to_string(late_rank) + " (shared-memory"))
           << e.what();
     }
   }

@@ -24,7 +24,7 @@ using tensor::Generator;
 
 namespace {
 
-const Device gpu = Device::cuda();
+const Device cuda_device = Device::cuda();
 
 // max |a - b| / max |b| (the measure), both on the host as f64.
 double relative_error(const Tensor& a, const Tensor& b) {
@@ -59,14 +59,14 @@ TEST(CudaAttention, ForwardAndBackwardMatchTheCpuForEveryHeadSizeAndLength) {
       const Tensor gy = tensor::normal({c.batch, c.time, C}, 0, 1, data, t);
       Generator g_cpu(1), g_gpu(1);
       const auto cpu = tensor::causal_attention_forward(qkv, c.heads, 0.0, g_cpu);
-      const auto on_gpu = tensor::causal_attention_forward(qkv.to(gpu), c.heads, 0.0, g_gpu);
+      const auto on_gpu = tensor::causal_attention_forward(qkv.to(cuda_device), c.heads, 0.0, g_gpu);
       const std::string where = "T " + std::to_string(c.time) + ", D " + std::to_string(c.head_dim) + ", " +
                                 std::string(tensor::dtype_name(t));
-      ASSERT_EQ(on_gpu.out.device(), gpu) << where;
+      ASSERT_EQ(on_gpu.out.device(), cuda_device) << where;
       EXPECT_LE(relative_error(on_gpu.out, cpu.out), bound_for(t)) << "forward, " << where;
       EXPECT_LE(relative_error(on_gpu.log_sum_exp, cpu.log_sum_exp), bound_for(t)) << "log-sum-exp, " << where;
       const Tensor d_cpu = tensor::causal_attention_backward(gy, qkv, cpu, c.heads);
-      const Tensor d_gpu = tensor::causal_attention_backward(gy.to(gpu), qkv.to(gpu), on_gpu, c.heads);
+      const Tensor d_gpu = tensor::causal_attention_backward(gy.to(cuda_device), qkv.to(cuda_device), on_gpu, c.heads);
       // bf16's gradients sum T products rounded from bf16 inputs on both sides, in another order.
       EXPECT_LE(relative_error(d_gpu, d_cpu), t == DType::bf16 ? 5e-2 : bound_for(t)) << "backward, " << where;
     }
@@ -82,13 +82,13 @@ TEST(CudaAttention, DropoutDropsTheSameWeightsAsTheCpu) {
       const Tensor gy = tensor::normal({2, 77, 2 * head_dim}, 0, 1, data, t);
       Generator g_cpu(9), g_gpu(9);
       const auto cpu = tensor::causal_attention_forward(qkv, 2, 0.3, g_cpu);
-      const auto on_gpu = tensor::causal_attention_forward(qkv.to(gpu), 2, 0.3, g_gpu);
+      const auto on_gpu = tensor::causal_attention_forward(qkv.to(cuda_device), 2, 0.3, g_gpu);
       const std::string where = "head size " + std::to_string(head_dim) + ", " + std::string(tensor::dtype_name(t));
       EXPECT_EQ(on_gpu.seed, cpu.seed);
       EXPECT_EQ(on_gpu.offset, cpu.offset);
       EXPECT_LE(relative_error(on_gpu.out, cpu.out), bound_for(t)) << where;
       const Tensor d_cpu = tensor::causal_attention_backward(gy, qkv, cpu, 2);
-      const Tensor d_gpu = tensor::causal_attention_backward(gy.to(gpu), qkv.to(gpu), on_gpu, 2);
+      const Tensor d_gpu = tensor::causal_attention_backward(gy.to(cuda_device), qkv.to(cuda_device), on_gpu, 2);
       EXPECT_LE(relative_error(d_gpu, d_cpu), t == DType::bf16 ? 5e-2 : bound_for(t)) << where;
     }
 }
@@ -98,8 +98,8 @@ TEST(CudaAttention, TheBackwardIsDeterministic) {
   TROUPE_SKIP_WITHOUT_GPU();
   for (DType t : {DType::f32, DType::bf16}) {
     Generator data(4), g(2);
-    const Tensor qkv = tensor::normal({2, 300, 3 * 128}, 0, 1, data, t, gpu);
-    const Tensor gy = tensor::normal({2, 300, 128}, 0, 1, data, t, gpu);
+    const Tensor qkv = tensor::normal({2, 300, 3 * 128}, 0, 1, data, t, cuda_device);
+    const Tensor gy = tensor::normal({2, 300, 128}, 0, 1, data, t, cuda_device);
     const auto f = tensor::causal_attention_forward(qkv, 4, 0.0, g);
     const Tensor a = tensor::causal_attention_backward(gy, qkv, f, 4);
     const Tensor b = tensor::causal_attention_backward(gy, qkv, f, 4);
@@ -111,7 +111,7 @@ TEST(CudaAttention, AHeadAbove128IsAClearError) {
   TROUPE_SKIP_WITHOUT_GPU();
   Generator g(1);
   try {
-    tensor::causal_attention_forward(Tensor::zeros({1, 4, 3 * 256}, DType::f32, gpu), 1, 0.0, g);
+    tensor::causal_attention_forward(Tensor::zeros({1, 4, 3 * 256}, DType::f32, cuda_device), 1, 0.0, g);
     FAIL() << "no error";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("head size 256"), std::string::npos) << e.what();
@@ -125,7 +125,7 @@ TEST(CudaGpt, TrainsOnTheGpuAsOnTheCpu) {
   TROUPE_SKIP_WITHOUT_GPU();
   const nn::GPTConfig config{.block_size = 24, .vocab_size = 11, .n_layer = 2, .n_head = 2, .n_embd = 32};
   nn::GPT cpu(config, 3), on_gpu(config, 3);
-  on_gpu.to(gpu);
+  on_gpu.to(cuda_device);
   nn::AdamW cpu_opt(cpu.named_parameters(), 3e-3, {0.9, 0.95}, 1e-8, 0.1);
   nn::AdamW gpu_opt(on_gpu.named_parameters(), 3e-3, {0.9, 0.95}, 1e-8, 0.1);
   cpu_opt.set_weight_decay_filter(nn::decay_matrices_only);
@@ -147,7 +147,7 @@ TEST(CudaGpt, TrainsOnTheGpuAsOnTheCpu) {
   const auto a = cpu.named_parameters(), b = on_gpu.named_parameters();
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(b[i].param->data.device(), gpu) << b[i].name;
+    EXPECT_EQ(b[i].param->data.device(), cuda_device) << b[i].name;
     EXPECT_LE(relative_error(b[i].param->data, a[i].param->data), 1e-3) << a[i].name;
   }
 }

@@ -12,7 +12,7 @@ using tensor::Generator;
 
 namespace {
 
-Tensor randn(const Shape& shape, std::uint64_t seed) {
+Tensor randn_f64(const Shape& shape, std::uint64_t seed) {
   Generator gen(seed);
   return tensor::normal(shape, 0, 1, gen, DType::f64);
 }
@@ -60,28 +60,28 @@ TEST(CrossEntropyLoss, IgnoredTargetsDropOutOfTheMean) {
 
 TEST(CrossEntropyLoss, AllTargetsIgnoredGivesNanLikePyTorchAndAZeroGradient) {
   CrossEntropyLoss loss;
-  EXPECT_TRUE(std::isnan(loss.forward(randn({2, 3}, 1), targets({-100, -100})).item()));
+  EXPECT_TRUE(std::isnan(loss.forward(randn_f64({2, 3}, 1), targets({-100, -100})).item()));
   EXPECT_EQ(tensor::sum(tensor::abs(loss.backward())).item(), 0.0);
 }
 
 TEST(CrossEntropyLoss, BackwardMatchesFiniteDifferencesInF64) {
   CrossEntropyLoss loss;
-  expect_cross_entropy_gradient(loss, randn({4, 5}, 2), targets({0, 4, 2, 2}));
+  expect_cross_entropy_gradient(loss, randn_f64({4, 5}, 2), targets({0, 4, 2, 2}));
 }
 
 TEST(CrossEntropyLoss, BackwardWithIgnoreIndexAndLabelSmoothingMatchesFiniteDifferences) {
   CrossEntropyLoss loss(3, 0.15);
-  expect_cross_entropy_gradient(loss, randn({5, 4}, 3), targets({0, 3, 1, 3, 2}));
+  expect_cross_entropy_gradient(loss, randn_f64({5, 4}, 3), targets({0, 3, 1, 3, 2}));
 }
 
 TEST(CrossEntropyLoss, BackwardScaleMultipliesTheGradient) {
   CrossEntropyLoss loss(-100, 0.1);
-  expect_cross_entropy_gradient(loss, randn({3, 4}, 4), targets({1, 0, 3}), 0.25);
+  expect_cross_entropy_gradient(loss, randn_f64({3, 4}, 4), targets({1, 0, 3}), 0.25);
 }
 
 TEST(CrossEntropyLoss, AcceptsLeadingDimensionsAsRows) {
   CrossEntropyLoss loss;
-  const Tensor logits = randn({2, 3, 4}, 5);
+  const Tensor logits = randn_f64({2, 3, 4}, 5);
   const Tensor target = Tensor::from_vector<std::int64_t>({0, 1, 2, 3, 0, 1}, {2, 3});
   const double batched = loss.forward(logits, target).item();
   EXPECT_DOUBLE_EQ(batched, loss.forward(logits.reshape({6, 4}), target.reshape({6})).item());
@@ -99,15 +99,15 @@ TEST(CrossEntropyLoss, IsStableForHugeLogits) {
 TEST(CrossEntropyLoss, OutOfRangeTargetNamesTheIndex) {
   CrossEntropyLoss loss;
   try {
-    loss.forward(randn({2, 3}, 6), targets({1, 7}));
+    loss.forward(randn_f64({2, 3}, 6), targets({1, 7}));
     FAIL() << "no exception";
   } catch (const InvalidArgument& e) {
     const std::string msg = e.what();
     EXPECT_NE(msg.find("target 7"), std::string::npos) << msg;
     EXPECT_NE(msg.find("3 classes"), std::string::npos) << msg;
   }
-  EXPECT_THROW(loss.forward(randn({2, 3}, 6), targets({1, -5})), InvalidArgument);
-  EXPECT_THROW(loss.forward(randn({2, 3}, 6), targets({1, 2, 0})), InvalidArgument);
+  EXPECT_THROW(loss.forward(randn_f64({2, 3}, 6), targets({1, -5})), InvalidArgument);
+  EXPECT_THROW(loss.forward(randn_f64({2, 3}, 6), targets({1, 2, 0})), InvalidArgument);
   EXPECT_THROW(CrossEntropyLoss(-100, 1.5), InvalidArgument);
   CrossEntropyLoss fresh;
   EXPECT_THROW(fresh.backward(), InvalidArgument);
@@ -122,7 +122,7 @@ TEST(MSELoss, ForwardIsTheMeanSquaredError) {
 
 TEST(MSELoss, BackwardMatchesFiniteDifferencesInF64) {
   MSELoss loss;
-  const Tensor input = randn({3, 4}, 7), target = randn({3, 4}, 8);
+  const Tensor input = randn_f64({3, 4}, 7), target = randn_f64({3, 4}, 8);
   loss.forward(input, target);
   const Tensor analytic = loss.backward(0.5);
   gradcheck::expect_gradient([&] { return 0.5 * loss.forward(input, target).item(); }, input, analytic, "MSELoss");

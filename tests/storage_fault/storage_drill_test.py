@@ -16,23 +16,25 @@ Never a silent fresh start, never an older file, never a torn file taken as good
 
   storage_drill_test.py SHIM DRILL
 """
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SHIM, DRILL = sys.argv[1], sys.argv[2]
 ERRORS = {"open": ["EACCES"], "read": ["EIO"], "write": ["ENOSPC", "short"],
           "fsync": ["EIO"], "rename": ["EIO"], "unlink": ["EIO"]}
+WORKERS = 3
 failures = []
-runs = 0
+runs = itertools.count(1)
 
 
 def drill(args, folder: Path, fault: str = "", counts: Path | None = None, retry_s: str = "1"):
-    global runs
-    runs += 1
+    next(runs)
     env = dict(os.environ, LD_PRELOAD=SHIM, TROUPE_IOFAULT=f"path={folder}" + (f",{fault}" if fault else ""),
                TROUPE_STORAGE_RETRY_S=retry_s)
     if counts:
@@ -41,7 +43,8 @@ def drill(args, folder: Path, fault: str = "", counts: Path | None = None, retry
     return p.returncode, p.stdout + p.stderr
 
 
-def counts_of(args, folder: Path) -> dict:
+def counts_of(args) -> dict:
+    folder = Path(args[1])
     with tempfile.TemporaryDirectory() as t:
         counts = Path(t) / "counts"
         code, out = drill(args, folder, counts=counts)
@@ -70,52 +73,58 @@ def main() -> int:
         for step in ("1", "2"):
             code, out = drill(["save", str(good), step], good)
             assert code == 0, out
-        trial = work / "trial"
+        cases = itertools.count()
 
         def fresh_copy() -> Path:
-            shutil.rmtree(trial, ignore_errors=True)
-            shutil.copytree(good, trial)
-            return trial
+            folder = work / f"case-{next(cases)}"
+            shutil.copytree(good, folder)
+            return folder
 
-        for mode in ("save", "psave"):  # the serial save, and the parallel one on one rank
-            save_calls = counts_of([mode, str(fresh_copy()), "3"], trial)
-            print(f"a {mode} makes", save_calls)
-            for op, n_calls in save_calls.items():
-                for nth in range(1, n_calls + 1):
-                    for err in ERRORS[op]:
-                        if err == "short" and op != "write":
-                            continue
-                        folder = fresh_copy()
-                        what = f"{mode} with {op} #{nth} failing ({err})"
-                        code, out = drill([mode, str(folder), "3"], folder, f"op={op},nth={nth},err={err}")
-                        check(code in (0, 3), f"{what}: exit {code}, want 0 or 3", out)
-                        code2, out2 = drill(["resume", str(folder)], folder)
-                        want = ["step 3"] if code == 0 else ["step 2", "step 3"]
-                        check(code2 == 0 and out2.split("\n")[0] in want,
-                              f"{what}, save exit {code}: resume says {out2.splitlines()[:1]} (exit {code2}), "
-                              f"want {want}", out + out2)
+        def save_case(mode: str, op: str, nth: int, err: str) -> None:
+            folder = fresh_copy()
+            what = f"{mode} with {op} #{nth} failing ({err})"
+            code, out = drill([mode, str(folder), "3"], folder, f"op={op},nth={nth},err={err}")
+            check(code in (0, 3), f"{what}: exit {code}, want 0 or 3", out)
+            code2, out2 = drill(["resume", str(folder)], folder)
+            want = ["step 3"] if code == 0 else ["step 2", "step 3"]
+            check(code2 == 0 and out2.split("\n")[0] in want,
+                  f"{what}, save exit {code}: resume says {out2.splitlines()[:1]} (exit {code2}), "
+                  f"want {want}", out + out2)
+            shutil.rmtree(folder, ignore_errors=True)
 
-        resume_calls = counts_of(["resume", str(fresh_copy())], trial)
-        print("a resume makes", resume_calls)
-        # Step 3 in the folder, so that the newest file is the one the faults meet.
-        code, out = drill(["save", str(good), "3"], good)
-        assert code == 0, out
-        for op, n_calls in resume_calls.items():
-            for nth in range(1, n_calls + 1):
-                for err in ERRORS[op]:
-                    if err == "short":
-                        continue
-                    folder = fresh_copy()
-                    what = f"resume with {op} #{nth} failing once ({err})"
-                    code, out = drill(["resume", str(folder)], folder, f"op={op},nth={nth},err={err}")
-                    check(code == 0 and out.startswith("step 3"), f"{what}: exit {code}, want step 3", out)
-                    folder = fresh_copy()
-                    what = f"resume with {op} failing from #{nth} on ({err})"
-                    code, out = drill(["resume", str(folder)], folder, f"op={op},nth={nth},count=0,err={err}", "0.3")
-                    check(code == 3 or (code == 0 and out.startswith("step 3")),
-                          f"{what}: exit {code}, want a loud failure or step 3", out)
-                    check("fresh" not in out.split("\n")[0], f"{what}: a silent fresh start", out)
-        print(f"{runs} runs of the drill, {len(failures)} failed")
+        def resume_case(op: str, nth: int, err: str) -> None:
+            folder = fresh_copy()
+            what = f"resume with {op} #{nth} failing once ({err})"
+            code, out = drill(["resume", str(folder)], folder, f"op={op},nth={nth},err={err}")
+            check(code == 0 and out.startswith("step 3"), f"{what}: exit {code}, want step 3", out)
+            folder = fresh_copy()
+            what = f"resume with {op} failing from #{nth} on ({err})"
+            code, out = drill(["resume", str(folder)], folder, f"op={op},nth={nth},count=0,err={err}", "0.3")
+            check(code == 3 or (code == 0 and out.startswith("step 3")),
+                  f"{what}: exit {code}, want a loud failure or step 3", out)
+            check("fresh" not in out.split("\n")[0], f"{what}: a silent fresh start", out)
+
+        # Each case has a folder of its own, and most of a case's time is the shim's
+        # faults being retried after a pause: a few at once take a third of the time.
+        with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+            jobs = []
+            for mode in ("save", "psave"):  # the serial save, and the parallel one on one rank
+                save_calls = counts_of([mode, str(fresh_copy()), "3"])
+                print(f"a {mode} makes", save_calls)
+                jobs += [pool.submit(save_case, mode, op, nth, err) for op, n_calls in save_calls.items()
+                         for nth in range(1, n_calls + 1) for err in ERRORS[op] if err != "short" or op == "write"]
+            for job in jobs:
+                job.result()
+            # Step 3 in the folder, so that the newest file is the one the faults meet.
+            resume_calls = counts_of(["resume", str(fresh_copy())])
+            print("a resume makes", resume_calls)
+            code, out = drill(["save", str(good), "3"], good)
+            assert code == 0, out
+            jobs = [pool.submit(resume_case, op, nth, err) for op, n_calls in resume_calls.items()
+                    for nth in range(1, n_calls + 1) for err in ERRORS[op] if err != "short"]
+            for job in jobs:
+                job.result()
+        print(f"{next(runs) - 1} runs of the drill, {len(failures)} failed")
         return 1 if failures else 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

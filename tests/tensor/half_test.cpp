@@ -108,7 +108,7 @@ TEST(BFloat16, EveryNonNaNBitPatternSurvivesARoundTripThroughFloat) {
 
 // ---- bulk casts against the scalar functions ----
 //
-// detail::cast_host converts f32 <-> f16 and f32 <-> bf16 with loops of its own
+// troupe::tensor::detail::cast_host converts f32 <-> f16 and f32 <-> bf16 with loops of its own
 // (tensor/src/cast_host.cpp), compiled once for any x86-64 and once for AVX2. Every
 // copy this CPU can run must give the very bits of the scalar functions above: for
 // every 16-bit pattern, and for f32 patterns chosen to hit every arm of the f32 ->
@@ -116,12 +116,12 @@ TEST(BFloat16, EveryNonNaNBitPatternSurvivesARoundTripThroughFloat) {
 
 namespace {
 
-using detail::HostLoops;
+using troupe::tensor::detail::HostLoops;
 
 std::vector<HostLoops> loops_on_this_cpu() {
   std::vector<HostLoops> found;
   for (const HostLoops loops : {HostLoops::baseline, HostLoops::avx2, HostLoops::avx512, HostLoops::best})
-    if (detail::cast_loops_available(loops)) found.push_back(loops);
+    if (troupe::tensor::detail::cast_loops_available(loops)) found.push_back(loops);
   return found;
 }
 
@@ -185,10 +185,10 @@ TEST(HostCast, F16AndBf16ToF32MatchTheScalarFunctionsForEvery16BitPattern) {
   const std::vector<std::uint16_t> in = every_16_bit_pattern();
   std::vector<float> out(in.size());
   for (const HostLoops loops : loops_on_this_cpu()) {
-    detail::cast_host(in.data(), DType::f16, out.data(), DType::f32, 0x10000, loops);
+    troupe::tensor::detail::cast_host(in.data(), DType::f16, out.data(), DType::f32, 0x10000, loops);
     for (std::uint32_t h = 0; h < 0x10000; ++h)
       ASSERT_EQ(to_bits(out[h]), to_bits(half_bits_to_float(in[h]))) << name(loops) << ", f16 " << std::hex << h;
-    detail::cast_host(in.data(), DType::bf16, out.data(), DType::f32, 0x10000, loops);
+    troupe::tensor::detail::cast_host(in.data(), DType::bf16, out.data(), DType::f32, 0x10000, loops);
     for (std::uint32_t b = 0; b < 0x10000; ++b)
       ASSERT_EQ(to_bits(out[b]), to_bits(bf16_bits_to_float(in[b]))) << name(loops) << ", bf16 " << std::hex << b;
   }
@@ -200,8 +200,8 @@ TEST(HostCast, F32ToF16AndBf16MatchTheScalarFunctionsOnMillionsOfPatterns) {
   const auto n = static_cast<std::int64_t>(in.size());
   std::vector<std::uint16_t> half(in.size()), bf16(in.size());
   for (const HostLoops loops : loops_on_this_cpu()) {
-    detail::cast_host(in.data(), DType::f32, half.data(), DType::f16, n, loops);
-    detail::cast_host(in.data(), DType::f32, bf16.data(), DType::bf16, n, loops);
+    troupe::tensor::detail::cast_host(in.data(), DType::f32, half.data(), DType::f16, n, loops);
+    troupe::tensor::detail::cast_host(in.data(), DType::f32, bf16.data(), DType::bf16, n, loops);
     for (std::size_t i = 0; i < in.size(); ++i) {
       ASSERT_EQ(half[i], float_to_half_bits(in[i])) << name(loops) << ", f32 " << std::hex << to_bits(in[i]);
       ASSERT_EQ(bf16[i], float_to_bf16_bits(in[i])) << name(loops) << ", f32 " << std::hex << to_bits(in[i]);
@@ -226,8 +226,8 @@ TEST(HostCast, ShortRunsAtAnyOffsetMatchTheScalarFunctionsAndWriteNothingElse) {
           const auto n = static_cast<std::int64_t>(end - begin);
           std::vector<std::uint16_t> out(64, guard);
           std::vector<float> back(64, -1.0f);
-          detail::cast_host(in.data() + begin, DType::f32, out.data() + begin, dtype, n, loops);
-          detail::cast_host(out.data() + begin, dtype, back.data() + begin, DType::f32, n, loops);
+          troupe::tensor::detail::cast_host(in.data() + begin, DType::f32, out.data() + begin, dtype, n, loops);
+          troupe::tensor::detail::cast_host(out.data() + begin, dtype, back.data() + begin, DType::f32, n, loops);
           for (std::size_t i = 0; i < 64; ++i) {
             const bool inside = begin <= i && i < end;
             const std::uint16_t want = !inside               ? guard
@@ -245,6 +245,6 @@ TEST(HostCast, ShortRunsAtAnyOffsetMatchTheScalarFunctionsAndWriteNothingElse) {
 }
 
 TEST(HostCast, TheBaselineLoopsRunEverywhere) {
-  EXPECT_TRUE(detail::cast_loops_available(HostLoops::baseline));
-  EXPECT_TRUE(detail::cast_loops_available(HostLoops::best));
+  EXPECT_TRUE(troupe::tensor::detail::cast_loops_available(HostLoops::baseline));
+  EXPECT_TRUE(troupe::tensor::detail::cast_loops_available(HostLoops::best));
 }

@@ -12,15 +12,15 @@
 #include "../../tensor/src/math_loops.hpp"
 
 using namespace troupe::tensor;
-using detail::HostLoops;
-using detail::MathLoops;
+using troupe::tensor::detail::HostLoops;
+using troupe::tensor::detail::MathLoops;
 
 namespace {
 
 std::vector<const MathLoops*> copies_on_this_cpu() {
   std::vector<const MathLoops*> found;
   for (const HostLoops which : {HostLoops::baseline, HostLoops::avx2, HostLoops::avx512, HostLoops::best})
-    if (const MathLoops* loops = detail::math_loops(which)) found.push_back(loops);
+    if (const MathLoops* loops = troupe::tensor::detail::math_loops(which)) found.push_back(loops);
   return found;
 }
 
@@ -57,18 +57,19 @@ TEST(MathLoops, ExpIsWithinOneUlpAndSaturatesCleanly) {
   for (int i = 0; i <= 1760000; ++i) xs.push_back(-87.3f + static_cast<float>(i) * 1e-4f);
   for (float x = 1e-30f; x < 1.0f; x *= 1.01f) xs.insert(xs.end(), {x, -x});
   for (const float x : xs) {
-    const double e = ulps(detail::exp_f32_reference(x), std::exp(static_cast<double>(x)));
+    const double e = ulps(troupe::tensor::detail::exp_f32_reference(x), std::exp(static_cast<double>(x)));
     if (e > worst) worst = e, worst_at = x;
   }
   EXPECT_LE(worst, 1.0) << "at x = " << worst_at;
   // Subnormal results stay close in absolute terms; far below, exactly 0; above, +inf.
-  EXPECT_NEAR(detail::exp_f32_reference(-95.0f), std::exp(-95.0), 1e-45);
-  EXPECT_EQ(detail::exp_f32_reference(-200.0f), 0.0f);
-  EXPECT_EQ(detail::exp_f32_reference(89.0f), std::numeric_limits<float>::infinity());
-  EXPECT_EQ(detail::exp_f32_reference(std::numeric_limits<float>::infinity()), std::numeric_limits<float>::infinity());
-  EXPECT_EQ(detail::exp_f32_reference(-std::numeric_limits<float>::infinity()), 0.0f);
-  EXPECT_TRUE(std::isnan(detail::exp_f32_reference(std::numeric_limits<float>::quiet_NaN())));
-  EXPECT_EQ(detail::exp_f32_reference(0.0f), 1.0f);
+  EXPECT_NEAR(troupe::tensor::detail::exp_f32_reference(-95.0f), std::exp(-95.0), 1e-45);
+  EXPECT_EQ(troupe::tensor::detail::exp_f32_reference(-200.0f), 0.0f);
+  EXPECT_EQ(troupe::tensor::detail::exp_f32_reference(89.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(troupe::tensor::detail::exp_f32_reference(std::numeric_limits<float>::infinity()),
+            std::numeric_limits<float>::infinity());
+  EXPECT_EQ(troupe::tensor::detail::exp_f32_reference(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_TRUE(std::isnan(troupe::tensor::detail::exp_f32_reference(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(troupe::tensor::detail::exp_f32_reference(0.0f), 1.0f);
 }
 
 TEST(MathLoops, GeluAndItsGradientFollowTheTanhFormula) {
@@ -166,16 +167,16 @@ TEST(MathLoops, EveryCompiledCopyOfTheRowLoopsAndAdamGivesTheSameBits) {
     // Two AdamW steps from zero moments, so that both moments feed the second.
     std::vector<float> p = x, m(size), v(size);
     for (const std::int64_t step : {1, 2}) {
-      const detail::AdamScalars s{0.9f,
-                                  0.95f,
-                                  0.1f,
-                                  0.05f,
-                                  1e-8f,
-                                  0.1f,
-                                  1.0f - 6e-5f,
-                                  static_cast<float>(6e-4 / (1 - std::pow(0.9, step))),
-                                  static_cast<float>(std::sqrt(1 - std::pow(0.95, step))),
-                                  true};
+      const troupe::tensor::detail::AdamScalars s{0.9f,
+                                                  0.95f,
+                                                  0.1f,
+                                                  0.05f,
+                                                  1e-8f,
+                                                  0.1f,
+                                                  1.0f - 6e-5f,
+                                                  static_cast<float>(6e-4 / (1 - std::pow(0.9, step))),
+                                                  static_cast<float>(std::sqrt(1 - std::pow(0.95, step))),
+                                                  true};
       loops->adam(p.data(), gy.data(), m.data(), v.data(), static_cast<std::int64_t>(size), s);
     }
     std::vector<std::uint64_t> out;
