@@ -9,7 +9,7 @@ namespace troupe::nn {
 
 namespace {
 
-std::string describe(const Tensor& t) {
+std::string dtype_and_shape(const Tensor& t) {
   return std::string(tensor::dtype_name(t.dtype())) + " " + tensor::to_string(t.shape());
 }
 
@@ -43,8 +43,8 @@ void Optimizer::step() {
       auto& [name, param] = params_[i];
       if (!param->grad.defined()) continue;
       TROUPE_CHECK(param->grad.shape() == param->data.shape() && param->grad.dtype() == param->data.dtype(),
-                   type_name(), ".step: the gradient of '", name, "' is ", describe(param->grad), ", the parameter is ",
-                   describe(param->data));
+                   type_name(), ".step: the gradient of '", name, "' is ", dtype_and_shape(param->grad),
+                   ", the parameter is ", dtype_and_shape(param->data));
       // CPU parameters step in host loops, CUDA ones in tensor's fused kernels (SGD, Adam).
       TROUPE_CHECK(param->grad.device() == param->data.device(), type_name(), ".step: '", name, "' is on ",
                    param->data.device(), ", its gradient on ", param->grad.device());
@@ -90,7 +90,7 @@ void Optimizer::load(const StateDict& dict, bool adopt) {
       problems.push_back("missing '" + key + "'");
     else if (!t->defined() || t->numel() != 1 || t->dtype() != dtype)
       problems.push_back("'" + key + "' must be one " + std::string(tensor::dtype_name(dtype)) + " value, got " +
-                         (t->defined() ? describe(*t) : "undefined"));
+                         (t->defined() ? dtype_and_shape(*t) : "undefined"));
     else
       return t;
     return nullptr;
@@ -123,8 +123,8 @@ void Optimizer::load(const StateDict& dict, bool adopt) {
     const bool ok = value.defined() && (slot->scalar ? value.numel() == 1 && value.dtype() == DType::i64
                                                      : value.shape() == data.shape() && value.dtype() == data.dtype());
     if (!ok)
-      problems.push_back("'" + key + "' is " + (value.defined() ? describe(value) : "undefined") + ", expected " +
-                         (slot->scalar ? "one i64 value" : describe(data)));
+      problems.push_back("'" + key + "' is " + (value.defined() ? dtype_and_shape(value) : "undefined") +
+                         ", expected " + (slot->scalar ? "one i64 value" : dtype_and_shape(data)));
   }
   // A parameter has all of its slots or none (never stepped yet).
   for (const auto& [name, param] : params_) {

@@ -43,7 +43,7 @@ namespace {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::string fixed(double v, int digits = 2) {
+std::string decimal(double v, int digits = 2) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.*f", digits, v);
   return buffer;
@@ -197,7 +197,8 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                                                                {"step", static_cast<unsigned long>(rank.progress.step)},
                                                                {"since_launch_s", since_launch}});
       if (summary_.resumed(rank.progress.step, Clock::now()))
-        say("resumed at step " + std::to_string(rank.progress.step) + ", " + fixed(since_launch) + " s after relaunch");
+        say("resumed at step " + std::to_string(rank.progress.step) + ", " + decimal(since_launch) +
+            " s after relaunch");
     }
   }
 
@@ -228,7 +229,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   // The summaries of refusal windows that are over (all of them with `force`).
   void report_held_refusals(Clock::time_point now, bool force = false) {
     if (auto held = refusal_lines_.end_window(now, force))
-      say(std::to_string(held->count) + " more refusal(s) in the last " + fixed(seconds(held->span), 1) +
+      say(std::to_string(held->count) + " more refusal(s) in the last " + decimal(seconds(held->span), 1) +
           " s (reasons: " + held->reasons() + ")");
     if (auto held = refusal_events_.end_window(now, force))
       events_->write("refused_summary", {{"count", static_cast<unsigned long>(held->count)},
@@ -343,7 +344,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       if (!missing.empty())
         return fail("hang",
                     "rank(s) " + missing + " never registered within the hang timeout of " +
-                        fixed(options_.hang_timeout.count()) + " s after launch",
+                        decimal(options_.hang_timeout.count()) + " s after launch",
                     {}, Blame::last_blamed());
     }
     const Phase phase = deadline_phase(ranks, options_);
@@ -353,7 +354,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
       if (now - rank.last_heard > heartbeat_timeout)
         return fail("heartbeat_timeout",
                     "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host +
-                        ") sent no heartbeat for " + fixed(seconds(now - rank.last_heard)) + " s" + at_step(rank),
+                        ") sent no heartbeat for " + decimal(seconds(now - rank.last_heard)) + " s" + at_step(rank),
                     {{"rank", rank.rank}}, Blame::on(rank.host));
       if (now - rank.last_progress > deadline && !stuck) stuck = &rank;
     }
@@ -367,12 +368,12 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     for (const auto& change : stragglers_.update(server_->ranks(), now)) {
       const std::string who = "rank " + std::to_string(change.rank) + " on " + change.host;
       if (change.straggling)
-        say("straggler: " + who + " works " + fixed(change.work_ms) + " ms per step, " + fixed(change.slower, 1) +
-            "x the ranks' median of " + fixed(change.median_ms) + " ms (step " + std::to_string(change.step) +
+        say("straggler: " + who + " works " + decimal(change.work_ms) + " ms per step, " + decimal(change.slower, 1) +
+            "x the ranks' median of " + decimal(change.median_ms) + " ms (step " + std::to_string(change.step) +
             "); every rank waits for it");
       else
-        say(who + " is no longer a straggler (" + fixed(change.work_ms) + " ms per step, median " +
-            fixed(change.median_ms) + " ms)");
+        say(who + " is no longer a straggler (" + decimal(change.work_ms) + " ms per step, median " +
+            decimal(change.median_ms) + " ms)");
       events_->write(change.straggling ? "straggler" : "straggler_over",
                      {{"restart", restart_},
                       {"rank", change.rank},
@@ -442,7 +443,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     if (!dumps_) return then("");
     dumps_->collect(*server_, [this, why, then = std::move(then)](const std::vector<std::string>& lines, double took) {
       const std::string folder = dump_folder(options_.checkpoint_dir);
-      say(why + ": where each rank is (" + fixed(took) + " s to dump; files in " + folder + "):");
+      say(why + ": where each rank is (" + decimal(took) + " s to dump; files in " + folder + "):");
       std::string json = "[";
       for (const auto& line : lines) {
         std::cerr << "  " << line << "\n";
@@ -481,7 +482,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     const RankStatus* silent = longest_silent(server_->ranks(), Clock::now(), 5 * heartbeat_interval());
     if (silent && blame.kind != Blame::Kind::nobody && silent->host != blame.host) {
       detail += "; rank " + std::to_string(silent->rank) + " on " + silent->host + " had been silent for " +
-                fixed(seconds(Clock::now() - silent->last_heard)) + " s";
+                decimal(seconds(Clock::now() - silent->last_heard)) + " s";
       blame = Blame::on(silent->host);
     }
     // A rank that crashed on a signal left a dump saying where (its crash handler).
@@ -524,7 +525,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     grace_timer_.expires_after(std::chrono::duration_cast<Clock::duration>(options_.grace));
     grace_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || !job_) return;
-      say("the job did not stop within --grace " + fixed(options_.grace.count()) + " s; sending SIGKILL");
+      say("the job did not stop within --grace " + decimal(options_.grace.count()) + " s; sending SIGKILL");
       kill_leftovers();
     });
   }
@@ -608,10 +609,10 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
                                    {"waited_s", waited}});
       if (answered && failed > 0) {  // one was unreachable: not the program's failure
         ++unreachable_launches_;
-        say("every host answers again after " + fixed(waited) + " s; the launch that failed is not counted " +
+        say("every host answers again after " + decimal(waited) + " s; the launch that failed is not counted " +
             "against --max-restarts");
       } else if (!answered) {
-        say("host(s) " + silent_list + " did not answer within --host-wait " + fixed(options_.host_wait.count()) +
+        say("host(s) " + silent_list + " did not answer within --host-wait " + decimal(options_.host_wait.count()) +
             " s");
       }
       relaunch();
@@ -660,7 +661,7 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
     double backoff = std::min(60.0, options_.backoff.count() * std::pow(2.0, failed_in_a_row_ - 1));
     state_ = State::backing_off;
     say("restart " + std::to_string(restart_ - regrows_ - unreachable_launches_) + " of " +
-        std::to_string(options_.max_restarts) + " in " + fixed(backoff) + " s");
+        std::to_string(options_.max_restarts) + " in " + decimal(backoff) + " s");
     events_->write("restart", {{"restart", restart_},
                                {"backoff_s", backoff},
                                {"failed_in_a_row", failed_in_a_row_},
