@@ -128,7 +128,7 @@ class Scheduler {
   std::atomic<std::int64_t> inline_since_{0};
   std::atomic<int> spinning_{0};             // pool threads looking for work before they sleep
   std::atomic<int> standing_in_{0};          // pool threads in stand_in()
-  std::atomic<bool> reserve_asleep_{false};  // the reserve waits without a timeout
+  std::atomic<bool> reserve_asleep_{false};  // the reserve is in its long (100 ms) sleep
   std::condition_variable reserve_cv_;
   bool stop_ = false;
   std::vector<std::thread> pool_;
