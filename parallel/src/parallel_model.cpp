@@ -63,16 +63,36 @@ nn::StateDict DataParallelModel::whole_state_dict() {
 
 // ---- PipelineModel ----
 
+namespace {
+
+std::unique_ptr<OSS> stage_oss(PipelineStage& stage, collectives::Communicator& dp, const OptimizerFactory& factory,
+                               Sharding sharding) {
+  TROUPE_CHECK(sharding == Sharding::ddp || sharding == Sharding::zero1, "PipelineModel: the data-parallel ranks of ",
+               "a pipeline run ddp or zero1, not ", sharding_name(sharding), " (a stage accumulates whole ",
+               "gradients over its micro-batches and recomputes each forward)");
+  if (sharding == Sharding::ddp) return nullptr;
+  return std::make_unique<OSS>(stage.named_parameters(), dp, factory);
+}
+
+nn::Optimizer& checked(const std::unique_ptr<nn::Optimizer>& optimizer) {
+  TROUPE_CHECK(optimizer != nullptr, "PipelineModel: the optimizer factory returned none");
+  return *optimizer;
+}
+
+}  // namespace
+
 PipelineModel::PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
-                             PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer,
-                             collectives::Communicator* tp)
+                             PipelineSchedule schedule, int micro_batches, const OptimizerFactory& factory,
+                             Sharding dp_sharding, collectives::Communicator* tp)
     : stage_(stage),
       pp_(pp),
       dp_(dp),
       tp_(tp),
-      optimizer_(std::move(optimizer)),
+      oss_(stage_oss(stage, dp, factory, dp_sharding)),
+      optimizer_(oss_ ? nullptr : factory(stage.named_parameters())),
       pipe_(stage, pp, schedule, micro_batches),
-      state_(stage, *optimizer_, pp, tp) {}
+      state_(oss_ ? PipelineStateDicts(stage, *oss_, pp, tp) : PipelineStateDicts(stage, checked(optimizer_), pp, tp)) {
+}
 
 MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
                                                   const MicroBatchOptions& options) {
@@ -86,7 +106,10 @@ MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Te
     for (nn::Parameter* p : stage_.parameters())
       if (p->grad.defined()) dp_.allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
   if (options.max_grad_norm > 0) pipeline_clip_grad_norm(stage_, options.max_grad_norm, pp_, tp_);
-  optimizer_->step();
+  if (oss_)
+    oss_->step();
+  else
+    optimizer_->step();
   stage_.zero_grad(true);
   result.stepped = true;
   return result;

@@ -369,11 +369,19 @@ nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communica
 PipelineStateDicts::PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
                                        collectives::Communicator* tp, std::string tied_name)
     : stage_(stage),
-      optimizer_(optimizer),
+      optimizer_(&optimizer),
+      oss_(nullptr),
       pp_(pp),
       tp_(tp),
       splits_(tp != nullptr ? tensor_parallel_splits(stage) : std::map<std::string, TensorSplit>{}),
       tied_name_(std::move(tied_name)) {}
+
+PipelineStateDicts::PipelineStateDicts(PipelineStage& stage, OSS& optimizer, collectives::Communicator& pp,
+                                       collectives::Communicator* tp, std::string tied_name)
+    : PipelineStateDicts(stage, optimizer.base(), pp, tp, std::move(tied_name)) {
+  optimizer_ = nullptr;
+  oss_ = &optimizer;
+}
 
 nn::StateDict PipelineStateDicts::whole_random_state(nn::StateDict local) { return gather_stages(local, pp_, false); }
 
@@ -390,7 +398,7 @@ nn::StateDict PipelineStateDicts::model_state_dict() { return pipeline_full_stat
 nn::StateDict PipelineStateDicts::optimizer_state_dict() {
   const std::string copy = tied_copy_name();
   nn::StateDict mine;
-  const nn::StateDict local = optimizer_.state_dict();
+  const nn::StateDict local = oss_ != nullptr ? oss_->state_dict() : optimizer_->state_dict();
   for (const auto& [key, value] : tp_ != nullptr ? full_optimizer_state_dict(local, splits_, *tp_) : local)
     if (copy.empty() || key.rfind(copy + "/", 0) != 0) mine.insert(key, value);
   return gather_stages(mine, pp_, true);
@@ -420,7 +428,11 @@ void PipelineStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
     if (std::find(names.begin(), names.end(), param) != names.end()) mine.insert(key, value);
     if (!copy.empty() && param == tied_name_) mine.insert(copy + slot, value);
   }
-  optimizer_.load_state_dict(tp_ != nullptr ? optimizer_state_dict_part(mine, splits_, *tp_) : mine);
+  const nn::StateDict part = tp_ != nullptr ? optimizer_state_dict_part(mine, splits_, *tp_) : mine;
+  if (oss_ != nullptr)
+    oss_->load_state_dict(part);
+  else
+    optimizer_->load_state_dict(part);
 }
 
 }  // namespace troupe::parallel

@@ -12,12 +12,14 @@
 #   recompute  --activation-checkpointing (every block, every other block) trains to the
 #           parameters of the run without it, with dropout on, in ddp and fsdp.
 #   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2 (ddp, zero2
-#           and fsdp over dp), tp 4, dp 2 x pp 2 and pp 2 x tp 2 end with the same
-#           validation loss (1e-4); a dp 2 x tp 2 checkpoint resumes as dp 4, as tp 4, as
-#           dp 2 x pp 2 and as pp 2 x tp 2, a dp 4 one as dp 2 x tp 2 (ddp and fsdp), a
-#           dp 2 x pp 2 one as dp 4 and as dp 2 x tp 2, a pp 2 x tp 2 one as dp 4, an
-#           fsdp x tp 2 one as pp 2 x tp 2, each ending there too; rank 1 killed
-#           under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and pp 2 x tp 2 resumes bit for bit.
+#           and fsdp over dp), tp 4, dp 2 x pp 2 (ddp and zero1 over dp) and pp 2 x tp 2
+#           end with the same validation loss (1e-4), pp 2's zero1 with its ddp's bits; a
+#           dp 2 x tp 2 checkpoint resumes as dp 4, as tp 4, as dp 2 x pp 2 and as pp 2 x
+#           tp 2, a dp 4 one as dp 2 x tp 2 (ddp and fsdp) and as pp 2 with zero1, a
+#           dp 2 x pp 2 one as dp 4 and as dp 2 x tp 2 (and with zero1, as dp 2 x tp 2),
+#           a pp 2 x tp 2 one as dp 4, an fsdp x tp 2 one as pp 2 x tp 2, each ending
+#           there too; rank 1 killed under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and
+#           pp 2 x tp 2 resumes bit for bit.
 #   layouts8 (8 ranks) dp 2 x pp 2 x tp 2 ends with dp 2's validation loss (1e-4) and
 #           resumes dp 2's checkpoint there too.
 #   bad     bad input is refused with a message naming the file and the mismatch, and
@@ -133,7 +135,11 @@ layouts)
   run pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/pp2tp2"
   run tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/tp2fsdp"
   run tp2zero2 --tp 2 --sharding zero2
-  near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2
+  run pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/pp2zero1"
+  near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2 && near pp2zero1
+  # ZeRO-1 steps each parameter once, on its owner, with the same arithmetic: pp 2's bits.
+  [[ "$(hash_of "$work/pp2zero1.log")" == "$(hash_of "$work/pp2.log")" ]] \
+    || fail "pp 2 with zero1 ends at $(hash_of "$work/pp2zero1.log"), with ddp at $(hash_of "$work/pp2.log")"
   from20 tp2 tp2-as-dp4 && run tp2-as-dp4 --checkpoint-dir "$work/tp2-as-dp4"
   from20 tp2 tp2-as-tp4 && run tp2-as-tp4 --tp 4 --checkpoint-dir "$work/tp2-as-tp4"
   from20 tp2 tp2-as-pp2 && run tp2-as-pp2 --pp 2 --checkpoint-dir "$work/tp2-as-pp2"
@@ -144,8 +150,10 @@ layouts)
   from20 pp2tp2 pp2tp2-as-dp4 && run pp2tp2-as-dp4 --checkpoint-dir "$work/pp2tp2-as-dp4"
   from20 tp2fsdp tp2fsdp-as-pp2tp2 && run tp2fsdp-as-pp2tp2 --pp 2 --tp 2 --checkpoint-dir "$work/tp2fsdp-as-pp2tp2"
   from20 dp4 dp4-as-tp2fsdp && run dp4-as-tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/dp4-as-tp2fsdp"
+  from20 dp4 dp4-as-pp2zero1 && run dp4-as-pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/dp4-as-pp2zero1"
+  from20 pp2zero1 pp2zero1-as-tp2 && run pp2zero1-as-tp2 --tp 2 --checkpoint-dir "$work/pp2zero1-as-tp2"
   for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2 tp2-as-pp2tp2 pp2tp2-as-dp4 \
-              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp; do
+              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp dp4-as-pp2zero1 pp2zero1-as-tp2; do
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
@@ -160,7 +168,8 @@ layouts)
     [[ "$(hash_of "$work/$name-crash.log")" == "$(hash_of "$work/$name.log")" ]] \
       || fail "$layout: $(hash_of "$work/$name-crash.log") after the crash, $(hash_of "$work/$name.log") without"
   done
-  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2, pp 2 and pp 2 x tp 2 resumed bit for bit"
+  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2, pp 2 and pp 2 x tp 2 resumed bit for bit;"
+  echo "      pp 2 with zero1 ends with pp 2's bits"
   ;;
 layouts8)
   steps=(--steps 40 --warmup-steps 5 --eval-every 20 --eval-samples 64 --sample-chars 0 --save-every 10)
@@ -206,7 +215,7 @@ bad)
   expect 2 "--tp 3 must be >= 1 and divide --n-head 4" "$train" --tp 3
   expect 1 "tensor parallelism runs with ddp, zero2 or fsdp, .*not zero1" \
     "${mpi[@]}" "$train" --tp 2 --sharding zero1 --steps 10 --warmup-steps 2
-  expect 1 "pipeline parallelism with ddp, .*not fsdp, f32, cpu with pipeline stages" \
+  expect 1 "pipeline parallelism with ddp or zero1, .*not fsdp, f32, cpu with pipeline stages" \
     "${mpi[@]}" "$train" --pp 2 --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3

@@ -17,6 +17,7 @@
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/parallel/device_mesh.hpp"
+#include "troupe/parallel/parallel_model.hpp"
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/tensor/random.hpp"
@@ -163,6 +164,73 @@ TEST(Pipeline, StagesSplitOverTensorParallelRanksTrainAsOneRank) {
       EXPECT_EQ(loaded.at(key).to_vector<float>(), value.to_vector<float>()) << key;
     }
   }
+}
+
+// ZeRO-1 as a pipeline's data parallelism (PipelineModel with Sharding::zero1): each
+// stage's optimizer state partitioned over 2 dp ranks (dp 2 x pp 1 at 2 ranks, dp 2 x
+// pp 2 at 4), each taking half the batch. The same bar against one rank; the state
+// consolidated over dp is the one-rank optimizer's, and it loads back into a fresh
+// model's partitions bit for bit.
+TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
+  if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
+  parallel::DeviceMesh mesh(world(), {{"dp", 2}, {"pp", world().size() / 2}});
+  collectives::Communicator& dp = mesh.comm("dp");
+  collectives::Communicator& pp = mesh.comm("pp");
+  const parallel::OptimizerFactory factory = [](std::vector<nn::NamedParameter> params) {
+    auto opt = std::make_unique<nn::AdamW>(std::move(params), 3e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.1);
+    opt->set_weight_decay_filter(nn::decay_matrices_only);
+    return opt;
+  };
+  GptStage stage(tiny_gpt(), 5, pp.rank(), pp.size());
+  parallel::PipelineModel model(stage, pp, dp, PipelineSchedule::one_f_one_b, 2, factory, parallel::Sharding::zero1);
+  nn::CrossEntropyLoss ce;
+  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+                                    [&ce](double scale) { return ce.backward(scale); }};
+  PipelineRun run;
+  const std::int64_t half = 4, d = dp.rank();
+  for (int step = 0; step < 20; ++step) {
+    const Tensor x = token_ids(8, 16, 65, 100 + step), y = token_ids(8, 16, 65, 500 + step);
+    double mean = model
+                      .train_micro_batch(x.slice(d * half, (d + 1) * half), y.slice(d * half, (d + 1) * half), loss,
+                                         {.accum_steps = 1, .steps_per_epoch = 1, .max_grad_norm = kMaxNorm})
+                      .loss;
+    dp.allreduce(collectives::Buffer(&mean, 1), collectives::ReduceOp::avg);
+    run.losses.push_back(mean);
+  }
+  run.full = model.whole_state_dict();
+  const PipelineRun reference = one_rank(20);
+  expect_as_one_rank(run, reference);
+
+  // Each dp rank holds the slots of its partition only.
+  const nn::StateDict local = model.optimizer().state_dict();
+  std::int64_t slots = 0;
+  for (const auto& key : local.keys()) slots += key.find('/') != std::string::npos ? 1 : 0;
+  std::int64_t all_slots = slots;
+  dp.allreduce(collectives::Buffer(&all_slots, 1), collectives::ReduceOp::sum);
+  EXPECT_LT(slots, all_slots);
+
+  parallel::ShardedStateDicts& state = *model.state_dicts();
+  const nn::StateDict optimizer = state.optimizer_state_dict();
+  auto sorted = [](std::vector<std::string> keys) {
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  };
+  ASSERT_EQ(sorted(optimizer.keys()), sorted(reference.optimizer.keys()));
+  GptStage fresh(tiny_gpt(), 6, pp.rank(), pp.size());
+  parallel::PipelineModel fresh_model(fresh, pp, dp, PipelineSchedule::gpipe, 2, factory, parallel::Sharding::zero1);
+  fresh_model.state_dicts()->load_model_state_dict(state.model_state_dict());
+  fresh_model.state_dicts()->load_optimizer_state_dict(optimizer);
+  EXPECT_EQ(fresh_model.parameter_hash(), model.parameter_hash());
+  const nn::StateDict mine = model.optimizer().state_dict(), loaded = fresh_model.optimizer().state_dict();
+  ASSERT_EQ(loaded.keys(), mine.keys());
+  for (const auto& [key, value] : mine) {
+    if (tensor::is_floating(value.dtype())) {
+      EXPECT_EQ(loaded.at(key).to_vector<float>(), value.to_vector<float>()) << key;
+    }
+  }
+
+  EXPECT_THROW(parallel::PipelineModel(stage, pp, dp, PipelineSchedule::gpipe, 2, factory, parallel::Sharding::fsdp),
+               InvalidArgument);
 }
 
 // Both run each stage's backwards in micro-batch order, and a recompute leaves the

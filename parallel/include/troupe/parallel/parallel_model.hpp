@@ -3,7 +3,8 @@
 //   DataParallelModel  DDP over the data-parallel ranks (ddp), with f32 master weights
 //                      under a bf16 model, or a tensor-parallel model inside it
 //   ShardedModel       zero1, zero2, fsdp (sharded_model.hpp)
-//   PipelineModel      a pipeline stage, its gradients averaged over the dp ranks
+//   PipelineModel      a pipeline stage, its gradients averaged over the dp ranks (its
+//                      optimizer state sharded over them under zero1)
 // The worker builds one (the only place the layout is chosen), then trains, evaluates,
 // hashes and checkpoints through it alone.
 //
@@ -23,7 +24,9 @@
 #include "troupe/nn/state_dict.hpp"
 #include "troupe/parallel/ddp.hpp"
 #include "troupe/parallel/master_weights.hpp"
+#include "troupe/parallel/oss.hpp"
 #include "troupe/parallel/pipeline.hpp"
+#include "troupe/parallel/sharding.hpp"
 #include "troupe/parallel/state_slices.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/trace.hpp"
@@ -137,16 +140,25 @@ class DataParallelModel final : public ParallelModel {
 // accum_steps must be 1. With `tp`, the stage is split over it (GptStage's tp): norms,
 // hashes and checkpoints gather over tp as well, and only tp's first rank of the last
 // stage counts.
+//
+// `dp_sharding` is ddp (every dp rank steps the whole stage) or zero1: the stage's
+// optimizer state sharded over dp (OSS), as DeepSpeed's pipeline engine and
+// Megatron's distributed optimizer do -- each dp rank steps its partition, then the
+// updated parameters are broadcast from their owners. zero2 and fsdp are refused: the
+// gradients of m micro-batches accumulate whole on a stage, and a stage recomputes each
+// forward, so sharding them would gather each unit 2m times a step (DeepSpeed refuses
+// ZeRO-2/3 with its pipeline engine for the same reason).
 class PipelineModel final : public ParallelModel {
  public:
   PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
-                PipelineSchedule schedule, int micro_batches, std::unique_ptr<nn::Optimizer> optimizer,
-                collectives::Communicator* tp = nullptr);
+                PipelineSchedule schedule, int micro_batches, const OptimizerFactory& factory,
+                Sharding dp_sharding = Sharding::ddp, collectives::Communicator* tp = nullptr);
 
   MicroBatchResult train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
                                      const MicroBatchOptions& options) override;
   Tensor evaluate(const Tensor& inputs) override { return pipe_.forward(inputs); }
-  nn::Optimizer& optimizer() override { return *optimizer_; }
+  // The optimizer over this rank's share of the stage (OSS's partition under zero1).
+  nn::Optimizer& optimizer() override { return oss_ ? oss_->base() : *optimizer_; }
   std::int64_t micro_step() const override { return 0; }  // a step is one pass
   void set_micro_step(std::int64_t) override {}
   std::uint64_t parameter_hash() override;
@@ -162,7 +174,8 @@ class PipelineModel final : public ParallelModel {
   collectives::Communicator& pp_;
   collectives::Communicator& dp_;
   collectives::Communicator* tp_;
-  std::unique_ptr<nn::Optimizer> optimizer_;
+  std::unique_ptr<OSS> oss_;                  // zero1
+  std::unique_ptr<nn::Optimizer> optimizer_;  // ddp
   Pipeline pipe_;
   PipelineStateDicts state_;
   Tracer* tracer_ = nullptr;

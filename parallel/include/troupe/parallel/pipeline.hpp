@@ -31,6 +31,7 @@
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/parallel/oss.hpp"
 #include "troupe/parallel/state_slices.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/trace.hpp"
@@ -180,10 +181,15 @@ class DistributedDataParallel;
 // scalars once), gathered over pp; loading takes this stage's entries (a tied copy's
 // slots from the parameter it copies). With `tp` (a stage split over it), each entry is
 // gathered over tp first, and loading takes this rank's part. So a file of any layout
-// resumes at any other.
+// resumes at any other. With an OSS (the stage's optimizer state sharded over its
+// data-parallel ranks, ZeRO-1), the stage's optimizer state is first consolidated over
+// those ranks (OSS::state_dict, a collective over them), and loading hands the stage's
+// whole state to OSS, which keeps each rank's partition.
 class PipelineStateDicts final : public ShardedStateDicts {
  public:
   PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
+                     collectives::Communicator* tp = nullptr, std::string tied_name = "transformer.wte.weight");
+  PipelineStateDicts(PipelineStage& stage, OSS& optimizer, collectives::Communicator& pp,
                      collectives::Communicator* tp = nullptr, std::string tied_name = "transformer.wte.weight");
 
   nn::StateDict model_state_dict() override;
@@ -198,7 +204,8 @@ class PipelineStateDicts final : public ShardedStateDicts {
   std::string tied_copy_name() const;  // the copy's name on this stage ("" for none)
 
   PipelineStage& stage_;
-  nn::Optimizer& optimizer_;
+  nn::Optimizer* optimizer_;  // one of the two
+  OSS* oss_;
   collectives::Communicator& pp_;
   collectives::Communicator* tp_;
   std::map<std::string, TensorSplit> splits_;  // with tp: the stage's split parameters

@@ -100,10 +100,11 @@ class TrainWorker {
     TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
     TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
                  "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
-    TROUPE_CHECK(!mesh_ || ((sharding_ == Sharding::ddp || (!stage_ && sharding_ != Sharding::zero1)) &&
+    TROUPE_CHECK(!mesh_ || ((sharding_ == Sharding::ddp ||
+                             (stage_ ? sharding_ == Sharding::zero1 : sharding_ != Sharding::zero1)) &&
                             options_.precision == Precision::f32 && !device_.is_cuda()),
-                 "TrainWorker: tensor parallelism runs with ddp, zero2 or fsdp, pipeline parallelism with ddp, both ",
-                 "in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
+                 "TrainWorker: tensor parallelism runs with ddp, zero2 or fsdp, pipeline parallelism with ddp or ",
+                 "zero1, both ", "in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
                  precision_name(options_.precision), ", ", worker_device_name(options_.device),
                  stage_ ? " with pipeline stages" : "");
     if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
@@ -458,7 +459,10 @@ class TrainWorker {
     if (stage_)
       return std::make_unique<parallel::PipelineModel>(
           *stage_, mesh_->comm("pp"), data_comm(), parallel::parse_pipeline_schedule(options_.pipeline_schedule),
-          options_.micro_batches, Recipe::make_optimizer(*model_, config_), tensor_parallel_comm());
+          options_.micro_batches,
+          recipe_optimizer_factory<Recipe>(config_,
+                                           std::string(parallel::sharding_name(sharding_)) + " with pipeline stages"),
+          sharding_, tensor_parallel_comm());
     if (sharding_ != Sharding::ddp)
       return std::make_unique<parallel::ShardedModel>(
           sharding_, *model_, data_comm(),

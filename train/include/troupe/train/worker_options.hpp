@@ -47,8 +47,9 @@ struct WorkerOptions {
   std::int32_t tensor_parallel = 1;
   // Pipeline stages (1: none): the world becomes a dp x pp mesh and each step is one
   // pass of the schedule ("gpipe" or "1f1b") over micro_batches micro-batches, the
-  // gradients then averaged over dp. f32, CPU, accum_steps 1. With tensor_parallel too,
-  // a dp x pp x tp mesh: each stage split over tp.
+  // gradients then averaged over dp (sharding ddp, or zero1: each stage's optimizer
+  // state sharded over dp). f32, CPU, accum_steps 1. With tensor_parallel too, a dp x
+  // pp x tp mesh: each stage split over tp.
   std::int32_t pipeline_parallel = 1;
   std::string pipeline_schedule = "1f1b";
   std::int32_t micro_batches = 4;
