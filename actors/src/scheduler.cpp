@@ -1,6 +1,7 @@
 #include "scheduler.hpp"
 
 #include <algorithm>
+#include <functional>
 
 namespace troupe::actors::detail {
 
@@ -10,10 +11,35 @@ using Clock = std::chrono::steady_clock;
 // stream of messages to one actor usually has its next message here within a few
 // microseconds, and sleeping in between would cost a wake-up per message.
 constexpr auto kSpin = std::chrono::microseconds(50);
-// A stand-in receiver spins this long after its last message, then pauses for up to
-// kStandInPause between polls.
+// A thread receiving in place of a busy receiving thread polls without a system call
+// for kStandInHot after its last message (the next ask of a caller in a loop comes
+// within microseconds, and sched_yield costs over 1 us on these VMs: yielding at once
+// made a control-group ask during a long call 2.5x an idle one), then yields the core
+// between polls until kStandInSpin, then pauses for up to kStandInPause between them.
+constexpr auto kStandInHot = std::chrono::microseconds(20);
 constexpr auto kStandInSpin = std::chrono::microseconds(200);
 constexpr auto kStandInPause = std::chrono::milliseconds(1);
+
+// The polling of a stand-in or the reserve: `receive` while `keep()` holds, pacing the
+// polls as above; pause(duration) waits and returns false to stop at once.
+template <class Keep, class Pause>
+void receive_while(const std::function<bool()>& receive, Keep keep, Pause pause) {
+  auto last_received = Clock::now();
+  while (keep()) {
+    if (receive()) {
+      last_received = Clock::now();
+      continue;
+    }
+    const auto quiet = Clock::now() - last_received;
+    if (quiet < kStandInHot) {
+      for (int i = 0; i < 2; ++i) cpu_relax();
+    } else if (quiet < kStandInSpin) {
+      std::this_thread::yield();
+    } else if (!pause(std::min<Clock::duration>(kStandInPause, quiet / 8))) {
+      return;
+    }
+  }
+}
 
 // The actors this thread took on in post() while inside an InlineScope.
 thread_local std::vector<std::shared_ptr<Lane>> t_inline;
@@ -202,22 +228,17 @@ void Scheduler::reserve() {
     const std::int64_t since = inline_since_.load(std::memory_order_relaxed);
     if (held_since(since) && standing_in_.load(std::memory_order_relaxed) == 0) {
       lock.unlock();
-      auto last_received = Clock::now();
-      while (held_since(since) && standing_in_.load(std::memory_order_relaxed) == 0) {
-        if (receive_()) {
-          last_received = Clock::now();
-          continue;
-        }
-        const auto quiet = Clock::now() - last_received;
-        if (quiet < kStandInSpin) {
-          std::this_thread::yield();
-          continue;
-        }
-        // MPI has no wake-up to block on: poll again within kStandInPause, or at once on stop().
-        std::unique_lock pause(mutex_);
-        if (reserve_cv_.wait_for(pause, std::min<Clock::duration>(kStandInPause, quiet / 8), [this] { return stop_; }))
-          return;
-      }
+      bool stopped = false;
+      // MPI has no wake-up to block on: when quiet, poll again within kStandInPause, or
+      // at once on stop().
+      receive_while(
+          receive_, [&] { return held_since(since) && standing_in_.load(std::memory_order_relaxed) == 0; },
+          [&](Clock::duration pause) {
+            std::unique_lock paused(mutex_);
+            stopped = reserve_cv_.wait_for(paused, pause, [this] { return stop_; });
+            return !stopped;
+          });
+      if (stopped) return;
       lock.lock();
       idle_rounds = 0;
       continue;
@@ -249,30 +270,20 @@ void Scheduler::stand_in() {
     ready_count_.fetch_add(static_cast<int>(parked_.size()), std::memory_order_release);
     parked_.clear();
   }
-  auto last_received = Clock::now();
-  while (!has_ready() && inline_since_.load(std::memory_order_relaxed) == since) {
-    {
-      std::lock_guard lock(mutex_);
-      if (stop_) return;
-    }
-    if (receive_()) {
-      last_received = Clock::now();
-      continue;
-    }
-    const auto quiet = Clock::now() - last_received;
-    if (quiet < kStandInSpin) {
-      std::this_thread::yield();
-      continue;
-    }
-    // Nothing arrives: the long call (a training step, say) needs this core more than
-    // the next message needs an answer within microseconds. Pause as a sleeping pool
-    // thread does, so that an actor made ready wakes us at once; MPI is polled again
-    // within kStandInPause. Spinning here took a third of a core from a 2-rank job.
-    std::unique_lock lock(mutex_);
-    ++sleeping_;
-    cv_.wait_for(lock, std::min<Clock::duration>(kStandInPause, quiet / 8), [&] { return stop_ || has_ready(); });
-    --sleeping_;
-  }
+  // Nothing arrives for a while: the long call (a training step, say) needs this core
+  // more than the next message needs an answer within microseconds. Pause as a
+  // sleeping pool thread does, so that an actor made ready wakes us at once; MPI is
+  // polled again within kStandInPause. Spinning here took a third of a core from a
+  // 2-rank job.
+  receive_while(
+      receive_, [&] { return !has_ready() && inline_since_.load(std::memory_order_relaxed) == since; },
+      [&](Clock::duration pause) {
+        std::unique_lock lock(mutex_);
+        ++sleeping_;
+        cv_.wait_for(lock, pause, [&] { return stop_ || has_ready(); });
+        --sleeping_;
+        return !stop_;
+      });
 }
 
 void Scheduler::worker() {
