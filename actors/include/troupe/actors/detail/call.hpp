@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <utility>
+
+#include "troupe/actors/detail/call_memory.hpp"
 
 namespace troupe::actors {
 struct ErrorInfo;
@@ -31,6 +34,13 @@ class Call {
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
   virtual ~Call() = default;
+  // Recycled memory (call_memory.hpp); an over-aligned call gets the global allocator's.
+  static void* operator new(std::size_t bytes) { return allocate_call(bytes); }
+  static void operator delete(void* block, std::size_t bytes) noexcept { free_call(block, bytes); }
+  static void* operator new(std::size_t bytes, std::align_val_t align) { return ::operator new(bytes, align); }
+  static void operator delete(void* block, std::size_t bytes, std::align_val_t align) noexcept {
+    ::operator delete(block, bytes, align);
+  }
   virtual void run() = 0;
   virtual void fail(const ErrorInfo& info) = 0;
 
