@@ -247,7 +247,9 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
                                     format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
                   {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) +
                                 " x " + std::to_string(config.block_size) + " characters, " + flags.sharding +
-                                (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) : std::string()) +
+                                (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) +
+                                                    (flags.sequence_parallel ? " (sequence parallel)" : "")
+                                              : std::string()) +
                                 (flags.pp > 1 ? " x pp " + std::to_string(flags.pp) + " " + flags.schedule + " (" +
                                                     std::to_string(flags.micro_batches) + " micro-batches)"
                                               : std::string()) +
@@ -352,6 +354,7 @@ int main(int argc, char** argv) {
         .seed = flags.seed,
         .sharding = parallel::parse_sharding(flags.sharding),
         .tensor_parallel = flags.tp,
+        .sequence_parallel = flags.sequence_parallel,
         .pipeline_parallel = flags.pp,
         .pipeline_schedule = flags.schedule,
         .micro_batches = flags.micro_batches,

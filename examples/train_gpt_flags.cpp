@@ -43,7 +43,8 @@ const char* kUsage =
     "                 [--batch-size N] [--accum-steps N] [--steps N] [--lr X] [--min-lr X]\n"
     "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
     "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
-    "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N] [--device cpu|cuda] [--precision f32|bf16]\n"
+    "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N [--sequence-parallel]]\n"
+    "                 [--device cpu|cuda] [--precision f32|bf16]\n"
     "                 [--pp N] [--schedule gpipe|1f1b] [--micro-batches N]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "                 [--require-val-loss X] [--peak-gflops X] [--trace DIR] [--trace-steps FIRST-LAST]\n"
@@ -57,6 +58,8 @@ const char* kUsage =
     "  --tp N splits each block's attention heads and MLP, and the vocabulary, over N\n"
     "  consecutive ranks (Megatron's tensor parallelism, dropout 0); --sharding ddp, zero2 or\n"
     "  fsdp between the groups (fsdp x tp: each group's part sharded over the groups).\n"
+    "  --sequence-parallel also splits the positions between those layers over the N ranks\n"
+    "  (Megatron's sequence parallelism: 1/N of the LayerNorms' and residuals' activations).\n"
     "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
     "  of --schedule over --micro-batches micro-batches (gradients averaged between groups;\n"
     "  --sharding zero1 shards each stage's optimizer state over them).\n"
@@ -75,6 +78,10 @@ Flags parse_flags(int argc, char** argv) {
     if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
       std::exit(0);
+    }
+    if (flag == "--sequence-parallel") {  // the one flag without a value
+      f.sequence_parallel = true;
+      continue;
     }
     if (i + 1 >= argc) throw InvalidArgument(flag + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
@@ -179,6 +186,8 @@ Flags parse_flags(int argc, char** argv) {
   require(f.activation_checkpointing >= 0, "--activation-checkpointing must be >= 0");
   require(f.tp >= 1 && f.n_head % f.tp == 0,
           "--tp " + std::to_string(f.tp) + " must be >= 1 and divide --n-head " + std::to_string(f.n_head));
+  require(!f.sequence_parallel || (f.tp > 1 && f.block_size % f.tp == 0),
+          "--sequence-parallel needs --tp > 1 dividing --block-size " + std::to_string(f.block_size));
   require(f.pp >= 1 && f.pp <= f.n_layer,
           "--pp " + std::to_string(f.pp) + " must be in [1, --n-layer " + std::to_string(f.n_layer) + "]");
   require(f.schedule == "gpipe" || f.schedule == "1f1b",

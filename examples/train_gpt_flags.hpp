@@ -15,6 +15,7 @@ struct Flags {
   double dropout = -1;
   std::int64_t activation_checkpointing = 0;  // recompute every N-th block in backward (0: none)
   int tp = 1;                                 // ranks each model is split over (tensor parallelism)
+  bool sequence_parallel = false;             // and the positions between its layers (Megatron's)
   int pp = 1;                                 // pipeline stages
   std::string schedule = "1f1b";
   int micro_batches = 4;

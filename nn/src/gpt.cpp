@@ -123,7 +123,10 @@ Tensor GPT::forward_impl(const Tensor& idx) {
   time_ = idx.size(1);
   TROUPE_CHECK(time_ >= 1 && time_ <= config_.block_size, type_name(), ".forward: a sequence of ", time_,
                " tokens does not fit block_size ", config_.block_size);
-  const Tensor positions = Tensor::arange(0, static_cast<double>(time_), 1, DType::i64);
+  TROUPE_CHECK(time_ % sequence_parts_ == 0, type_name(), ".forward: a sequence of ", time_,
+               " tokens does not split into ", sequence_parts_, " equal parts (sequence parallelism)");
+  const std::int64_t part = time_ / sequence_parts_, first = sequence_index_ * part;
+  const Tensor positions = Tensor::arange(static_cast<double>(first), static_cast<double>(first + part), 1, DType::i64);
   Tensor x = tensor::add(wte_->forward(idx), wpe_->forward(positions));
   x = drop_->forward(x);
   for (std::size_t i = 0; i < h_->size(); ++i) x = (*h_)[i].forward(x);
@@ -138,6 +141,13 @@ Tensor GPT::backward_impl(const Tensor& grad_logits) {
   wpe_->backward(tensor::sum(g, 0));
   wte_->backward(g);
   return Tensor();
+}
+
+void GPT::set_sequence_split(std::int64_t parts, std::int64_t index) {
+  TROUPE_CHECK(parts >= 1 && index >= 0 && index < parts, type_name(), ".set_sequence_split: part ", index, " of ",
+               parts, " does not exist");
+  sequence_parts_ = parts;
+  sequence_index_ = index;
 }
 
 void GPT::checkpoint_blocks(std::int64_t every) {

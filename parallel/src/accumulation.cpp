@@ -42,6 +42,11 @@ AccumulationStep DistributedDataParallel::optimizer_step_with_gradient_accumulat
       backward(grad);
     }
     TraceScope span(options.tracer, "compute", "optimizer");
+    if (options.sequence_parallel) {
+      TROUPE_CHECK(options.tensor_parallel != nullptr,
+                   "optimizer_step_with_gradient_accumulation: sequence parallelism needs the tp communicator");
+      sequence_parallel_sum_gradients(module_, *options.tensor_parallel);
+    }
     result.synced = sync_enabled();
     if (options.master != nullptr) options.master->copy_gradients_to_master();
     if (options.scaler != nullptr) options.scaler->unscale_(optimizer);

@@ -24,10 +24,19 @@ std::uint64_t combined_hash(std::uint64_t hash, collectives::Communicator& group
 
 DataParallelModel::DataParallelModel(nn::Module& model, collectives::Communicator& dp, DdpOptions ddp_options,
                                      const DataParallelOptimizer& make_optimizer, bool master_weights,
-                                     collectives::Communicator* tp)
-    : model_(model), tp_(tp), ddp_(std::make_unique<DistributedDataParallel>(model, dp, ddp_options)) {
+                                     collectives::Communicator* tp, bool sequence_parallel)
+    : model_(model),
+      tp_(tp),
+      sequence_parallel_(sequence_parallel),
+      ddp_(std::make_unique<DistributedDataParallel>(model, dp, ddp_options)) {
   TROUPE_CHECK(!(master_weights && tp != nullptr), "DataParallelModel: master weights with tensor parallelism are not ",
                "built");
+  if (sequence_parallel) {
+    auto* gpt = dynamic_cast<nn::GPT*>(&model);
+    TROUPE_CHECK(tp != nullptr && gpt != nullptr, "DataParallelModel: sequence parallelism needs a tensor-parallel ",
+                 "GPT and its tp communicator");
+    enable_sequence_parallel(*gpt, *tp);
+  }
   // After DDP's broadcast, so that every rank's masters are rank 0's.
   if (master_weights) master_ = std::make_unique<MasterWeights>(model);
   optimizer_ = make_optimizer(model, master_.get());
@@ -47,6 +56,7 @@ MicroBatchResult DataParallelModel::train_micro_batch(const Tensor& inputs, cons
                            AccumulationOptions{.max_grad_norm = options.max_grad_norm,
                                                .master = master_.get(),
                                                .tensor_parallel = tp_,
+                                               .sequence_parallel = sequence_parallel_,
                                                .tracer = tracer_})
                        .stepped;
   return result;

@@ -47,10 +47,15 @@ ColumnParallelLinear::ColumnParallelLinear(nn::Parameter& tied_weight, std::int6
                out_features(), " rows is not rank ", tp.rank(), "'s part of ", full_out);
 }
 
+Tensor ColumnParallelLinear::forward_impl(const Tensor& input) {
+  return nn::Linear::forward_impl(sequence_parallel_ ? gather_sequence(input, *tp_) : input);
+}
+
 // dx = sum over ranks of gy_r W_r: each rank's part of the input gradient, all-reduced.
 Tensor ColumnParallelLinear::backward_impl(const Tensor& grad_output) {
   Tensor dx = nn::Linear::backward_impl(grad_output);
   require_host(dx, "ColumnParallelLinear.backward");
+  if (sequence_parallel_) return reduce_scatter_sequence(dx, *tp_);
   tp_->allreduce(Buffer(dx));
   return dx;
 }
@@ -70,7 +75,10 @@ RowParallelLinear::RowParallelLinear(std::int64_t in, std::int64_t out, collecti
 Tensor RowParallelLinear::forward_impl(const Tensor& input) {
   Tensor y = nn::Linear::forward_impl(input);
   require_host(y, "RowParallelLinear.forward");
-  tp_->allreduce(Buffer(y));
+  if (sequence_parallel_)
+    y = reduce_scatter_sequence(y, *tp_);
+  else
+    tp_->allreduce(Buffer(y));
   if (whole_bias_) tensor::add_(y, whole_bias_->data);
   return y;
 }
@@ -87,7 +95,7 @@ Tensor RowParallelLinear::backward_impl(const Tensor& grad_output) {
       tensor::add_(nn::grad_for_accumulation(*whole_bias_, op.c_str(), "bias"), db);
     grad_ready(*whole_bias_);
   }
-  return nn::Linear::backward_impl(grad_output);
+  return nn::Linear::backward_impl(sequence_parallel_ ? gather_sequence(grad_output, *tp_) : grad_output);
 }
 
 std::string RowParallelLinear::type_name() const {
@@ -125,6 +133,7 @@ Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids) {
   auto* bytes = static_cast<std::byte*>(out.raw_data());
   for (std::int64_t i = 0; i < n; ++i)
     if (!held_[static_cast<std::size_t>(i)]) std::memset(bytes + static_cast<std::size_t>(i) * row, 0, row);
+  if (sequence_parallel_) return reduce_scatter_sequence(out, *tp_);
   tp_->allreduce(Buffer(out));
   return out;
 }
@@ -133,7 +142,7 @@ Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids) {
 Tensor VocabParallelEmbedding::backward_impl(const Tensor& grad_output) {
   TROUPE_CHECK(!held_.empty(), type_name(), ".backward: called before forward");
   require_host(grad_output, "VocabParallelEmbedding.backward");
-  Tensor g = grad_output.clone();
+  Tensor g = sequence_parallel_ ? gather_sequence(grad_output, *tp_) : grad_output.clone();
   const std::size_t row = static_cast<std::size_t>(embedding_dim()) * tensor::element_size(g.dtype());
   TROUPE_CHECK(g.nbytes() == row * held_.size(), type_name(), ".backward: grad_output ",
                tensor::to_string(grad_output.shape()), " does not match the last forward's ", held_.size(), " ids");

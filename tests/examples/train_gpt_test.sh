@@ -12,14 +12,15 @@
 #   recompute  --activation-checkpointing (every block, every other block) trains to the
 #           parameters of the run without it, with dropout on, in ddp and fsdp.
 #   layouts (4 ranks) tensor and pipeline parallelism: dp 4, dp 2 x tp 2 (ddp, zero2
-#           and fsdp over dp), tp 4, dp 2 x pp 2 (ddp and zero1 over dp) and pp 2 x tp 2
-#           end with the same validation loss (1e-4), pp 2's zero1 with its ddp's bits; a
-#           dp 2 x tp 2 checkpoint resumes as dp 4, as tp 4, as dp 2 x pp 2 and as pp 2 x
-#           tp 2, a dp 4 one as dp 2 x tp 2 (ddp and fsdp) and as pp 2 with zero1, a
-#           dp 2 x pp 2 one as dp 4 and as dp 2 x tp 2 (and with zero1, as dp 2 x tp 2),
-#           a pp 2 x tp 2 one as dp 4, an fsdp x tp 2 one as pp 2 x tp 2, each ending
-#           there too; rank 1 killed under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and
-#           pp 2 x tp 2 resumes bit for bit.
+#           and fsdp over dp, and ddp with sequence parallelism), tp 4, dp 2 x pp 2 (ddp
+#           and zero1 over dp) and pp 2 x tp 2 end with the same validation loss (1e-4),
+#           pp 2's zero1 with its ddp's bits; a dp 2 x tp 2 checkpoint resumes as dp 4,
+#           as tp 4, as dp 2 x pp 2 and as pp 2 x tp 2, a dp 4 one as dp 2 x tp 2 (ddp
+#           and fsdp) and as pp 2 with zero1, a dp 2 x pp 2 one as dp 4 and as dp 2 x
+#           tp 2 (and with zero1, as dp 2 x tp 2), a pp 2 x tp 2 one as dp 4, an fsdp x
+#           tp 2 one as pp 2 x tp 2, a sequence-parallel one as dp 4, each ending there
+#           too; rank 1 killed under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and pp 2 x
+#           tp 2 resumes bit for bit.
 #   layouts8 (8 ranks) dp 2 x pp 2 x tp 2 ends with dp 2's validation loss (1e-4) and
 #           resumes dp 2's checkpoint there too.
 #   bad     bad input is refused with a message naming the file and the mismatch, and
@@ -136,7 +137,8 @@ layouts)
   run tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/tp2fsdp"
   run tp2zero2 --tp 2 --sharding zero2
   run pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/pp2zero1"
-  near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2 && near pp2zero1
+  run tp2sp --tp 2 --sequence-parallel --checkpoint-dir "$work/tp2sp"
+  near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2 && near pp2zero1 && near tp2sp
   # ZeRO-1 steps each parameter once, on its owner, with the same arithmetic: pp 2's bits.
   [[ "$(hash_of "$work/pp2zero1.log")" == "$(hash_of "$work/pp2.log")" ]] \
     || fail "pp 2 with zero1 ends at $(hash_of "$work/pp2zero1.log"), with ddp at $(hash_of "$work/pp2.log")"
@@ -152,8 +154,9 @@ layouts)
   from20 dp4 dp4-as-tp2fsdp && run dp4-as-tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/dp4-as-tp2fsdp"
   from20 dp4 dp4-as-pp2zero1 && run dp4-as-pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/dp4-as-pp2zero1"
   from20 pp2zero1 pp2zero1-as-tp2 && run pp2zero1-as-tp2 --tp 2 --checkpoint-dir "$work/pp2zero1-as-tp2"
+  from20 tp2sp tp2sp-as-dp4 && run tp2sp-as-dp4 --checkpoint-dir "$work/tp2sp-as-dp4"
   for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2 tp2-as-pp2tp2 pp2tp2-as-dp4 \
-              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp dp4-as-pp2zero1 pp2zero1-as-tp2; do
+              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp dp4-as-pp2zero1 pp2zero1-as-tp2 tp2sp-as-dp4; do
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
@@ -213,6 +216,9 @@ bad)
   expect 2 "bad value 'tp' for --sharding" "$train" --sharding tp
   expect 2 "--activation-checkpointing must be >= 0" "$train" --activation-checkpointing -1
   expect 2 "--tp 3 must be >= 1 and divide --n-head 4" "$train" --tp 3
+  expect 2 "--sequence-parallel needs --tp > 1 dividing --block-size" "$train" --sequence-parallel
+  expect 1 "sequence parallelism runs over tensor_parallel > 1 ranks with ddp and no pipeline stages" \
+    "${mpi[@]}" "$train" --tp 2 --sequence-parallel --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism runs with ddp, zero2 or fsdp, .*not zero1" \
     "${mpi[@]}" "$train" --tp 2 --sharding zero1 --steps 10 --warmup-steps 2
   expect 1 "pipeline parallelism with ddp or zero1, .*not fsdp, f32, cpu with pipeline stages" \

@@ -22,8 +22,10 @@
 #include "troupe/nn/sgd.hpp"
 #include "troupe/parallel/ddp.hpp"
 #include "troupe/parallel/device_mesh.hpp"
+#include "troupe/parallel/parallel_model.hpp"
 #include "troupe/parallel/sharded_model.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
+#include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/random.hpp"
 
 namespace troupe::train::testing {
@@ -91,40 +93,53 @@ TEST(TensorParallel, SplittingThenGatheringAGptGivesItBackBitForBit) {
   EXPECT_EQ(mine.at("transformer.h.0.attn.c_proj.weight").size(1), 32 / world().size());
 }
 
-// Issue 51's bar: every step's loss within 1e-5 (relative) of one rank's, over 50
-// AdamW steps with clipping, then every gathered parameter within 1e-5 in norm.
-TEST(TensorParallel, GptTrainsAsOneRankFor50Steps) {
+// `steps` clipped AdamW steps of `split`, tensor_parallel_gpt(tiny_gpt(), 5, world()),
+// against the whole model on every rank: every loss and gradient norm within 1e-5
+// (relative) of its. With `sequence_parallel` the whole parameters' gradients are summed
+// over tp first. Returns the whole model's state dict; `worst` gets the largest loss
+// difference.
+nn::StateDict train_as_one_rank(nn::GPT& split, int steps, bool sequence_parallel, double& worst) {
   const nn::GPTConfig config = tiny_gpt();
-  auto split = parallel::tensor_parallel_gpt(config, 5, world());
   nn::GPT whole(config, 5);
   auto adamw = [](nn::Module& m) {
     auto opt = std::make_unique<nn::AdamW>(m.named_parameters(), 3e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.1);
     opt->set_weight_decay_filter(nn::decay_matrices_only);
     return opt;
   };
-  auto split_opt = adamw(*split), whole_opt = adamw(whole);
+  auto split_opt = adamw(split), whole_opt = adamw(whole);
   parallel::VocabParallelCrossEntropy split_loss(world(), config.vocab_size);
   nn::CrossEntropyLoss whole_loss;
-  double worst = 0;
-  for (int step = 0; step < 50; ++step) {
+  worst = 0;
+  for (int step = 0; step < steps; ++step) {
     const Tensor x = token_ids(4, 16, 65, 100 + step), y = token_ids(4, 16, 65, 500 + step);
     split_opt->zero_grad();
     whole_opt->zero_grad();
-    const double a = split_loss.forward(split->forward(x), y).item();
+    const double a = split_loss.forward(split.forward(x), y).item();
     const double b = whole_loss.forward(whole.forward(x), y).item();
-    split->backward(split_loss.backward());
+    split.backward(split_loss.backward());
     whole.backward(whole_loss.backward());
-    const double na = parallel::tensor_parallel_clip_grad_norm(*split, 1.0, world());
+    if (sequence_parallel) parallel::sequence_parallel_sum_gradients(split, world());
+    const double na = parallel::tensor_parallel_clip_grad_norm(split, 1.0, world());
     const double nb = nn::clip_grad_norm(whole.named_parameters(), 1.0);
     EXPECT_NEAR(na, nb, 1e-5 * nb) << "step " << step;
     split_opt->step();
     whole_opt->step();
     worst = std::max(worst, std::abs(a - b) / b);
-    ASSERT_LE(std::abs(a - b), 1e-5 * b) << "step " << step << ": " << a << " split, " << b << " whole";
+    EXPECT_LE(std::abs(a - b), 1e-5 * b) << "step " << step << ": " << a << " split, " << b << " whole";
   }
+  return whole.state_dict();
+}
+
+// Issue 51's bar: every step's loss within 1e-5 (relative) of one rank's, over 50
+// AdamW steps with clipping, then every gathered parameter within 1e-5 in norm.
+TEST(TensorParallel, GptTrainsAsOneRankFor50Steps) {
+  const nn::GPTConfig config = tiny_gpt();
+  auto split = parallel::tensor_parallel_gpt(config, 5, world());
+  double worst = 0;
+  const nn::StateDict whole = train_as_one_rank(*split, 50, false, worst);
   RecordProperty("max_relative_loss_difference", std::to_string(worst));
   const nn::StateDict gathered = parallel::full_state_dict(*split, world());
-  for (const auto& [name, value] : whole.state_dict()) {
+  for (const auto& [name, value] : whole) {
     if (name.ends_with("attn.c_attn.bias")) {
       // The key bias shifts every score of a query alike, which softmax ignores: its
       // true gradient is zero, so it is rounding noise that AdamW scales up to lr, on
@@ -187,6 +202,99 @@ TEST(TensorParallel, DataTimesTensorParallelTrainsAsOneRank) {
   }
 }
 
+struct WholeRun {
+  nn::StateDict model, optimizer;
+};
+
+// 20 steps of `model` (a tp part on a dp 2 x tp 2 mesh, each dp group half of each
+// batch) against GPT(config, 9) whole on every rank: every loss within 1e-5 of its,
+// both clipped at `max_norm` (asserted to bite). Returns the whole model's state.
+WholeRun expect_dp_by_tp_as_one_rank(parallel::ParallelModel& model, parallel::DeviceMesh& mesh,
+                                     const nn::GPTConfig& config, double max_norm, const char* layout) {
+  collectives::Communicator& dp = mesh.comm("dp");
+  nn::GPT whole(config, 9);
+  nn::AdamW whole_opt(whole.named_parameters(), 3e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.0);
+  parallel::VocabParallelCrossEntropy split_loss(mesh.comm("tp"), config.vocab_size);
+  const parallel::Loss loss{
+      [&split_loss](const Tensor& out, const Tensor& y) { return split_loss.forward(out, y).item(); },
+      [&split_loss](double scale) { return split_loss.backward(scale); }};
+  nn::CrossEntropyLoss whole_loss;
+  const std::int64_t half = 4, d = mesh.coordinate("dp");
+  for (int step = 0; step < 20; ++step) {
+    const Tensor x = token_ids(8, 16, 65, 100 + step), y = token_ids(8, 16, 65, 500 + step);
+    double a = model
+                   .train_micro_batch(x.slice(d * half, (d + 1) * half), y.slice(d * half, (d + 1) * half), loss,
+                                      {.accum_steps = 1, .steps_per_epoch = 1, .max_grad_norm = max_norm})
+                   .loss;
+    dp.allreduce(collectives::Buffer(&a, 1), collectives::ReduceOp::avg);
+    whole_opt.zero_grad();
+    const double b = whole_loss.forward(whole.forward(x), y).item();
+    whole.backward(whole_loss.backward());
+    EXPECT_GT(nn::clip_grad_norm(whole.named_parameters(), max_norm), max_norm);
+    whole_opt.step();
+    EXPECT_LE(std::abs(a - b), 1e-5 * b) << "step " << step << ": " << a << " " << layout << ", " << b << " whole";
+  }
+  return {whole.state_dict(), whole_opt.state_dict()};
+}
+
+// Positions split over tp and back: gather_sequence undoes reduce_scatter_sequence of a
+// sum, position by position, for [B, T] and [B, T, C].
+TEST(SequenceParallel, GatherAndReduceScatterMoveWholePositions) {
+  const std::int64_t k = world().size(), t = 2 * k;
+  for (const tensor::Shape& shape : {tensor::Shape{3, t}, tensor::Shape{3, t, 5}}) {
+    tensor::Generator gen(7);
+    const Tensor whole = tensor::normal(shape, 0.0, 1.0, gen);  // the same on every rank
+    const Tensor part = parallel::reduce_scatter_sequence(whole, world());
+    tensor::Shape part_shape = shape;
+    part_shape[1] = t / k;
+    ASSERT_EQ(part.shape(), part_shape);
+    // Every rank added the same tensor: its positions of k x whole.
+    const Tensor back = parallel::gather_sequence(part, world());
+    ASSERT_EQ(back.shape(), shape);
+    EXPECT_LT(max_relative(back, tensor::mul(whole, static_cast<double>(k))), 1e-6);
+  }
+  if (k > 1) {
+    EXPECT_THROW(parallel::reduce_scatter_sequence(Tensor::zeros({2, 2 * k + 1}), world()), InvalidArgument);
+  }
+}
+
+// Megatron's sequence parallelism over every rank: between the tp layers a rank holds
+// T/k positions (a block maps [B, T/k, C] to [B, T/k, C]), and with the whole
+// parameters' gradients summed over tp, 30 clipped AdamW steps follow one rank's losses
+// to 1e-5, and its parameters too (without the sum, the norms differ at step 0).
+TEST(SequenceParallel, GptTrainsAsOneRank) {
+  auto split = parallel::tensor_parallel_gpt(tiny_gpt(), 5, world());
+  parallel::enable_sequence_parallel(*split, world());
+  double worst = 0;
+  const nn::StateDict whole = train_as_one_rank(*split, 30, true, worst);
+  const nn::StateDict gathered = parallel::full_state_dict(*split, world());
+  for (const auto& [name, value] : whole) {
+    if (name.ends_with("attn.c_attn.bias")) continue;  // the key bias: see GptTrainsAsOneRankFor50Steps
+    EXPECT_LT(norm_relative(gathered.at(name), value), 1e-5) << name;
+  }
+  const std::int64_t k = world().size();
+  tensor::Generator gen(3);
+  const Tensor part = split->blocks()[0].forward(tensor::normal({2, 16 / k, 32}, 0.0, 1.0, gen));
+  EXPECT_EQ(part.shape(), (tensor::Shape{2, 16 / k, 32}));
+}
+
+// The same through DataParallelModel on a dp 2 x tp 2 mesh, each dp group half the batch.
+TEST(SequenceParallel, DataTimesSequenceParallelTrainsAsOneRank) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  parallel::DeviceMesh mesh(world(), parallel::parse_mesh("dp=2,tp=2"));
+  collectives::Communicator& dp = mesh.comm("dp");
+  collectives::Communicator& tp = mesh.comm("tp");
+  const nn::GPTConfig config = tiny_gpt();
+  auto split = parallel::tensor_parallel_gpt(config, 9, tp);
+  parallel::DataParallelModel model(
+      *split, dp, {},
+      [](nn::Module& m, parallel::MasterWeights*) {
+        return std::make_unique<nn::AdamW>(m.named_parameters(), 3e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.0);
+      },
+      false, &tp, /*sequence_parallel=*/true);
+  expect_dp_by_tp_as_one_rank(model, mesh, config, 0.1, "dp x tp, sequence parallel");
+}
+
 // FSDP x TP on a 2 x 2 mesh (torchtitan's 2-D layout): zero2 and fsdp shard each tp
 // part over dp, each dp group half the batch. The bar of DP x TP, with clipping that
 // bites on every step (its norm sums split squares over tp and shards over dp); the
@@ -206,31 +314,10 @@ TEST(TensorParallel, ShardedDataTimesTensorParallelTrainsAsOneRank) {
     SCOPED_TRACE(parallel::sharding_name(mode));
     auto split = parallel::tensor_parallel_gpt(config, 9, tp);
     parallel::ShardedModel sharded(mode, *split, dp, factory, 1 << 20, units, &tp);
-    nn::GPT whole(config, 9);
-    nn::AdamW whole_opt(whole.named_parameters(), 3e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.0);
-    parallel::VocabParallelCrossEntropy split_loss(tp, config.vocab_size);
-    const parallel::Loss loss{
-        [&split_loss](const Tensor& out, const Tensor& y) { return split_loss.forward(out, y).item(); },
-        [&split_loss](double scale) { return split_loss.backward(scale); }};
-    nn::CrossEntropyLoss whole_loss;
-    const std::int64_t half = 4, d = mesh.coordinate("dp");
-    for (int step = 0; step < 20; ++step) {
-      const Tensor x = token_ids(8, 16, 65, 100 + step), y = token_ids(8, 16, 65, 500 + step);
-      double a = sharded
-                     .train_micro_batch(x.slice(d * half, (d + 1) * half), y.slice(d * half, (d + 1) * half), loss,
-                                        {.accum_steps = 1, .steps_per_epoch = 1, .max_grad_norm = 0.1})
-                     .loss;
-      dp.allreduce(collectives::Buffer(&a, 1), collectives::ReduceOp::avg);
-      whole_opt.zero_grad();
-      const double b = whole_loss.forward(whole.forward(x), y).item();
-      whole.backward(whole_loss.backward());
-      EXPECT_GT(nn::clip_grad_norm(whole.named_parameters(), 0.1), 0.1);
-      whole_opt.step();
-      ASSERT_LE(std::abs(a - b), 1e-5 * b) << "step " << step << ": " << a << " sharded dp x tp, " << b << " whole";
-    }
+    const WholeRun whole = expect_dp_by_tp_as_one_rank(sharded, mesh, config, 0.1, "sharded dp x tp");
     const nn::StateDict model = sharded.model_state_dict(), optimizer = sharded.optimizer_state_dict();
-    ASSERT_EQ(model.keys(), whole.state_dict().keys());
-    for (const auto& [name, value] : whole.state_dict()) {
+    ASSERT_EQ(model.keys(), whole.model.keys());
+    for (const auto& [name, value] : whole.model) {
       if (name.ends_with("attn.c_attn.bias")) continue;  // the key bias: see GptTrainsAsOneRankFor50Steps
       EXPECT_LT(norm_relative(model.at(name), value), 1e-4) << name;
     }
@@ -238,7 +325,7 @@ TEST(TensorParallel, ShardedDataTimesTensorParallelTrainsAsOneRank) {
       std::sort(keys.begin(), keys.end());
       return keys;
     };
-    EXPECT_EQ(sorted(optimizer.keys()), sorted(whole_opt.state_dict().keys()));
+    EXPECT_EQ(sorted(optimizer.keys()), sorted(whole.optimizer.keys()));
 
     auto other = parallel::tensor_parallel_gpt(config, 10, tp);
     parallel::ShardedModel fresh(mode, *other, dp, factory, 1 << 20, units, &tp);

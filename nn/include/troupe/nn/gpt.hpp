@@ -118,6 +118,10 @@ class GPT : public Module {
   void checkpoint_blocks(std::int64_t every);
   // Parameters without the position table, as nanoGPT reports the model's size.
   std::int64_t non_embedding_parameter_count() const;
+  // Sequence parallelism (parallel/tensor_parallel.hpp): the residual stream holds
+  // positions [index * T / parts, (index + 1) * T / parts) of each sequence of T tokens,
+  // which the token embedding scatters and the lm_head gathers; T must divide by parts.
+  void set_sequence_split(std::int64_t parts, std::int64_t index);
 
   // Appends `max_new_tokens` ids to `prompt`, each drawn from softmax(logits /
   // temperature) of the last position, the context cropped to block_size; eval mode
@@ -135,6 +139,7 @@ class GPT : public Module {
   Linear* lm_head_;
   std::int64_t batch_ = 0, time_ = 0;
   bool splits_logits_ = false;
+  std::int64_t sequence_parts_ = 1, sequence_index_ = 0;
 };
 
 }  // namespace troupe::nn

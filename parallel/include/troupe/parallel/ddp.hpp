@@ -82,6 +82,9 @@ struct AccumulationOptions {
   // The tp communicator of a tensor-parallel model (tensor_parallel.hpp); null for none.
   // Clipping then sums the split parameters' squares over it.
   collectives::Communicator* tensor_parallel = nullptr;
+  // The model runs sequence parallelism over tensor_parallel (tensor_parallel.hpp): its
+  // whole parameters' gradients are summed over tp before clipping and the step.
+  bool sequence_parallel = false;
   // Timeline spans of the backward and the optimizer step (troupe/trace.hpp); null: none.
   Tracer* tracer = nullptr;
 };

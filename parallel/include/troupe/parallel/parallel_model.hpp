@@ -102,11 +102,14 @@ using DataParallelOptimizer = std::function<std::unique_ptr<nn::Optimizer>(nn::M
 // DDP over `dp`. With `master_weights` (a bf16 model) the optimizer steps f32 masters
 // the checkpoints keep. With `tp`, the model is split over it (tensor_parallel.hpp):
 // clipping sums over tp, checkpoints gather over it, and only tp's first rank counts.
+// With `sequence_parallel` too (a GPT of tensor_parallel_gpt), the model is switched to
+// it (enable_sequence_parallel) and its whole parameters' gradients summed over tp
+// before each step.
 class DataParallelModel final : public ParallelModel {
  public:
   DataParallelModel(nn::Module& model, collectives::Communicator& dp, DdpOptions ddp_options,
                     const DataParallelOptimizer& make_optimizer, bool master_weights,
-                    collectives::Communicator* tp = nullptr);
+                    collectives::Communicator* tp = nullptr, bool sequence_parallel = false);
 
   MicroBatchResult train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
                                      const MicroBatchOptions& options) override;
@@ -126,6 +129,7 @@ class DataParallelModel final : public ParallelModel {
  private:
   nn::Module& model_;
   collectives::Communicator* tp_;
+  bool sequence_parallel_;
   std::unique_ptr<DistributedDataParallel> ddp_;
   std::unique_ptr<MasterWeights> master_;
   std::unique_ptr<nn::Optimizer> optimizer_;

@@ -17,6 +17,13 @@
 // Everything else (LayerNorms, wpe, the row-parallel biases) is whole on every rank and
 // gets the same gradient there, since its inputs and output gradients are the same.
 //
+// Sequence parallelism (Megatron-LM's, enable_sequence_parallel below) splits what lies
+// between those layers -- the residual stream, LayerNorms, residual adds -- over tp by
+// position, so each rank holds T/k of every sequence there: each all-reduce above
+// becomes a reduce-scatter over the positions, and each layer needing whole sequences
+// all-gathers them (the same bytes: an all-reduce is a reduce-scatter and an
+// all-gather).
+//
 // The model keeps nanoGPT's names; its state_dict() holds this rank's parts. Checkpoints
 // stay full state dicts: full_state_dict() gathers the parts (a collective over tp) and
 // load_full_state_dict() takes this rank's part of full tensors, so a TP run saves what
@@ -59,14 +66,19 @@ class ColumnParallelLinear : public nn::Linear {
   // Tied to another layer's part of a [out, in] table (lm_head on a VocabParallelEmbedding).
   ColumnParallelLinear(nn::Parameter& tied_weight, std::int64_t full_out, collectives::Communicator& tp);
 
+  // With sequence parallelism, all-gathers its input over the positions first.
+  Tensor forward_impl(const Tensor& input) override;
+  // dx summed over tp: all-reduced, or reduce-scattered over the positions.
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
   TensorSplit split() const { return {TensorSplit::Dim::rows, groups_, {}}; }
   std::int64_t full_out_features() const { return full_out_; }
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
   collectives::Communicator* tp_;
   std::int64_t full_out_, groups_;
+  bool sequence_parallel_ = false;
 };
 
 class RowParallelLinear : public nn::Linear {
@@ -76,16 +88,20 @@ class RowParallelLinear : public nn::Linear {
                     bool bias = true, tensor::DType dtype = tensor::DType::f32,
                     tensor::Device device = tensor::Device::cpu());
 
+  // The partial products summed over tp: all-reduced, or reduce-scattered over the
+  // positions (sequence parallelism, whose backward then all-gathers dy).
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
   nn::Parameter* whole_bias() { return whole_bias_; }
   std::int64_t full_in_features() const { return full_in_; }
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  private:
   collectives::Communicator* tp_;
   std::int64_t full_in_;
   nn::Parameter* whole_bias_ = nullptr;
+  bool sequence_parallel_ = false;
 };
 
 class VocabParallelEmbedding : public nn::Embedding {
@@ -98,6 +114,8 @@ class VocabParallelEmbedding : public nn::Embedding {
   std::string type_name() const override;
   std::int64_t vocab_begin() const { return begin_; }
   std::int64_t full_vocab() const { return vocab_; }
+  // Rows [B, T, C] reduce-scattered over the positions instead of all-reduced.
+  void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  protected:
   void release_own_activations() override;
@@ -106,6 +124,7 @@ class VocabParallelEmbedding : public nn::Embedding {
   collectives::Communicator* tp_;
   std::int64_t vocab_, begin_;
   std::vector<std::uint8_t> held_;  // per id of the last forward: in this rank's rows
+  bool sequence_parallel_ = false;
 };
 
 // Cross-entropy over the vocabulary (mean over rows, as nn::CrossEntropyLoss) of logits
@@ -140,6 +159,21 @@ nn::GPTParts tensor_parallel_parts(collectives::Communicator& tp);
 // the stream one rank draws all heads' from, so they would repeat across ranks.
 std::unique_ptr<nn::GPT> tensor_parallel_gpt(const nn::GPTConfig& config, std::uint64_t seed,
                                              collectives::Communicator& tp);
+
+// Sequence parallelism for a GPT of tensor_parallel_gpt(..., tp): its tp layers switch
+// to gathering and reduce-scattering over the positions (above), and the model's
+// residual stream holds this rank's T/k of them (nn::GPT::set_sequence_split). Each rank
+// keeps 1/k of the activations between the tp layers. The whole parameters
+// (LayerNorms, wpe, row-parallel biases) then see T/k positions on each rank: after a
+// backward, sequence_parallel_sum_gradients() adds their gradients over tp. Sequences
+// must split into k equal parts.
+void enable_sequence_parallel(nn::GPT& model, collectives::Communicator& tp);
+void sequence_parallel_sum_gradients(nn::Module& model, collectives::Communicator& tp);
+// [B, T/k, ...] parts of `tp`'s ranks, rank r's at positions [r T/k, (r+1) T/k), into
+// the whole [B, T, ...] on every rank; and partial sums [B, T, ...] on every rank into
+// this rank's positions of their sum. Host tensors; collectives over tp.
+Tensor gather_sequence(const Tensor& part, collectives::Communicator& tp);
+Tensor reduce_scatter_sequence(const Tensor& whole, collectives::Communicator& tp);
 
 // Every split parameter of `model` by its full name (shared ones under each name).
 std::map<std::string, TensorSplit> tensor_parallel_splits(nn::Module& model);

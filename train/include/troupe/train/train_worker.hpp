@@ -107,6 +107,10 @@ class TrainWorker {
                  "zero1, both ", "in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
                  precision_name(options_.precision), ", ", worker_device_name(options_.device),
                  stage_ ? " with pipeline stages" : "");
+    TROUPE_CHECK(!options_.sequence_parallel || (options_.tensor_parallel > 1 && !stage_ && sharding_ == Sharding::ddp),
+                 "TrainWorker: sequence parallelism runs over tensor_parallel > 1 ranks with ddp and no pipeline ",
+                 "stages for now, not tensor_parallel ", options_.tensor_parallel, ", ",
+                 parallel::sharding_name(sharding_), stage_ ? " with pipeline stages" : "");
     if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
     // Before DDP and the optimizer hold the parameters. A meta model stays described:
     // ShardedModel materialises each rank's part on device_.
@@ -474,7 +478,7 @@ class TrainWorker {
           if (masters) return recipe_optimizer_factory<Recipe>(config_, "ddp with bf16")(masters->named_parameters());
           return Recipe::make_optimizer(model, config_);
         },
-        options_.precision == Precision::bf16, tensor_parallel_comm());
+        options_.precision == Precision::bf16, tensor_parallel_comm(), options_.sequence_parallel);
   }
 
   collectives::Communicator* tensor_parallel_comm() const {

@@ -45,6 +45,10 @@ struct WorkerOptions {
   // dp x tp mesh, tp ranks consecutive; the sharding mode (ddp, zero2 or fsdp) runs over
   // dp, sharding each part. f32, CPU only for now.
   std::int32_t tensor_parallel = 1;
+  // Megatron's sequence parallelism over tp (tensor_parallel.hpp): between the tp layers
+  // each rank holds 1/tp of every sequence's positions. Sharding ddp, no pipeline
+  // stages; sequences must split into tp equal parts.
+  bool sequence_parallel = false;
   // Pipeline stages (1: none): the world becomes a dp x pp mesh and each step is one
   // pass of the schedule ("gpipe" or "1f1b") over micro_batches micro-batches, the
   // gradients then averaged over dp (sharding ddp, or zero1: each stage's optimizer
@@ -101,7 +105,7 @@ struct WorkerOptions {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
       best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
       checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel,
-      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps);
+      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps, sequence_parallel);
   }
 };
 
