@@ -5,7 +5,7 @@
 // waited in collectives, the idle fraction of a pipeline stage, and the model state
 // each rank holds.
 //
-//   mpirun -np K build/bench/mesh_bench [--repeats N] [--steps S]
+//   mpirun -np K build/bench/mesh_bench [--repeats N] [--steps S] [--sequence-parallel]
 //                                       [--pp [--tp K] --schedule gpipe|1f1b --micro-batches M]
 //
 // The model is train_gpt's default preset (4 layers, 4 heads, C 128, T 128, Moby-Dick's
@@ -21,10 +21,14 @@
 // gradients and AdamW moments, from the tensors themselves; live_bytes: host memory
 // live after a step with the model's activations released, beyond what was live before
 // the model (the state plus the loss's cached logits and the batches; the one-rank model
-// built to split from is gone by then). Output (rank 0), one JSON object:
+// built to split from is gone by then); step_peak_bytes: the most host memory one step
+// held beyond what was live before it (activations, gathered sequences, gradients
+// being made), the worst rank's. --sequence-parallel: tp with Megatron's sequence
+// parallelism. Output (rank 0), one JSON object:
 //   {"tp": K, "pp": P, "schedule": S, "micro_batches": M, "params": N, "batch": B,
 //    "time": T, "step_ms": ..., "allreduce_ms": ..., "idle": ..., "idle_theory": ...,
-//    "state_bytes": ..., "live_bytes": ..., "repeats": [ms, ...], "loss": last loss}
+//    "state_bytes": ..., "live_bytes": ..., "step_peak_bytes": ..., "sequence_parallel": B,
+//    "repeats": [ms, ...], "loss": last loss}
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,7 +60,8 @@ struct Flags {
   int repeats = 5;
   int steps = 4;
   bool pp = false;
-  int tp = 0;  // with --pp: ranks per stage (0: 1); without, the world
+  bool sequence_parallel = false;  // without --pp: Megatron's sequence parallelism over the world
+  int tp = 0;                      // with --pp: ranks per stage (0: 1); without, the world
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int micro_batches = 8;
 };
@@ -67,6 +72,10 @@ Flags parse_flags(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag == "--pp") {
       f.pp = true;
+      continue;
+    }
+    if (flag == "--sequence-parallel") {
+      f.sequence_parallel = true;
       continue;
     }
     TROUPE_CHECK(i + 1 < argc, "mesh_bench: ", flag, " needs a value");
@@ -87,6 +96,7 @@ Flags parse_flags(int argc, char** argv) {
   TROUPE_CHECK(f.repeats >= 1 && f.steps >= 1 && f.micro_batches >= 1,
                "mesh_bench: --repeats, --steps and --micro-batches must be >= 1");
   TROUPE_CHECK(f.tp == 0 || (f.pp && f.tp >= 1), "mesh_bench: --tp goes with --pp, and must be >= 1");
+  TROUPE_CHECK(!(f.pp && f.sequence_parallel), "mesh_bench: --sequence-parallel goes without --pp");
   return f;
 }
 
@@ -118,7 +128,9 @@ int main(int argc, char** argv) {
       stage = built.get();
       model = std::move(built);
     } else {
-      model = parallel::tensor_parallel_gpt(config, 1337, tp);
+      auto gpt = parallel::tensor_parallel_gpt(config, 1337, tp);
+      if (flags.sequence_parallel) parallel::enable_sequence_parallel(*gpt, tp);
+      model = std::move(gpt);
     }
     nn::AdamW opt(model->named_parameters(), 1e-3, nn::Betas{0.9, 0.95}, 1e-8, 0.1);
     opt.set_weight_decay_filter(nn::decay_matrices_only);
@@ -141,6 +153,7 @@ int main(int argc, char** argv) {
     }
     std::size_t n = 0;
     double loss = 0, idle = 0;
+    std::int64_t forward_bytes = 0;  // what the last forward left live for backward (tp only)
     auto step = [&] {
       const auto& [x, y] = batches[n++ % batches.size()];
       opt.zero_grad();
@@ -149,13 +162,30 @@ int main(int argc, char** argv) {
         stage->sum_tied_gradient(pp);
         parallel::pipeline_clip_grad_norm(*stage, 1.0, pp, tp_size > 1 ? &tp : nullptr);
       } else {
+        const auto before_forward = static_cast<std::int64_t>(tensor::host_memory_stats().live_bytes);
         loss = tp_loss.forward(model->forward(x), y).item();
+        forward_bytes = static_cast<std::int64_t>(tensor::host_memory_stats().live_bytes) - before_forward;
         model->backward(tp_loss.backward());
+        if (flags.sequence_parallel) parallel::sequence_parallel_sum_gradients(*model, tp);
         parallel::tensor_parallel_clip_grad_norm(*model, 1.0, tp);
       }
       opt.step();
     };
     for (int i = 0; i < 3; ++i) step();
+    // The most one step holds beyond what was live before it (activations, gathered
+    // sequences, gradients being made), and what its forward left for the backward: the
+    // layers' caches of the last step dropped first. The worst rank's of each.
+    model->release_activations();
+    const std::size_t live_before_step = tensor::host_memory_stats().live_bytes;
+    tensor::reset_host_memory_peak();
+    step();
+    std::int64_t step_peak_bytes =
+        static_cast<std::int64_t>(tensor::host_memory_stats().peak_bytes) - static_cast<std::int64_t>(live_before_step);
+    std::int64_t activation_bytes = forward_bytes;
+    std::vector<std::int64_t> peaks{step_peak_bytes, activation_bytes};
+    comm->allreduce(collectives::Buffer(peaks), collectives::ReduceOp::max);
+    step_peak_bytes = peaks[0];
+    activation_bytes = peaks[1];
     model->release_activations();
     std::size_t live_bytes = tensor::host_memory_stats().live_bytes - before;
     std::size_t state_bytes = 0;
@@ -189,11 +219,14 @@ int main(int argc, char** argv) {
       std::printf(
           "{\"tp\": %d, \"pp\": %d, \"schedule\": \"%s\", \"micro_batches\": %d, \"params\": %lld, "
           "\"batch\": %lld, \"time\": %lld, \"step_ms\": %.3f, \"allreduce_ms\": %.3f, \"idle\": %.4f, "
-          "\"idle_theory\": %.4f, \"state_bytes\": %zu, \"live_bytes\": %zu, \"repeats\": [",
+          "\"idle_theory\": %.4f, \"state_bytes\": %zu, \"live_bytes\": %zu, \"step_peak_bytes\": %lld, "
+          "\"activation_bytes\": %lld, "
+          "\"sequence_parallel\": %s, \"repeats\": [",
           tp_size, p, pipe ? parallel::pipeline_schedule_name(flags.schedule) : "none", pipe ? m : 1,
           static_cast<long long>(nn::GPT(config, 1337).parameter_count()), static_cast<long long>(batch),
           static_cast<long long>(config.block_size), bench::lower_median(repeats), waited / flags.repeats, idle,
-          pipe ? double(p - 1) / (m + p - 1) : 0.0, state_bytes, live_bytes);
+          pipe ? double(p - 1) / (m + p - 1) : 0.0, state_bytes, live_bytes, static_cast<long long>(step_peak_bytes),
+          static_cast<long long>(activation_bytes), flags.sequence_parallel ? "true" : "false");
       for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.3f", i ? ", " : "", repeats[i]);
       std::printf("], \"loss\": %.6g}\n", loss);
     }

@@ -48,16 +48,32 @@ ColumnParallelLinear::ColumnParallelLinear(nn::Parameter& tied_weight, std::int6
 }
 
 Tensor ColumnParallelLinear::forward_impl(const Tensor& input) {
-  return nn::Linear::forward_impl(sequence_parallel_ ? gather_sequence(input, *tp_) : input);
+  if (!sequence_parallel_) return nn::Linear::forward_impl(input);
+  Tensor y = nn::Linear::forward_impl(gather_sequence(input, *tp_));
+  (void)take_saved_input();  // the whole sequences: gathered again in backward
+  input_part_ = input;
+  return y;
 }
 
 // dx = sum over ranks of gy_r W_r: each rank's part of the input gradient, all-reduced.
 Tensor ColumnParallelLinear::backward_impl(const Tensor& grad_output) {
+  if (sequence_parallel_) {
+    TROUPE_CHECK(input_part_.defined(), type_name(), ".backward: called before forward");
+    restore_saved_input(gather_sequence(input_part_, *tp_));
+  }
   Tensor dx = nn::Linear::backward_impl(grad_output);
   require_host(dx, "ColumnParallelLinear.backward");
-  if (sequence_parallel_) return reduce_scatter_sequence(dx, *tp_);
+  if (sequence_parallel_) {
+    (void)take_saved_input();
+    return reduce_scatter_sequence(dx, *tp_);
+  }
   tp_->allreduce(Buffer(dx));
   return dx;
+}
+
+void ColumnParallelLinear::release_own_activations() {
+  nn::Linear::release_own_activations();
+  input_part_ = Tensor();
 }
 
 std::string ColumnParallelLinear::type_name() const {

@@ -44,6 +44,10 @@ class Linear : public Module {
 
  protected:
   void release_own_activations() override;
+  // The input forward kept for backward's dW: a subclass may keep it in another form
+  // meanwhile (sequence parallelism keeps a part and gathers it again) and put it back.
+  Tensor take_saved_input() { return std::move(input_); }
+  void restore_saved_input(Tensor input) { input_ = std::move(input); }
 
  private:
   std::int64_t in_ = 0, out_ = 0;

@@ -66,7 +66,9 @@ class ColumnParallelLinear : public nn::Linear {
   // Tied to another layer's part of a [out, in] table (lm_head on a VocabParallelEmbedding).
   ColumnParallelLinear(nn::Parameter& tied_weight, std::int64_t full_out, collectives::Communicator& tp);
 
-  // With sequence parallelism, all-gathers its input over the positions first.
+  // With sequence parallelism, all-gathers its input over the positions first, and
+  // keeps only this rank's part of it for backward (Megatron's choice: one more
+  // all-gather there, and 1/k of the memory).
   Tensor forward_impl(const Tensor& input) override;
   // dx summed over tp: all-reduced, or reduce-scattered over the positions.
   Tensor backward_impl(const Tensor& grad_output) override;
@@ -75,10 +77,14 @@ class ColumnParallelLinear : public nn::Linear {
   std::int64_t full_out_features() const { return full_out_; }
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
+ protected:
+  void release_own_activations() override;
+
  private:
   collectives::Communicator* tp_;
   std::int64_t full_out_, groups_;
   bool sequence_parallel_ = false;
+  Tensor input_part_;  // sequence parallelism: this rank's positions of the last input
 };
 
 class RowParallelLinear : public nn::Linear {
