@@ -114,7 +114,7 @@ recompute)
   ;;
 layouts)
   mpi=(mpirun -np 4 --oversubscribe --bind-to none)
-  steps=(--steps 40 --warmup-steps 5 --eval-every 20 --eval-samples 64 --sample-chars 0 --save-every 10)
+  steps=(--steps 30 --warmup-steps 5 --eval-every 20 --eval-samples 64 --sample-chars 0 --save-every 10)
   loss_of() { grep -o 'final val loss [0-9.]*' "$1" | awk '{print $4}'; }
   run() {  # name, flags...
     local name=$1
@@ -175,7 +175,7 @@ layouts)
   echo "      pp 2 with zero1 ends with pp 2's bits"
   ;;
 layouts8)
-  steps=(--steps 40 --warmup-steps 5 --eval-every 20 --eval-samples 64 --sample-chars 0 --save-every 10)
+  steps=(--steps 30 --warmup-steps 5 --eval-every 20 --eval-samples 64 --sample-chars 0 --save-every 10)
   loss_of() { grep -o 'final val loss [0-9.]*' "$1" | awk '{print $4}'; }
   "${mpi[@]}" "$train" "${steps[@]}" --checkpoint-dir "$work/dp2" > "$work/dp2.log" 2>&1 \
     || { cat "$work/dp2.log"; fail "dp 2"; }
