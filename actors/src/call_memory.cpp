@@ -3,6 +3,7 @@
 #include <array>
 #include <atomic>
 #include <new>
+#include <utility>
 
 namespace troupe::actors::detail {
 
@@ -27,13 +28,14 @@ struct SizeClass {
 };
 std::array<SizeClass, kClasses> g_classes;
 
-// A thread's own free blocks, handed back to malloc when the thread ends.
+// A thread's own free blocks, handed back to malloc when the thread ends (emptied, so
+// that a call made later in the thread's teardown takes fresh blocks).
 struct OwnLists {
   std::array<FreeBlock*, kClasses> heads{};
   ~OwnLists() {
     for (std::size_t c = 0; c < kClasses; ++c) {
       int freed = 0;
-      for (FreeBlock* b = heads[c]; b != nullptr; ++freed) {
+      for (FreeBlock* b = std::exchange(heads[c], nullptr); b != nullptr; ++freed) {
         FreeBlock* next = b->next;
         ::operator delete(b);
         b = next;

@@ -158,7 +158,8 @@ Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids) {
 Tensor VocabParallelEmbedding::backward_impl(const Tensor& grad_output) {
   TROUPE_CHECK(!held_.empty(), type_name(), ".backward: called before forward");
   require_host(grad_output, "VocabParallelEmbedding.backward");
-  Tensor g = sequence_parallel_ ? gather_sequence(grad_output, *tp_) : grad_output.clone();
+  // A copy either way: the rows not held are zeroed in it.
+  Tensor g = sequence_parallel_ && tp_->size() > 1 ? gather_sequence(grad_output, *tp_) : grad_output.clone();
   const std::size_t row = static_cast<std::size_t>(embedding_dim()) * tensor::element_size(g.dtype());
   TROUPE_CHECK(g.nbytes() == row * held_.size(), type_name(), ".backward: grad_output ",
                tensor::to_string(grad_output.shape()), " does not match the last forward's ", held_.size(), " ids");

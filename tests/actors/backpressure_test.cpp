@@ -87,7 +87,7 @@ TEST(BackPressure, AFastSenderAndASlowActorHoldMemoryFlat) {
   const std::uint64_t refused_before = runtime().refused_tells();
   std::atomic<bool> sampling{host};
   std::atomic<long> peak{0};
-  const long before = resident_bytes();
+  [[maybe_unused]] const long before = resident_bytes();  // read only where RSS means something (below)
   std::thread sampler;
   if (host)
     sampler = std::thread([&] {

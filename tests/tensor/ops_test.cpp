@@ -12,7 +12,7 @@ using namespace troupe::tensor;
 namespace {
 Tensor f32(std::vector<float> v, Shape s = {}) { return Tensor::from_vector<float>(v, std::move(s)); }
 
-std::string message_of(const std::function<void()>& f) {
+std::string error_message_of(const std::function<void()>& f) {
   try {
     f();
   } catch (const InvalidArgument& e) {
@@ -71,15 +71,15 @@ TEST(Elementwise, InPlaceFormsWriteThroughViews) {
 }
 
 TEST(Elementwise, MismatchesNameTheOperationShapesAndDTypes) {
-  auto msg = message_of([] { add(Tensor::ones({2, 3}), Tensor::ones({4})); });
+  auto msg = error_message_of([] { add(Tensor::ones({2, 3}), Tensor::ones({4})); });
   EXPECT_NE(msg.find("add"), std::string::npos);
   EXPECT_NE(msg.find("[2, 3]"), std::string::npos);
   EXPECT_NE(msg.find("[4]"), std::string::npos);
-  msg = message_of([] { mul(Tensor::ones({2}), Tensor::ones({2}, DType::f64)); });
+  msg = error_message_of([] { mul(Tensor::ones({2}), Tensor::ones({2}, DType::f64)); });
   EXPECT_NE(msg.find("f32"), std::string::npos);
   EXPECT_NE(msg.find("f64"), std::string::npos);
   Tensor y = Tensor::ones({2});
-  msg = message_of([&] { axpy_(y, 1, Tensor::ones({3})); });
+  msg = error_message_of([&] { axpy_(y, 1, Tensor::ones({3})); });
   EXPECT_NE(msg.find("axpy_"), std::string::npos);
   EXPECT_THROW(div(Tensor::ones({2}, DType::i32), Tensor::zeros({2}, DType::i32)), InvalidArgument);
 }
@@ -195,7 +195,7 @@ TEST(Matmul, OutAccumulatesWithBetaIntoAView) {
 
 TEST(Matmul, EmptyInnerDimensionGivesZerosAndBadShapesAreNamed) {
   EXPECT_EQ(matmul(Tensor::ones({2, 0}), Tensor::ones({0, 3})).to_vector<float>(), std::vector<float>(6, 0.0f));
-  const auto msg = message_of([] { matmul(Tensor::ones({4, 3}), Tensor::ones({5, 2})); });
+  const auto msg = error_message_of([] { matmul(Tensor::ones({4, 3}), Tensor::ones({5, 2})); });
   EXPECT_NE(msg.find("inner dimensions"), std::string::npos);
   EXPECT_NE(msg.find("[4, 3]"), std::string::npos);
   EXPECT_NE(msg.find("[5, 2]"), std::string::npos);

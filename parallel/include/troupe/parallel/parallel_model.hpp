@@ -149,9 +149,9 @@ class DataParallelModel final : public ParallelModel {
 // optimizer state sharded over dp (OSS), as DeepSpeed's pipeline engine and
 // Megatron's distributed optimizer do -- each dp rank steps its partition, then the
 // updated parameters are broadcast from their owners. zero2 and fsdp are refused: the
-// gradients of m micro-batches accumulate whole on a stage, and a stage recomputes each
-// forward, so sharding them would gather each unit 2m times a step (DeepSpeed refuses
-// ZeRO-2/3 with its pipeline engine for the same reason).
+// gradients of m micro-batches accumulate whole on a stage (zero2 would shed nothing
+// until the step), and a stage recomputes each forward (fsdp would gather each unit 2m
+// times a step). DeepSpeed's pipeline engine likewise takes ZeRO stage 1 only.
 class PipelineModel final : public ParallelModel {
  public:
   PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
