@@ -187,16 +187,7 @@ TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
   const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
                                     [&ce](double scale) { return ce.backward(scale); }};
   PipelineRun run;
-  const std::int64_t half = 4, d = dp.rank();
-  for (int step = 0; step < 20; ++step) {
-    const Tensor x = token_ids(8, 16, 65, 100 + step), y = token_ids(8, 16, 65, 500 + step);
-    double mean = model
-                      .train_micro_batch(x.slice(d * half, (d + 1) * half), y.slice(d * half, (d + 1) * half), loss,
-                                         {.accum_steps = 1, .steps_per_epoch = 1, .max_grad_norm = kMaxNorm})
-                      .loss;
-    dp.allreduce(collectives::Buffer(&mean, 1), collectives::ReduceOp::avg);
-    run.losses.push_back(mean);
-  }
+  for (int step = 0; step < 20; ++step) run.losses.push_back(train_half_batch(model, loss, dp, step, kMaxNorm));
   run.full = model.whole_state_dict();
   const PipelineRun reference = one_rank(20);
   expect_as_one_rank(run, reference);

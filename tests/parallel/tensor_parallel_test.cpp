@@ -219,14 +219,9 @@ WholeRun expect_dp_by_tp_as_one_rank(parallel::ParallelModel& model, parallel::D
       [&split_loss](const Tensor& out, const Tensor& y) { return split_loss.forward(out, y).item(); },
       [&split_loss](double scale) { return split_loss.backward(scale); }};
   nn::CrossEntropyLoss whole_loss;
-  const std::int64_t half = 4, d = mesh.coordinate("dp");
   for (int step = 0; step < 20; ++step) {
+    const double a = train_half_batch(model, loss, dp, step, max_norm);
     const Tensor x = token_ids(8, 16, 65, 100 + step), y = token_ids(8, 16, 65, 500 + step);
-    double a = model
-                   .train_micro_batch(x.slice(d * half, (d + 1) * half), y.slice(d * half, (d + 1) * half), loss,
-                                      {.accum_steps = 1, .steps_per_epoch = 1, .max_grad_norm = max_norm})
-                   .loss;
-    dp.allreduce(collectives::Buffer(&a, 1), collectives::ReduceOp::avg);
     whole_opt.zero_grad();
     const double b = whole_loss.forward(whole.forward(x), y).item();
     whole.backward(whole_loss.backward());
