@@ -350,17 +350,20 @@ def killed_troupe_run(args, check: Check) -> None:
     sleep = [shutil.which("sleep"), "60"]
     for label, program, registered in [("registered ranks", None, NP), ("ranks without a client", sleep, 0)]:
         run = Run(args, "killed_troupe_run", None, FAST, steps=1000, step_ms=20, background=True, program=program)
-        run_id = None
+        run_id, procs, seen = None, [], []
         try:
+            # A process mid-fork or mid-exec can show the run's environment for a moment, so
+            # the job counts as up once the same processes are seen twice 0.3 s apart.
             deadline = time.time() + 15
             while time.time() < deadline:
                 run_id = run_id or next((e["run_id"] for e in run.of("start")), None)
-                if run_id and len(run.of("rank_up")) == registered and len(job_processes(run_id)) >= NP + 1:
-                    break
-                time.sleep(0.05)
-            check(run_id is not None and len(job_processes(run_id)) >= NP + 1,
-                  f"{label}: mpirun and {NP} ranks are running: {run_id and job_processes(run_id)}")
-            time.sleep(0.3)
+                if run_id and len(run.of("rank_up")) == registered:
+                    seen, procs = procs, sorted(job_processes(run_id))
+                    if len(procs) >= NP + 1 and procs == seen:
+                        break
+                time.sleep(0.3)
+            check(run_id is not None and len(procs) >= NP + 1 and procs == seen,
+                  f"{label}: mpirun and {NP} ranks are running: {procs} (before: {seen})")
             killed = time.time()
             run.process.kill()
             run.wait(timeout=10)
