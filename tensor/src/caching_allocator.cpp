@@ -13,8 +13,8 @@ constexpr std::size_t kSmallGranule = 512;
 constexpr std::size_t kSmallLimit = std::size_t{1} << 20;
 }  // namespace
 
-CachingAllocator::CachingAllocator(RawAllocate allocate, RawFree free)
-    : raw_allocate_(std::move(allocate)), raw_free_(std::move(free)) {}
+CachingAllocator::CachingAllocator(RawAllocate allocate, RawFree free, Limits limits)
+    : raw_allocate_(std::move(allocate)), raw_free_(std::move(free)), limits_(limits) {}
 
 CachingAllocator::~CachingAllocator() { empty_cache(); }
 
@@ -32,9 +32,10 @@ void* CachingAllocator::allocate(std::size_t nbytes, int device) {
   const std::size_t size = size_class(nbytes);
   std::lock_guard lock(mutex_);
   DeviceLists& lists = devices_[device];
+  decay_locked(lists, device);
   void* data = nullptr;
   if (auto it = lists.free.find(size); it != lists.free.end() && !it->second.empty()) {
-    data = it->second.back();
+    data = it->second.back().data;
     it->second.pop_back();
     ++lists.stats.cache_hits;
   } else {
@@ -64,7 +65,33 @@ void CachingAllocator::release(void* data, int device) {
   const std::size_t size = it->second;
   lists.live.erase(it);
   lists.stats.allocated_bytes -= size;
-  lists.free[size].push_back(data);
+  const std::size_t cached = lists.stats.reserved_bytes - lists.stats.allocated_bytes;  // this block included
+  if (cached > limits_.max_cached_bytes) {
+    hand_back_locked(lists, device, data, size);
+    return;
+  }
+  lists.free[size].push_back({data, Clock::now()});
+  decay_locked(lists, device);
+}
+
+void CachingAllocator::hand_back_locked(DeviceLists& lists, int device, void* data, std::size_t size) {
+  raw_free_(data, device);
+  ++lists.stats.device_frees;
+  lists.stats.reserved_bytes -= size;
+}
+
+void CachingAllocator::decay_locked(DeviceLists& lists, int device) {
+  if (limits_.max_idle.count() == 0) return;
+  // Looked at a few times per max_idle, so a block is handed back within 1.25x of it.
+  const Clock::time_point now = Clock::now();
+  if (now - lists.swept < limits_.max_idle / 4) return;
+  lists.swept = now;
+  for (auto& [size, blocks] : lists.free) {
+    std::size_t old = 0;
+    while (old < blocks.size() && now - blocks[old].since > limits_.max_idle) ++old;
+    for (std::size_t i = 0; i < old; ++i) hand_back_locked(lists, device, blocks[i].data, size);
+    blocks.erase(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(old));
+  }
 }
 
 void CachingAllocator::empty_cache() {
@@ -80,11 +107,7 @@ CachingAllocator::Stats CachingAllocator::stats(int device) const {
 
 void CachingAllocator::free_cached_locked(DeviceLists& lists, int device) {
   for (auto& [size, blocks] : lists.free) {
-    for (void* block : blocks) {
-      raw_free_(block, device);
-      ++lists.stats.device_frees;
-      lists.stats.reserved_bytes -= size;
-    }
+    for (const Cached& block : blocks) hand_back_locked(lists, device, block.data, size);
     blocks.clear();
   }
 }

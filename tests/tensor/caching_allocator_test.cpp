@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <map>
 #include <new>
+#include <thread>
 
 #include "gpu_compare.hpp"
 #include "troupe/tensor/caching_allocator.hpp"
@@ -23,7 +24,7 @@ struct FakeDevice {
   std::map<void*, std::size_t> blocks;
   int allocations = 0, frees = 0;
 
-  CachingAllocator make() {
+  CachingAllocator make(CachingAllocator::Limits limits = {}) {
     return CachingAllocator(
         [this](std::size_t n, int) -> void* {
           if (held + n > limit) return nullptr;
@@ -38,7 +39,8 @@ struct FakeDevice {
           held -= blocks.at(p);
           blocks.erase(p);
           std::free(p);
-        });
+        },
+        limits);
   }
 };
 
@@ -110,6 +112,30 @@ TEST(CachingAllocator, OutOfMemoryEmptiesTheCacheAndRetriesOnce) {
   EXPECT_EQ(device.frees, 1);
   EXPECT_THROW(allocator.allocate(1, 0), std::bad_alloc);  // still full: nothing cached to give back
   allocator.release(big, 0);
+}
+
+// The host's limits (storage.cpp): a release past max_cached_bytes goes straight back,
+// and a block left unused past max_idle is handed back by a later call.
+TEST(CachingAllocator, LimitsBoundTheCacheInBytesAndInTime) {
+  FakeDevice device;
+  CachingAllocator alloc = device.make({.max_cached_bytes = 2048, .max_idle = std::chrono::milliseconds(40)});
+  void* a = alloc.allocate(1024, 0);
+  void* b = alloc.allocate(1024, 0);
+  void* c = alloc.allocate(1024, 0);
+  alloc.release(a, 0);
+  alloc.release(b, 0);
+  EXPECT_EQ(device.frees, 0);
+  alloc.release(c, 0);  // a third KiB would pass 2 KiB cached
+  EXPECT_EQ(device.frees, 1);
+  EXPECT_EQ(alloc.stats(0).reserved_bytes, 2048u);
+  void* again = alloc.allocate(1024, 0);  // reused, not decayed yet
+  EXPECT_EQ(device.allocations, 3);
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  void* other = alloc.allocate(4096, 0);  // notices the idle block
+  EXPECT_EQ(device.frees, 2);
+  EXPECT_EQ(alloc.stats(0).reserved_bytes, 1024u + 4096u);
+  alloc.release(again, 0);
+  alloc.release(other, 0);
 }
 
 TEST(CachingAllocator, ReleasingAForeignPointerIsAnError) {

@@ -7,7 +7,11 @@
 // 512-byte multiples below 1 MiB and, above, four steps per power of two (at most 25%
 // slack), so a few dozen lists cover every size a model asks for. When the backend
 // reports out of memory, every cached block of that device is handed back and the
-// request is tried once more. `empty_cache()` hands every cached block back.
+// request is tried once more. `empty_cache()` hands every cached block back. Limits
+// (the host's cache in storage.cpp sets both): a released block that would take a
+// device's cache past max_cached_bytes is handed back at once, and a block cached for
+// longer than max_idle is handed back by the next call that notices (jemalloc's decay:
+// a steady loop reuses its blocks every step; a phase that has ended lets go of them).
 //
 // The allocator knows nothing of CUDA: the raw allocate/free functions are passed in
 // (cuda_memory.cpp passes cudaMalloc/cudaFree; tests pass malloc/free). Reuse is safe
@@ -18,14 +22,21 @@
 // Thread-safe: one mutex around the lists and counters.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 namespace troupe::tensor {
+
+struct CachingLimits {
+  std::size_t max_cached_bytes = std::numeric_limits<std::size_t>::max();
+  std::chrono::milliseconds max_idle{0};  // 0: forever
+};
 
 class CachingAllocator {
  public:
@@ -42,7 +53,9 @@ class CachingAllocator {
     std::uint64_t device_frees = 0;        // raw free calls (empty_cache, out-of-memory retry)
   };
 
-  CachingAllocator(RawAllocate allocate, RawFree free);
+  using Limits = CachingLimits;
+
+  CachingAllocator(RawAllocate allocate, RawFree free, Limits limits = {});
   CachingAllocator(const CachingAllocator&) = delete;
   CachingAllocator& operator=(const CachingAllocator&) = delete;
   // Hands every cached block back; live blocks are the caller's (a leak report, not a free).
@@ -62,15 +75,24 @@ class CachingAllocator {
   Stats stats(int device) const;
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Cached {
+    void* data;
+    Clock::time_point since;
+  };
   struct DeviceLists {
-    std::unordered_map<std::size_t, std::vector<void*>> free;  // class size -> cached blocks
-    std::unordered_map<void*, std::size_t> live;               // block -> class size
+    std::unordered_map<std::size_t, std::vector<Cached>> free;  // class size -> cached blocks, oldest first
+    Clock::time_point swept{};
+    std::unordered_map<void*, std::size_t> live;  // block -> class size
     Stats stats;
   };
   void free_cached_locked(DeviceLists& lists, int device);
+  void hand_back_locked(DeviceLists& lists, int device, void* data, std::size_t size);
+  void decay_locked(DeviceLists& lists, int device);
 
   RawAllocate raw_allocate_;
   RawFree raw_free_;
+  Limits limits_;
   mutable std::mutex mutex_;
   std::unordered_map<int, DeviceLists> devices_;
 };
