@@ -6,7 +6,8 @@
 // each rank holds.
 //
 //   mpirun -np K build/bench/mesh_bench [--repeats N] [--steps S] [--sequence-parallel]
-//                                       [--pp [--tp K] --schedule gpipe|1f1b --micro-batches M]
+//                                       [--pp [--tp K] --schedule gpipe|1f1b|interleaved
+//                                        --micro-batches M [--virtual-stages V]]
 //
 // The model is train_gpt's default preset (4 layers, 4 heads, C 128, T 128, Moby-Dick's
 // 89 characters) at batch 16, dropout 0; the step is train_gpt's: forward, the
@@ -16,7 +17,8 @@
 // step. allreduce_ms: the communicator's wait time per step (Communicator::wait_time:
 // time blocked on collectives not yet done); with --pp, idle: 1 - the stage's compute
 // time / the step's wall time (PipelineStats), the mean over stages and repeats, beside
-// the schedule's theoretical (p - 1) / (m + p - 1). With --pp, state_bytes is the most
+// the schedule's theoretical (p - 1) / (m + p - 1), or (p - 1) / (V m + p - 1) with V
+// stages a rank (interleaved; V 2 unless given). With --pp, state_bytes is the most
 // any rank holds (the first stage's, with the embeddings). state_bytes: this rank's parameters,
 // gradients and AdamW moments, from the tensors themselves; live_bytes: host memory
 // live after a step with the model's activations released, beyond what was live before
@@ -64,6 +66,7 @@ struct Flags {
   int tp = 0;                      // with --pp: ranks per stage (0: 1); without, the world
   parallel::PipelineSchedule schedule = parallel::PipelineSchedule::one_f_one_b;
   int micro_batches = 8;
+  int virtual_stages = 0;  // 0: 2 under interleaved, else 1
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -90,6 +93,8 @@ Flags parse_flags(int argc, char** argv) {
       f.micro_batches = std::stoi(value);
     else if (flag == "--tp")
       f.tp = std::stoi(value);
+    else if (flag == "--virtual-stages")
+      f.virtual_stages = std::stoi(value);
     else
       throw InvalidArgument("mesh_bench: unknown flag " + flag);
   }
@@ -97,6 +102,7 @@ Flags parse_flags(int argc, char** argv) {
                "mesh_bench: --repeats, --steps and --micro-batches must be >= 1");
   TROUPE_CHECK(f.tp == 0 || (f.pp && f.tp >= 1), "mesh_bench: --tp goes with --pp, and must be >= 1");
   TROUPE_CHECK(!(f.pp && f.sequence_parallel), "mesh_bench: --sequence-parallel goes without --pp");
+  if (f.virtual_stages == 0) f.virtual_stages = f.schedule == parallel::PipelineSchedule::interleaved ? 2 : 1;
   return f;
 }
 
@@ -121,10 +127,16 @@ int main(int argc, char** argv) {
     collectives::Communicator& tp = flags.pp ? mesh->comm("tp") : *comm;
     collectives::Communicator& pp = flags.pp ? mesh->comm("pp") : *comm;
     std::unique_ptr<nn::Module> model;
-    parallel::GptStage* stage = nullptr;
+    parallel::PipelineStage* stage = nullptr;
     if (flags.pp) {
-      auto built =
-          std::make_unique<parallel::GptStage>(config, 1337, pp.rank(), pp.size(), tp_size > 1 ? &tp : nullptr);
+      // This rank's stages of the model cut into p x V: rank, rank + p, ...
+      const int p = pp.size(), v = flags.virtual_stages;
+      std::vector<std::unique_ptr<parallel::PipelineStage>> chunks;
+      for (int c = 0; c < v; ++c)
+        chunks.push_back(
+            std::make_unique<parallel::GptStage>(config, 1337, pp.rank() + c * p, p * v, tp_size > 1 ? &tp : nullptr));
+      std::unique_ptr<parallel::PipelineStage> built =
+          v == 1 ? std::move(chunks[0]) : std::make_unique<parallel::InterleavedStage>(std::move(chunks));
       stage = built.get();
       model = std::move(built);
     } else {
@@ -144,7 +156,11 @@ int main(int argc, char** argv) {
             : parallel::PipelineLoss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
                                      [&ce](double scale) { return ce.backward(scale); }};
     std::unique_ptr<parallel::Pipeline> pipe;
-    if (stage) pipe = std::make_unique<parallel::Pipeline>(*stage, pp, flags.schedule, flags.micro_batches);
+    if (stage) {
+      const std::vector<parallel::PipelineStage*> chunks = stage->chunks();
+      pipe = std::make_unique<parallel::Pipeline>(std::vector<nn::Module*>(chunks.begin(), chunks.end()), pp,
+                                                  flags.schedule, flags.micro_batches);
+    }
     tensor::Generator gen(1);
     std::vector<std::pair<Tensor, Tensor>> batches;
     for (int i = 0; i < 4; ++i) {
@@ -214,19 +230,20 @@ int main(int argc, char** argv) {
     TROUPE_CHECK(std::isfinite(loss), "mesh_bench: the loss is not finite");
     idle /= flags.repeats * flags.steps;
     comm->allreduce(collectives::Buffer(&idle, 1), collectives::ReduceOp::avg);
-    const int p = pipe ? pp.size() : 1, m = flags.micro_batches;
+    const int p = pipe ? pp.size() : 1, m = flags.micro_batches, v = flags.virtual_stages;
     if (comm->rank() == 0) {
       std::printf(
           "{\"tp\": %d, \"pp\": %d, \"schedule\": \"%s\", \"micro_batches\": %d, \"params\": %lld, "
           "\"batch\": %lld, \"time\": %lld, \"step_ms\": %.3f, \"allreduce_ms\": %.3f, \"idle\": %.4f, "
           "\"idle_theory\": %.4f, \"state_bytes\": %zu, \"live_bytes\": %zu, \"step_peak_bytes\": %lld, "
-          "\"activation_bytes\": %lld, "
+          "\"activation_bytes\": %lld, \"virtual_stages\": %d, "
           "\"sequence_parallel\": %s, \"repeats\": [",
           tp_size, p, pipe ? parallel::pipeline_schedule_name(flags.schedule) : "none", pipe ? m : 1,
           static_cast<long long>(nn::GPT(config, 1337).parameter_count()), static_cast<long long>(batch),
           static_cast<long long>(config.block_size), bench::lower_median(repeats), waited / flags.repeats, idle,
-          pipe ? double(p - 1) / (m + p - 1) : 0.0, state_bytes, live_bytes, static_cast<long long>(step_peak_bytes),
-          static_cast<long long>(activation_bytes), flags.sequence_parallel ? "true" : "false");
+          pipe ? double(p - 1) / (v * m + p - 1) : 0.0, state_bytes, live_bytes,
+          static_cast<long long>(step_peak_bytes), static_cast<long long>(activation_bytes), v,
+          flags.sequence_parallel ? "true" : "false");
       for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.3f", i ? ", " : "", repeats[i]);
       std::printf("], \"loss\": %.6g}\n", loss);
     }

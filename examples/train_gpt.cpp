@@ -239,25 +239,30 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
   const examples::CharCorpus& text = corpus(config.data);
   const std::int64_t parameters = nn::GPT(config.model(), config.seed).parameter_count();
   const double peak = world * rank_peak, model_flops = flops_per_token(config);
-  status.summary({{"data", config.data + ": " + std::to_string(text.tokens.numel()) + " characters, " +
-                               std::to_string(text.vocab_size()) + " distinct; first 90% train, the rest validate"},
-                  {"model", "GPT " + model_args_json(config) + ", " + std::to_string(parameters) + " parameters"},
-                  {"optimizer", format("AdamW lr %g -> %g", flags.lr, flags.min_lr) + " (warm-up " +
-                                    std::to_string(flags.warmup_steps) + ", cosine), " +
-                                    format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
-                  {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) +
-                                " x " + std::to_string(config.block_size) + " characters, " + flags.sharding +
-                                (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) +
-                                                    (flags.sequence_parallel ? " (sequence parallel)" : "")
+  status.summary(
+      {{"data", config.data + ": " + std::to_string(text.tokens.numel()) + " characters, " +
+                    std::to_string(text.vocab_size()) + " distinct; first 90% train, the rest validate"},
+       {"model", "GPT " + model_args_json(config) + ", " + std::to_string(parameters) + " parameters"},
+       {"optimizer", format("AdamW lr %g -> %g", flags.lr, flags.min_lr) + " (warm-up " +
+                         std::to_string(flags.warmup_steps) + ", cosine), " +
+                         format("weight decay %g, clip %g", flags.weight_decay, flags.grad_clip)},
+       {"world", std::to_string(world) + " rank(s), global batch " + std::to_string(flags.batch_size) + " x " +
+                     std::to_string(config.block_size) + " characters, " + flags.sharding +
+                     (flags.tp > 1 ? " x tp " + std::to_string(flags.tp) +
+                                         (flags.sequence_parallel ? " (sequence parallel)" : "")
+                                   : std::string()) +
+                     (flags.pp > 1 ? " x pp " + std::to_string(flags.pp) + " " + flags.schedule + " (" +
+                                         std::to_string(flags.micro_batches) + " micro-batches" +
+                                         (flags.virtual_stages > 1
+                                              ? ", " + std::to_string(flags.virtual_stages) + " stages a rank"
                                               : std::string()) +
-                                (flags.pp > 1 ? " x pp " + std::to_string(flags.pp) + " " + flags.schedule + " (" +
-                                                    std::to_string(flags.micro_batches) + " micro-batches)"
-                                              : std::string()) +
-                                ", " + flags.device + ", " + flags.precision},
-                  {"mfu", format("%.3g MFLOP per token, peak %.3g GFLOP/s", model_flops / 1e6, peak / 1e9) +
-                              (flags.peak_gflops > 0 ? " (--peak-gflops x ranks)"
-                                                     : " (a 512^3 matmul on one core here, x ranks)")},
-                  {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
+                                         ")"
+                                   : std::string()) +
+                     ", " + flags.device + ", " + flags.precision},
+       {"mfu",
+        format("%.3g MFLOP per token, peak %.3g GFLOP/s", model_flops / 1e6, peak / 1e9) +
+            (flags.peak_gflops > 0 ? " (--peak-gflops x ranks)" : " (a 512^3 matmul on one core here, x ranks)")},
+       {"metrics", flags.metrics.empty() ? "(none)" : flags.metrics}});
 
   std::int64_t step = 0;
   if (!flags.checkpoint_dir.empty()) {
@@ -358,6 +363,7 @@ int main(int argc, char** argv) {
         .pipeline_parallel = flags.pp,
         .pipeline_schedule = flags.schedule,
         .micro_batches = flags.micro_batches,
+        .virtual_stages = flags.virtual_stages,
         .device = train::parse_worker_device(flags.device),
         .precision = train::parse_precision(flags.precision),
         .max_grad_norm = flags.grad_clip,

@@ -45,7 +45,8 @@ const char* kUsage =
     "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
     "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N [--sequence-parallel]]\n"
     "                 [--device cpu|cuda] [--precision f32|bf16]\n"
-    "                 [--pp N] [--schedule gpipe|1f1b] [--micro-batches N]\n"
+    "                 [--pp N] [--schedule gpipe|1f1b|interleaved] [--micro-batches N]\n"
+    "                 [--virtual-stages V]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "                 [--require-val-loss X] [--peak-gflops X] [--trace DIR] [--trace-steps FIRST-LAST]\n"
     "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
@@ -62,7 +63,9 @@ const char* kUsage =
     "  (Megatron's sequence parallelism: 1/N of the LayerNorms' and residuals' activations).\n"
     "  --pp N cuts the blocks into N pipeline stages on consecutive ranks, each step one pass\n"
     "  of --schedule over --micro-batches micro-batches (gradients averaged between groups;\n"
-    "  --sharding zero1 shards each stage's optimizer state over them).\n"
+    "  --sharding zero1 shards each stage's optimizer state over them). interleaved (Megatron's)\n"
+    "  cuts the blocks into N x --virtual-stages stages (default 2), V a rank, for V times less\n"
+    "  idle time at V times the messages; --micro-batches a multiple of N.\n"
     "  Together, each stage is split over --tp ranks: a dp x pp x tp grid, tp fastest.\n"
     "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
     "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n"
@@ -145,6 +148,8 @@ Flags parse_flags(int argc, char** argv) {
         f.schedule = value;
       else if (flag == "--micro-batches")
         f.micro_batches = static_cast<int>(integer());
+      else if (flag == "--virtual-stages")
+        f.virtual_stages = static_cast<int>(integer());
       else if (flag == "--sharding")
         f.sharding = value;
       else if (flag == "--device")
@@ -190,9 +195,17 @@ Flags parse_flags(int argc, char** argv) {
           "--sequence-parallel needs --tp > 1 dividing --block-size " + std::to_string(f.block_size));
   require(f.pp >= 1 && f.pp <= f.n_layer,
           "--pp " + std::to_string(f.pp) + " must be in [1, --n-layer " + std::to_string(f.n_layer) + "]");
-  require(f.schedule == "gpipe" || f.schedule == "1f1b",
-          "bad value '" + f.schedule + "' for --schedule: gpipe or 1f1b");
+  require(f.schedule == "gpipe" || f.schedule == "1f1b" || f.schedule == "interleaved",
+          "bad value '" + f.schedule + "' for --schedule: gpipe, 1f1b or interleaved");
   require(f.micro_batches >= 1, "--micro-batches must be >= 1");
+  const bool interleaved = f.schedule == "interleaved";
+  if (f.virtual_stages == 0) f.virtual_stages = interleaved ? 2 : 1;
+  require(interleaved ? f.virtual_stages >= 2 : f.virtual_stages == 1,
+          "--virtual-stages " + std::to_string(f.virtual_stages) + ": 2 or more with --schedule interleaved, " +
+              "1 (or none) with the others");
+  require(!interleaved || (f.pp > 1 && f.micro_batches % f.pp == 0 && f.pp * f.virtual_stages <= f.n_layer),
+          "--schedule interleaved needs --pp > 1, --micro-batches a multiple of --pp, and --pp x --virtual-stages " +
+              std::to_string(f.pp * f.virtual_stages) + " stages within --n-layer " + std::to_string(f.n_layer));
   require(f.batch_size >= 1 && f.accum_steps >= 1 && f.steps >= 1 && f.eval_every >= 1,
           "--batch-size, --accum-steps, --steps and --eval-every must be >= 1");
   require(f.warmup_steps >= 0 && f.eval_samples >= 0 && f.sample_chars >= 0,

@@ -249,6 +249,12 @@ std::shared_ptr<Module> Module::shared_child(std::string_view name) const {
   return nullptr;
 }
 
+std::vector<std::string> Module::child_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, child] : children_) names.push_back(name);
+  return names;
+}
+
 void Module::release_activations() {
   release_own_activations();
   recompute_pending_ = false;

@@ -84,6 +84,8 @@ std::unique_ptr<OSS> stage_oss(PipelineStage& stage, collectives::Communicator& 
   return std::make_unique<OSS>(stage.named_parameters(), dp, factory);
 }
 
+std::vector<nn::Module*> modules(const std::vector<PipelineStage*>& chunks) { return {chunks.begin(), chunks.end()}; }
+
 nn::Optimizer& checked(const std::unique_ptr<nn::Optimizer>& optimizer) {
   TROUPE_CHECK(optimizer != nullptr, "PipelineModel: the optimizer factory returned none");
   return *optimizer;
@@ -100,7 +102,7 @@ PipelineModel::PipelineModel(PipelineStage& stage, collectives::Communicator& pp
       tp_(tp),
       oss_(stage_oss(stage, dp, factory, dp_sharding)),
       optimizer_(oss_ ? nullptr : factory(stage.named_parameters())),
-      pipe_(stage, pp, schedule, micro_batches),
+      pipe_(modules(stage.chunks()), pp, schedule, micro_batches),
       state_(oss_ ? PipelineStateDicts(stage, *oss_, pp, tp) : PipelineStateDicts(stage, checked(optimizer_), pp, tp)) {
 }
 

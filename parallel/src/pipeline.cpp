@@ -51,23 +51,50 @@ double squares(const Tensor& g) {
 PipelineSchedule parse_pipeline_schedule(std::string_view name) {
   if (name == "gpipe") return PipelineSchedule::gpipe;
   if (name == "1f1b") return PipelineSchedule::one_f_one_b;
-  TROUPE_THROW(InvalidArgument, "unknown pipeline schedule '", name, "': gpipe or 1f1b");
+  if (name == "interleaved") return PipelineSchedule::interleaved;
+  TROUPE_THROW(InvalidArgument, "unknown pipeline schedule '", name, "': gpipe, 1f1b or interleaved");
 }
 
 const char* pipeline_schedule_name(PipelineSchedule schedule) {
-  return schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b";
+  switch (schedule) {
+    case PipelineSchedule::gpipe: return "gpipe";
+    case PipelineSchedule::one_f_one_b: return "1f1b";
+    case PipelineSchedule::interleaved: return "interleaved";
+  }
+  return "?";
 }
 
 // ------------------------------------------------------------------ the schedule
 
 Pipeline::Pipeline(nn::Module& stage, collectives::Communicator& pp, PipelineSchedule schedule, int micro_batches)
-    : stage_(stage), pp_(pp), schedule_(schedule), micro_batches_(micro_batches) {
+    : Pipeline(std::vector<nn::Module*>{&stage}, pp, schedule, micro_batches) {}
+
+Pipeline::Pipeline(std::vector<nn::Module*> chunks, collectives::Communicator& pp, PipelineSchedule schedule,
+                   int micro_batches)
+    : chunks_(std::move(chunks)), pp_(pp), schedule_(schedule), micro_batches_(micro_batches) {
   TROUPE_CHECK(micro_batches >= 1, "Pipeline: micro_batches must be >= 1, got ", micro_batches);
-  stage_.set_activation_checkpointing(true);
-  if (pp.size() > 1) {
-    activations_ = pp.split(0, pp.rank());
-    gradients_ = pp.split(0, pp.rank());
+  TROUPE_CHECK(!chunks_.empty() && std::find(chunks_.begin(), chunks_.end(), nullptr) == chunks_.end(),
+               "Pipeline: no stage given");
+  const bool interleaved = schedule == PipelineSchedule::interleaved;
+  TROUPE_CHECK(interleaved == (chunks_.size() > 1), "Pipeline: the interleaved schedule runs two or more chunks a ",
+               "rank (InterleavedStage), and only it does; got ", chunks_.size(), " chunk(s) with ",
+               pipeline_schedule_name(schedule));
+  TROUPE_CHECK(!interleaved || micro_batches % pp.size() == 0, "Pipeline: the interleaved schedule takes a ",
+               "multiple of the ", pp.size(), " stages' ranks in micro-batches, got ", micro_batches);
+  for (nn::Module* chunk : chunks_) chunk->set_activation_checkpointing(true);
+  // Links 0, 1, 0, 1, ...; with an odd p the wrap-around link (p - 1 to 0) would share
+  // rank 0's parity, so it has a third communicator.
+  const int links = pp.size() == 1 ? 0 : (pp.size() % 2 == 1 ? 3 : 2);
+  for (int i = 0; i < links; ++i) {
+    activations_.push_back(pp.split(0, pp.rank()));
+    gradients_.push_back(pp.split(0, pp.rank()));
   }
+}
+
+collectives::Communicator& Pipeline::link(std::vector<std::unique_ptr<collectives::Communicator>>& comms, int l) {
+  const int p = pp_.size();
+  l = (l + p) % p;
+  return *comms[static_cast<std::size_t>(p % 2 == 1 && l == p - 1 ? 2 : l % 2)];
 }
 
 // An activation goes as a header (dtype, rank, dims) then the data, in order on one tag;
@@ -111,11 +138,16 @@ Tensor Pipeline::receive_like(collectives::Communicator& comm, const std::pair<t
 
 void Pipeline::set_tracer(Tracer* tracer) {
   tracer_ = tracer;
-  activations_->set_tracer(tracer, "pp activations");
-  gradients_->set_tracer(tracer, "pp gradients");
+  for (auto& comm : activations_) comm->set_tracer(tracer, "pp activations");
+  for (auto& comm : gradients_) comm->set_tracer(tracer, "pp gradients");
 }
 
-std::chrono::nanoseconds Pipeline::wait_time() const { return activations_->wait_time() + gradients_->wait_time(); }
+std::chrono::nanoseconds Pipeline::wait_time() const {
+  std::chrono::nanoseconds waited{0};
+  for (const auto& comm : activations_) waited += comm->wait_time();
+  for (const auto& comm : gradients_) waited += comm->wait_time();
+  return waited;
+}
 
 void Pipeline::finish_sends() {
   for (auto& work : sends_) work.wait();
@@ -124,7 +156,7 @@ void Pipeline::finish_sends() {
 }
 
 double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, const PipelineLoss& loss) {
-  const int s = pp_.rank(), p = pp_.size(), m = micro_batches_;
+  const int s = pp_.rank(), p = pp_.size(), m = micro_batches_, v = static_cast<int>(chunks_.size());
   const bool first = s == 0, last = s == p - 1;
   const Tensor& split = first ? inputs : targets;
   if (first || last) {
@@ -135,55 +167,80 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   const std::int64_t rows = (first || last) ? split.size(0) / m : 0;
   const auto start = Clock::now();
   double busy = 0, loss_sum = 0;
-  std::vector<nn::Module::SavedForward> saved(static_cast<std::size_t>(m));
+  // Per chunk and micro-batch: the saved forward, and the shape its gradient comes back in.
+  const auto at = [m](int c, int i) { return static_cast<std::size_t>(c * m + i); };
+  std::vector<nn::Module::SavedForward> saved(static_cast<std::size_t>(v * m));
+  std::vector<std::pair<tensor::Shape, tensor::DType>> outputs(static_cast<std::size_t>(v * m));
   std::vector<Tensor> output_grads(static_cast<std::size_t>(m));
-  std::vector<std::pair<tensor::Shape, tensor::DType>> outputs(static_cast<std::size_t>(m));  // each gradient's
+  // The whole model's first stage (this rank's chunk 0 on rank 0) and last.
+  const auto model_first = [&](int c) { return first && c == 0; };
+  const auto model_last = [&](int c) { return last && c == v - 1; };
 
-  auto forward = [&](int i) {
-    const Tensor x = first ? inputs.slice(i * rows, (i + 1) * rows) : receive(*activations_, s - 1);
+  auto forward = [&](int c, int i) {
+    nn::Module& chunk = *chunks_[static_cast<std::size_t>(c)];
+    const Tensor x =
+        model_first(c) ? inputs.slice(i * rows, (i + 1) * rows) : receive(link(activations_, s - 1), (s - 1 + p) % p);
     TraceScope span(tracer_, "compute", "forward");
-    if (span.active()) span.set_args("\"micro_batch\":" + std::to_string(i));
+    if (span.active())
+      span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : ""));
     const auto t0 = Clock::now();
-    const Tensor y = stage_.forward(x);
-    saved[static_cast<std::size_t>(i)] = stage_.take_saved_forward();
-    if (last) {
+    const Tensor y = chunk.forward(x);
+    saved[at(c, i)] = chunk.take_saved_forward();
+    if (model_last(c)) {
       loss_sum += loss.forward(y, targets.slice(i * rows, (i + 1) * rows));
       output_grads[static_cast<std::size_t>(i)] = loss.backward(1.0 / m);
     }
     busy += seconds_since(t0);
-    if (!last) {
-      send(*activations_, y, s + 1, true);
-      outputs[static_cast<std::size_t>(i)] = {y.shape(), y.dtype()};
+    if (!model_last(c)) {
+      send(link(activations_, s), y, (s + 1) % p, true);
+      outputs[at(c, i)] = {y.shape(), y.dtype()};
     }
   };
-  auto backward = [&](int i) {
-    const auto k = static_cast<std::size_t>(i);
-    const Tensor g = last ? std::move(output_grads[k]) : receive_like(*gradients_, outputs[k], s + 1);
+  auto backward = [&](int c, int i) {
+    nn::Module& chunk = *chunks_[static_cast<std::size_t>(c)];
+    const Tensor g = model_last(c) ? std::move(output_grads[static_cast<std::size_t>(i)])
+                                   : receive_like(link(gradients_, s), outputs[at(c, i)], (s + 1) % p);
     TraceScope span(tracer_, "compute", "backward");
-    if (span.active()) span.set_args("\"micro_batch\":" + std::to_string(i) + ",\"recomputes_forward\":true");
+    if (span.active())
+      span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : "") +
+                    ",\"recomputes_forward\":true");
     const auto t0 = Clock::now();
-    stage_.restore_saved_forward(std::move(saved[static_cast<std::size_t>(i)]));
-    const Tensor gx = stage_.backward(g);
+    chunk.restore_saved_forward(std::move(saved[at(c, i)]));
+    const Tensor gx = chunk.backward(g);
     busy += seconds_since(t0);
-    if (!first) send(*gradients_, gx, s - 1, false);
+    if (!model_first(c)) send(link(gradients_, s - 1), gx, (s - 1 + p) % p, false);
   };
 
   try {
     if (schedule_ == PipelineSchedule::gpipe) {
-      for (int i = 0; i < m; ++i) forward(i);
-      for (int i = 0; i < m; ++i) backward(i);
-    } else {
+      for (int i = 0; i < m; ++i) forward(0, i);
+      for (int i = 0; i < m; ++i) backward(0, i);
+    } else if (schedule_ == PipelineSchedule::one_f_one_b) {
       const int warm = std::min(p - s - 1, m);
-      for (int i = 0; i < warm; ++i) forward(i);
+      for (int i = 0; i < warm; ++i) forward(0, i);
       for (int i = warm; i < m; ++i) {
-        forward(i);
-        backward(i - warm);
+        forward(0, i);
+        backward(0, i - warm);
       }
-      for (int i = m - warm; i < m; ++i) backward(i);
+      for (int i = m - warm; i < m; ++i) backward(0, i);
+    } else {
+      // Megatron's order: the k-th forward (or backward) of a rank runs micro-batch
+      // (k / pv) p + k mod p through chunk (k / p) mod v (backwards: the chunks in
+      // reverse); 2 (p - s - 1) + (v - 1) p forwards warm the pipe up.
+      const int total = m * v;
+      const auto micro_batch = [&](int k) { return (k / (p * v)) * p + k % p; };
+      const auto chunk = [&](int k, bool forwards) { return forwards ? (k / p) % v : v - 1 - (k / p) % v; };
+      const int warm = m == p ? total : std::min(2 * (p - s - 1) + (v - 1) * p, total);
+      for (int k = 0; k < warm; ++k) forward(chunk(k, true), micro_batch(k));
+      for (int k = 0; k < total - warm; ++k) {
+        forward(chunk(warm + k, true), micro_batch(warm + k));
+        backward(chunk(k, false), micro_batch(k));
+      }
+      for (int k = total - warm; k < total; ++k) backward(chunk(k, false), micro_batch(k));
     }
     finish_sends();
   } catch (...) {
-    stage_.release_activations();
+    for (nn::Module* chunk : chunks_) chunk->release_activations();
     try {
       finish_sends();
     } catch (...) {  // the first error is the one to report
@@ -198,23 +255,24 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
 }
 
 Tensor Pipeline::forward(const Tensor& inputs) {
-  const int s = pp_.rank(), p = pp_.size();
-  const Tensor x = s == 0 ? inputs : receive(*activations_, s - 1);
-  stage_.set_activation_checkpointing(false);  // no backward follows
+  const int s = pp_.rank(), p = pp_.size(), v = static_cast<int>(chunks_.size());
   Tensor y;
-  try {
-    y = stage_.forward(x);
-  } catch (...) {
-    stage_.set_activation_checkpointing(true);
-    throw;
-  }
-  stage_.set_activation_checkpointing(true);
-  if (s + 1 < p) {
-    send(*activations_, y, s + 1, true);
+  for (int c = 0; c < v; ++c) {
+    nn::Module& chunk = *chunks_[static_cast<std::size_t>(c)];
+    const Tensor x = s == 0 && c == 0 ? inputs : receive(link(activations_, s - 1), (s - 1 + p) % p);
+    chunk.set_activation_checkpointing(false);  // no backward follows
+    try {
+      y = chunk.forward(x);
+    } catch (...) {
+      chunk.set_activation_checkpointing(true);
+      throw;
+    }
+    chunk.set_activation_checkpointing(true);
+    if (s == p - 1 && c == v - 1) return y;
+    send(link(activations_, s), y, (s + 1) % p, true);
     finish_sends();
-    return Tensor();
   }
-  return y;
+  return Tensor();
 }
 
 // ------------------------------------------------------------------ the GPT's stages
@@ -284,7 +342,7 @@ Tensor GptStage::backward_impl(const Tensor& grad_output) {
 void GptStage::sum_tied_gradient(collectives::Communicator& pp) {
   if (stages_ == 1 || !(first() || last())) return;
   TROUPE_CHECK(tied_->grad.defined(), type_name(), ".sum_tied_gradient: the tied table has no gradient");
-  const int peer = first() ? stages_ - 1 : 0;
+  const int peer = (first() ? stages_ - 1 : 0) % pp.size();
   const Tensor mine = tied_->grad.clone();
   Tensor theirs = Tensor::empty(mine.shape(), mine.dtype());
   collectives::Work sent = pp.send_async(Buffer(mine), peer, kTied);
@@ -296,6 +354,86 @@ void GptStage::sum_tied_gradient(collectives::Communicator& pp) {
 void GptStage::checkpoint_blocks(std::int64_t every) {
   for (std::size_t i = 0; i < blocks_.size(); ++i)
     blocks_[i]->set_activation_checkpointing(every > 0 && (begin_ + static_cast<std::int64_t>(i)) % every == 0);
+}
+
+// ------------------------------------------------------------ interleaved stages
+
+namespace {
+
+bool is_dict(const std::shared_ptr<nn::Module>& module) {
+  return dynamic_cast<nn::ModuleDict*>(module.get()) != nullptr;
+}
+
+// Adds `from`'s children to `into` (a dict of the InterleavedStage's own), sharing the
+// layers; a dict both hold (a GPT's "transformer", its "h") is merged one level down.
+void merge_tree(nn::ModuleDict& into, const nn::Module& from, const std::string& path) {
+  for (const std::string& name : from.child_names()) {
+    const auto child = from.shared_child(name);
+    const auto held = into.shared_child(name);
+    if (held == nullptr && is_dict(child))
+      merge_tree(into.add(name, std::make_shared<nn::ModuleDict>()), *child, path + name + ".");
+    else if (held == nullptr)
+      into.add(name, child);
+    else
+      TROUPE_CHECK(is_dict(held) && is_dict(child), "InterleavedStage: two chunks hold '", path, name, "'");
+    if (held != nullptr) merge_tree(static_cast<nn::ModuleDict&>(*held), *child, path + name + ".");
+  }
+}
+
+}  // namespace
+
+InterleavedStage::InterleavedStage(std::vector<std::unique_ptr<PipelineStage>> chunks) : chunks_(std::move(chunks)) {
+  TROUPE_CHECK(chunks_.size() >= 2, "InterleavedStage: two or more chunks, got ", chunks_.size());
+  for (const auto& chunk : chunks_) {
+    TROUPE_CHECK(chunk != nullptr, "InterleavedStage: a null chunk");
+    for (const auto& [name, param] : chunk->named_parameters())
+      TROUPE_CHECK(name.find('.') != std::string::npos, "InterleavedStage: ", chunk->type_name(), " holds parameter '",
+                   name, "' itself, not in a child");
+    // The top level is this module's own; below it, dicts of its own (merge_tree).
+    for (const std::string& name : chunk->child_names()) {
+      const auto child = chunk->shared_child(name);
+      const auto held = shared_child(name);
+      if (held == nullptr && is_dict(child))
+        merge_tree(register_module(name, std::make_shared<nn::ModuleDict>()), *child, name + ".");
+      else if (held == nullptr)
+        register_module(name, child);
+      else
+        TROUPE_CHECK(is_dict(held) && is_dict(child), "InterleavedStage: two chunks hold '", name, "'");
+      if (held != nullptr) merge_tree(static_cast<nn::ModuleDict&>(*held), *child, name + ".");
+    }
+  }
+}
+
+Tensor InterleavedStage::forward_impl(const Tensor&) {
+  TROUPE_THROW(InvalidArgument, type_name(), ": its chunks run through a Pipeline (interleaved schedule), ",
+               "not forward()");
+}
+
+Tensor InterleavedStage::backward_impl(const Tensor&) {
+  TROUPE_THROW(InvalidArgument, type_name(), ": its chunks run through a Pipeline (interleaved schedule), ",
+               "not backward()");
+}
+
+std::string InterleavedStage::type_name() const {
+  std::string name = "InterleavedStage(";
+  for (std::size_t c = 0; c < chunks_.size(); ++c) name += (c ? ", " : "") + chunks_[c]->type_name();
+  return name + ")";
+}
+
+void InterleavedStage::sum_tied_gradient(collectives::Communicator& pp) {
+  for (const auto& chunk : chunks_) chunk->sum_tied_gradient(pp);
+}
+
+const nn::Parameter* InterleavedStage::tied_copy() const {
+  for (const auto& chunk : chunks_)
+    if (const nn::Parameter* copy = chunk->tied_copy()) return copy;
+  return nullptr;
+}
+
+std::vector<PipelineStage*> InterleavedStage::chunks() {
+  std::vector<PipelineStage*> out;
+  for (const auto& chunk : chunks_) out.push_back(chunk.get());
+  return out;
 }
 
 double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp,
@@ -320,15 +458,20 @@ double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collective
 
 namespace {
 
-// `dict`'s entries of every stage in stage order, or (scalars_once) those without a '/'
-// from stage 0 alone.
-nn::StateDict gather_stages(const nn::StateDict& dict, collectives::Communicator& pp, bool scalars_once) {
-  nn::StateDict mine;
-  for (const auto& [name, value] : dict)
-    if (!scalars_once || pp.rank() == 0 || name.find('/') != std::string::npos) mine.insert(name, value);
+// Every stage's entries in the whole model's stage order: chunks[c] is this rank's
+// stage c x p + rank (every rank passes as many). With scalars_once, entries without a
+// '/' (an optimizer's scalars) come from stage 0 alone.
+nn::StateDict gather_stages(const std::vector<nn::StateDict>& chunks, collectives::Communicator& pp,
+                            bool scalars_once) {
+  const int p = pp.size(), v = static_cast<int>(chunks.size());
   nn::StateDict full;
-  for (int owner = 0; owner < pp.size(); ++owner) {
+  for (int stage = 0; stage < p * v; ++stage) {
+    const int owner = stage % p;
     const bool me = owner == pp.rank();
+    nn::StateDict mine;
+    if (me)
+      for (const auto& [name, value] : chunks[static_cast<std::size_t>(stage / p)])
+        if (!scalars_once || stage == 0 || name.find('/') != std::string::npos) mine.insert(name, value);
     std::int64_t count = me ? static_cast<std::int64_t>(mine.size()) : 0;
     pp.broadcast(Buffer(&count, 1), owner);
     auto entry = mine.begin();
@@ -359,11 +502,34 @@ nn::StateDict gather_stages(const nn::StateDict& dict, collectives::Communicator
   return full;
 }
 
+// An optimizer's state ("parameter/slot" keys, and scalars) split by the chunk holding
+// each parameter; the scalars go with chunk 0.
+std::vector<nn::StateDict> by_chunk(const nn::StateDict& dict, PipelineStage& stage) {
+  const std::vector<PipelineStage*> chunks = stage.chunks();
+  std::map<std::string, std::size_t> owner;
+  for (std::size_t c = 0; c < chunks.size(); ++c)
+    for (const auto& [name, param] : chunks[c]->named_parameters()) owner.emplace(name, c);
+  std::vector<nn::StateDict> out(chunks.size());
+  for (const auto& [key, value] : dict) {
+    const auto cut = key.rfind('/');
+    const auto found = cut == std::string::npos ? owner.end() : owner.find(key.substr(0, cut));
+    out[found == owner.end() ? 0 : found->second].insert(key, value);
+  }
+  return out;
+}
+
 }  // namespace
 
 nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communicator& pp,
                                        collectives::Communicator* tp) {
-  return gather_stages(tp != nullptr ? full_state_dict(stage, *tp) : stage.state_dict(), pp, false);
+  std::vector<nn::Module*> chunks{&stage};
+  if (auto* staged = dynamic_cast<PipelineStage*>(&stage)) {
+    const std::vector<PipelineStage*> held = staged->chunks();
+    chunks.assign(held.begin(), held.end());
+  }
+  std::vector<nn::StateDict> dicts;
+  for (nn::Module* chunk : chunks) dicts.push_back(tp != nullptr ? full_state_dict(*chunk, *tp) : chunk->state_dict());
+  return gather_stages(dicts, pp, false);
 }
 
 PipelineStateDicts::PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
@@ -383,7 +549,11 @@ PipelineStateDicts::PipelineStateDicts(PipelineStage& stage, OSS& optimizer, col
   oss_ = &optimizer;
 }
 
-nn::StateDict PipelineStateDicts::whole_random_state(nn::StateDict local) { return gather_stages(local, pp_, false); }
+nn::StateDict PipelineStateDicts::whole_random_state(nn::StateDict local) {
+  std::vector<nn::StateDict> chunks(stage_.chunks().size());
+  chunks[0] = std::move(local);
+  return gather_stages(chunks, pp_, false);
+}
 
 std::string PipelineStateDicts::tied_copy_name() const {
   const nn::Parameter* copy = stage_.tied_copy();
@@ -401,7 +571,7 @@ nn::StateDict PipelineStateDicts::optimizer_state_dict() {
   const nn::StateDict local = oss_ != nullptr ? oss_->state_dict() : optimizer_->state_dict();
   for (const auto& [key, value] : tp_ != nullptr ? full_optimizer_state_dict(local, splits_, *tp_) : local)
     if (copy.empty() || key.rfind(copy + "/", 0) != 0) mine.insert(key, value);
-  return gather_stages(mine, pp_, true);
+  return gather_stages(by_chunk(mine, stage_), pp_, true);
 }
 
 void PipelineStateDicts::load_model_state_dict(const nn::StateDict& dict) {

@@ -122,10 +122,11 @@ layouts)
     "${mpi[@]}" "$train" "${steps[@]}" "$@" > "$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "$name"; }
     echo "$name: $(grep -E 'resumed from' "$work/$name.log" || true) final val loss $(loss_of "$work/$name.log")"
   }
-  near() {  # name: its final loss within 1e-4 of dp4's
-    awk -v a="$(loss_of "$work/$1.log")" -v b="$(loss_of "$work/dp4.log")" \
+  near() {  # name [reference]: its final loss within 1e-4 of the reference's (dp4's)
+    local ref=${2:-dp4}
+    awk -v a="$(loss_of "$work/$1.log")" -v b="$(loss_of "$work/$ref.log")" \
       'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' \
-      || fail "$1 ends at val loss $(loss_of "$work/$1.log"), dp 4 at $(loss_of "$work/dp4.log")"
+      || fail "$1 ends at val loss $(loss_of "$work/$1.log"), $ref at $(loss_of "$work/$ref.log")"
   }
   # The step-20 checkpoint of a run's folder, alone in a copy of it.
   from20() { mkdir -p "$work/$2" && cp "$work/$1"/ckpt-000000020.h5 "$work/$2"/; }
@@ -160,6 +161,12 @@ layouts)
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
+  # Interleaved pp 2 (two stages a rank) needs 4 blocks: against dp 4 of the same model.
+  run dp4l4 --n-layer 4 --checkpoint-dir "$work/dp4l4"
+  run pp2i --n-layer 4 --pp 2 --schedule interleaved --checkpoint-dir "$work/pp2i"
+  from20 pp2i pp2i-as-dp4 && run pp2i-as-dp4 --n-layer 4 --checkpoint-dir "$work/pp2i-as-dp4"
+  for name in pp2i pp2i-as-dp4; do near "$name" dp4l4; done
+  grep -q 'resumed from .* at step 20' "$work/pp2i-as-dp4.log" || fail "pp2i-as-dp4 did not resume from step 20"
   for name in tp2 pp2 pp2tp2; do
     layout=$(sed -E 's/(tp|pp)([0-9])/--\1 \2 /g' <<< "$name")
     # shellcheck disable=SC2086 # $layout is flags
@@ -171,7 +178,9 @@ layouts)
     [[ "$(hash_of "$work/$name-crash.log")" == "$(hash_of "$work/$name.log")" ]] \
       || fail "$layout: $(hash_of "$work/$name-crash.log") after the crash, $(hash_of "$work/$name.log") without"
   done
-  echo "PASS: every layout trains as dp 4 and resumes any other's checkpoint; tp 2, pp 2 and pp 2 x tp 2 resumed bit for bit;"
+  echo "PASS: every layout (interleaved pp 2 too) trains as dp 4 and resumes any other's checkpoint"
+  echo "      (interleaved: its checkpoint resumes as dp 4; loading one is Pipeline.InterleavedStages...);"
+  echo "      tp 2, pp 2 and pp 2 x tp 2 resumed bit for bit;"
   echo "      pp 2 with zero1 ends with pp 2's bits"
   ;;
 layouts8)
@@ -225,6 +234,10 @@ bad)
     "${mpi[@]}" "$train" --pp 2 --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3
+  expect 2 "--schedule interleaved needs --pp > 1, --micro-batches a multiple of --pp, and --pp x --virtual-stages 4 stages within --n-layer 2" \
+    "$train" --pp 2 --schedule interleaved
+  expect 2 "--virtual-stages 3: 2 or more with --schedule interleaved, 1 \\(or none\\) with the others" \
+    "$train" --pp 2 --virtual-stages 3
   expect 1 "with pipeline parallelism, accum_steps must be 1" "${mpi[@]}" "$train" --pp 2 --accum-steps 2 --steps 10 --warmup-steps 2
   expect 2 "--n-embd 100 must be a multiple of --n-head 3" "$train" --n-embd 100 --n-head 3
   # A checkpoint folder of one run, then runs whose vocabulary or model differ.

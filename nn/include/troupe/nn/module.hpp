@@ -144,6 +144,8 @@ class Module {
   // A direct child by name, shared (null when there is none): for a module that runs
   // part of another's tree, as a pipeline stage runs some of a model's blocks.
   std::shared_ptr<Module> shared_child(std::string_view name) const;
+  // The direct children's names, in registration order.
+  std::vector<std::string> child_names() const;
 
   // Converts every parameter and buffer to `dtype` (e.g. f64 for finite-difference
   // checks). Gradients are dropped and views are not preserved: call it while

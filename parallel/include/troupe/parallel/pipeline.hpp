@@ -4,11 +4,16 @@
 //
 // Schedules (GPipe; 1F1B, PipeDream-Flush as Megatron runs it), stage s of p with m
 // micro-batches:
-//   gpipe    all m forwards, then all m backwards
-//   1f1b     min(p - s - 1, m) forwards, then one forward and one backward in turn,
-//            then the backwards left: at most p - s micro-batches in flight
-// Both idle a stage for (p - 1) / (m + p - 1) of a step in theory; 1F1B holds fewer
-// micro-batches at once. A stage keeps only each in-flight micro-batch's input: its
+//   gpipe        all m forwards, then all m backwards
+//   1f1b         min(p - s - 1, m) forwards, then one forward and one backward in
+//                turn, then the backwards left: at most p - s micro-batches in flight
+//   interleaved  Megatron's interleaved 1F1B: the model cut into p x v stages, rank s
+//                holding v of them (s, s + p, ...; InterleavedStage), forwards taken
+//                p micro-batches at a time through each of its chunks in turn, then
+//                1F1B over (chunk, micro-batch) pairs; m must be a multiple of p
+// gpipe and 1f1b idle a stage for (p - 1) / (m + p - 1) of a step in theory, 1F1B
+// holding fewer micro-batches at once; interleaved for (p - 1) / (v m + p - 1), at
+// v times the messages. A stage keeps only each in-flight micro-batch's input: its
 // forward is recomputed just before that micro-batch's backward (nn::Module's
 // activation checkpointing, with the saved forward taken out and put back per
 // micro-batch), as Megatron does under full recompute, since troupe's layers cache one
@@ -40,8 +45,8 @@ namespace troupe::parallel {
 
 using tensor::Tensor;
 
-enum class PipelineSchedule { gpipe, one_f_one_b };
-// "gpipe" or "1f1b"; anything else is an InvalidArgument naming both.
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
+// "gpipe", "1f1b" or "interleaved"; anything else is an InvalidArgument naming them.
 PipelineSchedule parse_pipeline_schedule(std::string_view name);
 const char* pipeline_schedule_name(PipelineSchedule schedule);
 
@@ -62,6 +67,11 @@ class Pipeline {
  public:
   // `stage` is this rank's part of the model; pp and stage outlive the pipeline.
   Pipeline(nn::Module& stage, collectives::Communicator& pp, PipelineSchedule schedule, int micro_batches);
+  // This rank's chunks of a model cut into pp.size() x chunks.size() stages: chunk c is
+  // stage c x pp.size() + pp.rank() (InterleavedStage::chunks). More than one chunk
+  // takes the interleaved schedule, and it takes more than one.
+  Pipeline(std::vector<nn::Module*> chunks, collectives::Communicator& pp, PipelineSchedule schedule,
+           int micro_batches);
 
   // One batch through the pipe. Every stage passes the batch: the first uses `inputs`,
   // the last `targets` and `loss`; their first dimension must divide into the
@@ -83,17 +93,21 @@ class Pipeline {
   int micro_batches() const { return micro_batches_; }
 
  private:
+  // The communicators carrying activations (or gradients) on the link from rank l to
+  // rank l + 1 (mod p): a rank sends on one link and receives on another, so a receive
+  // never waits behind the rank's own sends (a wait covers what its communicator
+  // started before it).
+  collectives::Communicator& link(std::vector<std::unique_ptr<collectives::Communicator>>& comms, int l);
   void send(collectives::Communicator& comm, const Tensor& t, int peer, bool header);
   Tensor receive(collectives::Communicator& comm, int peer);
   Tensor receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like, int peer);
   void finish_sends();
 
-  nn::Module& stage_;
+  std::vector<nn::Module*> chunks_;
   collectives::Communicator& pp_;
-  // Activations and gradients each on a communicator of their own (split from pp): a
-  // wait covers the operations started before it on its communicator, so one link's
-  // pending sends cannot hold up the other direction's receives.
-  std::unique_ptr<collectives::Communicator> activations_, gradients_;
+  // Activations and gradients each on communicators of their own (split from pp), one
+  // per link parity (and one more for the wrap-around link of an odd p): see link().
+  std::vector<std::unique_ptr<collectives::Communicator>> activations_, gradients_;
   PipelineSchedule schedule_;
   int micro_batches_;
   std::vector<collectives::Work> sends_;
@@ -108,10 +122,35 @@ class Pipeline {
 class PipelineStage : public nn::Module {
  public:
   // After a backward: a parameter held on two stages gets the sum of both gradients
-  // there (a collective of those stages; the others return at once).
+  // there (a collective of those stages' ranks; the others return at once).
   virtual void sum_tied_gradient(collectives::Communicator& pp) = 0;
   // A parameter this stage holds only as a copy of another stage's (null: none).
   virtual const nn::Parameter* tied_copy() const = 0;
+  // The modules the pipeline runs, in the order of the stages they are: this one, or
+  // an InterleavedStage's chunks.
+  virtual std::vector<PipelineStage*> chunks() { return {this}; }
+};
+
+// The v stages one rank holds under the interleaved schedule: stages rank, rank + p,
+// ..., rank + (v - 1) p of a model cut into p x v (each a PipelineStage built as that
+// stage of p x v, e.g. GptStage(config, seed, rank + c * p, p * v)). Its parameters are
+// the union of the chunks', under the same names (their module trees merged, sharing
+// the layers), so an optimizer, clipping, checkpoints and data parallelism treat it as
+// any stage. It runs only through a Pipeline: forward() and backward() refuse.
+class InterleavedStage final : public PipelineStage {
+ public:
+  explicit InterleavedStage(std::vector<std::unique_ptr<PipelineStage>> chunks);
+
+  Tensor forward_impl(const Tensor& input) override;
+  Tensor backward_impl(const Tensor& grad_output) override;
+  std::string type_name() const override;
+  // Each chunk's, in turn; GptStage pairs the first and the last of all p x v stages.
+  void sum_tied_gradient(collectives::Communicator& pp) override;
+  const nn::Parameter* tied_copy() const override;
+  std::vector<PipelineStage*> chunks() override;
+
+ private:
+  std::vector<std::unique_ptr<PipelineStage>> chunks_;
 };
 
 // Stage `stage` of nn::GPT(config, seed) cut into `stages`: consecutive blocks as
@@ -141,7 +180,8 @@ class GptStage : public PipelineStage {
   std::pair<std::int64_t, std::int64_t> blocks() const { return {begin_, end_}; }
   // After a backward, with more than one stage: the tied table's gradient on the first
   // and last stages becomes the sum of both (the same bits on both). A collective of the
-  // first and last stages; the others return at once.
+  // first and last stages' ranks (stage i on pp rank i mod pp.size(), as interleaved);
+  // the others return at once.
   void sum_tied_gradient(collectives::Communicator& pp) override;
   // The tied table as the last stage holds it (null elsewhere).
   const nn::Parameter* tied_copy() const override { return last() && !first() ? tied_ : nullptr; }

@@ -493,6 +493,8 @@ class TrainWorker {
     TROUPE_CHECK(options.tensor_parallel >= 1 && options.pipeline_parallel >= 1,
                  "TrainWorker: tensor_parallel and pipeline_parallel must be >= 1; got ", options.tensor_parallel,
                  " and ", options.pipeline_parallel);
+    TROUPE_CHECK(options.virtual_stages == 1 || options.pipeline_parallel > 1, "TrainWorker: virtual_stages ",
+                 options.virtual_stages, " without pipeline stages (pipeline_parallel 1)");
     if (options.tensor_parallel == 1 && options.pipeline_parallel == 1) return nullptr;
     // tp fastest (its all-reduces are the most frequent: consecutive ranks, one node),
     // then pp, then dp.
@@ -504,8 +506,18 @@ class TrainWorker {
 
   std::unique_ptr<nn::Module> build_model() {
     if (mesh_ && mesh_->has("pp")) {
-      auto stage =
-          recipe_pipeline_stage<Recipe>(config_, mesh_->coordinate("pp"), mesh_->size("pp"), tensor_parallel_comm());
+      // Interleaved: this rank's stages s, s + p, ... of the model cut into p x v.
+      const int s = mesh_->coordinate("pp"), p = mesh_->size("pp"), v = options_.virtual_stages;
+      TROUPE_CHECK(v >= 1, "TrainWorker: virtual_stages must be >= 1, got ", v);
+      std::unique_ptr<parallel::PipelineStage> stage;
+      if (v == 1) {
+        stage = recipe_pipeline_stage<Recipe>(config_, s, p, tensor_parallel_comm());
+      } else {
+        std::vector<std::unique_ptr<parallel::PipelineStage>> chunks;
+        for (int c = 0; c < v; ++c)
+          chunks.push_back(recipe_pipeline_stage<Recipe>(config_, s + c * p, p * v, tensor_parallel_comm()));
+        stage = std::make_unique<parallel::InterleavedStage>(std::move(chunks));
+      }
       stage_ = stage.get();
       return stage;
     }

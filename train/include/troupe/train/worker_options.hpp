@@ -50,13 +50,16 @@ struct WorkerOptions {
   // stages; sequences must split into tp equal parts.
   bool sequence_parallel = false;
   // Pipeline stages (1: none): the world becomes a dp x pp mesh and each step is one
-  // pass of the schedule ("gpipe" or "1f1b") over micro_batches micro-batches, the
+  // pass of the schedule ("gpipe", "1f1b" or "interleaved") over micro_batches
+  // micro-batches (interleaved: virtual_stages >= 2 stages a rank, the model cut into
+  // pipeline_parallel x virtual_stages; micro_batches a multiple of pp), the
   // gradients then averaged over dp (sharding ddp, or zero1: each stage's optimizer
   // state sharded over dp). f32, CPU, accum_steps 1. With tensor_parallel too, a dp x
   // pp x tp mesh: each stage split over tp.
   std::int32_t pipeline_parallel = 1;
   std::string pipeline_schedule = "1f1b";
   std::int32_t micro_batches = 4;
+  std::int32_t virtual_stages = 1;
   WorkerDevice device = WorkerDevice::cpu;
   Precision precision = Precision::f32;
   double max_grad_norm = 0;  // 0: no clipping
@@ -105,7 +108,7 @@ struct WorkerOptions {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
       best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
       checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel,
-      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps, sequence_parallel);
+      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps, sequence_parallel, virtual_stages);
   }
 };
 
