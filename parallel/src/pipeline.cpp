@@ -79,8 +79,9 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, collectives::Communicator& p
   TROUPE_CHECK(interleaved == (chunks_.size() > 1), "Pipeline: the interleaved schedule runs two or more chunks a ",
                "rank (InterleavedStage), and only it does; got ", chunks_.size(), " chunk(s) with ",
                pipeline_schedule_name(schedule));
-  TROUPE_CHECK(!interleaved || micro_batches % pp.size() == 0, "Pipeline: the interleaved schedule takes a ",
-               "multiple of the ", pp.size(), " stages' ranks in micro-batches, got ", micro_batches);
+  TROUPE_CHECK(!interleaved || (pp.size() > 1 && micro_batches % pp.size() == 0), "Pipeline: the interleaved ",
+               "schedule runs over two or more ranks, with a multiple of their number (", pp.size(),
+               ") in micro-batches; got ", micro_batches);
   for (nn::Module* chunk : chunks_) chunk->set_activation_checkpointing(true);
   // Links 0, 1, 0, 1, ...; with an odd p the wrap-around link (p - 1 to 0) would share
   // rank 0's parity, so it has a third communicator.

@@ -341,6 +341,15 @@ TEST(Pipeline, BadLayoutsAreNamed) {
     EXPECT_THROW(GptStage(config, 1, world().rank(), world().size()), InvalidArgument);
   }
   EXPECT_THROW(parallel::parse_pipeline_schedule("zb"), InvalidArgument);
+  if (world().size() == 1) {  // interleaved stages with nowhere to send between them
+    std::vector<std::unique_ptr<parallel::PipelineStage>> two;
+    for (int c = 0; c < 2; ++c) two.push_back(std::make_unique<GptStage>(tiny_gpt(), 1, c, 2));
+    parallel::InterleavedStage both(std::move(two));
+    const std::vector<parallel::PipelineStage*> held = both.chunks();
+    EXPECT_THROW(
+        Pipeline(std::vector<nn::Module*>(held.begin(), held.end()), world(), PipelineSchedule::interleaved, 2),
+        InvalidArgument);
+  }
   GptStage stage(tiny_gpt(), 1, world().rank(), world().size());
   Pipeline pipe(stage, world(), PipelineSchedule::gpipe, 3);
   nn::CrossEntropyLoss ce;
