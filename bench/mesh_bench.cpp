@@ -16,7 +16,9 @@
 // other, so CPU time would count the polling), the lower median of the repeats per
 // step. allreduce_ms: the communicator's wait time per step (Communicator::wait_time:
 // time blocked on collectives not yet done); with --pp, idle: 1 - the stage's compute
-// time / the step's wall time (PipelineStats), the mean over stages and repeats, beside
+// time / the step's wall time (PipelineStats), the mean over stages and a repeat's
+// steps, the lower median of the repeats (as the step time, so one step slowed by the
+// machine does not decide it; "idle_repeats" lists them all), beside
 // the schedule's theoretical (p - 1) / (m + p - 1), or (p - 1) / (V m + p - 1) with V
 // stages a rank (interleaved; V 2 unless given). With --pp, state_bytes is the most
 // any rank holds (the first stage's, with the embeddings). state_bytes: this rank's parameters,
@@ -30,7 +32,7 @@
 //   {"tp": K, "pp": P, "schedule": S, "micro_batches": M, "params": N, "batch": B,
 //    "time": T, "step_ms": ..., "allreduce_ms": ..., "idle": ..., "idle_theory": ...,
 //    "state_bytes": ..., "live_bytes": ..., "step_peak_bytes": ..., "sequence_parallel": B,
-//    "repeats": [ms, ...], "loss": last loss}
+//    "repeats": [ms, ...], "idle_repeats": [...], "loss": last loss}
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
       batches.emplace_back(x, bench::random_ids(batch, config.block_size, config.vocab_size, gen));
     }
     std::size_t n = 0;
-    double loss = 0, idle = 0;
+    double loss = 0;
     std::int64_t forward_bytes = 0;  // what the last forward left live for backward (tp only)
     auto step = [&] {
       const auto& [x, y] = batches[n++ % batches.size()];
@@ -214,22 +216,24 @@ int main(int argc, char** argv) {
       state_bytes = static_cast<std::size_t>(bytes[0]);
       live_bytes = static_cast<std::size_t>(bytes[1]);
     }
-    std::vector<double> repeats;
+    std::vector<double> repeats, idles;
     double waited = 0;
     for (int r = 0; r < flags.repeats; ++r) {
       comm->barrier();
       const auto wait0 = comm->wait_time();
       const auto start = std::chrono::steady_clock::now();
+      double idle = 0;
       for (int i = 0; i < flags.steps; ++i) {
         step();
         if (pipe) idle += pipe->stats().idle_fraction();
       }
+      idles.push_back(idle / flags.steps);
       repeats.push_back(1e3 * seconds(std::chrono::steady_clock::now() - start) / flags.steps);
       waited += 1e3 * seconds(comm->wait_time() - wait0) / flags.steps;
     }
     TROUPE_CHECK(std::isfinite(loss), "mesh_bench: the loss is not finite");
-    idle /= flags.repeats * flags.steps;
-    comm->allreduce(collectives::Buffer(&idle, 1), collectives::ReduceOp::avg);
+    comm->allreduce(collectives::Buffer(idles), collectives::ReduceOp::avg);  // the mean over stages
+    const double idle = bench::lower_median(idles);
     const int p = pipe ? pp.size() : 1, m = flags.micro_batches, v = flags.virtual_stages;
     if (comm->rank() == 0) {
       std::printf(
@@ -245,6 +249,8 @@ int main(int argc, char** argv) {
           static_cast<long long>(step_peak_bytes), static_cast<long long>(activation_bytes), v,
           flags.sequence_parallel ? "true" : "false");
       for (std::size_t i = 0; i < repeats.size(); ++i) std::printf("%s%.3f", i ? ", " : "", repeats[i]);
+      std::printf("], \"idle_repeats\": [");
+      for (std::size_t i = 0; i < idles.size(); ++i) std::printf("%s%.4f", i ? ", " : "", idles[i]);
       std::printf("], \"loss\": %.6g}\n", loss);
     }
     return 0;

@@ -85,12 +85,14 @@ AdamW; the vocabulary-parallel cross-entropy under tp, 8 micro-batches under pp)
 thread per rank. Step time in wall time (the ranks wait for each other), the lower
 median of 5 repeats of 4 steps after 3 warm-up steps; time waiting in collectives from
 the communicator's own count; a stage's idle fraction is 1 - its compute time / the
-step's wall time, the mean over stages; the state per rank from the tensors
-(parameters, gradients, AdamW moments; under pp the first stage's, the largest). tp 1
-and tp 2 take turns for 3 rounds and each shows its median; the others run once, and
-4 ranks share 2 cores, so their times and idle fractions are for the record only.
-Targets: issue 51's (state <= 1.1/k of one rank's; idle within 1.1x of the schedule's
-(p - 1) / (m + p - 1)); the step
+step's wall time, the mean over stages and a repeat's steps, the lower median of the
+repeats; the state per rank from the tensors (parameters, gradients, AdamW moments;
+under pp the first stage's, the largest). tp 1 and tp 2 take turns for 3 rounds, and so
+do pp 2's gpipe, 1f1b and interleaved; each shows its median round. The others run
+once, and 4 ranks share 2 cores, so their times and idle fractions are for the record
+only. Interleaved (2 stages a rank, v = 2) cuts the 4 blocks one a stage. Targets:
+issue 51's (state <= 1.1/k of one rank's; idle within 1.1x of the schedule's (p - 1) /
+(m + p - 1), (p - 1) / (v m + p - 1) interleaved); the step
 times have none (the issue asks for the ratio and the collective time).""",
     "gpt": """\
 One training step of troupe's GPT (`nn::GPT`, nanoGPT's shape: GELU tanh, tied
