@@ -1,0 +1,224 @@
+// The GPT cut into pipeline stages (GptStage), a rank's interleaved stages
+// (InterleavedStage), and clipping over every stage (pipeline.hpp).
+#include "troupe/parallel/pipeline.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "troupe/error.hpp"
+#include "troupe/nn/containers.hpp"
+#include "troupe/shard_range.hpp"
+#include "troupe/tensor/ops.hpp"
+
+namespace troupe::parallel {
+
+using collectives::Buffer;
+
+namespace {
+
+constexpr int kTied = 103;  // beside the schedule's tags (pipeline.cpp), on the pp communicator
+
+template <class M>
+M* as(const std::shared_ptr<nn::Module>& module, const char* what) {
+  auto* typed = dynamic_cast<M*>(module.get());
+  TROUPE_CHECK(typed != nullptr, "GptStage: the GPT has no ", what);
+  return typed;
+}
+
+double squares(const Tensor& g) {
+  double sum = 0;
+  tensor::dispatch_floating(g.dtype(), "pipeline_clip_grad_norm", [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = g.data<T>();
+    for (std::int64_t i = 0; i < g.numel(); ++i) {
+      const double v = static_cast<double>(static_cast<tensor::compute_t<T>>(p[i]));
+      sum += v * v;
+    }
+  });
+  return sum;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------ the GPT's stages
+
+GptStage::GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages,
+                   collectives::Communicator* tp)
+    : stage_(stage), stages_(stages) {
+  TROUPE_CHECK(stages >= 1 && stage >= 0 && stage < stages, "GptStage: stage ", stage, " of ", stages);
+  TROUPE_CHECK(config.n_layer >= stages, "GptStage: ", config.n_layer, " blocks do not fill ", stages,
+               " pipeline stages");
+  std::tie(begin_, end_) = shard_range(config.n_layer, stage, stages);
+  const std::unique_ptr<nn::GPT> model =
+      tp != nullptr ? tensor_parallel_gpt(config, seed, *tp) : std::make_unique<nn::GPT>(config, seed);
+  const nn::GPT& whole = *model;
+  const auto transformer = whole.shared_child("transformer");
+  TROUPE_CHECK(transformer != nullptr, "GptStage: the GPT has no transformer");
+  auto& mine = register_module("transformer", std::make_shared<nn::ModuleDict>());
+  if (first()) {
+    wte_ = &mine.add("wte", std::dynamic_pointer_cast<nn::Embedding>(transformer->shared_child("wte")));
+    wpe_ = &mine.add("wpe", std::dynamic_pointer_cast<nn::Embedding>(transformer->shared_child("wpe")));
+    drop_ = &mine.add("drop", transformer->shared_child("drop"));
+  }
+  const auto blocks = transformer->shared_child("h");
+  auto& h = mine.add("h", std::make_shared<nn::ModuleDict>());
+  for (std::int64_t i = begin_; i < end_; ++i)
+    blocks_.push_back(&h.add(std::to_string(i), blocks->shared_child(std::to_string(i))));
+  if (last()) {
+    ln_f_ = &mine.add("ln_f", transformer->shared_child("ln_f"));
+    lm_head_ = &register_module("lm_head", whole.shared_child("lm_head"));
+  }
+  // The tied table: wte's on the first stage, lm_head's (wte's, kept alive) on the last.
+  auto table = transformer->shared_child("wte");
+  tied_ = &as<nn::Embedding>(table, "wte")->weight();
+  if (last() && !first()) table_owner_ = table;
+  // Uses in this stage: both on a single stage, one on the first or the last.
+  tied_->uses = first() && last() ? 2 : 1;
+}
+
+std::string GptStage::type_name() const {
+  return "GptStage(" + std::to_string(stage_) + " of " + std::to_string(stages_) + ", blocks " +
+         std::to_string(begin_) + "-" + std::to_string(end_) + ")";
+}
+
+Tensor GptStage::forward_impl(const Tensor& input) {
+  Tensor x = input;
+  if (first()) {
+    TROUPE_CHECK(input.defined() && input.dim() == 2, type_name(), ".forward: token ids must be [B, T]");
+    const Tensor positions = Tensor::arange(0, static_cast<double>(input.size(1)), 1, tensor::DType::i64);
+    x = drop_->forward(tensor::add(wte_->forward(input), wpe_->forward(positions)));
+  }
+  for (nn::Module* block : blocks_) x = block->forward(x);
+  if (last()) x = lm_head_->forward(ln_f_->forward(x));
+  return x;
+}
+
+Tensor GptStage::backward_impl(const Tensor& grad_output) {
+  Tensor g = grad_output;
+  if (last()) g = ln_f_->backward(lm_head_->backward(g));
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = (*it)->backward(g);
+  if (!first()) return g;
+  g = drop_->backward(g);
+  wpe_->backward(tensor::sum(g, 0));
+  wte_->backward(g);
+  return Tensor();
+}
+
+void GptStage::sum_tied_gradient(collectives::Communicator& pp) {
+  if (stages_ == 1 || !(first() || last())) return;
+  TROUPE_CHECK(tied_->grad.defined(), type_name(), ".sum_tied_gradient: the tied table has no gradient");
+  const int peer = (first() ? stages_ - 1 : 0) % pp.size();
+  const Tensor mine = tied_->grad.clone();
+  Tensor theirs = Tensor::empty(mine.shape(), mine.dtype());
+  collectives::Work sent = pp.send_async(Buffer(mine), peer, kTied);
+  pp.recv(Buffer(theirs), peer, kTied);
+  sent.wait();
+  tensor::add_(tied_->grad, theirs);  // a + b on one stage, b + a on the other: the same bits
+}
+
+void GptStage::checkpoint_blocks(std::int64_t every) {
+  for (std::size_t i = 0; i < blocks_.size(); ++i)
+    blocks_[i]->set_activation_checkpointing(every > 0 && (begin_ + static_cast<std::int64_t>(i)) % every == 0);
+}
+
+// ------------------------------------------------------------ interleaved stages
+
+namespace {
+
+bool is_dict(const std::shared_ptr<nn::Module>& module) {
+  return dynamic_cast<nn::ModuleDict*>(module.get()) != nullptr;
+}
+
+// Adds `from`'s children to `into` (a dict of the InterleavedStage's own), sharing the
+// layers; a dict both hold (a GPT's "transformer", its "h") is merged one level down.
+void merge_tree(nn::ModuleDict& into, const nn::Module& from, const std::string& path) {
+  for (const std::string& name : from.child_names()) {
+    const auto child = from.shared_child(name);
+    const auto held = into.shared_child(name);
+    if (held == nullptr && is_dict(child))
+      merge_tree(into.add(name, std::make_shared<nn::ModuleDict>()), *child, path + name + ".");
+    else if (held == nullptr)
+      into.add(name, child);
+    else
+      TROUPE_CHECK(is_dict(held) && is_dict(child), "InterleavedStage: two chunks hold '", path, name, "'");
+    if (held != nullptr) merge_tree(static_cast<nn::ModuleDict&>(*held), *child, path + name + ".");
+  }
+}
+
+}  // namespace
+
+InterleavedStage::InterleavedStage(std::vector<std::unique_ptr<PipelineStage>> chunks) : chunks_(std::move(chunks)) {
+  TROUPE_CHECK(chunks_.size() >= 2, "InterleavedStage: two or more chunks, got ", chunks_.size());
+  for (const auto& chunk : chunks_) {
+    TROUPE_CHECK(chunk != nullptr, "InterleavedStage: a null chunk");
+    for (const auto& [name, param] : chunk->named_parameters())
+      TROUPE_CHECK(name.find('.') != std::string::npos, "InterleavedStage: ", chunk->type_name(), " holds parameter '",
+                   name, "' itself, not in a child");
+    // The top level is this module's own; below it, dicts of its own (merge_tree).
+    for (const std::string& name : chunk->child_names()) {
+      const auto child = chunk->shared_child(name);
+      const auto held = shared_child(name);
+      if (held == nullptr && is_dict(child))
+        merge_tree(register_module(name, std::make_shared<nn::ModuleDict>()), *child, name + ".");
+      else if (held == nullptr)
+        register_module(name, child);
+      else
+        TROUPE_CHECK(is_dict(held) && is_dict(child), "InterleavedStage: two chunks hold '", name, "'");
+      if (held != nullptr) merge_tree(static_cast<nn::ModuleDict&>(*held), *child, name + ".");
+    }
+  }
+}
+
+Tensor InterleavedStage::forward_impl(const Tensor&) {
+  TROUPE_THROW(InvalidArgument, type_name(), ": its chunks run through a Pipeline (interleaved schedule), ",
+               "not forward()");
+}
+
+Tensor InterleavedStage::backward_impl(const Tensor&) {
+  TROUPE_THROW(InvalidArgument, type_name(), ": its chunks run through a Pipeline (interleaved schedule), ",
+               "not backward()");
+}
+
+std::string InterleavedStage::type_name() const {
+  std::string name = "InterleavedStage(";
+  for (std::size_t c = 0; c < chunks_.size(); ++c) name += (c ? ", " : "") + chunks_[c]->type_name();
+  return name + ")";
+}
+
+void InterleavedStage::sum_tied_gradient(collectives::Communicator& pp) {
+  for (const auto& chunk : chunks_) chunk->sum_tied_gradient(pp);
+}
+
+const nn::Parameter* InterleavedStage::tied_copy() const {
+  for (const auto& chunk : chunks_)
+    if (const nn::Parameter* copy = chunk->tied_copy()) return copy;
+  return nullptr;
+}
+
+std::vector<PipelineStage*> InterleavedStage::chunks() {
+  std::vector<PipelineStage*> out;
+  for (const auto& chunk : chunks_) out.push_back(chunk.get());
+  return out;
+}
+
+double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp,
+                               collectives::Communicator* tp) {
+  const auto splits = tp != nullptr ? tensor_parallel_splits(stage) : std::map<std::string, TensorSplit>{};
+  double split = 0, whole = 0;
+  for (const auto& [name, param] : stage.named_parameters())
+    if (param->grad.defined() && param != stage.tied_copy())
+      (splits.count(name) ? split : whole) += squares(param->grad);
+  if (tp != nullptr) tp->allreduce(Buffer(&split, 1));
+  double sum = split + whole;  // the same on every rank of a tp group: its whole gradients are equal
+  pp.allreduce(Buffer(&sum, 1));
+  const double total = std::sqrt(sum);
+  const double factor = max_norm / (total + 1e-6);  // torch's clip_grad_norm_
+  if (!std::isfinite(total) || factor >= 1.0) return total;
+  for (nn::Parameter* p : stage.parameters())
+    if (p->grad.defined()) tensor::scale_(p->grad, factor);
+  return total;
+}
+
+}  // namespace troupe::parallel
