@@ -227,8 +227,9 @@ TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
 
 // Megatron's interleaved 1F1B: the model cut into world x 2 stages, two a rank (rank r
 // holds stages r and r + world), with 2 x world micro-batches (the steady 1F1B part)
-// and with world (warm-up alone). The same bar against one rank; the state gathered
-// in the whole model's order, names and values, loading back bit for bit.
+// and with world (warm-up alone). Issue 51's bar against one rank over 50 steps (every
+// loss within 1e-5); the state gathered in the whole model's order, names and values,
+// loading back bit for bit.
 TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
   const int p = world().size(), v = 2;
   if (p < 2 || p > 4) GTEST_SKIP() << "2 to 4 ranks";
@@ -241,7 +242,7 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
     return std::make_unique<parallel::InterleavedStage>(std::move(chunks));
   };
   const std::int64_t rows = 4 * p;
-  const PipelineRun reference = one_rank(12, config, rows);
+  const PipelineRun reference = one_rank(50, config, rows);
   nn::CrossEntropyLoss ce;
   const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
                                     [&ce](double scale) { return ce.backward(scale); }};
@@ -252,7 +253,7 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
     Pipeline pipe(std::vector<nn::Module*>(held.begin(), held.end()), world(), PipelineSchedule::interleaved, m);
     auto opt = adamw(*stage);
     PipelineRun run;
-    for (int step = 0; step < 12; ++step) {
+    for (int step = 0; step < 50; ++step) {
       opt->zero_grad();
       run.losses.push_back(
           pipe.forward_backward(token_ids(rows, 16, 65, 100 + step), token_ids(rows, 16, 65, 500 + step), loss));
