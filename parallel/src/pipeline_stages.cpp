@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <utility>
 
@@ -131,19 +132,24 @@ bool is_dict(const std::shared_ptr<nn::Module>& module) {
   return dynamic_cast<nn::ModuleDict*>(module.get()) != nullptr;
 }
 
-// Adds `from`'s children to `into` (a dict of the InterleavedStage's own), sharing the
-// layers; a dict both hold (a GPT's "transformer", its "h") is merged one level down.
-void merge_tree(nn::ModuleDict& into, const nn::Module& from, const std::string& path) {
+// Adds `from`'s children to a tree of the InterleavedStage's own, of which `into` is a
+// node and `add` registers a child there: the layers shared, a dict both hold (a GPT's
+// "transformer", its "h") merged one level down.
+using AddChild = std::function<nn::Module&(const std::string&, std::shared_ptr<nn::Module>)>;
+void merge_tree(const nn::Module& into, const AddChild& add, const nn::Module& from, const std::string& path) {
   for (const std::string& name : from.child_names()) {
     const auto child = from.shared_child(name);
     const auto held = into.shared_child(name);
-    if (held == nullptr && is_dict(child))
-      merge_tree(into.add(name, std::make_shared<nn::ModuleDict>()), *child, path + name + ".");
-    else if (held == nullptr)
-      into.add(name, child);
-    else
-      TROUPE_CHECK(is_dict(held) && is_dict(child), "InterleavedStage: two chunks hold '", path, name, "'");
-    if (held != nullptr) merge_tree(static_cast<nn::ModuleDict&>(*held), *child, path + name + ".");
+    TROUPE_CHECK(held == nullptr || (is_dict(held) && is_dict(child)), "InterleavedStage: two chunks hold '", path,
+                 name, "'");
+    if (!is_dict(child)) {
+      add(name, child);
+      continue;
+    }
+    auto& dict = static_cast<nn::ModuleDict&>(held ? *held : add(name, std::make_shared<nn::ModuleDict>()));
+    merge_tree(
+        dict, [&dict](const std::string& n, std::shared_ptr<nn::Module> c) -> nn::Module& { return dict.add(n, c); },
+        *child, path + name + ".");
   }
 }
 
@@ -156,18 +162,12 @@ InterleavedStage::InterleavedStage(std::vector<std::unique_ptr<PipelineStage>> c
     for (const auto& [name, param] : chunk->named_parameters())
       TROUPE_CHECK(name.find('.') != std::string::npos, "InterleavedStage: ", chunk->type_name(), " holds parameter '",
                    name, "' itself, not in a child");
-    // The top level is this module's own; below it, dicts of its own (merge_tree).
-    for (const std::string& name : chunk->child_names()) {
-      const auto child = chunk->shared_child(name);
-      const auto held = shared_child(name);
-      if (held == nullptr && is_dict(child))
-        merge_tree(register_module(name, std::make_shared<nn::ModuleDict>()), *child, name + ".");
-      else if (held == nullptr)
-        register_module(name, child);
-      else
-        TROUPE_CHECK(is_dict(held) && is_dict(child), "InterleavedStage: two chunks hold '", name, "'");
-      if (held != nullptr) merge_tree(static_cast<nn::ModuleDict&>(*held), *child, name + ".");
-    }
+    merge_tree(
+        *this,
+        [this](const std::string& n, std::shared_ptr<nn::Module> c) -> nn::Module& {
+          return register_module(n, std::move(c));
+        },
+        *chunk, "");
   }
 }
 
