@@ -1,6 +1,6 @@
 // The host's f32 matrix product, for matmul and attention alike: troupe's own
 // AVX-512 kernel where the CPU runs it, else OpenBLAS's cblas_sgemm.
-// docs/ARCHITECTURE.md ("Host matrix products") says why.
+// docs/TENSOR.md ("Host matrix products") says why.
 #pragma once
 
 #include <cstdint>

@@ -54,7 +54,7 @@ struct OssOptions {
   // matrix among 4M ones), and an all-gather moves every rank's padded to the
   // largest: 1.3x the model at 2 ranks, 2.7x at 4 on the 25M MLP, plus a copy into
   // and out of the flat buffer. Broadcasts move each parameter once, in place; they
-  // were faster on every model measured (docs/TRAIN.md).
+  // were faster on every model measured (docs/SHARDING.md).
   enum class Sync {
     automatic,
     all_gather,  // all-gathers of a flat buffer (one per window of it, below); one dtype, CPU
