@@ -23,6 +23,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::cancelled: return "cancelled";
     case ErrorCode::deadline_exceeded: return "deadline exceeded";
     case ErrorCode::actor_killed: return "actor killed";
+    case ErrorCode::storage_failed: return "storage failed";
   }
   return "unknown error code";
 }

@@ -6,6 +6,7 @@
 #include <exception>
 #include <map>
 
+#include "object_store.hpp"
 #include "peer_liveness.hpp"
 #include "scheduler.hpp"
 #include "transport.hpp"
@@ -102,6 +103,10 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
   environment_ = std::make_unique<mpi::Environment>(&argc, &argv);
   rank_ = environment_->rank();
   size_ = environment_->size();
+  if (const char* folder = std::getenv("TROUPE_OBJECT_SPILL_FOLDER"); folder != nullptr && *folder != '\0')
+    options_.object_spill_folder = folder;
+  objects_ = std::make_unique<detail::ObjectStore>(
+      rank_, detail::ObjectStoreOptions{options_.object_store_limit, options_.object_spill_folder});
   g_rank_for_abort = rank_;
   std::set_terminate(abort_job);
   MPI_Comm actors = MPI_COMM_NULL, system = MPI_COMM_NULL;

@@ -25,8 +25,9 @@ struct Producer {
     return other.ask(&Producer::numbers, n).then([](std::vector<int> v) { return static_cast<int>(v.size()); });
   }
   std::size_t store_size() { return runtime().object_store_size(); }
-  static constexpr auto troupe_methods =
-      troupe::methods<&Producer::make, &Producer::numbers, &Producer::later, &Producer::store_size>;
+  std::size_t spilled_size() { return runtime().object_store_spilled(); }
+  static constexpr auto troupe_methods = troupe::methods<&Producer::make, &Producer::numbers, &Producer::later,
+                                                         &Producer::store_size, &Producer::spilled_size>;
 };
 
 // Holds references as long as it is told to, and hands them on.
@@ -140,6 +141,7 @@ TEST(ObjectRefs, PutKeepsAValueOnThisRankForOthersToFetch) {
 
 TEST(ObjectRefs, AFullStoreRefusesNewObjects) {
   if (!small_store()) GTEST_SKIP() << "run with --object-store-limit";
+  if (!runtime().object_spill_folder().empty()) GTEST_SKIP() << "this store spills instead";
   if (runtime().rank() == 0) {
     auto producer = runtime().spawn<Producer>(last_rank());
     const int bytes = static_cast<int>(runtime().object_store_limit()) + 1;
@@ -151,6 +153,37 @@ TEST(ObjectRefs, AFullStoreRefusesNewObjects) {
     }
     EXPECT_THROW((void)runtime().put(std::vector<char>(static_cast<std::size_t>(bytes))), RemoteError);
     EXPECT_EQ(runtime().object_store_size(), 0u);
+  }
+  barrier();
+}
+
+// Run with TROUPE_OBJECT_SPILL_FOLDER and a small store: what does not fit goes to disk
+// on the producer's rank, and every rank still fetches the right bytes.
+TEST(ObjectRefs, AStoreWithASpillFolderKeepsWhatDoesNotFitOnDisk) {
+  if (!small_store() || runtime().object_spill_folder().empty())
+    GTEST_SKIP() << "run with --object-store-limit and TROUPE_OBJECT_SPILL_FOLDER";
+  if (runtime().rank() == 0) {
+    auto producer = runtime().spawn<Producer>(last_rank());
+    auto consumer = runtime().spawn<Consumer>(runtime().size() > 2 ? 1 : 0);
+    const std::size_t limit = runtime().object_store_limit();
+    std::vector<std::pair<ObjectRef<Bytes>, int>> refs;  // and the bytes each holds
+    for (int seed = 0; seed < 4; ++seed) {
+      const int bytes = static_cast<int>(limit * 6 / 10);
+      refs.emplace_back(producer.ask_ref(&Producer::make, bytes, seed).get(), bytes);
+    }
+    const int huge = static_cast<int>(3 * limit);  // larger than the store may ever hold
+    refs.emplace_back(producer.ask_ref(&Producer::make, huge, 9).get(), huge);
+    EXPECT_LE(producer.ask(&Producer::store_size).get(), limit);
+    EXPECT_GE(producer.ask(&Producer::spilled_size).get(), 3 * limit + 3 * (limit * 6 / 10));
+    for (std::size_t i = 0; i < refs.size(); ++i) {
+      const int seed = i < 4 ? static_cast<int>(i) : 9;
+      EXPECT_EQ(consumer.ask(&Consumer::checksum, refs[i].first).get(), expected_checksum(refs[i].second, seed))
+          << "object " << i;
+    }
+    EXPECT_EQ(refs[0].first.get().size(), static_cast<std::size_t>(refs[0].second)) << "fetched by the driver";
+    refs.clear();  // the last references: every object is freed, spilled or not
+    EXPECT_TRUE(store_empties(
+        [&] { return producer.ask(&Producer::store_size).get() + producer.ask(&Producer::spilled_size).get(); }));
   }
   barrier();
 }

@@ -46,6 +46,9 @@ enum class ErrorCode : std::uint8_t {
   deadline_exceeded = 14,
   // Runtime::kill stopped the actor; it will not come back.
   actor_killed = 15,
+  // The object store could not read back a value it had spilled to disk (its file is
+  // gone, unreadable or not what was written); retried before it is reported.
+  storage_failed = 16,
 };
 
 const char* error_code_name(ErrorCode code);

@@ -9,8 +9,9 @@
 // A ref travels as (rank, id, weight), 20 bytes, through any ask, tell or task; the
 // value moves once, from its owner to whoever calls fetch()/get(), never through the
 // driver. Large parts (troupe::Bytes, tensors) are kept as attachments and sent from
-// the owner's buffers. Each rank's store is bounded (RuntimeOptions::object_store_limit):
-// a put or an ask_ref result beyond it is refused (ErrorCode::overloaded), never spilled.
+// the owner's buffers. Each rank's store holds at most RuntimeOptions::object_store_limit
+// bytes in memory: beyond it, objects spill to RuntimeOptions::object_spill_folder if one
+// is given, or a put or an ask_ref result is refused (ErrorCode::overloaded).
 //
 // An object is freed when the last reference to it, on any rank, is dropped: weighted
 // reference counting (docs/ACTORS.md), with no message on a copy and one message per

@@ -73,9 +73,13 @@ struct RuntimeOptions {
   // this long. Meanwhile the rank goes on receiving from other ranks; its sender's
   // later messages wait behind it, keeping per-sender order.
   std::chrono::milliseconds attachment_timeout{10000};
-  // Bytes this rank's object store may hold (Runtime::put, ActorRef::ask_ref); beyond
-  // it a new object is refused (ErrorCode::overloaded), never spilled.
+  // Bytes this rank's object store may hold in memory (Runtime::put, ActorRef::ask_ref).
+  // Beyond it, with object_spill_folder, the oldest objects move to files there (read
+  // back at each fetch); without one, or when the folder's file system is 95% full, a
+  // new object is refused (ErrorCode::overloaded). TROUPE_OBJECT_SPILL_FOLDER overrides
+  // the folder. See docs/ACTORS.md#object-references.
   std::size_t object_store_limit = std::size_t{4} << 30;
+  std::string object_spill_folder;
 };
 
 template <class T>
@@ -115,6 +119,7 @@ struct ActorInfo {
 
 namespace detail {
 class ObjectLedger;
+class ObjectStore;
 enum class Kind : std::uint8_t;  // wire.hpp
 class Transport;
 class PeerLiveness;
@@ -256,9 +261,11 @@ class Runtime : private detail::CallCanceller {
   // freed; any rank holding the ref fetches it from here.
   template <class T>
   ObjectRef<T> put(const T& value);
-  // Bytes this rank's store holds now, and may hold.
+  // Bytes this rank's store holds in memory now, and may hold; bytes it has spilled.
   std::size_t object_store_size() const;
   std::size_t object_store_limit() const { return options_.object_store_limit; }
+  std::size_t object_store_spilled() const;
+  const std::string& object_spill_folder() const { return options_.object_spill_folder; }
 
   // Every rank's actors, in rank order (asked of each rank; a rank that was lost is
   // left out). Any rank, any time; not collective.
@@ -294,9 +301,10 @@ class Runtime : private detail::CallCanceller {
   std::uint64_t send_request(int rank, std::uint64_t actor, std::uint32_t method, std::string payload,
                              std::shared_ptr<detail::ReplyHandler> reply, std::vector<Bytes> attachments = {},
                              std::optional<Clock::time_point> deadline = std::nullopt, bool keep_result = false);
-  // The object store (object_store.cpp). store_object returns the new object's id, or
-  // throws RemoteError (overloaded) past object_store_limit; stored_object copies the
-  // bytes out (the attachments are shared) or throws (unknown object).
+  // The object store (object_store.hpp). store_object returns the new object's id, or
+  // throws RemoteError (overloaded) when it neither fits nor can be spilled;
+  // stored_object copies the bytes out (the attachments are shared, or read back from
+  // a spill file) or throws (unknown object, storage_failed).
   std::uint64_t store_object(std::string bytes, std::vector<Bytes> attachments);
   std::pair<std::string, std::vector<Bytes>> stored_object(std::uint64_t id) const;
   template <class T>
@@ -440,16 +448,7 @@ class Runtime : private detail::CallCanceller {
   std::condition_variable backoff_cv_;
   bool backoffs_ended_ = false;
 
-  struct StoredObject {
-    std::string bytes;
-    std::vector<Bytes> attachments;
-    std::size_t size = 0;
-    std::uint64_t weight_out = 0;  // lent to references and not yet given back
-  };
-  mutable std::mutex objects_mutex_;
-  std::unordered_map<std::uint64_t, StoredObject> objects_;
-  std::size_t object_bytes_ = 0;
-  std::uint64_t next_object_id_ = 1;
+  std::unique_ptr<detail::ObjectStore> objects_;  // object_store.hpp
   std::shared_ptr<detail::ObjectLedger> object_ledger_;
 
   std::mutex tasks_mutex_;
