@@ -22,7 +22,8 @@
 #           too; rank 1 killed under troupe-run at dp 2 x tp 2, dp 2 x pp 2 and pp 2 x
 #           tp 2 resumes bit for bit.
 #   layouts8 (8 ranks) dp 2 x pp 2 x tp 2 ends with dp 2's validation loss (1e-4) and
-#           resumes dp 2's checkpoint there too.
+#           resumes dp 2's checkpoint there too; dp 2 x interleaved pp 4 (8 blocks) ends
+#           with dp 2's loss on the same model.
 #   bad     bad input is refused with a message naming the file and the mismatch, and
 #           no checkpoint is written over.
 #
@@ -194,12 +195,18 @@ layouts8)
   mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --pp 2 --tp 2 --checkpoint-dir "$work/resume" \
     > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "dp 2 x pp 2 x tp 2 from dp 2's checkpoint"; }
   grep -q 'resumed from .* at step 20' "$work/resume.log" || fail "dp 2 x pp 2 x tp 2 did not resume from step 20"
-  for name in grid resume; do
-    echo "$name: final val loss $(loss_of "$work/$name.log"), dp 2 $(loss_of "$work/dp2.log")"
-    awk -v a="$(loss_of "$work/$name.log")" -v b="$(loss_of "$work/dp2.log")" \
-      'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' || fail "$name is not at dp 2's loss"
+  # Interleaved pp 4 (two one-block stages a rank, so 8 blocks) x dp 2, against dp 2 of the same model.
+  "${mpi[@]}" "$train" "${steps[@]}" --n-layer 8 > "$work/dp2l8.log" 2>&1 || { cat "$work/dp2l8.log"; fail "dp 2, 8 blocks"; }
+  mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --n-layer 8 --pp 4 --schedule interleaved \
+    > "$work/pp4i.log" 2>&1 || { cat "$work/pp4i.log"; fail "dp 2 x interleaved pp 4"; }
+  for pair in grid:dp2 resume:dp2 pp4i:dp2l8; do
+    name=${pair%%:*} base=${pair##*:}
+    echo "$name: final val loss $(loss_of "$work/$name.log"), $base $(loss_of "$work/$base.log")"
+    awk -v a="$(loss_of "$work/$name.log")" -v b="$(loss_of "$work/$base.log")" \
+      'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' || fail "$name is not at $base's loss"
   done
-  echo "PASS: dp 2 x pp 2 x tp 2 on 8 ranks trains as dp 2 and resumes its checkpoint"
+  echo "PASS: dp 2 x pp 2 x tp 2 on 8 ranks trains as dp 2 and resumes its checkpoint;"
+  echo "      dp 2 x interleaved pp 4 trains as dp 2"
   ;;
 bad)
   expect() {  # exit status, message pattern, command...
