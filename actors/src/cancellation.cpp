@@ -1,5 +1,5 @@
 // Stopping work: cancelling one ask (Future::cancel, or its deadline passing at the
-// asker) and killing an actor (Runtime::kill). See docs/ACTORS.md#cancellation.
+// asker) and killing an actor (Runtime::kill). See docs/ACTORS.md#cancellation-deadlines-and-kill.
 #include <cstdio>
 
 #include "scheduler.hpp"

@@ -1,7 +1,7 @@
 // The runtime's side of object references: values kept in this rank's ObjectStore
 // (object_store.hpp) where they were made (Runtime::put, ActorRef::ask_ref) until a
 // rank that needs one fetches it, and freed when every reference's weight has come
-// back. See object_ref.hpp and docs/ACTORS.md.
+// back. See object_ref.hpp and docs/TASKS_AND_OBJECTS.md.
 #include <cstdio>
 
 #include "object_store.hpp"

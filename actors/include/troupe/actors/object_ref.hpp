@@ -14,7 +14,7 @@
 // is given, or a put or an ask_ref result is refused (ErrorCode::overloaded).
 //
 // An object is freed when the last reference to it, on any rank, is dropped: weighted
-// reference counting (docs/ACTORS.md), with no message on a copy and one message per
+// reference counting (docs/TASKS_AND_OBJECTS.md), with no message on a copy and one message per
 // rank that lets go. A reference that cannot be counted pins its object until free()
 // or the runtime's shutdown: one inside a stored value or an actor's constructor
 // arguments, one held by a rank that was lost, and one whose reply nobody waited for.

@@ -77,7 +77,7 @@ struct RuntimeOptions {
   // Beyond it, with object_spill_folder, the oldest objects move to files there (read
   // back at each fetch); without one, or when the folder's file system is 95% full, a
   // new object is refused (ErrorCode::overloaded). TROUPE_OBJECT_SPILL_FOLDER overrides
-  // the folder. See docs/ACTORS.md#object-references.
+  // the folder. See docs/TASKS_AND_OBJECTS.md#object-references.
   std::size_t object_store_limit = std::size_t{4} << 30;
   std::string object_spill_folder;
 };

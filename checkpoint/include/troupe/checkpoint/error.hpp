@@ -1,5 +1,5 @@
 // The checkpoint module's error types. Three kinds of failure, told apart because each
-// asks for a different answer (docs/CHECKPOINT_FORMAT.md, "Faults"):
+// asks for a different answer (docs/CHECKPOINT_FAULTS.md):
 //   FormatError      damage: the file holds something that is not what it claims
 //                    (a bad checksum, structure or size). Resume skips to an older file.
 //   StorageError     the file cannot be read or written now (EIO, EACCES, ESTALE, a lock,
