@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::troupe::detail::concat;
 
-constexpr char kMagic[16] = "troupe-object-1";
+constexpr char kSpillMagic[16] = "troupe-object-1";
 
 RemoteError store_error(ErrorCode code, int rank, const char* method, const std::string& message) {
   return RemoteError({code, rank, "object store", method, "", message});
@@ -154,7 +154,7 @@ std::string ObjectStore::spill(std::uint64_t id, Object& object) {
   const int error = with_retries([&] {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return errno;
-    int e = write_all(fd, kMagic, sizeof kMagic);
+    int e = write_all(fd, kSpillMagic, sizeof kSpillMagic);
     if (e == 0) e = write_all(fd, head.data(), head.size() * sizeof(std::uint64_t));
     if (e == 0) e = write_all(fd, object.bytes.data(), object.bytes.size());
     for (std::size_t i = 0; e == 0 && i < object.attachments.size(); ++i)
@@ -196,17 +196,18 @@ std::pair<std::string, std::vector<Bytes>> ObjectStore::load(std::uint64_t id) c
     } closer{fd};
     struct stat st {};
     if (::fstat(fd, &st) != 0) return errno;
-    char magic[sizeof kMagic] = {};
+    char magic[sizeof kSpillMagic] = {};
     std::uint64_t counts[2] = {};
     int e = read_all(fd, magic, sizeof magic);
     if (e == 0) e = read_all(fd, counts, sizeof counts);
-    if (e == 0 && (std::memcmp(magic, kMagic, sizeof kMagic) != 0 || counts[1] > (std::uint64_t{1} << 20))) e = -1;
+    if (e == 0 && (std::memcmp(magic, kSpillMagic, sizeof kSpillMagic) != 0 || counts[1] > (std::uint64_t{1} << 20)))
+      e = -1;
     std::vector<std::uint64_t> sizes(e == 0 ? counts[1] : 0);
     if (e == 0) e = read_all(fd, sizes.data(), sizes.size() * sizeof(std::uint64_t));
     if (e == 0) {  // the parts must be the object's size and fill the file exactly
       std::uint64_t payload = counts[0];
       for (const std::uint64_t s : sizes) payload += std::min<std::uint64_t>(s, object.size + 1);
-      const std::uint64_t head_bytes = sizeof kMagic + sizeof counts + sizes.size() * sizeof(std::uint64_t);
+      const std::uint64_t head_bytes = sizeof kSpillMagic + sizeof counts + sizes.size() * sizeof(std::uint64_t);
       if (counts[0] > object.size || payload != object.size ||
           head_bytes + payload != static_cast<std::uint64_t>(st.st_size))
         e = -1;
