@@ -6,6 +6,7 @@
 #include <exception>
 #include <map>
 
+#include "doorbell.hpp"
 #include "object_store.hpp"
 #include "peer_liveness.hpp"
 #include "scheduler.hpp"
@@ -124,9 +125,15 @@ Runtime::Runtime(int& argc, char**& argv, RuntimeOptions options)
   liveness_ =
       std::make_unique<detail::PeerLiveness>(actors, rank_, size_, options_.heartbeat_period, options_.liveness_timeout,
                                              [this](int r, const std::string& why) { on_rank_lost(r, why); });
+  if (const char* bells = std::getenv("TROUPE_DOORBELLS"); bells == nullptr || std::string_view(bells) != "off")
+    doorbells_ = std::make_unique<detail::Doorbells>(actors);
   transport_ = std::make_unique<detail::Transport>(
       actors, [this](detail::Message m) { handle(std::move(m)); }, *scheduler_, liveness_.get(), options_.threads == 0,
-      options_.attachment_timeout);
+      options_.attachment_timeout, doorbells_.get());
+  if (transport_->has_doorbells())
+    scheduler_->set_bell_wait([this](Clock::duration period, const std::function<bool()>& ready) {
+      transport_->wait_for_message(period, ready);
+    });
   scheduler_->start();
   transport_->start();
   liveness_->start();

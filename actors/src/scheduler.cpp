@@ -68,6 +68,7 @@ void Scheduler::stop() {
   }
   cv_.notify_all();
   reserve_cv_.notify_all();
+  if (bell_wait_) wake_progress_();  // rings this rank's bell: pauses on it end
   for (auto& t : pool_) t.join();
   pool_.clear();
   if (reserve_.joinable()) reserve_.join();
@@ -105,13 +106,11 @@ void Scheduler::post_task(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
     tasks_.push_back(std::move(task));
-    ready_count_.fetch_add(1, std::memory_order_release);
+    ready_count_.fetch_add(1, std::memory_order_seq_cst);
     wake = sleeping_ > 0;
   }
-  if (threads_ == 0)
-    wake_progress_();
-  else if (wake)
-    cv_.notify_one();
+  if (threads_ == 0 || bell_sleeper()) wake_progress_();
+  if (threads_ > 0 && wake) cv_.notify_one();
 }
 
 void Scheduler::make_ready(std::shared_ptr<Lane> lane) {
@@ -119,14 +118,12 @@ void Scheduler::make_ready(std::shared_ptr<Lane> lane) {
   {
     std::lock_guard lock(mutex_);
     ready_.push_back(std::move(lane));
-    ready_count_.fetch_add(1, std::memory_order_release);
+    ready_count_.fetch_add(1, std::memory_order_seq_cst);
     // A spinning pool thread will see it; otherwise wake a sleeping one.
     wake = sleeping_ > 0 && spinning_.load() == 0;
   }
-  if (threads_ == 0)
-    wake_progress_();
-  else if (wake)
-    cv_.notify_one();
+  if (threads_ == 0 || bell_sleeper()) wake_progress_();
+  if (threads_ > 0 && wake) cv_.notify_one();
 }
 
 void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
@@ -217,6 +214,24 @@ bool Scheduler::run_local(bool shared) {
   return ran;
 }
 
+bool Scheduler::bell_sleeper() const {
+  // After the work is published (ready_count_): a pauser either sees it in its last
+  // look or is counted here (Dekker's order, as the doorbell's own; read-modify-writes
+  // rather than fences, which TSan does not model).
+  return on_bell_.fetch_add(0, std::memory_order_seq_cst) > 0;
+}
+
+void Scheduler::pause_for_messages(Clock::duration period, const std::function<bool()>& done) {
+  on_bell_.fetch_add(1, std::memory_order_seq_cst);
+  bell_wait_(period, done);
+  on_bell_.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+bool Scheduler::stopping() const {
+  std::lock_guard lock(mutex_);
+  return stop_;
+}
+
 bool Scheduler::held_since(std::int64_t since) const {
   return since != 0 && inline_since_.load(std::memory_order_relaxed) == since &&
          Clock::now().time_since_epoch().count() - since > Clock::duration(kInlineLimit).count();
@@ -234,6 +249,11 @@ void Scheduler::reserve() {
       receive_while(
           receive_, [&] { return held_since(since) && standing_in_.load(std::memory_order_relaxed) == 0; },
           [&](Clock::duration pause) {
+            if (bell_wait_) {  // a message rings: no waiting out the pause
+              pause_for_messages(pause, [this] { return stopping(); });
+              stopped = stopping();
+              return !stopped;
+            }
             std::unique_lock paused(mutex_);
             stopped = reserve_cv_.wait_for(paused, pause, [this] { return stop_; });
             return !stopped;
@@ -278,6 +298,10 @@ void Scheduler::stand_in() {
   receive_while(
       receive_, [&] { return !has_ready() && inline_since_.load(std::memory_order_relaxed) == since; },
       [&](Clock::duration pause) {
+        if (bell_wait_) {  // a message rings, and an actor made ready (bell_sleeper)
+          pause_for_messages(pause, [this] { return has_ready() || stopping(); });
+          return !stopping();
+        }
         std::unique_lock lock(mutex_);
         ++sleeping_;
         cv_.wait_for(lock, pause, [&] { return stop_ || has_ready(); });

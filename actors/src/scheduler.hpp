@@ -55,6 +55,13 @@ class Scheduler {
   Scheduler(int threads, Execute execute, std::function<void()> wake_progress, std::function<bool()> receive);
   ~Scheduler();
 
+  // A wait that a message arriving for this rank ends as well (the transport's
+  // doorbell, doorbell.hpp): `wait(period, ready)` returns at `ready()`, a message,
+  // or the period's end. Given before start(); without one, the stand-in and the
+  // reserve sleep their pauses out.
+  using BellWait = std::function<void(Clock::duration period, const std::function<bool()>& ready)>;
+  void set_bell_wait(BellWait wait) { bell_wait_ = std::move(wait); }
+
   void start();
   // Joins the pool threads; ready work left is not run.
   void stop();
@@ -113,6 +120,12 @@ class Scheduler {
   Execute execute_;
   std::function<void()> wake_progress_;
   std::function<bool()> receive_;
+  BellWait bell_wait_;
+  mutable std::atomic<int> on_bell_{0};  // threads pausing in bell_wait_: work made ready wakes them
+  // A stand-in's or the reserve's pause: until `done()`, a message, or `period`.
+  void pause_for_messages(Clock::duration period, const std::function<bool()>& done);
+  bool bell_sleeper() const;  // a thread pauses on the bell (work made ready must ring it)
+  bool stopping() const;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Lane>> ready_;

@@ -20,6 +20,10 @@ constexpr auto kHotPeriod = 100us;
 constexpr auto kSpinPeriod = 20us;
 
 constexpr auto kMaxBackoff = 1ms;
+// Sleeps from this long on arm the doorbell. Shorter ones come right after work, when
+// the next message is likely near: ringing for them would cost each sender a system
+// call to save the receiver a few microseconds.
+constexpr auto kDoorbellSleep = 200us;
 // How long the thread stays hot after a caller starts blocking on an answer: long
 // enough for any round trip, short enough that a driver waiting minutes for an
 // epoch does not keep a core busy.
@@ -31,27 +35,44 @@ thread_local bool t_receiving = false;
 }  // namespace
 
 Transport::Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
-                     bool runs_actor_calls, std::chrono::milliseconds attachment_timeout)
+                     bool runs_actor_calls, std::chrono::milliseconds attachment_timeout, Doorbells* doorbells)
     : comm_(comm),
       deliver_(std::move(deliver)),
       scheduler_(scheduler),
       runs_actor_calls_(runs_actor_calls),
       liveness_(liveness),
-      attachment_timeout_(attachment_timeout) {}
+      doorbells_(doorbells != nullptr && doorbells->enabled() ? doorbells : nullptr),
+      attachment_timeout_(attachment_timeout) {
+  TROUPE_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+}
 
 void Transport::wake() {
   // Taking the lock orders this wake after a sleeper's check of its condition, so
   // the wake cannot fall between the check and the wait.
   { std::lock_guard lock(idle_mutex_); }
   idle_cv_.notify_all();
+  if (doorbells_) doorbells_->ring(rank_);  // a sleep on the doorbell instead
 }
 
-void Transport::idle_wait(Clock::duration period, const std::function<bool()>& done) {
-  std::unique_lock lock(idle_mutex_);
+bool Transport::idle_wait(Clock::duration period, const std::function<bool()>& done, bool doorbell) {
   // Without pool threads this is the only thread that runs actor calls: wake for
   // one (a local tell, a call posted by a polling caller) instead of sleeping
   // through it.
-  idle_cv_.wait_for(lock, period, [&] { return done() || (runs_actor_calls_ && scheduler_.has_ready()); });
+  const auto ready = [&] { return done() || (runs_actor_calls_ && scheduler_.has_ready()); };
+  if (doorbell && doorbells_) return wait_for_message(period, ready);
+  std::unique_lock lock(idle_mutex_);
+  idle_cv_.wait_for(lock, period, ready);
+  return false;
+}
+
+bool Transport::wait_for_message(Clock::duration period, const std::function<bool()>& ready) {
+  if (!doorbells_) return false;
+  // Armed, look once more: a message posted before the bell was armed was not rung for.
+  return doorbells_->wait(period, [&] {
+    int arrived = 0;
+    TROUPE_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kActorTag, comm_, &arrived, MPI_STATUS_IGNORE));
+    return arrived != 0 || ready();
+  });
 }
 
 Transport::~Transport() {
@@ -160,6 +181,7 @@ void Transport::send(int destination, std::string& message, const std::vector<By
                                  tag, comm_, &requests[i + 1]));
     }
   }
+  if (doorbells_ && destination != rank_) doorbells_->ring(destination);
   Clock::time_point waiting_since{};  // read only when the send did not complete at once
   for (int done = 0;;) {
     TROUPE_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
@@ -359,7 +381,11 @@ void Transport::run() {
     // (which stands this thread aside) rather than waking every few microseconds.
     const auto backoff = caller_polls ? Clock::duration(kHotPeriod) : std::min<Clock::duration>(kMaxBackoff, idle / 8);
     const auto hot_before = hot_until_.load();
-    idle_wait(backoff, [&] { return stop_.load() || hot_until_.load() != hot_before; });
+    // Rung by a message: stay hot for what usually follows it (over TCP, the bytes).
+    if (idle_wait(
+            backoff, [&] { return stop_.load() || hot_until_.load() != hot_before; },
+            /*doorbell=*/!caller_polls && backoff >= kDoorbellSleep))
+      last_active = Clock::now();
   }
 }
 

@@ -5,11 +5,12 @@
 // caller waiting on a future -- so messages are delivered in MPI's arrival order,
 // which keeps per-sender order all the way into each actor's mailbox.
 //
-// The progress thread backs off when idle (a condition variable wait whose period
-// grows to 1 ms, so an idle runtime costs almost no CPU), stands aside while a
-// caller polls and for a moment after (its next ask polls again), and stays hot
-// while a caller blocks on an answer (for up to a few ms). A caller whose answer
-// came while it polled wakes nobody.
+// The progress thread backs off when idle (a wait whose period grows to 1 ms, so an
+// idle runtime costs almost no CPU), stands aside while a caller polls and for a
+// moment after (its next ask polls again), and stays hot while a caller blocks on an
+// answer (for up to a few ms). A caller whose answer came while it polled wakes
+// nobody. In its longer sleeps (from 200 us) a message from a rank on the same node
+// wakes it at once: its sender rings this rank's doorbell (doorbell.hpp).
 #pragma once
 
 #include <mpi.h>
@@ -25,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "doorbell.hpp"
 #include "peer_liveness.hpp"
 #include "scheduler.hpp"
 #include "troupe/actors/bytes.hpp"
@@ -62,8 +64,10 @@ class Transport final : public Progress {
   // `runs_actor_calls`: there are no pool threads, so the progress thread runs every
   // actor call itself (RuntimeOptions::threads == 0).
   // `attachment_timeout`: RuntimeOptions::attachment_timeout.
+  // `doorbells` (may be null): rung for each message to a rank of this node, and
+  // armed by this rank's progress thread in its longer sleeps (doorbell.hpp).
   Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness, bool runs_actor_calls = false,
-            std::chrono::milliseconds attachment_timeout = std::chrono::seconds(10));
+            std::chrono::milliseconds attachment_timeout = std::chrono::seconds(10), Doorbells* doorbells = nullptr);
   ~Transport() override;
 
   void start();
@@ -91,8 +95,12 @@ class Transport final : public Progress {
 
   std::uint64_t sent() const { return sent_.load(); }
   std::uint64_t received() const { return received_.load(); }
-  // Wakes the progress thread from idle_wait().
+  // Wakes the progress thread from idle_wait() (and any thread in wait_for_message).
   void wake();
+  // With doorbells: waits up to `period` for a message to arrive, `ready()` or wake();
+  // false without doorbells (returning at once).
+  bool has_doorbells() const { return doorbells_ != nullptr; }
+  bool wait_for_message(Clock::duration period, const std::function<bool()>& ready);
   // Receives and delivers what has arrived, if no other thread is receiving.
   bool receive() { return receive_some(); }
   // Blocks until `request` (on a communicator of its own: the runtime's collectives)
@@ -108,8 +116,9 @@ class Transport final : public Progress {
  private:
   void run();
   // Sleeps up to `period` (or until `done`) when idle; without pool threads, runs an
-  // actor call instead if one is posted meanwhile.
-  void idle_wait(Clock::duration period, const std::function<bool()>& done);
+  // actor call instead if one is posted meanwhile. With `doorbell`, a message that
+  // arrives meanwhile ends the sleep too (rung by its sender); true then.
+  bool idle_wait(Clock::duration period, const std::function<bool()>& done, bool doorbell = false);
   bool receive_some();
 
   // A message waiting for its attachments (separate MPI messages), or held behind one
@@ -151,6 +160,8 @@ class Transport final : public Progress {
   std::atomic<std::thread::id> thread_id_{};
   std::atomic<std::uint64_t> sent_{0}, received_{0};
   PeerLiveness* liveness_;
+  Doorbells* doorbells_;
+  int rank_ = 0;  // in comm_
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
   std::atomic<std::uint32_t> next_attachment_tag_{0};
   const std::chrono::milliseconds attachment_timeout_;

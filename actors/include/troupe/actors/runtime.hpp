@@ -121,6 +121,7 @@ namespace detail {
 class ObjectLedger;
 class ObjectStore;
 enum class Kind : std::uint8_t;  // wire.hpp
+class Doorbells;
 class Transport;
 class PeerLiveness;
 class Scheduler;
@@ -414,6 +415,7 @@ class Runtime : private detail::CallCanceller {
   void* system_comm_ = nullptr;  // for the runtime's own collectives
   std::unique_ptr<detail::Scheduler> scheduler_;
   std::unique_ptr<detail::PeerLiveness> liveness_;
+  std::unique_ptr<detail::Doorbells> doorbells_;  // the transport's, outliving it
   std::unique_ptr<detail::Transport> transport_;
 
   mutable std::shared_mutex actors_mutex_;

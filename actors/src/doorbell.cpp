@@ -1,0 +1,113 @@
+#include "doorbell.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <ctime>
+#include <string>
+
+#include "troupe/mpi/mpi_error.hpp"
+
+namespace troupe::actors::detail {
+
+namespace {
+
+// Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
+long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+bool all_agree(MPI_Comm comm, bool mine) {
+  int all = mine ? 1 : 0;
+  TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm));
+  return all == 1;
+}
+
+}  // namespace
+
+Doorbells::Doorbells(MPI_Comm comm) {
+  int size = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_size(comm, &size));
+  of_rank_.assign(static_cast<std::size_t>(size), nullptr);
+  MPI_Comm node = MPI_COMM_NULL;
+  TROUPE_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local = 0, locals = 0, rank = 0;
+  TROUPE_MPI_CHECK(MPI_Comm_rank(node, &local));
+  TROUPE_MPI_CHECK(MPI_Comm_size(node, &locals));
+  TROUPE_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  std::vector<int> ranks(static_cast<std::size_t>(locals));  // comm's rank of each local one
+  TROUPE_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, node));
+
+  // Named by the node's first rank's pid and clock: no other job or runtime has it.
+  long long token[2] = {static_cast<long long>(::getpid()),
+                        static_cast<long long>(std::chrono::steady_clock::now().time_since_epoch().count())};
+  TROUPE_MPI_CHECK(MPI_Bcast(token, 2, MPI_LONG_LONG, 0, node));
+  const std::string name = "/troupe-bells-" + std::to_string(token[0]) + "-" + std::to_string(token[1]);
+  bytes_ = sizeof(Bell) * static_cast<std::size_t>(locals);
+  void* p = MAP_FAILED;
+  if (local == 0) {
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      if (::ftruncate(fd, static_cast<off_t>(bytes_)) == 0)  // zero-filled: nobody asleep
+        p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+    }
+  }
+  if (all_agree(node, local != 0 || p != MAP_FAILED) && local != 0) {
+    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd >= 0) {
+      p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      ::close(fd);
+    }
+  }
+  const bool mapped = all_agree(node, p != MAP_FAILED);
+  if (local == 0) ::shm_unlink(name.c_str());  // every rank that could has mapped it
+  TROUPE_MPI_CHECK(MPI_Comm_free(&node));
+  if (!mapped) {
+    if (p != MAP_FAILED) ::munmap(p, bytes_);
+    if (local == 0)
+      std::fprintf(stderr, "troupe: rank %d: no shared memory for doorbells; idle ranks answer within 1 ms\n", rank);
+    return;
+  }
+  bells_ = static_cast<Bell*>(p);
+  self_ = &bells_[local];
+  for (int i = 0; i < locals; ++i) of_rank_[static_cast<std::size_t>(ranks[static_cast<std::size_t>(i)])] = &bells_[i];
+}
+
+Doorbells::~Doorbells() {
+  if (bells_ != nullptr) ::munmap(bells_, bytes_);
+}
+
+void Doorbells::ring(int rank) {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= of_rank_.size()) return;
+  Bell* bell = of_rank_[static_cast<std::size_t>(rank)];
+  if (bell == nullptr) return;
+  // After the message is posted, read the mark: see the sleeper's, or the sleeper's
+  // probe sees the message. A read-modify-write, not a load: it orders MPI's writes of
+  // the message before it as a full fence does (which TSan would not model).
+  if (bell->asleep.fetch_add(0, std::memory_order_seq_cst) == 0) return;
+  bell->rings.fetch_add(1, std::memory_order_seq_cst);
+  futex(&bell->rings, FUTEX_WAKE, INT_MAX, nullptr);
+}
+
+bool Doorbells::wait(std::chrono::nanoseconds period, const std::function<bool()>& ready) {
+  if (self_ == nullptr) return false;
+  const std::uint32_t rings = self_->rings.load(std::memory_order_seq_cst);
+  self_->asleep.fetch_add(1, std::memory_order_seq_cst);  // before the last look, as ring()'s
+  bool rung = false;
+  if (!ready()) {
+    const auto s = std::chrono::duration_cast<std::chrono::seconds>(period);
+    const timespec timeout{static_cast<time_t>(s.count()), static_cast<long>((period - s).count())};
+    futex(&self_->rings, FUTEX_WAIT, rings, &timeout);  // returns at once if rung since `rings`
+    rung = self_->rings.load(std::memory_order_seq_cst) != rings;
+  }
+  self_->asleep.fetch_sub(1, std::memory_order_seq_cst);
+  return rung;
+}
+
+}  // namespace troupe::actors::detail
