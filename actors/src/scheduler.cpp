@@ -215,11 +215,13 @@ bool Scheduler::run_local(bool shared) {
 }
 
 bool Scheduler::bell_sleeper() const {
-  // After the work is published (ready_count_): a pauser either sees it in its last
-  // look or is counted here (Dekker's order, as the doorbell's own; read-modify-writes
-  // rather than fences, which TSan does not model).
-  return on_bell_.fetch_add(0, std::memory_order_seq_cst) > 0;
+  // After the work is published (ready_count_, seq_cst): a pauser either sees it in its
+  // last look or is counted here. Dekker's order with sequentially consistent operations
+  // on both sides (pause_for_messages, ready_now); a plain load on x86.
+  return on_bell_.load(std::memory_order_seq_cst) > 0;
 }
+
+bool Scheduler::ready_now() const { return ready_count_.load(std::memory_order_seq_cst) > 0; }
 
 void Scheduler::pause_for_messages(Clock::duration period, const std::function<bool()>& done) {
   on_bell_.fetch_add(1, std::memory_order_seq_cst);
@@ -299,7 +301,7 @@ void Scheduler::stand_in() {
       receive_, [&] { return !has_ready() && inline_since_.load(std::memory_order_relaxed) == since; },
       [&](Clock::duration pause) {
         if (bell_wait_) {  // a message rings, and an actor made ready (bell_sleeper)
-          pause_for_messages(pause, [this] { return has_ready() || stopping(); });
+          pause_for_messages(pause, [this] { return ready_now() || stopping(); });
           return !stopping();
         }
         std::unique_lock lock(mutex_);

@@ -125,6 +125,7 @@ class Scheduler {
   // A stand-in's or the reserve's pause: until `done()`, a message, or `period`.
   void pause_for_messages(Clock::duration period, const std::function<bool()>& done);
   bool bell_sleeper() const;  // a thread pauses on the bell (work made ready must ring it)
+  bool ready_now() const;     // has_ready(), ordered as bell_sleeper() needs
   bool stopping() const;
   mutable std::mutex mutex_;
   std::condition_variable cv_;
