@@ -11,6 +11,7 @@
 #include <ctime>
 #include <string>
 
+#include "troupe/mpi/agree.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 
 namespace troupe::actors::detail {
@@ -20,12 +21,6 @@ namespace {
 // Not FUTEX_PRIVATE_FLAG: the word is shared between processes.
 long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-bool all_agree(MPI_Comm comm, bool mine) {
-  int all = mine ? 1 : 0;
-  TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm));
-  return all == 1;
 }
 
 }  // namespace
@@ -58,14 +53,14 @@ Doorbells::Doorbells(MPI_Comm comm) {
       ::close(fd);
     }
   }
-  if (all_agree(node, local != 0 || p != MAP_FAILED) && local != 0) {
+  if (mpi::all_agree(node, local != 0 || p != MAP_FAILED) && local != 0) {
     const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
     if (fd >= 0) {
       p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       ::close(fd);
     }
   }
-  const bool mapped = all_agree(node, p != MAP_FAILED);
+  const bool mapped = mpi::all_agree(node, p != MAP_FAILED);
   if (local == 0) ::shm_unlink(name.c_str());  // every rank that could has mapped it
   TROUPE_MPI_CHECK(MPI_Comm_free(&node));
   if (!mapped) {

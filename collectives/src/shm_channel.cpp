@@ -10,17 +10,12 @@
 #include <string>
 
 #include "troupe/error.hpp"
+#include "troupe/mpi/agree.hpp"
 #include "troupe/mpi/mpi_error.hpp"
 
 namespace troupe::collectives::detail {
 
 namespace {
-bool agree(MPI_Comm comm, bool mine) {
-  int all = mine ? 1 : 0;
-  TROUPE_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, comm));
-  return all == 1;
-}
-
 bool on_one_node(MPI_Comm comm, int size) {
   MPI_Comm node = MPI_COMM_NULL;
   TROUPE_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
@@ -50,7 +45,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   if (size < 2 || slots < 1) return nullptr;
   // reduce_scatter puts at least one element of each rank's block in a slot.
   slot_bytes = std::max(slot_bytes, static_cast<std::size_t>(size) * sizeof(std::int64_t));
-  if (!agree(comm, on_one_node(comm, size))) return nullptr;
+  if (!mpi::all_agree(comm, on_one_node(comm, size))) return nullptr;
 
   // Names no other job or communicator on the node uses: rank 0's pid, its clock and
   // a count of the channels it made.
@@ -75,7 +70,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   bases[static_cast<std::size_t>(rank)] = map_segment(name(rank), channel->segment_bytes_, true);
   const bool created = bases[static_cast<std::size_t>(rank)] != nullptr;
   bool mapped = created;
-  if (agree(comm, created)) {
+  if (mpi::all_agree(comm, created)) {
     for (int q = 0; q < size; ++q) {
       if (q != rank)
         mapped = (bases[static_cast<std::size_t>(q)] = map_segment(name(q), channel->segment_bytes_, false)) && mapped;
@@ -85,7 +80,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   }
   // Every rank has mapped every segment (or given up): the names can go, so that
   // nothing is left behind in /dev/shm whatever happens next.
-  const bool all_mapped = agree(comm, mapped);
+  const bool all_mapped = mpi::all_agree(comm, mapped);
   if (created) shm_unlink(name(rank).c_str());
   if (!all_mapped) return nullptr;
   return channel;
