@@ -223,8 +223,9 @@ starts after the two jobs.
   while it waits on a future), the progress thread, one pool thread
   (`RuntimeOptions::threads`, default 1) and the liveness thread, which sleeps
   between heartbeats; so at most three threads can run at once on this 2-core
-  machine, and none spins while idle. CAF runs 2 scheduler threads plus its
-  `scoped_actor` caller.
+  machine, and none spins while idle: an idle rank's receiving thread sleeps on a
+  doorbell that a message from a rank of its node rings (`actors/src/doorbell.hpp`).
+  CAF runs 2 scheduler threads plus its `scoped_actor` caller.
 - Ask round trip: `ask(&Echo::echo, Bytes)` then `get()` in a loop, the payload
   travelling both ways (as `troupe::Bytes`: inline up to 4 KB, within the message's
   MPI message up to 256 KB, as messages of their own above); raw MPI is an
@@ -240,25 +241,28 @@ starts after the two jobs.
 - Tasks (issue 52): `map<&noop>` of 100,000 ints with 1,000 in flight, placed over
   both ranks by load (median of 5); CAF's figure is requests to a round-robin
   `actor_pool` of two stateless actors from an event-based driver, 1,000 in flight,
-  in one process (`caf_bench`). Across runs of this session troupe/CAF was
-  0.875-1.02.
+  in one process (`caf_bench`). troupe/CAF has ranged 0.57-1.08 across recorded
+  runs: the troupe side is two MPI processes on these two busy vCPUs, CAF's one.
 - Cancel: an ask queued behind a 20 ms call, from `cancel()` to `Cancelled` at the
-  asker, against an idle ask in the same loop (median of 40); the idle ask is slow
-  (about 0.3 ms) because the actor last ran a long call, so its calls go to the pool.
+  asker, against an idle ask in the same loop (median of 40). The actor last ran a
+  long call, so its calls go to the pool thread; the cancel reaches a rank whose
+  receiving thread runs the 20 ms call, so a stand-in receives it.
 - Control group: `ping()` in a "control" concurrency group asked 500 times while a
   100 s `nap()` runs in the default group, against the same 500 asks with the actor
   idle (medians).
 - Object references (`actors_bench --objects`, a third job of 3 ranks over shared
   memory): an actor on rank 1 holds a ready 64 MB `Bytes`; driven by rank 0, it goes
-  to the actor on rank 2 directly (rank 1 asks rank 2: the baseline), through an
-  `ObjectRef` (`ask_ref`, then rank 2 fetches from rank 1), and fetched by the driver
-  and sent on. Medians of 7; the driver's peak RSS growth (VmHWM after
+  to the actor on rank 2 through an `ObjectRef` (`ask_ref`, then rank 2 fetches from
+  rank 1), and fetched by the driver and sent on; the baseline is one raw MPI transfer
+  from rank 1 to rank 2 in the same job, started and acknowledged by rank 0, its
+  receive buffer reused (the raw transfer itself took 9.7-13.9 ms across runs). Medians of 7; the driver's peak RSS growth (VmHWM after
   `clear_refs`) is the worst round of each path.
 - Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
 - These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
   memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us),
   and the standalone loop behind it 1.77 us median over 20 alternated runs at a
-  quiet moment, 2.1-3.9 us at a busy one.""",
+  quiet moment, 2.1-3.9 us at a busy one. Raw MPI's blocking ping-pongs ran at
+  1.86 M/s in the run of 2026-11-29 and at 0.81 M/s in that of 2026-11-30.""",
     "collectives": """\
 Issue 5's communicator (`bench/collectives_bench.cpp`, nccl-tests' algbw and busbw) on 2
 ranks, over shared memory (`--mca btl self,vader`: troupe's shared-memory path) and
