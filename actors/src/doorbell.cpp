@@ -1,8 +1,6 @@
 #include "doorbell.hpp"
 
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -13,6 +11,7 @@
 
 #include "troupe/mpi/agree.hpp"
 #include "troupe/mpi/mpi_error.hpp"
+#include "troupe/mpi/shared_segment.hpp"
 
 namespace troupe::actors::detail {
 
@@ -38,45 +37,25 @@ Doorbells::Doorbells(MPI_Comm comm) {
   std::vector<int> ranks(static_cast<std::size_t>(locals));  // comm's rank of each local one
   TROUPE_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, node));
 
-  // Named by the node's first rank's pid and clock: no other job or runtime has it.
-  long long token[2] = {static_cast<long long>(::getpid()),
-                        static_cast<long long>(std::chrono::steady_clock::now().time_since_epoch().count())};
-  TROUPE_MPI_CHECK(MPI_Bcast(token, 2, MPI_LONG_LONG, 0, node));
-  const std::string name = "/troupe-bells-" + std::to_string(token[0]) + "-" + std::to_string(token[1]);
+  const std::string name = mpi::unique_segment_name(node, "/troupe-bells-");
   bytes_ = sizeof(Bell) * static_cast<std::size_t>(locals);
-  void* p = MAP_FAILED;
-  if (local == 0) {
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) {
-      if (::ftruncate(fd, static_cast<off_t>(bytes_)) == 0)  // zero-filled: nobody asleep
-        p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      ::close(fd);
-    }
-  }
-  if (mpi::all_agree(node, local != 0 || p != MAP_FAILED) && local != 0) {
-    const int fd = ::shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd >= 0) {
-      p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      ::close(fd);
-    }
-  }
-  const bool mapped = mpi::all_agree(node, p != MAP_FAILED);
-  if (local == 0) ::shm_unlink(name.c_str());  // every rank that could has mapped it
+  std::byte* p = local == 0 ? mpi::map_shared_segment(name, bytes_, true) : nullptr;  // zero-filled: nobody asleep
+  if (mpi::all_agree(node, local != 0 || p != nullptr) && local != 0) p = mpi::map_shared_segment(name, bytes_, false);
+  const bool mapped = mpi::all_agree(node, p != nullptr);
+  if (local == 0) mpi::unlink_shared_segment(name);  // every rank that could has mapped it
   TROUPE_MPI_CHECK(MPI_Comm_free(&node));
   if (!mapped) {
-    if (p != MAP_FAILED) ::munmap(p, bytes_);
+    mpi::unmap_shared_segment(p, bytes_);
     if (local == 0)
       std::fprintf(stderr, "troupe: rank %d: no shared memory for doorbells; idle ranks answer within 1 ms\n", rank);
     return;
   }
-  bells_ = static_cast<Bell*>(p);
+  bells_ = static_cast<Bell*>(static_cast<void*>(p));
   self_ = &bells_[local];
   for (int i = 0; i < locals; ++i) of_rank_[static_cast<std::size_t>(ranks[static_cast<std::size_t>(i)])] = &bells_[i];
 }
 
-Doorbells::~Doorbells() {
-  if (bells_ != nullptr) ::munmap(bells_, bytes_);
-}
+Doorbells::~Doorbells() { mpi::unmap_shared_segment(static_cast<std::byte*>(static_cast<void*>(bells_)), bytes_); }
 
 void Doorbells::ring(int rank) {
   if (rank < 0 || static_cast<std::size_t>(rank) >= of_rank_.size()) return;

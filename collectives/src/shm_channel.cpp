@@ -1,17 +1,12 @@
 #include "shm_channel.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <string>
 
 #include "troupe/error.hpp"
 #include "troupe/mpi/agree.hpp"
 #include "troupe/mpi/mpi_error.hpp"
+#include "troupe/mpi/shared_segment.hpp"
 
 namespace troupe::collectives::detail {
 
@@ -25,17 +20,6 @@ bool on_one_node(MPI_Comm comm, int size) {
   return node_size == size;
 }
 
-// Maps the segment `name`, creating it (zero-filled) if `create`; null on failure.
-std::byte* map_segment(const std::string& name, std::size_t bytes, bool create) {
-  const int fd = shm_open(name.c_str(), create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
-  if (fd < 0) return nullptr;
-  void* p = MAP_FAILED;
-  if (!create || ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
-    p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  }
-  close(fd);
-  return p == MAP_FAILED ? nullptr : static_cast<std::byte*>(p);
-}
 }  // namespace
 
 std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_bytes, int slots) {
@@ -47,16 +31,9 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   slot_bytes = std::max(slot_bytes, static_cast<std::size_t>(size) * sizeof(std::int64_t));
   if (!mpi::all_agree(comm, on_one_node(comm, size))) return nullptr;
 
-  // Names no other job or communicator on the node uses: rank 0's pid, its clock and
-  // a count of the channels it made.
-  static std::atomic<std::uint64_t> made{0};
-  std::uint64_t token[3] = {static_cast<std::uint64_t>(getpid()),
-                            static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()),
-                            made.fetch_add(1)};
-  TROUPE_MPI_CHECK(MPI_Bcast(token, 3, MPI_UINT64_T, 0, comm));
-  const auto name = [&](int q) {
-    return troupe::detail::concat("/troupe-", token[0], "-", token[1], "-", token[2], "-", q);
-  };
+  // One segment per rank, named after the channel's own name.
+  const std::string base = mpi::unique_segment_name(comm, "/troupe-");
+  const auto name = [&](int q) { return troupe::detail::concat(base, "-", q); };
 
   std::unique_ptr<ShmChannel> channel(new ShmChannel());
   channel->rank_ = rank;
@@ -67,13 +44,15 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   channel->bases_.assign(static_cast<std::size_t>(size), nullptr);
   auto& bases = channel->bases_;
 
-  bases[static_cast<std::size_t>(rank)] = map_segment(name(rank), channel->segment_bytes_, true);
+  bases[static_cast<std::size_t>(rank)] = mpi::map_shared_segment(name(rank), channel->segment_bytes_, true);
   const bool created = bases[static_cast<std::size_t>(rank)] != nullptr;
   bool mapped = created;
   if (mpi::all_agree(comm, created)) {
     for (int q = 0; q < size; ++q) {
       if (q != rank)
-        mapped = (bases[static_cast<std::size_t>(q)] = map_segment(name(q), channel->segment_bytes_, false)) && mapped;
+        mapped =
+            (bases[static_cast<std::size_t>(q)] = mpi::map_shared_segment(name(q), channel->segment_bytes_, false)) &&
+            mapped;
     }
   } else {
     mapped = false;
@@ -81,15 +60,13 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   // Every rank has mapped every segment (or given up): the names can go, so that
   // nothing is left behind in /dev/shm whatever happens next.
   const bool all_mapped = mpi::all_agree(comm, mapped);
-  if (created) shm_unlink(name(rank).c_str());
+  if (created) mpi::unlink_shared_segment(name(rank));
   if (!all_mapped) return nullptr;
   return channel;
 }
 
 ShmChannel::~ShmChannel() {
-  for (std::byte* base : bases_) {
-    if (base) munmap(base, segment_bytes_);
-  }
+  for (std::byte* base : bases_) mpi::unmap_shared_segment(base, segment_bytes_);
 }
 
 bool ShmChannel::all_reached(Stage stage, std::uint64_t rounds, int* laggard) const {
