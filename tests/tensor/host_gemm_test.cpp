@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -125,6 +126,45 @@ TEST(HostGemm, ASliceOfRowsOrColumnsGivesTheBitsOfTheWhole) {
       for (std::int64_t i = 0; i < whole.m; ++i)
         ASSERT_EQ(std::memcmp(cpart.data() + i * x.ldc + c0, all.data() + i * x.ldc + c0, cols * sizeof(float)), 0)
             << "columns " << c0 << ".." << c0 + cols << " row " << i << (ta ? " a^T" : "") << (tb ? " b^T" : "");
+    }
+}
+
+// Past 16 MiB of c in one k-block, full tiles on 64-byte boundaries are written with
+// non-temporal stores (nothing of c is read back, and it would not stay in cache): the
+// bits must be those of a slice of rows small enough to be stored as usual, into a
+// buffer aligned as Storage's are, rows aligned (pad 0) or alternately not (pad 3).
+TEST(HostGemm, AProductLargerThanTheCacheStreamsItsStoresWithTheSameBits) {
+  if (!host_gemm_available(HostGemm::avx512)) GTEST_SKIP() << "this CPU does not run AVX-512";
+  struct Free {
+    void operator()(float* p) const { std::free(p); }
+  };
+  for (const std::int64_t pad : {0, 3})
+    for (const bool ta : {false, true}) {
+      const Case whole{2053, 2064, 40, ta, true};
+      const Operands x(whole, pad, 21);
+      const std::size_t floats = static_cast<std::size_t>(whole.m * x.ldc);
+      std::unique_ptr<float[], Free> all(static_cast<float*>(std::aligned_alloc(64, floats * sizeof(float))));
+      ASSERT_NE(all, nullptr);
+      std::memcpy(all.get(), x.c.data(), floats * sizeof(float));
+      sgemm(ta, true, whole.m, whole.n, whole.k, 1.0f, x.a.data(), x.lda, x.b.data(), x.ldb, 0.0f, all.get(), x.ldc,
+            HostGemm::avx512);
+      const std::vector<float> blas = x.run(HostGemm::blas, 1.0f, 0.0f);
+      const std::int64_t r0 = 1000, rows = 60;
+      std::vector<float> part(static_cast<std::size_t>(rows * x.ldc), std::numeric_limits<float>::quiet_NaN());
+      const float* a_rows = ta ? x.a.data() + r0 : x.a.data() + r0 * x.lda;
+      sgemm(ta, true, rows, whole.n, whole.k, 1.0f, a_rows, x.lda, x.b.data(), x.ldb, 0.0f, part.data(), x.ldc,
+            HostGemm::avx512);
+      for (std::int64_t i = 0; i < rows; ++i)
+        ASSERT_EQ(std::memcmp(part.data() + i * x.ldc, all.get() + (r0 + i) * x.ldc, whole.n * sizeof(float)), 0)
+            << "row " << r0 + i << " pad " << pad << (ta ? " a^T" : "");
+      for (std::int64_t i = 0; i < whole.m; ++i)
+        for (std::int64_t j = 0; j < x.ldc; ++j) {
+          const std::size_t at = static_cast<std::size_t>(i * x.ldc + j);
+          if (j >= whole.n)
+            ASSERT_EQ(all[at], x.c[at]) << "padding written at " << i << ", " << j;
+          else
+            ASSERT_NEAR(all[at], blas[at], 1e-4f * (1.0f + std::fabs(blas[at]))) << "at " << i << ", " << j;
+        }
     }
 }
 
