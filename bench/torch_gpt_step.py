@@ -41,6 +41,20 @@ MODELS = {
 }
 
 
+def openblas_core():
+    """The kernels of the OpenBLAS this process loaded (torch's), as OpenBLAS names them
+    ("Haswell", "Cooperlake"...): OPENBLAS_CORETYPE, or its own choice for this CPU."""
+    import ctypes
+    for path in sorted({line.split()[-1] for line in open("/proc/self/maps") if "openblas" in line.lower()}):
+        try:
+            corename = ctypes.CDLL(path).openblas_get_corename
+        except (OSError, AttributeError):
+            continue
+        corename.restype = ctypes.c_char_p
+        return corename().decode()
+    return "no OpenBLAS loaded"
+
+
 def cpu_seconds():
     return time.process_time()
 
@@ -96,7 +110,7 @@ def time_model(name, repeats, min_time, checkpoint_every):
             "time": c["block_size"], "tokens_per_s": round(median, 1),
             "step_ms": round(1e3 * batch * c["block_size"] / median, 2), "repeats": [round(r, 1) for r in rates],
             "steps_per_repeat": steps, "loss": state["loss"], "torch": torch.__version__,
-            "checkpoint_every": checkpoint_every}
+            "checkpoint_every": checkpoint_every, "blas": openblas_core()}
 
 
 def main():
