@@ -31,7 +31,7 @@ std::unique_ptr<ShmChannel> ShmChannel::create(MPI_Comm comm, std::size_t slot_b
   slot_bytes = std::max(slot_bytes, static_cast<std::size_t>(size) * sizeof(std::int64_t));
   if (!mpi::all_agree(comm, on_one_node(comm, size))) return nullptr;
 
-  // One segment per rank, named after the channel's own name.
+  // A segment per rank, named by the channel and the rank.
   const std::string base = mpi::unique_segment_name(comm, "/troupe-");
   const auto name = [&](int q) { return troupe::detail::concat(base, "-", q); };
 
