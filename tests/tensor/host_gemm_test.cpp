@@ -62,6 +62,16 @@ struct Operands {
   }
 };
 
+// Rows r0 .. r0 + rows of op(a) x op(b) on their own (a row of op(a) starts at column
+// r0 of a^T), into `out`, rows of x.ldc floats.
+std::vector<float> multiply_rows(const Operands& x, std::int64_t r0, std::int64_t rows) {
+  std::vector<float> out(static_cast<std::size_t>(rows * x.ldc), std::numeric_limits<float>::quiet_NaN());
+  const float* a_rows = x.s.ta ? x.a.data() + r0 : x.a.data() + r0 * x.lda;
+  sgemm(x.s.ta, x.s.tb, rows, x.s.n, x.s.k, 1.0f, a_rows, x.lda, x.b.data(), x.ldb, 0.0f, out.data(), x.ldc,
+        HostGemm::avx512);
+  return out;
+}
+
 const Case kCases[] = {
     {1, 1, 1, false, false},     {37, 131, 77, true, true},    {12, 32, 16, false, true},   {13, 33, 17, true, false},
     {100, 70, 300, false, true}, {300, 45, 600, false, false}, {145, 3100, 40, true, true}, {64, 256, 64, false, true},
@@ -109,12 +119,9 @@ TEST(HostGemm, ASliceOfRowsOrColumnsGivesTheBitsOfTheWhole) {
       const Case whole{150, 100, 700, ta, tb};
       const Operands x(whole, 0, 7);
       const std::vector<float> all = x.run(HostGemm::avx512, 1.0f, 0.0f);
-      // Rows 13..13+29 of op(a) on their own (a row of op(a) starts at column i of a^T).
+      // Rows 13..13+29 of op(a) on their own.
       const std::int64_t r0 = 13, rows = 29;
-      std::vector<float> part(static_cast<std::size_t>(rows * x.ldc), std::numeric_limits<float>::quiet_NaN());
-      const float* a_rows = ta ? x.a.data() + r0 : x.a.data() + r0 * x.lda;
-      sgemm(ta, tb, rows, whole.n, whole.k, 1.0f, a_rows, x.lda, x.b.data(), x.ldb, 0.0f, part.data(), x.ldc,
-            HostGemm::avx512);
+      const std::vector<float> part = multiply_rows(x, r0, rows);
       ASSERT_EQ(std::memcmp(part.data(), all.data() + r0 * x.ldc, part.size() * sizeof(float)), 0)
           << "rows " << r0 << ".." << r0 + rows << (ta ? " a^T" : "") << (tb ? " b^T" : "");
       // Columns 35..35+41 of op(b), written into the matching columns of c.
@@ -150,10 +157,7 @@ TEST(HostGemm, AProductLargerThanTheCacheStreamsItsStoresWithTheSameBits) {
             HostGemm::avx512);
       const std::vector<float> blas = x.run(HostGemm::blas, 1.0f, 0.0f);
       const std::int64_t r0 = 1000, rows = 60;
-      std::vector<float> part(static_cast<std::size_t>(rows * x.ldc), std::numeric_limits<float>::quiet_NaN());
-      const float* a_rows = ta ? x.a.data() + r0 : x.a.data() + r0 * x.lda;
-      sgemm(ta, true, rows, whole.n, whole.k, 1.0f, a_rows, x.lda, x.b.data(), x.ldb, 0.0f, part.data(), x.ldc,
-            HostGemm::avx512);
+      const std::vector<float> part = multiply_rows(x, r0, rows);
       for (std::int64_t i = 0; i < rows; ++i)
         ASSERT_EQ(std::memcmp(part.data() + i * x.ldc, all.get() + (r0 + i) * x.ldc, whole.n * sizeof(float)), 0)
             << "row " << r0 + i << " pad " << pad << (ta ? " a^T" : "");
