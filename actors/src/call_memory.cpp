@@ -5,6 +5,8 @@
 #include <new>
 #include <utility>
 
+#include "troupe/actors/detail/split_count.hpp"
+
 namespace troupe::actors::detail {
 
 namespace {
@@ -23,15 +25,20 @@ struct FreeBlock {
 };
 
 struct SizeClass {
-  std::atomic<FreeBlock*> shared{nullptr};
-  std::atomic<int> kept{0};  // blocks on the shared list and every thread's own
+  alignas(kApart) std::atomic<FreeBlock*> shared{nullptr};
+  // Blocks on the shared list and every thread's own, give or take what each thread
+  // has not yet added in (below): the poster takes blocks and the runner returns them,
+  // and a count both wrote on every call moved between their cores each time.
+  alignas(kApart) std::atomic<int> kept{0};
 };
 std::array<SizeClass, kClasses> g_classes;
+constexpr int kCountBatch = 32;
 
 // A thread's own free blocks, handed back to malloc when the thread ends (emptied, so
 // that a call made later in the thread's teardown takes fresh blocks).
 struct OwnLists {
   std::array<FreeBlock*, kClasses> heads{};
+  std::array<int, kClasses> uncounted{};  // this thread's change to `kept` not yet added in
   ~OwnLists() {
     for (std::size_t c = 0; c < kClasses; ++c) {
       int freed = 0;
@@ -40,8 +47,14 @@ struct OwnLists {
         ::operator delete(b);
         b = next;
       }
-      g_classes[c].kept.fetch_sub(freed, std::memory_order_relaxed);
+      g_classes[c].kept.fetch_add(std::exchange(uncounted[c], 0) - freed, std::memory_order_relaxed);
     }
+  }
+  void count(std::size_t c, int change) {
+    int& mine = uncounted[c];
+    mine += change;
+    if (mine >= kCountBatch || mine <= -kCountBatch)
+      g_classes[c].kept.fetch_add(std::exchange(mine, 0), std::memory_order_relaxed);
   }
 };
 thread_local OwnLists t_own;
@@ -58,17 +71,18 @@ void* allocate_call(std::size_t bytes) {
   if (own == nullptr) return ::operator new((c + 1) * kCallSizeClass);
   FreeBlock* block = own;
   own = block->next;
-  g_classes[c].kept.fetch_sub(1, std::memory_order_relaxed);
+  t_own.count(c, -1);
   return block;
 }
 
 void free_call(void* block, std::size_t bytes) noexcept {
   if (!kPooled || bytes > kLargestPooledCall) return ::operator delete(block);
-  SizeClass& size_class = g_classes[class_of(bytes)];
-  if (size_class.kept.fetch_add(1, std::memory_order_relaxed) >= kPooledCallsPerClass) {
-    size_class.kept.fetch_sub(1, std::memory_order_relaxed);
+  const std::size_t c = class_of(bytes);
+  SizeClass& size_class = g_classes[c];
+  // The bound is kept to within kCountBatch blocks a thread.
+  if (size_class.kept.load(std::memory_order_relaxed) + t_own.uncounted[c] >= kPooledCallsPerClass)
     return ::operator delete(block);
-  }
+  t_own.count(c, 1);
   auto* node = static_cast<FreeBlock*>(block);
   node->next = size_class.shared.load(std::memory_order_relaxed);
   while (!size_class.shared.compare_exchange_weak(node->next, node, std::memory_order_release,

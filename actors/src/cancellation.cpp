@@ -80,8 +80,8 @@ void Runtime::kill_local(std::uint64_t id, int by) {
   cell->calls().cancel_running();
   // The object is destroyed on the thread that owns the actor, after the call running
   // now: this call (or any queued before it, which now fail) buries it.
-  cell->queued_.fetch_add(1, std::memory_order_relaxed);
-  queued_calls_.fetch_add(1, std::memory_order_relaxed);
+  cell->queued_.add();
+  queued_calls_.add();
   scheduler_->post(std::shared_ptr<detail::Lane>(cell, &cell->lane(0)),
                    detail::make_call(
                        detail::ActorCellBase::kIdle, [] {}, [](const ErrorInfo&) {}));

@@ -48,7 +48,7 @@ std::vector<ActorInfo> Runtime::local_actors() const {
     info.name = cell->name();
     info.label = cell->label();
     info.state = state_of(*cell);
-    info.mailbox_depth = cell->queued_.load(std::memory_order_relaxed);
+    info.mailbox_depth = static_cast<std::uint64_t>(cell->queued_.value());
     info.calls_served = cell->calls_served_.load(std::memory_order_relaxed);
     info.restarts = cell->epoch();
     for (std::size_t i = 0; i < cell->lane_count(); ++i) {  // each lane runs one call at most

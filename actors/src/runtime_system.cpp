@@ -211,7 +211,7 @@ void Runtime::handle_system(detail::Message& message) {
   switch (h.kind) {
     case detail::Kind::spawn: {
       // A constructor may block (it may ask other actors), so it runs on the pool.
-      queued_calls_.fetch_add(1);
+      queued_calls_.add();
       scheduler_->post_task([this, answer, bytes = std::move(message.bytes)] {
         detail::RuntimeScope scope(this);
         answer([&] {
@@ -269,7 +269,8 @@ void Runtime::wait_collective(void* request, const char* what) {
 void Runtime::call_finished() {
   // Shutdown's drain sleeps until the count reaches zero; the lock orders this
   // notification after its check.
-  if (queued_calls_.fetch_sub(1) == 1 && draining_.load()) {
+  queued_calls_.remove();
+  if (draining_.load() && queued_calls_.value() == 0) {
     { std::lock_guard lock(drain_mutex_); }
     drain_cv_.notify_all();
   }
@@ -321,10 +322,10 @@ void Runtime::drain() {
     {
       std::unique_lock lock(drain_mutex_);
       draining_ = true;
-      drain_cv_.wait_until(lock, deadline, [this] { return queued_calls_.load() == 0; });
+      drain_cv_.wait_until(lock, deadline, [this] { return queued_calls_.value() == 0; });
     }
     long long local[4] = {static_cast<long long>(transport_->sent()), static_cast<long long>(transport_->received()),
-                          queued_calls_.load(), Clock::now() >= deadline ? 1 : 0};
+                          queued_calls_.value(), Clock::now() >= deadline ? 1 : 0};
     long long global[4] = {};
     MPI_Request request;
     TROUPE_MPI_CHECK(MPI_Iallreduce(local, global, 4, MPI_LONG_LONG, MPI_SUM, as_comm(system_comm_), &request));

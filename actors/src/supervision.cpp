@@ -52,23 +52,24 @@ bool gives_up(const RemoteError& e, const detail::Call& call) {
 void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std::unique_ptr<detail::Call> call) {
   const std::uint32_t method = call->method();
   if (cell->dead()) return call->fail(cell_error(dead_code(*cell), rank_, *cell, method, dead_message(*cell)));
-  if (cell->restarting() && cell->queued_.load() >= cell->options().max_queued)
+  if (cell->restarting() && static_cast<std::size_t>(cell->queued_.value()) >= cell->options().max_queued)
     return call->fail(cell_error(
         ErrorCode::overloaded, rank_, *cell, method,
-        detail::concat("the actor is restarting and ", cell->queued_.load(), " calls already wait (max_queued)")));
+        detail::concat("the actor is restarting and ", cell->queued_.value(), " calls already wait (max_queued)")));
   // The time posted only matters for a call re-delivered after a restart (its
   // queue_deadline); an actor that cannot restart is spared the clock read.
   const bool may_restart = cell->options().max_restarts > 0;
   call->stamp(cell->epoch(), may_restart ? Clock::now().time_since_epoch().count() : 0);
   // Counted in before the check, so that concurrent senders cannot overfill it.
-  const std::size_t queued = cell->queued_.fetch_add(1, std::memory_order_relaxed);
-  if (const std::size_t capacity = cell->options().mailbox_capacity; capacity > 0 && queued >= capacity) {
-    cell->queued_.fetch_sub(1, std::memory_order_relaxed);
+  cell->queued_.add();
+  if (const std::size_t capacity = cell->options().mailbox_capacity;
+      capacity > 0 && static_cast<std::size_t>(cell->queued_.value()) > capacity) {
+    cell->queued_.undo_add();
     return call->fail(
         cell_error(ErrorCode::overloaded, rank_, *cell, method,
                    detail::concat("the mailbox is full (", capacity, " calls wait: SpawnOptions::mailbox_capacity)")));
   }
-  queued_calls_.fetch_add(1, std::memory_order_relaxed);
+  queued_calls_.add();
   if (call->request() != 0) cell->calls().add(*call);  // an ask: cancel() may look for it
   scheduler_->post(detail::ActorCellBase::lane_for(cell, method), std::move(call));
 }
@@ -82,7 +83,7 @@ void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {
     ~Done() { runtime.call_finished(); }
   } done{*this};
   const std::uint32_t method = call->method();
-  cell.queued_.fetch_sub(1, std::memory_order_relaxed);
+  cell.queued_.remove();
   if (!call->claim_to_run()) return;  // cancelled before it started: the cancel answered the asker
   // What Runtime::actors() shows (this method, since the scheduler began the call) and,
   // for a concurrent actor, what a restart or kill waits for before it touches the object.

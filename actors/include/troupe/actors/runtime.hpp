@@ -430,7 +430,7 @@ class Runtime : private detail::CallCanceller {
   };
   std::unordered_map<std::uint64_t, Pending> pending_;
   std::atomic<std::uint64_t> next_request_id_{1};
-  std::atomic<std::int64_t> queued_calls_{0};
+  detail::SplitCount queued_calls_;                      // calls and spawns posted, not yet finished
   mutable std::atomic<std::uint64_t> refused_tells_{0};  // counted where they are reported
   // Counts a queued call or spawn down; wakes shutdown's drain at zero.
   void call_finished();

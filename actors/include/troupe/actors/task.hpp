@@ -193,11 +193,14 @@ auto Runtime::map(const Range& inputs, TaskOptions options, std::size_t max_in_f
     std::size_t next = 0, done = 0;
     bool failed = false;
     std::shared_ptr<detail::State<std::vector<R>>> out;
-    std::vector<Future<R>> running;  // for cancel()
+    // The tasks in flight, by input, for cancel(); a finished one's is dropped at once
+    // (kept, a map of 100,000 held every result's state to its end).
+    std::vector<Future<R>> running;
   };
   auto m = std::make_shared<Mapping>();
   m->inputs.assign(std::begin(inputs), std::end(inputs));
   m->results.resize(m->inputs.size());
+  m->running.resize(m->inputs.size());
   m->out = std::make_shared<detail::State<std::vector<R>>>(progress(), "map of task " + detail::TaskKey<F>::name);
   m->out->set_cancel_forward([weak = std::weak_ptr<Mapping>(m)] {
     auto mapping = weak.lock();
@@ -206,7 +209,8 @@ auto Runtime::map(const Range& inputs, TaskOptions options, std::size_t max_in_f
     {
       std::lock_guard lock(mapping->mutex);
       mapping->failed = true;  // launch no more
-      running = mapping->running;
+      for (const auto& f : mapping->running)
+        if (f.valid()) running.push_back(f);
     }
     for (auto& f : running)
       if (!f.ready()) f.cancel();
@@ -222,7 +226,7 @@ auto Runtime::map(const Range& inputs, TaskOptions options, std::size_t max_in_f
     Future<R> f = submit<F>(options, m->inputs[i]);
     {
       std::lock_guard lock(m->mutex);
-      m->running.push_back(f);
+      if (!f.ready()) m->running[i] = f;  // else its callback below has run already
     }
     f.state()->on_ready([m, f, i, launch = weak_launch.lock()]() mutable {
       std::optional<std::size_t> next;
@@ -237,6 +241,7 @@ auto Runtime::map(const Range& inputs, TaskOptions options, std::size_t max_in_f
       }
       {
         std::lock_guard lock(m->mutex);
+        m->running[i] = Future<R>();
         ++m->done;
         if (error && !m->failed) m->failed = true;
         if (!m->failed && m->next < m->inputs.size()) next = m->next++;

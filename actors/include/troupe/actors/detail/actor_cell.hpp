@@ -22,6 +22,7 @@
 
 #include "troupe/actors/detail/mailbox.hpp"
 #include "troupe/actors/detail/serialization.hpp"
+#include "troupe/actors/detail/split_count.hpp"
 #include "troupe/actors/future.hpp"
 #include "troupe/actors/methods.hpp"
 #include "troupe/actors/spawn_options.hpp"
@@ -42,16 +43,20 @@ class Lane {
   // Whether its last call was short enough to run on the thread that received it
   // (see scheduler.hpp).
   bool fast() const { return fast_.load(std::memory_order_relaxed); }
-  void set_fast(bool fast) { fast_.store(fast, std::memory_order_relaxed); }
-
-  // Live state, written by the running call, read from any thread.
-  std::atomic<std::uint32_t> running_method_{kIdle};
-  std::atomic<std::int64_t> running_since_ticks_{0};  // steady_clock ticks
+  void set_fast(bool fast) {  // stored only when it changes: senders read its line
+    if (fast_.load(std::memory_order_relaxed) != fast) fast_.store(fast, std::memory_order_relaxed);
+  }
 
  private:
   ActorCellBase& cell_;
-  Mailbox mailbox_;
   std::atomic<bool> fast_{true};
+  Mailbox mailbox_;  // on cache lines of its own (mailbox.hpp)
+
+ public:
+  // Live state, written by the running call, read from any thread: on a line of its
+  // own, as the runner writes it on every call.
+  alignas(kApart) std::atomic<std::uint32_t> running_method_{kIdle};
+  std::atomic<std::int64_t> running_since_ticks_{0};  // steady_clock ticks
 };
 
 // Where each method's calls go: lanes [first, first + count) of the actor.
@@ -172,15 +177,15 @@ class ActorCellBase {
   std::atomic<int> killed_by_{-1};  // the rank whose Runtime::kill stopped it; -1: none
   std::atomic<bool> buried_{false};
   std::atomic<std::int64_t> last_restart_ticks_{0};             // steady_clock ticks of the last failure
-  std::atomic<std::size_t> queued_{0};                          // calls posted, not yet run
   std::deque<std::chrono::steady_clock::time_point> failures_;  // within the window; by its calls only
+  SplitCount queued_;                                           // calls posted, not yet run
 
   // ---- live state, for Runtime::actors() ----
   static constexpr std::uint32_t kIdle = Lane::kIdle;
-  std::atomic<std::uint64_t> calls_served_{0};
+  alignas(kApart) std::atomic<std::uint64_t> calls_served_{0};  // the runners' line, not the senders'
 
  private:
-  std::uint64_t id_;
+  alignas(kApart) std::uint64_t id_;  // read by every sender: away from calls_served_
   SpawnOptions options_;
   std::string constructor_args_;
   std::string type_;  // the demangled C++ type: lookup() checks it

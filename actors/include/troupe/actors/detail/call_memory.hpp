@@ -5,9 +5,9 @@
 // block goes onto its size class's shared list (one compare-and-swap), and a thread
 // whose own list of free blocks runs dry takes the whole shared list at once (one
 // exchange) -- no lock, and no ABA problem, since nothing is ever popped from the
-// shared list alone. At most kPooledCallsPerClass blocks a class are kept; the rest go
-// back to malloc. Under ASan calls use plain new and delete, so that a call used after
-// it was freed is still caught.
+// shared list alone. At most kPooledCallsPerClass blocks a class are kept (give or
+// take a small batch a thread); the rest go back to malloc. Under ASan calls use
+// plain new and delete, so that a call used after it was freed is still caught.
 #pragma once
 
 #include <cstddef>

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "troupe/actors/detail/call.hpp"
+#include "troupe/actors/detail/split_count.hpp"
 
 namespace troupe::actors::detail {
 
@@ -81,8 +82,9 @@ class Mailbox {
     while (node) delete std::exchange(node, node->next_);
   }
 
-  std::atomic<Call*> stack_{idle()};  // pushed, newest first; idle() when unowned
-  Call* ready_ = nullptr;             // taken by the owner, oldest first
+  // Lines of their own: senders write the stack, the owner alone its list.
+  alignas(kApart) std::atomic<Call*> stack_{idle()};  // pushed, newest first; idle() when unowned
+  alignas(kApart) Call* ready_ = nullptr;             // taken by the owner, oldest first
 };
 
 }  // namespace troupe::actors::detail
