@@ -125,6 +125,7 @@ class StateBase {
  private:
   std::condition_variable cv_;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> cancel_sent_{false};  // the answer will come from a thread woken for it
   // The ask's deadline passed while a caller waited: fail it here and cancel it there.
   void expire();
   bool wait_until_impl(std::optional<Clock::time_point> deadline);
