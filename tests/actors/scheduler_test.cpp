@@ -1,8 +1,10 @@
 // The scheduler (actors/src/scheduler.hpp): mailboxes drained in batches, calls of
 // short-running actors run on the receiving thread, and a pool thread standing in
 // for a receiving thread stuck in a long call.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "actors_fixture.hpp"
 
@@ -49,6 +51,36 @@ TEST(Scheduler, ALongCallDoesNotStopItsRankReceivingForOtherActors) {
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1000));
     EXPECT_EQ(long_call.get(), 1500);
     EXPECT_EQ(slow.ask(&Counter::get).get(), 10);  // and the slow actor goes on answering
+  }
+  barrier();
+}
+
+TEST(Scheduler, AQueueDepthReadWhileCallsComeAndGoIsNeverNegative) {
+  // SplitCount (the depth behind live state and mailbox_capacity) reads what was taken
+  // before what was posted; read the other way round, a reader between its two loads
+  // saw more calls taken than posted. Here each call is taken right after it is
+  // posted, so the depth is 0 or 1 while both counters move all the time.
+  if (runtime().rank() == 0) {
+    actors::detail::SplitCount depth;
+    std::atomic<bool> done{false};
+    std::atomic<bool> reading{false};
+    std::int64_t lowest = 0;
+    std::thread reader([&] {
+      reading = true;
+      while (!done.load()) lowest = std::min(lowest, depth.value());
+    });
+    while (!reading.load()) std::this_thread::yield();
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (std::chrono::steady_clock::now() < end) {
+      for (int i = 0; i < 1000; ++i) {
+        depth.add();
+        depth.remove();
+      }
+    }
+    done = true;
+    reader.join();
+    EXPECT_GE(lowest, 0);
+    EXPECT_EQ(depth.value(), 0);
   }
   barrier();
 }
