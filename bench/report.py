@@ -247,12 +247,14 @@ starts after the two jobs.
 - Tasks (issue 52): `map<&noop>` of 100,000 ints with 1,000 in flight, placed over
   both ranks by load (median of 5); CAF's figure is requests to a round-robin
   `actor_pool` of two stateless actors from an event-based driver, 1,000 in flight,
-  in one process (`caf_bench`). troupe/CAF has ranged 0.57-1.08 across recorded
-  runs: the troupe side is two MPI processes on these two busy vCPUs, CAF's one.
+  in one process (`caf_bench`). troupe/CAF ranged 0.57-1.08 in the runs before
+  2026-11-30's cache-line change and 0.70-1.32 in four runs after it: the troupe
+  side is two MPI processes on these two busy vCPUs, CAF's one.
 - Cancel: an ask queued behind a 20 ms call, from `cancel()` to `Cancelled` at the
   asker, against an idle ask in the same loop (median of 40). The actor last ran a
   long call, so its calls go to the pool thread; the cancel reaches a rank whose
-  receiving thread runs the 20 ms call, so a stand-in receives it.
+  receiving thread runs the 20 ms call, so a stand-in receives it, woken for it; the
+  asker's wait yields its core between polls after 20 us (docs/ACTORS.md).
 - Control group: `ping()` in a "control" concurrency group asked 500 times while a
   100 s `nap()` runs in the default group, against the same 500 asks with the actor
   idle (medians).
@@ -261,7 +263,7 @@ starts after the two jobs.
   to the actor on rank 2 through an `ObjectRef` (`ask_ref`, then rank 2 fetches from
   rank 1), and fetched by the driver and sent on; the baseline is one raw MPI transfer
   from rank 1 to rank 2 in the same job, started and acknowledged by rank 0, its
-  receive buffer reused (the raw transfer itself took 9.7-13.9 ms across runs). Medians of 7; the driver's peak RSS growth (VmHWM after
+  receive buffer reused (the raw transfer itself took 9.7-16.8 ms across runs). Medians of 7; the driver's peak RSS growth (VmHWM after
   `clear_refs`) is the worst round of each path.
 - Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
 - These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
