@@ -133,6 +133,7 @@ void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
   for (int i = 0; i < kThroughput; ++i) {
     std::unique_ptr<Call> call = lane->mailbox().pop();
     if (!call) return;  // idle again; a later post() schedules it anew
+    if (lane->grouped()) lane->count_taken();
     const bool watched = inline_run && threads_ > 0;
     if (watched) {
       inline_since_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
@@ -146,7 +147,12 @@ void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
     execute_(*lane, std::move(call));
     if (watched) inline_since_.store(0, std::memory_order_relaxed);
     const auto end = Clock::now();
-    const bool fast = end - start - t_excluded < kInlineLimit;
+    const auto took = end - start - t_excluded;
+    const bool fast = took < kInlineLimit;
+    if (lane->grouped()) {
+      lane->set_last_call(took.count());
+      if (took >= kLaneRunLimit) return redeal(std::move(lane));
+    }
     start = end;
     lane->set_fast(fast);
     if (inline_run && !fast && threads_ > 0) break;  // the rest goes to the pool

@@ -66,6 +66,16 @@ class Scheduler {
   // Joins the pool threads; ready work left is not run.
   void stop();
 
+  // The lane a call of `method` goes to, as a pointer that keeps `cell` alive. In a
+  // concurrency group: the first lane with less than kLaneQueueBudget of work queued
+  // (its backlog times its last call's time) that is not kLaneRunLimit into a call,
+  // else the next in turn. So short calls share one lane, drained in turns of
+  // kThroughput by one thread, and the group's other lanes fill only when work piles
+  // up or a call runs long (see docs/ACTORS.md, concurrency groups).
+  static std::shared_ptr<Lane> lane_for(const std::shared_ptr<ActorCellBase>& cell, std::uint32_t method);
+  static constexpr std::chrono::milliseconds kLaneQueueBudget{10};
+  static constexpr std::chrono::milliseconds kLaneRunLimit{1};
+
   // Appends `call` to the actor's mailbox and gets the actor run if it was idle.
   void post(const std::shared_ptr<Lane>& lane, std::unique_ptr<Call> call);
   // A task that is no actor's call (a spawn's constructor): run by the pool.
@@ -113,6 +123,10 @@ class Scheduler {
   // shared queue if calls remain.
   void drain(std::shared_ptr<Lane> lane, bool inline_run);
   void make_ready(std::shared_ptr<Lane> lane);
+  // For the owner of a grouped lane whose call ran long: the calls that waited behind
+  // it go to the group's lanes anew (lane_for), so a mispredicted burst -- long calls
+  // after a run of short ones, packed on one lane -- waits for one call, not for all.
+  void redeal(std::shared_ptr<Lane> lane);
   // For the receiving thread (run_local): one task or one actor's turn.
   bool run_shared_one();
 

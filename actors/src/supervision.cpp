@@ -71,7 +71,7 @@ void Runtime::post_call(const std::shared_ptr<detail::ActorCellBase>& cell, std:
   }
   queued_calls_.add();
   if (call->request() != 0) cell->calls().add(*call);  // an ask: cancel() may look for it
-  scheduler_->post(detail::ActorCellBase::lane_for(cell, method), std::move(call));
+  scheduler_->post(detail::Scheduler::lane_for(cell, method), std::move(call));
 }
 
 void Runtime::execute(detail::Lane& lane, std::unique_ptr<detail::Call> call) {

@@ -123,6 +123,41 @@ TEST(Concurrency, AGroupOfTwoRunsTwoCallsAtOnceAndTheDefaultOne) {
   barrier();
 }
 
+// Short calls of a group share one lane (Scheduler::lane_for), so a burst of long
+// ones after them is first packed there too; the long call hands the rest out.
+TEST(Concurrency, LongCallsAfterShortOnesStillRunAtOnce) {
+  if (!receives_while_busy()) GTEST_SKIP() << "no pool thread receives while a method runs";
+  if (runtime().rank() == 0) {
+    auto b = runtime().spawn<Busy>(last_rank());
+    std::vector<Future<int>> quick;
+    for (int i = 0; i < 200; ++i) quick.push_back(b.ask(&Busy::fetch, 0));
+    when_all(std::move(quick)).get();
+    std::vector<Future<int>> slow;
+    for (int i = 0; i < 4; ++i) slow.push_back(b.ask(&Busy::fetch, 200));
+    when_all(std::move(slow)).get();
+    EXPECT_EQ(b.ask(&Busy::most_at_once).get(), 2) << "the long calls ran one after another on one lane";
+  }
+  barrier();
+}
+
+TEST(Concurrency, ACallOfAGroupDoesNotWaitBehindALongOne) {
+  if (!receives_while_busy()) GTEST_SKIP() << "no pool thread receives while a method runs";
+  if (runtime().rank() == 0) {
+    auto b = runtime().spawn<Busy>(last_rank());
+    for (int i = 0; i < 20; ++i) b.ask(&Busy::fetch, 0).get();  // both lanes short so far
+    auto long_call = b.ask(&Busy::fetch, 1500);
+    std::this_thread::sleep_for(100ms);
+    for (int i = 0; i < 10; ++i) {
+      const auto start = Clock::now();
+      b.ask(&Busy::fetch, 0).get();
+      EXPECT_LT(seconds_since(start), 0.5) << "call " << i << " waited behind the long one";
+    }
+    EXPECT_FALSE(long_call.ready()) << "the long call ended before the short ones were timed";
+    long_call.get();
+  }
+  barrier();
+}
+
 TEST(Concurrency, ARestartWaitsForTheOtherGroupsAndKillToo) {
   if (!receives_while_busy()) GTEST_SKIP() << "no pool thread receives while a method runs";
   if (runtime().rank() == 0) {

@@ -8,7 +8,8 @@
 // Every rank runs the same binary, so naming the function as a template argument
 // registers it in every process before main, as spawn<T> does for actor types. A task
 // runs on the chosen rank's pool (a built-in actor, "tasks", with a concurrency group
-// of 16 lanes, so tasks run at once on as many threads as the rank has), and its
+// of 16 lanes, so long tasks run at once on as many threads as the rank has, and
+// short ones share a lane: Scheduler::lane_for), and its
 // result comes back as an ask's does: cancel() and deadlines work alike, and the task
 // runners show in Runtime::actors().
 //

@@ -7,6 +7,7 @@
 // waits until the other lanes are idle, so no call ever sees a half-built object.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -35,6 +36,8 @@ class ActorCellBase;
 class Lane {
  public:
   static constexpr std::uint32_t kIdle = ~std::uint32_t{0};
+  // A call never seen counts as one second long: a burst of first calls spreads.
+  static constexpr std::int64_t kUnknownCall = std::chrono::steady_clock::duration(std::chrono::seconds(1)).count();
   explicit Lane(ActorCellBase& cell) : cell_(cell) {}
   Lane(const Lane&) = delete;
   Lane& operator=(const Lane&) = delete;
@@ -46,17 +49,44 @@ class Lane {
   void set_fast(bool fast) {  // stored only when it changes: senders read its line
     if (fast_.load(std::memory_order_relaxed) != fast) fast_.store(fast, std::memory_order_relaxed);
   }
+  // One of several lanes of a concurrency group. These count their calls and time
+  // them, so that a call goes to a lane that will run it soon (Scheduler::lane_for).
+  bool grouped() const { return grouped_; }
+  void set_grouped() {  // before the actor is shared
+    grouped_ = true;
+    last_call_ticks_.store(kUnknownCall, std::memory_order_relaxed);
+  }
+  void count_posted() { posted_.fetch_add(1, std::memory_order_relaxed); }
+  void count_taken() { taken_.store(taken_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
+  // Calls posted, not yet taken by the runner; never below the true count (taken is
+  // read first, and nothing is taken before it was posted).
+  std::int64_t backlog() const {
+    const std::uint64_t taken = taken_.load(std::memory_order_acquire);
+    return static_cast<std::int64_t>(posted_.load(std::memory_order_acquire) - taken);
+  }
+  // steady_clock ticks the last call took, at most kUnknownCall (a product with the
+  // backlog must not overflow).
+  std::int64_t last_call_ticks() const { return last_call_ticks_.load(std::memory_order_relaxed); }
+  void set_last_call(std::int64_t ticks) {
+    last_call_ticks_.store(std::min(ticks, kUnknownCall), std::memory_order_relaxed);
+  }
 
  private:
   ActorCellBase& cell_;
+  bool grouped_ = false;
   std::atomic<bool> fast_{true};
-  Mailbox mailbox_;  // on cache lines of its own (mailbox.hpp)
+  std::atomic<std::uint64_t> posted_{0};  // the senders' line
+  Mailbox mailbox_;                       // on cache lines of its own (mailbox.hpp)
 
  public:
   // Live state, written by the running call, read from any thread: on a line of its
   // own, as the runner writes it on every call.
   alignas(kApart) std::atomic<std::uint32_t> running_method_{kIdle};
   std::atomic<std::int64_t> running_since_ticks_{0};  // steady_clock ticks
+
+ private:
+  std::atomic<std::uint64_t> taken_{0};  // written by the lane's owner only
+  std::atomic<std::int64_t> last_call_ticks_{0};
 };
 
 // Where each method's calls go: lanes [first, first + count) of the actor.
@@ -109,6 +139,9 @@ class ActorCellBase {
         idempotent_(std::move(idempotent)),
         layout_(std::move(layout)) {
     for (std::uint32_t i = 0; i < layout_.lanes; ++i) lanes_.emplace_back(*this);
+    for (const LaneRange& range : layout_.methods)
+      if (range.count > 1)
+        for (std::uint32_t i = range.first; i < range.first + range.count; ++i) lanes_[i].set_grouped();
   }
   virtual ~ActorCellBase() = default;
 
@@ -148,14 +181,12 @@ class ActorCellBase {
   std::size_t lane_count() const { return lanes_.size(); }
   Lane& lane(std::size_t i) { return lanes_[i]; }
   const Lane& lane(std::size_t i) const { return lanes_[i]; }
-  // The lane a call of `method` goes to (the default lane for an unknown index, whose
-  // call then fails), as a pointer that keeps `self` (this cell) alive.
-  static std::shared_ptr<Lane> lane_for(const std::shared_ptr<ActorCellBase>& self, std::uint32_t method) {
-    const LaneRange range = method < self->layout_.methods.size() ? self->layout_.methods[method] : LaneRange{};
-    std::uint32_t i = range.first;
-    if (range.count > 1) i += self->next_lane_.fetch_add(1, std::memory_order_relaxed) % range.count;
-    return std::shared_ptr<Lane>(self, &self->lanes_[i]);
+  // The lanes a call of `method` may go to (the default lane for an unknown index,
+  // whose call then fails); Scheduler::lane_for picks one.
+  LaneRange lanes_of(std::uint32_t method) const {
+    return method < layout_.methods.size() ? layout_.methods[method] : LaneRange{};
   }
+  std::uint32_t next_lane() { return next_lane_.fetch_add(1, std::memory_order_relaxed); }
   // Whether calls of this actor may run at once (it has concurrency groups).
   bool concurrent() const { return lanes_.size() > 1; }
   // For concurrent actors: set while a restart or a kill replaces or destroys the
