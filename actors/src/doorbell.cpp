@@ -22,6 +22,19 @@ long futex(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const 
   return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
 }
 
+// The mark, read after everything this thread wrote before (the message): a fence
+// and a load, not a read-modify-write, so the line stays shared while nobody sleeps
+// (fetch_add(0) took it from the sleeper's core on every send, 6% of a task's
+// sender). TSan supports no fences: there, the read-modify-write.
+bool marked_after_fence(std::atomic<std::uint32_t>& asleep) {
+#if defined(__SANITIZE_THREAD__)
+  return asleep.fetch_add(0, std::memory_order_seq_cst) != 0;
+#else
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return asleep.load(std::memory_order_relaxed) != 0;
+#endif
+}
+
 }  // namespace
 
 Doorbells::Doorbells(MPI_Comm comm) {
@@ -62,9 +75,8 @@ void Doorbells::ring(int rank) {
   Bell* bell = of_rank_[static_cast<std::size_t>(rank)];
   if (bell == nullptr) return;
   // After the message is posted, read the mark: see the sleeper's, or the sleeper's
-  // probe sees the message. A read-modify-write, not a load: it orders MPI's writes of
-  // the message before it as a full fence does (which TSan would not model).
-  if (bell->asleep.fetch_add(0, std::memory_order_seq_cst) == 0) return;
+  // probe sees the message.
+  if (!marked_after_fence(bell->asleep)) return;
   bell->rings.fetch_add(1, std::memory_order_seq_cst);
   futex(&bell->rings, FUTEX_WAKE, INT_MAX, nullptr);
 }
