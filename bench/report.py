@@ -263,8 +263,9 @@ starts after the two jobs.
   to the actor on rank 2 through an `ObjectRef` (`ask_ref`, then rank 2 fetches from
   rank 1), and fetched by the driver and sent on; the baseline is one raw MPI transfer
   from rank 1 to rank 2 in the same job, started and acknowledged by rank 0, its
-  receive buffer reused (the raw transfer itself took 9.7-16.8 ms across runs). Medians of 7; the driver's peak RSS growth (VmHWM after
-  `clear_refs`) is the worst round of each path.
+  receive buffer reused (the raw transfer itself took 9.7-16.8 ms across runs). Each of
+  7 rounds times the raw transfer, then both actor paths; medians of the 7. The
+  driver's peak RSS growth (VmHWM after `clear_refs`) is the worst round of each path.
 - Idle CPU: process CPU time over 1 s of a runtime with nothing to do, worst rank.
 - These VMs are noisy, and the small-message rows swing most: the 8 B ask over shared
   memory took 1.98-4.05 us in six runs within two hours (raw MPI 0.51-1.16 us),
