@@ -280,7 +280,9 @@ TEST(Concurrency, ATracedRuntimeRecordsEveryCallOnTheThreadThatRanIt) {
     // fetches at once, but on a loaded machine (TSan beside another job) the second may
     // start only after the first: then there is nothing to tell apart.
     const bool overlap = fetches[0].begin_ns < fetches[1].end_ns && fetches[1].begin_ns < fetches[0].end_ns;
-    if (overlap) EXPECT_NE(fetches[0].thread, fetches[1].thread);
+    if (overlap) {
+      EXPECT_NE(fetches[0].thread, fetches[1].thread);
+    }
   }
   barrier();
 }

@@ -79,7 +79,7 @@ struct RuntimeOptions {
   // new object is refused (ErrorCode::overloaded). TROUPE_OBJECT_SPILL_FOLDER overrides
   // the folder. See docs/TASKS_AND_OBJECTS.md#object-references.
   std::size_t object_store_limit = std::size_t{4} << 30;
-  std::string object_spill_folder;
+  std::string object_spill_folder{};  // {}: designated initializers may leave it out quietly
 };
 
 template <class T>

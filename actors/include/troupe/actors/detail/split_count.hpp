@@ -1,8 +1,8 @@
 // A count that one side raises and another lowers -- calls posted by the senders and
 // taken by the threads that run them -- kept as two counters on cache lines of their
-// own (kApart), so that each side writes only its own line. As one counter, its line moved
-// between the sender's and the runner's core on every call: with the lines it shared,
-// a third of a local tell's time.
+// own (kApart), so that each side writes only its own line. As one counter, its line
+// moved between the sender's and the runner's core on every call: with the lines it
+// shared, a third of a local tell's time.
 #pragma once
 
 #include <atomic>
