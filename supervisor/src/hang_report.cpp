@@ -1,21 +1,12 @@
 #include "hang_report.hpp"
 
 #include <algorithm>
-#include <cstdio>
 #include <optional>
 
 #include "event_log.hpp"
+#include "fixed.hpp"
 
 namespace troupe::supervisor {
-namespace {
-
-std::string fixed2(double v) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.2f", v);
-  return buffer;
-}
-
-}  // namespace
 
 Phase deadline_phase(const std::vector<RankStatus>& ranks, const RunOptions& options) {
   Phase phase = Phase::training;
@@ -28,7 +19,7 @@ Phase deadline_phase(const std::vector<RankStatus>& ranks, const RunOptions& opt
 HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point now, Seconds timeout, Phase phase) {
   HangReport report;
   std::string& detail = report.detail;
-  detail = "no progress for " + fixed2(timeout.count()) + " s in " + std::string(phase_name(phase)) + ":";
+  detail = "no progress for " + fixed(timeout.count(), 2) + " s in " + std::string(phase_name(phase)) + ":";
   std::optional<std::uint64_t> low, high;
   JsonFields none;
   std::string json = "[";
@@ -44,7 +35,7 @@ HangReport describe_hang(const std::vector<RankStatus>& ranks, Clock::time_point
       high = std::max(high.value_or(0), p.sequence);
     }
     detail += " (" + std::string(phase_name(p.phase)) + (rank.host.empty() ? "" : " on " + rank.host) + ", still for " +
-              fixed2(stalled) + " s);";
+              fixed(stalled, 2) + " s);";
     json +=
         std::string(json.size() > 1 ? ", " : "") +
         json_object({{"rank", rank.rank},

@@ -1,18 +1,10 @@
 #include "run_summary.hpp"
 
-#include <cstdio>
 #include <sstream>
 
+#include "fixed.hpp"
+
 namespace troupe::supervisor {
-namespace {
-
-std::string fixed2(double v) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.2f", v);
-  return buffer;
-}
-
-}  // namespace
 
 std::uint64_t RunSummary::Failure::redone() const {
   if (!failed_at_step || !resumed_at_step || *failed_at_step < *resumed_at_step) return 0;
@@ -52,15 +44,15 @@ RunSummary::Totals RunSummary::close(Clock::time_point now) {
 std::string RunSummary::text(const std::string& outcome, int restarts, double total_s, int exit_code) const {
   std::ostringstream out;
   out << "summary: " << outcome << " after " << failures_.size() << " failure(s), " << restarts << " restart(s), in "
-      << fixed2(total_s) << " s (exit status " << exit_code << ")\n";
+      << fixed(total_s, 2) << " s (exit status " << exit_code << ")\n";
   for (std::size_t i = 0; i < failures_.size(); ++i) {
     const Failure& f = failures_[i];
     out << "  launch " << i << ": " << f.cause << ": " << f.detail << "\n";
     if (f.resumed_at_step)
       out << "    resumed at step " << *f.resumed_at_step << " (" << f.redone() << " step(s) redone, "
-          << fixed2(f.lost_s) << " s lost)\n";
+          << fixed(f.lost_s, 2) << " s lost)\n";
   }
-  out << "  time lost " << fixed2(totals_.lost_s) << " s, steps redone " << totals_.steps_redone;
+  out << "  time lost " << fixed(totals_.lost_s, 2) << " s, steps redone " << totals_.steps_redone;
   return out.str();
 }
 

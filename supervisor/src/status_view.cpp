@@ -3,10 +3,11 @@
 #include <algorithm>
 #include <boost/property_tree/json_parser.hpp>
 #include <boost/property_tree/ptree.hpp>
-#include <cstdio>
 #include <ctime>
 #include <filesystem>
 #include <vector>
+
+#include "fixed.hpp"
 
 namespace troupe::supervisor {
 
@@ -21,12 +22,6 @@ void clear_status(const std::string& checkpoint_dir) {
 }
 
 namespace {
-
-std::string fixed(double value, int digits) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%.*f", digits, value);
-  return text;
-}
 
 void print_row(std::ostream& out, const std::vector<std::string>& cells, const std::vector<std::size_t>& widths) {
   for (std::size_t i = 0; i < cells.size(); ++i) {
