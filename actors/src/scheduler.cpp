@@ -149,12 +149,12 @@ void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
     const auto end = Clock::now();
     const auto took = end - start - t_excluded;
     const bool fast = took < kInlineLimit;
+    start = end;
+    lane->set_fast(fast);
     if (lane->grouped()) {
       lane->set_last_call(took.count());
       if (took >= kLaneRunLimit) return redeal(std::move(lane));
     }
-    start = end;
-    lane->set_fast(fast);
     if (inline_run && !fast && threads_ > 0) break;  // the rest goes to the pool
   }
   make_ready(std::move(lane));  // calls remain and this thread still owns the actor
