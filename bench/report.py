@@ -111,12 +111,12 @@ softmax).
   processes started by `bench/run` one after the other; each round runs both, taking
   turns at going first, and the round with the median ratio is shown.
 - Target: issue 24's ">= 1.2x PyTorch eager at 1 rank", judged on the rows marked
-  `OPENBLAS_CORETYPE unset`. This machine's environment pins OpenBLAS to its AVX2
-  (Haswell) kernels; PyTorch does its products in that OpenBLAS, troupe in its own
-  AVX-512 kernel. So the area runs twice: as the environment is (rows marked
-  `=Haswell`, shown for information) and with the variable removed for both commands,
-  OpenBLAS's own choice for this CPU, which the baseline column names (it read the
-  name from the OpenBLAS that torch loaded).
+  `OPENBLAS_CORETYPE unset`. Some of these machines' environments pin OpenBLAS to its
+  AVX2 (Haswell) kernels; PyTorch does its products in that OpenBLAS, troupe in its
+  own AVX-512 kernel. Where the variable is set the area runs twice: as the
+  environment is (rows marked `=Haswell`, shown for information) and with the variable
+  removed for both commands, OpenBLAS's own choice for this CPU, which the baseline
+  column names (it read the name from the OpenBLAS that torch loaded).
 - `examples/train_gpt` end to end under mpirun: the final validation loss of its
   presets (first 90% of Moby-Dick's characters train, the rest validate) against a
   unigram model of the training text (targets: quick <= 2.0, default <= 1.60 nats per
@@ -404,12 +404,14 @@ round with the median ratio is shown.
   checked once to match cblas's to 1e-5 of its largest element before it is timed.
 - On a CPU with AVX-512, as this one, troupe's side is its own AVX-512 kernel
   (`tensor/src/host_gemm.hpp`); elsewhere it is the same cblas call plus argument
-  checks. This machine's environment sets `OPENBLAS_CORETYPE=Haswell`, which runs
-  the baseline on OpenBLAS's AVX2 kernels. So the products run twice: as the
+  checks. Some of these machines' environments set `OPENBLAS_CORETYPE=Haswell`, which
+  runs the baseline on OpenBLAS's AVX2 kernels; there the products run twice: as the
   environment is (rows marked `=Haswell`, shown for information) and with the
-  variable removed for that command alone (`unset`), where OpenBLAS picks its own
-  kernels for this CPU; the baseline column names the kernels each ran
-  (`openblas_get_corename`).
+  variable removed for that command alone, where OpenBLAS picks its own kernels for
+  this CPU. The baseline column names the kernels each ran (`openblas_get_corename`).
+  The EPYC VMs these runs get differ: with the same Cooperlake kernels, OpenBLAS's
+  1024³ product has run at 182 GFLOP/s on one and 100 on another, troupe's alike, so
+  compare ratios across runs, not rates.
 - Target: "our wrappers should cost under 5% over the library they wrap at sizes
   >= 256", read as troupe >= 0.95x OpenBLAS wherever M·N·K >= 256³, judged on the
   `unset` rows; smaller products are shown without a target.
@@ -433,9 +435,9 @@ dropping them (`set_to_none=True`).
 - One thread on both sides: `troupe::tensor::set_num_threads(1)`, which also pins
   OpenBLAS; `torch.set_num_threads(1)` plus `OPENBLAS_NUM_THREADS=1`, as Debian's
   PyTorch does its matrix products in the same OpenBLAS and leaves its pool alone.
-- The products: PyTorch's run in OpenBLAS, which this machine's environment pins to
-  its AVX2 kernels (`OPENBLAS_CORETYPE=Haswell`); troupe's f32 products run its own
-  AVX-512 kernel (the tensor area's matmul rows).
+- The products: PyTorch's run in OpenBLAS (on AVX2 kernels where the environment sets
+  `OPENBLAS_CORETYPE=Haswell`, else OpenBLAS's own choice); troupe's f32 products run
+  its own AVX-512 kernel (the tensor area's matmul rows).
 - samples/s = 64 × steps / process CPU time, the median of 5 repeats of about 0.2 s
   after 20 warm-up steps, timed the same way in both programs. They are separate
   processes, started by `bench/run` one after the other: each of 5 rounds runs both,
