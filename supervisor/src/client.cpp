@@ -252,10 +252,16 @@ std::string SupervisorClient::register_once(const Hello& hello, std::chrono::mil
   return failure;
 }
 
-void SupervisorClient::abandon() noexcept {
+void SupervisorClient::abandon(std::string_view why) noexcept {
   {
     std::lock_guard lock(mutex_);
     if (stop_) return;
+    if (!why.empty() && fd_ >= 0) {
+      try {
+        send_frame(encode(Notice{NoticeKind::error, std::string(why.substr(0, kMaxNoticeText))}));
+      } catch (...) {  // an allocation failure: the connection still closes without goodbye
+      }
+    }
     stop_ = true;
   }
   wake_.notify_all();

@@ -223,6 +223,7 @@ std::string_view notice_name(NoticeKind kind) {
   switch (kind) {
     case NoticeKind::save_failed: return "save_failed";
     case NoticeKind::started_fresh: return "started_fresh";
+    case NoticeKind::error: return "rank_error";
   }
   return "unknown";
 }

@@ -117,6 +117,7 @@ void Supervisor::Impl::launch() {
   }
   local_.begin_launch(np, job_->pid());
   said_unwatched_ = false;
+  rank_errors_.clear();
   std::string line;
   for (const auto& a : command) line += (line.empty() ? "" : " ") + a;
   events_->write("launch",

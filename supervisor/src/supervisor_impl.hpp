@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -164,6 +165,9 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::unique_ptr<Job> job_;
   LocalRanks local_{io_};        // this host's ranks, through pidfds
   bool said_unwatched_ = false;  // a rank of this launch was not watched, and we said why
+  // The errors this launch's ranks said they fail with (NoticeKind::error), by rank:
+  // a lost rank's failure quotes its own.
+  std::map<int, std::string> rank_errors_;
 
   State state_ = State::running;
   int restart_ = 0;

@@ -33,10 +33,13 @@ void Supervisor::Impl::on_rank_lost(const RankStatus& rank, const std::string& r
       ranks_exited();
     return;
   }
+  const auto error = rank_errors_.find(rank.rank);
+  JsonFields fields = {{"rank", rank.rank}};
+  if (error != rank_errors_.end()) fields.emplace_back("error", error->second);
   fail("rank_lost",
        "rank " + std::to_string(rank.rank) + " (pid " + std::to_string(rank.pid) + " on " + rank.host + "): " + reason +
-           at_step(rank),
-       {{"rank", rank.rank}}, Blame::on(rank.host));
+           at_step(rank) + (error != rank_errors_.end() ? ", failing with: " + error->second : ""),
+       std::move(fields), Blame::on(rank.host));
 }
 
 // Every refusal is counted; only so many are written out (refusal_limiter.hpp), the
@@ -55,6 +58,7 @@ void Supervisor::Impl::on_notice(const RankStatus& rank, const Notice& notice) {
   say("rank " + std::to_string(rank.rank) + " on " + rank.host + ": " + notice.text);
   events_->write(std::string(notice_name(notice.kind)),
                  {{"restart", restart_}, {"rank", rank.rank}, {"host", rank.host}, {"text", notice.text}});
+  if (notice.kind == NoticeKind::error) rank_errors_[rank.rank] = notice.text;
   if (notice.kind == NoticeKind::save_failed) {
     ++save_failures_;
     ++save_failures_total_;

@@ -310,6 +310,7 @@ TEST(Protocol, ANoticeSurvivesARoundTripAndABadOneIsRefused) {
   EXPECT_EQ(back.text, notice.text);
   EXPECT_EQ(sv::kind_name(sv::Message(notice)), "notice");
   EXPECT_EQ(sv::notice_name(sv::NoticeKind::started_fresh), "started_fresh");
+  EXPECT_EQ(sv::notice_name(sv::NoticeKind::error), "rank_error");
   // Long text is cut to the limit on the way out, so a frame always fits.
   const auto cut = std::get<sv::Notice>(round_trip(sv::Notice{sv::NoticeKind::save_failed, std::string(5000, 'x')}));
   EXPECT_EQ(cut.text.size(), sv::kMaxNoticeText);

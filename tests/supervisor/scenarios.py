@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 STEPS, SAVE_EVERY, STEP_MS, NP = 30, 5, 20, 2
-PROTOCOL_VERSION = 5  # supervisor/include/troupe/supervisor/protocol.hpp, kProtocolVersion
+PROTOCOL_VERSION = 6  # supervisor/include/troupe/supervisor/protocol.hpp, kProtocolVersion
 # Short timeouts keep the tests quick; the hang test relies on the heartbeat interval
 # (heartbeat timeout / 5 = 0.4 s) being well under the hang timeout.
 FAST = ["--backoff", "0", "--grace", "1", "--heartbeat-timeout", "2", "--hang-timeout", "5"]
@@ -178,6 +178,8 @@ def throw(args, check: Check) -> None:
     failures = run.of("failure")
     check(len(failures) == 1 and failures[0]["cause"] == "rank_lost" and failures[0]["rank"] == 0,
           f"an exception escaping on rank 0 is a lost rank, seen without waiting for mpirun: {failures}")
+    check(len(failures) == 1 and failures[0].get("error", "").startswith("injected fault (TROUPE_FAULT) on rank 0"),
+          f"the failure quotes the rank's error: {failures}")
     finished_like_a_clean_run(run, check, restarts=1, resumed_at=5)
 
 
@@ -479,10 +481,16 @@ def bad_flags(args, check: Check) -> None:
           f"an unarmed TROUPE_FAULT is ignored with a warning (exit {p.returncode}): {p.stderr}")
     env = dict(os.environ, TROUPE_FAULT="rank=1,step=oops,kind=crash", TROUPE_FAULT_ARMED="1")
     d = Path(args.workdir) / "bad_fault"
+    shutil.rmtree(d, ignore_errors=True)  # a workdir kept from an earlier run holds its events
     p = subprocess.run([args.troupe_run, "-np", "2", "--max-restarts", "0", "--checkpoint-dir", str(d), "--backoff", "0",
                         "--", args.trainer, "--steps", "3"], capture_output=True, text=True, env=env, timeout=30)
     check(p.returncode == 1 and "TROUPE_FAULT='rank=1,step=oops,kind=crash': step='oops'" in p.stderr,
           f"a malformed TROUPE_FAULT is named by the ranks and the job fails (exit {p.returncode}): {p.stderr}")
+    events = [json.loads(line) for line in (d / "troupe-run-events.jsonl").read_text().splitlines()]
+    failures = [e for e in events if e["event"] == "failure"]
+    check(len(failures) == 1 and "step='oops'" in failures[0].get("error", "")
+          and "failing with: TROUPE_FAULT=" in failures[0]["detail"],
+          f"the failure quotes the error the rank sent before it dropped its connection: {failures}")
 
 
 def slow_save(args, check: Check) -> None:

@@ -136,10 +136,11 @@ int main(int argc, char** argv) {
     train(mpi, args, run, client.get());
     return 0;
   } catch (const std::exception& e) {
-    // Print first, then drop the connection without goodbye: troupe-run stops the job
-    // at once (the other ranks are stuck in a collective) and the message is not lost.
+    // Drop the connection without goodbye, naming the error: troupe-run stops the job at
+    // once (the other ranks are stuck in a collective) and quotes it. mpirun's copy of
+    // this stderr can be cut off when the job is stopped.
     std::cerr << "toy_trainer: rank " << mpi.rank() << ": " << e.what() << std::endl;
-    if (client) client->abandon();
+    if (client) client->abandon(e.what());
     return 1;
   }
 }

@@ -44,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -114,8 +115,10 @@ class SupervisorClient {
   // Stops heartbeating, sends Goodbye and closes: the rank is ending on purpose.
   // Idempotent; never throws.
   void close() noexcept;
-  // Closes without goodbye: troupe-run treats this rank as failed right away.
-  void abandon() noexcept;
+  // Closes without goodbye: troupe-run treats this rank as failed right away. A
+  // non-empty `why` (the error the rank fails with) goes first as a Notice, and the
+  // failure troupe-run reports quotes it.
+  void abandon(std::string_view why = {}) noexcept;
 
   // Writes this rank's crash dump (crash_dump_path: the header says which signal, at
   // which address, on which thread). Called by the crash handler the first client with

@@ -24,8 +24,9 @@
 
 namespace troupe::supervisor {
 
-// 2: heartbeats carry a phase; 3: and work time; 4: notices; 5: dump requests
-inline constexpr std::uint16_t kProtocolVersion = 5;
+// 2: heartbeats carry a phase; 3: and work time; 4: notices; 5: dump requests;
+// 6: a rank's error notice
+inline constexpr std::uint16_t kProtocolVersion = 6;
 // Largest payload either side accepts. A Hello with a 255-byte host name fits easily.
 inline constexpr std::uint32_t kMaxPayload = 1024;
 inline constexpr std::size_t kFrameHeader = 4;
@@ -105,10 +106,12 @@ struct Stop {};
 // SIGUSR1 to troupe-run): the rank writes them to its dump file (client.hpp).
 struct Dump {};
 
-// Something a rank wants in troupe-run's log that is not a fault of the rank itself:
-// a checkpoint save that failed (with its errno and path), a fresh start it was asked for.
-enum class NoticeKind : std::uint8_t { save_failed = 1, started_fresh = 2 };
-inline constexpr int kNoticeKinds = 2;
+// Something a rank wants in troupe-run's log: a checkpoint save that failed (with its
+// errno and path), a fresh start it was asked for, or the error the rank is failing
+// with, sent just before it drops the connection (SupervisorClient::abandon), so the
+// failure names its cause even when mpirun's copy of the rank's stderr is lost.
+enum class NoticeKind : std::uint8_t { save_failed = 1, started_fresh = 2, error = 3 };
+inline constexpr int kNoticeKinds = 3;
 std::string_view notice_name(NoticeKind kind);
 // At most kMaxNoticeText bytes of text travel; the rest is cut.
 inline constexpr std::size_t kMaxNoticeText = 700;
