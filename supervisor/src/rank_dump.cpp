@@ -35,17 +35,32 @@ std::string crash_dump_path(const std::string& checkpoint_dir, int rank) {
 namespace {
 
 // Runs `argv` with stdout and stderr appended to `path`; kills it after `timeout`.
+// The tracer is held back until this thread is past posix_spawn: `argv` runs through
+// `sh`, which execs it only once it reads a line this thread writes after the spawn
+// returns. Otherwise a tracer that starts fast (eu-stack) can stop this thread right
+// after its clone3 syscall, where glibc's unwind tables end the stack, and the dump
+// loses the frames it is for: the crashing thread's.
 std::string run_into(const std::vector<std::string>& argv, const std::string& path, std::chrono::milliseconds timeout) {
+  int go[2];
+  if (::pipe2(go, O_CLOEXEC) != 0) return std::string("pipe: ") + std::strerror(errno);
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, go[0], 0);
   posix_spawn_file_actions_addopen(&actions, 1, path.c_str(), O_WRONLY | O_APPEND, 0);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  std::vector<std::string> shell = {"/bin/sh", "-c", "read -r _; exec \"$0\" \"$@\" </dev/null"};
+  shell.insert(shell.end(), argv.begin(), argv.end());
   std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const auto& a : shell) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   pid_t child = -1;
-  const int error = posix_spawnp(&child, args[0], &actions, nullptr, args.data(), environ);
+  const int error = posix_spawn(&child, args[0], &actions, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
+  ::close(go[0]);
+  if (error == 0) {
+    [[maybe_unused]] const ssize_t written = ::write(go[1], "\n", 1);
+  }
+  ::close(go[1]);
   if (error != 0) return argv[0] + ": " + std::strerror(error);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
@@ -57,6 +72,7 @@ std::string run_into(const std::vector<std::string>& argv, const std::string& pa
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 127) return argv[0] + ": not found or not runnable";
   return {};
 }
 

@@ -556,12 +556,8 @@ def crash_dump(args, check: Check) -> None:
     check(len(failures) == 1, f"one failure: {failures}")
     crashes = failures[0].get("crashes", [])
     text = (run.ckpt / "troupe-run-dumps" / "crash-rank-1.txt").read_text()
-    # The frames are eu-stack's. When it samples the crashing thread still inside
-    # posix_spawn's clone3 (the spawn of eu-stack itself), it cannot unwind it; under
-    # ASan on a busy machine that happened in 1 run of 5. Then there is nothing to name.
-    unwound = "FaultInjector::fire" in text
     check(len(crashes) == 1 and crashes[0].startswith("rank 1 crashed: SIGSEGV (address 0x")
-          and ("FaultInjector::fire" in crashes[0] or not unwound) and "crash-rank-1.txt" in crashes[0],
+          and "FaultInjector::fire" in crashes[0] and "crash-rank-1.txt" in crashes[0],
           f"the failure names the signal, the crashing frames and the file: {crashes}")
     check("rank 1 crashed: SIGSEGV" in failures[0]["detail"], "and so does its detail")
     check("troupe: rank 1 crashed with SIGSEGV" in run.stderr, "the rank said so as it went")
