@@ -13,7 +13,7 @@ std::shared_ptr<Lane> Scheduler::lane_for(const std::shared_ptr<ActorCellBase>& 
   const std::int64_t budget = Clock::duration(kLaneQueueBudget).count();
   const std::int64_t run_limit = Clock::duration(kLaneRunLimit).count();
   std::int64_t now = 0;  // read only if a lane is running a call
-  std::uint32_t pick = range.first + cell->next_lane() % range.count;
+  std::uint32_t pick = range.first + range.count;
   for (std::uint32_t i = range.first; i < range.first + range.count; ++i) {
     const Lane& lane = cell->lane(i);
     const bool running = lane.running_method_.load(std::memory_order_relaxed) != Lane::kIdle;
@@ -27,6 +27,9 @@ std::shared_ptr<Lane> Scheduler::lane_for(const std::shared_ptr<ActorCellBase>& 
     pick = i;
     break;
   }
+  // No lane qualifies: round robin. Only here, as the counter is one atomic that every
+  // sender to the actor would otherwise write.
+  if (pick == range.first + range.count) pick = range.first + cell->next_lane() % range.count;
   Lane& lane = cell->lane(pick);
   lane.count_posted();
   return std::shared_ptr<Lane>(cell, &lane);
