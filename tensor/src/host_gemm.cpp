@@ -75,16 +75,15 @@ TROUPE_AVX512 inline __mmask16 first_lanes(i64 count) {
 }
 
 // GCC 12's shuffle intrinsics pass _mm512_undefined_ps(), a self-initialised
-// variable that -Wuninitialized flags wherever they inline.
+// variable that -W(maybe-)uninitialized flags wherever they inline.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// out[c ldo + r] = in[r ldi + c] for r, c < 16: unpack pairs of rows, then 64- and
+// r[c][i] = in[i][c] for i, c < 16, in registers: unpack pairs of rows, then 64- and
 // 128-bit lanes, then halves (the usual three-stage 16 x 16 float transpose).
-TROUPE_AVX512 inline void transpose16(const float* in, i64 ldi, float* out, i64 ldo) {
-  __m512 r[16], t[16];
-#pragma GCC unroll 16
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * ldi);
+TROUPE_AVX512 inline void transpose16_in_registers(__m512 r[16]) {
+  __m512 t[16];
 #pragma GCC unroll 8
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
@@ -109,6 +108,14 @@ TROUPE_AVX512 inline void transpose16(const float* in, i64 ldi, float* out, i64 
     r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
     r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xDD);
   }
+}
+
+// out[c ldo + r] = in[r ldi + c] for r, c < 16.
+TROUPE_AVX512 inline void transpose16(const float* in, i64 ldi, float* out, i64 ldo) {
+  __m512 r[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(in + i * ldi);
+  transpose16_in_registers(r);
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + i * ldo, r[i]);
 }
@@ -166,13 +173,40 @@ TROUPE_AVX512 void pack_a(bool ta, const float* a, i64 lda, i64 i0, i64 mc, i64 
     } else {  // a is [m, k]: reading kMr rows side by side writes the panel in order
       const float* rows = a + (i0 + ip) * lda + k0;
       if (valid == kMr) {
-        for (i64 k = 0; k < kc; ++k)
+        // 16 k-steps at a time as a 16 x 16 transpose of the kMr rows and 4 of zeros.
+        i64 k = 0;
+        for (; k + 16 <= kc; k += 16) {
+          __m512 r[16];
+#pragma GCC unroll 12
+          for (int i = 0; i < kMr; ++i) r[i] = _mm512_loadu_ps(rows + i * lda + k);
+          for (int i = kMr; i < 16; ++i) r[i] = _mm512_setzero_ps();
+          transpose16_in_registers(r);
+#pragma GCC unroll 16
+          for (int kk = 0; kk < 16; ++kk) _mm512_mask_storeu_ps(panel + (k + kk) * kMr, first_lanes(kMr), r[kk]);
+        }
+        for (; k < kc; ++k)
 #pragma GCC unroll 12
           for (i64 i = 0; i < kMr; ++i) panel[k * kMr + i] = rows[i * lda + k];
       } else {
         for (i64 k = 0; k < kc; ++k)
           for (i64 i = 0; i < valid; ++i) panel[k * kMr + i] = rows[i * lda + k];
       }
+    }
+  }
+}
+
+// acc[i][h] = the sum over k < kc of rows[k kMr + i] x lanes[k kNr + 16 h ..], from
+// zero, one FMA a product in k order: every tile's arithmetic.
+TROUPE_AVX512 inline void accumulate(i64 kc, const float* rows, const float* lanes, __m512 (&acc)[kMr][2]) {
+#pragma GCC unroll 12
+  for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (i64 k = 0; k < kc; ++k) {
+    const __m512 l0 = _mm512_load_ps(lanes + k * kNr), l1 = _mm512_load_ps(lanes + k * kNr + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < kMr; ++i) {
+      const __m512 x = _mm512_set1_ps(rows[k * kMr + i]);
+      acc[i][0] = _mm512_fmadd_ps(x, l0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(x, l1, acc[i][1]);
     }
   }
 }
@@ -190,17 +224,7 @@ TROUPE_AVX512 void tile(i64 kc, const float* ap, const float* bp, float* c, i64 
       _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + 16), _MM_HINT_T0);
     }
-#pragma GCC unroll 12
-  for (int i = 0; i < kMr; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  for (i64 k = 0; k < kc; ++k) {
-    const __m512 b0 = _mm512_load_ps(bp + k * kNr), b1 = _mm512_load_ps(bp + k * kNr + 16);
-#pragma GCC unroll 12
-    for (int i = 0; i < kMr; ++i) {
-      const __m512 x = _mm512_set1_ps(ap[k * kMr + i]);
-      acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
-    }
-  }
+  accumulate(kc, ap, bp, acc);
   const __mmask16 m0 = first_lanes(cols), m1 = first_lanes(cols - 16);
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
 #pragma GCC unroll 12
@@ -225,6 +249,69 @@ TROUPE_AVX512 void tile(i64 kc, const float* ap, const float* bp, float* c, i64 
   }
 }
 
+// A product of few rows by a transposed b (a Linear's forward: x W^T over a small
+// batch) runs with the roles of the operands swapped: b's rows are packed as a's
+// panels are, and a's rows, transposed, as b's, so that the 16 lanes of a register run
+// over rows of a and c's tile is stored transposed. The large operand is then packed
+// a 12-row panel at a time, used from L1 at once, where the usual order packs a block
+// of b (3 MB at k 256) that falls out of L2 before its tiles read it, and pads a batch
+// of 32 rows to three 12-row panels. Each element of c is the same chain of FMAs, with
+// the same k-blocks and epilogue, so its bits are those of the usual order.
+constexpr i64 kSwapRows = 64;  // up to this many rows of op(a)
+
+// c[0 .. cols, 0 .. rows] (transposed) from a tile of kMr rows of b x kNr rows of a.
+TROUPE_AVX512 void tile_swapped(i64 kc, const float* bp, const float* ap, float* c, i64 ldc, i64 rows, i64 cols,
+                                float alpha, float beta, bool first) {
+  __m512 acc[kMr][2];
+  accumulate(kc, bp, ap, acc);
+  // acc[j][h] holds c[16 h .. 16 h + 16, j]: through a 16 x 32 buffer and two
+  // transposes, row i of c's tile becomes 16 contiguous floats (kMr of them used).
+  alignas(64) float sums[16][kNr];
+  alignas(64) float rows_of_c[kNr][16];
+#pragma GCC unroll 12
+  for (int j = 0; j < kMr; ++j) {
+    _mm512_store_ps(sums[j], acc[j][0]);
+    _mm512_store_ps(sums[j] + 16, acc[j][1]);
+  }
+  for (int j = kMr; j < 16; ++j) {
+    _mm512_store_ps(sums[j], _mm512_setzero_ps());
+    _mm512_store_ps(sums[j] + 16, _mm512_setzero_ps());
+  }
+  transpose16(&sums[0][0], kNr, &rows_of_c[0][0], 16);
+  transpose16(&sums[0][16], kNr, &rows_of_c[16][0], 16);
+  const __mmask16 mask = first_lanes(rows);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  for (i64 i = 0; i < cols; ++i) {
+    float* row = c + i * ldc;
+    __m512 r = _mm512_mul_ps(va, _mm512_load_ps(rows_of_c[i]));
+    if (!first)
+      r = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, row), r);
+    else if (beta != 0)  // with beta 0, c is not read (it may hold NaNs)
+      r = _mm512_add_ps(_mm512_mul_ps(vb, _mm512_maskz_loadu_ps(mask, row)), r);
+    _mm512_mask_storeu_ps(row, mask, r);
+  }
+}
+
+// c = alpha a b^T + beta c with a [m, k], m <= kSwapRows, b [n, k] (the order above).
+TROUPE_AVX512 void sgemm_avx512_swapped(i64 m, i64 n, i64 k, float alpha, const float* a, i64 lda, const float* b,
+                                        i64 ldb, float beta, float* c, i64 ldc) {
+  thread_local Scratch scratch;
+  const i64 a_floats = kKc * ((m + kNr - 1) / kNr * kNr);
+  float* const a_pack = scratch.get(a_floats + kKc * kMr);
+  float* const b_pack = a_pack + a_floats;
+  for (i64 k0 = 0; k0 < k; k0 += kKc) {
+    const i64 kc = std::min(kKc, k - k0);
+    pack_b(true, a, lda, k0, kc, 0, m, a_pack);  // a^T in panels of kNr of a's rows
+    for (i64 j0 = 0; j0 < n; j0 += kMr) {
+      const i64 rows = std::min(kMr, n - j0);
+      pack_a(false, b, ldb, j0, rows, k0, kc, b_pack);  // kMr of b's rows
+      for (i64 i0 = 0; i0 < m; i0 += kNr)
+        tile_swapped(kc, b_pack, a_pack + i0 * kc, c + i0 * ldc + j0, ldc, rows, std::min(kNr, m - i0), alpha, beta,
+                     k0 == 0);
+    }
+  }
+}
+
 // Whether a product streams its stores (kStreamBytes): decided for the whole product,
 // before any split into threads' bands.
 bool streams(i64 m, i64 n, i64 k, float beta) {
@@ -233,6 +320,7 @@ bool streams(i64 m, i64 n, i64 k, float beta) {
 
 TROUPE_AVX512 void sgemm_avx512(bool ta, bool tb, i64 m, i64 n, i64 k, float alpha, const float* a, i64 lda,
                                 const float* b, i64 ldb, float beta, float* c, i64 ldc, bool stream) {
+  if (!ta && tb && m <= kSwapRows) return sgemm_avx512_swapped(m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   thread_local Scratch scratch;
   const i64 b_floats = kKc * ((std::min(kNc, n) + kNr - 1) / kNr * kNr);
   const i64 a_floats = kKc * ((std::min(kMc, m) + kMr - 1) / kMr * kMr);

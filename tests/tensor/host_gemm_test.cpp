@@ -172,6 +172,27 @@ TEST(HostGemm, AProductLargerThanTheCacheStreamsItsStoresWithTheSameBits) {
     }
 }
 
+// Up to 64 rows of a times a transposed b (a Linear's forward over a small batch) run
+// in another order (host_gemm.cpp): the same bits as rows of a larger product, for any
+// alpha and beta, and with beta 0, c is not read.
+TEST(HostGemm, FewRowsTimesATransposedBGiveTheBitsOfManyRows) {
+  if (!host_gemm_available(HostGemm::avx512)) GTEST_SKIP() << "this CPU does not run AVX-512";
+  const Case whole{150, 70, 600, false, true};
+  const Operands x(whole, 3, 31);
+  for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, {-0.7f, 0.3f}}) {
+    const std::vector<float> all = x.run(HostGemm::avx512, alpha, beta);
+    for (const auto& [r0, rows] : {std::pair<std::int64_t, std::int64_t>{0, 1}, {17, 29}, {80, 64}}) {
+      std::vector<float> part(x.c.begin() + r0 * x.ldc, x.c.begin() + (r0 + rows) * x.ldc);
+      if (beta == 0) std::fill(part.begin(), part.end(), std::numeric_limits<float>::quiet_NaN());
+      sgemm(false, true, rows, whole.n, whole.k, alpha, x.a.data() + r0 * x.lda, x.lda, x.b.data(), x.ldb, beta,
+            part.data(), x.ldc, HostGemm::avx512);
+      for (std::int64_t i = 0; i < rows; ++i)
+        ASSERT_EQ(std::memcmp(part.data() + i * x.ldc, all.data() + (r0 + i) * x.ldc, whole.n * sizeof(float)), 0)
+            << "row " << r0 + i << " of a slice of " << rows << ", alpha " << alpha << " beta " << beta;
+    }
+  }
+}
+
 TEST(HostGemm, BetaZeroIgnoresWhatCHeldAndAnEmptyProductScales) {
   for (const HostGemm which : {HostGemm::blas, HostGemm::avx512}) {
     if (!host_gemm_available(which)) continue;
