@@ -4,8 +4,8 @@
 # from its last mid-epoch checkpoint -- ends bit for bit where a run that never failed
 # ends: the same parameter hash, and `troupe-ckpt diff` of the two final checkpoints
 # says identical (model and optimizer state). The same after rank 0 is killed in the
-# middle of writing a checkpoint (the resume uses the one before) and after a hang of
-# rank 0. Then a
+# middle of writing a checkpoint (the resume uses the one before), after a hang of
+# rank 0 and after an exception on rank 1. Then a
 # plain restart with the same folder resumes by itself (no troupe-run), and a fault on
 # every launch gives up.
 #
@@ -63,6 +63,16 @@ grep -E 'failure|resumed|hash' "$work/hang.log"
 grep -q "failure (hang).*rank 0 at step 30" "$work/hang.log" || { cat "$work/hang.log"; echo "FAIL: the hang was not reported"; exit 1; }
 hang_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/hang.log")
 [[ "$hang_hash" == "$ref_hash" ]] || { echo "FAIL: $hang_hash after the hang, $ref_hash without"; exit 1; }
+
+echo "== rank 1 throws at step 30: a lost rank quoting the error, seen at once (not a hang); same result"
+TROUPE_FAULT_ARMED=1 TROUPE_FAULT=rank=1,step=30,kind=throw,restart=0 \
+  "$troupe_run" -np 2 --max-restarts 2 --hang-timeout 60 --checkpoint-dir "$work/throw" --backoff 0 "$@" -- \
+  "$train" "${common[@]}" > "$work/throw.log" 2>&1 || { cat "$work/throw.log"; exit 1; }
+grep -E 'failure|resumed|hash' "$work/throw.log"
+grep -q "failure (rank_lost): rank 1 .*failing with: injected fault (TROUPE_FAULT) on rank 1 at step 30" \
+  "$work/throw.log" || { cat "$work/throw.log"; echo "FAIL: the exception was not reported as the cause"; exit 1; }
+throw_hash=$(grep -o 'parameters hash [0-9a-f]*' "$work/throw.log")
+[[ "$throw_hash" == "$ref_hash" ]] || { echo "FAIL: $throw_hash after the exception, $ref_hash without"; exit 1; }
 
 echo "== started again with the same folder, without troupe-run: resumes, trains one more epoch"
 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \

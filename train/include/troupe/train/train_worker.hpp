@@ -65,37 +65,55 @@ class TrainWorker {
   // Restores the newest valid checkpoint of checkpoint_dir (every rank reads the same
   // file), so that train_epoch(state().epoch) goes on from the step after it. Returns
   // the state afterwards; step 0 when there was nothing to resume from.
-  WorkerState resume() { return core_.resume(); }
+  WorkerState resume() {
+    return core_.collective([&] { return core_.resume(); });
+  }
   // Starts a checkpoint of the current state: in ddp mode rank 0 writes it in the
   // background; in the sharded modes every rank writes its own pieces into the one file
   // (the parallel save, synchronous; nothing gathered). Ask every worker.
-  void save_checkpoint() { core_.save_checkpoint(); }
+  void save_checkpoint() {
+    core_.collective([&] { core_.save_checkpoint(); });
+  }
   // Trains one epoch (or the rest of it, after a restore into the same epoch).
-  EpochResult train_epoch(std::int64_t epoch) { return core_.train_epoch(epoch); }
+  EpochResult train_epoch(std::int64_t epoch) {
+    return core_.collective([&] { return core_.train_epoch(epoch); });
+  }
   // Trains `steps` more optimizer steps from where training stands, going on into the
   // next epoch (reshuffled) whenever the sampler runs out: the step-counted loop of
   // language-model trainers, with an evaluation every so many steps between calls.
   // result.epoch is the epoch it ended in.
-  EpochResult train_steps(std::int64_t steps) { return core_.train_steps(steps); }
+  EpochResult train_steps(std::int64_t steps) {
+    return core_.collective([&] { return core_.train_steps(steps); });
+  }
   // This rank's strided share of the test set (no padding: every sample once overall),
   // or of its first eval_samples.
-  EvalResult evaluate() { return core_.evaluate(); }
+  EvalResult evaluate() {
+    return core_.collective([&] { return core_.evaluate(); });
+  }
   // Answers while any other call runs (the "control" group): where this worker is.
   WorkerStatus status() const { return core_.status(); }
   // In tensor-parallel mode a collective (the hash covers every rank's part): ask every worker.
-  WorkerState state() { return core_.state(); }
+  WorkerState state() {
+    return core_.collective([&] { return core_.state(); });
+  }
   // The driver's value of the best-model metric for the current parameters: keeps a
   // copy (and writes the file) when it is the best so far. Returns whether it was.
   // Only rank 0's worker need be asked; the parameters are the same everywhere. In
   // zero2 and fsdp modes ask every worker (the model is gathered): rank 0's answer counts.
-  bool offer_best(double value, std::int64_t step) { return core_.offer_best(value, step); }
+  bool offer_best(double value, std::int64_t step) {
+    return core_.collective([&] { return core_.offer_best(value, step); });
+  }
   // The model's full state dict (the f32 master weights in bf16 mode), for the driver
   // to sample from or export. In zero2 and fsdp modes it is gathered, a collective: ask
   // every worker; rank 0's answer holds it, the others' are empty.
-  std::vector<std::pair<std::string, Tensor>> model_state() { return core_.model_state(); }
+  std::vector<std::pair<std::string, Tensor>> model_state() {
+    return core_.collective([&] { return core_.model_state(); });
+  }
   // Releases the communicator and the model; later calls fail. Every worker must be
   // stopped together (the communicator's release is collective).
-  void stop() { core_.stop(); }
+  void stop() {
+    core_.collective([&] { core_.stop(); });
+  }
 
   // For code on this rank (a checkpoint writer): everything to save and restore.
   TrainingState& training_state() { return core_.training_state(); }
@@ -109,7 +127,8 @@ class TrainWorker {
       actors::methods<&TrainWorker::train_epoch, &TrainWorker::train_steps, &TrainWorker::evaluate, &TrainWorker::state,
                       &TrainWorker::offer_best, &TrainWorker::model_state, &TrainWorker::stop, &TrainWorker::resume,
                       &TrainWorker::save_checkpoint, &TrainWorker::status>;
-  // Each may run a collective in some mode (see above): cancel() and deadlines refuse them.
+  // Each may run a collective in some mode (see above): cancel() and deadlines refuse them,
+  // and each runs through core_.collective (an exception stops the job under troupe-run).
   static constexpr auto troupe_collective =
       actors::methods<&TrainWorker::train_epoch, &TrainWorker::train_steps, &TrainWorker::evaluate, &TrainWorker::state,
                       &TrainWorker::offer_best, &TrainWorker::model_state, &TrainWorker::stop, &TrainWorker::resume,

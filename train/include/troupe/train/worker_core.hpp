@@ -79,6 +79,20 @@ class WorkerCore {
   std::vector<std::pair<std::string, Tensor>> model_state();
   void stop();
 
+  // Runs one of the collective calls above. An exception escaping it leaves this
+  // rank's peers in collectives it will not enter; under troupe-run the rank first
+  // drops its connection naming the error, so the job stops at once, not after the
+  // hang timeout, and the failure quotes the cause (SupervisorClient::abandon).
+  template <class Call>
+  decltype(auto) collective(Call&& call) {
+    try {
+      return std::forward<Call>(call)();
+    } catch (const std::exception& e) {
+      if (supervisor_) supervisor_->abandon(e.what());
+      throw;
+    }
+  }
+
   TrainingState& training_state();
   nn::Module& model() { return *model_; }
   Sharding sharding() const { return sharding_; }
