@@ -166,31 +166,22 @@ TROUPE_AVX512 void pack_a(bool ta, const float* a, i64 lda, i64 i0, i64 mc, i64 
     float* panel = out + ip * kc;
     if (valid < kMr) std::memset(panel, 0, static_cast<std::size_t>(kMr * kc) * sizeof(float));
     if (ta) {  // a is [k, m]: a row of a gives one column of the panel
-      for (i64 k = 0; k < kc; ++k) {
-        const float* row = a + (k0 + k) * lda + i0 + ip;
-        for (i64 i = 0; i < valid; ++i) panel[k * kMr + i] = row[i];
-      }
+      for (i64 k = 0; k < kc; ++k)
+        _mm512_mask_storeu_ps(panel + k * kMr, first_lanes(kMr),
+                              _mm512_maskz_loadu_ps(first_lanes(valid), a + (k0 + k) * lda + i0 + ip));
     } else {  // a is [m, k]: reading kMr rows side by side writes the panel in order
       const float* rows = a + (i0 + ip) * lda + k0;
-      if (valid == kMr) {
-        // 16 k-steps at a time as a 16 x 16 transpose of the kMr rows and 4 of zeros.
-        i64 k = 0;
-        for (; k + 16 <= kc; k += 16) {
-          __m512 r[16];
-#pragma GCC unroll 12
-          for (int i = 0; i < kMr; ++i) r[i] = _mm512_loadu_ps(rows + i * lda + k);
-          for (int i = kMr; i < 16; ++i) r[i] = _mm512_setzero_ps();
-          transpose16_in_registers(r);
+      // 16 k-steps at a time as a 16 x 16 transpose of the valid rows and zeros.
+      i64 k = 0;
+      for (; k + 16 <= kc; k += 16) {
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = i < valid ? _mm512_loadu_ps(rows + i * lda + k) : _mm512_setzero_ps();
+        transpose16_in_registers(r);
 #pragma GCC unroll 16
-          for (int kk = 0; kk < 16; ++kk) _mm512_mask_storeu_ps(panel + (k + kk) * kMr, first_lanes(kMr), r[kk]);
-        }
-        for (; k < kc; ++k)
-#pragma GCC unroll 12
-          for (i64 i = 0; i < kMr; ++i) panel[k * kMr + i] = rows[i * lda + k];
-      } else {
-        for (i64 k = 0; k < kc; ++k)
-          for (i64 i = 0; i < valid; ++i) panel[k * kMr + i] = rows[i * lda + k];
+        for (int kk = 0; kk < 16; ++kk) _mm512_mask_storeu_ps(panel + (k + kk) * kMr, first_lanes(kMr), r[kk]);
       }
+      for (; k < kc; ++k)
+        for (i64 i = 0; i < valid; ++i) panel[k * kMr + i] = rows[i * lda + k];
     }
   }
 }
