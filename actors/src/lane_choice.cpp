@@ -21,8 +21,9 @@ std::shared_ptr<Lane> Scheduler::lane_for(const std::shared_ptr<ActorCellBase>& 
       if (now == 0) now = Clock::now().time_since_epoch().count();
       if (now - lane.running_since_ticks_.load(std::memory_order_relaxed) > run_limit) continue;
     }
-    // The calls ahead of this one, each taken to last as long as the lane's last call.
-    const std::int64_t ahead = lane.backlog() + (running ? 1 : 0);
+    // The calls ahead of this one (the backlog counts a running call), each taken to
+    // last as long as the lane's last call.
+    const std::int64_t ahead = lane.backlog();
     if (ahead > 0 && ahead * lane.last_call_ticks() >= budget) continue;
     pick = i;
     break;

@@ -133,7 +133,6 @@ void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
   for (int i = 0; i < kThroughput; ++i) {
     std::unique_ptr<Call> call = lane->mailbox().pop();
     if (!call) return;  // idle again; a later post() schedules it anew
-    if (lane->grouped()) lane->count_taken();
     const bool watched = inline_run && threads_ > 0;
     if (watched) {
       inline_since_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
@@ -145,6 +144,9 @@ void Scheduler::drain(std::shared_ptr<Lane> lane, bool inline_run) {
     t_excluded = Clock::duration::zero();
     lane->running_since_ticks_.store(start.time_since_epoch().count(), std::memory_order_relaxed);
     execute_(*lane, std::move(call));
+    // Counted once it is done, not when popped: in between, the lane would look idle
+    // and empty to lane_for, which could queue a call behind one about to run long.
+    if (lane->grouped()) lane->count_taken();
     if (watched) inline_since_.store(0, std::memory_order_relaxed);
     const auto end = Clock::now();
     const auto took = end - start - t_excluded;

@@ -58,8 +58,9 @@ class Lane {
   }
   void count_posted() { posted_.fetch_add(1, std::memory_order_relaxed); }
   void count_taken() { taken_.store(taken_.load(std::memory_order_relaxed) + 1, std::memory_order_release); }
-  // Calls posted, not yet taken by the runner; never below the true count (taken is
-  // read first, and nothing is taken before it was posted).
+  // Calls posted and not yet done (queued or running; a redeal's calls leave at once);
+  // never below the true count (taken is read first, and nothing is taken before it
+  // was posted).
   std::int64_t backlog() const {
     const std::uint64_t taken = taken_.load(std::memory_order_acquire);
     return static_cast<std::int64_t>(posted_.load(std::memory_order_acquire) - taken);
