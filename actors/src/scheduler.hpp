@@ -69,9 +69,10 @@ class Scheduler {
   // The lane a call of `method` goes to, as a pointer that keeps `cell` alive. In a
   // concurrency group: the first lane with less than kLaneQueueBudget of work queued
   // (its backlog times its last call's time) that is not kLaneRunLimit into a call,
-  // else the next in turn. So short calls share one lane, drained in turns of
-  // kThroughput by one thread, and the group's other lanes fill only when work piles
-  // up or a call runs long (see docs/ACTORS.md, concurrency groups).
+  // else the least loaded of those not that far into a call (ties in turn). So short
+  // calls share one lane, drained in turns of kThroughput by one thread, and the
+  // group's other lanes fill only when work piles up or a call runs long (see
+  // docs/ACTORS.md, concurrency groups).
   static std::shared_ptr<Lane> lane_for(const std::shared_ptr<ActorCellBase>& cell, std::uint32_t method);
   static constexpr std::chrono::milliseconds kLaneQueueBudget{10};
   static constexpr std::chrono::milliseconds kLaneRunLimit{1};
