@@ -19,13 +19,22 @@ std::string Dropout::type_name() const {
 }
 
 Tensor Dropout::forward_impl(const Tensor& input) {
-  const std::string op = type_name() + ".forward";
+  draw_mask(input, type_name() + ".forward");
+  return mask_.defined() ? tensor::mul(input, mask_) : input;
+}
+
+Tensor Dropout::forward_for_backward_impl(const Tensor& input) {
+  draw_mask(input, type_name() + ".forward");
+  return input;
+}
+
+void Dropout::draw_mask(const Tensor& input, const std::string& op) {
   TROUPE_CHECK(input.defined(), op, ": input is undefined");
   TROUPE_CHECK(tensor::is_floating(input.dtype()), op, ": needs a floating dtype, got ", input.dtype());
   forward_ran_ = true;
   if (!is_training() || p_ == 0.0) {
     mask_ = Tensor();
-    return input;
+    return;
   }
   // The same draws on either device (Philox, counter-based), so a CUDA run drops the
   // same elements as a CPU one.
@@ -35,7 +44,7 @@ Tensor Dropout::forward_impl(const Tensor& input) {
   const double scale = p_ < 1.0 ? 1.0 / (1.0 - p_) : 0.0;
   if (input.device().is_cuda()) {  // mask = (u < keep) * scale, in the input's dtype
     mask_ = tensor::mul(tensor::lt(u, static_cast<double>(keep)).to(input.dtype()), scale);
-    return tensor::mul(input, mask_);
+    return;
   }
   mask_ = Tensor::empty(input.shape(), input.dtype());
   tensor::dispatch_floating(input.dtype(), op, [&](auto tag) {
@@ -45,7 +54,6 @@ Tensor Dropout::forward_impl(const Tensor& input) {
     const T kept = T(static_cast<tensor::compute_t<T>>(scale));
     for (std::int64_t i = 0; i < input.numel(); ++i) m[i] = pu[i] < keep ? kept : T(0);
   });
-  return tensor::mul(input, mask_);
 }
 
 Tensor Dropout::backward_impl(const Tensor& grad_output) {

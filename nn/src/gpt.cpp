@@ -39,6 +39,10 @@ Tensor MLP::forward_impl(const Tensor& input) {
   return dropout_->forward(c_proj_->forward(gelu_->forward(c_fc_->forward(input))));
 }
 
+Tensor MLP::forward_for_backward_impl(const Tensor& input) {
+  return dropout_->forward_for_backward(c_proj_->forward_for_backward(gelu_->forward(c_fc_->forward(input))));
+}
+
 Tensor MLP::backward_impl(const Tensor& grad_output) {
   return c_fc_->backward(gelu_->backward(c_proj_->backward(dropout_->backward(grad_output))));
 }
@@ -61,6 +65,11 @@ Block::Block(const GPTConfig& c, tensor::Generator& gen, std::uint64_t dropout_s
 Tensor Block::forward_impl(const Tensor& input) {
   const Tensor x = tensor::add(input, attn_->forward(ln_1_->forward(input)));
   return tensor::add(x, mlp_->forward(ln_2_->forward(x)));
+}
+
+Tensor Block::forward_for_backward_impl(const Tensor& input) {
+  const Tensor x = tensor::add(input, attn_->forward(ln_1_->forward(input)));
+  return mlp_->forward_for_backward(ln_2_->forward(x));
 }
 
 // The residual's gradient passes through unchanged and adds to each branch's.

@@ -43,19 +43,30 @@ Linear::Linear(Parameter& tied_weight) {
 
 std::string Linear::type_name() const { return "Linear(" + std::to_string(in_) + " -> " + std::to_string(out_) + ")"; }
 
-Tensor Linear::forward_impl(const Tensor& input) {
-  const std::string op = type_name() + ".forward";
+void Linear::check_input(const Tensor& input, const std::string& op) const {
   TROUPE_CHECK(input.defined(), op, ": input is undefined");
   TROUPE_CHECK(input.dim() >= 1 && input.size(-1) == in_, op, ": input ", tensor::to_string(input.shape()),
                " must end in ", in_, " features");
   TROUPE_CHECK(input.dtype() == weight_->data.dtype(), op, ": input is ", input.dtype(), ", weight is ",
                weight_->data.dtype());
+}
+
+Tensor Linear::forward_impl(const Tensor& input) {
+  check_input(input, type_name() + ".forward");
   input_ = input;
   const std::int64_t rows = leading_rows(input);
   Tensor y = tensor::linear(input.reshape({rows, in_}), weight_->data, bias_ ? bias_->data : Tensor());
   Shape out_shape = input.shape();
   out_shape.back() = out_;
   return y.reshape(out_shape);
+}
+
+Tensor Linear::forward_for_backward_impl(const Tensor& input) {
+  check_input(input, type_name() + ".forward");
+  input_ = input;
+  Shape out_shape = input.shape();
+  out_shape.back() = out_;
+  return Tensor::empty(out_shape, input.dtype(), input.device());
 }
 
 Tensor Linear::backward_impl(const Tensor& grad_output) {

@@ -179,6 +179,15 @@ Tensor Module::forward(const Tensor& input) {
   return output;
 }
 
+Tensor Module::forward_for_backward(const Tensor& input) {
+  const std::shared_ptr<const ModuleHooks> hooks = hooks_;  // a hook may replace hooks_
+  if (hooks && hooks->before_forward) hooks->before_forward();
+  // A checkpointed module below keeps only its input, as in forward.
+  Tensor output = checkpointing_ && training_ ? checkpointed_forward(input) : forward_for_backward_impl(input);
+  if (hooks && hooks->after_forward) hooks->after_forward();
+  return output;
+}
+
 Tensor Module::backward(const Tensor& grad_output) {
   const std::shared_ptr<const ModuleHooks> hooks = hooks_;  // a hook may replace hooks_
   if (hooks && hooks->before_backward) hooks->before_backward();
@@ -222,7 +231,7 @@ bool Module::recompute_forward() {
   const Tensor input = std::move(checkpoint_input_);
   checkpoint_input_ = Tensor();
   recompute_pending_ = false;
-  forward_impl(input);
+  forward_for_backward_impl(input);
   for (std::size_t i = 0; i < generators.size(); ++i) *generators[i] = now[i];
   return true;
 }

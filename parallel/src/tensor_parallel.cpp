@@ -71,6 +71,10 @@ Tensor ColumnParallelLinear::backward_impl(const Tensor& grad_output) {
   return dx;
 }
 
+Tensor ColumnParallelLinear::forward_for_backward_impl(const Tensor& input) {
+  return sequence_parallel_ ? forward_impl(input) : nn::Linear::forward_for_backward_impl(input);
+}
+
 void ColumnParallelLinear::release_own_activations() {
   nn::Linear::release_own_activations();
   input_part_ = Tensor();
@@ -97,6 +101,10 @@ Tensor RowParallelLinear::forward_impl(const Tensor& input) {
     tp_->allreduce(Buffer(y));
   if (whole_bias_) tensor::add_(y, whole_bias_->data);
   return y;
+}
+
+Tensor RowParallelLinear::forward_for_backward_impl(const Tensor& input) {
+  return sequence_parallel_ ? forward_impl(input) : nn::Linear::forward_for_backward_impl(input);
 }
 
 Tensor RowParallelLinear::backward_impl(const Tensor& grad_output) {

@@ -144,6 +144,41 @@ TEST(ActivationCheckpointing, KeepsLessThanHalfTheActivations) {
   EXPECT_GT(kept, 0U);
 }
 
+// A Linear that counts the products it computes.
+class CountingLinear : public Linear {
+ public:
+  CountingLinear(std::int64_t in, std::int64_t out, tensor::Generator& gen, bool bias, int& products)
+      : Linear(in, out, gen, bias), products_(products) {}
+  Tensor forward_impl(const Tensor& input) override {
+    ++products_;
+    return Linear::forward_impl(input);
+  }
+
+ private:
+  int& products_;
+};
+
+// The recompute leaves out what no backward reads: a block's output, and with it the
+// MLP's c_proj, whose output only the block's residual sum (and dropout) take.
+TEST(ActivationCheckpointing, TheRecomputeDoesNotRunTheMlpsLastLinear) {
+  int c_fc = 0, c_proj = 0;
+  GPTParts parts;
+  parts.mlp_c_fc = [&](std::int64_t in, std::int64_t out, tensor::Generator& gen, bool bias, DType, tensor::Device) {
+    return std::make_shared<CountingLinear>(in, out, gen, bias, c_fc);
+  };
+  parts.mlp_c_proj = [&](std::int64_t in, std::int64_t out, tensor::Generator& gen, bool bias, DType, tensor::Device) {
+    return std::make_shared<CountingLinear>(in, out, gen, bias, c_proj);
+  };
+  const GPTConfig config{.block_size = 8, .vocab_size = 11, .n_layer = 3, .n_head = 2, .n_embd = 16, .dropout = 0.2};
+  GPT model(config, 21, DType::f32, tensor::Device::cpu(), parts);
+  model.checkpoint_blocks(1);
+  CrossEntropyLoss loss;
+  loss.forward(model.forward(token_ids(4, 8, 11, 1)), token_ids(4, 8, 11, 2));
+  model.backward(loss.backward());
+  EXPECT_EQ(c_fc, 6);    // forward and recompute, 3 blocks
+  EXPECT_EQ(c_proj, 3);  // forward only
+}
+
 TEST(ActivationCheckpointing, ANegativeFrequencyIsAnError) {
   GPT model({.block_size = 4, .vocab_size = 5, .n_layer = 1, .n_head = 1, .n_embd = 4}, 1);
   EXPECT_THROW(model.checkpoint_blocks(-1), InvalidArgument);

@@ -337,19 +337,28 @@ TEST(TensorParallel, ShardedDataTimesTensorParallelTrainsAsOneRank) {
   }
 }
 
-// Recompute reruns the blocks' all-reduces in backward, on every rank alike.
+// Recompute reruns the blocks' collectives in backward, on every rank alike (all but
+// the MLP's last row-parallel all-reduce, whose output no backward reads, when the
+// sequence is whole).
 TEST(TensorParallel, ActivationCheckpointingKeepsEveryBit) {
-  auto plain = parallel::tensor_parallel_gpt(tiny_gpt(), 4, world());
-  auto recomputed = parallel::tensor_parallel_gpt(tiny_gpt(), 4, world());
-  recomputed->checkpoint_blocks(1);
-  parallel::VocabParallelCrossEntropy loss(world(), 65);
-  for (auto* model : {plain.get(), recomputed.get()}) {
-    loss.forward(model->forward(token_ids(2, 16, 65, 8)), token_ids(2, 16, 65, 9));
-    model->backward(loss.backward());
+  for (const bool sequence_parallel : {false, true}) {
+    SCOPED_TRACE(sequence_parallel ? "sequence parallel" : "whole sequences");
+    auto plain = parallel::tensor_parallel_gpt(tiny_gpt(), 4, world());
+    auto recomputed = parallel::tensor_parallel_gpt(tiny_gpt(), 4, world());
+    if (sequence_parallel) {
+      parallel::enable_sequence_parallel(*plain, world());
+      parallel::enable_sequence_parallel(*recomputed, world());
+    }
+    recomputed->checkpoint_blocks(1);
+    parallel::VocabParallelCrossEntropy loss(world(), 65);
+    for (auto* model : {plain.get(), recomputed.get()}) {
+      loss.forward(model->forward(token_ids(2, 16, 65, 8)), token_ids(2, 16, 65, 9));
+      model->backward(loss.backward());
+    }
+    const auto a = plain->named_parameters(), b = recomputed->named_parameters();
+    for (std::size_t i = 0; i < a.size(); ++i)
+      EXPECT_EQ(a[i].param->grad.to_vector<float>(), b[i].param->grad.to_vector<float>()) << a[i].name;
   }
-  const auto a = plain->named_parameters(), b = recomputed->named_parameters();
-  for (std::size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(a[i].param->grad.to_vector<float>(), b[i].param->grad.to_vector<float>()) << a[i].name;
 }
 
 TEST(TensorParallel, BadShapesAndHeadsAreNamed) {

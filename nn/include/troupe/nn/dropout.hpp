@@ -30,10 +30,15 @@ class Dropout : public Module {
   const tensor::Generator& generator() const { return gen_; }
 
  protected:
+  // Draws the mask alone: the input's values are not read, and the output's are unset.
+  Tensor forward_for_backward_impl(const Tensor& input) override;
   void release_own_activations() override;
   tensor::Generator* forward_generator() override { return &gen_; }
 
  private:
+  // Checks the input, and draws mask_ for its shape (undefined when not dropping).
+  void draw_mask(const Tensor& input, const std::string& op);
+
   double p_;
   tensor::Generator gen_;
   // 0 or 1/(1-p) per element in the input's dtype; undefined when the last forward

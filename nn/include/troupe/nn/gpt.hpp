@@ -74,6 +74,10 @@ class MLP : public Module {
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override { return "MLP"; }
 
+ protected:
+  // c_proj's output is left unset: only the dropout and the block's sum read it.
+  Tensor forward_for_backward_impl(const Tensor& input) override;
+
  private:
   Linear* c_fc_;
   GELU* gelu_;
@@ -90,6 +94,11 @@ class Block : public Module {
   std::string type_name() const override { return "Block"; }
   CausalSelfAttention& attn() { return *attn_; }
   MLP& mlp() { return *mlp_; }
+
+ protected:
+  // The recompute of a checkpointed block: the output is left unset, as no backward
+  // reads it (the next block keeps it as its input), so the MLP's c_proj is not run.
+  Tensor forward_for_backward_impl(const Tensor& input) override;
 
  private:
   LayerNorm* ln_1_;

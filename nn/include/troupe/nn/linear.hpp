@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "troupe/nn/module.hpp"
 #include "troupe/tensor/random.hpp"
@@ -43,6 +44,8 @@ class Linear : public Module {
   std::int64_t out_features() const { return out_; }
 
  protected:
+  // Keeps the input; the output is left unset: backward reads only the input.
+  Tensor forward_for_backward_impl(const Tensor& input) override;
   void release_own_activations() override;
   // The input forward kept for backward's dW: a subclass may keep it in another form
   // meanwhile (sequence parallelism keeps a part and gathers it again) and put it back.
@@ -50,6 +53,8 @@ class Linear : public Module {
   void restore_saved_input(Tensor input) { input_ = std::move(input); }
 
  private:
+  void check_input(const Tensor& input, const std::string& op) const;
+
   std::int64_t in_ = 0, out_ = 0;
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;

@@ -78,6 +78,8 @@ class ColumnParallelLinear : public nn::Linear {
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  protected:
+  // Linear's (input kept, no product) unless the sequence is split: then forward's.
+  Tensor forward_for_backward_impl(const Tensor& input) override;
   void release_own_activations() override;
 
  private:
@@ -102,6 +104,11 @@ class RowParallelLinear : public nn::Linear {
   nn::Parameter* whole_bias() { return whole_bias_; }
   std::int64_t full_in_features() const { return full_in_; }
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
+
+ protected:
+  // Linear's (input kept; neither product nor all-reduce: every rank of tp skips both)
+  // unless the sequence is split: then forward's.
+  Tensor forward_for_backward_impl(const Tensor& input) override;
 
  private:
   collectives::Communicator* tp_;
