@@ -67,7 +67,8 @@ for _area, _paths in AREA_PATHS.items():
 AREA_NOTES = {
     "parallel": """\
 Issue 51's parallelisms. Activation checkpointing (`GPT::checkpoint_blocks(1)`: every
-block keeps only its input in forward and recomputes the rest in backward) on the gpt
+block keeps only its input in forward and recomputes in backward what its backward
+reads, all but the MLP's last product) on the gpt
 area's `small` model and step, one thread: `bench/gpt_bench.cpp --checkpoint-every 1`
 against the same program with 0. Peak activation memory is the most host memory
 (`tensor::host_memory_stats`) one step holds beyond what was live before it (parameters,
