@@ -63,14 +63,14 @@ bool print_error(std::string_view program, const std::exception& e, int rank) {
   return true;
 }
 
-void throw_remote(ErrorInfo info) {
+std::exception_ptr remote_error(ErrorInfo info) {
   switch (info.code) {
-    case ErrorCode::actor_dead: throw ActorDead(std::move(info));
-    case ErrorCode::actor_restarted: throw ActorRestarted(std::move(info));
-    case ErrorCode::actor_killed: throw ActorKilled(std::move(info));
-    case ErrorCode::cancelled: throw Cancelled(std::move(info));
-    case ErrorCode::deadline_exceeded: throw DeadlineExceeded(std::move(info));
-    default: throw RemoteError(std::move(info));
+    case ErrorCode::actor_dead: return std::make_exception_ptr(ActorDead(std::move(info)));
+    case ErrorCode::actor_restarted: return std::make_exception_ptr(ActorRestarted(std::move(info)));
+    case ErrorCode::actor_killed: return std::make_exception_ptr(ActorKilled(std::move(info)));
+    case ErrorCode::cancelled: return std::make_exception_ptr(Cancelled(std::move(info)));
+    case ErrorCode::deadline_exceeded: return std::make_exception_ptr(DeadlineExceeded(std::move(info)));
+    default: return std::make_exception_ptr(RemoteError(std::move(info)));
   }
 }
 

@@ -345,11 +345,7 @@ void Runtime::handle(detail::Message message) {
       } catch (const detail::BadMessage& e) {
         info = {ErrorCode::bad_message, message.source, "", handler->what(), "BadMessage", e.what()};
       }
-      try {
-        throw_remote(std::move(info));
-      } catch (...) {
-        handler->on_error(std::current_exception());
-      }
+      handler->on_error(remote_error(std::move(info)));
       return;
     }
     default: return handle_system(message);

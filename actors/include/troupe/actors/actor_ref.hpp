@@ -127,13 +127,7 @@ class ActorRef {
               state->set_value(std::apply([&](auto&... a) { return (self.*method)(std::move(a)...); }, packed));
             }
           },
-          [state](const ErrorInfo& info) {
-            try {
-              throw_remote(info);
-            } catch (...) {
-              state->set_error(std::current_exception());
-            }
-          });
+          [state](const ErrorInfo& info) { state->set_error(remote_error(info)); });
       const std::uint64_t request = runtime().new_request_id();
       call->set_request(rank_, request);
       if (deadline) call->set_deadline(deadline->time_since_epoch().count());
