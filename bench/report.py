@@ -252,10 +252,13 @@ starts after the two jobs.
   2026-11-30's cache-line change and 0.70-1.32 in four runs after it: the troupe
   side is two MPI processes on these two busy vCPUs, CAF's one.
 - Cancel: an ask queued behind a 20 ms call, from `cancel()` to `Cancelled` at the
-  asker, against an idle ask in the same loop (median of 40). The actor last ran a
-  long call, so its calls go to the pool thread; the cancel reaches a rank whose
-  receiving thread runs the 20 ms call, so a stand-in receives it, woken for it; the
-  asker's wait yields its core between polls after 20 us (docs/ACTORS.md).
+  asker (median of 40). The 20 ms call holds the rank's receiving thread, so a
+  pool thread stands in, asleep on its doorbell after 2 ms without a message, and is
+  woken for the cancel. The baseline is an ask in that same state: to another actor
+  of the busy rank, 2 ms after the last message, in the same loop, the two going
+  first by turns; an ask to the idle actor in the same loop is a second, untargeted
+  row. Before 2026-12-01 that idle ask was the baseline (35-290 us across runs,
+  since the rank's threads may all be asleep); the cancel was 2.6-3.1x it.
 - Control group: `ping()` in a "control" concurrency group asked 500 times while a
   100 s `nap()` runs in the default group, against the same 500 asks with the actor
   idle (medians).

@@ -70,15 +70,16 @@ Doorbells::Doorbells(MPI_Comm comm) {
 
 Doorbells::~Doorbells() { mpi::unmap_shared_segment(static_cast<std::byte*>(static_cast<void*>(bells_)), bytes_); }
 
-void Doorbells::ring(int rank) {
-  if (rank < 0 || static_cast<std::size_t>(rank) >= of_rank_.size()) return;
+bool Doorbells::ring(int rank) {
+  if (rank < 0 || static_cast<std::size_t>(rank) >= of_rank_.size()) return false;
   Bell* bell = of_rank_[static_cast<std::size_t>(rank)];
-  if (bell == nullptr) return;
+  if (bell == nullptr) return false;
   // After the message is posted, read the mark: see the sleeper's, or the sleeper's
   // probe sees the message.
-  if (!marked_after_fence(bell->asleep)) return;
+  if (!marked_after_fence(bell->asleep)) return false;
   bell->rings.fetch_add(1, std::memory_order_seq_cst);
   futex(&bell->rings, FUTEX_WAKE, INT_MAX, nullptr);
+  return true;
 }
 
 bool Doorbells::wait(std::chrono::nanoseconds period, const std::function<bool()>& ready) {

@@ -36,8 +36,8 @@ class Doorbells {
 
   bool enabled() const { return self_ != nullptr; }
   // Wakes `rank`'s progress thread if it sleeps (rank: in `comm`; one on another node,
-  // or this one, without effect unless `rank` is this rank).
-  void ring(int rank);
+  // or this one, without effect unless `rank` is this rank). True if a thread slept.
+  bool ring(int rank);
   // Sleeps up to `period` unless `ready()` holds once this rank's bell is armed;
   // true when rung (or woken by ring() of this rank).
   bool wait(std::chrono::nanoseconds period, const std::function<bool()>& ready);

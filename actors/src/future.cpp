@@ -6,15 +6,6 @@
 
 namespace troupe::actors::detail {
 
-namespace {
-// The waiter of a cancelled call polls without a system call this long, then yields
-// between polls. A cancel's answer comes from a thread woken for it, perhaps onto
-// this core, where it waited for the spinning waiter to be preempted (median 320 us,
-// 150 us yielding). Other answers come from running threads; yielding there slowed
-// control-group asks after a hiccup to 30-100 us.
-constexpr std::chrono::microseconds kPollHot{20};
-}  // namespace
-
 void StateBase::set_error(std::exception_ptr error) {
   std::unique_lock lock(mutex_);
   if (ready()) return;
@@ -55,7 +46,6 @@ void StateBase::cancel() {
     TROUPE_THROW(InvalidArgument, "cancel: '", what(),
                  "' cannot be cancelled: the method is listed in troupe_collective, and a collective cannot be "
                  "abandoned on one rank");
-  cancel_sent_.store(true, std::memory_order_relaxed);
   call_.canceller->cancel_call(call_, *this);
 }
 
@@ -84,21 +74,23 @@ bool StateBase::wait_until_impl(std::optional<Clock::time_point> deadline) {
     }
     return true;
   }
+  // The ask (or cancel) woke a thread of this node to answer it: the scheduler may
+  // have queued that thread on this core, where a spinning waiter keeps it off for a
+  // whole slice (EEVDF lets the running thread finish its slice). Yield between polls
+  // then: an ask to a rank whose receiver slept took 250 us spinning, 60 us yielding.
+  // Answers from running threads come sooner to a waiter that does not yield.
+  const bool yielding = progress_ != nullptr && progress_->take_woke_sleeper();
   if (progress_ != nullptr && progress_->try_begin_polling()) {
     // Poll phase: drive the transport ourselves instead of paying for a wake-up.
     // The clock is read every few empty polls only: on these VMs a read costs about
     // as much as an empty poll, and the budget need not be exact.
-    const auto poll_start = Clock::now();
-    const auto poll_end = poll_start + kPollBudget;
-    const bool may_yield = cancel_sent_.load(std::memory_order_relaxed);
-    bool yielding = false;
+    const auto poll_end = Clock::now() + kPollBudget;
     for (unsigned empty = 0; !ready();) {
       if (progress_->progress_once(/*run_local_calls=*/false)) continue;
       if (yielding) std::this_thread::yield();
       if (++empty % 8 != 0) continue;
       const auto now = Clock::now();
       if ((deadline && now >= *deadline) || now >= poll_end) break;
-      yielding = may_yield && now - poll_start >= kPollHot;
     }
     progress_->end_polling();
     if (ready()) return true;  // the usual case: no wake-up, no sleep

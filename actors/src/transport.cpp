@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "troupe/mpi/mpi_error.hpp"
@@ -32,6 +33,8 @@ constexpr auto kBlockedHotPeriod = 5ms;
 constexpr int kReceiveBurst = 16;
 // This thread is inside receive_some().
 thread_local bool t_receiving = false;
+// A send of this thread woke a sleeping thread of this node (take_woke_sleeper()).
+thread_local bool t_woke_sleeper = false;
 }  // namespace
 
 Transport::Transport(MPI_Comm comm, Deliver deliver, Scheduler& scheduler, PeerLiveness* liveness,
@@ -181,7 +184,7 @@ void Transport::send(int destination, std::string& message, const std::vector<By
                                  tag, comm_, &requests[i + 1]));
     }
   }
-  if (doorbells_ && destination != rank_) doorbells_->ring(destination);
+  if (doorbells_ && destination != rank_ && doorbells_->ring(destination)) t_woke_sleeper = true;
   Clock::time_point waiting_since{};  // read only when the send did not complete at once
   for (int done = 0;;) {
     TROUPE_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
@@ -260,6 +263,8 @@ bool Transport::progress_once(bool run_local_calls) {
   const bool ran = scheduler_.run_local(/*shared=*/true);
   return received || ran;
 }
+
+bool Transport::take_woke_sleeper() { return std::exchange(t_woke_sleeper, false); }
 
 bool Transport::try_begin_polling() {
   int none = 0;

@@ -90,6 +90,7 @@ class Transport final : public Progress {
     return std::this_thread::get_id() == thread_id_.load(std::memory_order_relaxed);
   }
   void end_polling() override;
+  bool take_woke_sleeper() override;
   void begin_blocking() override;
   void end_blocking() override;
 

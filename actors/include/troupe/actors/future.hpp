@@ -79,6 +79,9 @@ class Progress {
   // try_begin_polling() is false when another already does.
   virtual bool try_begin_polling() = 0;
   virtual void end_polling() = 0;
+  // Whether a send of this thread woke a sleeping thread of this node since the last
+  // call: its answer then comes from a thread that may have been put on this core.
+  virtual bool take_woke_sleeper() = 0;
   // True on the thread that receives when nobody else does: it must never block.
   virtual bool is_progress_thread() const = 0;
   // Brackets a waiter's blocking phase, so that the progress thread stays responsive.
@@ -125,7 +128,6 @@ class StateBase {
  private:
   std::condition_variable cv_;
   std::atomic<bool> ready_{false};
-  std::atomic<bool> cancel_sent_{false};  // the answer will come from a thread woken for it
   // The ask's deadline passed while a caller waited: fail it here and cancel it there.
   void expire();
   bool wait_until_impl(std::optional<Clock::time_point> deadline);
