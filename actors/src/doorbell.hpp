@@ -8,6 +8,8 @@
 // progress thread about to sleep marks its word, checks once more for a message, and
 // waits on the word for its backoff; a sender that finds the word marked bumps it and
 // wakes the futex. Ranks on other nodes are not rung: they are found at the next poll.
+// A bell is rung once a sleep: later senders, until a thread arms it again, find it
+// rung and leave it, since every thread woken receives all that was posted before.
 //
 // The order (a fence on each side: the sleeper marks then probes, the sender posts
 // then reads the mark) makes a message either seen by the probe or rung for; a lost
@@ -46,6 +48,7 @@ class Doorbells {
   struct alignas(64) Bell {
     std::atomic<std::uint32_t> rings{0};
     std::atomic<std::uint32_t> asleep{0};  // threads of the rank waiting on it
+    std::atomic<std::uint32_t> rung{0};    // rung since a thread last armed it
   };
   Bell* bells_ = nullptr;       // the node's, mapped
   std::size_t bytes_ = 0;       // of the mapping
