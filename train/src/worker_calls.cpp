@@ -158,7 +158,7 @@ EvalResult WorkerCore::evaluate() {
   // batches as the largest share needs; a rank with no samples left forwards test
   // sample 0 and ignores the result.
   const bool collective = parallel_->evaluate_is_collective();
-  const auto largest_share = static_cast<std::size_t>((total + comm_->size() - 1) / comm_->size());
+  const auto largest_share = static_cast<std::size_t>((total + data_comm().size() - 1) / data_comm().size());
   for (std::size_t begin = 0; begin < (collective ? largest_share : mine.size()); begin += kBatch) {
     if (begin >= mine.size()) {
       parallel_->evaluate(model_input(recipe_.test_rows(std::vector<std::int64_t>{0}).inputs));
