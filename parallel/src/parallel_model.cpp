@@ -77,9 +77,9 @@ namespace {
 
 std::unique_ptr<OSS> stage_oss(PipelineStage& stage, collectives::Communicator& dp, const OptimizerFactory& factory,
                                Sharding sharding) {
-  TROUPE_CHECK(sharding == Sharding::ddp || sharding == Sharding::zero1, "PipelineModel: the data-parallel ranks of ",
-               "a pipeline run ddp or zero1, not ", sharding_name(sharding), " (a stage accumulates whole ",
-               "gradients over its micro-batches and recomputes each forward)");
+  TROUPE_CHECK(sharding != Sharding::zero2, "PipelineModel: the data-parallel ranks of a pipeline run ddp, zero1 or ",
+               "fsdp, not zero2 (a stage accumulates whole gradients over its micro-batches, so sharding them ",
+               "sheds nothing until the step)");
   if (sharding == Sharding::ddp) return nullptr;
   return std::make_unique<OSS>(stage.named_parameters(), dp, factory);
 }
@@ -100,10 +100,73 @@ PipelineModel::PipelineModel(PipelineStage& stage, collectives::Communicator& pp
       pp_(pp),
       dp_(dp),
       tp_(tp),
+      fully_sharded_(dp_sharding == Sharding::fsdp),
       oss_(stage_oss(stage, dp, factory, dp_sharding)),
       optimizer_(oss_ ? nullptr : factory(stage.named_parameters())),
       pipe_(modules(stage.chunks()), pp, schedule, micro_batches),
       state_(oss_ ? PipelineStateDicts(stage, *oss_, pp, tp) : PipelineStateDicts(stage, checked(optimizer_), pp, tp)) {
+  if (fully_sharded_) {
+    gathering_ = std::make_unique<GatheringStateDicts>(*this);
+    release_stage();
+  }
+}
+
+PipelineModel::~PipelineModel() = default;
+
+// fsdp's checkpoint groups: the stage's, read and written while it is gathered.
+class PipelineModel::GatheringStateDicts final : public ShardedStateDicts {
+ public:
+  explicit GatheringStateDicts(PipelineModel& model) : model_(model) {}
+  nn::StateDict model_state_dict() override {
+    return model_.with_stage(true, [&] { return model_.state_.model_state_dict(); });
+  }
+  nn::StateDict optimizer_state_dict() override { return model_.state_.optimizer_state_dict(); }
+  void load_model_state_dict(const nn::StateDict& dict) override {
+    // Every dp rank loads the whole stage, so no values need to travel first.
+    model_.with_stage(false, [&] {
+      model_.state_.load_model_state_dict(dict);
+      return 0;
+    });
+  }
+  void load_optimizer_state_dict(const nn::StateDict& dict) override { model_.state_.load_optimizer_state_dict(dict); }
+  std::int64_t micro_step() const override { return 0; }
+  void set_micro_step(std::int64_t) override {}
+  nn::StateDict whole_random_state(nn::StateDict local) override {
+    return model_.state_.whole_random_state(std::move(local));
+  }
+
+ private:
+  PipelineModel& model_;
+};
+
+ShardedStateDicts* PipelineModel::state_dicts() {
+  if (gathering_) return gathering_.get();
+  return &state_;
+}
+
+void PipelineModel::gather_stage(bool values) {
+  if (released_.empty()) return;
+  for (Released& r : released_) r.param->data = Tensor::empty(r.shape, r.dtype, r.device);
+  released_.clear();
+  if (values) oss_->share();
+}
+
+void PipelineModel::release_stage() {
+  if (!fully_sharded_ || !released_.empty()) return;
+  const std::vector<int>& owners = oss_->owners();
+  const std::vector<nn::NamedParameter>& params = oss_->named_parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (owners[i] == dp_.rank()) continue;
+    nn::Parameter* p = params[i].param;
+    released_.push_back({p, p->data.shape(), p->data.dtype(), p->data.device()});
+    p->data = Tensor();
+    p->grad = Tensor();
+  }
+}
+
+Tensor PipelineModel::evaluate(const Tensor& inputs) {
+  gather_stage();
+  return pipe_.forward(inputs);
 }
 
 MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
@@ -111,6 +174,7 @@ MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Te
   TROUPE_CHECK(options.accum_steps == 1, "PipelineModel: accum_steps must be 1 (the pipeline's micro-batches ",
                "accumulate), got ", options.accum_steps);
   MicroBatchResult result;
+  gather_stage();
   result.loss = pipe_.forward_backward(inputs, targets, loss);
   const TraceScope span(tracer_, "compute", "optimizer");
   stage_.sum_tied_gradient(pp_);
@@ -118,21 +182,28 @@ MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Te
     for (nn::Parameter* p : stage_.parameters())
       if (p->grad.defined()) dp_.allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
   if (options.max_grad_norm > 0) pipeline_clip_grad_norm(stage_, options.max_grad_norm, pp_, tp_);
-  if (oss_)
+  if (fully_sharded_)
+    oss_->base().step();  // the owners' values reach the others at the next gather
+  else if (oss_)
     oss_->step();
   else
     optimizer_->step();
   stage_.zero_grad(true);
+  release_stage();
   result.stepped = true;
   return result;
 }
 
 std::uint64_t PipelineModel::parameter_hash() {
-  const std::uint64_t stage = tp_ != nullptr ? split_parameter_hash(stage_, *tp_) : nn::parameter_hash(stage_);
-  return combined_hash(stage, pp_);
+  return with_stage(true, [&] {
+    const std::uint64_t stage = tp_ != nullptr ? split_parameter_hash(stage_, *tp_) : nn::parameter_hash(stage_);
+    return combined_hash(stage, pp_);
+  });
 }
 
-nn::StateDict PipelineModel::whole_state_dict() { return pipeline_full_state_dict(stage_, pp_, tp_); }
+nn::StateDict PipelineModel::whole_state_dict() {
+  return with_stage(true, [&] { return pipeline_full_state_dict(stage_, pp_, tp_); });
+}
 
 void PipelineModel::set_tracer(Tracer* tracer) {
   tracer_ = tracer;

@@ -139,11 +139,15 @@ layouts)
   run tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/tp2fsdp"
   run tp2zero2 --tp 2 --sharding zero2
   run pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/pp2zero1"
+  run pp2fsdp --pp 2 --schedule gpipe --sharding fsdp --checkpoint-dir "$work/pp2fsdp"
   run tp2sp --tp 2 --sequence-parallel --checkpoint-dir "$work/tp2sp"
   near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2 && near pp2zero1 && near tp2sp
-  # ZeRO-1 steps each parameter once, on its owner, with the same arithmetic: pp 2's bits.
-  [[ "$(hash_of "$work/pp2zero1.log")" == "$(hash_of "$work/pp2.log")" ]] \
-    || fail "pp 2 with zero1 ends at $(hash_of "$work/pp2zero1.log"), with ddp at $(hash_of "$work/pp2.log")"
+  # ZeRO-1 and the pipeline's FSDP step each parameter once, on its owner, with the same
+  # arithmetic: pp 2's bits.
+  for mode in zero1 fsdp; do
+    [[ "$(hash_of "$work/pp2$mode.log")" == "$(hash_of "$work/pp2.log")" ]] \
+      || fail "pp 2 with $mode ends at $(hash_of "$work/pp2$mode.log"), with ddp at $(hash_of "$work/pp2.log")"
+  done
   from20 tp2 tp2-as-dp4 && run tp2-as-dp4 --checkpoint-dir "$work/tp2-as-dp4"
   from20 tp2 tp2-as-tp4 && run tp2-as-tp4 --tp 4 --checkpoint-dir "$work/tp2-as-tp4"
   from20 tp2 tp2-as-pp2 && run tp2-as-pp2 --pp 2 --checkpoint-dir "$work/tp2-as-pp2"
@@ -156,9 +160,12 @@ layouts)
   from20 dp4 dp4-as-tp2fsdp && run dp4-as-tp2fsdp --tp 2 --sharding fsdp --checkpoint-dir "$work/dp4-as-tp2fsdp"
   from20 dp4 dp4-as-pp2zero1 && run dp4-as-pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/dp4-as-pp2zero1"
   from20 pp2zero1 pp2zero1-as-tp2 && run pp2zero1-as-tp2 --tp 2 --checkpoint-dir "$work/pp2zero1-as-tp2"
+  from20 pp2fsdp pp2fsdp-as-tp2 && run pp2fsdp-as-tp2 --tp 2 --checkpoint-dir "$work/pp2fsdp-as-tp2"
+  from20 dp4 dp4-as-pp2fsdp && run dp4-as-pp2fsdp --pp 2 --sharding fsdp --checkpoint-dir "$work/dp4-as-pp2fsdp"
   from20 tp2sp tp2sp-as-dp4 && run tp2sp-as-dp4 --checkpoint-dir "$work/tp2sp-as-dp4"
   for name in tp2-as-dp4 tp2-as-tp4 tp2-as-pp2 dp4-as-tp2 pp2-as-dp4 pp2-as-tp2 tp2-as-pp2tp2 pp2tp2-as-dp4 \
-              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp dp4-as-pp2zero1 pp2zero1-as-tp2 tp2sp-as-dp4; do
+              tp2fsdp-as-pp2tp2 dp4-as-tp2fsdp dp4-as-pp2zero1 pp2zero1-as-tp2 pp2fsdp-as-tp2 dp4-as-pp2fsdp \
+              tp2sp-as-dp4; do
     grep -q 'resumed from .* at step 20' "$work/$name.log" || fail "$name did not resume from step 20"
     near "$name"
   done
@@ -192,9 +199,11 @@ layouts8)
   mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --pp 2 --tp 2 > "$work/grid.log" 2>&1 \
     || { cat "$work/grid.log"; fail "dp 2 x pp 2 x tp 2"; }
   mkdir "$work/resume" && cp "$work/dp2/ckpt-000000020.h5" "$work/resume/"
-  mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --pp 2 --tp 2 --checkpoint-dir "$work/resume" \
-    > "$work/resume.log" 2>&1 || { cat "$work/resume.log"; fail "dp 2 x pp 2 x tp 2 from dp 2's checkpoint"; }
-  grep -q 'resumed from .* at step 20' "$work/resume.log" || fail "dp 2 x pp 2 x tp 2 did not resume from step 20"
+  # Resumed with FSDP as the grid's data parallelism.
+  mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --pp 2 --tp 2 --sharding fsdp \
+    --checkpoint-dir "$work/resume" > "$work/resume.log" 2>&1 \
+    || { cat "$work/resume.log"; fail "fsdp 2 x pp 2 x tp 2 from dp 2's checkpoint"; }
+  grep -q 'resumed from .* at step 20' "$work/resume.log" || fail "fsdp 2 x pp 2 x tp 2 did not resume from step 20"
   # Interleaved pp 4 (two one-block stages a rank, so 8 blocks) x dp 2, against dp 2 of the same model.
   "${mpi[@]}" "$train" "${steps[@]}" --n-layer 8 > "$work/dp2l8.log" 2>&1 || { cat "$work/dp2l8.log"; fail "dp 2, 8 blocks"; }
   mpirun -np 8 --oversubscribe --bind-to none "$train" "${steps[@]}" --n-layer 8 --pp 4 --schedule interleaved \
@@ -205,7 +214,7 @@ layouts8)
     awk -v a="$(loss_of "$work/$name.log")" -v b="$(loss_of "$work/$base.log")" \
       'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 1e-4 * b) }' || fail "$name is not at $base's loss"
   done
-  echo "PASS: dp 2 x pp 2 x tp 2 on 8 ranks trains as dp 2 and resumes its checkpoint;"
+  echo "PASS: dp 2 x pp 2 x tp 2 on 8 ranks trains as dp 2, and with fsdp as dp resumes its checkpoint;"
   echo "      dp 2 x interleaved pp 4 trains as dp 2"
   ;;
 bad)
@@ -237,8 +246,8 @@ bad)
     "${mpi[@]}" "$train" --tp 2 --sequence-parallel --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism runs with ddp, zero2 or fsdp, .*not zero1" \
     "${mpi[@]}" "$train" --tp 2 --sharding zero1 --steps 10 --warmup-steps 2
-  expect 1 "pipeline parallelism with ddp or zero1, .*not fsdp, f32, cpu with pipeline stages" \
-    "${mpi[@]}" "$train" --pp 2 --sharding fsdp --steps 10 --warmup-steps 2
+  expect 1 "pipeline parallelism with ddp, zero1 or fsdp, .*not zero2, f32, cpu with pipeline stages" \
+    "${mpi[@]}" "$train" --pp 2 --sharding zero2 --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3
   expect 2 "--schedule interleaved needs --pp > 1, --micro-batches a multiple of --pp, and --pp x --virtual-stages 4 stages within --n-layer 2" \

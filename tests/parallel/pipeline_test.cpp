@@ -167,12 +167,13 @@ TEST(Pipeline, StagesSplitOverTensorParallelRanksTrainAsOneRank) {
   }
 }
 
-// ZeRO-1 as a pipeline's data parallelism (PipelineModel with Sharding::zero1): each
-// stage's optimizer state partitioned over 2 dp ranks (dp 2 x pp 1 at 2 ranks, dp 2 x
-// pp 2 at 4), each taking half the batch. The same bar against one rank; the state
-// consolidated over dp is the one-rank optimizer's, and it loads back into a fresh
-// model's partitions bit for bit.
-TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
+// ZeRO-1 and FSDP as a pipeline's data parallelism (PipelineModel with Sharding::zero1,
+// fsdp): each stage's optimizer state partitioned over 2 dp ranks (dp 2 x pp 1 at 2
+// ranks, dp 2 x pp 2 at 4), each taking half the batch; under fsdp each dp rank also
+// frees the parameters it does not own between steps. The same bar against one rank;
+// the state consolidated over dp is the one-rank optimizer's, and it loads back into a
+// fresh model's partitions bit for bit.
+void sharded_pipeline_trains_as_one_rank(parallel::Sharding sharding) {
   if (world().size() % 2 != 0) GTEST_SKIP() << "needs an even number of ranks";
   parallel::DeviceMesh mesh(world(), {{"dp", 2}, {"pp", world().size() / 2}});
   collectives::Communicator& dp = mesh.comm("dp");
@@ -183,13 +184,28 @@ TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
     return opt;
   };
   GptStage stage(tiny_gpt(), 5, pp.rank(), pp.size());
-  parallel::PipelineModel model(stage, pp, dp, PipelineSchedule::one_f_one_b, 2, factory, parallel::Sharding::zero1);
+  const auto held_bytes = [&stage] {
+    std::size_t bytes = 0;
+    for (nn::Parameter* p : stage.parameters()) bytes += p->data.nbytes();
+    return bytes;
+  };
+  const std::size_t whole_stage = held_bytes();
+  parallel::PipelineModel model(stage, pp, dp, PipelineSchedule::one_f_one_b, 2, factory, sharding);
   nn::CrossEntropyLoss ce;
   const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
                                     [&ce](double scale) { return ce.backward(scale); }};
   PipelineRun run;
-  for (int step = 0; step < 20; ++step) run.losses.push_back(train_half_batch(model, loss, dp, step, kMaxNorm));
+  for (int step = 0; step < 20; ++step) {
+    run.losses.push_back(train_half_batch(model, loss, dp, step, kMaxNorm));
+    if (sharding == parallel::Sharding::fsdp) {
+      // Between steps this rank holds its partition only: whole tensors, so about half.
+      EXPECT_TRUE(model.stage_released());
+      EXPECT_LT(held_bytes(), whole_stage * 3 / 4) << "step " << step;
+      EXPECT_GT(held_bytes(), 0U);
+    }
+  }
   run.full = model.whole_state_dict();
+  EXPECT_EQ(model.stage_released(), sharding == parallel::Sharding::fsdp);  // gathered for it, then freed again
   const PipelineRun reference = one_rank(20);
   expect_as_one_rank(run, reference);
 
@@ -209,9 +225,10 @@ TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
   };
   ASSERT_EQ(sorted(optimizer.keys()), sorted(reference.optimizer.keys()));
   GptStage fresh(tiny_gpt(), 6, pp.rank(), pp.size());
-  parallel::PipelineModel fresh_model(fresh, pp, dp, PipelineSchedule::gpipe, 2, factory, parallel::Sharding::zero1);
+  parallel::PipelineModel fresh_model(fresh, pp, dp, PipelineSchedule::gpipe, 2, factory, sharding);
   fresh_model.state_dicts()->load_model_state_dict(state.model_state_dict());
   fresh_model.state_dicts()->load_optimizer_state_dict(optimizer);
+  EXPECT_EQ(fresh_model.stage_released(), sharding == parallel::Sharding::fsdp);
   EXPECT_EQ(fresh_model.parameter_hash(), model.parameter_hash());
   const nn::StateDict mine = model.optimizer().state_dict(), loaded = fresh_model.optimizer().state_dict();
   ASSERT_EQ(loaded.keys(), mine.keys());
@@ -220,9 +237,22 @@ TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
       EXPECT_EQ(loaded.at(key).to_vector<float>(), value.to_vector<float>()) << key;
     }
   }
+  // A step after the load trains both alike.
+  const double a = train_half_batch(model, loss, dp, 20, kMaxNorm);
+  const double b = train_half_batch(fresh_model, loss, dp, 20, kMaxNorm);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(fresh_model.parameter_hash(), model.parameter_hash());
 
-  EXPECT_THROW(parallel::PipelineModel(stage, pp, dp, PipelineSchedule::gpipe, 2, factory, parallel::Sharding::fsdp),
+  EXPECT_THROW(parallel::PipelineModel(stage, pp, dp, PipelineSchedule::gpipe, 2, factory, parallel::Sharding::zero2),
                InvalidArgument);
+}
+
+TEST(Pipeline, OptimizerStateShardedOverDataParallelRanksTrainsAsOneRank) {
+  sharded_pipeline_trains_as_one_rank(parallel::Sharding::zero1);
+}
+
+TEST(Pipeline, FullyShardedOverDataParallelRanksTrainsAsOneRank) {
+  sharded_pipeline_trains_as_one_rank(parallel::Sharding::fsdp);
 }
 
 // Megatron's interleaved 1F1B: the model cut into world x 2 stages, two a rank (rank r

@@ -49,11 +49,11 @@ WorkerCore::WorkerCore(WorkerOptions options, WorkerRecipe recipe)
   TROUPE_CHECK(options_.accum_steps >= 1, "TrainWorker: accum_steps must be >= 1, got ", options_.accum_steps);
   TROUPE_CHECK(options_.precision == Precision::f32 || sharding_ == Sharding::ddp,
                "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
-  TROUPE_CHECK(!mesh_ || ((sharding_ == Sharding::ddp ||
-                           (stage_ ? sharding_ == Sharding::zero1 : sharding_ != Sharding::zero1)) &&
+  TROUPE_CHECK(!mesh_ || ((sharding_ == Sharding::ddp || sharding_ == Sharding::fsdp ||
+                           (stage_ ? sharding_ == Sharding::zero1 : sharding_ == Sharding::zero2)) &&
                           options_.precision == Precision::f32 && !device_.is_cuda()),
-               "TrainWorker: tensor parallelism runs with ddp, zero2 or fsdp, pipeline parallelism with ddp or ",
-               "zero1, both ", "in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
+               "TrainWorker: tensor parallelism runs with ddp, zero2 or fsdp, pipeline parallelism with ddp, ",
+               "zero1 or fsdp, both in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
                precision_name(options_.precision), ", ", worker_device_name(options_.device),
                stage_ ? " with pipeline stages" : "");
   TROUPE_CHECK(!options_.sequence_parallel || (options_.tensor_parallel > 1 && !stage_ && sharding_ == Sharding::ddp),

@@ -76,6 +76,9 @@ class OSS {
 
   // Steps the base optimizer over the owned partition, then shares the parameters.
   void step();
+  // What step() ends with: every parameter from its owner to every rank. For a caller
+  // that steps base() itself and shares later (a pipeline's fsdp, at the next use).
+  void share();
   // Loss-scaled step (torch's scaler.step(optimizer)): unscales this rank's owned
   // gradients (unless scaler.unscale_ already did) and checks them for inf/NaN; the
   // scaler all-reduces the verdict, so an overflow in any rank's shard skips the step
@@ -134,7 +137,6 @@ class OSS {
 
  private:
   void build_flat_layout();
-  void share();
   void share_by_all_gather();
   void share_by_broadcast();
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/nn/module.hpp"
@@ -145,23 +146,31 @@ class DataParallelModel final : public ParallelModel {
 // hashes and checkpoints gather over tp as well, and only tp's first rank of the last
 // stage counts.
 //
-// `dp_sharding` is ddp (every dp rank steps the whole stage) or zero1: the stage's
-// optimizer state sharded over dp (OSS), as DeepSpeed's pipeline engine and
-// Megatron's distributed optimizer do -- each dp rank steps its partition, then the
-// updated parameters are broadcast from their owners. zero2 and fsdp are refused: the
-// gradients of m micro-batches accumulate whole on a stage (zero2 would shed nothing
-// until the step), and a stage recomputes each forward (fsdp would gather each unit 2m
-// times a step). DeepSpeed's pipeline engine likewise takes ZeRO stage 1 only.
+// `dp_sharding` over dp:
+//   ddp    every dp rank steps the whole stage.
+//   zero1  the stage's optimizer state sharded (OSS), as DeepSpeed's pipeline engine
+//          and Megatron's distributed optimizer do: each dp rank steps its partition,
+//          then the owners broadcast the updated parameters.
+//   fsdp   zero1's partition, and between steps each dp rank keeps only the parameters
+//          it owns (whole tensors): the others are freed after the step and broadcast
+//          from their owners when the stage is next used, once a step, as torchtitan's
+//          FSDP x PP keeps a stage gathered across its micro-batches. The same bytes
+//          travel as under zero1 and the arithmetic is the same, so the bits are too.
+// zero2 is refused: the gradients of m micro-batches accumulate whole on a stage, so
+// sharding them sheds nothing until the step (DeepSpeed refuses it for the same reason).
 class PipelineModel final : public ParallelModel {
  public:
   PipelineModel(PipelineStage& stage, collectives::Communicator& pp, collectives::Communicator& dp,
                 PipelineSchedule schedule, int micro_batches, const OptimizerFactory& factory,
                 Sharding dp_sharding = Sharding::ddp, collectives::Communicator* tp = nullptr);
+  ~PipelineModel() override;
 
   MicroBatchResult train_micro_batch(const Tensor& inputs, const Tensor& targets, const Loss& loss,
                                      const MicroBatchOptions& options) override;
-  Tensor evaluate(const Tensor& inputs) override { return pipe_.forward(inputs); }
-  // The optimizer over this rank's share of the stage (OSS's partition under zero1).
+  // Under fsdp, gathers the stage (a collective over dp) and keeps it until the next step.
+  Tensor evaluate(const Tensor& inputs) override;
+  bool evaluate_is_collective() const override { return fully_sharded_; }
+  // The optimizer over this rank's share of the stage (OSS's partition under zero1, fsdp).
   nn::Optimizer& optimizer() override { return oss_ ? oss_->base() : *optimizer_; }
   std::int64_t micro_step() const override { return 0; }  // a step is one pass
   void set_micro_step(std::int64_t) override {}
@@ -169,19 +178,52 @@ class PipelineModel final : public ParallelModel {
   nn::StateDict whole_state_dict() override;
   bool whole_state_is_collective() const override { return true; }
   bool counts_results() const override { return pp_.rank() == pp_.size() - 1 && (tp_ == nullptr || tp_->rank() == 0); }
-  ShardedStateDicts* state_dicts() override { return &state_; }
+  ShardedStateDicts* state_dicts() override;
   void set_tracer(Tracer* tracer) override;
   std::chrono::nanoseconds wait_time() const override { return pipe_.wait_time(); }
+  // fsdp: whether the parameters this rank does not own are freed now (between steps).
+  bool stage_released() const { return !released_.empty(); }
 
  private:
+  class GatheringStateDicts;
+  // fsdp: a parameter this rank does not own, freed between steps.
+  struct Released {
+    nn::Parameter* param;
+    tensor::Shape shape;
+    tensor::DType dtype;
+    tensor::Device device;
+  };
+  // Allocates the freed parameters; with `values`, their owners broadcast them (a
+  // collective over dp). No-op unless released.
+  void gather_stage(bool values = true);
+  void release_stage();
+  // Runs f() with the stage gathered (its values broadcast, or only allocated), and
+  // frees it again if it was freed before.
+  template <class F>
+  auto with_stage(bool values, F f) {
+    const bool was_released = stage_released();
+    gather_stage(values);
+    struct Again {
+      PipelineModel& model;
+      bool on;
+      ~Again() {
+        if (on) model.release_stage();
+      }
+    } again{*this, was_released};
+    return f();
+  }
+
   PipelineStage& stage_;
   collectives::Communicator& pp_;
   collectives::Communicator& dp_;
   collectives::Communicator* tp_;
-  std::unique_ptr<OSS> oss_;                  // zero1
+  bool fully_sharded_;                        // fsdp
+  std::unique_ptr<OSS> oss_;                  // zero1, fsdp
   std::unique_ptr<nn::Optimizer> optimizer_;  // ddp
   Pipeline pipe_;
   PipelineStateDicts state_;
+  std::vector<Released> released_;
+  std::unique_ptr<GatheringStateDicts> gathering_;  // fsdp: state_, the stage gathered around each call
   Tracer* tracer_ = nullptr;
 };
 
