@@ -121,6 +121,41 @@ TEST(CheckpointAsync, SnapshotsOfGpuTensorsArePinnedAndReused) {
   EXPECT_EQ(again[0].to_vector<float>()[123], 5.0f);
 }
 
+// Large host tensors are copied at finish(), split over threads across tensor
+// boundaries: every byte lands where it belongs (odd sizes, a small tensor between,
+// a spare buffer reused), the originals may be dropped before finish() and changed
+// after it, and the copies into a spare buffer keep their values.
+TEST(CheckpointAsync, BatchedSnapshotCopiesHoldTheValuesAtFinish) {
+  const auto ramp = [](std::int64_t n, float from) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = from + static_cast<float>(i);
+    return Tensor::from_vector(v, {n});
+  };
+  Tensor big = ramp((3 << 18) + 7, 0.0F);  // 3 MB and 28 bytes
+  const std::vector<float> big_then = big.to_vector<float>();
+  Snapshot first;
+  first.write_tensor("/model/big", big);
+  first.write_tensor("/model/small", ramp(5, 100.0F));
+  first.write_tensor("/model/dropped", ramp((1 << 18) + 3, 7.0F));  // its only handle is the snapshot's
+  first.finish();
+  big.fill_(-1.0);
+  std::vector<Tensor> spare = first.release_buffers();
+  ASSERT_EQ(spare.size(), 3U);
+  EXPECT_EQ(spare[0].to_vector<float>(), big_then);
+  EXPECT_EQ(spare[1].to_vector<float>(), ramp(5, 100.0F).to_vector<float>());
+  EXPECT_EQ(spare[2].to_vector<float>(), ramp((1 << 18) + 3, 7.0F).to_vector<float>());
+
+  const void* buffer = spare[0].raw_data();
+  Snapshot second(std::move(spare));
+  second.write_tensor("/model/big", big);
+  second.finish();
+  big.fill_(2.0);
+  const std::vector<Tensor> again = second.release_buffers();
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_EQ(again[0].raw_data(), buffer);
+  EXPECT_EQ(again[0].to_vector<float>(), std::vector<float>(big_then.size(), -1.0F));
+}
+
 // Told by the order of events, not by timing (a ratio of two wall-clock times fails on
 // a loaded machine): the writer is held after its first tensor, and save_async must
 // have returned by then, with a copy the training may overwrite.

@@ -215,6 +215,7 @@ SaveHandle Checkpoint::save_async(std::int64_t step, std::int64_t epoch, SaveOpt
   auto snapshot = std::make_shared<Snapshot>(std::move(spare_));
   spare_.clear();
   write_state(*snapshot, step, epoch);
+  snapshot->finish();
 
   auto task = std::make_shared<std::packaged_task<fs::path()>>([this, snapshot, step] {
     try {
