@@ -72,10 +72,11 @@ struct GptRecipe {
     double lr = 0, min_lr = 0, weight_decay = 0, beta2 = 0;
     std::int64_t warmup_steps = 0, steps = 0;
     std::int64_t checkpoint_every = 0;  // blocks whose activations are recomputed (GPT::checkpoint_blocks)
+    std::string pp_cut = "parameters";  // parallel::PipelineCut under --pp
     template <class A>
     void serialize(A& a) {
       a(data, n_layer, n_head, n_embd, block_size, vocab_size, dropout, seed, lr, min_lr, weight_decay, beta2,
-        warmup_steps, steps, checkpoint_every);
+        warmup_steps, steps, checkpoint_every, pp_cut);
     }
     nn::GPTConfig model() const {
       return {.block_size = block_size,
@@ -112,12 +113,14 @@ struct GptRecipe {
   }
   // Stage `stage` of `stages` under --pp (troupe/parallel/pipeline.hpp).
   static std::unique_ptr<parallel::PipelineStage> make_stage(const Config& c, int stage, int stages) {
-    return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages);
+    return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages, nullptr,
+                                                parallel::parse_pipeline_cut(c.pp_cut));
   }
   // That stage split over `tp` under --pp and --tp together.
   static std::unique_ptr<parallel::PipelineStage> make_stage(const Config& c, int stage, int stages,
                                                              collectives::Communicator& tp) {
-    return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages, &tp);
+    return std::make_unique<parallel::GptStage>(c.model(), c.seed, stage, stages, &tp,
+                                                parallel::parse_pipeline_cut(c.pp_cut));
   }
   static std::unique_ptr<nn::Optimizer> make_optimizer(nn::Module& model, const Config& c) {
     return make_optimizer(model.named_parameters(), c);
@@ -232,6 +235,14 @@ std::string sample(const actors::ActorGroup<Worker>& workers, const GptRecipe::C
   return text.decode(model.generate(prompt, flags.sample_chars, flags.temperature, gen));
 }
 
+// "blocks 1+3+3+1 by parameters": the stages' blocks in pipeline order.
+std::string stage_blocks(const GptRecipe::Config& c, int stages) {
+  const auto cut = parallel::gpt_pipeline_cut(c.model(), stages, parallel::parse_pipeline_cut(c.pp_cut));
+  std::string out = "blocks ";
+  for (std::size_t s = 0; s + 1 < cut.size(); ++s) out += (s ? "+" : "") + std::to_string(cut[s + 1] - cut[s]);
+  return out + (c.pp_cut == "uniform" ? " uniform" : " by parameters");
+}
+
 // Rank 0: runs the steps through the workers and reports. Returns the exit status.
 int drive(const Flags& flags, const GptRecipe::Config& config, const actors::ActorGroup<Worker>& workers, int world,
           double rank_peak) {
@@ -256,7 +267,7 @@ int drive(const Flags& flags, const GptRecipe::Config& config, const actors::Act
                                          (flags.virtual_stages > 1
                                               ? ", " + std::to_string(flags.virtual_stages) + " stages a rank"
                                               : std::string()) +
-                                         ")"
+                                         ", " + stage_blocks(config, flags.pp * flags.virtual_stages) + ")"
                                    : std::string()) +
                      ", " + flags.device + ", " + flags.precision},
        {"mfu",
@@ -352,7 +363,8 @@ int main(int argc, char** argv) {
                                    .beta2 = flags.beta2,
                                    .warmup_steps = flags.warmup_steps,
                                    .steps = flags.steps,
-                                   .checkpoint_every = flags.activation_checkpointing};
+                                   .checkpoint_every = flags.activation_checkpointing,
+                                   .pp_cut = flags.pp_cut};
     train::WorkerOptions options{
         .global_batch = flags.batch_size,
         .accum_steps = flags.accum_steps,

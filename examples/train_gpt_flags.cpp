@@ -46,7 +46,7 @@ const char* kUsage =
     "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N [--sequence-parallel]]\n"
     "                 [--device cpu|cuda] [--precision f32|bf16]\n"
     "                 [--pp N] [--schedule gpipe|1f1b|interleaved] [--micro-batches N]\n"
-    "                 [--virtual-stages V]\n"
+    "                 [--virtual-stages V] [--pp-cut parameters|uniform]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "                 [--require-val-loss X] [--peak-gflops X] [--trace DIR] [--trace-steps FIRST-LAST]\n"
     "  --preset quick (a few minutes on 2 CPU cores) or default; model and optimisation flags\n"
@@ -66,7 +66,9 @@ const char* kUsage =
     "  --sharding zero1 shards each stage's optimizer state over them, fsdp its parameters as\n"
     "  well between steps). interleaved (Megatron's)\n"
     "  cuts the blocks into N x --virtual-stages stages (default 2), V a rank, for V times less\n"
-    "  idle time at V times the messages; --micro-batches a multiple of N.\n"
+    "  idle time at V times the messages; --micro-batches a multiple of N. --pp-cut parameters\n"
+    "  (the default) evens out the stages' parameters, the token tables counted on the end\n"
+    "  stages; uniform gives every stage as many blocks.\n"
     "  Together, each stage is split over --tp ranks: a dp x pp x tp grid, tp fastest.\n"
     "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
     "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n"
@@ -151,6 +153,8 @@ Flags parse_flags(int argc, char** argv) {
         f.micro_batches = static_cast<int>(integer());
       else if (flag == "--virtual-stages")
         f.virtual_stages = static_cast<int>(integer());
+      else if (flag == "--pp-cut")
+        f.pp_cut = value;
       else if (flag == "--sharding")
         f.sharding = value;
       else if (flag == "--device")
@@ -199,6 +203,8 @@ Flags parse_flags(int argc, char** argv) {
   require(f.schedule == "gpipe" || f.schedule == "1f1b" || f.schedule == "interleaved",
           "bad value '" + f.schedule + "' for --schedule: gpipe, 1f1b or interleaved");
   require(f.micro_batches >= 1, "--micro-batches must be >= 1");
+  require(f.pp_cut == "parameters" || f.pp_cut == "uniform",
+          "bad value '" + f.pp_cut + "' for --pp-cut: parameters or uniform");
   const bool interleaved = f.schedule == "interleaved";
   if (f.virtual_stages == 0) f.virtual_stages = interleaved ? 2 : 1;
   require(interleaved ? f.virtual_stages >= 2 : f.virtual_stages == 1,

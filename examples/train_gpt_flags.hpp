@@ -19,7 +19,8 @@ struct Flags {
   int pp = 1;                                 // pipeline stages
   std::string schedule = "1f1b";
   int micro_batches = 4;
-  int virtual_stages = 0;  // stages a rank under --schedule interleaved (0: 2 there, else 1)
+  int virtual_stages = 0;             // stages a rank under --schedule interleaved (0: 2 there, else 1)
+  std::string pp_cut = "parameters";  // how the blocks are cut into stages (parallel::PipelineCut)
   // Optimisation; -1: the preset's.
   std::int64_t batch_size = -1, steps = -1, warmup_steps = -1, eval_every = -1, eval_samples = -1;
   double lr = -1, min_lr = -1, weight_decay = 0.1, grad_clip = 1.0, beta2 = 0.99;

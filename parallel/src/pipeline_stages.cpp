@@ -10,7 +10,6 @@
 
 #include "troupe/error.hpp"
 #include "troupe/nn/containers.hpp"
-#include "troupe/shard_range.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
@@ -46,12 +45,14 @@ double squares(const Tensor& g) {
 // ------------------------------------------------------------------ the GPT's stages
 
 GptStage::GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages,
-                   collectives::Communicator* tp)
+                   collectives::Communicator* tp, PipelineCut cut)
     : stage_(stage), stages_(stages) {
   TROUPE_CHECK(stages >= 1 && stage >= 0 && stage < stages, "GptStage: stage ", stage, " of ", stages);
   TROUPE_CHECK(config.n_layer >= stages, "GptStage: ", config.n_layer, " blocks do not fill ", stages,
                " pipeline stages");
-  std::tie(begin_, end_) = shard_range(config.n_layer, stage, stages);
+  const std::vector<std::int64_t> bounds = gpt_pipeline_cut(config, stages, cut);
+  begin_ = bounds[static_cast<std::size_t>(stage)];
+  end_ = bounds[static_cast<std::size_t>(stage) + 1];
   const std::unique_ptr<nn::GPT> model =
       tp != nullptr ? tensor_parallel_gpt(config, seed, *tp) : std::make_unique<nn::GPT>(config, seed);
   const nn::GPT& whole = *model;

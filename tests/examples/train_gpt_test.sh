@@ -252,6 +252,7 @@ bad)
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3
   expect 2 "--schedule interleaved needs --pp > 1, --micro-batches a multiple of --pp, and --pp x --virtual-stages 4 stages within --n-layer 2" \
     "$train" --pp 2 --schedule interleaved
+  expect 2 "bad value 'even' for --pp-cut: parameters or uniform" "$train" --pp 2 --pp-cut even
   expect 2 "--virtual-stages 3: 2 or more with --schedule interleaved, 1 \\(or none\\) with the others" \
     "$train" --pp 2 --virtual-stages 3
   expect 1 "with pipeline parallelism, accum_steps must be 1" "${mpi[@]}" "$train" --pp 2 --accum-steps 2 --steps 10 --warmup-steps 2

@@ -82,8 +82,8 @@ void expect_as_one_rank(const PipelineRun& run, const PipelineRun& reference) {
   }
 }
 
-PipelineRun train_pipeline(PipelineSchedule schedule, double dropout, int steps) {
-  GptStage stage(tiny_gpt(dropout), 5, world().rank(), world().size());
+PipelineRun train_pipeline(PipelineSchedule schedule, int steps, const nn::GPTConfig& config = tiny_gpt()) {
+  GptStage stage(config, 5, world().rank(), world().size());
   Pipeline pipe(stage, world(), schedule, 4);
   auto opt = adamw(stage);
   nn::CrossEntropyLoss ce;
@@ -110,8 +110,18 @@ TEST(Pipeline, BothSchedulesTrainAsOneRank) {
   const PipelineRun reference = one_rank(20);
   for (PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
     SCOPED_TRACE(parallel::pipeline_schedule_name(schedule));
-    expect_as_one_rank(train_pipeline(schedule, 0.0, 20), reference);
+    expect_as_one_rank(train_pipeline(schedule, 20), reference);
   }
+}
+
+// A table of 64 blocks' worth cuts 8 blocks unevenly at 4 stages (1, 3, 3, 1: the
+// end stages hold the table), which trains as one rank all the same.
+TEST(Pipeline, StagesCutByParameterCountTrainAsOneRank) {
+  nn::GPTConfig config = tiny_gpt();
+  config.n_layer = 8;
+  config.vocab_size = 1024;
+  if (world().size() == 4) EXPECT_EQ(parallel::gpt_pipeline_cut(config, 4), (std::vector<std::int64_t>{0, 1, 4, 7, 8}));
+  expect_as_one_rank(train_pipeline(PipelineSchedule::one_f_one_b, 20, config), one_rank(20, config));
 }
 
 // Each stage split over tp on a pp x tp mesh (pp 1 x tp 2 at 2 ranks, 2 x 2 at 4, 4 x 2
@@ -330,8 +340,8 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
 // dropout generators where the forwards left them, so with dropout on the schedules
 // agree bit for bit.
 TEST(Pipeline, GpipeAndOneFOneBAgreeBitForBitWithDropout) {
-  const PipelineRun gpipe = train_pipeline(PipelineSchedule::gpipe, 0.2, 4);
-  const PipelineRun interleaved = train_pipeline(PipelineSchedule::one_f_one_b, 0.2, 4);
+  const PipelineRun gpipe = train_pipeline(PipelineSchedule::gpipe, 4, tiny_gpt(0.2));
+  const PipelineRun interleaved = train_pipeline(PipelineSchedule::one_f_one_b, 4, tiny_gpt(0.2));
   EXPECT_EQ(gpipe.losses, interleaved.losses);
   for (const auto& [name, value] : gpipe.full)
     EXPECT_EQ(value.to_vector<float>(), interleaved.full.at(name).to_vector<float>()) << name;

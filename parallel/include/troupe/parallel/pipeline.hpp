@@ -153,9 +153,31 @@ class InterleavedStage final : public PipelineStage {
   std::vector<std::unique_ptr<PipelineStage>> chunks_;
 };
 
+// How GptStage cuts a GPT's blocks into stages. `parameters` (the default, as
+// DeepSpeed's partition_method="parameters") evens out the stages' parameter counts,
+// the first stage's token and position tables and the last stage's ln_f and copy of
+// the tied table included, so neither end stage holds the most where the tables are
+// large against a block; `uniform` gives each stage n_layer / stages blocks
+// (shard_range), as Megatron does by default.
+enum class PipelineCut { parameters, uniform };
+PipelineCut parse_pipeline_cut(std::string_view name);  // "parameters" or "uniform"
+const char* pipeline_cut_name(PipelineCut cut);
+
+// Blocks of parameter counts `sizes` cut into `stages` consecutive runs of one block or
+// more, the first stage also holding `first_extra` parameters and the last
+// `last_extra`: the boundaries (stage s holds blocks [cut[s], cut[s + 1])) whose largest
+// stage is as small as can be and, of those, whose stages are the most even (the least
+// sum of squares; ties to the earlier boundary).
+std::vector<std::int64_t> balanced_cut(const std::vector<std::int64_t>& sizes, std::int64_t first_extra,
+                                       std::int64_t last_extra, int stages);
+// GptStage's boundaries for `config` in `stages`, from the unsplit model's counts (so
+// every rank of a tp group cuts alike).
+std::vector<std::int64_t> gpt_pipeline_cut(const nn::GPTConfig& config, int stages,
+                                           PipelineCut cut = PipelineCut::parameters);
+
 // Stage `stage` of nn::GPT(config, seed) cut into `stages`: consecutive blocks as
-// shard_range splits n_layer; the first stage also runs wte, wpe and the input dropout,
-// the last ln_f and lm_head. Parameters keep the whole model's names. Built from the
+// gpt_pipeline_cut(config, stages, cut) says; the first stage also runs wte, wpe and
+// the input dropout, the last ln_f and lm_head. Parameters keep the whole model's names. Built from the
 // whole model (every rank builds it, keeps its stage, drops the rest), so every layout
 // starts from the same weights. The first and last stages each hold the tied table
 // (wte's, lm_head's): sum_tied_gradient() adds the two uses' gradients across them.
@@ -168,7 +190,7 @@ class InterleavedStage final : public PipelineStage {
 class GptStage : public PipelineStage {
  public:
   GptStage(const nn::GPTConfig& config, std::uint64_t seed, int stage, int stages,
-           collectives::Communicator* tp = nullptr);
+           collectives::Communicator* tp = nullptr, PipelineCut cut = PipelineCut::parameters);
 
   Tensor forward_impl(const Tensor& input) override;
   Tensor backward_impl(const Tensor& grad_output) override;
