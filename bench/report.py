@@ -27,9 +27,10 @@ AREA_ORDER = ["tensor", "train", "gpt", "sharding", "parallel", "gpu", "gpu-gpt"
 # the area drivers that only pick targets). An area whose results were measured before
 # the last change to any of these is flagged stale.
 _LIB = ["core/", "tensor/", "mpi/"]
-# The CPU areas never call the CUDA backend (tensor/src/cuda/, the .cu kernels): a
-# change there makes only the gpu areas stale.
-_NOT_CUDA = [":(exclude)tensor/src/cuda/", ":(exclude,glob)**/*.cu", ":(exclude,glob)**/*.cuh"]
+# The CPU areas never call the CUDA backend (tensor/src/cuda/, the .cu kernels, the
+# switches of cuda_math.hpp): a change there makes only the gpu areas stale.
+_NOT_CUDA = [":(exclude)tensor/src/cuda/", ":(exclude,glob)**/*.cu", ":(exclude,glob)**/*.cuh",
+             ":(exclude)tensor/include/troupe/tensor/cuda_math.hpp"]
 AREA_PATHS = {
     "tensor": ["core/", "tensor/", "bench/tensor_bench.cpp"],
     "train": [*_LIB, "nn/", "collectives/", "train/", "bench/train_bench.cpp", "bench/ddp_bench.cpp",
