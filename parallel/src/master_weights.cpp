@@ -41,21 +41,34 @@ void MasterWeights::copy_model_to_master() {
   for (auto& pair : pairs_) pair.master->data.copy_(pair.model->data);
 }
 
+// The pair whose model parameter `value` is, under whichever of its names: a tied
+// table is in a state dict twice (wte's and lm_head's), a parameter once.
+const MasterWeights::Pair* MasterWeights::pair_of(const Tensor& value) const {
+  if (!value.defined()) return nullptr;
+  for (const auto& pair : pairs_)
+    if (pair.model->data.defined() && pair.model->data.raw_data() == value.raw_data() &&
+        pair.model->data.shape() == value.shape())
+      return &pair;
+  return nullptr;
+}
+
 nn::StateDict MasterWeights::state_dict(const nn::Module& model) const {
   nn::StateDict dict = model.state_dict();
-  for (const auto& pair : pairs_) dict.insert_or_assign(pair.name, pair.master->data);
+  for (const auto& [name, value] : model.state_dict())
+    if (const Pair* pair = pair_of(value)) dict.insert_or_assign(name, pair->master->data);
   return dict;
 }
 
 void MasterWeights::load_state_dict(nn::Module& model, const nn::StateDict& dict, bool strict) {
-  // The model checks names, shapes and dtypes (its own) and rounds; then the masters
-  // take the full-precision values.
+  // The model checks names, shapes and dtypes (its own) and rounds, every name of a
+  // parameter; then the masters take the full-precision values.
+  const nn::StateDict current = model.state_dict();
   nn::StateDict rounded;
-  for (const auto& [name, value] : dict) rounded.insert(name, value);
-  for (const auto& pair : pairs_) {
-    const Tensor* value = dict.find(pair.name);
-    if (value != nullptr && value->defined() && tensor::is_floating(value->dtype()))
-      rounded.insert_or_assign(pair.name, value->to(pair.model->data.dtype()));
+  for (const auto& [name, value] : dict) {
+    const Tensor* mine = current.find(name);
+    const Pair* pair = mine != nullptr ? pair_of(*mine) : nullptr;
+    const bool round = pair != nullptr && value.defined() && tensor::is_floating(value.dtype());
+    rounded.insert(name, round ? value.to(pair->model->data.dtype()) : value);
   }
   model.load_state_dict(rounded, strict);
   for (auto& pair : pairs_)

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "train_world.hpp"
+#include "troupe/nn/gpt.hpp"
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/loss.hpp"
 #include "troupe/nn/sgd.hpp"
@@ -34,6 +35,23 @@ TEST(MasterWeights, UpdatesBelowBf16SpacingAccumulateInTheMastersAndReachTheMode
   EXPECT_NEAR(master.named_parameters()[0].param->data.to_vector<float>()[0], 0.99, 1e-4);
   EXPECT_EQ(with_master.weight().data.to_vector<float>()[0], 0.98828125f)
       << "0.99 rounded to bf16 (spacing 2^-8 below 1)";
+}
+
+// A tied table is in a state dict under two names: both carry the f32 master, and an
+// f32 dict (an f32 run's checkpoint, or PyTorch's) loads into the bf16 model under both.
+TEST(MasterWeights, ATiedTableIsF32UnderBothNamesAndLoadsFromAnF32Dict) {
+  const nn::GPTConfig config{.block_size = 8, .vocab_size = 16, .n_layer = 1, .n_head = 2, .n_embd = 8};
+  nn::GPT f32_model(config, 3), model(config, 4);
+  model.to(DType::bf16);
+  parallel::MasterWeights master(model);
+  const nn::StateDict want = f32_model.state_dict();
+  master.load_state_dict(model, want);  // threw: lm_head.weight f32 against the bf16 model
+  const nn::StateDict got = master.state_dict(model);
+  for (const char* name : {"transformer.wte.weight", "lm_head.weight"}) {
+    EXPECT_EQ(got.at(name).dtype(), DType::f32) << name;
+    EXPECT_EQ(got.at(name).to_vector<float>(), want.at(name).to_vector<float>()) << name;
+  }
+  EXPECT_EQ(model.state_dict().at("lm_head.weight").dtype(), DType::bf16);
 }
 
 TEST(MasterWeights, Bf16DataParallelTrainingWithScalingAndAccumulationTracksTheF32Run) {

@@ -49,8 +49,9 @@ class MasterWeights {
   // Each master = its model parameter widened (after loading a model state dict).
   void copy_model_to_master();
 
-  // The model's state dict with the f32 masters in place of its parameters: the full
-  // precision a checkpoint should keep (PyTorch's AMP state dicts are f32 too).
+  // The model's state dict with the f32 masters in place of its parameters, under
+  // every name a parameter has (a tied table's two): the full precision a checkpoint
+  // should keep (PyTorch's AMP state dicts are f32 too).
   nn::StateDict state_dict(const nn::Module& model) const;
   // Loads such a dict: the masters exactly, the model's parameters rounded from them
   // (what they were when it was saved), its buffers as they are. The parameters may
@@ -64,6 +65,7 @@ class MasterWeights {
     nn::Parameter* model = nullptr;
     std::unique_ptr<nn::Parameter> master;  // unique_ptr: the optimizer holds its address
   };
+  const Pair* pair_of(const Tensor& value) const;
   std::vector<Pair> pairs_;
 };
 
