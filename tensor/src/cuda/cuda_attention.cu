@@ -278,7 +278,8 @@ void attention_forward(DType dtype, const void* qkv, const AttentionShape& s, co
     return;
   }
   if (dtype == DType::f32) {
-    attention::forward_f32(static_cast<const float*>(qkv), s, drop, static_cast<float*>(out), static_cast<float*>(lse));
+    attention::forward_f32(static_cast<const float*>(qkv), s, drop, allow_tf32(), static_cast<float*>(out),
+                           static_cast<float*>(lse));
     return;
   }
   const Geometry g = attention::geometry_of(s, drop);
@@ -302,7 +303,7 @@ void attention_backward(DType dtype, const void* qkv, const void* out, const voi
   }
   if (dtype == DType::f32) {
     attention::backward_f32(static_cast<const float*>(qkv), static_cast<const float*>(out),
-                            static_cast<const float*>(grad_out), static_cast<const float*>(lse), s, drop,
+                            static_cast<const float*>(grad_out), static_cast<const float*>(lse), s, drop, allow_tf32(),
                             static_cast<float*>(delta), static_cast<float*>(grad_qkv));
     return;
   }

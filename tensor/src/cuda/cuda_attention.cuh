@@ -345,9 +345,11 @@ void forward_bf16(const BFloat16* qkv, const AttentionShape& s, const AttentionD
                   float* lse);
 void backward_bf16(const BFloat16* qkv, const BFloat16* out, const BFloat16* grad_out, const float* lse,
                    const AttentionShape& s, const AttentionDropout& drop, float* delta, BFloat16* grad_qkv);
-// f32 on tensor cores, 3xTF32 (cuda_attention_tf32.cu); head_dim <= 128.
-void forward_f32(const float* qkv, const AttentionShape& s, const AttentionDropout& drop, float* out, float* lse);
+// f32 on tensor cores, 3xTF32, or 1xTF32 where `tf32` (cuda_attention_tf32.cu);
+// head_dim <= 128.
+void forward_f32(const float* qkv, const AttentionShape& s, const AttentionDropout& drop, bool tf32, float* out,
+                 float* lse);
 void backward_f32(const float* qkv, const float* out, const float* grad_out, const float* lse, const AttentionShape& s,
-                  const AttentionDropout& drop, float* delta, float* grad_qkv);
+                  const AttentionDropout& drop, bool tf32, float* delta, float* grad_qkv);
 
 }  // namespace troupe::tensor::cuda_backend::attention

@@ -4,7 +4,9 @@
 // product is taken as three (CUTLASS's "3xTF32"): x = big + small, both TF32, and
 //   a b ~ a_small b_big + a_big b_small + a_big b_big,
 // dropping a_small b_small, about 2^-22 of the product: f32 accuracy at a third of
-// TF32's rate, which is still several times the CUDA cores' f32 rate.
+// TF32's rate, which is still several times the CUDA cores' f32 rate. With TF32
+// allowed (tensor/cuda_math.hpp) each kernel is built with kFast and takes a_big b_big
+// alone: TF32's accuracy, as torch's allow_tf32.
 //
 // The same three kernels as the bf16 ones (forward; dq with delta; dkdv), with the
 // softmax arithmetic they share (cuda_attention.cuh), but P and dS stay f32 and feed
@@ -51,11 +53,15 @@ struct SplitA {
   Split part[4];
 };
 
-// c += a b as three TF32 products, the small ones first.
+// c += a b as three TF32 products, the small ones first; kFast: the big one alone (the
+// small halves, unused, are never computed).
+template <bool kFast>
 __device__ __forceinline__ void mma3(float (&c)[4], const SplitA& a, float b0, float b1) {
   const Split x = split(b0), y = split(b1);
-  mma_tf32(c, a.part[0].small, a.part[1].small, a.part[2].small, a.part[3].small, x.big, y.big);
-  mma_tf32(c, a.part[0].big, a.part[1].big, a.part[2].big, a.part[3].big, x.small, y.small);
+  if constexpr (!kFast) {
+    mma_tf32(c, a.part[0].small, a.part[1].small, a.part[2].small, a.part[3].small, x.big, y.big);
+    mma_tf32(c, a.part[0].big, a.part[1].big, a.part[2].big, a.part[3].big, x.small, y.small);
+  }
   mma_tf32(c, a.part[0].big, a.part[1].big, a.part[2].big, a.part[3].big, x.big, y.big);
 }
 
@@ -68,13 +74,13 @@ __device__ __forceinline__ SplitA load_a(const float* tile, int r0, int k0, cons
 }
 
 // c[n] += A b_n, B[k][n] = tile[n][k] (B's columns are the tile's rows: K for Q K^T).
-template <int P, int N>
+template <bool kFast, int P, int N>
 __device__ __forceinline__ void mma_across(float (&c)[N][4], const SplitA& a, const float* tile, int k0,
                                            const Lane& l) {
 #pragma unroll
   for (int n = 0; n < N; ++n) {
     const float* b = tile + (n * 8 + l.group) * P + k0 + l.pair;
-    mma3(c[n], a, b[0], b[4]);
+    mma3<kFast>(c[n], a, b[0], b[4]);
   }
 }
 
@@ -85,7 +91,7 @@ __device__ __forceinline__ void mma_across(float (&c)[N][4], const SplitA& a, co
 // taken in the same order (rows 2t and 2t + 1 as B's rows t and t + 4): the sum is the
 // same, and the accumulator is the A operand as it stands, with no trip through shared
 // memory.
-template <int P, int N>
+template <bool kFast, int P, int N>
 __device__ __forceinline__ void accumulator_times(float (&c)[N][4], const float (&s)[8][4], const float* tile,
                                                   const Lane& l) {
 #pragma unroll
@@ -94,14 +100,14 @@ __device__ __forceinline__ void accumulator_times(float (&c)[N][4], const float 
 #pragma unroll
     for (int n = 0; n < N; ++n) {
       const float* b = tile + (kk * 8 + 2 * l.pair) * P + n * 8 + l.group;
-      mma3(c[n], a, b[0], b[P]);
+      mma3<kFast>(c[n], a, b[0], b[P]);
     }
   }
 }
 
 // Four blocks an SM (128 registers a thread; 24 bytes spilled without dropout), as
 // many as its shared memory allows.
-template <int D, bool kDropout>
+template <int D, bool kDropout, bool kFast>
 __global__ void __launch_bounds__(kThreads, 4)
     forward_kernel(const float* qkv, Geometry g, bool vector, float* out, float* lse) {
   extern __shared__ __align__(16) unsigned char shared[];
@@ -126,16 +132,16 @@ __global__ void __launch_bounds__(kThreads, 4)
     float s[8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk)
-      mma_across<kAcross<D>>(s, load_a<kAcross<D>>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
+      mma_across<kFast, kAcross<D>>(s, load_a<kAcross<D>>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
     online_softmax<kDropout>(s, o, m, sum, k0 == first, scale, row0, k0, l, g, at.bh);
-    accumulator_times<kAcross<D>>(o, s, vs, l);
+    accumulator_times<kFast, kAcross<D>>(o, s, vs, l);
   }
   const float total[2] = {row_sum(sum[0]), row_sum(sum[1])};
   store_rows<D>(o, 1.0f / total[0], 1.0f / total[1], out_rows(out, g, at), first + warp * 16, g, l);
   store_lse(m, total, row0, l, g, at.bh, lse);
 }
 
-template <int D, bool kDropout>
+template <int D, bool kDropout, bool kFast>
 __global__ void __launch_bounds__(kThreads)
     backward_dq_kernel(const float* qkv, const float* out, const float* grad_out, const float* lse, Geometry g,
                        bool vector, float* delta, float* grad_qkv) {
@@ -165,11 +171,11 @@ __global__ void __launch_bounds__(kThreads)
     float s[8][4] = {}, dp[8][4] = {};
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk) {
-      mma_across<P>(s, load_a<P>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
-      mma_across<P>(dp, load_a<P>(dys, warp * 16, kk * 8, l), vs, kk * 8, l);
+      mma_across<kFast, P>(s, load_a<P>(qs, warp * 16, kk * 8, l), ks, kk * 8, l);
+      mma_across<kFast, P>(dp, load_a<P>(dys, warp * 16, kk * 8, l), vs, kk * 8, l);
     }
     ds_of_tile<kDropout>(s, dp, k0 == first, scale, row_lse, row_delta, row0, k0, l, g, at.bh);  // s = dS
-    accumulator_times<P>(dq, s, ks, l);
+    accumulator_times<kFast, P>(dq, s, ks, l);
   }
   const float by = static_cast<float>(g.scale);
   store_rows<D>(dq, by, by, qkv_rows(grad_qkv, g, at, 0), first + warp * 16, g, l);
@@ -177,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
 
 // Three blocks an SM (168 registers a thread, a few bytes spilled without dropout): at
 // two, the SM had too few warps to hide the mma and load latencies.
-template <int D, bool kDropout>
+template <int D, bool kDropout, bool kFast>
 __global__ void __launch_bounds__(kThreads, 3)
     backward_dkdv_kernel(const float* qkv, const float* grad_out, const float* lse, const float* delta, Geometry g,
                          bool vector, float* grad_qkv) {
@@ -209,12 +215,12 @@ __global__ void __launch_bounds__(kThreads, 3)
     float s[8][4] = {}, dp[8][4] = {};  // S^T and dP^T: this warp's 16 keys x 64 queries
 #pragma unroll
     for (int kk = 0; kk < D / 8; ++kk) {
-      mma_across<P>(s, load_a<P>(ks, warp * 16, kk * 8, l), qs, kk * 8, l);
-      mma_across<P>(dp, load_a<P>(vs, warp * 16, kk * 8, l), dys, kk * 8, l);
+      mma_across<kFast, P>(s, load_a<P>(ks, warp * 16, kk * 8, l), qs, kk * 8, l);
+      mma_across<kFast, P>(dp, load_a<P>(vs, warp * 16, kk * 8, l), dys, kk * 8, l);
     }
     transposed_p_and_ds<kDropout>(s, dp, scale, lse_s, delta_s, key0, q0, l, g, at.bh);  // s = P^T, dp = dS^T
-    accumulator_times<P>(dv, s, dys, l);
-    accumulator_times<P>(dk, dp, qs, l);
+    accumulator_times<kFast, P>(dv, s, dys, l);
+    accumulator_times<kFast, P>(dk, dp, qs, l);
   }
   const float by = static_cast<float>(g.scale);
   store_rows<D>(dk, by, by, qkv_rows(grad_qkv, g, at, 1), first + warp * 16, g, l);
@@ -223,19 +229,25 @@ __global__ void __launch_bounds__(kThreads, 3)
 
 }  // namespace
 
-void forward_f32(const float* qkv, const AttentionShape& s, const AttentionDropout& drop, float* out, float* lse) {
+void forward_f32(const float* qkv, const AttentionShape& s, const AttentionDropout& drop, bool tf32, float* out,
+                 float* lse) {
   const Geometry g = geometry_of(s, drop);
   const bool vector = s.head_dim % 4 == 0 && s.channels % 4 == 0 && aligned16(qkv);
   dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
     constexpr int D = decltype(width)::value;
+    constexpr bool drop_on = decltype(dropout)::value;
     const std::size_t floats = 3 * kRows * kAcross<D>;
-    launch(forward_kernel<D, decltype(dropout)::value>, s, kRows, kThreads, floats * sizeof(float),
-           "causal attention (f32)", qkv, g, vector, out, lse);
+    if (tf32)
+      launch(forward_kernel<D, drop_on, true>, s, kRows, kThreads, floats * sizeof(float), "causal attention (tf32)",
+             qkv, g, vector, out, lse);
+    else
+      launch(forward_kernel<D, drop_on, false>, s, kRows, kThreads, floats * sizeof(float), "causal attention (f32)",
+             qkv, g, vector, out, lse);
   });
 }
 
 void backward_f32(const float* qkv, const float* out, const float* grad_out, const float* lse, const AttentionShape& s,
-                  const AttentionDropout& drop, float* delta, float* grad_qkv) {
+                  const AttentionDropout& drop, bool tf32, float* delta, float* grad_qkv) {
   const Geometry g = geometry_of(s, drop);
   const bool vector = s.head_dim % 4 == 0 && s.channels % 4 == 0 && aligned16(qkv) && aligned16(grad_out);
   dispatch_head(s.head_dim, drop.p > 0, [&](auto width, auto dropout) {
@@ -243,11 +255,19 @@ void backward_f32(const float* qkv, const float* out, const float* grad_out, con
     constexpr bool drop_on = decltype(dropout)::value;
     const std::size_t dq_floats = 4 * kRows * kAcross<D> + kRows;
     const std::size_t dkdv_floats = 4 * kRows * kAcross<D> + 2 * kRows;
-    launch(backward_dq_kernel<D, drop_on>, s, kRows, kThreads, dq_floats * sizeof(float),
-           "causal attention backward (f32, dq)", qkv, out, grad_out, lse, g, vector, delta, grad_qkv);
-    launch(backward_dkdv_kernel<D, drop_on>, s, kRows, kThreads, dkdv_floats * sizeof(float),
-           "causal attention backward (f32, dk, dv)", qkv, grad_out, lse, static_cast<const float*>(delta), g, vector,
-           grad_qkv);
+    const auto run = [&](auto fast) {
+      constexpr bool kFast = decltype(fast)::value;
+      launch(backward_dq_kernel<D, drop_on, kFast>, s, kRows, kThreads, dq_floats * sizeof(float),
+             kFast ? "causal attention backward (tf32, dq)" : "causal attention backward (f32, dq)", qkv, out, grad_out,
+             lse, g, vector, delta, grad_qkv);
+      launch(backward_dkdv_kernel<D, drop_on, kFast>, s, kRows, kThreads, dkdv_floats * sizeof(float),
+             kFast ? "causal attention backward (tf32, dk, dv)" : "causal attention backward (f32, dk, dv)", qkv,
+             grad_out, lse, static_cast<const float*>(delta), g, vector, grad_qkv);
+    };
+    if (tf32)
+      run(std::true_type{});
+    else
+      run(std::false_type{});
   });
 }
 

@@ -70,6 +70,10 @@ void random_normal(DType dtype, void* out, std::int64_t n, std::uint64_t seed, s
 // operands of gemm's 16-bit products).
 void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, std::int64_t cols, void* dst,
                      std::int64_t dst_ld, std::int64_t dst_rows, std::int64_t dst_cols);
+// Whether f32 products may take TF32 (tensor/cuda_math.hpp): read by gemm,
+// linear_bias and f32 attention at each call.
+void set_allow_tf32(bool allow);
+bool allow_tf32();
 // Row-major C[m,n] = alpha * op(A) op(B) + beta * C, through cuBLAS.
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
           const void* a, const void* b, double beta, void* c);

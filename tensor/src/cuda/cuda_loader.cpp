@@ -140,6 +140,17 @@ void copy_rows_2byte(const void* src, std::int64_t src_ld, std::int64_t rows, st
   backend("cuda copy rows 2byte").copy_rows_2byte(src, src_ld, rows, cols, dst, dst_ld, dst_rows, dst_cols);
 }
 
+// A switch, not an operation: without the backend there is nothing it could change.
+void set_allow_tf32(bool allow) {
+  const Table* t = loaded().table;
+  if (t) t->set_allow_tf32(allow);
+}
+
+bool allow_tf32() {
+  const Table* t = loaded().table;
+  return t ? t->allow_tf32() : false;
+}
+
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
           const void* a, const void* b, double beta, void* c) {
   backend("cuda gemm").gemm(dtype, trans_a, trans_b, m, n, k, alpha, a, b, beta, c);

@@ -1,10 +1,12 @@
 // Row-major gemm through cuBLAS, which is column-major: C = A B in row-major is
 // C^T = B^T A^T in column-major, so the operands are passed swapped, not transposed.
-// f16/bf16 use cublasGemmEx with f32 accumulation. An f32 Linear's bias is added in
+// f16/bf16 use cublasGemmEx with f32 accumulation; f32 is cuBLAS's f32 gemm, or with
+// TF32 allowed (cuda_math.hpp) its TF32 one. An f32 Linear's bias is added in
 // cuBLASLt's epilogue, as torch's addmm does: a separate add reads and writes the
 // whole output once more (~1.5 ms of a GPT-2-small step on an H200).
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <tuple>
@@ -16,6 +18,9 @@
 namespace troupe::tensor::cuda_backend {
 
 namespace {
+
+// Off unless asked for, as torch.backends.cuda.matmul.allow_tf32.
+std::atomic<bool> tf32_allowed{false};
 
 // One cuBLAS handle per thread: handles are not safe to share across threads, and
 // creating one costs milliseconds.
@@ -71,6 +76,11 @@ void gemm_ex(cublasHandle_t h, DType dtype, bool trans_a, bool trans_b, int m, i
   switch (dtype) {
     case DType::f32: {
       const float al = static_cast<float>(alpha), be = static_cast<float>(beta);
+      if (allow_tf32()) {
+        TROUPE_CUBLAS_CHECK(cublasGemmEx(h, op_b, op_a, n, m, k, &al, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &be, c,
+                                         CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT));
+        break;
+      }
       TROUPE_CUBLAS_CHECK(cublasSgemm(h, op_b, op_a, n, m, k, &al, static_cast<const float*>(b), ldb,
                                       static_cast<const float*>(a), lda, &be, static_cast<float*>(c), ldc));
       break;
@@ -161,10 +171,14 @@ struct LtPlan {
   std::size_t workspace = 0;
 };
 using LtKey = std::tuple<int, std::int64_t, std::int64_t, std::int64_t, std::uint32_t, std::uint32_t, std::uint32_t,
-                         std::uint32_t>;
+                         std::uint32_t, bool>;
 constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;  // cuBLAS's own default on Hopper
 
 }  // namespace
+
+void set_allow_tf32(bool allow) { tf32_allowed.store(allow, std::memory_order_relaxed); }
+
+bool allow_tf32() { return tf32_allowed.load(std::memory_order_relaxed); }
 
 void gemm(DType dtype, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
           const void* a, const void* b, double beta, void* c) {
@@ -214,7 +228,9 @@ bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, co
   // Column-major, as gemm above: y^T [n, m] = op(w) x^T, w stored [k, n] and transposed,
   // x stored [k, m]; the bias runs along y^T's rows.
   LtDescriptors desc;
-  TROUPE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const bool tf32 = allow_tf32();
+  TROUPE_CUBLAS_CHECK(
+      cublasLtMatmulDescCreate(&desc.op, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_attribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSA, CUBLAS_OP_T);
   set_attribute(desc.op, CUBLASLT_MATMUL_DESC_TRANSB, CUBLAS_OP_N);
   set_attribute(desc.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
@@ -223,7 +239,7 @@ bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, co
   TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.b, CUDA_R_32F, k, m, k));
   TROUPE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&desc.d, CUDA_R_32F, n, m, n));
 
-  const LtKey key{device, m, n, k, alignment_of(w), alignment_of(x), alignment_of(y), alignment_of(bias)};
+  const LtKey key{device, m, n, k, alignment_of(w), alignment_of(x), alignment_of(y), alignment_of(bias), tf32};
   thread_local std::map<LtKey, LtPlan> plans;
   auto plan = plans.find(key);
   if (plan == plans.end()) {
@@ -254,7 +270,8 @@ bool linear_bias(DType dtype, std::int64_t m, std::int64_t n, std::int64_t k, co
     plan->second.found = false;
     return false;
   }
-  cublas_check(status, "cublasLtMatmul (f32, bias epilogue)", __FILE__, __LINE__);
+  cublas_check(status, tf32 ? "cublasLtMatmul (tf32, bias epilogue)" : "cublasLtMatmul (f32, bias epilogue)", __FILE__,
+               __LINE__);
   return true;
 }
 

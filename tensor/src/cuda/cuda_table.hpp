@@ -14,7 +14,7 @@ namespace troupe::tensor::cuda_backend {
 // Bumped whenever a signature in cuda_backend.hpp changes, so that a stale plugin
 // beside a newer libtroupe_tensor is refused rather than called with the wrong
 // arguments.
-inline constexpr int kTableVersion = 2;
+inline constexpr int kTableVersion = 3;
 
 struct Table {
   int version;
@@ -35,6 +35,8 @@ struct Table {
   decltype(&cuda_backend::random_uniform) random_uniform;
   decltype(&cuda_backend::random_normal) random_normal;
   decltype(&cuda_backend::copy_rows_2byte) copy_rows_2byte;
+  decltype(&cuda_backend::set_allow_tf32) set_allow_tf32;
+  decltype(&cuda_backend::allow_tf32) allow_tf32;
   decltype(&cuda_backend::gemm) gemm;
   decltype(&cuda_backend::linear_bias) linear_bias;
   decltype(&cuda_backend::sgd_step) sgd_step;
