@@ -21,7 +21,7 @@
 // machine does not decide it; "idle_repeats" lists them all), beside
 // the schedule's theoretical (p - 1) / (m + p - 1), or (p - 1) / (V m + p - 1) with V
 // stages a rank (interleaved; V 2 unless given). With --pp, state_bytes is the most
-// any rank holds (the first stage's, with the embeddings). state_bytes: this rank's parameters,
+// any rank holds. state_bytes: this rank's parameters,
 // gradients and AdamW moments, from the tensors themselves; live_bytes: host memory
 // live after a step with the model's activations released, beyond what was live before
 // the model (the state plus the loss's cached logits and the batches; the one-rank model
@@ -177,7 +177,7 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       if (pipe) {
         loss = pipe->forward_backward(x, y, pipe_loss);
-        stage->sum_tied_gradient(pp);
+        stage->reduce_tied_gradient(pp);
         parallel::pipeline_clip_grad_norm(*stage, 1.0, pp, tp_size > 1 ? &tp : nullptr);
       } else {
         const auto before_forward = static_cast<std::int64_t>(tensor::host_memory_stats().live_bytes);
@@ -188,6 +188,7 @@ int main(int argc, char** argv) {
         parallel::tensor_parallel_clip_grad_norm(*model, 1.0, tp);
       }
       opt.step();
+      if (pipe) stage->broadcast_tied_table(pp);
     };
     for (int i = 0; i < 3; ++i) step();
     // The most one step holds beyond what was live before it (activations, gathered
@@ -207,7 +208,9 @@ int main(int argc, char** argv) {
     model->release_activations();
     std::size_t live_bytes = tensor::host_memory_stats().live_bytes - before;
     std::size_t state_bytes = 0;
-    for (const nn::Parameter* p : model->parameters()) state_bytes += p->data.nbytes() + p->grad.nbytes();
+    // A gradient for every parameter, as at the step's peak: the first stage's tied table
+    // has one until reduce_tied_gradient sends it.
+    for (const nn::Parameter* p : model->parameters()) state_bytes += 2 * p->data.nbytes();
     for (const auto& [key, value] : opt.state_dict())
       if (key.find('/') != std::string::npos) state_bytes += value.nbytes();
     if (pipe) {  // the worst rank's

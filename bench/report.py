@@ -90,7 +90,8 @@ median of 5 repeats of 4 steps after 3 warm-up steps; time waiting in collective
 the communicator's own count; a stage's idle fraction is 1 - its compute time / the
 step's wall time, the mean over stages and a repeat's steps, the lower median of the
 repeats; the state per rank from the tensors (parameters, gradients, AdamW moments;
-under pp the first stage's, the largest). tp 1 and tp 2 take turns for 3 rounds, and so
+under pp the largest stage's, a gradient counted for every parameter, the first stage's
+tied table included, which the last stage steps). tp 1 and tp 2 take turns for 3 rounds, and so
 do pp 2's gpipe, 1f1b and interleaved; each shows its median round. The others run
 once, and 4 ranks share 2 cores, so their times and idle fractions are for the record
 only. Interleaved (2 stages a rank, v = 2) cuts the 4 blocks one a stage. Targets:

@@ -145,10 +145,15 @@ ShardedStateDicts* PipelineModel::state_dicts() {
 }
 
 void PipelineModel::gather_stage(bool values) {
-  if (released_.empty()) return;
-  for (Released& r : released_) r.param->data = Tensor::empty(r.shape, r.dtype, r.device);
-  released_.clear();
-  if (values) oss_->share();
+  if (!released_.empty()) {
+    for (Released& r : released_) r.param->data = Tensor::empty(r.shape, r.dtype, r.device);
+    released_.clear();
+    if (values) oss_->share();
+  }
+  // After the shares: the last stage's every dp rank has the stepped table now, and the
+  // first stage's is overwritten (its dp owner's stale value went out in the share).
+  if (tied_stale_ && values) stage_.broadcast_tied_table(pp_);
+  tied_stale_ = false;  // without values, what is loaded next sets both stages alike
 }
 
 void PipelineModel::release_stage() {
@@ -177,7 +182,7 @@ MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Te
   gather_stage();
   result.loss = pipe_.forward_backward(inputs, targets, loss);
   const TraceScope span(tracer_, "compute", "optimizer");
-  stage_.sum_tied_gradient(pp_);
+  stage_.reduce_tied_gradient(pp_);
   if (dp_.size() > 1)
     for (nn::Parameter* p : stage_.parameters())
       if (p->grad.defined()) dp_.allreduce(collectives::Buffer(p->grad), collectives::ReduceOp::avg);
@@ -189,6 +194,10 @@ MicroBatchResult PipelineModel::train_micro_batch(const Tensor& inputs, const Te
   else
     optimizer_->step();
   stage_.zero_grad(true);
+  if (fully_sharded_)
+    tied_stale_ = true;  // the last stage's owner alone has the table until the next gather
+  else
+    stage_.broadcast_tied_table(pp_);
   release_stage();
   result.stepped = true;
   return result;

@@ -91,8 +91,10 @@ std::vector<std::int64_t> gpt_pipeline_cut(const nn::GPTConfig& config, int stag
   const auto blocks = transformer->shared_child("h");
   std::vector<std::int64_t> sizes;
   for (std::int64_t i = 0; i < config.n_layer; ++i) sizes.push_back(count(*blocks->shared_child(std::to_string(i))));
+  // In state, a parameter's 16 bytes with its gradient and AdamW's moments: the first
+  // stage holds the tied table with its gradient alone (the last steps it), 8 bytes.
   const std::int64_t table = count(*transformer->shared_child("wte"));
-  return balanced_cut(sizes, table + count(*transformer->shared_child("wpe")),
+  return balanced_cut(sizes, table / 2 + count(*transformer->shared_child("wpe")),
                       count(*transformer->shared_child("ln_f")) + table, stages);
 }
 

@@ -18,7 +18,9 @@ using collectives::Buffer;
 
 namespace {
 
-constexpr int kTied = 103;  // beside the schedule's tags (pipeline.cpp), on the pp communicator
+// Beside the schedule's tags (pipeline.cpp), on the pp communicator.
+constexpr int kTiedGradient = 103;
+constexpr int kTiedTable = 104;
 
 template <class M>
 M* as(const std::shared_ptr<nn::Module>& module, const char* what) {
@@ -108,16 +110,25 @@ Tensor GptStage::backward_impl(const Tensor& grad_output) {
   return Tensor();
 }
 
-void GptStage::sum_tied_gradient(collectives::Communicator& pp) {
+void GptStage::reduce_tied_gradient(collectives::Communicator& pp) {
   if (stages_ == 1 || !(first() || last())) return;
-  TROUPE_CHECK(tied_->grad.defined(), type_name(), ".sum_tied_gradient: the tied table has no gradient");
-  const int peer = (first() ? stages_ - 1 : 0) % pp.size();
-  const Tensor mine = tied_->grad.clone();
-  Tensor theirs = Tensor::empty(mine.shape(), mine.dtype());
-  collectives::Work sent = pp.send_async(Buffer(mine), peer, kTied);
-  pp.recv(Buffer(theirs), peer, kTied);
-  sent.wait();
-  tensor::add_(tied_->grad, theirs);  // a + b on one stage, b + a on the other: the same bits
+  TROUPE_CHECK(tied_->grad.defined(), type_name(), ".reduce_tied_gradient: the tied table has no gradient");
+  if (first()) {
+    pp.send(Buffer(tied_->grad), (stages_ - 1) % pp.size(), kTiedGradient);
+    tied_->grad = Tensor();  // the last stage steps the sum
+    return;
+  }
+  Tensor theirs = Tensor::empty(tied_->grad.shape(), tied_->grad.dtype(), tied_->grad.device());
+  pp.recv(Buffer(theirs), 0, kTiedGradient);
+  tensor::add_(tied_->grad, theirs);
+}
+
+void GptStage::broadcast_tied_table(collectives::Communicator& pp) {
+  if (stages_ == 1 || !(first() || last())) return;
+  if (last())
+    pp.send(Buffer(tied_->data), 0, kTiedTable);
+  else
+    pp.recv(Buffer(tied_->data), (stages_ - 1) % pp.size(), kTiedTable);
 }
 
 void GptStage::checkpoint_blocks(std::int64_t every) {
@@ -188,13 +199,23 @@ std::string InterleavedStage::type_name() const {
   return name + ")";
 }
 
-void InterleavedStage::sum_tied_gradient(collectives::Communicator& pp) {
-  for (const auto& chunk : chunks_) chunk->sum_tied_gradient(pp);
+void InterleavedStage::reduce_tied_gradient(collectives::Communicator& pp) {
+  for (const auto& chunk : chunks_) chunk->reduce_tied_gradient(pp);
+}
+
+void InterleavedStage::broadcast_tied_table(collectives::Communicator& pp) {
+  for (const auto& chunk : chunks_) chunk->broadcast_tied_table(pp);
 }
 
 const nn::Parameter* InterleavedStage::tied_copy() const {
   for (const auto& chunk : chunks_)
     if (const nn::Parameter* copy = chunk->tied_copy()) return copy;
+  return nullptr;
+}
+
+const nn::Parameter* InterleavedStage::tied_unowned() const {
+  for (const auto& chunk : chunks_)
+    if (const nn::Parameter* table = chunk->tied_unowned()) return table;
   return nullptr;
 }
 
@@ -209,8 +230,7 @@ double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collective
   const auto splits = tp != nullptr ? tensor_parallel_splits(stage) : std::map<std::string, TensorSplit>{};
   double split = 0, whole = 0;
   for (const auto& [name, param] : stage.named_parameters())
-    if (param->grad.defined() && param != stage.tied_copy())
-      (splits.count(name) ? split : whole) += squares(param->grad);
+    if (param->grad.defined()) (splits.count(name) ? split : whole) += squares(param->grad);
   if (tp != nullptr) tp->allreduce(Buffer(&split, 1));
   double sum = split + whole;  // the same on every rank of a tp group: its whole gradients are equal
   pp.allreduce(Buffer(&sum, 1));

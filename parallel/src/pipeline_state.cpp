@@ -117,23 +117,35 @@ nn::StateDict PipelineStateDicts::whole_random_state(nn::StateDict local) {
   return gather_stages(chunks, pp_, false);
 }
 
-std::string PipelineStateDicts::tied_copy_name() const {
-  const nn::Parameter* copy = stage_.tied_copy();
-  if (!copy) return "";
+std::string PipelineStateDicts::name_of(const nn::Parameter* p) const {
+  if (!p) return "";
   for (const auto& [name, param] : stage_.named_parameters())
-    if (param == copy) return name;
+    if (param == p) return name;
   return "";
 }
 
 nn::StateDict PipelineStateDicts::model_state_dict() { return pipeline_full_state_dict(stage_, pp_, tp_); }
 
 nn::StateDict PipelineStateDicts::optimizer_state_dict() {
-  const std::string copy = tied_copy_name();
+  const std::string copy = name_of(stage_.tied_copy()), unowned = name_of(stage_.tied_unowned());
   nn::StateDict mine;
   const nn::StateDict local = oss_ != nullptr ? oss_->state_dict() : optimizer_->state_dict();
-  for (const auto& [key, value] : tp_ != nullptr ? full_optimizer_state_dict(local, splits_, *tp_) : local)
-    if (copy.empty() || key.rfind(copy + "/", 0) != 0) mine.insert(key, value);
-  return gather_stages(by_chunk(mine, stage_), pp_, true);
+  for (const auto& [key, value] : tp_ != nullptr ? full_optimizer_state_dict(local, splits_, *tp_) : local) {
+    const auto cut = key.rfind('/');
+    const std::string param = cut == std::string::npos ? "" : key.substr(0, cut);
+    if (!unowned.empty() && param == unowned) continue;  // never stepped here; none expected
+    mine.insert(!copy.empty() && param == copy ? tied_name_ + key.substr(cut) : key, value);
+  }
+  const nn::StateDict full = gather_stages(by_chunk(mine, stage_), pp_, true);
+  // The whole model's order: the scalars, the table's slots (its first parameter), the rest.
+  nn::StateDict ordered;
+  const auto rank = [&](const std::string& key) {
+    return key.find('/') == std::string::npos ? 0 : key.rfind(tied_name_ + "/", 0) == 0 ? 1 : 2;
+  };
+  for (int pass = 0; pass < 3; ++pass)
+    for (const auto& [key, value] : full)
+      if (rank(key) == pass) ordered.insert(key, value);
+  return ordered;
 }
 
 void PipelineStateDicts::load_model_state_dict(const nn::StateDict& dict) {
@@ -146,9 +158,10 @@ void PipelineStateDicts::load_model_state_dict(const nn::StateDict& dict) {
 }
 
 void PipelineStateDicts::load_optimizer_state_dict(const nn::StateDict& dict) {
-  const std::string copy = tied_copy_name();
+  const std::string copy = name_of(stage_.tied_copy());
   std::vector<std::string> names;
-  for (const auto& [name, param] : stage_.named_parameters()) names.push_back(name);
+  for (const auto& [name, param] : stage_.named_parameters())
+    if (param != stage_.tied_unowned()) names.push_back(name);
   nn::StateDict mine;
   for (const auto& [key, value] : dict) {
     const auto cut = key.rfind('/');

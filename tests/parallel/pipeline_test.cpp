@@ -94,9 +94,10 @@ PipelineRun train_pipeline(PipelineSchedule schedule, int steps, const nn::GPTCo
     opt->zero_grad();
     run.losses.push_back(
         pipe.forward_backward(token_ids(8, 16, 65, 100 + step), token_ids(8, 16, 65, 500 + step), loss));
-    stage.sum_tied_gradient(world());
+    stage.reduce_tied_gradient(world());
     parallel::pipeline_clip_grad_norm(stage, kMaxNorm, world());
     opt->step();
+    stage.broadcast_tied_table(world());
   }
   run.full = parallel::pipeline_full_state_dict(stage, world());
   return run;
@@ -112,6 +113,46 @@ TEST(Pipeline, BothSchedulesTrainAsOneRank) {
     SCOPED_TRACE(parallel::pipeline_schedule_name(schedule));
     expect_as_one_rank(train_pipeline(schedule, 20), reference);
   }
+}
+
+// The last stage owns the tied table: the first sends its gradient there and drops it,
+// keeps no optimizer state for the table, and takes the stepped table back bit for bit.
+// The optimizer's checkpoint state is the one-rank optimizer's, keys in its order.
+TEST(Pipeline, TheLastStageStepsTheTiedTableTheFirstHoldsItWithoutState) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two or more stages";
+  GptStage stage(tiny_gpt(), 5, world().rank(), world().size());
+  Pipeline pipe(stage, world(), PipelineSchedule::one_f_one_b, 4);
+  auto opt = adamw(stage);
+  nn::CrossEntropyLoss ce;
+  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+                                    [&ce](double scale) { return ce.backward(scale); }};
+  const bool first = stage.first(), last = stage.last();
+  for (int step = 0; step < 3; ++step) {
+    opt->zero_grad();
+    pipe.forward_backward(token_ids(8, 16, 65, 100 + step), token_ids(8, 16, 65, 500 + step), loss);
+    stage.reduce_tied_gradient(world());
+    for (const auto& [name, param] : stage.named_parameters())
+      if (name == "transformer.wte.weight") {
+        EXPECT_FALSE(param->grad.defined()) << "step " << step;
+      }
+    parallel::pipeline_clip_grad_norm(stage, kMaxNorm, world());
+    opt->step();
+    stage.broadcast_tied_table(world());
+  }
+  const std::vector<std::string> held = opt->state_dict().keys();
+  const auto holds = [&held](const std::string& prefix) {
+    return std::any_of(held.begin(), held.end(), [&](const std::string& k) { return k.rfind(prefix, 0) == 0; });
+  };
+  if (first) {
+    EXPECT_FALSE(holds("transformer.wte.weight/"));
+  }
+  if (last) {
+    EXPECT_TRUE(holds("lm_head.weight/"));
+  }
+  const nn::StateDict full = parallel::pipeline_full_state_dict(stage, world());
+  EXPECT_EQ(full.at("transformer.wte.weight").to_vector<float>(), full.at("lm_head.weight").to_vector<float>());
+  parallel::PipelineStateDicts state(stage, *opt, world());
+  EXPECT_EQ(state.optimizer_state_dict().keys(), one_rank(3).optimizer.keys());
 }
 
 // A table of 64 blocks' worth cuts 8 blocks unevenly at 4 stages (1, 3, 3, 1: the
@@ -143,9 +184,10 @@ TEST(Pipeline, StagesSplitOverTensorParallelRanksTrainAsOneRank) {
     opt->zero_grad();
     run.losses.push_back(
         pipe.forward_backward(token_ids(8, 16, 65, 100 + step), token_ids(8, 16, 65, 500 + step), loss));
-    stage.sum_tied_gradient(pp);
+    stage.reduce_tied_gradient(pp);
     parallel::pipeline_clip_grad_norm(stage, kMaxNorm, pp, &tp);
     opt->step();
+    stage.broadcast_tied_table(pp);
   }
   run.full = parallel::pipeline_full_state_dict(stage, pp, &tp);
   const PipelineRun reference = one_rank(20);
@@ -297,9 +339,10 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
       opt->zero_grad();
       run.losses.push_back(
           pipe.forward_backward(token_ids(rows, 16, 65, 100 + step), token_ids(rows, 16, 65, 500 + step), loss));
-      stage->sum_tied_gradient(world());
+      stage->reduce_tied_gradient(world());
       parallel::pipeline_clip_grad_norm(*stage, kMaxNorm, world());
       opt->step();
+      stage->broadcast_tied_table(world());
     }
     run.full = parallel::pipeline_full_state_dict(*stage, world());
     expect_as_one_rank(run, reference);

@@ -194,7 +194,8 @@ class PipelineModel final : public ParallelModel {
     tensor::Device device;
   };
   // Allocates the freed parameters; with `values`, their owners broadcast them (a
-  // collective over dp). No-op unless released.
+  // collective over dp), and after a step the first stage's tied table comes from the
+  // last (a collective of those stages). No-op unless released or stale.
   void gather_stage(bool values = true);
   void release_stage();
   // Runs f() with the stage gathered (its values broadcast, or only allocated), and
@@ -218,6 +219,7 @@ class PipelineModel final : public ParallelModel {
   collectives::Communicator& dp_;
   collectives::Communicator* tp_;
   bool fully_sharded_;                        // fsdp
+  bool tied_stale_ = false;                   // fsdp: the first stage's tied table awaits the next gather
   std::unique_ptr<OSS> oss_;                  // zero1, fsdp
   std::unique_ptr<nn::Optimizer> optimizer_;  // ddp
   Pipeline pipe_;

@@ -116,16 +116,28 @@ class Pipeline {
   Tracer* tracer_ = nullptr;
 };
 
-// A stage of a model cut for the pipeline, as the worker group drives it: parameters
-// used on two stages (a tied table) are summed across them, and counted once in norms
-// and in the whole model's state.
+// A stage of a model cut for the pipeline, as the worker group drives it. A parameter
+// used on two stages (a tied table) is stepped on one of them, the owner, which holds
+// its optimizer state; the other holds the table and, during a backward, its gradient:
+//
+//   stage.reduce_tied_gradient(pp);     // after the backward: the sum on the owner
+//   clip, optimizer.step();             // the other stage's copy has no gradient now
+//   stage.broadcast_tied_table(pp);     // the stepped table back to the other stage
+//
+// Both are collectives of the two stages' ranks (the others return at once).
 class PipelineStage : public nn::Module {
  public:
-  // After a backward: a parameter held on two stages gets the sum of both gradients
-  // there (a collective of those stages' ranks; the others return at once).
-  virtual void sum_tied_gradient(collectives::Communicator& pp) = 0;
-  // A parameter this stage holds only as a copy of another stage's (null: none).
+  // After a backward: the owner's gradient becomes the sum of both uses'; the other
+  // stage's is sent and dropped (undefined), so clipping counts it once and an
+  // optimizer skips it there.
+  virtual void reduce_tied_gradient(collectives::Communicator& pp) = 0;
+  // After the owner's step: the other stage's table takes the owner's values.
+  virtual void broadcast_tied_table(collectives::Communicator& pp) = 0;
+  // The owner's parameter when it copies another stage's (checkpoints name it as that
+  // one; null: none here).
   virtual const nn::Parameter* tied_copy() const = 0;
+  // The other stage's parameter: held, not stepped here (null: none here).
+  virtual const nn::Parameter* tied_unowned() const = 0;
   // The modules the pipeline runs, in the order of the stages they are: this one, or
   // an InterleavedStage's chunks.
   virtual std::vector<PipelineStage*> chunks() { return {this}; }
@@ -145,8 +157,10 @@ class InterleavedStage final : public PipelineStage {
   Tensor backward_impl(const Tensor& grad_output) override;
   std::string type_name() const override;
   // Each chunk's, in turn; GptStage pairs the first and the last of all p x v stages.
-  void sum_tied_gradient(collectives::Communicator& pp) override;
+  void reduce_tied_gradient(collectives::Communicator& pp) override;
+  void broadcast_tied_table(collectives::Communicator& pp) override;
   const nn::Parameter* tied_copy() const override;
+  const nn::Parameter* tied_unowned() const override;
   std::vector<PipelineStage*> chunks() override;
 
  private:
@@ -154,11 +168,12 @@ class InterleavedStage final : public PipelineStage {
 };
 
 // How GptStage cuts a GPT's blocks into stages. `parameters` (the default, as
-// DeepSpeed's partition_method="parameters") evens out the stages' parameter counts,
-// the first stage's token and position tables and the last stage's ln_f and copy of
-// the tied table included, so neither end stage holds the most where the tables are
-// large against a block; `uniform` gives each stage n_layer / stages blocks
-// (shard_range), as Megatron does by default.
+// DeepSpeed's partition_method="parameters") evens out the stages' parameter state,
+// the first stage's position table and token table (that one at half: held without
+// AdamW's moments) and the last stage's ln_f and the tied table it steps included, so
+// neither end stage holds the most where the tables are large against a block;
+// `uniform` gives each stage n_layer / stages blocks (shard_range), as Megatron does by
+// default.
 enum class PipelineCut { parameters, uniform };
 PipelineCut parse_pipeline_cut(std::string_view name);  // "parameters" or "uniform"
 const char* pipeline_cut_name(PipelineCut cut);
@@ -180,7 +195,9 @@ std::vector<std::int64_t> gpt_pipeline_cut(const nn::GPTConfig& config, int stag
 // the input dropout, the last ln_f and lm_head. Parameters keep the whole model's names. Built from the
 // whole model (every rank builds it, keeps its stage, drops the rest), so every layout
 // starts from the same weights. The first and last stages each hold the tied table
-// (wte's, lm_head's): sum_tied_gradient() adds the two uses' gradients across them.
+// (wte's, lm_head's); the last owns it: it steps the sum of both uses' gradients and
+// keeps the optimizer state, so the first stage, which also holds wpe, holds the table
+// without AdamW's two moments.
 //
 // With `tp`, the stage is its part of tensor_parallel_gpt(config, seed, *tp): its
 // blocks split over tp (tensor_parallel.hpp), the logits of the last stage split by
@@ -200,13 +217,16 @@ class GptStage : public PipelineStage {
   bool last() const { return stage_ == stages_ - 1; }
   // Blocks [begin, end) of the whole model.
   std::pair<std::int64_t, std::int64_t> blocks() const { return {begin_, end_}; }
-  // After a backward, with more than one stage: the tied table's gradient on the first
-  // and last stages becomes the sum of both (the same bits on both). A collective of the
-  // first and last stages' ranks (stage i on pp rank i mod pp.size(), as interleaved);
-  // the others return at once.
-  void sum_tied_gradient(collectives::Communicator& pp) override;
+  // With more than one stage, collectives of the first and last stages' ranks (stage i
+  // on pp rank i mod pp.size(), as interleaved); the others return at once. After a
+  // backward: the first stage's table gradient is added to the last's and dropped.
+  void reduce_tied_gradient(collectives::Communicator& pp) override;
+  // After the step: the last stage's table to the first's.
+  void broadcast_tied_table(collectives::Communicator& pp) override;
   // The tied table as the last stage holds it (null elsewhere).
   const nn::Parameter* tied_copy() const override { return last() && !first() ? tied_ : nullptr; }
+  // The table as the first stage holds it (null elsewhere).
+  const nn::Parameter* tied_unowned() const override { return first() && !last() ? tied_ : nullptr; }
   // Recomputes every block's activations in backward (the pipeline's schedules already
   // recompute whole stages; this is for a stage used alone).
   void checkpoint_blocks(std::int64_t every);
@@ -224,9 +244,10 @@ class GptStage : public PipelineStage {
   std::shared_ptr<nn::Module> table_owner_;  // wte, kept alive on the last stage for its table
 };
 
-// The norm of every stage's gradients (a tied copy once; with `tp`, split parameters'
-// squares summed over tp and whole ones counted once), and clipping to it: every rank
-// scales alike. A collective over pp (and tp).
+// The norm of every stage's gradients (after reduce_tied_gradient, which leaves a tied
+// table's on its owner alone; with `tp`, split parameters' squares summed over tp and
+// whole ones counted once), and clipping to it: every rank scales alike. A collective
+// over pp (and tp).
 double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collectives::Communicator& pp,
                                collectives::Communicator* tp = nullptr);
 
@@ -239,14 +260,13 @@ nn::StateDict pipeline_full_state_dict(nn::Module& stage, collectives::Communica
 class DistributedDataParallel;
 
 // A pipeline stage's state as checkpoints keep it: the whole model's model group, and
-// the optimizer group of the whole model's optimizer (a tied copy's slots left out, its
-// scalars once), gathered over pp; loading takes this stage's entries (a tied copy's
-// slots from the parameter it copies). With `tp` (a stage split over it), each entry is
-// gathered over tp first, and loading takes this rank's part. So a file of any layout
-// resumes at any other. With an OSS (the stage's optimizer state sharded over its
-// data-parallel ranks, ZeRO-1), the stage's optimizer state is first consolidated over
-// those ranks (OSS::state_dict, a collective over them), and loading hands the stage's
-// whole state to OSS, which keeps each rank's partition.
+// the optimizer group of the whole model's optimizer (a tied table's slots from its
+// owner, named as the parameter it copies; the scalars once), gathered over pp;
+// loading takes this stage's entries (the owner's slots from that name). With `tp` (a stage split over it), each entry
+// is gathered over tp first, and loading takes this rank's part. So a file of any layout resumes at any other. With an
+// OSS (the stage's optimizer state sharded over its data-parallel ranks, ZeRO-1), the stage's optimizer state is first
+// consolidated over those ranks (OSS::state_dict, a collective over them), and loading hands the stage's whole state to
+// OSS, which keeps each rank's partition.
 class PipelineStateDicts final : public ShardedStateDicts {
  public:
   PipelineStateDicts(PipelineStage& stage, nn::Optimizer& optimizer, collectives::Communicator& pp,
@@ -263,7 +283,8 @@ class PipelineStateDicts final : public ShardedStateDicts {
   nn::StateDict whole_random_state(nn::StateDict local) override;
 
  private:
-  std::string tied_copy_name() const;  // the copy's name on this stage ("" for none)
+  // The name `p` has on this stage ("" for none, or null).
+  std::string name_of(const nn::Parameter* p) const;
 
   PipelineStage& stage_;
   nn::Optimizer* optimizer_;  // one of the two
