@@ -59,6 +59,9 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, collectives::Communicator& p
                "schedule runs over two or more ranks, with a multiple of their number (", pp.size(),
                ") in micro-batches; got ", micro_batches);
   for (nn::Module* chunk : chunks_) chunk->set_activation_checkpointing(true);
+  for (nn::Module* chunk : chunks_)
+    for (const nn::Parameter* param : chunk->parameters())
+      if (param->data.defined() && !param->data.device().is_meta()) device_ = param->data.device();
   // Links 0, 1, 0, 1, ...; with an odd p the wrap-around link (p - 1 to 0) would share
   // rank 0's parity, so it has a third communicator.
   const int links = pp.size() == 1 ? 0 : (pp.size() % 2 == 1 ? 3 : 2);
@@ -76,9 +79,10 @@ collectives::Communicator& Pipeline::link(std::vector<std::unique_ptr<collective
 
 // An activation goes as a header (dtype, rank, dims) then the data, in order on one tag;
 // its gradient comes back without one, shaped as the activation that was sent. So a
-// receive waits for one message before it knows what to post, never two in a row.
+// receive waits for one message before it knows what to post, never two in a row. The
+// header is host memory and the data the stage's (on NCCL, the header goes over MPI).
 void Pipeline::send(collectives::Communicator& comm, const Tensor& t, int peer, bool header) {
-  const Tensor data = t.device().is_cpu() ? t : t.to(tensor::Device::cpu());
+  const Tensor& data = t;
   if (header) {
     TROUPE_CHECK(static_cast<std::size_t>(t.dim()) <= kMaxDims, "Pipeline: a ", t.dim(), "-dim tensor between stages");
     Tensor head = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
@@ -101,14 +105,14 @@ Tensor Pipeline::receive(collectives::Communicator& comm, int peer) {
                "Pipeline: a malformed header from stage ", peer);
   tensor::Shape shape;
   for (std::int64_t d = 0; d < h[1]; ++d) shape.push_back(h[2 + d]);
-  Tensor t = Tensor::empty(shape, static_cast<tensor::DType>(h[0]));
+  Tensor t = Tensor::empty(shape, static_cast<tensor::DType>(h[0]), device_);
   comm.recv(Buffer(t), peer, kActivation);
   return t;
 }
 
 Tensor Pipeline::receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like,
                               int peer) {
-  Tensor t = Tensor::empty(like.first, like.second);
+  Tensor t = Tensor::empty(like.first, like.second, device_);
   comm.recv(Buffer(t), peer, kGradient);
   return t;
 }

@@ -8,6 +8,7 @@
 #include <string>
 #include <utility>
 
+#include "tensor_parallel_detail.hpp"
 #include "troupe/error.hpp"
 #include "troupe/nn/containers.hpp"
 #include "troupe/tensor/ops.hpp"
@@ -27,19 +28,6 @@ M* as(const std::shared_ptr<nn::Module>& module, const char* what) {
   auto* typed = dynamic_cast<M*>(module.get());
   TROUPE_CHECK(typed != nullptr, "GptStage: the GPT has no ", what);
   return typed;
-}
-
-double squares(const Tensor& g) {
-  double sum = 0;
-  tensor::dispatch_floating(g.dtype(), "pipeline_clip_grad_norm", [&](auto tag) {
-    using T = decltype(tag);
-    const T* p = g.data<T>();
-    for (std::int64_t i = 0; i < g.numel(); ++i) {
-      const double v = static_cast<double>(static_cast<tensor::compute_t<T>>(p[i]));
-      sum += v * v;
-    }
-  });
-  return sum;
 }
 
 }  // namespace
@@ -230,7 +218,7 @@ double pipeline_clip_grad_norm(PipelineStage& stage, double max_norm, collective
   const auto splits = tp != nullptr ? tensor_parallel_splits(stage) : std::map<std::string, TensorSplit>{};
   double split = 0, whole = 0;
   for (const auto& [name, param] : stage.named_parameters())
-    if (param->grad.defined()) (splits.count(name) ? split : whole) += squares(param->grad);
+    if (param->grad.defined()) (splits.count(name) ? split : whole) += detail::sum_of_squares(param->grad);
   if (tp != nullptr) tp->allreduce(Buffer(&split, 1));
   double sum = split + whole;  // the same on every rank of a tp group: its whole gradients are equal
   pp.allreduce(Buffer(&sum, 1));

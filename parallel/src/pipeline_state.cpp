@@ -55,7 +55,10 @@ nn::StateDict gather_stages(const std::vector<nn::StateDict>& chunks, collective
       name.assign(chars.begin(), chars.end());
       tensor::Shape shape;
       for (std::int64_t d = 0; d < meta[2]; ++d) shape.push_back(meta[3 + static_cast<std::size_t>(d)]);
-      Tensor value = me ? entry->second.clone() : Tensor::empty(shape, static_cast<tensor::DType>(meta[1]));
+      // On the host, as every state dict travels (a GPU stage's entries copied there).
+      Tensor value =
+          me ? (entry->second.device().is_cpu() ? entry->second.clone() : entry->second.to(tensor::Device::cpu()))
+             : Tensor::empty(shape, static_cast<tensor::DType>(meta[1]));
       pp.broadcast(Buffer(value), owner);
       full.insert(name, value);
       if (me) ++entry;

@@ -12,9 +12,12 @@
 namespace troupe::parallel {
 
 using collectives::Buffer;
-using detail::require_host;
 
 namespace {
+
+void require_host(const Tensor& t, const char* op) {
+  TROUPE_CHECK(t.device().is_cpu(), op, ": sequence parallelism runs on host tensors for now, got one on ", t.device());
+}
 
 // [B, t, inner] as rows: the batch, each part's positions, and the bytes of one position.
 struct SequenceLayout {

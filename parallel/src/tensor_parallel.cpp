@@ -9,15 +9,14 @@
 #include "tensor_parallel_detail.hpp"
 #include "troupe/error.hpp"
 #include "troupe/shard_range.hpp"
+#include "troupe/tensor/nn_ops.hpp"
 #include "troupe/tensor/ops.hpp"
 
 namespace troupe::parallel {
 
 using collectives::Buffer;
 using collectives::ReduceOp;
-using detail::for_each_value;
 using detail::length;
-using detail::require_host;
 
 namespace {
 
@@ -62,7 +61,6 @@ Tensor ColumnParallelLinear::backward_impl(const Tensor& grad_output) {
     restore_saved_input(gather_sequence(input_part_, *tp_));
   }
   Tensor dx = nn::Linear::backward_impl(grad_output);
-  require_host(dx, "ColumnParallelLinear.backward");
   if (sequence_parallel_) {
     (void)take_saved_input();
     return reduce_scatter_sequence(dx, *tp_);
@@ -94,7 +92,6 @@ RowParallelLinear::RowParallelLinear(std::int64_t in, std::int64_t out, collecti
 // y = sum over ranks of x_r W_r^T, then the bias once.
 Tensor RowParallelLinear::forward_impl(const Tensor& input) {
   Tensor y = nn::Linear::forward_impl(input);
-  require_host(y, "RowParallelLinear.forward");
   if (sequence_parallel_)
     y = reduce_scatter_sequence(y, *tp_);
   else
@@ -134,29 +131,29 @@ VocabParallelEmbedding::VocabParallelEmbedding(std::int64_t vocab, std::int64_t 
       vocab_(vocab),
       begin_(shard_range(vocab, tp.rank(), tp.size()).first) {}
 
+// Ids are checked and mapped on the host (as nn::Embedding checks its own), so an error
+// names the index; the lookup and the zeroing run on the table's device.
 Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids) {
   const std::string op = type_name() + ".forward";
   TROUPE_CHECK(ids.defined() && (ids.dtype() == tensor::DType::i64 || ids.dtype() == tensor::DType::i32), op,
                ": ids must be i64 or i32");
-  require_host(ids, op.c_str());
-  const Tensor wide = ids.dtype() == tensor::DType::i64 ? ids : ids.to(tensor::DType::i64);
+  const Tensor wide = ids.to(tensor::Device::cpu()).to(tensor::DType::i64);
   const std::int64_t* id = wide.data<std::int64_t>();
   const std::int64_t n = wide.numel(), end = begin_ + num_embeddings();
   std::vector<std::int64_t> local(static_cast<std::size_t>(n));
-  held_.assign(static_cast<std::size_t>(n), 0);
+  std::vector<float> held(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
     if (id[i] < 0 || id[i] >= vocab_)
       TROUPE_THROW(InvalidArgument, op, ": index ", id[i], " at position ", i, " is out of range for a table of ",
                    vocab_, " rows");
-    const bool held = id[i] >= begin_ && id[i] < end;
-    held_[static_cast<std::size_t>(i)] = held;
-    local[static_cast<std::size_t>(i)] = held ? id[i] - begin_ : 0;
+    const bool mine = id[i] >= begin_ && id[i] < end;
+    held[static_cast<std::size_t>(i)] = mine ? 1.0F : 0.0F;
+    local[static_cast<std::size_t>(i)] = mine ? id[i] - begin_ : 0;
   }
+  held_ = Tensor::from_vector(held, {n, 1}).to(weight().data.dtype()).to(weight().data.device());
   Tensor out = nn::Embedding::forward_impl(Tensor::from_vector(local, ids.shape()));
-  const std::size_t row = static_cast<std::size_t>(embedding_dim()) * tensor::element_size(out.dtype());
-  auto* bytes = static_cast<std::byte*>(out.raw_data());
-  for (std::int64_t i = 0; i < n; ++i)
-    if (!held_[static_cast<std::size_t>(i)]) std::memset(bytes + static_cast<std::size_t>(i) * row, 0, row);
+  Tensor rows = out.reshape({n, embedding_dim()});
+  tensor::mul_(rows, held_);  // the rows of ids another rank holds: 0 (x 0 is -0 or 0; sums alike)
   if (sequence_parallel_) return reduce_scatter_sequence(out, *tp_);
   tp_->allreduce(Buffer(out));
   return out;
@@ -164,16 +161,13 @@ Tensor VocabParallelEmbedding::forward_impl(const Tensor& ids) {
 
 // Only the rows this rank looked up reach its table.
 Tensor VocabParallelEmbedding::backward_impl(const Tensor& grad_output) {
-  TROUPE_CHECK(!held_.empty(), type_name(), ".backward: called before forward");
-  require_host(grad_output, "VocabParallelEmbedding.backward");
+  TROUPE_CHECK(held_.defined(), type_name(), ".backward: called before forward");
   // A copy either way: the rows not held are zeroed in it.
   Tensor g = sequence_parallel_ && tp_->size() > 1 ? gather_sequence(grad_output, *tp_) : grad_output.clone();
-  const std::size_t row = static_cast<std::size_t>(embedding_dim()) * tensor::element_size(g.dtype());
-  TROUPE_CHECK(g.nbytes() == row * held_.size(), type_name(), ".backward: grad_output ",
-               tensor::to_string(grad_output.shape()), " does not match the last forward's ", held_.size(), " ids");
-  auto* bytes = static_cast<std::byte*>(g.raw_data());
-  for (std::size_t i = 0; i < held_.size(); ++i)
-    if (!held_[i]) std::memset(bytes + i * row, 0, row);
+  TROUPE_CHECK(g.numel() == held_.numel() * embedding_dim(), type_name(), ".backward: grad_output ",
+               tensor::to_string(grad_output.shape()), " does not match the last forward's ", held_.numel(), " ids");
+  Tensor rows = g.reshape({held_.numel(), embedding_dim()});
+  tensor::mul_(rows, held_);
   return nn::Embedding::backward_impl(g);
 }
 
@@ -184,7 +178,7 @@ std::string VocabParallelEmbedding::type_name() const {
 
 void VocabParallelEmbedding::release_own_activations() {
   nn::Embedding::release_own_activations();
-  held_.clear();
+  held_ = Tensor();
 }
 
 // ------------------------------------------------------------------ the loss
@@ -195,74 +189,63 @@ VocabParallelCrossEntropy::VocabParallelCrossEntropy(collectives::Communicator& 
   std::tie(begin_, end_) = shard_range(vocab, tp.rank(), tp.size());
 }
 
+// Targets are checked on the host (they are few: one a row); the rest runs as tensor
+// ops on the logits' device, in f32.
 Tensor VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& target) {
   const char* op = "VocabParallelCrossEntropy.forward";
   const std::int64_t width = end_ - begin_;
   TROUPE_CHECK(logits.defined() && logits.dim() >= 1 && logits.size(-1) == width, op,
                ": logits must end in this rank's ", width, " of ", vocab_, " classes, got ",
                logits.defined() ? tensor::to_string(logits.shape()) : "undefined");
-  require_host(logits, op);
   const std::int64_t rows = logits.numel() / std::max<std::int64_t>(width, 1);
   TROUPE_CHECK(target.defined() && target.numel() == rows, op, ": ", rows, " rows of logits but ",
                target.defined() ? target.numel() : 0, " targets");
-  const Tensor wide = target.dtype() == tensor::DType::i64 ? target : target.to(tensor::DType::i64);
-  target_.assign(wide.data<std::int64_t>(), wide.data<std::int64_t>() + rows);
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const std::int64_t t = target_[static_cast<std::size_t>(i)];
-    if (t != ignore_index_ && (t < 0 || t >= vocab_))
-      TROUPE_THROW(InvalidArgument, op, ": target ", t, " in row ", i, " is not a class of ", vocab_,
-                   " (nor ignore_index ", ignore_index_, ")");
-  }
-  std::vector<double> peak(static_cast<std::size_t>(rows), -std::numeric_limits<double>::infinity());
-  std::vector<double> sum(static_cast<std::size_t>(rows), 0.0), picked(static_cast<std::size_t>(rows), 0.0);
-  for_each_value(logits, [&](std::int64_t i, double v) {
-    double& m = peak[static_cast<std::size_t>(i / width)];
-    m = std::max(m, v);
-  });
-  tp_->allreduce(Buffer(peak), ReduceOp::max);
-  for_each_value(logits, [&](std::int64_t i, double v) {
-    const std::int64_t r = i / width, c = begin_ + i % width;
-    sum[static_cast<std::size_t>(r)] += std::exp(v - peak[static_cast<std::size_t>(r)]);
-    if (c == target_[static_cast<std::size_t>(r)]) picked[static_cast<std::size_t>(r)] = v;
-  });
-  tp_->allreduce(Buffer(sum));
-  tp_->allreduce(Buffer(picked));
-  log_sum_exp_.assign(static_cast<std::size_t>(rows), 0.0);
-  double total = 0;
+  const Tensor wide = target.to(tensor::Device::cpu()).to(tensor::DType::i64);
+  const std::int64_t* t = wide.data<std::int64_t>();
+  // Per row: where its target's logit sits in the flat logits (row 0's first when this
+  // rank does not hold it), whether this rank holds it, whether the row counts.
+  std::vector<std::int64_t> at(static_cast<std::size_t>(rows));
+  std::vector<float> held(static_cast<std::size_t>(rows)), counts(static_cast<std::size_t>(rows));
   counted_ = 0;
   for (std::int64_t r = 0; r < rows; ++r) {
     const auto k = static_cast<std::size_t>(r);
-    log_sum_exp_[k] = peak[k] + std::log(sum[k]);
-    if (target_[k] == ignore_index_) continue;
-    total += log_sum_exp_[k] - picked[k];
-    ++counted_;
+    if (t[r] != ignore_index_ && (t[r] < 0 || t[r] >= vocab_))
+      TROUPE_THROW(InvalidArgument, op, ": target ", t[r], " in row ", r, " is not a class of ", vocab_,
+                   " (nor ignore_index ", ignore_index_, ")");
+    const bool mine = t[r] >= begin_ && t[r] < end_;
+    at[k] = mine ? r * width + t[r] - begin_ : 0;
+    held[k] = mine ? 1.0F : 0.0F;
+    counts[k] = t[r] == ignore_index_ ? 0.0F : 1.0F;
+    counted_ += t[r] == ignore_index_ ? 0 : 1;
   }
-  logits_ = logits;
+  const tensor::Device device = logits.device();
+  x_ = (logits.dtype() == tensor::DType::f32 ? logits : logits.to(tensor::DType::f32)).reshape({rows, width});
+  at_ = Tensor::from_vector(at, {rows});
+  held_ = Tensor::from_vector(held, {rows, 1}).to(device);
+  counts_ = Tensor::from_vector(counts, {rows, 1}).to(device);
+  Tensor peak = tensor::max(x_, 1, true);
+  tp_->allreduce(Buffer(peak), ReduceOp::max);
+  Tensor sum = tensor::sum(tensor::exp(tensor::sub(x_, peak)), 1, true);
+  tp_->allreduce(Buffer(sum));
+  Tensor picked = tensor::mul(tensor::gather_rows(x_.reshape({rows * width, 1}), at_), held_);
+  tp_->allreduce(Buffer(picked));
+  log_sum_exp_ = tensor::add(peak, tensor::log(sum));
+  const double total = tensor::sum(tensor::mul(tensor::sub(log_sum_exp_, picked), counts_)).item();
+  dtype_ = logits.dtype();
+  shape_ = logits.shape();
   const double mean = counted_ > 0 ? total / static_cast<double>(counted_) : std::nan("");
   return Tensor::full({}, mean, logits.dtype());
 }
 
 Tensor VocabParallelCrossEntropy::backward(double scale) const {
-  TROUPE_CHECK(logits_.defined(), "VocabParallelCrossEntropy.backward: called before forward");
-  const std::int64_t width = end_ - begin_;
+  TROUPE_CHECK(x_.defined(), "VocabParallelCrossEntropy.backward: called before forward");
   const double factor = counted_ > 0 ? scale / static_cast<double>(counted_) : 0.0;
-  Tensor grad = Tensor::empty(logits_.shape(), logits_.dtype());
-  tensor::dispatch_floating(logits_.dtype(), "VocabParallelCrossEntropy.backward", [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = logits_.data<T>();
-    T* g = grad.data<T>();
-    for (std::int64_t i = 0; i < logits_.numel(); ++i) {
-      const auto r = static_cast<std::size_t>(i / width);
-      const std::int64_t c = begin_ + i % width;
-      if (target_[r] == ignore_index_) {
-        g[i] = T(0);
-        continue;
-      }
-      const double p = std::exp(static_cast<double>(static_cast<tensor::compute_t<T>>(x[i])) - log_sum_exp_[r]);
-      g[i] = T(static_cast<tensor::compute_t<T>>((p - (c == target_[r] ? 1.0 : 0.0)) * factor));
-    }
-  });
-  return grad;
+  // (softmax - one-hot) x factor on counted rows: the one-hot's -factor added where this
+  // rank holds the target.
+  Tensor grad = tensor::mul(tensor::exp(tensor::sub(x_, log_sum_exp_)), tensor::mul(counts_, factor));
+  Tensor flat = grad.reshape({grad.numel(), 1});
+  tensor::scatter_add_rows_(flat, at_, tensor::mul(tensor::mul(held_, counts_), -factor));
+  return (dtype_ == tensor::DType::f32 ? grad : grad.to(dtype_)).reshape(shape_);
 }
 
 // ------------------------------------------------------------------ the model

@@ -1,5 +1,5 @@
-// What tensor_parallel.cpp (the layers) and tensor_parallel_state.cpp (splitting and
-// gathering state) share. Private to parallel/.
+// What tensor_parallel.cpp (the layers), tensor_parallel_state.cpp (splitting and
+// gathering state) and the pipeline's clipping share. Private to parallel/.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,7 @@
 #include "troupe/error.hpp"
 #include "troupe/shard_range.hpp"
 #include "troupe/tensor/dtype.hpp"
+#include "troupe/tensor/ops.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::parallel::detail {
@@ -17,18 +18,23 @@ inline std::int64_t length(std::int64_t n, int rank, int world) {
   return end - begin;
 }
 
-inline void require_host(const tensor::Tensor& t, const char* op) {
-  TROUPE_CHECK(t.device().is_cpu(), op, ": tensor parallelism runs on host tensors for now, got one on ", t.device());
-}
-
-// f(i, value) for every element of a floating host tensor, as double.
-template <class F>
-void for_each_value(const tensor::Tensor& t, F&& f) {
-  tensor::dispatch_floating(t.dtype(), "tensor parallelism", [&](auto tag) {
+// The sum of a gradient's squares, in double: a loop in element order on the host, the
+// norm's reduction (double accumulation too) on a GPU.
+inline double sum_of_squares(const tensor::Tensor& g) {
+  if (!g.device().is_cpu()) {
+    const double norm = tensor::norm(g).item();
+    return norm * norm;
+  }
+  double sum = 0;
+  tensor::dispatch_floating(g.dtype(), "sum_of_squares", [&](auto tag) {
     using T = decltype(tag);
-    const T* p = t.data<T>();
-    for (std::int64_t i = 0; i < t.numel(); ++i) f(i, static_cast<double>(static_cast<tensor::compute_t<T>>(p[i])));
+    const T* p = g.data<T>();
+    for (std::int64_t i = 0; i < g.numel(); ++i) {
+      const double v = static_cast<double>(static_cast<tensor::compute_t<T>>(p[i]));
+      sum += v * v;
+    }
   });
+  return sum;
 }
 
 }  // namespace troupe::parallel::detail

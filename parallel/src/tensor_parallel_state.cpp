@@ -14,9 +14,7 @@
 namespace troupe::parallel {
 
 using collectives::Buffer;
-using detail::for_each_value;
 using detail::length;
-using detail::require_host;
 
 namespace {
 
@@ -73,16 +71,18 @@ void copy_piece(const TensorSplit& s, int rank, int world, const std::byte* from
   }
 }
 
-Tensor piece_of(const Tensor& full, const TensorSplit& s, int rank, int world) {
-  require_host(full, "load_full_state_dict");
+// On the host: a device tensor is copied there first (state dicts travel and load from
+// the host).
+Tensor piece_of(const Tensor& on_device, const TensorSplit& s, int rank, int world) {
+  const Tensor full = on_device.to(tensor::Device::cpu());
   Tensor piece = Tensor::empty(piece_shape(s, rank, world), full.dtype());
   copy_piece(s, rank, world, static_cast<const std::byte*>(full.raw_data()), static_cast<std::byte*>(piece.raw_data()),
              tensor::element_size(full.dtype()), true);
   return piece;
 }
 
-Tensor gather_pieces(const Tensor& piece, const TensorSplit& s, collectives::Communicator& tp) {
-  require_host(piece, "full_state_dict");
+Tensor gather_pieces(const Tensor& on_device, const TensorSplit& s, collectives::Communicator& tp) {
+  const Tensor piece = on_device.to(tensor::Device::cpu());
   const int world = tp.size();
   const std::int64_t slot = tensor::shape_numel(piece_shape(s, 0, world));  // rank 0's piece is the largest
   const std::size_t element = tensor::element_size(piece.dtype());
@@ -166,10 +166,7 @@ double tensor_parallel_grad_norm(nn::Module& model, collectives::Communicator& t
   double split_squares = 0, whole_squares = 0;
   for (const auto& [name, param] : model.named_parameters()) {
     if (!param->grad.defined()) continue;
-    require_host(param->grad, "tensor_parallel_grad_norm");
-    double squares = 0;
-    for_each_value(param->grad, [&](std::int64_t, double v) { squares += v * v; });
-    (splits.count(name) ? split_squares : whole_squares) += squares;
+    (splits.count(name) ? split_squares : whole_squares) += detail::sum_of_squares(param->grad);
   }
   tp.allreduce(Buffer(&split_squares, 1));
   return std::sqrt(split_squares + whole_squares);

@@ -242,11 +242,11 @@ bad)
   expect 2 "--activation-checkpointing must be >= 0" "$train" --activation-checkpointing -1
   expect 2 "--tp 3 must be >= 1 and divide --n-head 4" "$train" --tp 3
   expect 2 "--sequence-parallel needs --tp > 1 dividing --block-size" "$train" --sequence-parallel
-  expect 1 "sequence parallelism runs over tensor_parallel > 1 ranks with ddp and no pipeline stages" \
+  expect 1 "sequence parallelism runs over tensor_parallel > 1 ranks with ddp, no pipeline stages and on the CPU" \
     "${mpi[@]}" "$train" --tp 2 --sequence-parallel --sharding fsdp --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism runs with ddp, zero2 or fsdp, .*not zero1" \
     "${mpi[@]}" "$train" --tp 2 --sharding zero1 --steps 10 --warmup-steps 2
-  expect 1 "pipeline parallelism with ddp, zero1 or fsdp, .*not zero2, f32, cpu with pipeline stages" \
+  expect 1 "pipeline parallelism with ddp, zero1 or fsdp, .*not zero2, f32 with pipeline stages" \
     "${mpi[@]}" "$train" --pp 2 --sharding zero2 --steps 10 --warmup-steps 2
   expect 1 "tensor parallelism: dropout 0.1 is not supported yet" "${mpi[@]}" "$train" --tp 2 --dropout 0.1 --steps 10 --warmup-steps 2
   expect 2 "--pp 3 must be in \\[1, --n-layer 2\\]" "$train" --pp 3

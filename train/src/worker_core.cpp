@@ -51,15 +51,16 @@ WorkerCore::WorkerCore(WorkerOptions options, WorkerRecipe recipe)
                "TrainWorker: precision bf16 is built for ddp only, not ", parallel::sharding_name(sharding_));
   TROUPE_CHECK(!mesh_ || ((sharding_ == Sharding::ddp || sharding_ == Sharding::fsdp ||
                            (stage_ ? sharding_ == Sharding::zero1 : sharding_ == Sharding::zero2)) &&
-                          options_.precision == Precision::f32 && !device_.is_cuda()),
+                          options_.precision == Precision::f32),
                "TrainWorker: tensor parallelism runs with ddp, zero2 or fsdp, pipeline parallelism with ddp, ",
-               "zero1 or fsdp, both in f32 and on the CPU for now, not ", parallel::sharding_name(sharding_), ", ",
-               precision_name(options_.precision), ", ", worker_device_name(options_.device),
-               stage_ ? " with pipeline stages" : "");
-  TROUPE_CHECK(!options_.sequence_parallel || (options_.tensor_parallel > 1 && !stage_ && sharding_ == Sharding::ddp),
-               "TrainWorker: sequence parallelism runs over tensor_parallel > 1 ranks with ddp and no pipeline ",
-               "stages for now, not tensor_parallel ", options_.tensor_parallel, ", ",
-               parallel::sharding_name(sharding_), stage_ ? " with pipeline stages" : "");
+               "zero1 or fsdp, both in f32 for now, not ", parallel::sharding_name(sharding_), ", ",
+               precision_name(options_.precision), stage_ ? " with pipeline stages" : "");
+  TROUPE_CHECK(!options_.sequence_parallel ||
+                   (options_.tensor_parallel > 1 && !stage_ && sharding_ == Sharding::ddp && !device_.is_cuda()),
+               "TrainWorker: sequence parallelism runs over tensor_parallel > 1 ranks with ddp, no pipeline ",
+               "stages and on the CPU for now, not tensor_parallel ", options_.tensor_parallel, ", ",
+               parallel::sharding_name(sharding_), stage_ ? " with pipeline stages" : "", " on ",
+               worker_device_name(options_.device));
   if (options_.precision == Precision::bf16) model_->to(tensor::DType::bf16);
   // Before DDP and the optimizer hold the parameters. A meta model stays described:
   // ShardedModel materialises each rank's part on device_.

@@ -65,7 +65,9 @@ struct PipelineStats {
 
 class Pipeline {
  public:
-  // `stage` is this rank's part of the model; pp and stage outlive the pipeline.
+  // `stage` is this rank's part of the model; pp and stage outlive the pipeline. The
+  // stage's device (that of its parameters when the pipeline is built) is where it
+  // receives activations and gradients; on CUDA, pp is an NCCL communicator.
   Pipeline(nn::Module& stage, collectives::Communicator& pp, PipelineSchedule schedule, int micro_batches);
   // This rank's chunks of a model cut into pp.size() x chunks.size() stages: chunk c is
   // stage c x pp.size() + pp.rank() (InterleavedStage::chunks). More than one chunk
@@ -104,6 +106,7 @@ class Pipeline {
   void finish_sends();
 
   std::vector<nn::Module*> chunks_;
+  tensor::Device device_ = tensor::Device::cpu();  // the stage's, where it receives
   collectives::Communicator& pp_;
   // Activations and gradients each on communicators of their own (split from pp), one
   // per link parity (and one more for the wrap-around link of an odd p): see link().

@@ -136,14 +136,14 @@ class VocabParallelEmbedding : public nn::Embedding {
  private:
   collectives::Communicator* tp_;
   std::int64_t vocab_, begin_;
-  std::vector<std::uint8_t> held_;  // per id of the last forward: in this rank's rows
+  Tensor held_;  // [ids, 1] of the last forward: 1 where this rank holds the id's row
   bool sequence_parallel_ = false;
 };
 
 // Cross-entropy over the vocabulary (mean over rows, as nn::CrossEntropyLoss) of logits
 // [..., V_r] that are this rank's shard_range of a vocabulary of `vocab`: per row, the
 // maximum, the sum of exponentials and the target's logit are all-reduced over tp
-// (three all-reduces of one double per row), never the logits.
+// (three all-reduces of one f32 per row), never the logits. On the logits' device.
 class VocabParallelCrossEntropy {
  public:
   VocabParallelCrossEntropy(collectives::Communicator& tp, std::int64_t vocab, std::int64_t ignore_index = -100);
@@ -157,9 +157,11 @@ class VocabParallelCrossEntropy {
  private:
   collectives::Communicator* tp_;
   std::int64_t vocab_, begin_, end_, ignore_index_;
-  Tensor logits_;
-  std::vector<std::int64_t> target_;
-  std::vector<double> log_sum_exp_;
+  // Of the last forward: the logits [rows, V_r] in f32, and per row the log-sum-exp,
+  // its target's flat index here (host), whether this rank holds it, whether it counts.
+  Tensor x_, log_sum_exp_, at_, held_, counts_;
+  tensor::Shape shape_;
+  tensor::DType dtype_ = tensor::DType::f32;
   std::int64_t counted_ = 0;
 };
 
