@@ -1,6 +1,11 @@
 #include "troupe/collectives/nccl_communicator.hpp"
 
 #include <mpi.h>
+#include <unistd.h>
+
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "engine.hpp"
 #include "nccl_library.hpp"
@@ -50,7 +55,7 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-// The device of this process among those on its host: its rank among the host's ranks.
+// This process's rank among its host's ranks.
 int local_rank(MPI_Comm comm) {
   MPI_Comm node = MPI_COMM_NULL;
   TROUPE_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
@@ -58,6 +63,22 @@ int local_rank(MPI_Comm comm) {
   MPI_Comm_rank(node, &rank);
   MPI_Comm_free(&node);
   return rank;
+}
+
+// NCCL refuses two ranks of one communicator on a device ("invalid usage"); this says
+// which ranks first, on every rank alike. Collective over `bootstrap` (its allgather is
+// bounded by the timeout, as the id's broadcast is).
+void check_one_rank_a_device(MpiCommunicator& bootstrap, int device, int devices, const std::string& context) {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  std::vector<std::int64_t> mine{static_cast<std::int64_t>(std::hash<std::string>{}(name)), device};
+  std::vector<std::int64_t> all(2 * static_cast<std::size_t>(bootstrap.size()));
+  bootstrap.allgather(Buffer(mine), Buffer(all));
+  for (std::size_t a = 0; a < all.size(); a += 2)
+    for (std::size_t b = a + 2; b < all.size(); b += 2)
+      TROUPE_CHECK(all[a] != all[b] || all[a + 1] != all[b + 1], context, ": ranks ", a / 2, " and ", b / 2,
+                   " share CUDA device ", all[a + 1], " (their host shows ", devices,
+                   "), and NCCL needs a device per rank; run at most one rank per device, or use the CPU");
 }
 
 // Errors come back as codes, for TROUPE_MPI_CHECK to throw with context.
@@ -229,6 +250,7 @@ NcclCommunicator::NcclCommunicator(MpiCommunicator& bootstrap, int device, Optio
   state_->device = device >= 0 ? device : local_rank(bootstrap.comm()) % devices;
   TROUPE_CHECK(state_->device < devices, context, ": device ", state_->device, " does not exist (", devices,
                " visible)");
+  check_one_rank_a_device(bootstrap, state_->device, devices, context);
   state_->rank = rank();
   check_cuda(api().cudaSetDevice(state_->device), "cudaSetDevice", context);
   check_cuda(api().cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), "cudaStreamCreate", context);
