@@ -30,7 +30,8 @@ _LIB = ["core/", "tensor/", "mpi/"]
 # The CPU areas never call the CUDA backend (tensor/src/cuda/, the .cu kernels, the
 # switches of cuda_math.hpp): a change there makes only the gpu areas stale.
 _NOT_CUDA = [":(exclude)tensor/src/cuda/", ":(exclude,glob)**/*.cu", ":(exclude,glob)**/*.cuh",
-             ":(exclude)tensor/include/troupe/tensor/cuda_math.hpp"]
+             ":(exclude)tensor/include/troupe/tensor/cuda_math.hpp",
+             ":(exclude,glob)collectives/src/nccl_*"]  # the NCCL backend: GPU programs only
 AREA_PATHS = {
     "tensor": ["core/", "tensor/", "bench/tensor_bench.cpp"],
     "train": [*_LIB, "nn/", "collectives/", "train/", "bench/train_bench.cpp", "bench/ddp_bench.cpp",
