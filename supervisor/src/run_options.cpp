@@ -146,6 +146,8 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       options.min_ranks = parse_int(arg, value(arg), 1);
     } else if (arg == "--host-wait") {
       options.host_wait = parse_seconds(arg, value(arg), true);
+    } else if (arg == "--storage-wait") {
+      options.storage_wait = parse_seconds(arg, value(arg), true);
     } else if (arg == "--regrow") {
       options.regrow = true;
     } else if (arg == "--probe-interval") {
@@ -255,6 +257,9 @@ options:
                           for every host of the next launch to answer (probed, the blamed
                           one first); if one did not answer at first, the launch is not
                           counted as a restart (default 120; 0: off)
+  --storage-wait S        after the job stopped on failed saves, wait up to S s for the
+                          checkpoint folder to have room for another checkpoint before
+                          giving up (default 10; 0: give up at once)
   --regrow                grow back onto a host left out once it answers again (probed
                           every --probe-interval S, default 5), at the next checkpoint
   --straggler-ratio R     report a rank whose own work per step is R times the ranks'

@@ -77,6 +77,10 @@ struct RunOptions {
   // (a node down, a link cut): troupe-run waits up to this long for the host, probing
   // it, and the failed launch is not counted against max_restarts. 0: never wait.
   Seconds host_wait{120};
+  // After the job stopped on failed saves, a checkpoint folder without room for another
+  // checkpoint: troupe-run waits up to this long for room (polling) before giving up,
+  // as a disk freed by another job or a cleaner is not the program's failure. 0: never.
+  Seconds storage_wait{10};
   // A rank whose own work per step (its step time less its waits in collectives) is at
   // least this many times the ranks' median is reported as a straggler (events log and
   // stderr), without a restart. 0: off.

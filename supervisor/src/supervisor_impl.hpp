@@ -184,10 +184,11 @@ class Supervisor::Impl : public HeartbeatServer::Listener {
   std::unique_ptr<HostProbe> probe_;
   std::string regrow_host_;
   long long regrow_after_step_ = -1;
-  bool regrowing_ = false;                 // the job is being stopped to grow back
-  int regrows_ = 0;                        // relaunches that were regrowths, not failures
-  int save_failures_ = 0;                  // checkpoint saves that ranks reported failed since the last relaunch
-  std::uint64_t save_failures_total_ = 0;  // for --metrics; save_failures_ restarts at each relaunch
+  bool regrowing_ = false;  // the job is being stopped to grow back
+  int regrows_ = 0;         // relaunches that were regrowths, not failures
+  int save_failures_ = 0;   // checkpoint saves that ranks reported failed since the last relaunch
+  std::optional<Clock::time_point> storage_wait_since_;  // waiting for room in the checkpoint folder
+  std::uint64_t save_failures_total_ = 0;                // for --metrics; save_failures_ restarts at each relaunch
   PhaseClock phases_;
   fs::file_time_type launched_file_time_{};  // crash dumps older than this launch are not its
   std::unique_ptr<DumpCollector> dumps_;     // with --checkpoint-dir: hang dumps (collect_dumps)

@@ -184,12 +184,29 @@ void Supervisor::Impl::relaunch() {
   if (restart_ - regrows_ - unreachable_launches_ >= options_.max_restarts)
     return finish(1, "gave up after " + std::to_string(restart_ - regrows_ - unreachable_launches_) + " restart(s)");
   if (save_failures_ > 0) {  // the job's saves failed: is the disk still full?
+    const auto now = Clock::now();
     if (const std::string full = checkpoint_space_shortfall(options_.checkpoint_dir); !full.empty()) {
+      if (!storage_wait_since_ && options_.storage_wait.count() > 0) {
+        storage_wait_since_ = now;
+        say(full + "; waiting up to " + decimal(options_.storage_wait.count()) + " s for room");
+        events_->write("storage_wait", {{"restart", restart_}, {"reason", full}});
+      }
+      if (storage_wait_since_ && now - *storage_wait_since_ < options_.storage_wait) {
+        state_ = State::backing_off;  // polled; SIGTERM cancels it as a backoff
+        backoff_timer_.expires_after(std::chrono::milliseconds(250));
+        backoff_timer_.async_wait([this](boost::system::error_code ec) {
+          if (!ec && state_ == State::backing_off) relaunch();
+        });
+        return;
+      }
       events_->write("storage_full", {{"restart", restart_}, {"reason", full}});
       return finish(1, "not relaunching: " + full +
                            "; free space and run troupe-run again (it resumes from the "
                            "newest checkpoint)");
     }
+    if (storage_wait_since_)
+      say("room in the checkpoint folder again after " + decimal(seconds(now - *storage_wait_since_)) + " s");
+    storage_wait_since_.reset();
     save_failures_ = 0;
   }
   auto plan = pool_->plan_next_launch();

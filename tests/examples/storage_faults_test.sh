@@ -3,9 +3,11 @@
 # 49): a resume meets its checkpoints briefly locked (retried: goes on from step 46, not
 # step 0), locked for longer (fails loudly, nothing lost), all damaged (refused, set
 # aside; --fresh starts over and keeps them), or of another run (refused with what
-# differs; --allow-other-run takes it); a second job in a folder in use is refused. Then a disk that fills up under troupe-run: the
-# failed saves are events, the job stops after two in a row, troupe-run does not
-# relaunch into the full disk, and nothing crashes at exit.
+# differs; --allow-other-run takes it); a second job in a folder in use is refused. Then a
+# disk that fills up under troupe-run: the failed saves are events, the job stops after
+# two in a row, troupe-run waits --storage-wait for room and, when none comes, does not
+# relaunch into the full disk, and nothing crashes at exit; when room comes, it
+# relaunches and the job finishes.
 #
 #   storage_faults_test.sh TROUPE_RUN TRAIN_DIGITS
 set -euo pipefail
@@ -97,8 +99,8 @@ if ! unshare -m true 2> /dev/null; then echo "SKIP: no mount namespace here"; ex
 set +e
 unshare -m bash -c '
   mkdir -p "$1/tiny" && mount -t tmpfs -o size=1m tmpfs "$1/tiny" || exit 77
-  "$2" -np 2 --checkpoint-dir "$1/tiny/ckpt" --events "$1/events.jsonl" --backoff 0 --max-restarts 3 -- \
-    "$3" --epochs 2 --save-every 5
+  "$2" -np 2 --checkpoint-dir "$1/tiny/ckpt" --events "$1/events.jsonl" --backoff 0 --max-restarts 3 \
+    --storage-wait 1 -- "$3" --epochs 2 --save-every 5
 ' _ "$work" "$troupe_run" "$train" > "$work/full.log" 2>&1
 status=$?
 set -e
@@ -107,7 +109,33 @@ set -e
 ! grep -qiE "segmentation fault|signal 11|SIGSEGV" "$work/full.log" || { cat "$work/full.log"; fail "a crash"; }
 grep -q "2 saves in a row failed" "$work/full.log" || { cat "$work/full.log"; fail "the job did not stop after 2 failed saves"; }
 grep -q '"event": "save_failed".*ENOSPC' "$work/events.jsonl" || { cat "$work/events.jsonl"; fail "no save_failed event"; }
+grep -q '"event": "storage_wait"' "$work/events.jsonl" || { cat "$work/events.jsonl"; fail "no wait for room"; }
 grep -q '"event": "storage_full"' "$work/events.jsonl" || { cat "$work/events.jsonl"; fail "no storage_full event"; }
 grep -q "not relaunching: .* bytes free" "$work/full.log" || { cat "$work/full.log"; fail "relaunched into the full disk"; }
 ! grep -q '"event": "restart"' "$work/events.jsonl" || { cat "$work/events.jsonl"; fail "restarted into a full disk"; }
+
+echo "== a disk filled under troupe-run, then freed while it waits for room: relaunched, finished"
+# A filler leaves room for one checkpoint (1 MB), so the saves after the first fail; it
+# goes once troupe-run says it waits for room (the storage_wait event).
+set +e
+unshare -m bash -c '
+  mkdir -p "$1/roomy" && mount -t tmpfs -o size=8m tmpfs "$1/roomy" || exit 77
+  mkdir -p "$1/roomy/ckpt"
+  free=$(df --output=avail -B1 "$1/roomy" | tail -1)
+  head -c $((free - 1000000)) /dev/zero > "$1/roomy/filler"
+  (
+    until grep -qs "\"event\": \"storage_wait\"" "$1/freed.jsonl"; do sleep 0.02; done
+    rm -f "$1/roomy/filler"
+  ) &
+  "$2" -np 2 --checkpoint-dir "$1/roomy/ckpt" --events "$1/freed.jsonl" --backoff 0 --max-restarts 3 \
+    --storage-wait 60 -- "$3" --epochs 20 --save-every 5
+' _ "$work" "$troupe_run" "$train" > "$work/freed.log" 2>&1
+status=$?
+set -e
+[[ $status -eq 0 ]] || { cat "$work/freed.log"; fail "troupe-run exit status $status, want 0"; }
+grep -q "2 saves in a row failed" "$work/freed.log" || { cat "$work/freed.log"; fail "the saves did not fail"; }
+grep -q "room in the checkpoint folder again after" "$work/freed.log" || { cat "$work/freed.log"; fail "no room"; }
+grep -q '"event": "restart"' "$work/freed.jsonl" || { cat "$work/freed.jsonl"; fail "not relaunched"; }
+! grep -q '"event": "storage_full"' "$work/freed.jsonl" || { cat "$work/freed.jsonl"; fail "gave up"; }
+grep -q "460 steps" "$work/freed.log" || { cat "$work/freed.log"; fail "did not finish 20 epochs"; }
 echo "PASS"
