@@ -31,7 +31,10 @@ _LIB = ["core/", "tensor/", "mpi/"]
 # switches of cuda_math.hpp): a change there makes only the gpu areas stale.
 _NOT_CUDA = [":(exclude)tensor/src/cuda/", ":(exclude,glob)**/*.cu", ":(exclude,glob)**/*.cuh",
              ":(exclude)tensor/include/troupe/tensor/cuda_math.hpp",
-             ":(exclude,glob)collectives/src/nccl_*"]  # the NCCL backend: GPU programs only
+             ":(exclude,glob)collectives/src/nccl_*",  # the NCCL backend: GPU programs only
+             # the staged backend and what it shares with NCCL: CUDA buffers only
+             ":(exclude,glob)collectives/src/staged_*", ":(exclude,glob)collectives/src/reissue.*",
+             ":(exclude)collectives/include/troupe/collectives/staged_communicator.hpp"]
 AREA_PATHS = {
     "tensor": ["core/", "tensor/", "bench/tensor_bench.cpp"],
     "train": [*_LIB, "nn/", "collectives/", "train/", "bench/train_bench.cpp", "bench/ddp_bench.cpp",

@@ -48,6 +48,7 @@ struct Flags {
   int accum_steps = 1;
   std::string sharding = "ddp";   // ddp, zero1, zero2 or fsdp
   std::string device = "cpu";     // cpu or cuda (gradients over NCCL)
+  std::string backend;            // cuda: nccl (empty) or mpi, staged through host memory
   std::string precision = "f32";  // f32 or bf16 (bf16 model, f32 master weights; ddp)
   std::string metrics;            // JSONL metrics log; empty for none
   std::string best;               // file for the model with the best test accuracy; empty for none
@@ -65,7 +66,8 @@ struct Flags {
 const char* kUsage =
     "usage: train_digits [--data PATH] [--epochs N] [--batch-size N] [--hidden N] [--lr X]\n"
     "                    [--momentum X] [--seed N] [--require-accuracy X] [--accum-steps N]\n"
-    "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda] [--precision f32|bf16]\n"
+    "                    [--sharding ddp|zero1|zero2|fsdp] [--device cpu|cuda [--backend nccl|mpi]]\n"
+    "                    [--precision f32|bf16]\n"
     "                    [--metrics FILE] [--best FILE]\n"
     "                    [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
     "                    [--fresh] [--allow-other-run] [--trace DIR] [--trace-steps FIRST-LAST]\n"
@@ -73,7 +75,8 @@ const char* kUsage =
     "  --sharding: ddp (default), zero1 (sharded optimizer state), zero2 (+ sharded\n"
     "  gradients) or fsdp (+ sharded parameters); checkpoints resume in any mode.\n"
     "  --device cuda: the model, batches and gradients on this rank's GPU (its local rank's),\n"
-    "  gradients all-reduced over NCCL, in every sharding mode.\n"
+    "  gradients all-reduced over NCCL, in every sharding mode; --backend mpi sends them over\n"
+    "  MPI through host memory instead, for ranks that share a GPU.\n"
     "  --precision bf16: mixed precision, a bf16 model stepping f32 master weights (ddp only).\n"
     "  --checkpoint-dir saves at each epoch's end (and every STEPS steps) and, started again\n"
     "  with the same DIR, resumes from its latest valid checkpoint. Under troupe-run it\n"
@@ -132,6 +135,8 @@ Flags parse_flags(int argc, char** argv) {
         f.sharding = value;
       else if (flag == "--device")
         f.device = value;
+      else if (flag == "--backend")
+        f.backend = value;
       else if (flag == "--precision")
         f.precision = value;
       else if (flag == "--metrics")
@@ -156,6 +161,10 @@ Flags parse_flags(int argc, char** argv) {
     throw InvalidArgument("bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp\n" + kUsage);
   if (f.device != "cpu" && f.device != "cuda")
     throw InvalidArgument("bad value '" + f.device + "' for --device: cpu or cuda\n" + kUsage);
+  if (!f.backend.empty() && f.backend != "nccl" && f.backend != "mpi")
+    throw InvalidArgument("bad value '" + f.backend + "' for --backend: nccl or mpi\n" + kUsage);
+  if (f.backend == "nccl" && f.device != "cuda")
+    throw InvalidArgument(std::string("--backend nccl needs --device cuda\n") + kUsage);
   if (f.precision != "f32" && f.precision != "bf16")
     throw InvalidArgument("bad value '" + f.precision + "' for --precision: f32 or bf16\n" + kUsage);
   if (f.save_every < 0 || f.keep_last < 1)
@@ -355,6 +364,7 @@ int main(int argc, char** argv) {
                                  .seed = flags.seed,
                                  .sharding = parallel::parse_sharding(flags.sharding),
                                  .device = train::parse_worker_device(flags.device),
+                                 .backend = flags.backend,
                                  .precision = train::parse_precision(flags.precision),
                                  .epochs = flags.epochs,
                                  .best_path = flags.best,

@@ -377,6 +377,7 @@ int main(int argc, char** argv) {
         .micro_batches = flags.micro_batches,
         .virtual_stages = flags.virtual_stages,
         .device = train::parse_worker_device(flags.device),
+        .backend = flags.backend,
         .precision = train::parse_precision(flags.precision),
         .max_grad_norm = flags.grad_clip,
         .checkpoint_dir = flags.checkpoint_dir,

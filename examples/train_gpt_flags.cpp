@@ -44,7 +44,7 @@ const char* kUsage =
     "                 [--warmup-steps N] [--weight-decay X] [--grad-clip X] [--beta2 X] [--seed N]\n"
     "                 [--eval-every STEPS] [--eval-samples N] [--sample-chars N] [--temperature X]\n"
     "                 [--sharding ddp|zero1|zero2|fsdp] [--tp N [--sequence-parallel]]\n"
-    "                 [--device cpu|cuda] [--precision f32|bf16]\n"
+    "                 [--device cpu|cuda [--backend nccl|mpi]] [--precision f32|bf16]\n"
     "                 [--pp N] [--schedule gpipe|1f1b|interleaved] [--micro-batches N]\n"
     "                 [--virtual-stages V] [--pp-cut parameters|uniform]\n"
     "                 [--metrics FILE] [--checkpoint-dir DIR] [--save-every STEPS] [--keep-last N]\n"
@@ -70,6 +70,8 @@ const char* kUsage =
     "  (the default) evens out the stages' parameters, the token tables counted on the end\n"
     "  stages; uniform gives every stage as many blocks.\n"
     "  Together, each stage is split over --tp ranks: a dp x pp x tp grid, tp fastest.\n"
+    "  --device cuda puts each rank on its local rank's GPU, collectives over NCCL; --backend\n"
+    "  mpi sends them over MPI through host memory instead, for ranks that share a GPU.\n"
     "  MFU: model FLOPs (nanoGPT's 6N + 12 L C T per token) over the ranks' peak, --peak-gflops\n"
     "  per rank, or else what a 512^3 matmul reaches on one core here as every rank starts.\n"
     "  --trace DIR writes a timeline of steps --trace-steps (default 3-5) to DIR/trace.json,\n"
@@ -159,6 +161,8 @@ Flags parse_flags(int argc, char** argv) {
         f.sharding = value;
       else if (flag == "--device")
         f.device = value;
+      else if (flag == "--backend")
+        f.backend = value;
       else if (flag == "--precision")
         f.precision = value;
       else if (flag == "--metrics")
@@ -226,6 +230,9 @@ Flags parse_flags(int argc, char** argv) {
   require(f.sharding == "ddp" || f.sharding == "zero1" || f.sharding == "zero2" || f.sharding == "fsdp",
           "bad value '" + f.sharding + "' for --sharding: one of ddp, zero1, zero2, fsdp");
   require(f.device == "cpu" || f.device == "cuda", "bad value '" + f.device + "' for --device: cpu or cuda");
+  require(f.backend.empty() || f.backend == "nccl" || f.backend == "mpi",
+          "bad value '" + f.backend + "' for --backend: nccl or mpi");
+  require(f.backend != "nccl" || f.device == "cuda", "--backend nccl needs --device cuda");
   require(f.precision == "f32" || f.precision == "bf16",
           "bad value '" + f.precision + "' for --precision: f32 or bf16");
   require(f.save_every >= 0 && f.keep_last >= 1, "--save-every must be >= 0 and --keep-last >= 1");

@@ -27,6 +27,7 @@ struct Flags {
   int accum_steps = 1;
   std::uint64_t seed = 1337;
   std::string sharding = "ddp", device = "cpu", precision = "f32";
+  std::string backend;  // cuda: nccl (empty) or mpi, staged through host memory
   std::string metrics, checkpoint_dir;
   std::string trace, trace_steps;  // --trace DIR --trace-steps FIRST-LAST (step_trace.hpp)
   int save_every = 0, keep_last = 3;

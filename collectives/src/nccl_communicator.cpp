@@ -9,6 +9,7 @@
 
 #include "engine.hpp"
 #include "nccl_library.hpp"
+#include "reissue.hpp"
 #include "signature_check.hpp"
 #include "troupe/collectives/collective_error.hpp"
 #include "troupe/collectives/operation.hpp"
@@ -319,7 +320,7 @@ Work NcclCommunicator::start(const Collective& c, bool blocking) {
   }
   TROUPE_CHECK(!(on_host && on_device), c.describe(), ": one buffer is on the host and one on ", mine, " [rank ",
                rank(), "]; give both on the same side");
-  if (on_host) return start_on(*host_, c, blocking);  // checked by host_ itself
+  if (on_host) return detail::reissue(*host_, c, blocking);  // numbered and checked by host_ itself
   try {
     if (options().debug && !c.is_point_to_point())
       detail::verify_signature(check_comm_, c, rank(), size(), options().timeout);

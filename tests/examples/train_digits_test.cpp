@@ -177,11 +177,17 @@ TEST(TrainDigits, Bf16MixedPrecisionLearnsAndResumesFromItsCheckpointBitForBit) 
   std::filesystem::remove_all(dir);
 }
 
-TEST(TrainDigits, ABadPrecisionOrDeviceIsNamedWithTheChoicesAndExitsWithStatus2) {
+TEST(TrainDigits, ABadPrecisionDeviceOrBackendIsNamedWithTheChoicesAndExitsWithStatus2) {
   ProcessResult run = run_train_digits("--precision fp8");
   EXPECT_EQ(run.status, 2);
   EXPECT_NE(run.output.find("bad value 'fp8' for --precision: f32 or bf16"), std::string::npos) << run.output;
   run = run_train_digits("--device tpu");
   EXPECT_EQ(run.status, 2);
   EXPECT_NE(run.output.find("bad value 'tpu' for --device: cpu or cuda"), std::string::npos) << run.output;
+  run = run_train_digits("--backend gloo");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("bad value 'gloo' for --backend: nccl or mpi"), std::string::npos) << run.output;
+  run = run_train_digits("--backend nccl");
+  EXPECT_EQ(run.status, 2);
+  EXPECT_NE(run.output.find("--backend nccl needs --device cuda"), std::string::npos) << run.output;
 }

@@ -239,6 +239,8 @@ bad)
   expect 1 "--block-size 64 is too large for .*short.txt: its validation part has 60 characters" \
     "${mpi[@]}" "$train" --data "$work/short.txt"
   expect 2 "bad value 'tp' for --sharding" "$train" --sharding tp
+  expect 2 "bad value 'gloo' for --backend: nccl or mpi" "$train" --backend gloo
+  expect 2 "--backend nccl needs --device cuda" "$train" --backend nccl
   expect 2 "--activation-checkpointing must be >= 0" "$train" --activation-checkpointing -1
   expect 2 "--tp 3 must be >= 1 and divide --n-head 4" "$train" --tp 3
   expect 2 "--sequence-parallel needs --tp > 1 dividing --block-size" "$train" --sequence-parallel

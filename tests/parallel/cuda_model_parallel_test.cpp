@@ -2,7 +2,8 @@
 // layout on the CPU: skipped without a CUDA device and NCCL. At one rank (the GPU
 // machine has one device) the layers, the loss, clipping and the schedule run on the
 // device over a one-rank NCCL communicator; at two ranks, each with a device of its own,
-// tp 2 and pp 2 run with their activations, partial sums and tied table over NCCL.
+// tp 2 and pp 2 run with their activations, partial sums and tied table over NCCL. Two
+// ranks sharing a GPU run the same over MPI through host copies (staged_communicator.hpp).
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -13,6 +14,7 @@
 #include "train_world.hpp"
 #include "troupe/collectives/mpi_communicator.hpp"
 #include "troupe/collectives/nccl_communicator.hpp"
+#include "troupe/collectives/staged_communicator.hpp"
 #include "troupe/nn/adamw.hpp"
 #include "troupe/nn/gpt.hpp"
 #include "troupe/nn/loss.hpp"
@@ -103,25 +105,40 @@ std::string cannot_run(int ranks) {
   return "";
 }
 
-// tp and pp over `ranks` ranks, each on a GPU of its own, against the CPU.
+// tp and pp over `comm`'s ranks on `gpu` against the CPU.
+void expect_like_the_cpu(collectives::Communicator& comm, tensor::Device gpu) {
+  {
+    SCOPED_TRACE("tp " + std::to_string(comm.size()) + " over " + std::string(comm.backend()));
+    expect_alike(train_tensor_parallel(comm, gpu), train_tensor_parallel(world(), tensor::Device::cpu()));
+  }
+  {
+    SCOPED_TRACE("pp " + std::to_string(comm.size()) + " over " + std::string(comm.backend()));
+    expect_alike(train_pipeline(comm, gpu), train_pipeline(world(), tensor::Device::cpu()));
+  }
+}
+
+// tp and pp over `ranks` ranks, each on a GPU of its own, over NCCL.
 void tensor_and_pipeline_parallel_on_cuda_like_the_cpu(int ranks) {
   if (const std::string why = cannot_run(ranks); !why.empty()) GTEST_SKIP() << why;
   collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD);
   collectives::NcclCommunicator nccl(bootstrap);
-  const tensor::Device gpu = tensor::Device::cuda(nccl.device());
-  {
-    SCOPED_TRACE("tp " + std::to_string(ranks));
-    expect_alike(train_tensor_parallel(nccl, gpu), train_tensor_parallel(world(), tensor::Device::cpu()));
-  }
-  {
-    SCOPED_TRACE("pp " + std::to_string(ranks));
-    expect_alike(train_pipeline(nccl, gpu), train_pipeline(world(), tensor::Device::cpu()));
-  }
+  expect_like_the_cpu(nccl, tensor::Device::cuda(nccl.device()));
 }
 
 TEST(ModelParallel, OnCudaAtOneRankTrainsLikeTheCpu) { tensor_and_pipeline_parallel_on_cuda_like_the_cpu(1); }
 
 TEST(ModelParallel, OnCudaAtTwoRanksTrainsLikeTheCpu) { tensor_and_pipeline_parallel_on_cuda_like_the_cpu(2); }
+
+// Two ranks on whatever GPUs there are (one shared, on the one-GPU machine), as a worker
+// with --backend mpi: activations, partial sums and the tied table through host copies.
+TEST(ModelParallel, OnCudaOverStagedMpiAtTwoRanksTrainsLikeTheCpu) {
+  if (tensor::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  if (world().size() != 2) GTEST_SKIP() << "runs at 2 rank(s)";
+  const tensor::Device gpu = tensor::Device::cuda(world().rank() % tensor::cuda_device_count());
+  tensor::cuda_set_device(gpu);
+  collectives::StagedCommunicator staged(std::make_unique<collectives::MpiCommunicator>(MPI_COMM_WORLD));
+  expect_like_the_cpu(staged, gpu);
+}
 
 }  // namespace
 }  // namespace troupe::train::testing::cuda_model_parallel

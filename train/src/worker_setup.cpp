@@ -5,6 +5,7 @@
 
 #include "troupe/collectives/mpi_communicator.hpp"
 #include "troupe/collectives/nccl_communicator.hpp"
+#include "troupe/collectives/staged_communicator.hpp"
 #include "troupe/error.hpp"
 #include "troupe/tensor/device.hpp"
 #include "troupe/train/distributed.hpp"
@@ -40,7 +41,15 @@ std::unique_ptr<collectives::Communicator> worker_communicator(const WorkerOptio
                options.collective_timeout_s);
   collectives::Options comm_options = collectives::options_from_environment();
   comm_options.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(options.collective_timeout_s * 1000));
-  if (device.is_cpu()) return collectives::world_communicator(comm_options);
+  if (device.is_cpu()) {
+    TROUPE_CHECK(options.backend.empty() || options.backend == "mpi", "TrainWorker: backend '", options.backend,
+                 "' on the CPU, whose collectives are MPI's; nccl needs device cuda");
+    return collectives::world_communicator(comm_options);
+  }
+  if (options.backend == "mpi")
+    return std::make_unique<collectives::StagedCommunicator>(collectives::world_communicator(comm_options));
+  TROUPE_CHECK(options.backend.empty() || options.backend == "nccl", "TrainWorker: unknown backend '", options.backend,
+               "' (nccl or mpi)");
   collectives::MpiCommunicator bootstrap(MPI_COMM_WORLD, comm_options);
   return std::make_unique<collectives::NcclCommunicator>(bootstrap, device.index, comm_options);
 }

@@ -148,11 +148,6 @@ class Communicator {
   virtual Work start(const Collective& collective, bool blocking) = 0;
   // Fails the communicator (after a timeout the backend saw itself, say).
   void fail(const std::string& reason);
-  // Hands a checked, numbered collective to another backend's start() (a backend that
-  // routes some buffers elsewhere: NCCL sends host buffers over MPI).
-  static Work start_on(Communicator& backend, const Collective& collective, bool blocking) {
-    return backend.start(collective, blocking);
-  }
 
   // Runs `operation` on this communicator's engine (for backends built on Operation).
   // `blocking`: the caller waits right away, so the progress thread is not woken.

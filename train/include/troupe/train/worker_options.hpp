@@ -61,6 +61,10 @@ struct WorkerOptions {
   std::int32_t micro_batches = 4;
   std::int32_t virtual_stages = 1;
   WorkerDevice device = WorkerDevice::cpu;
+  // How a cuda worker's collectives travel: "nccl" (empty: the default), or "mpi",
+  // staged through host memory (troupe/collectives/staged_communicator.hpp), for ranks
+  // that share a GPU, which NCCL refuses. A cpu worker's are MPI's ("mpi" or empty).
+  std::string backend;
   Precision precision = Precision::f32;
   double max_grad_norm = 0;  // 0: no clipping
   std::int32_t epochs = 1;   // for the progress bar only
@@ -108,7 +112,8 @@ struct WorkerOptions {
     a(global_batch, accum_steps, seed, bucket_bytes, max_grad_norm, epochs, progress, collective_timeout_s, best_metric,
       best_mode, best_path, checkpoint_dir, save_every, keep_last, run_id, config_json, sharding, device, precision,
       checkpoint_attributes, fresh, allow_other_run, max_failed_saves, eval_batch, eval_samples, tensor_parallel,
-      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps, sequence_parallel, virtual_stages);
+      pipeline_parallel, pipeline_schedule, micro_batches, trace_dir, trace_steps, sequence_parallel, virtual_stages,
+      backend);
   }
 };
 

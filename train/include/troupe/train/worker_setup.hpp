@@ -14,7 +14,8 @@ namespace troupe::train {
 // an InvalidArgument.
 tensor::Device worker_device(const WorkerOptions& options);
 
-// The world, over MPI (CPU tensors) or NCCL (CUDA tensors; MPI carries its id), with
+// The world, over MPI (CPU tensors) or NCCL (CUDA tensors; MPI carries its id), or for
+// CUDA tensors with backend "mpi" over MPI through host copies, with
 // collective_timeout_s as every collective's bound.
 std::unique_ptr<collectives::Communicator> worker_communicator(const WorkerOptions& options, tensor::Device device);
 
