@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <limits>
-#include <utility>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "tensor_parallel_detail.hpp"
 #include "troupe/error.hpp"
