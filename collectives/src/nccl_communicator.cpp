@@ -79,7 +79,8 @@ void check_one_rank_a_device(MpiCommunicator& bootstrap, int device, int devices
     for (std::size_t b = a + 2; b < all.size(); b += 2)
       TROUPE_CHECK(all[a] != all[b] || all[a + 1] != all[b + 1], context, ": ranks ", a / 2, " and ", b / 2,
                    " share CUDA device ", all[a + 1], " (their host shows ", devices,
-                   "), and NCCL needs a device per rank; run at most one rank per device, or use the CPU");
+                   "), and NCCL needs a device per rank; run at most one rank per device, or send the ",
+                   "collectives over MPI through host copies (StagedCommunicator; --backend mpi)");
 }
 
 // Errors come back as codes, for TROUPE_MPI_CHECK to throw with context.
