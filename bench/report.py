@@ -373,6 +373,11 @@ is fsync'd, every load is from a cold cache (`posix_fadvise(DONTNEED)` after fsy
   raw-disk baselines in the same process, on the same tensors, taking turns at going
   first each round: `write(2)` + fsync of the same bytes to one file rewritten, and to
   a new file each round with the previous one kept; `read(2)` of the raw file, cold.
+  A save (keep_last 1) returns once the new checkpoint is durable and `latest` names
+  it; the previous checkpoint is deleted on a thread after that
+  (docs/CHECKPOINT_FORMAT.md), which the bench waits for, untimed, before the next
+  figure, as it deletes the raw baseline's previous file untimed. h5py, torch.save and
+  the rewritten raw file truncate the old file inside their timing.
 - h5py and torch.save/torch.load: `bench/checkpoint_baselines.py`, a separate python3
   process that `bench/run` starts right after, on the same tensor sizes in the same
   folder, as many rounds; then `dd conv=fsync` of the same bytes, once.

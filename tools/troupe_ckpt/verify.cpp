@@ -90,7 +90,9 @@ int cmd_verify(const Args& args, std::ostream& out) {
   std::optional<fs::path> latest = dir.latest_pointer();
   std::vector<std::string> debris;
   for (const auto& e : fs::directory_iterator(target, ec))
-    if (e.path().filename().string().find(".tmp-") != std::string::npos) debris.push_back(e.path().string());
+    if (const std::string name = e.path().filename().string();
+        name.find(".tmp-") != std::string::npos || name.find(".going-") != std::string::npos)
+      debris.push_back(e.path().string());
   bool all_valid = !verdicts.empty();
   for (const Verdict& v : verdicts) all_valid = all_valid && v.valid;
 
@@ -111,7 +113,8 @@ int cmd_verify(const Args& args, std::ostream& out) {
     if (verdicts.empty()) out << "no checkpoints (ckpt-<step>.h5) in " << target << "\n";
     out << "latest -> " << (latest ? latest->filename().string() : std::string("(none)")) << "\n";
     for (const std::string& d : debris)
-      out << "leftover temporary file (ignored, removed by the next save): " << d << "\n";
+      out << (d.find(".going-") != std::string::npos ? "old checkpoint being deleted" : "leftover temporary file")
+          << " (ignored, removed by the next save): " << d << "\n";
   }
   for (const Verdict& v : verdicts) report(v);
   return all_valid ? kOk : kNo;

@@ -30,6 +30,7 @@ void CheckpointActor::begin(SaveManifest manifest) {
     return;  // another rank's begin for the save already open
   }
   drop_open();
+  dir_.wait_for_removals();  // the last commit's, before the folder takes a new file
   Open open;
   open.temp = dir_.temp_path(manifest.step);
   open.file = std::make_unique<FileWriter>(open.temp.string());
@@ -147,6 +148,8 @@ std::string CheckpointActor::commit(std::int64_t step) {
 void CheckpointActor::discard(std::int64_t step) {
   if (open_ && open_->manifest.step == step) drop_open();
 }
+
+void CheckpointActor::wait_for_removals() { dir_.wait_for_removals(); }
 
 actors::Future<void> send_piece(const actors::ActorRef<CheckpointActor>& actor, std::int64_t step, std::int64_t index,
                                 std::int64_t elem_offset, const tensor::Tensor& piece, std::int64_t from_rank) {

@@ -58,9 +58,13 @@ class CheckpointActor {
   // Abandons the open save of `step` (its temporary file is removed); the last
   // committed checkpoint stays latest.
   void discard(std::int64_t step);
+  // Returns once the checkpoints the last commit let go are deleted (that runs on after
+  // commit returns: CheckpointDirectory::wait_for_removals).
+  void wait_for_removals();
 
-  static constexpr auto troupe_methods = troupe::methods<&CheckpointActor::begin, &CheckpointActor::piece,
-                                                         &CheckpointActor::commit, &CheckpointActor::discard>;
+  static constexpr auto troupe_methods =
+      troupe::methods<&CheckpointActor::begin, &CheckpointActor::piece, &CheckpointActor::commit,
+                      &CheckpointActor::discard, &CheckpointActor::wait_for_removals>;
 
  private:
   struct Open {

@@ -4,13 +4,16 @@
 //   <dir>/latest                the file name of the newest durable checkpoint
 //   <dir>/.ckpt-000001300.h5.tmp-<host>-<pid>   a save in progress (or debris of a killed one)
 //   <dir>/ckpt-000001100.h5.damaged             a file resume found damaged, set aside
+//   <dir>/.ckpt-000001000.h5.going-<host>-<pid>  a checkpoint past keep_last, being deleted
 //
 // A save writes the temporary file, then commit() fsyncs it, renames it to its final
-// name, fsyncs the directory, rewrites `latest` the same way, and only then removes
-// checkpoints beyond keep_last. A crash at any point leaves every earlier checkpoint and
-// a `latest` that names a complete file (or the previous one). A temporary file is
-// debris only when its writer is provably gone: written on this host by a process that
-// no longer runs. Readers never look at temporary files; the next commit deletes debris.
+// name, fsyncs the directory, rewrites `latest` the same way, and only then lets
+// checkpoints beyond keep_last go: renamed aside and deleted on a thread, so the save
+// does not wait for a large file's blocks to be freed. A crash at any point leaves every
+// earlier checkpoint and a `latest` that names a complete file (or the previous one). A
+// temporary file is debris only when its writer is provably gone: written on this host
+// by a process that no longer runs. Readers never look at temporary or set-aside files;
+// the next commit deletes debris, and set-aside files a process left as it ended.
 // Damaged files are renamed, never deleted, and never counted by keep_last. Any other
 // name in the folder is left alone.
 //
@@ -19,6 +22,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <vector>
 
@@ -45,11 +49,18 @@ class CheckpointDirectory {
   std::vector<std::filesystem::path> load_candidates() const;
   // Temporary files whose writing process is gone: saves that were killed mid-write.
   std::vector<std::filesystem::path> debris() const;
-  // Deletes debris(); returns how many files went.
+  // Waits until the checkpoints the last commit let go are deleted. Every save waits
+  // before it writes (check_free_space(), commit()), and so does the destructor. Not
+  // while a commit into this object runs on another thread (a Checkpoint::save_async's:
+  // wait for its handle first).
+  void wait_for_removals() const;
+  // Deletes debris() (returns how many files went), and the files earlier commits set
+  // aside for deletion, but for this process's own (being deleted).
   std::size_t remove_debris() const;
   // Throws StorageError (ENOSPC) when the folder's file system has less space free
-  // than the newest checkpoint took: a save that would fail part way fails before
-  // writing a byte. A folder without checkpoints passes.
+  // (once the last commit's deletions are done) than the newest checkpoint took: a save
+  // that would fail part way fails before writing a byte. A folder without checkpoints
+  // passes.
   void check_free_space() const;
   // Files set aside as damaged (quarantine()), by name.
   std::vector<std::filesystem::path> quarantined() const;
@@ -68,8 +79,12 @@ class CheckpointDirectory {
   static std::optional<std::int64_t> step_of(const std::filesystem::path& file);
 
  private:
+  std::filesystem::path going_path(const std::filesystem::path& file) const;
+
   std::filesystem::path folder_;
   std::size_t keep_last_;
+  // The last commit's deletions (std::async's: the last copy's destruction waits for them).
+  std::shared_future<void> removal_;
 };
 
 }  // namespace troupe::checkpoint
