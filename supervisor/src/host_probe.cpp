@@ -125,7 +125,16 @@ std::string checkpoint_space_shortfall(const std::string& dir) {
   const std::uintmax_t needed = step < 0 ? 0 : std::filesystem::file_size(path, ec);
   struct statvfs info {};
   if (needed == 0 || ec || ::statvfs(dir.c_str(), &info) != 0) return {};
-  const std::uintmax_t free_bytes = static_cast<std::uintmax_t>(info.f_bavail) * info.f_frsize;
+  std::uintmax_t free_bytes = static_cast<std::uintmax_t>(info.f_bavail) * info.f_frsize;
+  // What the job's dead writers left (".ckpt-<step>.h5.tmp-..." of a killed save,
+  // ".going-..." of an old checkpoint being deleted) is room too: the relaunch's first
+  // save deletes it before checking (CheckpointDirectory::check_free_space).
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".ckpt-", 0) == 0 &&
+        (name.find(".h5.tmp-") != std::string::npos || name.find(".h5.going-") != std::string::npos))
+      if (const std::uintmax_t size = entry.file_size(ec); !ec) free_bytes += size;
+  }
   if (free_bytes >= needed) return {};
   return dir + " has " + std::to_string(free_bytes) + " bytes free and its newest checkpoint (" +
          path.filename().string() + ") took " + std::to_string(needed) + ": a relaunch would fail its saves again";

@@ -71,7 +71,8 @@ class HostProbe {
 long long newest_checkpoint_step(const std::string& dir);
 
 // Why a relaunch would fail its saves again, or "" when it would not: `dir`'s file
-// system has less space free than its newest checkpoint took.
+// system has less space free than its newest checkpoint took, counting as free what
+// the dead job's unfinished saves and deletions left there.
 std::string checkpoint_space_shortfall(const std::string& dir);
 
 }  // namespace troupe::supervisor

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../small_disk.hpp"
 #include "test_util.hpp"
 #include "troupe/checkpoint/checkpoint.hpp"
 #include "troupe/checkpoint/error.hpp"
@@ -200,25 +201,9 @@ TEST(StorageFaults, TempNamesCarryTheHostAndThePid) {
   EXPECT_EQ(name.substr(name.size() - std::to_string(::getpid()).size()), std::to_string(::getpid()));
 }
 
-// A small file system of its own: tmpfs, mounted here and unmounted at the end. Needs
-// CAP_SYS_ADMIN (CI runs as root); skipped without it.
-class SmallDisk {
- public:
-  explicit SmallDisk(const fs::path& at, std::size_t bytes) : at_(at) {
-    fs::create_directories(at);
-    const std::string options = "size=" + std::to_string(bytes);
-    mounted_ = ::mount("tmpfs", at.c_str(), "tmpfs", 0, options.c_str()) == 0;
-  }
-  ~SmallDisk() {
-    if (mounted_) ::umount2(at_.c_str(), MNT_DETACH);
-  }
-  bool mounted() const { return mounted_; }
+using test_support::SmallDisk;
 
- private:
-  fs::path at_;
-  bool mounted_ = false;
-};
-
+// Too little room for another checkpoint fails a save before it writes a byte.
 TEST(StorageFaults, ADiskWithoutRoomForAnotherCheckpointFailsTheSaveBeforeWriting) {
   testing::TempDir dir;
   SmallDisk disk(dir / "small", 512 << 10);
@@ -240,6 +225,13 @@ TEST(StorageFaults, ADiskWithoutRoomForAnotherCheckpointFailsTheSaveBeforeWritin
     EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos) << entry.path();
   Trial reader(dir / "small" / "ckpt");
   EXPECT_EQ(reader.ckpt.load_latest()->step, 2);
+  // The same bytes as an old checkpoint a killed process was deleting are room: the
+  // next save deletes them before it checks.
+  const fs::path left = dir / "small" / "ckpt" / ".ckpt-000000000.h5.going-elsewhere-77";
+  fs::rename(dir / "small" / "filler", left);
+  run.save(3);
+  EXPECT_FALSE(fs::exists(left));
+  EXPECT_EQ(run.ckpt.directory().list().size(), 3u);
 }
 
 // ENOSPC part way through a file (no earlier checkpoint to size the free-space check

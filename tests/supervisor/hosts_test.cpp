@@ -1,12 +1,17 @@
-// The job's hosts (job_hosts.hpp) and the pool that leaves failing ones out (host_pool.hpp).
+// The job's hosts (job_hosts.hpp), the pool that leaves failing ones out (host_pool.hpp),
+// and the room a relaunch needs in the checkpoint folder (host_probe.hpp).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 
+#include "../small_disk.hpp"
 #include "host_pool.hpp"
+#include "host_probe.hpp"
 #include "job_hosts.hpp"
 #include "mpirun_command.hpp"
 #include "straggler_watch.hpp"
@@ -248,4 +253,31 @@ TEST(RunOptions, RegrowNeedsACheckpointDirAndExclusionAndStragglerRatioIsChecked
       std::string::npos);
   EXPECT_NE(message({"-np", "3", "--straggler-ratio", "0.5", "--", "x"}).find("expected a ratio above 1"),
             std::string::npos);
+}
+
+// A relaunch needs room for another checkpoint as large as the newest. What the dead job
+// left half done (a killed save's temporary file, an old checkpoint it was deleting) is
+// room: the relaunch's first save deletes it before it checks. Anything else is not.
+TEST(CheckpointRoom, WhatTheDeadJobLeftHalfDoneCountsAsRoomForTheRelaunch) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / ("troupe-room-" + std::to_string(::getpid()));
+  {
+    troupe::test_support::SmallDisk disk(dir, 512 << 10);
+    if (!disk.mounted()) GTEST_SKIP() << "cannot mount a tmpfs here (needs CAP_SYS_ADMIN)";
+    const auto write = [&](const std::string& name, std::uintmax_t bytes) {
+      std::ofstream(dir / name, std::ios::binary) << std::string(static_cast<std::size_t>(bytes), 'x');
+    };
+    write("ckpt-000000002.h5", 128 << 10);
+    EXPECT_EQ(sv::checkpoint_space_shortfall(dir.string()), "");
+    for (const char* left : {".ckpt-000000003.h5.tmp-node1-41", ".ckpt-000000001.h5.going-node1-41"}) {
+      write(left, fs::space(dir).available - (8 << 10));
+      ASSERT_LT(fs::space(dir).available, 128u << 10);
+      EXPECT_EQ(sv::checkpoint_space_shortfall(dir.string()), "") << left;
+      fs::rename(dir / left, dir / "notes.txt");  // the same bytes, but not the job's
+      const std::string full = sv::checkpoint_space_shortfall(dir.string());
+      EXPECT_NE(full.find("its newest checkpoint (ckpt-000000002.h5) took 131072"), std::string::npos) << full;
+      fs::remove(dir / "notes.txt");
+    }
+  }
+  fs::remove_all(dir);
 }

@@ -221,7 +221,9 @@ std::size_t CheckpointDirectory::remove_debris() const {
 }
 
 void CheckpointDirectory::check_free_space() const {
-  wait_for_removals();  // the space they free counts
+  // The space they free counts, and so does what killed saves and deletions left.
+  wait_for_removals();
+  remove_debris();
   const std::vector<fs::path> files = list();
   if (files.empty()) return;
   std::error_code ec;

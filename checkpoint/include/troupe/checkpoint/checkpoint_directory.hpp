@@ -58,9 +58,9 @@ class CheckpointDirectory {
   // aside for deletion, but for this process's own (being deleted).
   std::size_t remove_debris() const;
   // Throws StorageError (ENOSPC) when the folder's file system has less space free
-  // (once the last commit's deletions are done) than the newest checkpoint took: a save
-  // that would fail part way fails before writing a byte. A folder without checkpoints
-  // passes.
+  // than the newest checkpoint took, once the last commit's deletions are done and
+  // remove_debris() has run: a save that would fail part way fails before writing a
+  // byte. A folder without checkpoints passes.
   void check_free_space() const;
   // Files set aside as damaged (quarantine()), by name.
   std::vector<std::filesystem::path> quarantined() const;
