@@ -81,8 +81,9 @@ collectives::Communicator& Pipeline::link(std::vector<std::unique_ptr<collective
 // its gradient comes back without one, shaped as the activation that was sent. So a
 // receive waits for one message before it knows what to post, never two in a row. The
 // header is host memory and the data the stage's (on NCCL, the header goes over MPI).
-void Pipeline::send(collectives::Communicator& comm, const Tensor& t, int peer, bool header) {
-  const Tensor& data = t;
+// In a step only a chunk's first micro-batch sends one: the batch splits evenly, so the
+// others have its shape (over MPI a receive of another size fails).
+void Pipeline::send(collectives::Communicator& comm, const Tensor& t, int peer, int tag, bool header) {
   if (header) {
     TROUPE_CHECK(static_cast<std::size_t>(t.dim()) <= kMaxDims, "Pipeline: a ", t.dim(), "-dim tensor between stages");
     Tensor head = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
@@ -93,8 +94,8 @@ void Pipeline::send(collectives::Communicator& comm, const Tensor& t, int peer, 
     sends_.push_back(comm.send_async(Buffer(head), peer, kActivation));
     sending_.push_back(head);
   }
-  sends_.push_back(comm.send_async(Buffer(data), peer, header ? kActivation : kGradient));
-  sending_.push_back(data);
+  sends_.push_back(comm.send_async(Buffer(t), peer, tag));
+  sending_.push_back(t);
 }
 
 Tensor Pipeline::receive(collectives::Communicator& comm, int peer) {
@@ -105,15 +106,13 @@ Tensor Pipeline::receive(collectives::Communicator& comm, int peer) {
                "Pipeline: a malformed header from stage ", peer);
   tensor::Shape shape;
   for (std::int64_t d = 0; d < h[1]; ++d) shape.push_back(h[2 + d]);
-  Tensor t = Tensor::empty(shape, static_cast<tensor::DType>(h[0]), device_);
-  comm.recv(Buffer(t), peer, kActivation);
-  return t;
+  return receive_like(comm, {shape, static_cast<tensor::DType>(h[0])}, peer, kActivation);
 }
 
 Tensor Pipeline::receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like,
-                              int peer) {
+                              int peer, int tag) {
   Tensor t = Tensor::empty(like.first, like.second, device_);
-  comm.recv(Buffer(t), peer, kGradient);
+  comm.recv(Buffer(t), peer, tag);
   return t;
 }
 
@@ -148,10 +147,12 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   const std::int64_t rows = (first || last) ? split.size(0) / m : 0;
   const auto start = Clock::now();
   double busy = 0, loss_sum = 0;
-  // Per chunk and micro-batch: the saved forward, and the shape its gradient comes back in.
+  // Per chunk and micro-batch: the saved forward, and the shape its gradient comes back
+  // in; per chunk, the shape its activations come in (from its first micro-batch's).
   const auto at = [m](int c, int i) { return static_cast<std::size_t>(c * m + i); };
   std::vector<nn::Module::SavedForward> saved(static_cast<std::size_t>(v * m));
-  std::vector<std::pair<tensor::Shape, tensor::DType>> outputs(static_cast<std::size_t>(v * m));
+  std::vector<std::pair<tensor::Shape, tensor::DType>> outputs(static_cast<std::size_t>(v * m)),
+      incoming(static_cast<std::size_t>(v));
   std::vector<Tensor> output_grads(static_cast<std::size_t>(m));
   // The whole model's first stage (this rank's chunk 0 on rank 0) and last.
   const auto model_first = [&](int c) { return first && c == 0; };
@@ -159,8 +160,16 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
 
   auto forward = [&](int c, int i) {
     nn::Module& chunk = *chunks_[static_cast<std::size_t>(c)];
-    const Tensor x =
-        model_first(c) ? inputs.slice(i * rows, (i + 1) * rows) : receive(link(activations_, s - 1), (s - 1 + p) % p);
+    Tensor x;
+    if (model_first(c)) {
+      x = inputs.slice(i * rows, (i + 1) * rows);
+    } else {
+      collectives::Communicator& in = link(activations_, s - 1);
+      const int peer = (s - 1 + p) % p;
+      auto& like = incoming[static_cast<std::size_t>(c)];
+      x = i == 0 ? receive(in, peer) : receive_like(in, like, peer, kActivation);
+      if (i == 0) like = {x.shape(), x.dtype()};
+    }
     TraceScope span(tracer_, "compute", "forward");
     if (span.active())
       span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : ""));
@@ -173,14 +182,14 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
     }
     busy += seconds_since(t0);
     if (!model_last(c)) {
-      send(link(activations_, s), y, (s + 1) % p, true);
+      send(link(activations_, s), y, (s + 1) % p, kActivation, i == 0);
       outputs[at(c, i)] = {y.shape(), y.dtype()};
     }
   };
   auto backward = [&](int c, int i) {
     nn::Module& chunk = *chunks_[static_cast<std::size_t>(c)];
     const Tensor g = model_last(c) ? std::move(output_grads[static_cast<std::size_t>(i)])
-                                   : receive_like(link(gradients_, s), outputs[at(c, i)], (s + 1) % p);
+                                   : receive_like(link(gradients_, s), outputs[at(c, i)], (s + 1) % p, kGradient);
     TraceScope span(tracer_, "compute", "backward");
     if (span.active())
       span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : "") +
@@ -189,7 +198,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
     chunk.restore_saved_forward(std::move(saved[at(c, i)]));
     const Tensor gx = chunk.backward(g);
     busy += seconds_since(t0);
-    if (!model_first(c)) send(link(gradients_, s - 1), gx, (s - 1 + p) % p, false);
+    if (!model_first(c)) send(link(gradients_, s - 1), gx, (s - 1 + p) % p, kGradient, false);
   };
 
   try {
@@ -250,7 +259,7 @@ Tensor Pipeline::forward(const Tensor& inputs) {
     }
     chunk.set_activation_checkpointing(true);
     if (s == p - 1 && c == v - 1) return y;
-    send(link(activations_, s), y, (s + 1) % p, true);
+    send(link(activations_, s), y, (s + 1) % p, kActivation, true);
     finish_sends();
   }
   return Tensor();

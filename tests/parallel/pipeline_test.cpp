@@ -21,6 +21,7 @@
 #include "troupe/parallel/pipeline.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
 #include "troupe/tensor/random.hpp"
+#include "troupe/trace.hpp"
 
 namespace troupe::train::testing {
 namespace {
@@ -406,6 +407,33 @@ TEST(Pipeline, ActivationsPastTheEagerLimitFlowBothWays) {
     for (int step = 0; step < 2; ++step)
       EXPECT_TRUE(std::isfinite(pipe.forward_backward(token_ids(8, 64, 65, 3), token_ids(8, 64, 65, 4), loss)));
   }
+}
+
+// Micro-batches of one step share a shape, so only the first carries a header: a stage
+// sends m + 1 messages of activations a step, not 2m, and its neighbour receives as many.
+TEST(Pipeline, OnlyTheFirstMicroBatchOfAStepSendsAHeader) {
+  if (world().size() < 2) GTEST_SKIP() << "needs two or more stages";
+  constexpr int kMicroBatches = 4;
+  GptStage stage(tiny_gpt(), 3, world().rank(), world().size());
+  Pipeline pipe(stage, world(), PipelineSchedule::one_f_one_b, kMicroBatches);
+  nn::CrossEntropyLoss ce;
+  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
+                                    [&ce](double scale) { return ce.backward(scale); }};
+  Tracer tracer;
+  pipe.set_tracer(&tracer);
+  tracer.start();
+  for (int step = 0; step < 2; ++step)
+    EXPECT_TRUE(std::isfinite(pipe.forward_backward(token_ids(8, 16, 65, 1), token_ids(8, 16, 65, 2), loss)));
+  tracer.stop();
+  int sends = 0, receives = 0;
+  for (const TraceSpan& span : tracer.take()) {
+    if (span.track != "pp activations") continue;
+    sends += span.name == "send";
+    receives += span.name == "recv";
+  }
+  const int rank = world().rank(), last = world().size() - 1;
+  EXPECT_EQ(sends, rank < last ? 2 * (kMicroBatches + 1) : 0);
+  EXPECT_EQ(receives, rank > 0 ? 2 * (kMicroBatches + 1) : 0);
 }
 
 TEST(Pipeline, EvaluationForwardGivesTheWholeModelsLogits) {

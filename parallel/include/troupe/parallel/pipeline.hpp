@@ -100,9 +100,10 @@ class Pipeline {
   // never waits behind the rank's own sends (a wait covers what its communicator
   // started before it).
   collectives::Communicator& link(std::vector<std::unique_ptr<collectives::Communicator>>& comms, int l);
-  void send(collectives::Communicator& comm, const Tensor& t, int peer, bool header);
+  void send(collectives::Communicator& comm, const Tensor& t, int peer, int tag, bool header);
   Tensor receive(collectives::Communicator& comm, int peer);
-  Tensor receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like, int peer);
+  Tensor receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like, int peer,
+                      int tag);
   void finish_sends();
 
   std::vector<nn::Module*> chunks_;
