@@ -68,8 +68,7 @@ Run train_pipeline(collectives::Communicator& pp, tensor::Device device) {
   parallel::Pipeline pipe(stage, pp, parallel::PipelineSchedule::one_f_one_b, 4);
   auto opt = adamw(stage);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   Run run;
   for (int step = 0; step < kSteps; ++step) {
     opt->zero_grad();

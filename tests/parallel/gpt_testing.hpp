@@ -1,6 +1,6 @@
 // What the tensor- and pipeline-parallel tests share: token ids (tests/nn's), the
-// distance between a gathered tensor and the one-rank reference, and a data-parallel
-// rank's step on half of a batch.
+// distance between a gathered tensor and the one-rank reference, a data-parallel rank's
+// step on half of a batch, and a pipeline's cross-entropy loss.
 #pragma once
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "troupe/collectives/buffer.hpp"
 #include "troupe/collectives/communicator.hpp"
 #include "troupe/parallel/parallel_model.hpp"
+#include "troupe/parallel/pipeline.hpp"
 #include "troupe/tensor/tensor.hpp"
 
 namespace troupe::train::testing {
@@ -41,6 +42,14 @@ inline double train_half_batch(parallel::ParallelModel& model, const parallel::L
                     .loss;
   dp.allreduce(collectives::Buffer(&mean, 1), collectives::ReduceOp::avg);
   return mean;
+}
+
+// The last stage's loss for a Pipeline: `ce`'s mean over a micro-batch, and its gradient
+// (nn::CrossEntropyLoss, or the vocabulary-parallel one under tensor parallelism).
+template <class CrossEntropy>
+parallel::PipelineLoss pipeline_loss(CrossEntropy& ce) {
+  return {[&ce](const tensor::Tensor& out, const tensor::Tensor& y) { return ce.forward(out, y).item(); },
+          [&ce](double scale) { return ce.backward(scale); }};
 }
 
 }  // namespace troupe::train::testing

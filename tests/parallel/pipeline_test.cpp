@@ -88,8 +88,7 @@ PipelineRun train_pipeline(PipelineSchedule schedule, int steps, const nn::GPTCo
   Pipeline pipe(stage, world(), schedule, 4);
   auto opt = adamw(stage);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   PipelineRun run;
   for (int step = 0; step < steps; ++step) {
     opt->zero_grad();
@@ -125,8 +124,7 @@ TEST(Pipeline, TheLastStageStepsTheTiedTableTheFirstHoldsItWithoutState) {
   Pipeline pipe(stage, world(), PipelineSchedule::one_f_one_b, 4);
   auto opt = adamw(stage);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   const bool first = stage.first(), last = stage.last();
   for (int step = 0; step < 3; ++step) {
     opt->zero_grad();
@@ -180,8 +178,7 @@ TEST(Pipeline, StagesSplitOverTensorParallelRanksTrainAsOneRank) {
   Pipeline pipe(stage, pp, PipelineSchedule::one_f_one_b, 4);
   auto opt = adamw(stage);
   parallel::VocabParallelCrossEntropy ce(tp, 65);
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   PipelineRun run;
   for (int step = 0; step < 20; ++step) {
     opt->zero_grad();
@@ -247,8 +244,7 @@ void sharded_pipeline_trains_as_one_rank(parallel::Sharding sharding) {
   const std::size_t whole_stage = held_bytes();
   parallel::PipelineModel model(stage, pp, dp, PipelineSchedule::one_f_one_b, 2, factory, sharding);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   PipelineRun run;
   for (int step = 0; step < 20; ++step) {
     run.losses.push_back(train_half_batch(model, loss, dp, step, kMaxNorm));
@@ -329,8 +325,7 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
   const std::int64_t rows = 4 * p;
   const PipelineRun reference = one_rank(50, config, rows);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   for (const int m : {2 * p, p}) {
     SCOPED_TRACE("micro-batches " + std::to_string(m));
     const auto stage = interleaved(5);
@@ -402,8 +397,7 @@ TEST(Pipeline, ActivationsPastTheEagerLimitFlowBothWays) {
     GptStage stage(config, 2, world().rank(), world().size());
     Pipeline pipe(stage, world(), schedule, 4);
     nn::CrossEntropyLoss ce;
-    const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                      [&ce](double scale) { return ce.backward(scale); }};
+    const parallel::PipelineLoss loss = pipeline_loss(ce);
     for (int step = 0; step < 2; ++step)
       EXPECT_TRUE(std::isfinite(pipe.forward_backward(token_ids(8, 64, 65, 3), token_ids(8, 64, 65, 4), loss)));
   }
@@ -417,8 +411,7 @@ TEST(Pipeline, OnlyTheFirstMicroBatchOfAStepSendsAHeader) {
   GptStage stage(tiny_gpt(), 3, world().rank(), world().size());
   Pipeline pipe(stage, world(), PipelineSchedule::one_f_one_b, kMicroBatches);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   Tracer tracer;
   pipe.set_tracer(&tracer);
   tracer.start();
@@ -467,8 +460,7 @@ TEST(Pipeline, BadLayoutsAreNamed) {
   GptStage stage(tiny_gpt(), 1, world().rank(), world().size());
   Pipeline pipe(stage, world(), PipelineSchedule::gpipe, 3);
   nn::CrossEntropyLoss ce;
-  const parallel::PipelineLoss loss{[&ce](const Tensor& out, const Tensor& y) { return ce.forward(out, y).item(); },
-                                    [&ce](double scale) { return ce.backward(scale); }};
+  const parallel::PipelineLoss loss = pipeline_loss(ce);
   // 8 rows into 3 micro-batches: the first and last stages see it before anything is sent.
   if (world().size() <= 2) {
     EXPECT_THROW(pipe.forward_backward(token_ids(8, 16, 65, 1), token_ids(8, 16, 65, 2), loss), InvalidArgument);
