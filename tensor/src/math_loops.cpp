@@ -107,6 +107,21 @@ inline void softmax_backward_row_loop(const float* p, float* dp, std::int64_t n)
   for (std::int64_t j = 0; j < n; ++j) dp[j] = p[j] * (dp[j] - dot);
 }
 
+// Summed in double: a row of GPT-2's 50257 classes in eight float lanes could lose
+// 1e-4 of the sum; exp_f32 is the cost, the widening add is not.
+inline double log_sum_exp_row_loop(const float* x, std::int64_t n, double* sum) {
+  const float m = row_max(x, n);
+  const double s = lane_sum<double>(n, [x, m](std::int64_t j) { return static_cast<double>(exp_f32(x[j] - m)); });
+  if (sum) *sum = lane_sum<double>(n, [x](std::int64_t j) { return static_cast<double>(x[j]); });
+  return static_cast<double>(m) + std::log(s);
+}
+
+inline void cross_entropy_grad_row_loop(const float* x, std::int64_t n, std::int64_t target, float lse, float on,
+                                        float off, float factor, float* g) {
+  for (std::int64_t j = 0; j < n; ++j) g[j] = (exp_f32(x[j] - lse) - off) * factor;
+  g[target] = (exp_f32(x[target] - lse) - (on + off)) * factor;
+}
+
 [[gnu::always_inline]] inline void adam_loop(float* p, const float* g, float* m, float* v, std::int64_t n,
                                              const AdamScalars& s) {
   for (std::int64_t i = 0; i < n; ++i) adam_element(p[i], g[i], m[i], v[i], s);
@@ -114,35 +129,50 @@ inline void softmax_backward_row_loop(const float* p, float* dp, std::int64_t n)
 
 // One copy: the loops above and row_loops.hpp's, inlined into functions compiled for
 // one instruction set. A macro, since a target attribute cannot be a template argument.
-#define TROUPE_HOST_LOOPS(ATTRIBUTE, SUFFIX)                                                                          \
-  ATTRIBUTE void gelu_tanh_##SUFFIX(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }            \
-  ATTRIBUTE void gelu_tanh_backward_##SUFFIX(const float* x, const float* gy, float* gx, std::int64_t n) {            \
-    gelu_tanh_backward_loop(x, gy, gx, n);                                                                            \
-  }                                                                                                                   \
-  ATTRIBUTE float softmax_row_##SUFFIX(float* s, std::int64_t n) { return softmax_row_loop(s, n); }                   \
-  ATTRIBUTE void exp_shifted_##SUFFIX(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }       \
-  ATTRIBUTE void softmax_backward_row_##SUFFIX(const float* p, float* dp, std::int64_t n) {                           \
-    softmax_backward_row_loop(p, dp, n);                                                                              \
-  }                                                                                                                   \
-  ATTRIBUTE void sum_rows_##SUFFIX(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc,    \
-                                   float* out) {                                                                      \
-    sum_rows_loop(in, rows, inner, mean, acc, out);                                                                   \
-  }                                                                                                                   \
-  ATTRIBUTE void layer_norm_forward_##SUFFIX(const float* x, const float* w, const float* b, std::int64_t rows,       \
-                                             std::int64_t n, double eps, float* y, double* means, double* rstds) {    \
-    layer_norm_forward_rows(x, w, b, rows, n, eps, y, means, rstds);                                                  \
-  }                                                                                                                   \
-  ATTRIBUTE void layer_norm_backward_##SUFFIX(const float* x, const float* gy, const float* w, const double* means,   \
-                                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,      \
-                                              const LayerNormGrads& grads) {                                          \
-    layer_norm_backward_rows(x, gy, w, means, rstds, rows, n, gx, grads);                                             \
-  }                                                                                                                   \
-  ATTRIBUTE void adam_##SUFFIX(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) {  \
-    adam_loop(p, g, m, v, n, s);                                                                                      \
-  }                                                                                                                   \
-  constexpr MathLoops k_##SUFFIX = {gelu_tanh_##SUFFIX,          gelu_tanh_backward_##SUFFIX,   softmax_row_##SUFFIX, \
-                                    exp_shifted_##SUFFIX,        softmax_backward_row_##SUFFIX, sum_rows_##SUFFIX,    \
-                                    layer_norm_forward_##SUFFIX, layer_norm_backward_##SUFFIX,  adam_##SUFFIX};
+#define TROUPE_HOST_LOOPS(ATTRIBUTE, SUFFIX)                                                                         \
+  ATTRIBUTE void gelu_tanh_##SUFFIX(const float* x, float* y, std::int64_t n) { gelu_tanh_loop(x, y, n); }           \
+  ATTRIBUTE void gelu_tanh_backward_##SUFFIX(const float* x, const float* gy, float* gx, std::int64_t n) {           \
+    gelu_tanh_backward_loop(x, gy, gx, n);                                                                           \
+  }                                                                                                                  \
+  ATTRIBUTE float softmax_row_##SUFFIX(float* s, std::int64_t n) { return softmax_row_loop(s, n); }                  \
+  ATTRIBUTE void exp_shifted_##SUFFIX(float* s, std::int64_t n, float shift) { exp_shifted_loop(s, n, shift); }      \
+  ATTRIBUTE void softmax_backward_row_##SUFFIX(const float* p, float* dp, std::int64_t n) {                          \
+    softmax_backward_row_loop(p, dp, n);                                                                             \
+  }                                                                                                                  \
+  ATTRIBUTE double log_sum_exp_row_##SUFFIX(const float* x, std::int64_t n, double* sum) {                           \
+    return log_sum_exp_row_loop(x, n, sum);                                                                          \
+  }                                                                                                                  \
+  ATTRIBUTE void cross_entropy_grad_row_##SUFFIX(const float* x, std::int64_t n, std::int64_t target, float lse,     \
+                                                 float on, float off, float factor, float* g) {                      \
+    cross_entropy_grad_row_loop(x, n, target, lse, on, off, factor, g);                                              \
+  }                                                                                                                  \
+  ATTRIBUTE void sum_rows_##SUFFIX(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc,   \
+                                   float* out) {                                                                     \
+    sum_rows_loop(in, rows, inner, mean, acc, out);                                                                  \
+  }                                                                                                                  \
+  ATTRIBUTE void layer_norm_forward_##SUFFIX(const float* x, const float* w, const float* b, std::int64_t rows,      \
+                                             std::int64_t n, double eps, float* y, double* means, double* rstds) {   \
+    layer_norm_forward_rows(x, w, b, rows, n, eps, y, means, rstds);                                                 \
+  }                                                                                                                  \
+  ATTRIBUTE void layer_norm_backward_##SUFFIX(const float* x, const float* gy, const float* w, const double* means,  \
+                                              const double* rstds, std::int64_t rows, std::int64_t n, float* gx,     \
+                                              const LayerNormGrads& grads) {                                         \
+    layer_norm_backward_rows(x, gy, w, means, rstds, rows, n, gx, grads);                                            \
+  }                                                                                                                  \
+  ATTRIBUTE void adam_##SUFFIX(float* p, const float* g, float* m, float* v, std::int64_t n, const AdamScalars& s) { \
+    adam_loop(p, g, m, v, n, s);                                                                                     \
+  }                                                                                                                  \
+  constexpr MathLoops k_##SUFFIX = {gelu_tanh_##SUFFIX,                                                              \
+                                    gelu_tanh_backward_##SUFFIX,                                                     \
+                                    softmax_row_##SUFFIX,                                                            \
+                                    exp_shifted_##SUFFIX,                                                            \
+                                    softmax_backward_row_##SUFFIX,                                                   \
+                                    log_sum_exp_row_##SUFFIX,                                                        \
+                                    cross_entropy_grad_row_##SUFFIX,                                                 \
+                                    sum_rows_##SUFFIX,                                                               \
+                                    layer_norm_forward_##SUFFIX,                                                     \
+                                    layer_norm_backward_##SUFFIX,                                                    \
+                                    adam_##SUFFIX};
 
 TROUPE_HOST_LOOPS(, baseline)
 

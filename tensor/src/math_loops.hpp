@@ -1,6 +1,7 @@
 // The host's hot f32 loops, compiled for several instruction sets: GELU (tanh form)
-// and its gradient, the rows of causal attention's softmax, LayerNorm forward and
-// backward, sums over rows (bias gradients), and the Adam/AdamW step. libm's expf is a
+// and its gradient, the rows of causal attention's softmax and of the cross-entropy
+// loss, LayerNorm forward and backward, sums over rows (bias gradients), and the
+// Adam/AdamW step. libm's expf is a
 // call per element that stops the vectoriser; these loops use exp_f32 (math_loops.cpp),
 // a branch-free polynomial within 1 ulp. Each is compiled for the baseline (SSE2), for
 // AVX2 and for AVX-512 (x86-64-v4), picked once per process as cast_host's loops are.
@@ -28,6 +29,13 @@ struct MathLoops {
   void (*exp_shifted)(float* s, std::int64_t n, float shift);
   // dp[j] = p[j] (dp[j] - sum_k p[k] dp[k]): the softmax's Jacobian applied to a row.
   void (*softmax_backward_row)(const float* p, float* dp, std::int64_t n);
+  // log sum_j exp(x[j]), summed in double, and in *sum (when given) sum_j x[j]: a row of
+  // the cross-entropy's forward (the second for label smoothing).
+  double (*log_sum_exp_row)(const float* x, std::int64_t n, double* sum);
+  // g[j] = (exp(x[j] - lse) - off - (j == target ? on : 0)) * factor: a row of the
+  // cross-entropy's gradient, with the smoothed target's weights on and off.
+  void (*cross_entropy_grad_row)(const float* x, std::int64_t n, std::int64_t target, float lse, float on, float off,
+                                 float factor, float* g);
   // row_loops.hpp's sum_rows_loop, layer_norm_forward_rows and layer_norm_backward_rows.
   void (*sum_rows)(const float* in, std::int64_t rows, std::int64_t inner, bool mean, double* acc, float* out);
   void (*layer_norm_forward)(const float* x, const float* w, const float* b, std::int64_t rows, std::int64_t n,

@@ -1,6 +1,7 @@
 // Activation gradients, softmax cross-entropy and LayerNorm: the host loop or the CUDA kernel,
-// over the same formulas (nn_math.hpp; the cross-entropy's in double on the host,
-// in the compute type on the device).
+// over the same formulas (nn_math.hpp; the cross-entropy's in double on the host, but
+// for f32 logits, whose rows run math_loops' vectorised exp with double sums; in the
+// compute type on the device).
 #include "troupe/tensor/nn_ops.hpp"
 
 #include <algorithm>
@@ -113,6 +114,20 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
   double* lse = f.log_sum_exp.data<double>();
   const double n_classes = static_cast<double>(classes);
   double total = 0;
+  if (logits.dtype() == DType::f32) {
+    const detail::MathLoops* loops = detail::math_loops();
+    const float* x = logits.data<float>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (y[r] == ignore_index) continue;
+      const float* row = x + r * classes;
+      double sum_logits = 0;
+      lse[r] = loops->log_sum_exp_row(row, classes, eps != 0 ? &sum_logits : nullptr);
+      const double nll = lse[r] - static_cast<double>(row[y[r]]);
+      total += (1.0 - eps) * nll + eps / n_classes * (n_classes * lse[r] - sum_logits);
+    }
+    f.loss = Tensor::full({}, f.counted > 0 ? total / static_cast<double>(f.counted) : nan, logits.dtype());
+    return f;
+  }
   dispatch_floating(logits.dtype(), op, [&](auto tag) {
     using T = decltype(tag);
     const T* x = logits.data<T>();
@@ -143,26 +158,48 @@ Tensor cross_entropy_backward(const Tensor& logits, const CrossEntropyForward& f
                               double scale) {
   const std::int64_t classes = logits.size(-1);
   const std::int64_t rows = f.target.numel();
-  Tensor grad = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
-  if (f.counted == 0) return grad;
-  const double factor = scale / static_cast<double>(f.counted);
-  if (logits.device().is_cuda()) {
-    cuda_backend::cross_entropy_grad(logits.dtype(), logits.raw_data(),
-                                     static_cast<const std::int64_t*>(f.target.raw_data()),
-                                     static_cast<const double*>(f.log_sum_exp.raw_data()), rows, classes, ignore_index,
-                                     eps, factor, grad.raw_data());
+  if (f.counted == 0 || logits.device().is_cuda()) {
+    Tensor grad = Tensor::zeros(logits.shape(), logits.dtype(), logits.device());
+    if (f.counted > 0)
+      cuda_backend::cross_entropy_grad(logits.dtype(), logits.raw_data(),
+                                       static_cast<const std::int64_t*>(f.target.raw_data()),
+                                       static_cast<const double*>(f.log_sum_exp.raw_data()), rows, classes,
+                                       ignore_index, eps, scale / static_cast<double>(f.counted), grad.raw_data());
     return grad;
   }
+  // Every row is written below (ignored ones with zeros): no zero-fill first, which at
+  // GPT-2's vocabulary would be another pass over 200 MB.
+  Tensor grad = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+  const double factor = scale / static_cast<double>(f.counted);
   const double off = eps / static_cast<double>(classes);
   const std::int64_t* y = f.target.data<std::int64_t>();
   const double* lse = f.log_sum_exp.data<double>();
+  if (logits.dtype() == DType::f32) {
+    const detail::MathLoops* loops = detail::math_loops();
+    const float* x = logits.data<float>();
+    float* g = grad.data<float>();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      float* grow = g + r * classes;
+      if (y[r] == ignore_index) {
+        std::memset(grow, 0, static_cast<std::size_t>(classes) * sizeof(float));
+        continue;
+      }
+      loops->cross_entropy_grad_row(x + r * classes, classes, y[r], static_cast<float>(lse[r]),
+                                    static_cast<float>(1.0 - eps), static_cast<float>(off), static_cast<float>(factor),
+                                    grow);
+    }
+    return grad;
+  }
   dispatch_floating(logits.dtype(), "CrossEntropyLoss.backward", [&](auto tag) {
     using T = decltype(tag);
     using C = compute_t<T>;
     const T* x = logits.data<T>();
     T* g = grad.data<T>();
     for (std::int64_t r = 0; r < rows; ++r) {
-      if (y[r] == ignore_index) continue;
+      if (y[r] == ignore_index) {
+        std::fill_n(g + r * classes, classes, T(static_cast<C>(0)));
+        continue;
+      }
       const T* row = x + r * classes;
       T* grow = g + r * classes;
       for (std::int64_t c = 0; c < classes; ++c) {

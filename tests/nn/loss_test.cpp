@@ -96,6 +96,34 @@ TEST(CrossEntropyLoss, IsStableForHugeLogits) {
   EXPECT_TRUE(std::isfinite(tensor::sum(loss.backward()).item()));
 }
 
+// f32 logits take the vectorised rows (math_loops): the f64 path's loss and gradient,
+// to f32's precision, with ignored rows and label smoothing, at 5 and 5000 classes.
+TEST(CrossEntropyLoss, F32RowsMatchTheF64Path) {
+  for (const std::int64_t classes : {5, 5000}) {
+    const Tensor logits64 = tensor::mul(randn_f64({6, classes}, 11), 3.0);
+    const Tensor logits32 = logits64.to(DType::f32);
+    const Tensor target = targets({0, classes - 1, -1, 2, classes / 2, 1});
+    for (const double eps : {0.0, 0.1}) {
+      CrossEntropyLoss loss64(-1, eps), loss32(-1, eps);
+      // The same f32 values in both: the difference is the arithmetic alone.
+      const double want = loss64.forward(logits32.to(DType::f64), target).item();
+      const Tensor got = loss32.forward(logits32, target);
+      EXPECT_EQ(got.dtype(), DType::f32);
+      EXPECT_NEAR(got.item(), want, 1e-6 * std::fabs(want)) << classes << " classes, eps " << eps;
+      const auto g64 = loss64.backward(2.0).to_vector<double>();
+      const auto g32 = loss32.backward(2.0).to_vector<float>();
+      ASSERT_EQ(g32.size(), g64.size());
+      for (std::size_t i = 0; i < g32.size(); ++i) {
+        if (i / static_cast<std::size_t>(classes) == 2) {
+          ASSERT_EQ(g32[i], 0.0f) << "ignored row, element " << i;
+        }
+        // (p - q) * 2 / 5: p and q at most 1, each within a few f32 ulps.
+        ASSERT_NEAR(g32[i], g64[i], 1e-6 * 2.0 / 5) << classes << " classes, eps " << eps << ", element " << i;
+      }
+    }
+  }
+}
+
 TEST(CrossEntropyLoss, OutOfRangeTargetNamesTheIndex) {
   CrossEntropyLoss loss;
   try {

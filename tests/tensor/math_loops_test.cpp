@@ -1,6 +1,6 @@
-// The vectorised f32 loops behind GELU and attention's softmax (tensor/src/math_loops.hpp):
-// exp_f32's accuracy, each compiled copy against double-precision formulas, and every
-// copy this CPU can run giving the same bits.
+// The vectorised f32 loops behind GELU, attention's softmax and the cross-entropy
+// (tensor/src/math_loops.hpp): exp_f32's accuracy, each compiled copy against
+// double-precision formulas, and every copy this CPU can run giving the same bits.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -122,6 +122,35 @@ TEST(MathLoops, SoftmaxRowsMatchDoublePrecision) {
   }
 }
 
+// The cross-entropy's rows, up to GPT-2's vocabulary: log-sum-exp and the gradient row
+// against the same formulas in double.
+TEST(MathLoops, CrossEntropyRowsMatchDoublePrecision) {
+  for (const MathLoops* loops : copies_on_this_cpu()) {
+    for (const std::int64_t n : {1, 7, 89, 1037, 50257}) {
+      const std::vector<float> x = random_floats(static_cast<std::size_t>(n), 3.0f, static_cast<unsigned>(n));
+      double sum = 0;
+      const double lse = loops->log_sum_exp_row(x.data(), n, &sum);
+      double m = x[0], exact_sum = 0, sum_exp = 0;
+      for (float v : x) m = std::max(m, static_cast<double>(v)), exact_sum += v;
+      for (float v : x) sum_exp += std::exp(v - m);
+      const double exact_lse = m + std::log(sum_exp);
+      EXPECT_NEAR(lse, exact_lse, 1e-6 * std::max(1.0, std::fabs(exact_lse))) << "n = " << n;
+      EXPECT_NEAR(sum, exact_sum, 1e-9 * static_cast<double>(n)) << "n = " << n;
+      EXPECT_EQ(loops->log_sum_exp_row(x.data(), n, nullptr), lse);
+      const std::int64_t target = n / 3;
+      const double eps = 0.1, factor = 0.25, off = eps / static_cast<double>(n);
+      std::vector<float> g(x.size());
+      loops->cross_entropy_grad_row(x.data(), n, target, static_cast<float>(lse), static_cast<float>(1 - eps),
+                                    static_cast<float>(off), static_cast<float>(factor), g.data());
+      for (std::int64_t j = 0; j < n; ++j) {
+        const auto k = static_cast<std::size_t>(j);
+        const double want = (std::exp(x[k] - exact_lse) - (j == target ? 1 - eps : 0.0) - off) * factor;
+        ASSERT_NEAR(g[k], want, 1e-6 * std::max(1e-3, std::fabs(want))) << "n = " << n << ", j = " << j;
+      }
+    }
+  }
+}
+
 // A machine without AVX2 must train to the bits of one with it.
 TEST(MathLoops, EveryCompiledCopyGivesTheSameBits) {
   const std::vector<const MathLoops*> copies = copies_on_this_cpu();
@@ -138,6 +167,13 @@ TEST(MathLoops, EveryCompiledCopyGivesTheSameBits) {
     loops->gelu_tanh_backward(x.data(), g.data(), gx.data(), static_cast<std::int64_t>(x.size()));
     const float lse = loops->softmax_row(row.data(), 203);
     loops->softmax_backward_row(row.data(), back.data(), 203);
+    double logit_sum = 0;
+    const double ce_lse = loops->log_sum_exp_row(x.data(), 1037, &logit_sum);
+    std::vector<float> ce_grad(x.size());
+    loops->cross_entropy_grad_row(x.data(), 1037, 5, static_cast<float>(ce_lse), 0.9f, 1e-4f, 0.5f, ce_grad.data());
+    y.insert(y.end(), ce_grad.begin(), ce_grad.end());
+    y.insert(y.end(), {static_cast<float>(ce_lse), static_cast<float>(ce_lse - static_cast<float>(ce_lse)),
+                       static_cast<float>(logit_sum)});
     y.insert(y.end(), gx.begin(), gx.end());
     y.insert(y.end(), row.begin(), row.end());
     y.insert(y.end(), back.begin(), back.begin() + 203);
