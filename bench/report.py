@@ -35,8 +35,13 @@ _NOT_CUDA = [":(exclude)tensor/src/cuda/", ":(exclude,glob)**/*.cu", ":(exclude,
              # the staged backend and what it shares with NCCL: CUDA buffers only
              ":(exclude,glob)collectives/src/staged_*", ":(exclude,glob)collectives/src/reissue.*",
              ":(exclude)collectives/include/troupe/collectives/staged_communicator.hpp"]
+# The tensor, collectives and checkpoint areas never run the layers' math (activation
+# gradients, the loss, LayerNorm, attention's softmax, the Adam step): a change there
+# leaves them current.
+_NOT_NN_MATH = [":(exclude)tensor/src/nn_ops.cpp", ":(exclude)tensor/src/math_loops.cpp",
+                ":(exclude)tensor/src/math_loops.hpp"]
 AREA_PATHS = {
-    "tensor": ["core/", "tensor/", "bench/tensor_bench.cpp"],
+    "tensor": ["core/", "tensor/", "bench/tensor_bench.cpp", *_NOT_NN_MATH],
     "train": [*_LIB, "nn/", "collectives/", "train/", "bench/train_bench.cpp", "bench/ddp_bench.cpp",
               "bench/torch_train_step.py", "bench/torch_ddp.py"],
     "gpt": [*_LIB, "nn/", "collectives/", "train/", "checkpoint/", "examples/train_gpt.cpp", "examples/char_corpus",
@@ -51,9 +56,9 @@ AREA_PATHS = {
                 "tools/torch_gpt.py"],
     "actors": ["core/", "mpi/", "actors/", "bench/actors_bench.cpp", "bench/actors_objects.cpp",
                "bench/actors_bench_rows.hpp", "bench/caf_bench.cpp"],
-    "collectives": [*_LIB, "collectives/", "bench/collectives_bench.cpp", "bench/torch_collectives.py"],
+    "collectives": [*_LIB, "collectives/", "bench/collectives_bench.cpp", "bench/torch_collectives.py", *_NOT_NN_MATH],
     "checkpoint": [*_LIB, "actors/", "checkpoint/", "bench/checkpoint_bench.cpp", "bench/checkpoint_parallel_bench.cpp",
-                   "bench/checkpoint_state.hpp", "bench/checkpoint_baselines.py"],
+                   "bench/checkpoint_state.hpp", "bench/checkpoint_baselines.py", *_NOT_NN_MATH],
     "supervisor": ["core/", "mpi/", "supervisor/", "tests/supervisor/", "bench/supervisor_bench.cpp",
                    "bench/supervisor_restart.py", "bench/torch_restart_job.py"],
     "cluster": ["core/", "mpi/", "actors/", "collectives/", "supervisor/", "tests/supervisor/",
