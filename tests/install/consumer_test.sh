@@ -3,7 +3,8 @@
 # examples/consumer -- a project of its own with find_package(troupe) -- built against
 # it, its programs run under mpirun -np 2, and train_blobs under the installed
 # troupe-run with a crash and a resume that ends with the same parameters. The actor
-# program is also built with nothing but `pkg-config troupe`, and with troupe pulled in
+# program is also built with nothing but `pkg-config troupe` (by g++ and clang++, which
+# also parses every installed header), and with troupe pulled in
 # by add_subdirectory (configured) and FetchContent from a source tarball (built, run),
 # and against this build's Debian package, unpacked.
 #
@@ -104,6 +105,19 @@ PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --exists troupe || fail "pkg-
 g++ -O1 "$source/examples/consumer/hello_actors.cpp" -o "$work/hello_pc" \
   $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs troupe) || fail "building with pkg-config"
 mpirun2 "$work/hello_pc" | grep -q "10 + 5 on rank 1 = 15" || fail "the pkg-config build's answer"
+
+echo "== every installed header, and hello_actors, under clang"
+# troupe is built with GCC; a header only GCC accepts breaks every clang user's build
+# (as clang < 19 refused a sized aligned operator delete in actors' call.hpp).
+command -v clang++ > /dev/null || fail "clang++ is missing (scripts/setup installs clang)"
+(cd "$prefix/include" && find troupe -name '*.hpp' | sort | sed 's/.*/#include "&"/') > "$work/all_headers.cpp"
+# shellcheck disable=SC2046
+clang++ -fsyntax-only "$work/all_headers.cpp" $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags troupe) \
+  || fail "clang++ rejects an installed header"
+# shellcheck disable=SC2046
+clang++ -O1 "$source/examples/consumer/hello_actors.cpp" -o "$work/hello_clang" \
+  $(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs troupe) || fail "building with clang++"
+mpirun2 "$work/hello_clang" | grep -q "10 + 5 on rank 1 = 15" || fail "the clang build's answer"
 echo "== troupe as a subdirectory of another project (configured, not built)"
 mkdir -p "$work/outer"
 cat > "$work/outer/CMakeLists.txt" <<OUTER

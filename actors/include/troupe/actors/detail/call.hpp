@@ -38,8 +38,9 @@ class Call {
   static void* operator new(std::size_t bytes) { return allocate_call(bytes); }
   static void operator delete(void* block, std::size_t bytes) noexcept { free_call(block, bytes); }
   static void* operator new(std::size_t bytes, std::align_val_t align) { return ::operator new(bytes, align); }
-  static void operator delete(void* block, std::size_t bytes, std::align_val_t align) noexcept {
-    ::operator delete(block, bytes, align);
+  // Unsized: clang before 19 declares sized global deletes only with -fsized-deallocation.
+  static void operator delete(void* block, std::size_t, std::align_val_t align) noexcept {
+    ::operator delete(block, align);
   }
   virtual void run() = 0;
   virtual void fail(const ErrorInfo& info) = 0;
