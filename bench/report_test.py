@@ -175,6 +175,19 @@ class Stale(unittest.TestCase):
         self.assertIn("| [alpha](#alpha) | 1 of 1 | 2026-01-01 00:00 UTC | stale |", md)
         self.assertIn(f"Commit: {measured[:7]}.", md)
 
+    def test_a_change_that_left_the_machine_code_as_it_was_is_current(self):
+        measured = self.git("rev-parse", "HEAD")
+        rows = self.rows(commit=measured, dirty=False)
+        self.write("src/a.c", "int a; /* a comment */\n")
+        same = self.commit("same code")
+        with mock.patch.dict(report.SAME_CODE, {same: "a comment"}):
+            self.assertIsNone(self.flag(rows))
+            self.write("src/a.c", "int a = 5;\n")
+            changed = self.commit("new code in the same file")
+            self.assertEqual(self.flag(rows),
+                             f"**Stale:** measured at {measured[:7]}; `src/` changed since, last in {changed[:7]}.")
+        self.assertIn("changed since", self.flag(rows))
+
     def test_measuring_uncommitted_changes_then_committing_them_is_current(self):
         self.write("src/a.c", "int a = 2;\n")
         self.write("src/new.c", "int b;\n")
