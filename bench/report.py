@@ -101,7 +101,8 @@ memory, <= 1.35x step time).
 Tensor and pipeline parallelism: `bench/mesh_bench.cpp` under mpirun, the world being
 the tp group or the pp group: train_gpt's default-preset model (4 layers, 4 heads,
 C = 128, T = 128, 89 characters) at batch 16, dropout 0, train_gpt's step (clipping,
-AdamW; the vocabulary-parallel cross-entropy under tp, 8 micro-batches under pp), one
+AdamW; the vocabulary-parallel cross-entropy under tp, 8 micro-batches under pp, each
+stage keeping its in-flight micro-batches' activations, nothing recomputed), one
 thread per rank. Step time in wall time (the ranks wait for each other), the lower
 median of 5 repeats of 4 steps after 3 warm-up steps; time waiting in collectives from
 the communicator's own count; a stage's idle fraction is 1 - its compute time / the

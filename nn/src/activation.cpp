@@ -65,8 +65,8 @@ Tensor Tanh::backward_impl(const Tensor& grad_output) {
   return tensor::tanh_backward(grad_output, output_);
 }
 
-void ReLU::release_own_activations() { input_ = Tensor(); }
-void GELU::release_own_activations() { input_ = Tensor(); }
-void Tanh::release_own_activations() { output_ = Tensor(); }
+void ReLU::exchange_own_activations(ActivationStash& stash) { stash.exchange(input_); }
+void GELU::exchange_own_activations(ActivationStash& stash) { stash.exchange(input_); }
+void Tanh::exchange_own_activations(ActivationStash& stash) { stash.exchange(output_); }
 
 }  // namespace troupe::nn

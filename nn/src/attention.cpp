@@ -54,9 +54,9 @@ Tensor CausalSelfAttention::backward_impl(const Tensor& grad_output) {
   return c_attn_->backward(gqkv);
 }
 
-void CausalSelfAttention::release_own_activations() {
-  qkv_ = Tensor();
-  saved_ = {};
+void CausalSelfAttention::exchange_own_activations(ActivationStash& stash) {
+  stash.exchange(qkv_);
+  stash.exchange(saved_);
 }
 
 }  // namespace troupe::nn

@@ -67,9 +67,9 @@ Tensor Dropout::backward_impl(const Tensor& grad_output) {
   return detail::map2(mask_, grad_output, type_name() + ".backward", [](auto m, auto gy) { return m * gy; });
 }
 
-void Dropout::release_own_activations() {
-  mask_ = Tensor();
-  forward_ran_ = false;
+void Dropout::exchange_own_activations(ActivationStash& stash) {
+  stash.exchange(mask_);
+  stash.exchange(forward_ran_);
 }
 
 }  // namespace troupe::nn

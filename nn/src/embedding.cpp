@@ -52,6 +52,6 @@ Tensor Embedding::backward_impl(const Tensor& grad_output) {
   return Tensor();
 }
 
-void Embedding::release_own_activations() { indices_ = Tensor(); }
+void Embedding::exchange_own_activations(ActivationStash& stash) { stash.exchange(indices_); }
 
 }  // namespace troupe::nn

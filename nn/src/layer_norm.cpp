@@ -57,9 +57,9 @@ Tensor LayerNorm::backward_impl(const Tensor& grad_output) {
   return grad_input;
 }
 
-void LayerNorm::release_own_activations() {
-  input_ = Tensor();
-  saved_ = {};
+void LayerNorm::exchange_own_activations(ActivationStash& stash) {
+  stash.exchange(input_);
+  stash.exchange(saved_);
 }
 
 }  // namespace troupe::nn

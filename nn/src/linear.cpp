@@ -98,6 +98,6 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
   return tensor::matmul(gy, weight_->data).reshape(input_.shape());
 }
 
-void Linear::release_own_activations() { input_ = Tensor(); }
+void Linear::exchange_own_activations(ActivationStash& stash) { stash.exchange(input_); }
 
 }  // namespace troupe::nn

@@ -1,7 +1,9 @@
 #include "troupe/nn/module.hpp"
 
 #include <algorithm>
+#include <any>
 #include <sstream>
+#include <stdexcept>
 #include <unordered_set>
 
 #include "troupe/error.hpp"
@@ -206,10 +208,11 @@ Tensor Module::checkpointed_forward(const Tensor& input) {
   if (!checkpointing_ || !training_) return forward_impl(input);
   std::vector<tensor::Generator*> generators;
   collect_generators(generators);
-  checkpoint_generators_.clear();
-  for (const tensor::Generator* g : generators) checkpoint_generators_.push_back(*g);
+  std::vector<tensor::Generator> before;
+  for (const tensor::Generator* g : generators) before.push_back(*g);
   Tensor output = forward_impl(input);
   release_activations();
+  checkpoint_generators_ = std::move(before);
   checkpoint_input_ = input;
   recompute_pending_ = true;
   return output;
@@ -236,20 +239,36 @@ bool Module::recompute_forward() {
   return true;
 }
 
-Module::SavedForward Module::take_saved_forward() {
-  TROUPE_CHECK(recompute_pending_, type_name(), ".take_saved_forward: no checkpointed forward is pending");
-  recompute_pending_ = false;
-  SavedForward saved{std::move(checkpoint_input_), std::move(checkpoint_generators_)};
-  checkpoint_input_ = Tensor();
-  checkpoint_generators_.clear();
-  return saved;
+ActivationStash Module::take_activations() {
+  ActivationStash stash;
+  exchange_activations(stash);
+  return stash;
 }
 
-void Module::restore_saved_forward(SavedForward saved) {
-  TROUPE_CHECK(saved.input.defined(), type_name(), ".restore_saved_forward: nothing was saved");
-  checkpoint_input_ = std::move(saved.input);
-  checkpoint_generators_ = std::move(saved.generators);
-  recompute_pending_ = true;
+void Module::restore_activations(ActivationStash stash) {
+  TROUPE_CHECK(!stash.restoring_ && !stash.slots_.empty(), type_name(),
+               ".restore_activations: the stash was not taken from a module tree, or was restored already");
+  stash.restoring_ = true;
+  try {
+    exchange_activations(stash);
+  } catch (const std::bad_any_cast&) {
+    TROUPE_THROW(InvalidArgument, type_name(), ".restore_activations: the stash was taken from another module tree");
+  } catch (const std::out_of_range&) {
+    TROUPE_THROW(InvalidArgument, type_name(), ".restore_activations: the stash holds ", stash.slots_.size(),
+                 " fields, fewer than this tree takes: it was taken from another module tree");
+  }
+  TROUPE_CHECK(stash.next_ == stash.slots_.size(), type_name(), ".restore_activations: the stash holds ",
+               stash.slots_.size(), " fields, this tree takes ", stash.next_);
+}
+
+// Every module's fields in one order (its own, then its children's in registration
+// order), so a stash goes back where it came from.
+void Module::exchange_activations(ActivationStash& stash) {
+  exchange_own_activations(stash);
+  stash.exchange(recompute_pending_);
+  stash.exchange(checkpoint_input_);
+  stash.exchange(checkpoint_generators_);
+  for (auto& [name, child] : children_) child->exchange_activations(stash);
 }
 
 std::shared_ptr<Module> Module::shared_child(std::string_view name) const {
@@ -265,10 +284,9 @@ std::vector<std::string> Module::child_names() const {
 }
 
 void Module::release_activations() {
-  release_own_activations();
-  recompute_pending_ = false;
-  checkpoint_input_ = Tensor();
-  for (auto& [name, child] : children_) child->release_activations();
+  ActivationStash dropped;
+  dropped.discarding_ = true;
+  exchange_activations(dropped);
 }
 
 void Module::collect_generators(std::vector<tensor::Generator*>& out) {

@@ -58,7 +58,6 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, collectives::Communicator& p
   TROUPE_CHECK(!interleaved || (pp.size() > 1 && micro_batches % pp.size() == 0), "Pipeline: the interleaved ",
                "schedule runs over two or more ranks, with a multiple of their number (", pp.size(),
                ") in micro-batches; got ", micro_batches);
-  for (nn::Module* chunk : chunks_) chunk->set_activation_checkpointing(true);
   for (nn::Module* chunk : chunks_)
     for (const nn::Parameter* param : chunk->parameters())
       if (param->data.defined() && !param->data.device().is_meta()) device_ = param->data.device();
@@ -150,7 +149,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   // Per chunk and micro-batch: the saved forward, and the shape its gradient comes back
   // in; per chunk, the shape its activations come in (from its first micro-batch's).
   const auto at = [m](int c, int i) { return static_cast<std::size_t>(c * m + i); };
-  std::vector<nn::Module::SavedForward> saved(static_cast<std::size_t>(v * m));
+  std::vector<nn::ActivationStash> saved(static_cast<std::size_t>(v * m));
   std::vector<std::pair<tensor::Shape, tensor::DType>> outputs(static_cast<std::size_t>(v * m)),
       incoming(static_cast<std::size_t>(v));
   std::vector<Tensor> output_grads(static_cast<std::size_t>(m));
@@ -175,7 +174,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
       span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : ""));
     const auto t0 = Clock::now();
     const Tensor y = chunk.forward(x);
-    saved[at(c, i)] = chunk.take_saved_forward();
+    saved[at(c, i)] = chunk.take_activations();
     if (model_last(c)) {
       loss_sum += loss.forward(y, targets.slice(i * rows, (i + 1) * rows));
       output_grads[static_cast<std::size_t>(i)] = loss.backward(1.0 / m);
@@ -193,9 +192,9 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
     TraceScope span(tracer_, "compute", "backward");
     if (span.active())
       span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : "") +
-                    ",\"recomputes_forward\":true");
+                    (chunk.activation_checkpointing() ? ",\"recomputes_forward\":true" : ""));
     const auto t0 = Clock::now();
-    chunk.restore_saved_forward(std::move(saved[at(c, i)]));
+    chunk.restore_activations(std::move(saved[at(c, i)]));
     const Tensor gx = chunk.backward(g);
     busy += seconds_since(t0);
     if (!model_first(c)) send(link(gradients_, s - 1), gx, (s - 1 + p) % p, kGradient, false);
@@ -250,14 +249,8 @@ Tensor Pipeline::forward(const Tensor& inputs) {
   for (int c = 0; c < v; ++c) {
     nn::Module& chunk = *chunks_[static_cast<std::size_t>(c)];
     const Tensor x = s == 0 && c == 0 ? inputs : receive(link(activations_, s - 1), (s - 1 + p) % p);
-    chunk.set_activation_checkpointing(false);  // no backward follows
-    try {
-      y = chunk.forward(x);
-    } catch (...) {
-      chunk.set_activation_checkpointing(true);
-      throw;
-    }
-    chunk.set_activation_checkpointing(true);
+    y = chunk.forward(x);
+    chunk.release_activations();  // no backward follows
     if (s == p - 1 && c == v - 1) return y;
     send(link(activations_, s), y, (s + 1) % p, kActivation, true);
     finish_sends();

@@ -74,9 +74,9 @@ Tensor ColumnParallelLinear::forward_for_backward_impl(const Tensor& input) {
   return sequence_parallel_ ? forward_impl(input) : nn::Linear::forward_for_backward_impl(input);
 }
 
-void ColumnParallelLinear::release_own_activations() {
-  nn::Linear::release_own_activations();
-  input_part_ = Tensor();
+void ColumnParallelLinear::exchange_own_activations(nn::ActivationStash& stash) {
+  nn::Linear::exchange_own_activations(stash);
+  stash.exchange(input_part_);
 }
 
 std::string ColumnParallelLinear::type_name() const {
@@ -177,9 +177,9 @@ std::string VocabParallelEmbedding::type_name() const {
          std::to_string(begin_) + "-" + std::to_string(begin_ + num_embeddings()) + ")";
 }
 
-void VocabParallelEmbedding::release_own_activations() {
-  nn::Embedding::release_own_activations();
-  held_ = Tensor();
+void VocabParallelEmbedding::exchange_own_activations(nn::ActivationStash& stash) {
+  nn::Embedding::exchange_own_activations(stash);
+  stash.exchange(held_);
 }
 
 // ------------------------------------------------------------------ the loss

@@ -1,5 +1,6 @@
 // Activation checkpointing (module.hpp): recomputing a module's forward in its
-// backward gives the same numbers, bit for bit, for less memory.
+// backward gives the same numbers, bit for bit, for less memory. And the activation
+// stash: several forwards in flight through one module, each backward reading its own.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -177,6 +178,60 @@ TEST(ActivationCheckpointing, TheRecomputeDoesNotRunTheMlpsLastLinear) {
   model.backward(loss.backward());
   EXPECT_EQ(c_fc, 6);    // forward and recompute, 3 blocks
   EXPECT_EQ(c_proj, 3);  // forward only
+}
+
+// Three forwards in flight through one GPT (a pipeline stage's micro-batches), each
+// one's caches taken out and put back before its backward: the same losses, and the
+// same gradients after each backward, bit for bit, as three forward-backward pairs in a
+// row; with blocks checkpointed too (their kept inputs travel in the stash).
+TEST(ActivationStash, ForwardsInFlightEachBackwardReadsItsOwn) {
+  const GPTConfig config{.block_size = 8, .vocab_size = 11, .n_layer = 2, .n_head = 2, .n_embd = 16, .dropout = 0.2};
+  const auto gradients = [](GPT& model) {
+    std::vector<std::vector<float>> out;
+    for (Parameter* p : model.parameters()) out.push_back(p->grad.to_vector<float>());
+    return out;
+  };
+  for (const std::int64_t every : {0, 1}) {
+    SCOPED_TRACE("checkpoint every " + std::to_string(every));
+    GPT in_turn(config, 4), in_flight(config, 4);
+    in_flight.checkpoint_blocks(every);
+    std::vector<CrossEntropyLoss> a(3), b(3);
+    std::vector<double> la, lb;
+    std::vector<std::vector<std::vector<float>>> ga, gb;  // after each backward
+    for (int i = 0; i < 3; ++i) {
+      la.push_back(a[i].forward(in_turn.forward(token_ids(2, 8, 11, 10 + i)), token_ids(2, 8, 11, 20 + i)).item());
+      in_turn.backward(a[i].backward());
+      ga.push_back(gradients(in_turn));
+    }
+    std::vector<ActivationStash> stashes;
+    for (int i = 0; i < 3; ++i) {
+      lb.push_back(b[i].forward(in_flight.forward(token_ids(2, 8, 11, 10 + i)), token_ids(2, 8, 11, 20 + i)).item());
+      stashes.push_back(in_flight.take_activations());
+    }
+    // Nothing cached is left behind: a backward now has no forward.
+    EXPECT_THROW(in_flight.backward(b[0].backward()), InvalidArgument);
+    for (int i = 0; i < 3; ++i) {
+      in_flight.restore_activations(std::move(stashes[static_cast<std::size_t>(i)]));
+      in_flight.backward(b[i].backward());
+      gb.push_back(gradients(in_flight));
+    }
+    EXPECT_EQ(la, lb);
+    EXPECT_TRUE(ga == gb);
+  }
+}
+
+TEST(ActivationStash, AStashGoesBackOnceAndOnlyWhereItCameFrom) {
+  tensor::Generator gen(2);
+  Linear layer(4, 2, gen);
+  GPT gpt({.block_size = 4, .vocab_size = 5, .n_layer = 1, .n_head = 1, .n_embd = 4}, 1);
+  layer.forward(tensor::normal({3, 4}, 0, 1, gen));
+  ActivationStash stash = layer.take_activations();
+  EXPECT_THROW(gpt.restore_activations(std::move(stash)), InvalidArgument);  // another tree
+  layer.forward(tensor::normal({3, 4}, 0, 1, gen));
+  ActivationStash again = layer.take_activations();
+  layer.restore_activations(std::move(again));
+  EXPECT_THROW(layer.restore_activations(std::move(again)), InvalidArgument);  // NOLINT: restored already
+  EXPECT_NO_THROW(layer.backward(tensor::normal({3, 2}, 0, 1, gen)));
 }
 
 TEST(ActivationCheckpointing, ANegativeFrequencyIsAnError) {

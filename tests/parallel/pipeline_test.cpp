@@ -83,8 +83,12 @@ void expect_as_one_rank(const PipelineRun& run, const PipelineRun& reference) {
   }
 }
 
-PipelineRun train_pipeline(PipelineSchedule schedule, int steps, const nn::GPTConfig& config = tiny_gpt()) {
+// recompute: the stage keeps only each micro-batch's input and recomputes its forward
+// in backward, instead of keeping its activations.
+PipelineRun train_pipeline(PipelineSchedule schedule, int steps, const nn::GPTConfig& config = tiny_gpt(),
+                           bool recompute = false) {
   GptStage stage(config, 5, world().rank(), world().size());
+  stage.set_activation_checkpointing(recompute);
   Pipeline pipe(stage, world(), schedule, 4);
   auto opt = adamw(stage);
   nn::CrossEntropyLoss ce;
@@ -377,15 +381,19 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
   EXPECT_THROW(stage->forward(token_ids(2, 16, 65, 1)), InvalidArgument);
 }
 
-// Both run each stage's backwards in micro-batch order, and a recompute leaves the
-// dropout generators where the forwards left them, so with dropout on the schedules
-// agree bit for bit.
-TEST(Pipeline, GpipeAndOneFOneBAgreeBitForBitWithDropout) {
+// Both run each stage's backwards in micro-batch order, each backward reads its own
+// micro-batch's stashed activations, and a recompute leaves the dropout generators where
+// the forwards left them: so with dropout on, the schedules agree bit for bit, whether
+// stages keep their activations or recompute them.
+TEST(Pipeline, SchedulesAndStageRecomputeAgreeBitForBitWithDropout) {
   const PipelineRun gpipe = train_pipeline(PipelineSchedule::gpipe, 4, tiny_gpt(0.2));
-  const PipelineRun interleaved = train_pipeline(PipelineSchedule::one_f_one_b, 4, tiny_gpt(0.2));
-  EXPECT_EQ(gpipe.losses, interleaved.losses);
-  for (const auto& [name, value] : gpipe.full)
-    EXPECT_EQ(value.to_vector<float>(), interleaved.full.at(name).to_vector<float>()) << name;
+  for (const bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "1f1b, stages recomputed" : "1f1b");
+    const PipelineRun other = train_pipeline(PipelineSchedule::one_f_one_b, 4, tiny_gpt(0.2), recompute);
+    EXPECT_EQ(gpipe.losses, other.losses);
+    for (const auto& [name, value] : gpipe.full)
+      EXPECT_EQ(value.to_vector<float>(), other.full.at(name).to_vector<float>()) << name;
+  }
 }
 
 // Activations of 32 KB, past shared memory's eager limit: a send then completes only

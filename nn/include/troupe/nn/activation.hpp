@@ -18,7 +18,7 @@ class ReLU : public Module {
   std::string type_name() const override { return "ReLU"; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
 
  private:
   Tensor input_;
@@ -40,7 +40,7 @@ class GELU : public Module {
   GeluApproximate approximate() const { return approximate_; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
 
  private:
   GeluApproximate approximate_;
@@ -55,7 +55,7 @@ class Tanh : public Module {
   std::string type_name() const override { return "Tanh"; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
 
  private:
   Tensor output_;

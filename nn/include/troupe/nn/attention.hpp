@@ -41,7 +41,7 @@ class CausalSelfAttention : public Module {
   std::int64_t n_head() const { return n_head_; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
 
  private:
   std::int64_t n_embd_, n_head_;

@@ -32,7 +32,7 @@ class Dropout : public Module {
  protected:
   // Draws the mask alone: the input's values are not read, and the output's are unset.
   Tensor forward_for_backward_impl(const Tensor& input) override;
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
   tensor::Generator* forward_generator() override { return &gen_; }
 
  private:

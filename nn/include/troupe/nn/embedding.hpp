@@ -31,7 +31,7 @@ class Embedding : public Module {
   std::int64_t embedding_dim() const { return dim_; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
 
  private:
   std::int64_t num_, dim_;

@@ -30,7 +30,7 @@ class LayerNorm : public Module {
   double eps() const { return eps_; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
 
  private:
   std::int64_t size_;

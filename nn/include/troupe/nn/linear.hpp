@@ -46,7 +46,7 @@ class Linear : public Module {
  protected:
   // Keeps the input; the output is left unset: backward reads only the input.
   Tensor forward_for_backward_impl(const Tensor& input) override;
-  void release_own_activations() override;
+  void exchange_own_activations(ActivationStash& stash) override;
   // The input forward kept for backward's dW: a subclass may keep it in another form
   // meanwhile (sequence parallelism keeps a part and gathers it again) and put it back.
   Tensor take_saved_input() { return std::move(input_); }

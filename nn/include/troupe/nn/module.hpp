@@ -41,10 +41,18 @@
 // compute its output (the next block keeps it as its input), so its MLP's last Linear,
 // some 30% of the block's multiply-adds, is not run again.
 //
+// Several forwards in flight: a layer caches one forward, so a caller that runs more
+// forwards before their backwards (a pipeline's micro-batches) takes each forward's
+// caches out of the tree with take_activations() and puts them back before its backward
+// (restore_activations): the backward then reads what that forward cached, as PyTorch's
+// autograd graph per micro-batch does. A checkpointed module's kept input and generator
+// states travel the same way, so its recompute still runs in its own backward.
+//
 // Modules are neither copyable nor movable: optimizers and DDP hold parameters by
 // address, so parameters must stay where they were created.
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -67,6 +75,30 @@ using tensor::DType;
 using GradReadyHook = std::function<void(const std::string& name, Parameter& param)>;
 
 class Module;
+
+// What forwards cached for their backwards, taken out of a module tree
+// (Module::take_activations) and put back (restore_activations) in the same order.
+// A layer lists each field its backward reads in exchange_own_activations; a field is
+// moved out (left at its default, as release does) or moved back in, by direction.
+class ActivationStash {
+ public:
+  template <class T>
+  void exchange(T& field) {
+    if (restoring_) {
+      field = std::any_cast<T>(std::move(slots_.at(next_++)));
+      return;
+    }
+    if (!discarding_) slots_.emplace_back(std::move(field));
+    field = T{};
+  }
+
+ private:
+  friend class Module;
+  std::vector<std::any> slots_;
+  std::size_t next_ = 0;
+  bool restoring_ = false;
+  bool discarding_ = false;  // release_activations: the fields are only reset
+};
 
 struct ModuleHooks {
   std::function<void()> before_forward, after_forward, before_backward, after_backward;
@@ -139,16 +171,12 @@ class Module {
   // Drops what the last forward cached, here and below: a backward must follow a new
   // forward. Checkpointing calls it; so may a caller that ran forward for its output only.
   void release_activations();
-  // A checkpointed forward's saved input and generator states, taken out after its
-  // forward and put back before its backward: how a pipeline schedule runs several
-  // micro-batches' forwards before their backwards through one module
-  // (parallel/pipeline.hpp). The recompute then leaves the generators where they stood.
-  struct SavedForward {
-    Tensor input;
-    std::vector<tensor::Generator> generators;
-  };
-  SavedForward take_saved_forward();
-  void restore_saved_forward(SavedForward saved);
+  // What the last forward cached here and below (a checkpointed module's input and
+  // generator states included), taken out, and put back before that forward's backward:
+  // see "Several forwards in flight" above. A recompute leaves the generators where the
+  // later forwards left them.
+  ActivationStash take_activations();
+  void restore_activations(ActivationStash stash);
 
   // A direct child by name, shared (null when there is none): for a module that runs
   // part of another's tree, as a pipeline stage runs some of a model's blocks.
@@ -187,8 +215,10 @@ class Module {
     return ref;
   }
 
-  // What this layer alone cached for its backward (children are the base's business).
-  virtual void release_own_activations() {}
+  // Each field this layer alone cached for its backward, passed to stash.exchange in a
+  // fixed order (children are the base's business): how caches are released, and
+  // taken out and put back.
+  virtual void exchange_own_activations(ActivationStash& /*stash*/) {}
   // The generator this layer's forward draws from (Dropout's), wound back before a
   // checkpointed forward is recomputed; null for a deterministic layer.
   virtual tensor::Generator* forward_generator() { return nullptr; }
@@ -206,6 +236,7 @@ class Module {
   void collect_state(const std::string& prefix, StateDict& out) const;
   void collect_generators(std::vector<tensor::Generator*>& out);
   Tensor checkpointed_forward(const Tensor& input);
+  void exchange_activations(ActivationStash& stash);
   bool recompute_forward();
 
   // Own and shared parameters by name; the own ones live in owned_, behind

@@ -13,11 +13,12 @@
 //                1F1B over (chunk, micro-batch) pairs; m must be a multiple of p
 // gpipe and 1f1b idle a stage for (p - 1) / (m + p - 1) of a step in theory, 1F1B
 // holding fewer micro-batches at once; interleaved for (p - 1) / (v m + p - 1), at
-// v times the messages. A stage keeps only each in-flight micro-batch's input: its
-// forward is recomputed just before that micro-batch's backward (nn::Module's
-// activation checkpointing, with the saved forward taken out and put back per
-// micro-batch), as Megatron does under full recompute, since troupe's layers cache one
-// forward. Gradients accumulate as the mean over the micro-batches, which is one
+// v times the messages. A stage keeps each in-flight micro-batch's activations: its
+// caches are taken out of the stage after that micro-batch's forward and put back before
+// its backward (nn::Module::take_activations), since troupe's layers cache one forward.
+// A stage or its blocks set to activation checkpointing keep only their inputs and
+// recompute in backward (Megatron's full or selective recompute), bit for bit the same.
+// Gradients accumulate as the mean over the micro-batches, which is one
 // rank's batch-mean gradient to rounding. A stage's failure is its rank's failure,
 // which troupe-run already handles by restarting the job from the last checkpoint.
 #pragma once
@@ -59,7 +60,7 @@ struct PipelineLoss {
 
 struct PipelineStats {
   double seconds = 0;       // the last forward_backward, wall time
-  double busy_seconds = 0;  // of which computing (forwards, recomputes, backwards, the loss)
+  double busy_seconds = 0;  // of which computing (forwards, any recomputes, backwards, the loss)
   double idle_fraction() const { return seconds > 0 ? 1.0 - busy_seconds / seconds : 0.0; }
 };
 
@@ -231,8 +232,8 @@ class GptStage : public PipelineStage {
   const nn::Parameter* tied_copy() const override { return last() && !first() ? tied_ : nullptr; }
   // The table as the first stage holds it (null elsewhere).
   const nn::Parameter* tied_unowned() const override { return first() && !last() ? tied_ : nullptr; }
-  // Recomputes every block's activations in backward (the pipeline's schedules already
-  // recompute whole stages; this is for a stage used alone).
+  // Recomputes every `every`-th block's activations in backward (GPT::checkpoint_blocks;
+  // train_gpt --activation-checkpointing); 0: none.
   void checkpoint_blocks(std::int64_t every);
 
  private:

@@ -80,7 +80,7 @@ class ColumnParallelLinear : public nn::Linear {
  protected:
   // Linear's (input kept, no product) unless the sequence is split: then forward's.
   Tensor forward_for_backward_impl(const Tensor& input) override;
-  void release_own_activations() override;
+  void exchange_own_activations(nn::ActivationStash& stash) override;
 
  private:
   collectives::Communicator* tp_;
@@ -131,7 +131,7 @@ class VocabParallelEmbedding : public nn::Embedding {
   void set_sequence_parallel(bool on) { sequence_parallel_ = on; }
 
  protected:
-  void release_own_activations() override;
+  void exchange_own_activations(nn::ActivationStash& stash) override;
 
  private:
   collectives::Communicator* tp_;
