@@ -757,7 +757,8 @@ def render(results: dict[str, list[dict]], root: Path | None = None,
         "A target whose baseline could not run (e.g. PyTorch not installed) shows \"baseline",
         "missing\" and counts as not met. An area is flagged **Stale** when the sources it",
         "measures (libraries, bench programs, baseline scripts) changed after the commit it",
-        "was measured at, or the commit was not recorded.",
+        "was measured at, or the commit was not recorded. A commit checked to leave the",
+        "machine code as it was (`SAME_CODE` in bench/report.py) stales nothing.",
     ]
     if not results:
         out += ["", "No results yet: run `bench/run`."]
