@@ -22,6 +22,15 @@ constexpr std::size_t kMaxDims = 6;
 
 double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
+// Whether a backward through `module` runs some of its forward again: the whole stage
+// checkpointed, or only some of its blocks (GPT::checkpoint_blocks).
+bool recomputes_forward(nn::Module& module) {
+  if (module.activation_checkpointing()) return true;
+  for (const nn::NamedModule& child : module.named_children())
+    if (recomputes_forward(*child.module)) return true;
+  return false;
+}
+
 }  // namespace
 
 PipelineSchedule parse_pipeline_schedule(std::string_view name) {
@@ -83,6 +92,7 @@ collectives::Communicator& Pipeline::link(std::vector<std::unique_ptr<collective
 // In a step only a chunk's first micro-batch sends one: the batch splits evenly, so the
 // others have its shape (over MPI a receive of another size fails).
 void Pipeline::send(collectives::Communicator& comm, const Tensor& t, int peer, int tag, bool header) {
+  reap_sends();
   if (header) {
     TROUPE_CHECK(static_cast<std::size_t>(t.dim()) <= kMaxDims, "Pipeline: a ", t.dim(), "-dim tensor between stages");
     Tensor head = Tensor::zeros({static_cast<std::int64_t>(kMaxDims + 2)}, tensor::DType::i64);
@@ -126,6 +136,23 @@ std::chrono::nanoseconds Pipeline::wait_time() const {
   for (const auto& comm : activations_) waited += comm->wait_time();
   for (const auto& comm : gradients_) waited += comm->wait_time();
   return waited;
+}
+
+// Lets go of the sends already done, and of their tensors: under 1F1B a stage then
+// holds the outputs of about p micro-batches in flight, not of the step's m.
+void Pipeline::reap_sends() {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < sends_.size(); ++i) {
+    if (sends_[i].test()) {
+      if (!sends_[i].is_success()) sends_[i].wait();  // rethrows its error
+      continue;
+    }
+    sends_[kept] = std::move(sends_[i]);
+    sending_[kept] = std::move(sending_[i]);
+    ++kept;
+  }
+  sends_.resize(kept);
+  sending_.resize(kept);
 }
 
 void Pipeline::finish_sends() {
@@ -192,7 +219,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
     TraceScope span(tracer_, "compute", "backward");
     if (span.active())
       span.set_args("\"micro_batch\":" + std::to_string(i) + (v > 1 ? ",\"chunk\":" + std::to_string(c) : "") +
-                    (chunk.activation_checkpointing() ? ",\"recomputes_forward\":true" : ""));
+                    (recomputes_forward(chunk) ? ",\"recomputes_forward\":true" : ""));
     const auto t0 = Clock::now();
     chunk.restore_activations(std::move(saved[at(c, i)]));
     const Tensor gx = chunk.backward(g);

@@ -105,6 +105,7 @@ class Pipeline {
   Tensor receive(collectives::Communicator& comm, int peer);
   Tensor receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like, int peer,
                       int tag);
+  void reap_sends();
   void finish_sends();
 
   std::vector<nn::Module*> chunks_;
