@@ -1,13 +1,13 @@
 // The host's hot f32 loops, compiled for several instruction sets: GELU (tanh form)
 // and its gradient, the rows of causal attention's softmax and of the cross-entropy
 // loss, LayerNorm forward and backward, sums over rows (bias gradients), and the
-// Adam/AdamW step. libm's expf is a
-// call per element that stops the vectoriser; these loops use exp_f32 (math_loops.cpp),
-// a branch-free polynomial within 1 ulp. Each is compiled for the baseline (SSE2), for
-// AVX2 and for AVX-512 (x86-64-v4), picked once per process as cast_host's loops are.
-// Every copy returns the same bits: the file is compiled without fused multiply-adds,
-// and sums are kept in eight partial sums in a fixed order, not left to the
-// vectoriser, so a machine without AVX-512 or AVX2 trains to the same result.
+// Adam/AdamW step. libm's expf is a call per element that stops the vectoriser; these
+// loops use exp_f32 (math_loops.cpp), a branch-free polynomial within 1 ulp. Each is
+// compiled for the baseline (SSE2), for AVX2 and for AVX-512 (x86-64-v4), picked once
+// per process as cast_host's loops are. Every copy returns the same bits: the file is
+// compiled without fused multiply-adds, and sums are kept in eight partial sums in a
+// fixed order, not left to the vectoriser, so a machine without AVX-512 or AVX2 trains
+// to the same result.
 #pragma once
 
 #include <cstdint>

@@ -114,6 +114,12 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
   double* lse = f.log_sum_exp.data<double>();
   const double n_classes = static_cast<double>(classes);
   double total = 0;
+  // Row r's loss from its log-sum-exp (in lse[r]): the sum over c of -log p_c, for the
+  // smoothing, is C * lse - the sum of the logits.
+  const auto add_row = [&](std::int64_t r, double target_logit, double sum_logits) {
+    const double nll = lse[r] - target_logit;
+    total += (1.0 - eps) * nll + eps / n_classes * (n_classes * lse[r] - sum_logits);
+  };
   if (logits.dtype() == DType::f32) {
     const detail::MathLoops* loops = detail::math_loops();
     const float* x = logits.data<float>();
@@ -122,32 +128,27 @@ CrossEntropyForward cross_entropy_forward(const Tensor& logits, const Tensor& ta
       const float* row = x + r * classes;
       double sum_logits = 0;
       lse[r] = loops->log_sum_exp_row(row, classes, eps != 0 ? &sum_logits : nullptr);
-      const double nll = lse[r] - static_cast<double>(row[y[r]]);
-      total += (1.0 - eps) * nll + eps / n_classes * (n_classes * lse[r] - sum_logits);
+      add_row(r, static_cast<double>(row[y[r]]), sum_logits);
     }
-    f.loss = Tensor::full({}, f.counted > 0 ? total / static_cast<double>(f.counted) : nan, logits.dtype());
-    return f;
-  }
-  dispatch_floating(logits.dtype(), op, [&](auto tag) {
-    using T = decltype(tag);
-    const T* x = logits.data<T>();
-    for (std::int64_t r = 0; r < rows; ++r) {
-      if (y[r] == ignore_index) continue;
-      const T* row = x + r * classes;
-      double max = -std::numeric_limits<double>::infinity();
-      for (std::int64_t c = 0; c < classes; ++c) max = std::max(max, static_cast<double>(row[c]));
-      double sum_exp = 0, sum_logits = 0;
-      for (std::int64_t c = 0; c < classes; ++c) {
-        sum_exp += std::exp(static_cast<double>(row[c]) - max);
-        sum_logits += static_cast<double>(row[c]);
+  } else {
+    dispatch_floating(logits.dtype(), op, [&](auto tag) {
+      using T = decltype(tag);
+      const T* x = logits.data<T>();
+      for (std::int64_t r = 0; r < rows; ++r) {
+        if (y[r] == ignore_index) continue;
+        const T* row = x + r * classes;
+        double max = -std::numeric_limits<double>::infinity();
+        for (std::int64_t c = 0; c < classes; ++c) max = std::max(max, static_cast<double>(row[c]));
+        double sum_exp = 0, sum_logits = 0;
+        for (std::int64_t c = 0; c < classes; ++c) {
+          sum_exp += std::exp(static_cast<double>(row[c]) - max);
+          sum_logits += static_cast<double>(row[c]);
+        }
+        lse[r] = max + std::log(sum_exp);
+        add_row(r, static_cast<double>(row[y[r]]), sum_logits);
       }
-      lse[r] = max + std::log(sum_exp);
-      const double nll = lse[r] - static_cast<double>(row[y[r]]);
-      // sum over c of -log p_c = C * lse - sum of logits.
-      const double smooth = n_classes * lse[r] - sum_logits;
-      total += (1.0 - eps) * nll + eps / n_classes * smooth;
-    }
-  });
+    });
+  }
   f.loss = Tensor::full({}, f.counted > 0 ? total / static_cast<double>(f.counted) : nan, logits.dtype());
   return f;
 }
