@@ -6,7 +6,7 @@
 // each rank holds.
 //
 //   mpirun -np K build/bench/mesh_bench [--repeats N] [--steps S] [--sequence-parallel]
-//                                       [--pp [--tp K] --schedule gpipe|1f1b|interleaved
+//                                       [--pp [--tp K] --schedule gpipe|1f1b|interleaved|zero-bubble
 //                                        --micro-batches M [--virtual-stages V]]
 //
 // The model is train_gpt's default preset (4 layers, 4 heads, C 128, T 128, Moby-Dick's
@@ -20,8 +20,8 @@
 // steps, the lower median of the repeats (as the step time, so one step slowed by the
 // machine does not decide it; "idle_repeats" lists them all), beside
 // the schedule's theoretical (p - 1) / (m + p - 1), or (p - 1) / (V m + p - 1) with V
-// stages a rank (interleaved; V 2 unless given). With --pp, state_bytes is the most
-// any rank holds. state_bytes: this rank's parameters,
+// stages a rank (interleaved; V 2 unless given; zero-bubble is held to 1F1B's). With
+// --pp, state_bytes is the most any rank holds. state_bytes: this rank's parameters,
 // gradients and AdamW moments, from the tensors themselves; live_bytes: host memory
 // live after a step with the model's activations released, beyond what was live before
 // the model (the state plus the loss's cached logits and the batches; the one-rank model

@@ -116,15 +116,17 @@ under pp the largest stage's, a gradient counted for every parameter, the first 
 tied table included, which the last stage steps); the memory a step holds beyond the
 state (activations in flight, outputs still being sent, gradients being made), the
 worst stage's, measured as in the activation-checkpointing rows. tp 1 and tp 2 take
-turns for 3 rounds, and so do pp 2's gpipe, 1f1b and interleaved; each shows its median
-round. The others run once, and 4 ranks share 2 cores, so their times and idle
-fractions are for the record only (their memory is exact). Interleaved (2 stages a
-rank, v = 2) cuts the 4 blocks one a stage. Targets: issue 51's (state <= 1.1/k of one
-rank's; idle within 1.1x of the schedule's (p - 1) / (m + p - 1), (p - 1) / (v m + p - 1)
-interleaved); the step times have none (the issue asks for the ratio and the collective
-time). 1F1B's memory target is ours: a stage keeps at most p micro-batches of 1/p of
-the model, so 1.1/m of one rank's at the whole batch, as Megatron-LM's schedule
-promises.""",
+turns for 3 rounds, and so do pp 2's gpipe, 1f1b, interleaved and zero-bubble; each
+shows its median round. The others run once, and 4 ranks share 2 cores, so their times
+and idle fractions are for the record only (their memory is exact). Interleaved (2
+stages a rank, v = 2) cuts the 4 blocks one a stage; zero-bubble (ZB-H1: 1F1B with the
+weights' gradients put off to fill the waits) is held to 1F1B's theory. Targets: issue
+51's (state <= 1.1/k of one rank's; idle within 1.1x of the schedule's (p - 1) /
+(m + p - 1), (p - 1) / (v m + p - 1) interleaved); the step times have none (the issue
+asks for the ratio and the collective time). 1F1B's memory target is ours: a stage
+keeps at most p micro-batches of 1/p of the model, so 1.1/m of one rank's at the whole
+batch, as Megatron-LM's schedule promises; so is zero-bubble's idle below 1F1B's
+theory, which is what the schedule is for.""",
     "gpt": """\
 One training step of troupe's GPT (`nn::GPT`, nanoGPT's shape: GELU tanh, tied
 lm_head, dropout 0) on the CPU: `zero_grad`, forward, cross-entropy over (B, T, V),

@@ -72,11 +72,12 @@ Tensor Block::forward_for_backward_impl(const Tensor& input) {
   return mlp_->forward_for_backward(ln_2_->forward(x));
 }
 
-// The residual's gradient passes through unchanged and adds to each branch's.
+// The residual's gradient passes through unchanged and adds to each branch's. Out of
+// place: a deferred weight gradient (weight_gradients.hpp) still reads what the branch
+// was given.
 Tensor Block::backward_impl(const Tensor& grad_output) {
-  Tensor g = tensor::add(grad_output, ln_2_->backward(mlp_->backward(grad_output)));
-  tensor::add_(g, ln_1_->backward(attn_->backward(g)));
-  return g;
+  const Tensor g = tensor::add(grad_output, ln_2_->backward(mlp_->backward(grad_output)));
+  return tensor::add(g, ln_1_->backward(attn_->backward(g)));
 }
 
 GPT::GPT(const GPTConfig& c, std::uint64_t seed, DType dtype, tensor::Device device, const GPTParts& parts)

@@ -89,13 +89,19 @@ Tensor Linear::backward_impl(const Tensor& grad_output) {
       tensor::add_(grad_for_accumulation(*bias_, op.c_str(), "bias"), tensor::sum(gy, 0));
     grad_ready(*bias_);
   }
-  // dW (+)= gy^T x, written by the gemm straight into the gradient (beta 0 when fresh).
+  if (WeightGradients* later = deferred_weight_gradients())
+    later->defer([this, gy, x, op] { add_weight_gradient(gy, x, op); });
+  else
+    add_weight_gradient(gy, x, op);
+  return tensor::matmul(gy, weight_->data).reshape(input_.shape());
+}
+
+// dW (+)= gy^T x, written by the gemm straight into the gradient (beta 0 when fresh).
+void Linear::add_weight_gradient(const Tensor& gy, const Tensor& x, const std::string& op) {
   bool fresh = false;
   Tensor& gw = grad_for_write(*weight_, op.c_str(), "weight", fresh);
   tensor::matmul_out(gw, gy, x, Transpose::yes, Transpose::no, 1.0, fresh ? 0.0 : 1.0);
   grad_ready(*weight_);
-
-  return tensor::matmul(gy, weight_->data).reshape(input_.shape());
 }
 
 void Linear::exchange_own_activations(ActivationStash& stash) { stash.exchange(input_); }

@@ -63,6 +63,7 @@ Module& Module::register_module(std::string name, std::shared_ptr<Module> child)
   TROUPE_CHECK(child.get() != this, type_name(), ": a module cannot be its own child ('", name, "')");
   // A child added after the hook was set still reports to it, under its full name.
   if (hook_) child->install_hook(hook_, hook_prefix_ + name + ".");
+  if (deferred_) child->defer_weight_gradients(deferred_);
   children_.emplace_back(std::move(name), std::move(child));
   return *children_.back().second;
 }
@@ -312,6 +313,11 @@ void Module::zero_grad(bool set_to_none) {
 
 void Module::set_grad_ready_hook(GradReadyHook hook) {
   install_hook(hook ? std::make_shared<const GradReadyHook>(std::move(hook)) : nullptr, "");
+}
+
+void Module::defer_weight_gradients(WeightGradients* queue) {
+  deferred_ = queue;
+  for (auto& [name, child] : children_) child->defer_weight_gradients(queue);
 }
 
 void Module::install_hook(const SharedHook& hook, const std::string& prefix) {

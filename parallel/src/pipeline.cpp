@@ -37,7 +37,8 @@ PipelineSchedule parse_pipeline_schedule(std::string_view name) {
   if (name == "gpipe") return PipelineSchedule::gpipe;
   if (name == "1f1b") return PipelineSchedule::one_f_one_b;
   if (name == "interleaved") return PipelineSchedule::interleaved;
-  TROUPE_THROW(InvalidArgument, "unknown pipeline schedule '", name, "': gpipe, 1f1b or interleaved");
+  if (name == "zero-bubble") return PipelineSchedule::zero_bubble;
+  TROUPE_THROW(InvalidArgument, "unknown pipeline schedule '", name, "': gpipe, 1f1b, interleaved or zero-bubble");
 }
 
 const char* pipeline_schedule_name(PipelineSchedule schedule) {
@@ -45,6 +46,7 @@ const char* pipeline_schedule_name(PipelineSchedule schedule) {
     case PipelineSchedule::gpipe: return "gpipe";
     case PipelineSchedule::one_f_one_b: return "1f1b";
     case PipelineSchedule::interleaved: return "interleaved";
+    case PipelineSchedule::zero_bubble: return "zero-bubble";
   }
   return "?";
 }
@@ -118,11 +120,32 @@ Tensor Pipeline::receive(collectives::Communicator& comm, int peer) {
   return receive_like(comm, {shape, static_cast<tensor::DType>(h[0])}, peer, kActivation);
 }
 
+// Under zero-bubble, the queued weight passes fill the wait: one at a time, for as long
+// as the message has not come.
 Tensor Pipeline::receive_like(collectives::Communicator& comm, const std::pair<tensor::Shape, tensor::DType>& like,
                               int peer, int tag) {
   Tensor t = Tensor::empty(like.first, like.second, device_);
-  comm.recv(Buffer(t), peer, tag);
+  if (weight_passes_.empty()) {
+    comm.recv(Buffer(t), peer, tag);
+    return t;
+  }
+  collectives::Work work = comm.recv_async(Buffer(t), peer, tag);
+  while (!weight_passes_.empty() && !work.test()) {
+    run_weight_pass();
+    ++stats_.weight_passes_while_waiting;
+  }
+  work.wait();
   return t;
+}
+
+void Pipeline::run_weight_pass() {
+  auto [micro_batch, pass] = std::move(weight_passes_.front());
+  weight_passes_.pop_front();
+  TraceScope span(tracer_, "compute", "weight gradients");
+  if (span.active()) span.set_args("\"micro_batch\":" + std::to_string(micro_batch));
+  const auto t0 = Clock::now();
+  pass.run();
+  busy_ += seconds_since(t0);
 }
 
 void Pipeline::set_tracer(Tracer* tracer) {
@@ -172,7 +195,12 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   TROUPE_CHECK(!last || (loss.forward && loss.backward), "Pipeline: the last stage needs the loss");
   const std::int64_t rows = (first || last) ? split.size(0) / m : 0;
   const auto start = Clock::now();
-  double busy = 0, loss_sum = 0;
+  double loss_sum = 0;
+  busy_ = 0;
+  stats_.weight_passes_while_waiting = 0;
+  // One stage waits for nothing: there zero-bubble is 1F1B, bit for bit (GPT's tied
+  // table would otherwise add its two uses in the other order).
+  const bool zero_bubble = schedule_ == PipelineSchedule::zero_bubble && p > 1;
   // Per chunk and micro-batch: the saved forward, and the shape its gradient comes back
   // in; per chunk, the shape its activations come in (from its first micro-batch's).
   const auto at = [m](int c, int i) { return static_cast<std::size_t>(c * m + i); };
@@ -206,7 +234,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
       loss_sum += loss.forward(y, targets.slice(i * rows, (i + 1) * rows));
       output_grads[static_cast<std::size_t>(i)] = loss.backward(1.0 / m);
     }
-    busy += seconds_since(t0);
+    busy_ += seconds_since(t0);
     if (!model_last(c)) {
       send(link(activations_, s), y, (s + 1) % p, kActivation, i == 0);
       outputs[at(c, i)] = {y.shape(), y.dtype()};
@@ -222,16 +250,24 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
                     (recomputes_forward(chunk) ? ",\"recomputes_forward\":true" : ""));
     const auto t0 = Clock::now();
     chunk.restore_activations(std::move(saved[at(c, i)]));
+    nn::WeightGradients later;
+    if (zero_bubble) chunk.defer_weight_gradients(&later);
     const Tensor gx = chunk.backward(g);
-    busy += seconds_since(t0);
+    if (zero_bubble) chunk.defer_weight_gradients(nullptr);
+    busy_ += seconds_since(t0);
     if (!model_first(c)) send(link(gradients_, s - 1), gx, (s - 1 + p) % p, kGradient, false);
+    if (!zero_bubble) return;
+    // At most p - s - 1 queued (ZB-H1's lag): the last stage runs its own right after
+    // sending the gradient, and each stage before it keeps one more for the cool-down.
+    weight_passes_.emplace_back(i, std::move(later));
+    while (static_cast<int>(weight_passes_.size()) > p - s - 1) run_weight_pass();
   };
 
   try {
     if (schedule_ == PipelineSchedule::gpipe) {
       for (int i = 0; i < m; ++i) forward(0, i);
       for (int i = 0; i < m; ++i) backward(0, i);
-    } else if (schedule_ == PipelineSchedule::one_f_one_b) {
+    } else if (schedule_ == PipelineSchedule::one_f_one_b || zero_bubble) {
       const int warm = std::min(p - s - 1, m);
       for (int i = 0; i < warm; ++i) forward(0, i);
       for (int i = warm; i < m; ++i) {
@@ -254,9 +290,14 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
       }
       for (int k = total - warm; k < total; ++k) backward(chunk(k, false), micro_batch(k));
     }
+    while (!weight_passes_.empty()) run_weight_pass();
     finish_sends();
   } catch (...) {
-    for (nn::Module* chunk : chunks_) chunk->release_activations();
+    weight_passes_.clear();
+    for (nn::Module* chunk : chunks_) {
+      chunk->defer_weight_gradients(nullptr);
+      chunk->release_activations();
+    }
     try {
       finish_sends();
     } catch (...) {  // the first error is the one to report
@@ -266,7 +307,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
   double mean = last ? loss_sum / m : 0.0;
   pp_.broadcast(Buffer(&mean, 1), p - 1);
   stats_.seconds = seconds_since(start);
-  stats_.busy_seconds = busy;
+  stats_.busy_seconds = busy_;
   return mean;
 }
 

@@ -140,11 +140,12 @@ layouts)
   run tp2zero2 --tp 2 --sharding zero2
   run pp2zero1 --pp 2 --sharding zero1 --checkpoint-dir "$work/pp2zero1"
   run pp2fsdp --pp 2 --schedule gpipe --sharding fsdp --checkpoint-dir "$work/pp2fsdp"
+  run pp2zb --pp 2 --schedule zero-bubble
   run tp2sp --tp 2 --sequence-parallel --checkpoint-dir "$work/tp2sp"
   near tp2 && near tp4 && near pp2 && near pp2tp2 && near tp2fsdp && near tp2zero2 && near pp2zero1 && near tp2sp
   # ZeRO-1 and the pipeline's FSDP step each parameter once, on its owner, with the same
-  # arithmetic: pp 2's bits.
-  for mode in zero1 fsdp; do
+  # arithmetic, and zero-bubble adds each weight's gradients in GPipe's order: pp 2's bits.
+  for mode in zero1 fsdp zb; do
     [[ "$(hash_of "$work/pp2$mode.log")" == "$(hash_of "$work/pp2.log")" ]] \
       || fail "pp 2 with $mode ends at $(hash_of "$work/pp2$mode.log"), with ddp at $(hash_of "$work/pp2.log")"
   done

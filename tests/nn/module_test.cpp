@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "troupe/nn/activation.hpp"
 #include "troupe/nn/dropout.hpp"
@@ -10,6 +11,7 @@
 #include "troupe/nn/linear.hpp"
 #include "troupe/nn/sequential.hpp"
 #include "troupe/tensor/ops.hpp"
+#include "troupe/tensor/random.hpp"
 
 using namespace troupe;
 using namespace troupe::nn;
@@ -195,6 +197,40 @@ TEST(Module, GradientsAccumulateAcrossTwoBackwards) {
   const auto params = model.parameters();
   for (std::size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(tensor::allclose(params[i]->grad, tensor::mul(once[i], 2.0), 1e-6, 1e-7)) << i;
+}
+
+// A zero-bubble pipeline's split backward: the weights' products wait in the queue (the
+// hook fires for them only when they run), the rest is done in backward, and after run()
+// every gradient is the undeferred one, bit for bit, accumulated over two micro-batches.
+TEST(Module, DeferredWeightGradientsRunLaterBitForBitAndFireTheHookThen) {
+  Generator gen(1), same(1);
+  Block plain(gen), deferring(same);
+  const Tensor x0 = tensor::uniform({3, 4}, -1, 1, gen), x1 = tensor::uniform({3, 4}, -1, 1, gen);
+  const Tensor g0 = tensor::uniform({3, 4}, -1, 1, gen), g1 = tensor::uniform({3, 4}, -1, 1, gen);
+  std::vector<std::string> fired;
+  deferring.set_grad_ready_hook([&](const std::string& name, Parameter&) { fired.push_back(name); });
+  WeightGradients first, second;
+  std::vector<Tensor> input_grads;
+  for (const auto& [x, g, queue] : {std::tuple(x0, g0, &first), std::tuple(x1, g1, &second)}) {
+    plain.forward(x);
+    input_grads.push_back(plain.backward(g));
+    deferring.forward(x);
+    deferring.defer_weight_gradients(queue);
+    EXPECT_EQ(deferring.backward(g).to_vector<float>(), input_grads.back().to_vector<float>());
+    deferring.defer_weight_gradients(nullptr);
+  }
+  EXPECT_EQ(first.size(), 2u);
+  EXPECT_FALSE(deferring.named_parameters()[2].param->grad.defined()) << "mlp.0.weight";
+  EXPECT_EQ(fired, (std::vector<std::string>{"mlp.2.bias", "mlp.0.bias", "norm.bias", "norm.weight", "mlp.2.bias",
+                                             "mlp.0.bias", "norm.bias", "norm.weight"}));
+  fired.clear();
+  first.run();
+  second.run();
+  EXPECT_TRUE(first.empty());
+  EXPECT_EQ(fired, (std::vector<std::string>{"mlp.2.weight", "mlp.0.weight", "mlp.2.weight", "mlp.0.weight"}));
+  const auto want = plain.named_parameters(), got = deferring.named_parameters();
+  for (std::size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(got[i].param->grad.to_vector<float>(), want[i].param->grad.to_vector<float>()) << want[i].name;
 }
 
 TEST(Module, BackwardAddsIntoAGradThatIsAViewIntoABucket) {

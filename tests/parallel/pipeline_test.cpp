@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpt_testing.hpp"
@@ -112,7 +113,8 @@ PipelineRun train_pipeline(PipelineSchedule schedule, int steps, const nn::GPTCo
 // batch's, which AdamW carries into the small biases (1.07e-5 at 1 rank as at 4).
 TEST(Pipeline, BothSchedulesTrainAsOneRank) {
   const PipelineRun reference = one_rank(20);
-  for (PipelineSchedule schedule : {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b}) {
+  for (PipelineSchedule schedule :
+       {PipelineSchedule::gpipe, PipelineSchedule::one_f_one_b, PipelineSchedule::zero_bubble}) {
     SCOPED_TRACE(parallel::pipeline_schedule_name(schedule));
     expect_as_one_rank(train_pipeline(schedule, 20), reference);
   }
@@ -380,15 +382,17 @@ TEST(Pipeline, InterleavedStagesTrainAsOneRank) {
   EXPECT_THROW(stage->forward(token_ids(2, 16, 65, 1)), InvalidArgument);
 }
 
-// Both run each stage's backwards in micro-batch order, each backward reads its own
-// micro-batch's stashed activations, and a recompute leaves the dropout generators where
-// the forwards left them: so with dropout on, the schedules agree bit for bit, whether
-// stages keep their activations or recompute them.
+// All run each stage's backwards in micro-batch order (zero-bubble its weight passes
+// too), each backward reads its own micro-batch's stashed activations, and a recompute
+// leaves the dropout generators where the forwards left them: so with dropout on, the
+// schedules agree bit for bit, whether stages keep their activations or recompute them.
 TEST(Pipeline, SchedulesAndStageRecomputeAgreeBitForBitWithDropout) {
   const PipelineRun gpipe = train_pipeline(PipelineSchedule::gpipe, 4, tiny_gpt(0.2));
-  for (const bool recompute : {false, true}) {
-    SCOPED_TRACE(recompute ? "1f1b, stages recomputed" : "1f1b");
-    const PipelineRun other = train_pipeline(PipelineSchedule::one_f_one_b, 4, tiny_gpt(0.2), recompute);
+  for (const auto& [schedule, recompute] :
+       {std::pair(PipelineSchedule::one_f_one_b, false), std::pair(PipelineSchedule::one_f_one_b, true),
+        std::pair(PipelineSchedule::zero_bubble, false), std::pair(PipelineSchedule::zero_bubble, true)}) {
+    SCOPED_TRACE(std::string(parallel::pipeline_schedule_name(schedule)) + (recompute ? ", stages recomputed" : ""));
+    const PipelineRun other = train_pipeline(schedule, 4, tiny_gpt(0.2), recompute);
     EXPECT_EQ(gpipe.losses, other.losses);
     for (const auto& [name, value] : gpipe.full)
       EXPECT_EQ(value.to_vector<float>(), other.full.at(name).to_vector<float>()) << name;

@@ -8,6 +8,8 @@
 //
 // backward adds dW += gy^T x (a gemm with beta=1 straight into the existing grad) and
 // db += the column sums of gy, marks bias then weight ready, then returns dx = gy W.
+// Under Module::defer_weight_gradients, dW's product is queued instead (zero-bubble
+// pipelines; weight_gradients.hpp).
 // forward keeps a handle to its input: don't write into it before backward.
 #pragma once
 
@@ -54,6 +56,7 @@ class Linear : public Module {
 
  private:
   void check_input(const Tensor& input, const std::string& op) const;
+  void add_weight_gradient(const Tensor& gy, const Tensor& x, const std::string& op);
 
   std::int64_t in_ = 0, out_ = 0;
   Parameter* weight_ = nullptr;

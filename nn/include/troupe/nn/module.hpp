@@ -48,6 +48,10 @@
 // autograd graph per micro-batch does. A checkpointed module's kept input and generator
 // states travel the same way, so its recompute still runs in its own backward.
 //
+// Deferred weight gradients (zero-bubble pipelines): defer_weight_gradients(queue) on a
+// module makes every Linear at or below it queue its weight's gradient product instead
+// of computing it in backward; see weight_gradients.hpp.
+//
 // Modules are neither copyable nor movable: optimizers and DDP hold parameters by
 // address, so parameters must stay where they were created.
 #pragma once
@@ -63,6 +67,7 @@
 
 #include "troupe/nn/parameter.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/nn/weight_gradients.hpp"
 #include "troupe/tensor/device.hpp"
 #include "troupe/tensor/dtype.hpp"
 #include "troupe/tensor/random.hpp"
@@ -160,6 +165,11 @@ class Module {
   // Installs `hook` on this module and every submodule (an empty function removes it).
   void set_grad_ready_hook(GradReadyHook hook);
 
+  // See "Deferred weight gradients" above: `queue` (null: none, the default) for this
+  // module and every submodule, children registered later included. It must outlive
+  // the backwards that defer into it.
+  void defer_weight_gradients(WeightGradients* queue);
+
   // Calls around this module's forward and backward (null removes them): how FSDP
   // gathers a unit's parameters just before a module of any tree runs, as PyTorch's
   // forward pre-hooks do. One set per module, not inherited by children.
@@ -226,6 +236,8 @@ class Module {
   // A layer's backward calls this once its own use of `param` is done; the hook fires
   // when every module that registered it has called.
   void grad_ready(Parameter& param);
+  // Where this layer's backward queues its weight-gradient products, or null: compute them.
+  WeightGradients* deferred_weight_gradients() const { return deferred_; }
 
  private:
   using SharedHook = std::shared_ptr<const GradReadyHook>;
@@ -249,6 +261,7 @@ class Module {
   std::shared_ptr<const ModuleHooks> hooks_;
   SharedHook hook_;
   std::string hook_prefix_;
+  WeightGradients* deferred_ = nullptr;
   // Activation checkpointing: the forward's input and each generator's state before it.
   bool checkpointing_ = false;
   bool recompute_pending_ = false;

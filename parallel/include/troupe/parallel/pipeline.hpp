@@ -11,19 +11,27 @@
 //                holding v of them (s, s + p, ...; InterleavedStage), forwards taken
 //                p micro-batches at a time through each of its chunks in turn, then
 //                1F1B over (chunk, micro-batch) pairs; m must be a multiple of p
+//   zero-bubble  1f1b's order with each backward split in two (nn/weight_gradients.hpp):
+//                B, the input's gradient, which the previous stage waits for, then W,
+//                the weights' gradients, queued and run while the stage would wait
+//                for a message, or once more than p - s - 1 are queued, or at the end
 // gpipe and 1f1b idle a stage for (p - 1) / (m + p - 1) of a step in theory, 1F1B
 // holding fewer micro-batches at once; interleaved for (p - 1) / (v m + p - 1), at
-// v times the messages. A stage keeps each in-flight micro-batch's activations: its
-// caches are taken out of the stage after that micro-batch's forward and put back before
-// its backward (nn::Module::take_activations), since troupe's layers cache one forward.
-// A stage or its blocks set to activation checkpointing keep only their inputs and
-// recompute in backward (Megatron's full or selective recompute), bit for bit the same.
-// Gradients accumulate as the mean over the micro-batches, which is one
-// rank's batch-mean gradient to rounding. A stage's failure is its rank's failure,
-// which troupe-run already handles by restarting the job from the last checkpoint.
+// v times the messages. zero-bubble is ZB-H1 of Qi et al. (ICLR 2024), its W passes
+// placed greedily at run time rather than from a profiled plan: the backward chain
+// through the stages carries B alone, so the bubble shrinks by about the W passes'
+// share of a stage's work, with 1F1B's gradients bit for bit, at 1F1B's memory plus
+// the queued passes' (each keeps its Linears' inputs and output gradients). A stage keeps each in-flight micro-batch's
+// activations: its caches are taken out of the stage after that micro-batch's forward and put back before its backward
+// (nn::Module::take_activations), since troupe's layers cache one forward. A stage or its blocks set to activation
+// checkpointing keep only their inputs and recompute in backward (Megatron's full or selective recompute), bit for bit
+// the same. Gradients accumulate as the mean over the micro-batches, which is one rank's batch-mean gradient to
+// rounding. A stage's failure is its rank's failure, which troupe-run already handles by restarting the job from the
+// last checkpoint.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -37,6 +45,7 @@
 #include "troupe/nn/module.hpp"
 #include "troupe/nn/optimizer.hpp"
 #include "troupe/nn/state_dict.hpp"
+#include "troupe/nn/weight_gradients.hpp"
 #include "troupe/parallel/oss.hpp"
 #include "troupe/parallel/state_slices.hpp"
 #include "troupe/parallel/tensor_parallel.hpp"
@@ -46,8 +55,9 @@ namespace troupe::parallel {
 
 using tensor::Tensor;
 
-enum class PipelineSchedule { gpipe, one_f_one_b, interleaved };
-// "gpipe", "1f1b" or "interleaved"; anything else is an InvalidArgument naming them.
+enum class PipelineSchedule { gpipe, one_f_one_b, interleaved, zero_bubble };
+// "gpipe", "1f1b", "interleaved" or "zero-bubble"; anything else is an InvalidArgument
+// naming them.
 PipelineSchedule parse_pipeline_schedule(std::string_view name);
 const char* pipeline_schedule_name(PipelineSchedule schedule);
 
@@ -61,6 +71,8 @@ struct PipelineLoss {
 struct PipelineStats {
   double seconds = 0;       // the last forward_backward, wall time
   double busy_seconds = 0;  // of which computing (forwards, any recomputes, backwards, the loss)
+  // zero-bubble: the weight-gradient passes that ran while a message was awaited (of m).
+  int weight_passes_while_waiting = 0;
   double idle_fraction() const { return seconds > 0 ? 1.0 - busy_seconds / seconds : 0.0; }
 };
 
@@ -107,6 +119,7 @@ class Pipeline {
                       int tag);
   void reap_sends();
   void finish_sends();
+  void run_weight_pass();
 
   std::vector<nn::Module*> chunks_;
   tensor::Device device_ = tensor::Device::cpu();  // the stage's, where it receives
@@ -118,6 +131,10 @@ class Pipeline {
   int micro_batches_;
   std::vector<collectives::Work> sends_;
   std::vector<Tensor> sending_;  // alive until their sends finish
+  // zero-bubble: each backward's queued weight gradients, oldest first, with its
+  // micro-batch; and forward_backward's compute time so far, which W passes add to.
+  std::deque<std::pair<int, nn::WeightGradients>> weight_passes_;
+  double busy_ = 0;
   PipelineStats stats_;
   Tracer* tracer_ = nullptr;
 };
