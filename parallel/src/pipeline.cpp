@@ -267,7 +267,7 @@ double Pipeline::forward_backward(const Tensor& inputs, const Tensor& targets, c
     if (schedule_ == PipelineSchedule::gpipe) {
       for (int i = 0; i < m; ++i) forward(0, i);
       for (int i = 0; i < m; ++i) backward(0, i);
-    } else if (schedule_ == PipelineSchedule::one_f_one_b || zero_bubble) {
+    } else if (schedule_ == PipelineSchedule::one_f_one_b || schedule_ == PipelineSchedule::zero_bubble) {
       const int warm = std::min(p - s - 1, m);
       for (int i = 0; i < warm; ++i) forward(0, i);
       for (int i = warm; i < m; ++i) {
